@@ -1,0 +1,29 @@
+package redis
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// Metrics are the node-level metrics of the RedLock backend.
+type Metrics struct {
+	requestDuration *prometheus.HistogramVec
+	errors          *prometheus.CounterVec
+}
+
+// NewMetrics registers the node metrics with reg.
+func NewMetrics(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "lockproxy_node_request_duration_seconds",
+			Help: "Time from queueing an operation for a Redis node to its answer.",
+			// From 100µs (pipelined, loopback) to 1 s (a node past its timeout).
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2.5, 12),
+		}, []string{"node", "op"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lockproxy_node_errors_total",
+			Help: "Failed operations on a Redis node, by reason.",
+		}, []string{"node", "reason"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requestDuration, m.errors)
+	}
+	return m
+}

@@ -1,0 +1,377 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// NodeConfig describes one Redis node.
+type NodeConfig struct {
+	Addr     string
+	Username string
+	Password string
+	// KeyPrefix is put before every lock key and the fence hash on the node.
+	KeyPrefix string
+	// PoolSize is the number of go-redis connections to the node.
+	PoolSize int
+	// Workers is the number of batching writers; each key always goes
+	// through the same writer, so the operations on one key reach the node
+	// in the order they were made.
+	Workers int
+	// MaxBatch caps how many operations one pipelined write carries.
+	MaxBatch    int
+	DialTimeout time.Duration
+	// Timeout bounds a batch whose operations carry no deadline.
+	Timeout time.Duration
+	Metrics *Metrics
+}
+
+type opKind uint8
+
+const (
+	opAcquire opKind = iota
+	opRaiseFence
+	opRelease
+	opExtend
+	numOps
+)
+
+var opNames = [numOps]string{"acquire", "raise_fence", "release", "extend"}
+
+type opResult struct {
+	n   int64
+	err error
+}
+
+type op struct {
+	kind     opKind
+	key      string // the key as stored on the node, prefix included
+	token    string
+	ms       int64 // TTL in ms
+	slot     uint16
+	fence    uint64
+	deadline time.Time
+	res      chan opResult // buffered 1: the worker never blocks on it
+}
+
+var opPool = sync.Pool{New: func() any { return &op{res: make(chan opResult, 1)} }}
+
+// Node is one Redis node seen through Lua scripts. Operations from all
+// clients are queued per writer and sent as one pipelined write per batch:
+// under load one write and one read on the socket carry many clients'
+// commands, which is where a proxy beats a library that talks to each node
+// from each client.
+type Node struct {
+	name     string
+	client   *goredis.Client
+	prefix   string
+	fenceKey string
+	timeout  time.Duration
+	maxBatch int
+	queues   []chan *op
+	stop     chan struct{}
+	wg       sync.WaitGroup
+	metrics  *Metrics
+	closeMu  sync.Once
+}
+
+// NewNode connects lazily to the node at cfg.Addr and starts its writers.
+func NewNode(cfg NodeConfig) *Node {
+	if cfg.Workers <= 0 {
+		cfg.Workers = 4
+	}
+	if cfg.PoolSize < cfg.Workers {
+		cfg.PoolSize = cfg.Workers
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = 256
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = time.Second
+	}
+	client := goredis.NewClient(&goredis.Options{
+		Addr:     cfg.Addr,
+		Username: cfg.Username,
+		Password: cfg.Password,
+		Protocol: 2,
+		// The quorum decides about retries: a retry here would spend the
+		// lease's time behind the algorithm's back.
+		MaxRetries:            -1,
+		ContextTimeoutEnabled: true,
+		DialTimeout:           cfg.DialTimeout,
+		PoolSize:              cfg.PoolSize,
+		MinIdleConns:          1,
+		DisableIdentity:       true,
+	})
+	n := &Node{
+		name:     cfg.Addr,
+		client:   client,
+		prefix:   cfg.KeyPrefix,
+		fenceKey: cfg.KeyPrefix + "fence",
+		timeout:  cfg.Timeout,
+		maxBatch: cfg.MaxBatch,
+		queues:   make([]chan *op, cfg.Workers),
+		stop:     make(chan struct{}),
+		metrics:  cfg.Metrics,
+	}
+	for i := range n.queues {
+		n.queues[i] = make(chan *op, cfg.MaxBatch*4)
+		n.wg.Add(1)
+		go n.work(n.queues[i])
+	}
+	return n
+}
+
+// Name is the node's address.
+func (n *Node) Name() string { return n.name }
+
+// Client is the node's go-redis client, for health checks.
+func (n *Node) Client() *goredis.Client { return n.client }
+
+// LockKey is the key a lock on key has on the node.
+func (n *Node) LockKey(key string) string { return n.prefix + "lock:" + key }
+
+// Close stops the writers and closes the connections. Operations still
+// queued fail with an error.
+func (n *Node) Close() error {
+	var err error
+	n.closeMu.Do(func() {
+		close(n.stop)
+		n.wg.Wait()
+		err = n.client.Close()
+	})
+	return err
+}
+
+var errClosed = errors.New("redis: node closed")
+
+// Acquire implements quorum.Node.
+func (n *Node) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGrant, error) {
+	o := n.newOp(opAcquire, req.Key, req.Token)
+	o.ms = req.TTL.Milliseconds()
+	o.slot = slot(req.Key)
+	v, err := n.do(ctx, o)
+	if err != nil {
+		return quorum.NodeGrant{}, err
+	}
+	if v < 0 {
+		return quorum.NodeGrant{}, nil
+	}
+	return quorum.NodeGrant{Acquired: true, Fence: uint64(v)}, nil
+}
+
+// RaiseFence implements quorum.Node.
+func (n *Node) RaiseFence(ctx context.Context, key, token string, fence uint64) (bool, error) {
+	o := n.newOp(opRaiseFence, key, token)
+	o.slot = slot(key)
+	o.fence = fence
+	v, err := n.do(ctx, o)
+	return v == 1, err
+}
+
+// Release implements quorum.Node.
+func (n *Node) Release(ctx context.Context, key, token string) (bool, error) {
+	v, err := n.do(ctx, n.newOp(opRelease, key, token))
+	return v == 1, err
+}
+
+// Extend implements quorum.Node.
+func (n *Node) Extend(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
+	o := n.newOp(opExtend, key, token)
+	o.ms = ttl.Milliseconds()
+	v, err := n.do(ctx, o)
+	return v == 1, err
+}
+
+func (n *Node) newOp(kind opKind, key, token string) *op {
+	o := opPool.Get().(*op)
+	o.kind, o.key, o.token = kind, n.LockKey(key), token
+	return o
+}
+
+// do queues o on its key's writer and waits for the answer or ctx.
+func (n *Node) do(ctx context.Context, o *op) (int64, error) {
+	start := time.Now()
+	if d, ok := ctx.Deadline(); ok {
+		o.deadline = d
+	} else {
+		o.deadline = start.Add(n.timeout)
+	}
+	q := n.queues[int(slot(o.key))%len(n.queues)]
+	select {
+	case q <- o:
+	case <-ctx.Done():
+		n.observe(o.kind, start, ctx.Err())
+		opPool.Put(o)
+		return 0, ctx.Err()
+	case <-n.stop:
+		opPool.Put(o)
+		return 0, errClosed
+	}
+	select {
+	case r := <-o.res:
+		n.observe(o.kind, start, r.err)
+		*o = op{res: o.res}
+		opPool.Put(o)
+		return r.n, r.err
+	case <-ctx.Done():
+		// The writer still owns o and will answer into its buffered
+		// channel; o is not reused.
+		n.observe(o.kind, start, ctx.Err())
+		return 0, ctx.Err()
+	}
+}
+
+func (n *Node) observe(kind opKind, start time.Time, err error) {
+	if n.metrics == nil {
+		return
+	}
+	n.metrics.requestDuration.WithLabelValues(n.name, opNames[kind]).Observe(time.Since(start).Seconds())
+	if err != nil {
+		n.metrics.errors.WithLabelValues(n.name, reasonLabel(err)).Inc()
+	}
+}
+
+// work is one writer: it takes whatever operations are queued (up to
+// maxBatch) and sends them in one pipelined write.
+func (n *Node) work(q chan *op) {
+	defer n.wg.Done()
+	batch := make([]*op, 0, n.maxBatch)
+	for {
+		select {
+		case o := <-q:
+			batch = append(batch[:0], o)
+		case <-n.stop:
+			n.drain(q)
+			return
+		}
+	fill:
+		for len(batch) < n.maxBatch {
+			select {
+			case o := <-q:
+				batch = append(batch, o)
+			default:
+				break fill
+			}
+		}
+		n.exec(batch)
+	}
+}
+
+func (n *Node) drain(q chan *op) {
+	for {
+		select {
+		case o := <-q:
+			o.res <- opResult{err: errClosed}
+		default:
+			return
+		}
+	}
+}
+
+// exec sends one batch. Operations whose caller has given up already are
+// answered without being sent.
+func (n *Node) exec(batch []*op) {
+	now := time.Now()
+	live := batch[:0]
+	var deadline time.Time
+	for _, o := range batch {
+		if !o.deadline.After(now) {
+			o.res <- opResult{err: context.DeadlineExceeded}
+			continue
+		}
+		if o.deadline.After(deadline) {
+			deadline = o.deadline
+		}
+		live = append(live, o)
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+
+	cmds := n.send(ctx, live, true)
+	var retry []int
+	for i, c := range cmds {
+		if err := c.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+			retry = append(retry, i)
+		}
+	}
+	if len(retry) > 0 {
+		// The node lost its script cache (restart, SCRIPT FLUSH): EVAL
+		// loads the scripts again.
+		again := make([]*op, len(retry))
+		for j, i := range retry {
+			again[j] = live[i]
+		}
+		for j, c := range n.send(ctx, again, false) {
+			cmds[retry[j]] = c
+		}
+	}
+	for i, o := range live {
+		v, err := cmds[i].Int64()
+		if err != nil && errors.Is(err, goredis.Nil) {
+			err = nil
+		}
+		o.res <- opResult{n: v, err: err}
+	}
+}
+
+func (n *Node) send(ctx context.Context, ops []*op, sha bool) []*goredis.Cmd {
+	pipe := n.client.Pipeline()
+	cmds := make([]*goredis.Cmd, len(ops))
+	for i, o := range ops {
+		var s script
+		keys := []string{o.key}
+		var args []any
+		switch o.kind {
+		case opAcquire:
+			s = scriptAcquire
+			keys = append(keys, n.fenceKey)
+			args = []any{o.token, o.ms, o.slot}
+		case opRaiseFence:
+			s = scriptRaiseFence
+			keys = append(keys, n.fenceKey)
+			args = []any{o.token, o.slot, strconv.FormatUint(o.fence, 10)}
+		case opRelease:
+			s = scriptRelease
+			args = []any{o.token}
+		case opExtend:
+			s = scriptExtend
+			args = []any{o.token, o.ms}
+		}
+		if sha {
+			cmds[i] = pipe.EvalSha(ctx, s.sha, keys, args...)
+		} else {
+			cmds[i] = pipe.Eval(ctx, s.src, keys, args...)
+		}
+	}
+	_, _ = pipe.Exec(ctx) // per-command errors are read from cmds
+	return cmds
+}
+
+// reasonLabel maps an error to a closed set of metric label values.
+func reasonLabel(err error) string {
+	switch r := quorum.Reason(err); r {
+	case "timeout", "canceled", "connection refused", "connection reset", "connection closed":
+		return strings.ReplaceAll(r, " ", "_")
+	default:
+		return "error"
+	}
+}
+
+// String names the node for logs.
+func (n *Node) String() string { return fmt.Sprintf("redis node %s", n.name) }

@@ -1,0 +1,96 @@
+package redis
+
+import (
+	"crypto/sha1"
+	"encoding/hex"
+)
+
+// Lock keys on a node are plain strings whose value is the holder's token,
+// so that a lock taken with LOCK and one taken with SET NX PX look alike.
+// Fence counters live in one hash per node, one field per key slot
+// (crc16(key) mod 16384): memory on a node stays bounded however many
+// distinct keys are ever locked, and two keys only share a counter when
+// they share a slot, which costs nothing but a bigger jump in the fence.
+
+// acquireScript: KEYS[1] lock key, KEYS[2] fence hash; ARGV[1] token,
+// ARGV[2] ttl ms, ARGV[3] slot. Returns the slot's new fence, or -1 when
+// someone else holds the key.
+const acquireScript = `
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+end
+return -1
+`
+
+// raiseFenceScript: KEYS[1] lock key, KEYS[2] fence hash; ARGV[1] token,
+// ARGV[2] slot, ARGV[3] fence. Raises the slot's counter to the fence while
+// the token still holds the key (so a later holder, which must acquire after
+// this key is gone, reads it). Returns 1 when the token holds the key.
+// Fences stay below 2^53, where Lua numbers are exact.
+const raiseFenceScript = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
+  local want = tonumber(ARGV[3])
+  if cur < want then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
+  return 1
+end
+return 0
+`
+
+// releaseScript: KEYS[1] lock key; ARGV[1] token. Compare-and-delete.
+const releaseScript = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+`
+
+// extendScript: KEYS[1] lock key; ARGV[1] token, ARGV[2] ttl ms.
+// Compare-and-expire.
+const extendScript = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+`
+
+type script struct {
+	src string
+	sha string
+}
+
+func newScript(src string) script {
+	h := sha1.Sum([]byte(src))
+	return script{src: src, sha: hex.EncodeToString(h[:])}
+}
+
+var (
+	scriptAcquire    = newScript(acquireScript)
+	scriptRaiseFence = newScript(raiseFenceScript)
+	scriptRelease    = newScript(releaseScript)
+	scriptExtend     = newScript(extendScript)
+)
+
+// slot is Redis Cluster's key slot: crc16 (XMODEM) mod 16384.
+func slot(key string) uint16 {
+	var crc uint16
+	for i := 0; i < len(key); i++ {
+		crc = crc<<8 ^ crc16tab[byte(crc>>8)^key[i]]
+	}
+	return crc & 16383
+}
+
+var crc16tab = func() (t [256]uint16) {
+	for i := range t {
+		c := uint16(i) << 8
+		for j := 0; j < 8; j++ {
+			if c&0x8000 != 0 {
+				c = c<<1 ^ 0x1021
+			} else {
+				c <<= 1
+			}
+		}
+		t[i] = c
+	}
+	return t
+}()

@@ -1,0 +1,322 @@
+// Command lockproxy is a Redis-protocol server that serves distributed
+// locks (LOCK, UNLOCK, RENEW) from a quorum of independent Redis nodes.
+//
+// Usage:
+//
+//	lockproxy [flags] [config.yaml]
+//	lockproxy --dev
+//	lockproxy check-config FILE
+//	lockproxy --version
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"syscall"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+
+	redisbackend "github.com/lockproxy/lockproxy/backends/redis"
+	"github.com/lockproxy/lockproxy/commands"
+	"github.com/lockproxy/lockproxy/conf"
+	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/resp"
+)
+
+// version is set at build time with -ldflags "-X main.version=…".
+var version = "0.1.0-dev"
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func commit() string {
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		rev, dirty := "", false
+		for _, s := range bi.Settings {
+			switch s.Key {
+			case "vcs.revision":
+				rev = s.Value
+			case "vcs.modified":
+				dirty = s.Value == "true"
+			}
+		}
+		if len(rev) > 12 {
+			rev = rev[:12]
+		}
+		if rev != "" && dirty {
+			rev += "-dirty"
+		}
+		if rev != "" {
+			return rev
+		}
+	}
+	return "unknown"
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	for _, a := range args {
+		if a == "--version" || a == "-version" || a == "-v" {
+			fmt.Fprintf(stdout, "lockproxy %s (commit %s)\n", version, commit())
+			return 0
+		}
+	}
+	if len(args) > 0 && args[0] == "check-config" {
+		return checkConfig(args[1:], stdout, stderr)
+	}
+	cfg, err := conf.FromArgs(args, os.Environ())
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "lockproxy: %v\n", err)
+		return 2
+	}
+	log, err := newLogger(cfg.Log)
+	if err != nil {
+		fmt.Fprintf(stderr, "lockproxy: %v\n", err)
+		return 2
+	}
+	defer func() { _ = log.Sync() }()
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	if err := serve(ctx, cfg, log, stderr); err != nil {
+		log.Error("lockproxy stopped", zap.Error(err))
+		return 1
+	}
+	return 0
+}
+
+func checkConfig(args []string, stdout, stderr io.Writer) int {
+	if len(args) != 1 {
+		fmt.Fprintln(stderr, "usage: lockproxy check-config FILE")
+		return 2
+	}
+	cfg, err := conf.Load(args[0])
+	if err == nil {
+		err = cfg.Validate()
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: invalid\n%v\n", args[0], err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s: ok\n", args[0])
+	return 0
+}
+
+func newLogger(c conf.Log) (*zap.Logger, error) {
+	var zc zap.Config
+	if c.Format == "console" {
+		zc = zap.NewDevelopmentConfig()
+	} else {
+		zc = zap.NewProductionConfig()
+		zc.EncoderConfig.TimeKey = "ts"
+		zc.EncoderConfig.EncodeTime = zapcore.ISO8601TimeEncoder
+	}
+	lvl, err := zapcore.ParseLevel(c.Level)
+	if err != nil {
+		return nil, fmt.Errorf("log.level: %w", err)
+	}
+	zc.Level = zap.NewAtomicLevelAt(lvl)
+	zc.Sampling = nil
+	return zc.Build()
+}
+
+// serve runs lockproxy until ctx is done, then drains it.
+func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writer) error {
+	nodes := cfg.Redlock.Nodes
+	if cfg.Dev && len(nodes) == 0 {
+		dev, err := startDevNodes(3)
+		if err != nil {
+			return err
+		}
+		clockCtx, stopClock := context.WithCancel(context.Background())
+		go devClock(clockCtx, dev)
+		defer func() {
+			stopClock()
+			for _, m := range dev {
+				m.Close()
+			}
+		}()
+		for _, m := range dev {
+			nodes = append(nodes, m.Addr())
+		}
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "lockproxy_build_info", Help: "Always 1; labels carry the version and commit.",
+	}, []string{"version", "commit"})
+	buildInfo.WithLabelValues(version, commit()).Set(1)
+	reg.MustRegister(buildInfo)
+
+	nodeMetrics := redisbackend.NewMetrics(reg)
+	rc := cfg.Redlock
+	bcfg := redisbackend.Config{
+		Quorum: quorum.Config{
+			DriftFactor:   rc.DriftFactor,
+			DriftMin:      rc.DriftMin,
+			TimeoutFactor: rc.NodeTimeoutFactor,
+			TimeoutMin:    rc.NodeTimeoutMin,
+			TimeoutMax:    rc.NodeTimeoutMax,
+		},
+		RetryMin: cfg.Locks.RetryMin,
+		RetryMax: cfg.Locks.RetryMax,
+	}
+	for _, addr := range nodes {
+		bcfg.Nodes = append(bcfg.Nodes, redisbackend.NodeConfig{
+			Addr: addr, Username: rc.Username, Password: rc.Password, KeyPrefix: rc.KeyPrefix,
+			PoolSize: rc.PoolSize, Workers: rc.PipelineWorkers, MaxBatch: rc.MaxBatch,
+			DialTimeout: rc.DialTimeout, Timeout: rc.NodeTimeoutMax, Metrics: nodeMetrics,
+		})
+	}
+	backend, err := redisbackend.New(bcfg)
+	if err != nil {
+		return err
+	}
+	defer backend.Close()
+
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	port := 0
+	if ta, ok := ln.Addr().(*net.TCPAddr); ok {
+		port = ta.Port
+	}
+	srv := &resp.Server{Logger: log, MaxClients: cfg.Limits.MaxClients}
+	handler := commands.NewHandler(commands.Options{
+		Backend: backend,
+		Limits: commands.Limits{
+			DefaultTTL: cfg.Locks.DefaultTTL, MinTTL: cfg.Locks.MinTTL, MaxTTL: cfg.Locks.MaxTTL,
+			MaxWait: cfg.Locks.MaxWait, MaxKeyBytes: cfg.Limits.MaxKeyBytes, MaxTokenBytes: cfg.Limits.MaxTokenBytes,
+		},
+		Info: commands.Info{
+			Version: version, Commit: commit(), Backend: "redlock", Nodes: nodes, Port: port, Dev: cfg.Dev,
+		},
+		Logger:   log,
+		Registry: reg,
+		Clients:  srv.Sessions,
+	})
+	defer handler.Close()
+	srv.Handler = handler
+
+	var admin *http.Server
+	if cfg.Admin != "" {
+		admin, err = startAdmin(cfg.Admin, reg, backend, log)
+		if err != nil {
+			ln.Close()
+			return err
+		}
+	}
+
+	serveErr := make(chan error, 1)
+	go func() { serveErr <- srv.Serve(ln) }()
+	log.Info("lockproxy listening", zap.String("addr", ln.Addr().String()), zap.Strings("nodes", nodes),
+		zap.String("admin", cfg.Admin), zap.String("version", version), zap.Bool("dev", cfg.Dev))
+	if cfg.Dev {
+		fmt.Fprintf(banner, "\nlockproxy %s --dev: three embedded in-process lock nodes (for trying out only).\n"+
+			"Listening on %s. Try:\n\n"+
+			"  redis-cli -p %d LOCK demo PX 10000\n"+
+			"  redis-cli -p %d UNLOCK demo <token>\n\n", version, ln.Addr(), port, port)
+	}
+
+	select {
+	case err = <-serveErr:
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: draining connections")
+	sctx, cancel := context.WithTimeout(context.Background(), cfg.Limits.ShutdownTimeout)
+	defer cancel()
+	if derr := srv.Shutdown(sctx); derr != nil {
+		log.Warn("drain deadline passed; in-flight commands were canceled", zap.Error(derr))
+	}
+	if admin != nil {
+		_ = admin.Shutdown(sctx)
+	}
+	if errors.Is(err, resp.ErrServerClosed) {
+		err = nil
+	}
+	return err
+}
+
+func startAdmin(addr string, reg *prometheus.Registry, backend *redisbackend.Backend, log *zap.Logger) (*http.Server, error) {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, "ok\n")
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
+		defer cancel()
+		if err := backend.Ready(ctx); err != nil {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, "not ready: "+err.Error()+"\n")
+			return
+		}
+		_, _ = io.WriteString(w, "ready\n")
+	})
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("admin listen %s: %w", addr, err)
+	}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("admin server failed", zap.Error(err))
+		}
+	}()
+	return hs, nil
+}
+
+// startDevNodes starts n in-process Redis nodes for --dev.
+func startDevNodes(n int) ([]*miniredis.Miniredis, error) {
+	var out []*miniredis.Miniredis
+	for i := 0; i < n; i++ {
+		m := miniredis.NewMiniRedis()
+		if err := m.StartAddr("127.0.0.1:0"); err != nil {
+			for _, o := range out {
+				o.Close()
+			}
+			return nil, fmt.Errorf("dev node %d: %w", i, err)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+// devClock makes the embedded nodes' keys expire: miniredis only moves
+// TTLs when told to, so advance them by the real time that passed.
+func devClock(ctx context.Context, nodes []*miniredis.Miniredis) {
+	const tick = 5 * time.Millisecond
+	t := time.NewTicker(tick)
+	defer t.Stop()
+	last := time.Now()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			for _, m := range nodes {
+				m.FastForward(now.Sub(last))
+			}
+			last = now
+		}
+	}
+}
+

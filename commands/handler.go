@@ -1,0 +1,226 @@
+package commands
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/resp"
+)
+
+// Limits bound what one command may ask for.
+type Limits struct {
+	DefaultTTL    time.Duration
+	MinTTL        time.Duration
+	MaxTTL        time.Duration
+	MaxWait       time.Duration
+	MaxKeyBytes   int
+	MaxTokenBytes int
+}
+
+// Info is what INFO reports about the process and its configuration.
+type Info struct {
+	Version    string // lockproxy's version
+	Commit     string
+	Backend    string // "redlock"
+	Nodes      []string
+	Port       int
+	ConfigFile string
+	Dev        bool
+}
+
+// Options configure a Handler.
+type Options struct {
+	Backend  backends.Backend
+	Limits   Limits
+	Info     Info
+	Logger   *zap.Logger
+	Registry prometheus.Registerer
+	// Clients, when set, returns the open sessions (for INFO, CLIENT LIST).
+	Clients func() []*resp.Session
+	// DriftFor, when set, tells the drift a lease of ttl is allowed (INFO).
+	DriftFor func(ttl time.Duration) time.Duration
+}
+
+// Handler serves lockproxy's own commands on every connection.
+type Handler struct {
+	backend backends.Backend
+	limits  Limits
+	info    Info
+	log     *zap.Logger
+	metrics *metrics
+	clients func() []*resp.Session
+	started time.Time
+	runID   string
+	held    *heldLocks
+	closed  atomic.Bool
+}
+
+// NewHandler returns a Handler; Close it to stop its background work.
+func NewHandler(o Options) *Handler {
+	if o.Logger == nil {
+		o.Logger = zap.NewNop()
+	}
+	if o.Registry == nil {
+		o.Registry = prometheus.NewRegistry()
+	}
+	m := newMetrics(o.Registry)
+	h := &Handler{
+		backend: o.Backend,
+		limits:  o.Limits,
+		info:    o.Info,
+		log:     o.Logger,
+		metrics: m,
+		clients: o.Clients,
+		started: time.Now(),
+		runID:   randomHex(20),
+		held:    newHeldLocks(m),
+	}
+	return h
+}
+
+// Close stops background work.
+func (h *Handler) Close() {
+	if h.closed.CompareAndSwap(false, true) {
+		h.held.close()
+	}
+}
+
+// conn is the per-connection state kept in resp.Session.Data.
+type conn struct {
+	name    string
+	libName string
+	libVer  string
+	lastCmd string
+}
+
+func state(s *resp.Session) *conn {
+	if c, ok := s.Data.(*conn); ok {
+		return c
+	}
+	c := &conn{}
+	s.Data = c
+	return c
+}
+
+// ServeRESP implements resp.Handler.
+func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
+	if len(args) == 0 {
+		return
+	}
+	c := lookup(args[0])
+	if c == nil {
+		h.metrics.commands.WithLabelValues("unknown", "error").Inc()
+		s.W.Error(unknownCommand(args))
+		return
+	}
+	if c.Subs != nil && len(args) >= 2 {
+		var buf [32]byte
+		if sc := c.Subs[string(resp.Lower(buf[:], args[1]))]; sc != nil {
+			if !arityOK(sc.Arity, len(args)) {
+				h.metrics.commands.WithLabelValues(sc.Metric, "error").Inc()
+				s.W.Error("ERR wrong number of arguments for '" + fullName(c, sc) + "' command")
+				return
+			}
+			state(s).lastCmd = sc.Metric
+			before := s.W.Len()
+			sc.run(h, s, args)
+			h.count(sc, s, before)
+			return
+		}
+		h.metrics.commands.WithLabelValues(c.Metric, "error").Inc()
+		s.W.Error("ERR unknown subcommand '" + clip(string(args[1])) + "'. Try " + strings.ToUpper(c.Name) + " HELP.")
+		return
+	}
+	if !arityOK(c.Arity, len(args)) || c.run == nil {
+		h.metrics.commands.WithLabelValues(c.Metric, "error").Inc()
+		wrongArity(s, c.Name)
+		return
+	}
+	state(s).lastCmd = c.Metric
+	before := s.W.Len()
+	c.run(h, s, args)
+	h.count(c, s, before)
+}
+
+// count records the command's outcome by looking at the reply's first byte.
+func (h *Handler) count(c *Command, s *resp.Session, before int) {
+	result := "ok"
+	if b := s.W.Bytes(); len(b) > before && b[before] == '-' {
+		result = "error"
+	}
+	h.metrics.commands.WithLabelValues(c.Metric, result).Inc()
+}
+
+// Closed implements resp.Handler. It runs after the session's context was
+// canceled; it does no network I/O.
+func (h *Handler) Closed(s *resp.Session) {}
+
+func unknownCommand(args [][]byte) string {
+	var b strings.Builder
+	b.WriteString("ERR unknown command '")
+	b.WriteString(clip(string(args[0])))
+	b.WriteString("', with args beginning with: ")
+	for i, a := range args[1:] {
+		if i == 8 {
+			break
+		}
+		b.WriteString("'")
+		b.WriteString(clip(string(a)))
+		b.WriteString("' ")
+	}
+	return b.String()
+}
+
+// clip shortens user text echoed in an error, as Redis does.
+func clip(s string) string {
+	if len(s) > 128 {
+		s = s[:128] + "..."
+	}
+	return strings.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// replyError turns a backend error into the one error reply clients see.
+// It is the only place that does: internal error text never reaches a
+// client except the node names and reasons of a NOQUORUM.
+func (h *Handler) replyError(s *resp.Session, cmd string, err error) {
+	var nq *quorum.NoQuorumError
+	switch {
+	case errors.As(err, &nq):
+		s.W.Error("NOQUORUM " + nq.Error())
+	case errors.Is(err, quorum.ErrNoQuorum):
+		s.W.Error("NOQUORUM not enough nodes answered")
+	case errors.Is(err, context.Canceled):
+		s.W.Error("ERR command canceled: connection closing or server shutting down")
+	case errors.Is(err, context.DeadlineExceeded):
+		s.W.Error("ERR timed out waiting for the lock nodes")
+	default:
+		h.log.Error("command failed", zap.String("cmd", cmd), zap.Error(err))
+		s.W.Error("ERR internal error in '" + cmd + "'; see the server log")
+	}
+}
+
+// newToken is 128 random bits, printable.
+func newToken() string { return randomHex(16) }
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	if _, err := rand.Read(b); err != nil {
+		panic("commands: crypto/rand failed: " + err.Error())
+	}
+	return hex.EncodeToString(b)
+}

@@ -1,0 +1,282 @@
+package commands
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"time"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/resp"
+)
+
+// Errors of argument parsing, with Redis's texts where Redis has one.
+var (
+	errSyntax       = errors.New("ERR syntax error")
+	errNotInteger   = errors.New("ERR value is not an integer or out of range")
+	errEmptyKey     = errors.New("ERR empty key: lock keys must be at least one byte")
+	errEmptyToken   = errors.New("ERR empty token")
+	errKeepalive    = errors.New("ERR KEEPALIVE is not supported yet by this lockproxy version")
+	errKeyTooLong   = errors.New("ERR key too long")
+	errTokenTooLong = errors.New("ERR token too long")
+)
+
+func errInvalidExpire(cmd string) error {
+	return errors.New("ERR invalid expire time in '" + cmd + "' command")
+}
+
+// lockArgs is a parsed LOCK or RLOCK.
+type lockArgs struct {
+	key       []byte
+	ttl       time.Duration
+	ttlSet    bool
+	wait      time.Duration
+	token     []byte
+	keepalive bool
+}
+
+// parseTTL reads the value of PX (ms) or EX (s).
+func parseTTL(v []byte, unit time.Duration, cmd string) (time.Duration, error) {
+	n, ok := resp.ParseInt(v)
+	if !ok {
+		return 0, errNotInteger
+	}
+	if n <= 0 || n > int64(1<<62)/int64(unit) {
+		return 0, errInvalidExpire(cmd)
+	}
+	return time.Duration(n) * unit, nil
+}
+
+// parseLock parses `LOCK key [ms] [PX ms | EX s] [WAIT ms] [TOKEN t]
+// [KEEPALIVE]`. A bare integer right after the key is a TTL in ms.
+func (l *Limits) parseLock(cmd string, args [][]byte) (lockArgs, error) {
+	var a lockArgs
+	a.key = args[1]
+	if err := l.checkKey(a.key); err != nil {
+		return a, err
+	}
+	rest := args[2:]
+	if len(rest) > 0 {
+		if n, ok := resp.ParseInt(rest[0]); ok {
+			if n <= 0 {
+				return a, errInvalidExpire(cmd)
+			}
+			a.ttl, a.ttlSet = time.Duration(n)*time.Millisecond, true
+			rest = rest[1:]
+		}
+	}
+	waitSet := false
+	for i := 0; i < len(rest); i++ {
+		opt := rest[i]
+		switch {
+		case resp.EqualFold(opt, "KEEPALIVE"):
+			a.keepalive = true
+			continue
+		case i+1 >= len(rest):
+			return a, errSyntax
+		}
+		v := rest[i+1]
+		i++
+		var err error
+		switch {
+		case resp.EqualFold(opt, "PX"), resp.EqualFold(opt, "EX"):
+			if a.ttlSet {
+				return a, errSyntax
+			}
+			unit := time.Millisecond
+			if resp.EqualFold(opt, "EX") {
+				unit = time.Second
+			}
+			a.ttl, err = parseTTL(v, unit, cmd)
+			a.ttlSet = true
+		case resp.EqualFold(opt, "WAIT"):
+			if waitSet {
+				return a, errSyntax
+			}
+			n, ok := resp.ParseInt(v)
+			switch {
+			case !ok:
+				err = errNotInteger
+			case n < 0:
+				err = errors.New("ERR WAIT must not be negative")
+			case time.Duration(n)*time.Millisecond > l.MaxWait || n > int64(l.MaxWait/time.Millisecond):
+				err = errors.New("ERR WAIT " + strconv.FormatInt(n, 10) + " ms is above the maximum of " +
+					strconv.FormatInt(l.MaxWait.Milliseconds(), 10) + " ms (locks.max_wait)")
+			}
+			a.wait, waitSet = time.Duration(n)*time.Millisecond, true
+		case resp.EqualFold(opt, "TOKEN"):
+			if a.token != nil {
+				return a, errSyntax
+			}
+			err = l.checkToken(v)
+			a.token = v
+		default:
+			return a, errSyntax
+		}
+		if err != nil {
+			return a, err
+		}
+	}
+	if a.keepalive {
+		return a, errKeepalive
+	}
+	if !a.ttlSet {
+		a.ttl = l.DefaultTTL
+	}
+	if err := l.checkTTL(a.ttl); err != nil {
+		return a, err
+	}
+	return a, nil
+}
+
+func (l *Limits) checkKey(k []byte) error {
+	switch {
+	case len(k) == 0:
+		return errEmptyKey
+	case l.MaxKeyBytes > 0 && len(k) > l.MaxKeyBytes:
+		return errKeyTooLong
+	}
+	return nil
+}
+
+func (l *Limits) checkToken(t []byte) error {
+	switch {
+	case len(t) == 0:
+		return errEmptyToken
+	case l.MaxTokenBytes > 0 && len(t) > l.MaxTokenBytes:
+		return errTokenTooLong
+	}
+	return nil
+}
+
+func (l *Limits) checkTTL(ttl time.Duration) error {
+	if l.MaxTTL > 0 && ttl > l.MaxTTL {
+		return errors.New("ERR TTL " + strconv.FormatInt(ttl.Milliseconds(), 10) + " ms is above the maximum of " +
+			strconv.FormatInt(l.MaxTTL.Milliseconds(), 10) + " ms (locks.max_ttl)")
+	}
+	if ttl < l.MinTTL {
+		return errors.New("ERR TTL " + strconv.FormatInt(ttl.Milliseconds(), 10) + " ms is below the minimum of " +
+			strconv.FormatInt(l.MinTTL.Milliseconds(), 10) + " ms (locks.min_ttl)")
+	}
+	return nil
+}
+
+func (h *Handler) lock(s *resp.Session, args [][]byte) {
+	a, err := h.limits.parseLock("lock", args)
+	if err != nil {
+		s.W.Error(err.Error())
+		return
+	}
+	h.acquire(s, "lock", a, backends.Write)
+}
+
+func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends.Mode) {
+	token := newToken()
+	if a.token != nil {
+		token = string(a.token)
+	}
+	req := backends.LockRequest{Key: string(a.key), Token: token, TTL: a.ttl, Wait: a.wait, Mode: mode}
+	ctx := s.Context()
+	if a.wait > 0 {
+		// Replies to the commands pipelined before this one must not wait
+		// with it.
+		if s.Flush() != nil {
+			return
+		}
+		var cancel context.CancelFunc
+		// The backend's own deadline is a.wait; this bounds its last try.
+		ctx, cancel = context.WithTimeout(ctx, a.wait+a.ttl)
+		defer cancel()
+	}
+	start := time.Now()
+	lease, err := h.backend.Lock(ctx, req)
+	h.metrics.acquireDuration.Observe(time.Since(start).Seconds())
+	switch {
+	case err == nil:
+		h.metrics.acquire.WithLabelValues("acquired").Inc()
+		h.held.granted(req.Key, token, a.ttl)
+		writeLease(s.W, lease)
+	case errors.Is(err, backends.ErrNotAcquired):
+		h.metrics.acquire.WithLabelValues("not_acquired").Inc()
+		s.W.Null()
+	default:
+		if isNoQuorum(err) {
+			h.metrics.acquire.WithLabelValues("no_quorum").Inc()
+		} else {
+			h.metrics.acquire.WithLabelValues("error").Inc()
+		}
+		h.replyError(s, cmd, err)
+	}
+}
+
+func writeLease(w *resp.Writer, l backends.Lease) {
+	w.Map(3)
+	w.BulkString("token")
+	w.BulkString(l.Token)
+	w.BulkString("validity_ms")
+	w.Int(l.Validity.Milliseconds())
+	w.BulkString("fence")
+	w.Uint(l.Fence)
+}
+
+func (h *Handler) unlock(s *resp.Session, args [][]byte) {
+	if err := h.limits.checkKey(args[1]); err != nil {
+		s.W.Error(err.Error())
+		return
+	}
+	if err := h.limits.checkToken(args[2]); err != nil {
+		s.W.Error(err.Error())
+		return
+	}
+	key, token := string(args[1]), string(args[2])
+	ok, err := h.backend.Unlock(s.Context(), key, token)
+	if err != nil {
+		h.replyError(s, "unlock", err)
+		return
+	}
+	if ok {
+		h.held.released(key, token)
+		s.W.Int(1)
+		return
+	}
+	s.W.Int(0)
+}
+
+// renew: RENEW key token PX ms | EX s
+func (h *Handler) renew(s *resp.Session, args [][]byte) {
+	if err := h.limits.checkKey(args[1]); err != nil {
+		s.W.Error(err.Error())
+		return
+	}
+	if err := h.limits.checkToken(args[2]); err != nil {
+		s.W.Error(err.Error())
+		return
+	}
+	unit := time.Millisecond
+	switch {
+	case resp.EqualFold(args[3], "PX"):
+	case resp.EqualFold(args[3], "EX"):
+		unit = time.Second
+	default:
+		s.W.Error(errSyntax.Error())
+		return
+	}
+	ttl, err := parseTTL(args[4], unit, "renew")
+	if err == nil {
+		err = h.limits.checkTTL(ttl)
+	}
+	if err != nil {
+		s.W.Error(err.Error())
+		return
+	}
+	key, token := string(args[1]), string(args[2])
+	validity, err := h.backend.Renew(s.Context(), key, token, ttl)
+	if err != nil {
+		h.replyError(s, "renew", err)
+		return
+	}
+	if validity > 0 {
+		h.held.renewed(key, token, ttl)
+	}
+	s.W.Int(validity.Milliseconds())
+}

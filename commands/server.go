@@ -1,0 +1,258 @@
+package commands
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/resp"
+)
+
+// redisCompatVersion is the Redis version lockproxy's own command surface
+// matches; clients read it from HELLO and INFO to pick features.
+const redisCompatVersion = "7.2.0"
+
+func isNoQuorum(err error) bool { return errors.Is(err, quorum.ErrNoQuorum) }
+
+func (h *Handler) ping(s *resp.Session, args [][]byte) {
+	switch len(args) {
+	case 1:
+		s.W.Simple("PONG")
+	case 2:
+		s.W.Bulk(args[1])
+	default:
+		wrongArity(s, "ping")
+	}
+}
+
+func (h *Handler) echo(s *resp.Session, args [][]byte) { s.W.Bulk(args[1]) }
+
+func (h *Handler) quit(s *resp.Session, args [][]byte) {
+	s.W.Simple("OK")
+	s.CloseAfterReply()
+}
+
+func (h *Handler) auth(s *resp.Session, args [][]byte) {
+	s.W.Error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?")
+}
+
+func (h *Handler) selectDB(s *resp.Session, args [][]byte) {
+	n, ok := resp.ParseInt(args[1])
+	switch {
+	case !ok:
+		s.W.Error(errNotInteger.Error())
+	case n != 0:
+		s.W.Error("ERR DB index is out of range")
+	default:
+		s.W.Simple("OK")
+	}
+}
+
+// hello: HELLO [protover [AUTH username password] [SETNAME clientname]]
+func (h *Handler) hello(s *resp.Session, args [][]byte) {
+	proto := s.W.Proto()
+	if len(args) >= 2 {
+		v, ok := resp.ParseInt(args[1])
+		if !ok {
+			s.W.Error("ERR Protocol version is not an integer or out of range")
+			return
+		}
+		if v != 2 && v != 3 {
+			s.W.Error("NOPROTO unsupported protocol version")
+			return
+		}
+		proto = int(v)
+	}
+	var name []byte
+	for i := 2; i < len(args); i++ {
+		switch {
+		case resp.EqualFold(args[i], "AUTH") && i+2 < len(args):
+			// No front-side authentication is configured: like Redis's
+			// default user with nopass, any credentials are accepted.
+			i += 2
+		case resp.EqualFold(args[i], "SETNAME") && i+1 < len(args):
+			name = args[i+1]
+			if !validClientName(name) {
+				s.W.Error("ERR Client names cannot contain spaces, newlines or special characters.")
+				return
+			}
+			i++
+		default:
+			s.W.Error("ERR Syntax error in HELLO option '" + clip(string(args[i])) + "'")
+			return
+		}
+	}
+	if name != nil {
+		state(s).name = string(name)
+	}
+	s.W.SetProto(proto)
+	s.W.Map(7)
+	s.W.BulkString("server")
+	s.W.BulkString("redis")
+	s.W.BulkString("version")
+	s.W.BulkString(redisCompatVersion)
+	s.W.BulkString("proto")
+	s.W.Int(int64(proto))
+	s.W.BulkString("id")
+	s.W.Int(s.ID())
+	s.W.BulkString("mode")
+	s.W.BulkString("standalone")
+	s.W.BulkString("role")
+	s.W.BulkString("master")
+	s.W.BulkString("modules")
+	s.W.Array(0)
+}
+
+func validClientName(name []byte) bool {
+	for _, c := range name {
+		if c < '!' || c > '~' {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *Handler) clientID(s *resp.Session, args [][]byte) { s.W.Int(s.ID()) }
+
+func (h *Handler) clientSetName(s *resp.Session, args [][]byte) {
+	if !validClientName(args[2]) {
+		s.W.Error("ERR Client names cannot contain spaces, newlines or special characters.")
+		return
+	}
+	state(s).name = string(args[2])
+	s.W.Simple("OK")
+}
+
+func (h *Handler) clientGetName(s *resp.Session, args [][]byte) {
+	if n := state(s).name; n != "" {
+		s.W.BulkString(n)
+		return
+	}
+	s.W.Null()
+}
+
+func (h *Handler) clientSetInfo(s *resp.Session, args [][]byte) {
+	c := state(s)
+	switch {
+	case resp.EqualFold(args[2], "LIB-NAME"):
+		if !validClientName(args[3]) {
+			s.W.Error("ERR lib-name cannot contain spaces, newlines or special characters.")
+			return
+		}
+		c.libName = string(args[3])
+	case resp.EqualFold(args[2], "LIB-VER"):
+		if !validClientName(args[3]) {
+			s.W.Error("ERR lib-ver cannot contain spaces, newlines or special characters.")
+			return
+		}
+		c.libVer = string(args[3])
+	default:
+		s.W.Error("ERR Unrecognized option '" + clip(string(args[2])) + "'")
+		return
+	}
+	s.W.Simple("OK")
+}
+
+func clientLine(s *resp.Session, now time.Time) string {
+	c := state(s)
+	return fmt.Sprintf("id=%d addr=%s laddr=%s name=%s age=%d idle=%d db=0 cmd=%s resp=%d lib-name=%s lib-ver=%s",
+		s.ID(), s.RemoteAddr(), s.LocalAddr(), c.name,
+		int64(now.Sub(s.Created()).Seconds()), int64(now.Sub(s.LastActive()).Seconds()),
+		c.lastCmd, s.W.Proto(), c.libName, c.libVer)
+}
+
+func (h *Handler) clientInfo(s *resp.Session, args [][]byte) {
+	s.W.Verbatim(clientLine(s, time.Now()) + "\n")
+}
+
+func (h *Handler) clientList(s *resp.Session, args [][]byte) {
+	var b strings.Builder
+	now := time.Now()
+	if h.clients != nil {
+		for _, other := range h.clients() {
+			if other == s {
+				b.WriteString(clientLine(s, now))
+			} else {
+				// Other sessions' state belongs to their goroutines: show
+				// only what is safe to read from here.
+				fmt.Fprintf(&b, "id=%d addr=%s laddr=%s age=%d idle=%d db=0",
+					other.ID(), other.RemoteAddr(), other.LocalAddr(),
+					int64(now.Sub(other.Created()).Seconds()), int64(now.Sub(other.LastActive()).Seconds()))
+			}
+			b.WriteByte('\n')
+		}
+	} else {
+		b.WriteString(clientLine(s, now) + "\n")
+	}
+	s.W.Verbatim(b.String())
+}
+
+func (h *Handler) clientNoop(s *resp.Session, args [][]byte) { s.W.Simple("OK") }
+
+// info: INFO [section ...]
+func (h *Handler) infoCmd(s *resp.Session, args [][]byte) {
+	want := map[string]bool{}
+	for _, a := range args[1:] {
+		want[strings.ToLower(string(a))] = true
+	}
+	all := len(want) == 0 || want["all"] || want["everything"] || want["default"]
+	var b strings.Builder
+	section := func(name string, body func()) {
+		if all || want[strings.ToLower(name)] {
+			if b.Len() > 0 {
+				b.WriteString("\r\n")
+			}
+			b.WriteString("# " + name + "\r\n")
+			body()
+		}
+	}
+	kv := func(k string, v any) { fmt.Fprintf(&b, "%s:%v\r\n", k, v) }
+	up := time.Since(h.started)
+	section("Server", func() {
+		kv("redis_version", redisCompatVersion)
+		kv("redis_mode", "standalone")
+		kv("lockproxy_version", h.info.Version)
+		kv("lockproxy_git_sha1", h.info.Commit)
+		kv("os", runtime.GOOS+" "+runtime.GOARCH)
+		kv("arch_bits", strconv.Itoa(strconv.IntSize))
+		kv("multiplexing_api", "go")
+		kv("go_version", runtime.Version())
+		kv("process_id", os.Getpid())
+		kv("run_id", h.runID)
+		kv("tcp_port", h.info.Port)
+		kv("uptime_in_seconds", int64(up.Seconds()))
+		kv("uptime_in_days", int64(up.Hours()/24))
+		kv("config_file", h.info.ConfigFile)
+	})
+	section("Clients", func() {
+		n := 0
+		if h.clients != nil {
+			n = len(h.clients())
+		}
+		kv("connected_clients", n)
+		kv("blocked_clients", 0)
+	})
+	section("Lockproxy", func() {
+		kv("lockproxy_backend", h.info.Backend)
+		kv("lockproxy_dev_mode", boolInt(h.info.Dev))
+		kv("lockproxy_nodes", len(h.info.Nodes))
+		kv("lockproxy_quorum", len(h.info.Nodes)/2+1)
+		kv("lockproxy_node_addrs", strings.Join(h.info.Nodes, ","))
+		kv("lockproxy_default_ttl_ms", h.limits.DefaultTTL.Milliseconds())
+		kv("lockproxy_max_ttl_ms", h.limits.MaxTTL.Milliseconds())
+		kv("lockproxy_locks_held", h.held.count())
+	})
+	s.W.Verbatim(b.String())
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}

@@ -1,0 +1,382 @@
+package conf
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"path"
+	"reflect"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// Backend names accepted in Config.Backend.
+const (
+	BackendRedlock   = "redlock"
+	BackendZookeeper = "zookeeper"
+)
+
+// redacted replaces secrets in String.
+const redacted = "<redacted>"
+
+// Config is the whole lockproxy configuration.
+type Config struct {
+	Listen       string    `yaml:"listen"`        // RESP listener, host:port
+	Admin        string    `yaml:"admin"`         // HTTP /metrics /healthz /readyz; "" disables
+	Backend      string    `yaml:"backend"`       // BackendRedlock or BackendZookeeper
+	Dev          bool      `yaml:"dev"`           // embedded in-process nodes, for trying out only
+	Upstream     string    `yaml:"upstream"`      // host:port of the Redis relayed commands go to; "" = none
+	LockPatterns []string  `yaml:"lock_patterns"` // key globs served as locks in transparent mode
+	Log          Log       `yaml:"log"`
+	Redlock      Redlock   `yaml:"redlock"`
+	Locks        Locks     `yaml:"locks"`
+	Zookeeper    Zookeeper `yaml:"zookeeper"`
+	Limits       Limits    `yaml:"limits"`
+}
+
+// Log configures the zap logger.
+type Log struct {
+	Level  string `yaml:"level"`  // debug|info|warn|error
+	Format string `yaml:"format"` // json|console
+}
+
+// Redlock configures the RedLock backend and its nodes.
+type Redlock struct {
+	Nodes             []string      `yaml:"nodes"` // host:port each
+	Username          string        `yaml:"username"`
+	Password          string        `yaml:"password" secret:"true"`
+	PasswordFile      string        `yaml:"password_file"` // read into Password at load time
+	KeyPrefix         string        `yaml:"key_prefix"`
+	DriftFactor       float64       `yaml:"drift_factor"`
+	DriftMin          time.Duration `yaml:"drift_min"`
+	NodeTimeoutFactor float64       `yaml:"node_timeout_factor"` // of the TTL
+	NodeTimeoutMin    time.Duration `yaml:"node_timeout_min"`
+	NodeTimeoutMax    time.Duration `yaml:"node_timeout_max"`
+	PoolSize          int           `yaml:"pool_size"`        // go-redis connections per node
+	PipelineWorkers   int           `yaml:"pipeline_workers"` // batching writers per node
+	MaxBatch          int           `yaml:"max_batch"`        // commands per pipelined write
+	DialTimeout       time.Duration `yaml:"dial_timeout"`
+}
+
+// Locks bounds the leases and waits clients may ask for.
+type Locks struct {
+	DefaultTTL time.Duration `yaml:"default_ttl"` // lease when LOCK gives no PX/EX
+	MaxTTL     time.Duration `yaml:"max_ttl"`     // a LOCK asking more is refused
+	MinTTL     time.Duration `yaml:"min_ttl"`
+	MaxWait    time.Duration `yaml:"max_wait"`  // cap on WAIT
+	RetryMin   time.Duration `yaml:"retry_min"` // jittered retry delay bounds
+	RetryMax   time.Duration `yaml:"retry_max"`
+}
+
+// Zookeeper configures the ZooKeeper backend.
+type Zookeeper struct {
+	Servers        []string      `yaml:"servers"` // host:port each
+	Root           string        `yaml:"root"`
+	SessionTimeout time.Duration `yaml:"session_timeout"`
+}
+
+// Limits bounds what clients can make the proxy hold.
+type Limits struct {
+	MaxClients      int           `yaml:"max_clients"`
+	MaxKeyBytes     int           `yaml:"max_key_bytes"`
+	MaxTokenBytes   int           `yaml:"max_token_bytes"`
+	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+}
+
+// Default returns the configuration used where file, environment and flags
+// say nothing. It validates once Dev is set or Redlock.Nodes is given.
+func Default() Config {
+	return Config{
+		// Loopback until the operator chooses to expose locks; 7380 sits
+		// beside Redis's 6379 without taking a port Redis uses.
+		Listen: "127.0.0.1:7380",
+		// Loopback: metrics and probes are for the local scraper; 9380
+		// pairs with 7380 in the 9xxx exporter range.
+		Admin: "127.0.0.1:9380",
+		// RedLock needs nothing but Redis nodes.
+		Backend: BackendRedlock,
+		Log: Log{
+			Level:  "info", // zap's production level: no per-command noise
+			Format: "json", // zap's production encoder, for log collectors
+		},
+		Redlock: Redlock{
+			// Keeps lock keys apart from application keys on shared nodes.
+			KeyPrefix: "lockproxy:",
+			// antirez's redlock-rb value, also redsync's and node-redlock's.
+			DriftFactor: 0.01,
+			// Redis expires keys with 1 ms precision, plus 1 ms.
+			DriftMin: 2 * time.Millisecond,
+			// A slow node may cost at most 5% of the lease (redsync's
+			// timeout factor, after the RedLock spec's advice).
+			NodeTimeoutFactor: 0.05,
+			// Below 10 ms a busy but healthy LAN node looks down.
+			NodeTimeoutMin: 10 * time.Millisecond,
+			// With long TTLs one dead node must not stall every acquire.
+			NodeTimeoutMax: 250 * time.Millisecond,
+			// Pipelining multiplexes many commands per connection.
+			PoolSize: 8,
+			// Parallel writes per node without crowding Redis's one thread.
+			PipelineWorkers: 4,
+			// Amortises syscalls while bounding one batch's latency.
+			MaxBatch: 256,
+			// LAN dials take milliseconds; a second tells a dead node
+			// apart without stalling start-up.
+			DialTimeout: time.Second,
+		},
+		Locks: Locks{
+			// Redisson's watchdog default (lockWatchdogTimeout).
+			DefaultTTL: 30 * time.Second,
+			// A leaked lock blocks for at most 10 minutes, and nodes need
+			// to keep their data only that long after a restart.
+			MaxTTL: 10 * time.Minute,
+			// Shorter leases are eaten by drift and round trips.
+			MinTTL: 10 * time.Millisecond,
+			// Waiting longer than the longest lease makes no sense.
+			MaxWait: 10 * time.Minute,
+			// Jitter spreads contenders; the floor avoids hot spinning.
+			RetryMin: 20 * time.Millisecond,
+			// antirez's reference sleeps rand(200) ms between tries.
+			RetryMax: 200 * time.Millisecond,
+		},
+		Zookeeper: Zookeeper{
+			// One subtree per application, easy to ACL and inspect.
+			Root: "/lockproxy",
+			// A lost holder frees its locks within seconds; above ZK's
+			// default floor of 2×tickTime (4 s).
+			SessionTimeout: 10 * time.Second,
+		},
+		Limits: Limits{
+			// Redis's own maxclients default.
+			MaxClients: 10000,
+			// Bounds memory per key; real lock names are far shorter.
+			MaxKeyBytes: 64 << 10,
+			// Generated tokens are 128 bits; room for client UUIDs and more.
+			MaxTokenBytes: 256,
+			// Leaves room in Kubernetes' 30 s grace period for releases.
+			ShutdownTimeout: 10 * time.Second,
+		},
+	}
+}
+
+// ValidationError lists every problem found in a configuration, one per
+// line, each starting with the key path (or environment variable) at fault.
+type ValidationError struct {
+	Problems []string
+}
+
+func (e *ValidationError) Error() string {
+	if len(e.Problems) == 0 {
+		return "conf: invalid configuration"
+	}
+	return strings.Join(e.Problems, "\n")
+}
+
+// Validate returns nil or a *ValidationError listing every problem, each
+// prefixed with its key path, e.g.
+// "redlock.drift_factor: must be in [0, 0.5), got 0.7".
+func (c Config) Validate() error {
+	var v validator
+	v.addr("listen", c.Listen, false)
+	if c.Admin != "" {
+		v.addr("admin", c.Admin, false)
+	}
+	switch c.Backend {
+	case BackendRedlock, BackendZookeeper:
+	default:
+		v.add("backend", "must be %s or %s, got %q", BackendRedlock, BackendZookeeper, c.Backend)
+	}
+	if c.Upstream != "" {
+		v.addr("upstream", c.Upstream, true)
+	}
+	for i, p := range c.LockPatterns {
+		key := fmt.Sprintf("lock_patterns[%d]", i)
+		if p == "" {
+			v.add(key, "must not be empty")
+		} else if _, err := path.Match(p, ""); err != nil {
+			v.add(key, "invalid glob %q: %v", p, err)
+		}
+	}
+	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
+	v.oneOf("log.format", c.Log.Format, "json", "console")
+
+	r := c.Redlock
+	if c.Backend == BackendRedlock && !c.Dev && len(r.Nodes) == 0 {
+		v.add("redlock.nodes", "at least one node is required (or use --dev)")
+	}
+	v.addrs("redlock.nodes", r.Nodes)
+	if r.KeyPrefix == "" {
+		v.add("redlock.key_prefix", "must not be empty")
+	}
+	driftOK := r.DriftFactor >= 0 && r.DriftFactor < 0.5 // false for NaN too
+	if !driftOK {
+		v.add("redlock.drift_factor", "must be in [0, 0.5), got %g", r.DriftFactor)
+	}
+	if r.DriftMin < 0 {
+		v.add("redlock.drift_min", "must not be negative, got %v", r.DriftMin)
+	}
+	if !(r.NodeTimeoutFactor > 0 && r.NodeTimeoutFactor < 1) {
+		v.add("redlock.node_timeout_factor", "must be in (0, 1), got %g", r.NodeTimeoutFactor)
+	}
+	v.positive("redlock.node_timeout_min", r.NodeTimeoutMin)
+	if v.positive("redlock.node_timeout_max", r.NodeTimeoutMax) && r.NodeTimeoutMax < r.NodeTimeoutMin {
+		v.add("redlock.node_timeout_max", "must be >= redlock.node_timeout_min (%v), got %v", r.NodeTimeoutMin, r.NodeTimeoutMax)
+	}
+	v.between("redlock.pool_size", r.PoolSize, 1, -1)
+	v.between("redlock.pipeline_workers", r.PipelineWorkers, 1, 64)
+	v.between("redlock.max_batch", r.MaxBatch, 1, 10000)
+	v.positive("redlock.dial_timeout", r.DialTimeout)
+
+	l := c.Locks
+	minOK := v.positive("locks.min_ttl", l.MinTTL)
+	if v.positive("locks.default_ttl", l.DefaultTTL) && minOK && l.DefaultTTL < l.MinTTL {
+		v.add("locks.default_ttl", "must be >= locks.min_ttl (%v), got %v", l.MinTTL, l.DefaultTTL)
+	}
+	if v.positive("locks.max_ttl", l.MaxTTL) && l.MaxTTL < l.DefaultTTL {
+		v.add("locks.max_ttl", "must be >= locks.default_ttl (%v), got %v", l.DefaultTTL, l.MaxTTL)
+	}
+	// validity = ttl - elapsed - (ttl*drift_factor + drift_min): the
+	// shortest lease must leave something even before any round trip.
+	if minOK && driftOK && float64(l.MinTTL)*(1-r.DriftFactor) <= float64(r.DriftMin) {
+		v.add("locks.min_ttl", "%v leaves no validity after drift (redlock.drift_factor %g, redlock.drift_min %v)", l.MinTTL, r.DriftFactor, r.DriftMin)
+	}
+	v.positive("locks.max_wait", l.MaxWait)
+	if v.positive("locks.retry_min", l.RetryMin) && v.positive("locks.retry_max", l.RetryMax) && l.RetryMax < l.RetryMin {
+		v.add("locks.retry_max", "must be >= locks.retry_min (%v), got %v", l.RetryMin, l.RetryMax)
+	}
+
+	z := c.Zookeeper
+	if c.Backend == BackendZookeeper && len(z.Servers) == 0 {
+		v.add("zookeeper.servers", "at least one server is required with backend %s", BackendZookeeper)
+	}
+	v.addrs("zookeeper.servers", z.Servers)
+	if !strings.HasPrefix(z.Root, "/") || path.Clean(z.Root) != z.Root {
+		v.add("zookeeper.root", "must be a clean absolute path such as /lockproxy, got %q", z.Root)
+	}
+	v.positive("zookeeper.session_timeout", z.SessionTimeout)
+
+	v.between("limits.max_clients", c.Limits.MaxClients, 1, -1)
+	v.between("limits.max_key_bytes", c.Limits.MaxKeyBytes, 1, -1)
+	v.between("limits.max_token_bytes", c.Limits.MaxTokenBytes, 1, -1)
+	v.positive("limits.shutdown_timeout", c.Limits.ShutdownTimeout)
+
+	if len(v.problems) == 0 {
+		return nil
+	}
+	return &ValidationError{Problems: v.problems}
+}
+
+// Warnings lists settings that are valid but likely not what an operator
+// wants, each prefixed with its key path, for logging at start-up.
+func (c Config) Warnings() []string {
+	var w []string
+	if c.Dev {
+		w = append(w, "dev: embedded in-process nodes are for trying out only; locks do not survive a restart")
+	}
+	if n := len(c.Redlock.Nodes); c.Backend == BackendRedlock && !c.Dev && n > 0 {
+		switch {
+		case n < 3:
+			w = append(w, fmt.Sprintf("redlock.nodes: %d node(s) tolerate no node failure; use 3 or 5", n))
+		case n%2 == 0:
+			w = append(w, fmt.Sprintf("redlock.nodes: %d nodes tolerate %d failures, as %d would; an odd count is cheaper for the same safety", n, n/2-1, n-1))
+		}
+	}
+	return w
+}
+
+// String renders the config as YAML, with secrets such as Redlock.Password
+// replaced by "<redacted>" when set. It is meant for logs, not for reloading.
+func (c Config) String() string {
+	v := reflect.ValueOf(&c).Elem()
+	for _, l := range leaves() {
+		if f := v.FieldByIndex(l.index); l.secret && f.String() != "" {
+			f.SetString(redacted)
+		}
+	}
+	var b bytes.Buffer
+	enc := yaml.NewEncoder(&b)
+	enc.SetIndent(2)
+	err := enc.Encode(c)
+	if err == nil {
+		err = enc.Close()
+	}
+	if err != nil {
+		return "# conf: " + err.Error() + "\n"
+	}
+	return b.String()
+}
+
+// validator collects problems in the order the checks run.
+type validator struct {
+	problems []string
+}
+
+func (v *validator) add(key, format string, args ...any) {
+	v.problems = append(v.problems, key+": "+fmt.Sprintf(format, args...))
+}
+
+// positive reports d <= 0 and returns whether d is usable.
+func (v *validator) positive(key string, d time.Duration) bool {
+	if d <= 0 {
+		v.add(key, "must be positive, got %v", d)
+		return false
+	}
+	return true
+}
+
+// between checks lo <= n <= hi; hi < 0 means no upper bound.
+func (v *validator) between(key string, n, lo, hi int) {
+	switch {
+	case hi < 0 && n < lo:
+		v.add(key, "must be >= %d, got %d", lo, n)
+	case hi >= 0 && (n < lo || n > hi):
+		v.add(key, "must be in [%d, %d], got %d", lo, hi, n)
+	}
+}
+
+func (v *validator) oneOf(key, s string, set ...string) {
+	for _, ok := range set {
+		if s == ok {
+			return
+		}
+	}
+	v.add(key, "must be one of %s; got %q", strings.Join(set, ", "), s)
+}
+
+// addr checks host:port with a numeric port in 1..65535. Listeners may
+// leave the host empty (all interfaces); dial targets may not.
+func (v *validator) addr(key, s string, needHost bool) {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		var ae *net.AddrError
+		if errors.As(err, &ae) {
+			err = errors.New(ae.Err)
+		}
+		v.add(key, "want host:port, got %q (%v)", s, err)
+		return
+	}
+	if needHost && host == "" {
+		v.add(key, "want host:port, got %q (missing host)", s)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 1 || p > 65535 {
+		v.add(key, "port must be a number in 1..65535, got %q", port)
+	}
+}
+
+// addrs checks each dial target and reports duplicates, which would let one
+// node count twice towards a quorum.
+func (v *validator) addrs(key string, list []string) {
+	seen := make(map[string]int, len(list))
+	for i, s := range list {
+		k := fmt.Sprintf("%s[%d]", key, i)
+		v.addr(k, s, true)
+		if j, dup := seen[s]; dup {
+			v.add(k, "duplicate of %s[%d] (%s)", key, j, s)
+			continue
+		}
+		seen[s] = i
+	}
+}

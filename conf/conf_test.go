@@ -1,0 +1,618 @@
+package conf
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+// writeFile writes content to name in a fresh temporary directory.
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// problems returns the problem lines of err, or nil.
+func problems(t *testing.T, err error) []string {
+	t.Helper()
+	if err == nil {
+		return nil
+	}
+	var ve *ValidationError
+	if !errors.As(err, &ve) {
+		t.Fatalf("error %q is not a *ValidationError", err)
+	}
+	if got := ve.Error(); got != strings.Join(ve.Problems, "\n") {
+		t.Errorf("Error() = %q; want the problems one per line", got)
+	}
+	return ve.Problems
+}
+
+func TestDefaultValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want []string
+	}{
+		{"dev", func(c *Config) { c.Dev = true }, nil},
+		{"no nodes", func(c *Config) {}, []string{
+			"redlock.nodes: at least one node is required (or use --dev)",
+		}},
+		{"three nodes", func(c *Config) { c.Redlock.Nodes = []string{"a:6379", "b:6379", "c:6379"} }, nil},
+		{"zookeeper needs no redlock nodes", func(c *Config) {
+			c.Backend = BackendZookeeper
+			c.Zookeeper.Servers = []string{"zk1:2181"}
+		}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			tt.edit(&c)
+			if got := problems(t, c.Validate()); !slices.Equal(got, tt.want) {
+				t.Errorf("Validate() = %q; want %q", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		edit func(*Config)
+		want []string
+	}{
+		{"addresses", func(c *Config) {
+			c.Listen = "7380"
+			c.Admin = ":0"
+			c.Upstream = ":6379"
+			c.Redlock.Nodes = []string{"a:6379", "b:http", "a:6379", "c:70000"}
+		}, []string{
+			`listen: want host:port, got "7380" (missing port in address)`,
+			`admin: port must be a number in 1..65535, got "0"`,
+			`upstream: want host:port, got ":6379" (missing host)`,
+			`redlock.nodes[1]: port must be a number in 1..65535, got "http"`,
+			`redlock.nodes[2]: duplicate of redlock.nodes[0] (a:6379)`,
+			`redlock.nodes[3]: port must be a number in 1..65535, got "70000"`,
+		}},
+		{"admin empty disables", func(c *Config) { c.Admin = "" }, nil},
+		{"listen on all interfaces", func(c *Config) { c.Listen = ":7380" }, nil},
+		{"ipv6", func(c *Config) { c.Redlock.Nodes = []string{"[::1]:6379"} }, nil},
+		{"enums", func(c *Config) {
+			c.Backend = "etcd"
+			c.Log.Level = "trace"
+			c.Log.Format = "text"
+		}, []string{
+			`backend: must be redlock or zookeeper, got "etcd"`,
+			`log.level: must be one of debug, info, warn, error; got "trace"`,
+			`log.format: must be one of json, console; got "text"`,
+		}},
+		{"zookeeper", func(c *Config) {
+			c.Backend = BackendZookeeper
+			c.Zookeeper.Root = "lockproxy/"
+			c.Zookeeper.SessionTimeout = 0
+		}, []string{
+			"zookeeper.servers: at least one server is required with backend zookeeper",
+			`zookeeper.root: must be a clean absolute path such as /lockproxy, got "lockproxy/"`,
+			"zookeeper.session_timeout: must be positive, got 0s",
+		}},
+		{"lock patterns", func(c *Config) { c.LockPatterns = []string{"lock:*", "", "bad[", "a\\"} }, []string{
+			"lock_patterns[1]: must not be empty",
+			`lock_patterns[2]: invalid glob "bad[": syntax error in pattern`,
+			`lock_patterns[3]: invalid glob "a\\": syntax error in pattern`,
+		}},
+		{"redlock numbers", func(c *Config) {
+			c.Redlock.KeyPrefix = ""
+			c.Redlock.DriftFactor = 0.7
+			c.Redlock.DriftMin = -time.Millisecond
+			c.Redlock.NodeTimeoutFactor = 1
+			c.Redlock.NodeTimeoutMin = 300 * time.Millisecond
+			c.Redlock.PoolSize = 0
+			c.Redlock.PipelineWorkers = 65
+			c.Redlock.MaxBatch = 0
+			c.Redlock.DialTimeout = 0
+		}, []string{
+			"redlock.key_prefix: must not be empty",
+			"redlock.drift_factor: must be in [0, 0.5), got 0.7",
+			"redlock.drift_min: must not be negative, got -1ms",
+			"redlock.node_timeout_factor: must be in (0, 1), got 1",
+			"redlock.node_timeout_max: must be >= redlock.node_timeout_min (300ms), got 250ms",
+			"redlock.pool_size: must be >= 1, got 0",
+			"redlock.pipeline_workers: must be in [1, 64], got 65",
+			"redlock.max_batch: must be in [1, 10000], got 0",
+			"redlock.dial_timeout: must be positive, got 0s",
+		}},
+		{"lock durations", func(c *Config) {
+			c.Locks.DefaultTTL = 20 * time.Minute
+			c.Locks.MinTTL = 2 * time.Millisecond
+			c.Locks.MaxWait = 0
+			c.Locks.RetryMin = time.Second
+		}, []string{
+			"locks.max_ttl: must be >= locks.default_ttl (20m0s), got 10m0s",
+			"locks.min_ttl: 2ms leaves no validity after drift (redlock.drift_factor 0.01, redlock.drift_min 2ms)",
+			"locks.max_wait: must be positive, got 0s",
+			"locks.retry_max: must be >= locks.retry_min (1s), got 200ms",
+		}},
+		{"default below min", func(c *Config) { c.Locks.DefaultTTL = 5 * time.Millisecond }, []string{
+			"locks.default_ttl: must be >= locks.min_ttl (10ms), got 5ms",
+		}},
+		{"limits", func(c *Config) {
+			c.Limits = Limits{MaxClients: -1}
+		}, []string{
+			"limits.max_clients: must be >= 1, got -1",
+			"limits.max_key_bytes: must be >= 1, got 0",
+			"limits.max_token_bytes: must be >= 1, got 0",
+			"limits.shutdown_timeout: must be positive, got 0s",
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			c.Dev = true
+			tt.edit(&c)
+			got := problems(t, c.Validate())
+			if !slices.Equal(got, tt.want) {
+				t.Errorf("Validate() =\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tt.want, "\n"))
+			}
+		})
+	}
+}
+
+func TestWarnings(t *testing.T) {
+	tests := []struct {
+		name  string
+		nodes []string
+		dev   bool
+		want  int
+	}{
+		{"three", []string{"a:1", "b:1", "c:1"}, false, 0},
+		{"four", []string{"a:1", "b:1", "c:1", "d:1"}, false, 1},
+		{"one", []string{"a:1"}, false, 1},
+		{"dev", nil, true, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			c.Dev = tt.dev
+			c.Redlock.Nodes = tt.nodes
+			if got := c.Warnings(); len(got) != tt.want {
+				t.Errorf("Warnings() = %q; want %d", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestLoad(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		want func(*Config) // edits Default() into the expected result
+		errs []string      // expected problems, file:line stripped
+		err  string        // expected substring of a non-validation error
+	}{
+		{"empty", "", func(*Config) {}, nil, ""},
+		{"comments only", "# nothing\n", func(*Config) {}, nil, ""},
+		{"values", `
+listen: 0.0.0.0:7380
+dev: true
+lock_patterns: ["lock:*", "mutex:*"]
+redlock:
+  nodes: [a:6379, b:6379, c:6379]
+  drift_factor: 0.02
+  node_timeout_max: 1s
+locks:
+  default_ttl: 1m30s
+  retry_min: 50ms
+`, func(c *Config) {
+			c.Listen = "0.0.0.0:7380"
+			c.Dev = true
+			c.LockPatterns = []string{"lock:*", "mutex:*"}
+			c.Redlock.Nodes = []string{"a:6379", "b:6379", "c:6379"}
+			c.Redlock.DriftFactor = 0.02
+			c.Redlock.NodeTimeoutMax = time.Second
+			c.Locks.DefaultTTL = 90 * time.Second
+			c.Locks.RetryMin = 50 * time.Millisecond
+		}, nil, ""},
+		{"null section keeps defaults", "redlock:\nlocks: ~\n", func(*Config) {}, nil, ""},
+		{"anchor under an unknown key", `
+base: &b
+  level: debug
+  format: console
+`, nil, []string{"base: unknown key"}, ""},
+		{"merge into section", `
+log:
+  <<: {level: debug, format: console}
+  format: json
+`, func(c *Config) { c.Log.Level = "debug" }, nil, ""},
+		{"unknown nested key", "redlock:\n  nodez: [a:1]\n", nil, []string{"redlock.nodez: unknown key"}, ""},
+		{"every problem at once", `
+listen: 1.2.3.4:1
+lsiten: x
+redlock:
+  drift_factor: lots
+  nodez: []
+  drift_min: 2
+locks:
+  default_ttl: 30x
+limits: 5
+`, nil, []string{
+			"lsiten: unknown key",
+			"redlock.drift_factor: cannot unmarshal !!str `lots` into float64",
+			"redlock.nodez: unknown key",
+			"redlock.drift_min: cannot unmarshal !!int `2` into time.Duration; want a duration such as \"250ms\" or \"30s\"",
+			"locks.default_ttl: cannot unmarshal !!str `30x` into time.Duration; want a duration such as \"250ms\" or \"30s\"",
+			`limits: want a mapping, got !!int "5"`,
+		}, ""},
+		{"duplicate key", "listen: a:1\nlisten: b:2\n", nil, []string{"listen: duplicate key, first set on line 1"}, ""},
+		{"not a mapping", "- a\n- b\n", nil, []string{"(top level): want a mapping, got a list"}, ""},
+		{"syntax error", "listen: [\n", nil, nil, "yaml:"},
+		{"two documents", "listen: a:1\n---\nlisten: b:2\n", nil, nil, "only one YAML document"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := writeFile(t, "lockproxy.yaml", tt.yaml)
+			got, err := Load(p)
+			switch {
+			case tt.err != "":
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("Load = %v; want error containing %q", err, tt.err)
+				}
+				return
+			case tt.errs != nil:
+				var lines []string
+				for _, pr := range problems(t, err) {
+					i := strings.LastIndex(pr, " (")
+					if i < 0 || !strings.HasPrefix(pr[i:], " ("+p+":") {
+						t.Errorf("problem %q does not end with (%s:LINE)", pr, p)
+						i = len(pr)
+					}
+					lines = append(lines, pr[:i])
+				}
+				if !slices.Equal(lines, tt.errs) {
+					t.Errorf("Load problems =\n%s\nwant\n%s", strings.Join(lines, "\n"), strings.Join(tt.errs, "\n"))
+				}
+				return
+			case err != nil:
+				t.Fatalf("Load = %v; want no error", err)
+			}
+			want := Default()
+			tt.want(&want)
+			if !reflect.DeepEqual(got, want) {
+				t.Errorf("Load =\n%v\nwant\n%v", got, want)
+			}
+		})
+	}
+}
+
+func TestLoadMissingFile(t *testing.T) {
+	_, err := Load(filepath.Join(t.TempDir(), "nope.yaml"))
+	if !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("Load(missing) = %v; want os.ErrNotExist", err)
+	}
+}
+
+func TestLoadUnknownKeyLine(t *testing.T) {
+	p := writeFile(t, "c.yaml", "redlock:\n  key_prefix: x\n  nodez: [a:1]\n")
+	_, err := Load(p)
+	want := "redlock.nodez: unknown key (" + p + ":3)"
+	if err == nil || err.Error() != want {
+		t.Errorf("Load = %v; want %q", err, want)
+	}
+}
+
+func TestFromArgs(t *testing.T) {
+	const file = `
+listen: 127.0.0.1:1001
+admin: 127.0.0.1:2001
+upstream: up:6379
+redlock:
+  nodes: [file:1]
+  drift_factor: 0.03
+locks:
+  default_ttl: 1s
+  max_ttl: 1m
+`
+	tests := []struct {
+		name  string
+		args  []string // "FILE" is replaced by the file's path
+		env   []string
+		check func(*Config) []string // returns mismatches
+	}{
+		{"file only", []string{"FILE"}, nil, expect(map[string]any{
+			"listen": "127.0.0.1:1001", "redlock.nodes": []string{"file:1"}, "redlock.drift_factor": 0.03,
+		})},
+		{"env over file", []string{"-c", "FILE"}, []string{
+			"LOCKPROXY_LISTEN=127.0.0.1:1002",
+			"LOCKPROXY_REDLOCK_NODES=env1:1, env2:2,,",
+			"LOCKPROXY_REDLOCK_DRIFT_FACTOR=0.04",
+			"LOCKPROXY_LOCKS_DEFAULT_TTL=2s",
+			"LOCKPROXY_ADMIN=",
+			"LOCKPROXY_DEV=true",
+			"LOCKPROXY_NO_SUCH_KEY=ignored",
+		}, expect(map[string]any{
+			"listen": "127.0.0.1:1002", "admin": "", "dev": true,
+			"redlock.nodes": []string{"env1:1", "env2:2"}, "redlock.drift_factor": 0.04,
+			"locks.default_ttl": 2 * time.Second, "locks.max_ttl": time.Minute, "upstream": "up:6379",
+		})},
+		{"flags over env", []string{
+			"--config", "FILE", "--listen", "127.0.0.1:1003", "-nodes=f1:1,f2:2", "--nodes", "f3:3",
+			"--drift-factor", "0.05", "--default-ttl=3s", "--lock-pattern", "a:*", "-lock-pattern", "b,c:*",
+			"--log-level", "debug", "--zk", "z:2181", "--backend", "zookeeper", "--max-ttl", "5m",
+		}, []string{
+			"LOCKPROXY_LISTEN=127.0.0.1:1002",
+			"LOCKPROXY_REDLOCK_NODES=env1:1",
+			"LOCKPROXY_REDLOCK_DRIFT_FACTOR=0.04",
+			"LOCKPROXY_LOCK_PATTERNS=env:*",
+		}, expect(map[string]any{
+			"listen": "127.0.0.1:1003", "redlock.nodes": []string{"f1:1", "f2:2", "f3:3"},
+			"redlock.drift_factor": 0.05, "locks.default_ttl": 3 * time.Second, "locks.max_ttl": 5 * time.Minute,
+			"lock_patterns": []string{"a:*", "b,c:*"}, "log.level": "debug",
+			"zookeeper.servers": []string{"z:2181"}, "backend": "zookeeper", "admin": "127.0.0.1:2001",
+		})},
+		{"positional between flags", []string{"--dev", "FILE", "--upstream", "u:1"}, nil, expect(map[string]any{
+			"dev": true, "upstream": "u:1", "listen": "127.0.0.1:1001",
+		})},
+		{"LOCKPROXY_CONFIG", nil, []string{"LOCKPROXY_CONFIG=FILE"}, expect(map[string]any{"listen": "127.0.0.1:1001"})},
+		{"no file", []string{"--dev"}, []string{"PATH=/bin", "LOCKPROXY_LOG_FORMAT=console"}, expect(map[string]any{
+			"dev": true, "listen": "127.0.0.1:7380", "log.format": "console",
+		})},
+		{"after --", []string{"--dev", "--", "FILE"}, nil, expect(map[string]any{"listen": "127.0.0.1:1001"})},
+		{"dev=false overrides env", []string{"--dev=false"}, []string{"LOCKPROXY_DEV=1"}, expect(map[string]any{"dev": false})},
+		{"empty list flag clears", []string{"FILE", "--nodes", ""}, nil, expect(map[string]any{"redlock.nodes": []string{}})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := writeFile(t, "lockproxy.yaml", file)
+			c, err := FromArgs(subst(tt.args, p), subst(tt.env, p))
+			if err != nil {
+				t.Fatalf("FromArgs = %v", err)
+			}
+			for _, m := range tt.check(&c) {
+				t.Error(m)
+			}
+		})
+	}
+}
+
+// subst replaces "FILE" (alone or after "=") with p.
+func subst(list []string, p string) []string {
+	out := make([]string, len(list))
+	for i, s := range list {
+		out[i] = strings.ReplaceAll(s, "FILE", p)
+	}
+	return out
+}
+
+// expect checks config values by key path.
+func expect(want map[string]any) func(*Config) []string {
+	return func(c *Config) []string {
+		var bad []string
+		v := reflect.ValueOf(c).Elem()
+		for path, w := range want {
+			l, ok := leafByPath(path)
+			if !ok {
+				bad = append(bad, "no key "+path)
+				continue
+			}
+			got := v.FieldByIndex(l.index).Interface()
+			if !reflect.DeepEqual(got, w) {
+				bad = append(bad, path+" = "+fmt.Sprintf("%#v", got)+"; want "+fmt.Sprintf("%#v", w))
+			}
+		}
+		slices.Sort(bad)
+		return bad
+	}
+}
+
+func TestFromArgsErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want []string // substrings of the error, in any line
+		help bool
+	}{
+		{"bad env value", nil, []string{"LOCKPROXY_REDLOCK_DRIFT_FACTOR=abc"}, []string{
+			`LOCKPROXY_REDLOCK_DRIFT_FACTOR: invalid value "abc" for redlock.drift_factor: want a number`,
+		}, false},
+		{"every bad env value", nil, []string{
+			"LOCKPROXY_DEV=maybe", "LOCKPROXY_LOCKS_MAX_TTL=10", "LOCKPROXY_LIMITS_MAX_CLIENTS=lots",
+		}, []string{
+			"LOCKPROXY_DEV: invalid value \"maybe\" for dev: want true or false",
+			"LOCKPROXY_LOCKS_MAX_TTL: invalid value \"10\" for locks.max_ttl: want a duration",
+			"LOCKPROXY_LIMITS_MAX_CLIENTS: invalid value \"lots\" for limits.max_clients: want an integer",
+		}, false},
+		{"file and env problems together", []string{"FILE"}, []string{"LOCKPROXY_DEV=maybe"}, []string{
+			"redlock.nodez: unknown key", "LOCKPROXY_DEV: invalid value",
+		}, false},
+		{"bad flag value", []string{"--drift-factor", "x"}, nil, []string{
+			`conf: invalid value "x" for flag -drift-factor: want a number`,
+		}, false},
+		{"bad duration flag", []string{"--max-ttl=10"}, nil, []string{`for flag -max-ttl: want a duration`}, false},
+		{"unknown flag", []string{"--nope"}, nil, []string{"flag provided but not defined: -nope"}, false},
+		{"two files", []string{"a.yaml", "b.yaml"}, nil, []string{"at most one config file"}, false},
+		{"-c and positional", []string{"-c", "a.yaml", "b.yaml"}, nil, []string{"config file given twice"}, false},
+		{"missing file", []string{"--config", "/nonexistent/lockproxy.yaml"}, nil, []string{"no such file"}, false},
+		{"help", []string{"--help"}, nil, []string{"Usage: lockproxy", "-nodes host:port,...", "LOCKPROXY_"}, true},
+		{"-h", []string{"-h"}, nil, []string{"-lock-pattern glob"}, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			p := writeFile(t, "bad.yaml", "redlock:\n  nodez: []\n")
+			_, err := FromArgs(subst(tt.args, p), tt.env)
+			if err == nil {
+				t.Fatalf("FromArgs(%q) = nil error; want %q", tt.args, tt.want)
+			}
+			for _, w := range tt.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("FromArgs(%q) = %q; want it to contain %q", tt.args, err, w)
+				}
+			}
+			if got := errors.Is(err, flag.ErrHelp); got != tt.help {
+				t.Errorf("errors.Is(err, flag.ErrHelp) = %v; want %v", got, tt.help)
+			}
+		})
+	}
+}
+
+func TestPasswordFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "secret"), []byte("s3 cret\r\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "empty"), []byte("\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	conf := func(body string) string {
+		p := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	tests := []struct {
+		name string
+		file string // YAML body
+		env  []string
+		want string // password, or error substring when err
+		err  bool
+	}{
+		{"relative to the file", "redlock: {password_file: secret}", nil, "s3 cret", false},
+		{"absolute from env", "", []string{"LOCKPROXY_REDLOCK_PASSWORD_FILE=" + filepath.Join(dir, "secret")}, "s3 cret", false},
+		{"plain password", "redlock: {password: pw}", nil, "pw", false},
+		{"env password over file password", "redlock: {password: pw}", []string{"LOCKPROXY_REDLOCK_PASSWORD=pw2"}, "pw2", false},
+		{"both set", "redlock: {password: pw, password_file: secret}", nil, "both set", true},
+		{"both set across layers", "redlock: {password: pw}", []string{"LOCKPROXY_REDLOCK_PASSWORD_FILE=/x"}, "both set", true},
+		{"missing", "redlock: {password_file: nope}", nil, "redlock.password_file: open", true},
+		{"empty", "redlock: {password_file: empty}", nil, "is empty", true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := FromArgs([]string{"--dev", conf(tt.file)}, tt.env)
+			if tt.err {
+				if err == nil || !strings.Contains(err.Error(), tt.want) {
+					t.Fatalf("FromArgs = %v; want error containing %q", err, tt.want)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("FromArgs = %v", err)
+			}
+			if c.Redlock.Password != tt.want {
+				t.Errorf("Password = %q; want %q", c.Redlock.Password, tt.want)
+			}
+		})
+	}
+}
+
+func TestString(t *testing.T) {
+	tests := []struct {
+		name     string
+		password string
+		want     []string // substrings
+		not      []string
+	}{
+		{"redacted", "hunter2", []string{"password: <redacted>", "drift_min: 2ms", "default_ttl: 30s", "listen: 127.0.0.1:7380"}, []string{"hunter2"}},
+		{"empty stays empty", "", []string{`password: ""`}, []string{"<redacted>"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			c.Redlock.Password = tt.password
+			s := c.String()
+			for _, w := range tt.want {
+				if !strings.Contains(s, w) {
+					t.Errorf("String() lacks %q:\n%s", w, s)
+				}
+			}
+			for _, n := range tt.not {
+				if strings.Contains(s, n) {
+					t.Errorf("String() contains %q:\n%s", n, s)
+				}
+			}
+			if c.Redlock.Password != tt.password {
+				t.Errorf("String() changed Password to %q", c.Redlock.Password)
+			}
+		})
+	}
+}
+
+// TestStringRoundTrip checks that String's YAML loads back to the same
+// config, so every field has a yaml tag Load accepts.
+func TestStringRoundTrip(t *testing.T) {
+	c := Default()
+	c.Dev = true
+	c.LockPatterns = []string{"lock:*"}
+	c.Redlock.Nodes = []string{"a:1", "b:2"}
+	c.Zookeeper.Servers = []string{"z:2181"}
+	c.Locks.MaxWait = 1500 * time.Millisecond
+	got, err := Load(writeFile(t, "c.yaml", c.String()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, c) {
+		t.Errorf("Load(String()) =\n%v\nwant\n%v", got, c)
+	}
+}
+
+// TestLeaves checks the reflection tables: unique env names, parseable
+// types, flags naming real keys.
+func TestLeaves(t *testing.T) {
+	seen := map[string]string{}
+	for _, l := range leaves() {
+		if prev, dup := seen[l.env]; dup {
+			t.Errorf("%s and %s share %s", prev, l.path, l.env)
+		}
+		seen[l.env] = l.path
+		if _, err := parseLeaf(l.typ, "", true); err != nil && strings.HasPrefix(err.Error(), "conf: unsupported") {
+			t.Errorf("%s: %v", l.path, err)
+		}
+	}
+	for _, want := range []string{"LOCKPROXY_LISTEN", "LOCKPROXY_REDLOCK_DRIFT_FACTOR", "LOCKPROXY_LIMITS_SHUTDOWN_TIMEOUT", "LOCKPROXY_LOCK_PATTERNS"} {
+		if _, ok := seen[want]; !ok {
+			t.Errorf("no leaf for %s", want)
+		}
+	}
+	for _, f := range flagSpecs {
+		if _, ok := leafByPath(f.path); !ok {
+			t.Errorf("flag --%s names unknown key %s", f.name, f.path)
+		}
+	}
+}
+
+// FuzzLoad checks that no YAML input panics the decoder and that whatever
+// decodes renders to YAML that decodes the same way.
+func FuzzLoad(f *testing.F) {
+	for _, s := range []string{
+		"", "listen: 127.0.0.1:7380\nredlock:\n  nodes: [a:6379, b:6379, c:6379]\n",
+		"locks: {default_ttl: 30s, max_ttl: 10m}\n", "redlock:\n  nodez: 1\n", "a: &x {b: 1}\nc: *x\n",
+		"log:\n  <<: [{level: debug}, {format: console}]\n", "- 1\n", "limits: 5\n",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		c := Default()
+		if err := decode(data, "fuzz.yaml", &c); err != nil {
+			return
+		}
+		c.Redlock.Password = "" // String redacts it
+		out := c.String()
+		c2 := Default()
+		if err := decode([]byte(out), "out.yaml", &c2); err != nil {
+			t.Fatalf("decode(String()) = %v\n%s", err, out)
+		}
+		if out2 := c2.String(); out2 != out {
+			t.Fatalf("String() not stable:\n%s\nthen\n%s", out, out2)
+		}
+	})
+}

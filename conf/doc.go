@@ -1,0 +1,26 @@
+// Package conf owns lockproxy's configuration: the Config struct, its
+// defaults, loading from a YAML file, LOCKPROXY_* environment variables and
+// command-line flags, and validation whose messages name the bad key.
+//
+// Precedence, lowest first: Default(), the YAML file, the environment, flags.
+// An environment variable is LOCKPROXY_ plus the key path upper-cased with
+// "." turned into "_" (redlock.drift_factor is
+// LOCKPROXY_REDLOCK_DRIFT_FACTOR); lists are comma-separated. Names come from
+// the yaml tags by reflection, so a new field gets its variable for free.
+//
+// conf knows nothing of sockets: it checks that addresses look like
+// host:port but never dials or listens.
+//
+// Caveats:
+//   - Load and FromArgs report what cannot be decoded but do not call
+//     Validate; callers do, after any adjustment of their own.
+//   - After loading, Redlock.Password holds the contents of
+//     Redlock.PasswordFile. Log the config only through String, which
+//     redacts it. A relative password_file in the YAML file is resolved
+//     against the file's directory; one from env or flags against the
+//     working directory.
+//   - Durations need a unit ("250ms", "30s"): a bare number is an error, not
+//     nanoseconds.
+//   - LockPatterns are syntax-checked with path.Match; how keys are matched is
+//     the commands package's business.
+package conf

@@ -1,0 +1,573 @@
+package conf
+
+import (
+	"bytes"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"gopkg.in/yaml.v3"
+)
+
+// envPrefix starts every environment variable conf reads.
+const envPrefix = "LOCKPROXY_"
+
+// envConfig may name the config file when no flag or argument does.
+const envConfig = envPrefix + "CONFIG"
+
+// Load reads the YAML file at path over Default(). Decoding is strict: every
+// unknown key, duplicate key and ill-typed value is reported in one
+// *ValidationError, e.g. "redlock.nodez: unknown key (lockproxy.yaml:4)".
+// Redlock.PasswordFile, if set, is read into Redlock.Password. Load does not
+// call Validate.
+func Load(path string) (Config, error) {
+	c := Default()
+	if err := decodeFile(path, &c); err != nil {
+		return Config{}, err
+	}
+	if err := resolvePassword(&c); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// FromArgs builds the config from command-line args (without the program
+// name and any subcommand) and environ ("KEY=value" entries, as from
+// os.Environ). Precedence: flags > LOCKPROXY_* environment > file >
+// defaults. The file is given as -c FILE, --config FILE, a single positional
+// argument, or LOCKPROXY_CONFIG. For -h/--help the error wraps flag.ErrHelp
+// and its text is the usage. FromArgs does not call Validate.
+func FromArgs(args []string, environ []string) (Config, error) {
+	env := make(map[string]string)
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, envPrefix) {
+			env[k] = v
+		}
+	}
+
+	fs, file := newFlagSet()
+	positional, err := parseFlags(fs, args)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return Config{}, &helpError{usage: usage(fs)}
+		}
+		return Config{}, fmt.Errorf("conf: %w (see --help)", err)
+	}
+	fileSet := false
+	fs.Visit(func(f *flag.Flag) { fileSet = fileSet || f.Name == "c" || f.Name == "config" })
+	switch {
+	case len(positional) > 1:
+		return Config{}, fmt.Errorf("conf: want at most one config file argument, got %q", positional)
+	case len(positional) == 1 && fileSet && *file != positional[0]:
+		return Config{}, fmt.Errorf("conf: config file given twice: %q (-c) and %q", *file, positional[0])
+	case len(positional) == 1:
+		*file = positional[0]
+	case !fileSet:
+		*file = env[envConfig]
+	}
+
+	c := Default()
+	var problems []string
+	if *file != "" {
+		err := decodeFile(*file, &c)
+		var ve *ValidationError
+		if errors.As(err, &ve) {
+			problems = append(problems, ve.Problems...)
+		} else if err != nil {
+			return Config{}, err
+		}
+	}
+	problems = append(problems, applyEnv(&c, env)...)
+	applyFlags(&c, fs)
+	if len(problems) > 0 {
+		return Config{}, &ValidationError{Problems: problems}
+	}
+	if err := resolvePassword(&c); err != nil {
+		return Config{}, err
+	}
+	return c, nil
+}
+
+// decodeFile decodes the YAML file name into c.
+func decodeFile(name string, c *Config) error {
+	data, err := os.ReadFile(name)
+	if err != nil {
+		return fmt.Errorf("conf: %w", err)
+	}
+	if err := decode(data, name, c); err != nil {
+		return err
+	}
+	// Like Prometheus: a path in a file is relative to that file.
+	if f := c.Redlock.PasswordFile; f != "" && !filepath.IsAbs(f) {
+		c.Redlock.PasswordFile = filepath.Join(filepath.Dir(name), f)
+	}
+	return nil
+}
+
+// decode decodes one YAML document over c. yaml.v3's KnownFields names
+// neither the key path nor every bad key, so the node tree is walked here.
+func decode(data []byte, name string, c *Config) error {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil // an empty file means all defaults
+		}
+		return fmt.Errorf("conf: %s: %w", name, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		if err != nil {
+			return fmt.Errorf("conf: %s: %w", name, err)
+		}
+		return fmt.Errorf("conf: %s:%d: only one YAML document is allowed", name, extra.Line)
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			return nil
+		}
+		root = root.Content[0]
+	}
+	d := decoder{name: name}
+	d.value(root, reflect.ValueOf(c).Elem(), "")
+	if len(d.problems) > 0 {
+		return &ValidationError{Problems: d.problems}
+	}
+	return nil
+}
+
+type decoder struct {
+	name     string
+	problems []string
+}
+
+func (d *decoder) add(key string, line int, format string, args ...any) {
+	if key == "" {
+		key = "(top level)"
+	}
+	d.problems = append(d.problems, fmt.Sprintf("%s: %s (%s:%d)", key, fmt.Sprintf(format, args...), d.name, line))
+}
+
+// value decodes n into v, whose key path is key.
+func (d *decoder) value(n *yaml.Node, v reflect.Value, key string) {
+	for n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if v.Kind() != reflect.Struct {
+		if err := n.Decode(v.Addr().Interface()); err != nil {
+			d.add(key, n.Line, "%s", yamlErrorText(err, v.Type()))
+		}
+		return
+	}
+	switch {
+	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null":
+		return // "redlock:" with nothing under it keeps the defaults
+	case n.Kind != yaml.MappingNode:
+		d.add(key, n.Line, "want a mapping, got %s", kindName(n))
+		return
+	}
+	// Merge keys (<<) first, so explicit keys win wherever they appear.
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		if k := n.Content[i]; k.ShortTag() == "!!merge" {
+			d.merge(n.Content[i+1], v, key)
+		}
+	}
+	seen := make(map[string]int)
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, val := n.Content[i], n.Content[i+1]
+		if k.ShortTag() == "!!merge" {
+			continue
+		}
+		path := k.Value
+		if key != "" {
+			path = key + "." + k.Value
+		}
+		if line, dup := seen[k.Value]; dup {
+			d.add(path, k.Line, "duplicate key, first set on line %d", line)
+			continue
+		}
+		seen[k.Value] = k.Line
+		idx := fieldIndex(v.Type(), k.Value)
+		if idx < 0 {
+			d.add(path, k.Line, "unknown key")
+			continue
+		}
+		d.value(val, v.Field(idx), path)
+	}
+}
+
+// merge applies the value of a "<<" key: a mapping or a list of them, the
+// earlier ones winning.
+func (d *decoder) merge(n *yaml.Node, v reflect.Value, key string) {
+	for n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n.Kind == yaml.SequenceNode {
+		for i := len(n.Content) - 1; i >= 0; i-- {
+			d.merge(n.Content[i], v, key)
+		}
+		return
+	}
+	d.value(n, v, key)
+}
+
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.ScalarNode:
+		return fmt.Sprintf("%s %q", n.ShortTag(), n.Value)
+	}
+	return "something else"
+}
+
+// yamlErrorText drops yaml.v3's "line N:" prefixes (the caller adds the
+// location) and hints at the duration syntax.
+func yamlErrorText(err error, t reflect.Type) string {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err.Error()
+	}
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		if rest, ok := strings.CutPrefix(m, "line "); ok {
+			if _, after, ok := strings.Cut(rest, ": "); ok {
+				m = after
+			}
+		}
+		msgs[i] = m
+	}
+	s := strings.Join(msgs, "; ")
+	if t == durationType {
+		s += `; want a duration such as "250ms" or "30s"`
+	}
+	return s
+}
+
+// fieldIndex returns the index of t's field whose yaml name is name, or -1.
+func fieldIndex(t reflect.Type, name string) int {
+	for i := range t.NumField() {
+		if n, ok := yamlName(t.Field(i)); ok && n == name {
+			return i
+		}
+	}
+	return -1
+}
+
+func yamlName(f reflect.StructField) (string, bool) {
+	if !f.IsExported() {
+		return "", false
+	}
+	name, _, _ := strings.Cut(f.Tag.Get("yaml"), ",")
+	switch name {
+	case "-":
+		return "", false
+	case "":
+		return strings.ToLower(f.Name), true // yaml.v3's own default
+	}
+	return name, true
+}
+
+// resolvePassword reads Redlock.PasswordFile into Redlock.Password.
+func resolvePassword(c *Config) error {
+	r := &c.Redlock
+	if r.PasswordFile == "" {
+		return nil
+	}
+	if r.Password != "" {
+		return errors.New("conf: redlock.password and redlock.password_file are both set; set only one")
+	}
+	b, err := os.ReadFile(r.PasswordFile)
+	if err != nil {
+		return fmt.Errorf("conf: redlock.password_file: %w", err)
+	}
+	// Secret files usually end in a newline that is not part of the secret.
+	r.Password = strings.TrimRight(string(b), "\r\n")
+	if r.Password == "" {
+		return fmt.Errorf("conf: redlock.password_file: %s is empty", r.PasswordFile)
+	}
+	return nil
+}
+
+// leaf is one settable (non-struct) field of Config.
+type leaf struct {
+	path   string // yaml key path, "redlock.drift_factor"
+	env    string // "LOCKPROXY_REDLOCK_DRIFT_FACTOR"
+	index  []int  // for reflect.Value.FieldByIndex
+	typ    reflect.Type
+	secret bool // redacted by String
+}
+
+var durationType = reflect.TypeFor[time.Duration]()
+
+// leaves lists Config's leaves in field order, from the yaml tags, so new
+// fields get environment variables without further code.
+var leaves = sync.OnceValue(func() []leaf {
+	var out []leaf
+	var walk func(t reflect.Type, path []string, index []int)
+	walk = func(t reflect.Type, path []string, index []int) {
+		for i := range t.NumField() {
+			f := t.Field(i)
+			name, ok := yamlName(f)
+			if !ok {
+				continue
+			}
+			p := append(path[:len(path):len(path)], name)
+			idx := append(index[:len(index):len(index)], i)
+			if f.Type.Kind() == reflect.Struct {
+				walk(f.Type, p, idx)
+				continue
+			}
+			out = append(out, leaf{
+				path:   strings.Join(p, "."),
+				env:    envPrefix + strings.ToUpper(strings.Join(p, "_")),
+				index:  idx,
+				typ:    f.Type,
+				secret: f.Tag.Get("secret") == "true",
+			})
+		}
+	}
+	walk(reflect.TypeFor[Config](), nil, nil)
+	return out
+})
+
+func leafByPath(path string) (leaf, bool) {
+	for _, l := range leaves() {
+		if l.path == path {
+			return l, true
+		}
+	}
+	return leaf{}, false
+}
+
+// parseLeaf parses s as a value of type t. Lists are comma-separated when
+// split is set, blanks around items and empty items dropped.
+func parseLeaf(t reflect.Type, s string, split bool) (reflect.Value, error) {
+	if t == durationType {
+		d, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil {
+			return reflect.Value{}, errors.New(`want a duration such as "250ms" or "30s"`)
+		}
+		return reflect.ValueOf(d), nil
+	}
+	switch t.Kind() {
+	case reflect.String:
+		return reflect.ValueOf(s).Convert(t), nil
+	case reflect.Bool:
+		b, err := strconv.ParseBool(strings.TrimSpace(s))
+		if err != nil {
+			return reflect.Value{}, errors.New("want true or false")
+		}
+		return reflect.ValueOf(b).Convert(t), nil
+	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64:
+		n, err := strconv.ParseInt(strings.TrimSpace(s), 10, t.Bits())
+		if err != nil {
+			return reflect.Value{}, errors.New("want an integer")
+		}
+		return reflect.ValueOf(n).Convert(t), nil
+	case reflect.Float32, reflect.Float64:
+		f, err := strconv.ParseFloat(strings.TrimSpace(s), t.Bits())
+		if err != nil {
+			return reflect.Value{}, errors.New("want a number")
+		}
+		return reflect.ValueOf(f).Convert(t), nil
+	case reflect.Slice:
+		if t.Elem().Kind() != reflect.String {
+			break
+		}
+		items := []string{s}
+		if split {
+			items = splitList(s)
+		}
+		return reflect.ValueOf(items).Convert(t), nil
+	}
+	return reflect.Value{}, fmt.Errorf("conf: unsupported field type %v", t)
+}
+
+func splitList(s string) []string {
+	items := []string{}
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			items = append(items, item)
+		}
+	}
+	return items
+}
+
+// applyEnv sets every leaf whose LOCKPROXY_* variable is in env and returns
+// one problem per bad value. Unknown LOCKPROXY_* variables are ignored.
+func applyEnv(c *Config, env map[string]string) []string {
+	var problems []string
+	v := reflect.ValueOf(c).Elem()
+	for _, l := range leaves() {
+		raw, ok := env[l.env]
+		if !ok {
+			continue
+		}
+		val, err := parseLeaf(l.typ, raw, true)
+		if err != nil {
+			shown := strconv.Quote(raw)
+			if l.secret {
+				shown = redacted
+			}
+			problems = append(problems, fmt.Sprintf("%s: invalid value %s for %s: %v", l.env, shown, l.path, err))
+			continue
+		}
+		v.FieldByIndex(l.index).Set(val)
+	}
+	return problems
+}
+
+// flagSpec maps one command-line flag onto a config key.
+type flagSpec struct {
+	name, path, usage string
+	split             bool // lists: a value may hold several comma-separated items
+}
+
+var flagSpecs = []flagSpec{
+	{"listen", "listen", "`host:port` to serve the Redis protocol on", false},
+	{"admin", "admin", "`host:port` for HTTP /metrics, /healthz, /readyz (\"\" disables)", false},
+	{"backend", "backend", "lock backend: `redlock|zookeeper`", false},
+	{"nodes", "redlock.nodes", "RedLock nodes, `host:port,...` (repeatable)", true},
+	{"upstream", "upstream", "`host:port` of the Redis that other commands are relayed to", false},
+	{"zk", "zookeeper.servers", "ZooKeeper servers, `host:port,...` (repeatable)", true},
+	{"lock-pattern", "lock_patterns", "key `glob` served as a lock in transparent mode (repeatable)", false},
+	{"dev", "dev", "run embedded in-process nodes, for trying out only", false},
+	{"log-format", "log.format", "log encoding: `json|console`", false},
+	{"log-level", "log.level", "lowest log level: `debug|info|warn|error`", false},
+	{"key-prefix", "redlock.key_prefix", "`prefix` of lock keys on the nodes", false},
+	{"drift-factor", "redlock.drift_factor", "clock drift allowance as a `fraction` of the TTL", false},
+	{"default-ttl", "locks.default_ttl", "lease when LOCK gives no PX/EX (a `duration`)", false},
+	{"max-ttl", "locks.max_ttl", "longest lease a LOCK may ask for (a `duration`)", false},
+}
+
+// flagValue records a flag's raw values, checked as they are set and
+// applied only after the file and environment.
+type flagValue struct {
+	spec flagSpec
+	typ  reflect.Type
+	def  string
+	raws []string
+}
+
+func (f *flagValue) String() string {
+	switch {
+	case f == nil:
+		return ""
+	case len(f.raws) == 0:
+		return f.def
+	}
+	return strings.Join(f.raws, ",")
+}
+
+func (f *flagValue) Set(s string) error {
+	if _, err := parseLeaf(f.typ, s, f.spec.split); err != nil {
+		return err
+	}
+	f.raws = append(f.raws, s)
+	return nil
+}
+
+func (f *flagValue) IsBoolFlag() bool { return f.typ != nil && f.typ.Kind() == reflect.Bool }
+
+// newFlagSet defines lockproxy's flags; file receives -c/--config.
+func newFlagSet() (*flag.FlagSet, *string) {
+	fs := flag.NewFlagSet("lockproxy", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors are returned, usage is in helpError
+	fs.Usage = func() {}
+	def := reflect.ValueOf(Default())
+	for _, s := range flagSpecs {
+		l, ok := leafByPath(s.path)
+		if !ok {
+			panic("conf: flag --" + s.name + " names unknown key " + s.path)
+		}
+		fv := &flagValue{spec: s, typ: l.typ}
+		switch dv := def.FieldByIndex(l.index); {
+		case l.typ.Kind() == reflect.Slice:
+			fv.def = strings.Join(dv.Interface().([]string), ",")
+		case l.typ.Kind() == reflect.Bool:
+			// no default shown for switches
+		default:
+			fv.def = fmt.Sprint(dv.Interface())
+		}
+		fs.Var(fv, s.name, s.usage)
+	}
+	file := new(string)
+	fs.StringVar(file, "c", "", "config `file` (YAML); also a positional argument or LOCKPROXY_CONFIG")
+	fs.StringVar(file, "config", "", "same as -c `file`")
+	return fs, file
+}
+
+// parseFlags parses args, allowing positional arguments between flags
+// ("lockproxy lockproxy.yaml --dev"); everything after "--" is positional.
+func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return positional, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(positional, rest...), nil
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+}
+
+// applyFlags sets the keys of the flags that were given. Lists collect the
+// items of every use of their flag and replace the file's or env's list.
+func applyFlags(c *Config, fs *flag.FlagSet) {
+	v := reflect.ValueOf(c).Elem()
+	fs.Visit(func(f *flag.Flag) {
+		fv, ok := f.Value.(*flagValue)
+		if !ok {
+			return
+		}
+		l, _ := leafByPath(fv.spec.path)
+		field := v.FieldByIndex(l.index)
+		if l.typ.Kind() == reflect.Slice {
+			items := reflect.MakeSlice(l.typ, 0, len(fv.raws))
+			for _, raw := range fv.raws {
+				val, _ := parseLeaf(l.typ, raw, fv.spec.split) // checked by Set
+				items = reflect.AppendSlice(items, val)
+			}
+			field.Set(items)
+			return
+		}
+		val, _ := parseLeaf(l.typ, fv.raws[len(fv.raws)-1], fv.spec.split)
+		field.Set(val)
+	})
+}
+
+// helpError is returned for -h/--help: its text is the usage.
+type helpError struct{ usage string }
+
+func (e *helpError) Error() string { return e.usage }
+func (e *helpError) Unwrap() error { return flag.ErrHelp }
+
+func usage(fs *flag.FlagSet) string {
+	var b strings.Builder
+	b.WriteString("Usage: lockproxy [flags] [config.yaml]\n\nFlags (-x and --x are the same):\n")
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+	b.WriteString("\nEvery config key can also be set as LOCKPROXY_<KEY PATH>, for example\n" +
+		"LOCKPROXY_REDLOCK_NODES=10.0.0.1:6379,10.0.0.2:6379,10.0.0.3:6379.\n" +
+		"Precedence: flags > environment > file > defaults.\n")
+	return b.String()
+}

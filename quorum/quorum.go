@@ -1,0 +1,436 @@
+package quorum
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Mode says whether a lock is exclusive or shared.
+type Mode uint8
+
+const (
+	// Exclusive is a write lock: one holder at a time.
+	Exclusive Mode = iota
+	// Shared is a read lock: many readers, exclusive with writers.
+	Shared
+)
+
+// Request is one acquisition as every node sees it.
+type Request struct {
+	Key   string
+	Token string
+	TTL   time.Duration
+	Mode  Mode
+}
+
+// NodeGrant is one node's answer to an acquisition.
+type NodeGrant struct {
+	// Acquired is false when another holder has the key on this node.
+	Acquired bool
+	// Fence is the node's fence counter for the key after the acquisition.
+	Fence uint64
+}
+
+// Node is one independent lock store. Every method must return by the time
+// ctx is done. Implementations report a key held by someone else as a normal
+// answer (Acquired false, or false from Release/Extend), and only transport
+// or server failures as errors.
+type Node interface {
+	Name() string
+	Acquire(ctx context.Context, req Request) (NodeGrant, error)
+	// RaiseFence raises the key's fence counter to at least fence, only
+	// while token still holds key on this node. It reports whether it did.
+	RaiseFence(ctx context.Context, key, token string, fence uint64) (bool, error)
+	Release(ctx context.Context, key, token string) (bool, error)
+	Extend(ctx context.Context, key, token string, ttl time.Duration) (bool, error)
+}
+
+// Clock gives monotonic time. Tests inject their own.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }
+
+// Config holds the tunables of the algorithm. Zero values take defaults.
+type Config struct {
+	// DriftFactor and DriftMin give the clock-drift allowance subtracted from
+	// every validity: ttl*DriftFactor + DriftMin.
+	DriftFactor float64
+	DriftMin    time.Duration
+	// TimeoutFactor of the TTL is the per-node timeout, clamped to
+	// [TimeoutMin, TimeoutMax]: a node that cannot answer within a small part
+	// of the lease is worth less than the lease time it would eat.
+	TimeoutFactor float64
+	TimeoutMin    time.Duration
+	TimeoutMax    time.Duration
+	Clock         Clock
+	// ExtraDrift, when set, returns further drift to allow for, such as the
+	// clock-rate error measured on the nodes.
+	ExtraDrift func(ttl time.Duration) time.Duration
+}
+
+// Defaults for Config; the drift formula is antirez's reference
+// implementation's (1 % of the TTL plus 2 ms for expiry precision).
+const (
+	DefaultDriftFactor   = 0.01
+	DefaultDriftMin      = 2 * time.Millisecond
+	DefaultTimeoutFactor = 0.05
+	DefaultTimeoutMin    = 10 * time.Millisecond
+	DefaultTimeoutMax    = 250 * time.Millisecond
+)
+
+// Lease is a successful acquisition.
+type Lease struct {
+	Token string
+	// Validity is how long, from the moment Acquire returned, the holder may
+	// act as the holder.
+	Validity time.Duration
+	Fence    uint64
+	// Nodes is how many nodes granted.
+	Nodes int
+}
+
+var (
+	// ErrNotAcquired means another holder has the key on enough nodes that
+	// no majority could grant it.
+	ErrNotAcquired = errors.New("quorum: lock held by another holder")
+	// ErrNoQuorum means too many nodes failed to answer to decide.
+	ErrNoQuorum = errors.New("quorum: no quorum")
+	// ErrExpired means a majority granted, but the time spent doing so left
+	// no validity, so the grant was rolled back.
+	ErrExpired = errors.New("quorum: validity ran out while acquiring")
+)
+
+// NodeError is one node's failure.
+type NodeError struct {
+	Node string
+	Err  error
+}
+
+func (e NodeError) Error() string { return e.Node + " " + Reason(e.Err) }
+func (e NodeError) Unwrap() error { return e.Err }
+
+// NoQuorumError lists the nodes that failed when a majority could not answer.
+type NoQuorumError struct {
+	OK       int // nodes that answered
+	Total    int
+	Failures []NodeError
+}
+
+func (e *NoQuorumError) Error() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d/%d nodes", e.OK, e.Total)
+	for i, f := range e.Failures {
+		if i == 0 {
+			b.WriteString(": ")
+		} else {
+			b.WriteString(", ")
+		}
+		b.WriteString(f.Error())
+	}
+	return b.String()
+}
+
+func (e *NoQuorumError) Unwrap() error { return ErrNoQuorum }
+
+// Reason names a node failure in a few words for error replies: the words
+// operators grep for, never a raw internal error chain.
+func Reason(err error) string {
+	if err == nil {
+		return "ok"
+	}
+	if errors.Is(err, context.DeadlineExceeded) {
+		return "timeout"
+	}
+	if errors.Is(err, context.Canceled) {
+		return "canceled"
+	}
+	var r interface{ Reason() string }
+	if errors.As(err, &r) {
+		return r.Reason()
+	}
+	s := err.Error()
+	switch {
+	case strings.Contains(s, "connection refused"):
+		return "connection refused"
+	case strings.Contains(s, "connection reset"):
+		return "connection reset"
+	case strings.Contains(s, "i/o timeout"), strings.Contains(s, "deadline exceeded"):
+		return "timeout"
+	case strings.Contains(s, "EOF"), strings.Contains(s, "broken pipe"), strings.Contains(s, "use of closed"):
+		return "connection closed"
+	}
+	if len(s) > 80 {
+		s = s[:80]
+	}
+	return "error: " + s
+}
+
+// Quorum runs RedLock over a fixed set of nodes.
+type Quorum struct {
+	nodes []Node
+	cfg   Config
+}
+
+// New returns a Quorum over nodes. It needs at least one node.
+func New(nodes []Node, cfg Config) (*Quorum, error) {
+	if len(nodes) == 0 {
+		return nil, errors.New("quorum: no nodes")
+	}
+	if cfg.DriftFactor < 0 || cfg.DriftFactor >= 0.5 {
+		return nil, fmt.Errorf("quorum: drift factor %v out of [0, 0.5)", cfg.DriftFactor)
+	}
+	if cfg.TimeoutFactor == 0 {
+		cfg.TimeoutFactor = DefaultTimeoutFactor
+	}
+	if cfg.TimeoutMin == 0 {
+		cfg.TimeoutMin = DefaultTimeoutMin
+	}
+	if cfg.TimeoutMax == 0 {
+		cfg.TimeoutMax = DefaultTimeoutMax
+	}
+	if cfg.TimeoutMax < cfg.TimeoutMin {
+		cfg.TimeoutMax = cfg.TimeoutMin
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = systemClock{}
+	}
+	return &Quorum{nodes: append([]Node(nil), nodes...), cfg: cfg}, nil
+}
+
+// Size is the number of nodes.
+func (q *Quorum) Size() int { return len(q.nodes) }
+
+// Majority is the number of nodes that must agree: N/2+1.
+func (q *Quorum) Majority() int { return len(q.nodes)/2 + 1 }
+
+// Nodes returns the nodes, in configuration order.
+func (q *Quorum) Nodes() []Node { return q.nodes }
+
+// Drift is the allowance for clock drift subtracted from a lease of ttl.
+func (q *Quorum) Drift(ttl time.Duration) time.Duration {
+	d := time.Duration(float64(ttl)*q.cfg.DriftFactor) + q.cfg.DriftMin
+	if q.cfg.ExtraDrift != nil {
+		d += q.cfg.ExtraDrift(ttl)
+	}
+	return d
+}
+
+// NodeTimeout is the time each node gets to answer for a lease of ttl.
+func (q *Quorum) NodeTimeout(ttl time.Duration) time.Duration {
+	t := time.Duration(float64(ttl) * q.cfg.TimeoutFactor)
+	if t < q.cfg.TimeoutMin {
+		t = q.cfg.TimeoutMin
+	}
+	if t > q.cfg.TimeoutMax {
+		t = q.cfg.TimeoutMax
+	}
+	return t
+}
+
+type grantResult struct {
+	idx   int
+	grant NodeGrant
+	err   error
+}
+
+type boolResult struct {
+	idx int
+	ok  bool
+	err error
+}
+
+// Acquire tries once to take req on a majority of nodes. It returns the
+// lease, or ErrNotAcquired, ErrExpired, or a *NoQuorumError. On any failure
+// the key is released on every node, including those that did not answer.
+func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
+	n, need := len(q.nodes), q.Majority()
+	start := q.cfg.Clock.Now()
+	nodeCtx, cancel := context.WithTimeout(ctx, q.NodeTimeout(req.TTL))
+	defer cancel()
+
+	// Buffered to N so that a node answering after we decided never blocks.
+	results := make(chan grantResult, n)
+	for i, nd := range q.nodes {
+		go func(i int, nd Node) {
+			g, err := nd.Acquire(nodeCtx, req)
+			results <- grantResult{idx: i, grant: g, err: err}
+		}(i, nd)
+	}
+
+	var (
+		granted  = make([]grantResult, 0, n)
+		refused  int
+		failures []NodeError
+	)
+	for got := 0; got < n; got++ {
+		r := <-results
+		switch {
+		case r.err != nil:
+			failures = append(failures, NodeError{Node: q.nodes[r.idx].Name(), Err: r.err})
+		case r.grant.Acquired:
+			granted = append(granted, r)
+		default:
+			refused++
+		}
+		if len(granted) >= need || refused+len(failures) > n-need {
+			break
+		}
+	}
+
+	if len(granted) < need {
+		q.releaseAll(ctx, req)
+		if len(failures) > n-need || (len(failures) > 0 && refused == 0) {
+			return Lease{}, &NoQuorumError{OK: n - len(failures), Total: n, Failures: failures}
+		}
+		return Lease{}, ErrNotAcquired
+	}
+
+	fence, err := q.settleFence(ctx, req, granted, need)
+	if err != nil {
+		q.releaseAll(ctx, req)
+		return Lease{}, err
+	}
+
+	validity := req.TTL - q.cfg.Clock.Now().Sub(start) - q.Drift(req.TTL)
+	if validity <= 0 {
+		q.releaseAll(ctx, req)
+		return Lease{}, ErrExpired
+	}
+	return Lease{Token: req.Token, Validity: validity, Fence: fence, Nodes: len(granted)}, nil
+}
+
+// settleFence makes sure a majority holds the grant's fence (the highest
+// counter among the granting nodes) before the grant is returned.
+func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantResult, need int) (uint64, error) {
+	var fence uint64
+	for _, g := range granted {
+		if g.grant.Fence > fence {
+			fence = g.grant.Fence
+		}
+	}
+	atFence := 0
+	for _, g := range granted {
+		if g.grant.Fence == fence {
+			atFence++
+		}
+	}
+	if atFence >= need {
+		return fence, nil
+	}
+	// Raise the lagging granting nodes, in parallel, within the node timeout.
+	nodeCtx, cancel := context.WithTimeout(ctx, q.NodeTimeout(req.TTL))
+	defer cancel()
+	lagging := 0
+	results := make(chan boolResult, len(granted))
+	for _, g := range granted {
+		if g.grant.Fence == fence {
+			continue
+		}
+		lagging++
+		go func(idx int) {
+			ok, err := q.nodes[idx].RaiseFence(nodeCtx, req.Key, req.Token, fence)
+			results <- boolResult{idx: idx, ok: ok, err: err}
+		}(g.idx)
+	}
+	var failures []NodeError
+	for i := 0; i < lagging; i++ {
+		r := <-results
+		switch {
+		case r.err != nil:
+			failures = append(failures, NodeError{Node: q.nodes[r.idx].Name(), Err: r.err})
+		case r.ok:
+			atFence++
+		}
+	}
+	if atFence >= need {
+		return fence, nil
+	}
+	return 0, &NoQuorumError{OK: atFence, Total: len(q.nodes), Failures: failures}
+}
+
+// releaseAll releases req on every node, bounded by the node timeout, and
+// ignores the outcome: it runs only after a failed acquisition, where each
+// node either has our key (and loses it) or does not.
+func (q *Quorum) releaseAll(ctx context.Context, req Request) {
+	// Use a context that survives the caller's cancellation: a client that
+	// gave up must still not leave keys behind.
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.NodeTimeout(req.TTL))
+	defer cancel()
+	q.fanOutBool(rctx, func(ctx context.Context, nd Node) (bool, error) {
+		return nd.Release(ctx, req.Key, req.Token)
+	})
+}
+
+// fanOutBool runs op on every node in parallel and waits for all answers.
+func (q *Quorum) fanOutBool(ctx context.Context, op func(context.Context, Node) (bool, error)) (oks int, failures []NodeError) {
+	results := make(chan boolResult, len(q.nodes))
+	for i, nd := range q.nodes {
+		go func(i int, nd Node) {
+			ok, err := op(ctx, nd)
+			results <- boolResult{idx: i, ok: ok, err: err}
+		}(i, nd)
+	}
+	for range q.nodes {
+		r := <-results
+		if r.err != nil {
+			failures = append(failures, NodeError{Node: q.nodes[r.idx].Name(), Err: r.err})
+		} else if r.ok {
+			oks++
+		}
+	}
+	return oks, failures
+}
+
+// Release deletes key on every node where token holds it. It reports true
+// when a majority released it, which is when the caller really held it.
+// When too many nodes failed to tell, it returns a *NoQuorumError. ttlHint,
+// when known, sizes the per-node timeout; otherwise the largest is used.
+func (q *Quorum) Release(ctx context.Context, key, token string, ttlHint time.Duration) (bool, error) {
+	timeout := q.cfg.TimeoutMax
+	if ttlHint > 0 {
+		timeout = q.NodeTimeout(ttlHint)
+	}
+	rctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	oks, failures := q.fanOutBool(rctx, func(ctx context.Context, nd Node) (bool, error) {
+		return nd.Release(ctx, key, token)
+	})
+	if oks >= q.Majority() {
+		return true, nil
+	}
+	if len(failures) > len(q.nodes)-q.Majority() {
+		return false, &NoQuorumError{OK: len(q.nodes) - len(failures), Total: len(q.nodes), Failures: failures}
+	}
+	return oks > 0 && oks+len(failures) >= q.Majority(), nil
+}
+
+// Extend resets the TTL of key on every node where token holds it. It
+// returns the new validity when a majority extended it within that validity,
+// and 0 otherwise. When too many nodes failed to tell, it returns a
+// *NoQuorumError.
+func (q *Quorum) Extend(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
+	start := q.cfg.Clock.Now()
+	rctx, cancel := context.WithTimeout(ctx, q.NodeTimeout(ttl))
+	defer cancel()
+	oks, failures := q.fanOutBool(rctx, func(ctx context.Context, nd Node) (bool, error) {
+		return nd.Extend(ctx, key, token, ttl)
+	})
+	if oks < q.Majority() {
+		if len(failures) > len(q.nodes)-q.Majority() {
+			return 0, &NoQuorumError{OK: len(q.nodes) - len(failures), Total: len(q.nodes), Failures: failures}
+		}
+		return 0, nil
+	}
+	validity := ttl - q.cfg.Clock.Now().Sub(start) - q.Drift(ttl)
+	if validity <= 0 {
+		return 0, nil
+	}
+	return validity, nil
+}

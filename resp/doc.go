@@ -1,0 +1,11 @@
+// Package resp owns client connections: the listener and per-connection
+// loop (on tidwall/redcon's RESP reader), the Session each connection gets
+// (with a context canceled when the client goes away), RESP2 and RESP3
+// reply writing, and argument helpers that do not allocate.
+//
+// It knows nothing of locks: commands are handed to a Handler.
+//
+// Caveats: replies are flushed once per batch of pipelined commands; a
+// command that blocks must call Session.Flush first. Pushes queued with
+// Session.Push are written between commands, never inside a reply.
+package resp

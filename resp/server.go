@@ -1,0 +1,253 @@
+package resp
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/tidwall/redcon"
+	"go.uber.org/zap"
+)
+
+// Handler serves the commands of one connection.
+type Handler interface {
+	// ServeRESP runs one command and writes its reply to s.W. It runs on
+	// the connection's own goroutine, one command at a time.
+	ServeRESP(s *Session, args [][]byte)
+	// Closed runs once after the connection closed and its session context
+	// was canceled, on the connection's goroutine and under no server lock,
+	// so it may hand work to other goroutines but should not block long.
+	Closed(s *Session)
+}
+
+// Server accepts RESP connections. It uses redcon's reader and writer
+// encoding but runs its own connection loop, for three reasons redcon's own
+// loop does not cover: a session context canceled as soon as the peer goes
+// away (even while a command blocks), replies flushed before a command
+// blocks, and a shutdown that waits for commands in flight.
+type Server struct {
+	Handler Handler
+	Logger  *zap.Logger
+	// MaxClients caps open connections; more are refused with Redis's text.
+	MaxClients int
+
+	baseCtx  context.Context
+	cancel   context.CancelFunc
+	nextID   atomic.Int64
+	mu       sync.Mutex
+	ln       net.Listener
+	sessions map[*Session]struct{}
+	closing  bool
+	wg       sync.WaitGroup
+	once     sync.Once
+}
+
+func (s *Server) init() {
+	s.once.Do(func() {
+		s.baseCtx, s.cancel = context.WithCancel(context.Background())
+		s.sessions = make(map[*Session]struct{})
+		if s.Logger == nil {
+			s.Logger = zap.NewNop()
+		}
+	})
+}
+
+// ErrServerClosed is returned by Serve after Shutdown.
+var ErrServerClosed = errors.New("resp: server closed")
+
+// Serve accepts connections on ln until Shutdown.
+func (s *Server) Serve(ln net.Listener) error {
+	s.init()
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrServerClosed
+	}
+	s.ln = ln
+	s.mu.Unlock()
+	var backoff time.Duration
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded) || isTemporary(err) {
+				// Out of file descriptors and the like: wait and go on.
+				backoff = min(max(backoff*2, 5*time.Millisecond), time.Second)
+				s.Logger.Warn("accept failed; retrying", zap.Error(err), zap.Duration("backoff", backoff))
+				time.Sleep(backoff)
+				continue
+			}
+			return err
+		}
+		backoff = 0
+		s.accept(c)
+	}
+}
+
+func isTemporary(err error) bool {
+	return strings.Contains(err.Error(), "too many open files")
+}
+
+func (s *Server) accept(c net.Conn) {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		c.Close()
+		return
+	}
+	if s.MaxClients > 0 && len(s.sessions) >= s.MaxClients {
+		s.mu.Unlock()
+		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
+		_, _ = c.Write([]byte("-ERR max number of clients reached\r\n"))
+		c.Close()
+		return
+	}
+	sess := newSession(s.baseCtx, s.nextID.Add(1), c)
+	s.sessions[sess] = struct{}{}
+	s.wg.Add(1)
+	s.mu.Unlock()
+	go s.serveConn(sess)
+}
+
+// Clients is the number of open connections.
+func (s *Server) Clients() int {
+	s.init()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.sessions)
+}
+
+// Sessions returns the open sessions, for CLIENT LIST and INFO.
+func (s *Server) Sessions() []*Session {
+	s.init()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*Session, 0, len(s.sessions))
+	for sess := range s.sessions {
+		out = append(out, sess)
+	}
+	return out
+}
+
+type readResult struct {
+	cmds []redcon.Command
+	err  error
+}
+
+func (s *Server) serveConn(sess *Session) {
+	defer s.wg.Done()
+	defer func() {
+		sess.cancel()
+		sess.conn.Close()
+		s.mu.Lock()
+		delete(s.sessions, sess)
+		s.mu.Unlock()
+		s.Handler.Closed(sess)
+	}()
+
+	// The reader runs ahead of the executor by at most one batch, so a
+	// client cannot make us buffer without bound, and it notices the peer
+	// going away while a command blocks.
+	batches := make(chan readResult, 1)
+	go func() {
+		rd := redcon.NewReader(sess.conn)
+		for {
+			cmds, err := rd.ReadCommands()
+			select {
+			case batches <- readResult{cmds, err}:
+			case <-sess.ctx.Done():
+				return
+			}
+			if err != nil {
+				if errors.Is(err, io.EOF) || isClosedConn(err) {
+					sess.cancel()
+				}
+				return
+			}
+		}
+	}()
+
+	for {
+		var r readResult
+		select {
+		case r = <-batches:
+		case p := <-sess.pushes:
+			sess.W.Raw(p)
+			if sess.Flush() != nil {
+				return
+			}
+			continue
+		case <-sess.ctx.Done():
+			return
+		}
+		if r.err != nil {
+			if isProtocolError(r.err) {
+				sess.W.Error("ERR Protocol error: " + strings.TrimPrefix(r.err.Error(), "Protocol error: "))
+				_ = sess.Flush()
+			}
+			return
+		}
+		for _, cmd := range r.cmds {
+			sess.lastActive.Store(time.Now().UnixNano())
+			s.Handler.ServeRESP(sess, cmd.Args)
+			if sess.closeAfter {
+				break
+			}
+		}
+		if sess.Flush() != nil || sess.closeAfter {
+			return
+		}
+	}
+}
+
+func isProtocolError(err error) bool {
+	return strings.Contains(err.Error(), "Protocol error")
+}
+
+func isClosedConn(err error) bool {
+	return errors.Is(err, net.ErrClosed) || strings.Contains(err.Error(), "connection reset")
+}
+
+// Shutdown stops accepting, lets every connection finish the commands it
+// is running (until ctx is done, after which their contexts are canceled),
+// and closes the connections.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.init()
+	s.mu.Lock()
+	s.closing = true
+	if s.ln != nil {
+		s.ln.Close()
+	}
+	for sess := range s.sessions {
+		// Wakes a connection waiting for input; one running a command
+		// finishes it, then its next read fails at once.
+		_ = sess.conn.SetReadDeadline(time.Now())
+		sess.closeAfterRead.Store(true)
+	}
+	s.mu.Unlock()
+
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		s.cancel()
+		return nil
+	case <-ctx.Done():
+		s.cancel()
+		<-done
+		return ctx.Err()
+	}
+}
