@@ -319,4 +319,3 @@ func devClock(ctx context.Context, nodes []*miniredis.Miniredis) {
 		}
 	}
 }
-
