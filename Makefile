@@ -1,0 +1,51 @@
+# lockproxy — see README.md.
+GO        ?= go
+VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS   := -X main.version=$(VERSION)
+BIN       := bin/lockproxy
+FUZZTIME  ?= 10s
+
+.PHONY: all build run test test-unit test-e2e deps bench fuzz vet fmt clean
+
+all: build
+
+build:
+	$(GO) build -ldflags "$(LDFLAGS)" -o $(BIN) ./cmd/lockproxy
+
+## run: build and start lockproxy with three embedded in-process nodes.
+run: build
+	./$(BIN) --dev --log-format console
+
+## deps: install redis-server and redis-tools when missing (apt-get, as root).
+deps:
+	./scripts/install-test-deps.sh
+
+## test: install what is missing, then run every test (unit, fuzz seeds, end to end).
+test: deps vet
+	$(GO) test -count=1 -timeout 9m ./...
+
+test-unit:
+	$(GO) test -count=1 ./quorum/ ./resp/ ./commands/ ./conf/ ./backends/...
+
+test-e2e: deps
+	$(GO) test -count=1 -timeout 9m ./test/...
+
+## bench: LOCK+UNLOCK cycles through lockproxy vs redsync on the same real nodes.
+bench: deps
+	$(GO) test -run '^$$' -bench . -benchtime 3s -timeout 20m ./test/bench/
+
+## fuzz: run each fuzz target for FUZZTIME.
+fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzParseInt -fuzztime $(FUZZTIME) ./resp/
+	$(GO) test -run '^$$' -fuzz FuzzParseLock -fuzztime $(FUZZTIME) ./commands/
+	$(GO) test -run '^$$' -fuzz FuzzLoad -fuzztime $(FUZZTIME) ./conf/
+
+vet:
+	$(GO) vet ./...
+	@test -z "$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go'))" || (echo "gofmt needed:"; gofmt -l .; exit 1)
+
+fmt:
+	gofmt -w .
+
+clean:
+	rm -rf bin
