@@ -57,11 +57,12 @@ func (l *Limits) parseLock(cmd string, args [][]byte) (lockArgs, error) {
 	}
 	rest := args[2:]
 	if len(rest) > 0 {
-		if n, ok := resp.ParseInt(rest[0]); ok {
-			if n <= 0 {
-				return a, errInvalidExpire(cmd)
+		if _, ok := resp.ParseInt(rest[0]); ok {
+			ttl, err := parseTTL(rest[0], time.Millisecond, cmd)
+			if err != nil {
+				return a, err
 			}
-			a.ttl, a.ttlSet = time.Duration(n)*time.Millisecond, true
+			a.ttl, a.ttlSet = ttl, true
 			rest = rest[1:]
 		}
 	}

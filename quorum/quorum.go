@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"time"
 )
@@ -57,7 +58,9 @@ type systemClock struct{}
 
 func (systemClock) Now() time.Time { return time.Now() }
 
-// Config holds the tunables of the algorithm. Zero values take defaults.
+// Config holds the tunables of the algorithm. Zero timeouts take the
+// defaults below; a zero drift factor or minimum means no allowance, which
+// only tests should want.
 type Config struct {
 	// DriftFactor and DriftMin give the clock-drift allowance subtracted from
 	// every validity: ttl*DriftFactor + DriftMin.
@@ -139,6 +142,17 @@ func (e *NoQuorumError) Error() string {
 
 func (e *NoQuorumError) Unwrap() error { return ErrNoQuorum }
 
+// noQuorum builds the error with the failures in configuration order, so
+// the same fault always reads the same.
+func (q *Quorum) noQuorum(ok int, failures []NodeError) *NoQuorumError {
+	order := make(map[string]int, len(q.nodes))
+	for i, nd := range q.nodes {
+		order[nd.Name()] = i
+	}
+	sort.SliceStable(failures, func(i, j int) bool { return order[failures[i].Node] < order[failures[j].Node] })
+	return &NoQuorumError{OK: ok, Total: len(q.nodes), Failures: failures}
+}
+
 // Reason names a node failure in a few words for error replies: the words
 // operators grep for, never a raw internal error chain.
 func Reason(err error) string {
@@ -183,7 +197,7 @@ func New(nodes []Node, cfg Config) (*Quorum, error) {
 	if len(nodes) == 0 {
 		return nil, errors.New("quorum: no nodes")
 	}
-	if cfg.DriftFactor < 0 || cfg.DriftFactor >= 0.5 {
+	if !(cfg.DriftFactor >= 0 && cfg.DriftFactor < 0.5) { // NaN too
 		return nil, fmt.Errorf("quorum: drift factor %v out of [0, 0.5)", cfg.DriftFactor)
 	}
 	if cfg.TimeoutFactor == 0 {
@@ -269,8 +283,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		refused  int
 		failures []NodeError
 	)
-	for got := 0; got < n; got++ {
-		r := <-results
+	tally := func(r grantResult) {
 		switch {
 		case r.err != nil:
 			failures = append(failures, NodeError{Node: q.nodes[r.idx].Name(), Err: r.err})
@@ -279,15 +292,27 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		default:
 			refused++
 		}
+	}
+	got := 0
+	for ; got < n; got++ {
+		// Decide as soon as the outcome is known.
 		if len(granted) >= need || refused+len(failures) > n-need {
 			break
 		}
+		tally(<-results)
 	}
 
+	if len(granted) < need && len(failures) > 0 {
+		// Hear out the nodes still answering (each within the node
+		// timeout) so the error names every failed node.
+		for ; got < n; got++ {
+			tally(<-results)
+		}
+	}
 	if len(granted) < need {
 		q.releaseAll(ctx, req)
 		if len(failures) > n-need || (len(failures) > 0 && refused == 0) {
-			return Lease{}, &NoQuorumError{OK: n - len(failures), Total: n, Failures: failures}
+			return Lease{}, q.noQuorum(len(granted)+refused, failures)
 		}
 		return Lease{}, ErrNotAcquired
 	}
@@ -352,7 +377,7 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 	if atFence >= need {
 		return fence, nil
 	}
-	return 0, &NoQuorumError{OK: atFence, Total: len(q.nodes), Failures: failures}
+	return 0, q.noQuorum(atFence, failures)
 }
 
 // releaseAll releases req on every node, bounded by the node timeout, and
@@ -389,8 +414,9 @@ func (q *Quorum) fanOutBool(ctx context.Context, op func(context.Context, Node) 
 }
 
 // Release deletes key on every node where token holds it. It reports true
-// when a majority released it, which is when the caller really held it.
-// When too many nodes failed to tell, it returns a *NoQuorumError. ttlHint,
+// when a majority released it, which is when the caller really held it, and
+// false when no majority could have. When failed nodes leave it undecided,
+// it returns a *NoQuorumError. ttlHint,
 // when known, sizes the per-node timeout; otherwise the largest is used.
 func (q *Quorum) Release(ctx context.Context, key, token string, ttlHint time.Duration) (bool, error) {
 	timeout := q.cfg.TimeoutMax
@@ -405,10 +431,12 @@ func (q *Quorum) Release(ctx context.Context, key, token string, ttlHint time.Du
 	if oks >= q.Majority() {
 		return true, nil
 	}
-	if len(failures) > len(q.nodes)-q.Majority() {
-		return false, &NoQuorumError{OK: len(q.nodes) - len(failures), Total: len(q.nodes), Failures: failures}
+	if oks+len(failures) >= q.Majority() {
+		// The nodes that failed may have held it: whether the caller held
+		// the lock cannot be told, so say so rather than guess.
+		return false, q.noQuorum(len(q.nodes)-len(failures), failures)
 	}
-	return oks > 0 && oks+len(failures) >= q.Majority(), nil
+	return false, nil
 }
 
 // Extend resets the TTL of key on every node where token holds it. It
@@ -424,7 +452,7 @@ func (q *Quorum) Extend(ctx context.Context, key, token string, ttl time.Duratio
 	})
 	if oks < q.Majority() {
 		if len(failures) > len(q.nodes)-q.Majority() {
-			return 0, &NoQuorumError{OK: len(q.nodes) - len(failures), Total: len(q.nodes), Failures: failures}
+			return 0, q.noQuorum(len(q.nodes)-len(failures), failures)
 		}
 		return 0, nil
 	}

@@ -37,8 +37,8 @@ func ParseInt(arg []byte) (int64, bool) {
 			return 0, false
 		}
 	}
-	if arg[i] == '0' && len(arg) > i+1 {
-		return 0, false
+	if arg[i] == '0' && (len(arg) > i+1 || neg) {
+		return 0, false // leading zeros and "-0", as Redis's string2ll
 	}
 	var v uint64
 	for ; i < len(arg); i++ {
