@@ -6,6 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type Metrics struct {
 	requestDuration *prometheus.HistogramVec
 	errors          *prometheus.CounterVec
+	batchSize       *prometheus.HistogramVec
 }
 
 // NewMetrics registers the node metrics with reg.
@@ -21,9 +22,16 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lockproxy_node_errors_total",
 			Help: "Failed operations on a Redis node, by reason.",
 		}, []string{"node", "reason"}),
+		batchSize: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "lockproxy_node_batch_size",
+			Help: "Operations carried by one pipelined write to a Redis node.",
+			// Batching is the proxy's lever: under load one write carries
+			// many clients' operations.
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
+		}, []string{"node"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requestDuration, m.errors)
+		reg.MustRegister(m.requestDuration, m.errors, m.batchSize)
 	}
 	return m
 }

@@ -300,6 +300,9 @@ func (n *Node) exec(batch []*op) {
 	if len(live) == 0 {
 		return
 	}
+	if n.metrics != nil {
+		n.metrics.batchSize.WithLabelValues(n.name).Observe(float64(len(live)))
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 

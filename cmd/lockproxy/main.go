@@ -16,6 +16,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"os/signal"
 	"runtime/debug"
@@ -91,6 +92,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	defer func() { _ = log.Sync() }()
+	for _, w := range cfg.Warnings() {
+		log.Warn("config: " + w)
+	}
+	if err := notYet(cfg); err != nil {
+		log.Error("unsupported configuration", zap.Error(err))
+		return 2
+	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -99,6 +107,21 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
+}
+
+// notYet refuses settings whose feature this version does not have, rather
+// than run without them: a lock pattern that silently does nothing would
+// leave an application on single-node locks while it believes otherwise.
+func notYet(cfg conf.Config) error {
+	switch {
+	case cfg.Backend != conf.BackendRedlock:
+		return fmt.Errorf("backend %q is not available in this version (only %q)", cfg.Backend, conf.BackendRedlock)
+	case cfg.Upstream != "":
+		return errors.New("upstream: relaying other commands is not available in this version")
+	case len(cfg.LockPatterns) > 0:
+		return errors.New("lock_patterns: transparent mode is not available in this version")
+	}
+	return nil
 }
 
 func checkConfig(args []string, stdout, stderr io.Writer) int {
@@ -258,6 +281,11 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 func startAdmin(addr string, reg *prometheus.Registry, backend *redisbackend.Backend, log *zap.Logger) (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	// Profiling on the admin port only, which binds to loopback by default.
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	})

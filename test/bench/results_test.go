@@ -1,0 +1,100 @@
+package bench
+
+import (
+	"fmt"
+	"io"
+	"sync"
+	"time"
+)
+
+// result is what one sub-benchmark measured in its last (reported) run.
+type result struct {
+	cyclesPerSec float64
+	p50, p99     time.Duration
+	cycles       int
+	failures     int
+	// CPU microseconds per cycle: benchmark process, lockproxy, all nodes.
+	benchCPU, proxyCPU, redisCPU float64
+}
+
+type rowKey struct{ nodes, clients int }
+
+// row pairs the two implementations measured at one nodes × clients point.
+type row struct {
+	rowKey
+	lockproxy, redsync *result
+}
+
+// results collects rows in the order they were first measured.
+var results struct {
+	mu   sync.Mutex
+	rows []*row
+}
+
+func record(nodes, clients int, impl string, r result) {
+	results.mu.Lock()
+	defer results.mu.Unlock()
+	k := rowKey{nodes, clients}
+	var rw *row
+	for _, x := range results.rows {
+		if x.rowKey == k {
+			rw = x
+		}
+	}
+	if rw == nil {
+		rw = &row{rowKey: k}
+		results.rows = append(results.rows, rw)
+	}
+	switch impl {
+	case "lockproxy":
+		rw.lockproxy = &r
+	case "redsync":
+		rw.redsync = &r
+	default:
+		panic("bench: unknown implementation " + impl)
+	}
+}
+
+// printResults writes the comparison table and the CPU table as markdown.
+func printResults(w io.Writer) {
+	results.mu.Lock()
+	defer results.mu.Unlock()
+	if len(results.rows) == 0 {
+		return
+	}
+	cell := func(r *result) string {
+		if r == nil {
+			return "– | – | –"
+		}
+		return fmt.Sprintf("%.0f | %.2f ms | %.2f ms", r.cyclesPerSec, ms(r.p50), ms(r.p99))
+	}
+	fmt.Fprintln(w, "\nLOCK+UNLOCK cycles, each client on its own key:")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| nodes | clients | lockproxy cycles/s | p50 | p99 | redsync cycles/s | p50 | p99 | ratio |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, rw := range results.rows {
+		ratio := "–"
+		if rw.lockproxy != nil && rw.redsync != nil && rw.redsync.cyclesPerSec > 0 {
+			ratio = fmt.Sprintf("%.2f", rw.lockproxy.cyclesPerSec/rw.redsync.cyclesPerSec)
+		}
+		fmt.Fprintf(w, "| %d | %d | %s | %s | %s |\n", rw.nodes, rw.clients, cell(rw.lockproxy), cell(rw.redsync), ratio)
+	}
+
+	cpu := func(r *result, proxy bool) string {
+		if r == nil {
+			return "– | – | –"
+		}
+		p := "–"
+		if proxy {
+			p = fmt.Sprintf("%.0f", r.proxyCPU)
+		}
+		return fmt.Sprintf("%.0f | %s | %.0f", r.benchCPU, p, r.redisCPU)
+	}
+	fmt.Fprintln(w, "\nCPU µs per cycle (bench = client process; redis = all nodes):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| nodes | clients | lockproxy: bench | proxy | redis | redsync: bench | proxy | redis |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|---:|---:|")
+	for _, rw := range results.rows {
+		fmt.Fprintf(w, "| %d | %d | %s | %s |\n", rw.nodes, rw.clients, cpu(rw.lockproxy, true), cpu(rw.redsync, false))
+	}
+}
