@@ -59,8 +59,13 @@ type op struct {
 	ms       int64 // TTL in ms
 	slot     uint16
 	fence    uint64
+	start    time.Time
 	deadline time.Time
-	res      chan opResult // buffered 1: the worker never blocks on it
+	// The answer goes to done when it is set, else to res. res is
+	// buffered 1, so the writer never blocks on it; done is the quorum's
+	// callback, which must not block either.
+	res  chan opResult
+	done func(int64, error)
 }
 
 var opPool = sync.Pool{New: func() any { return &op{res: make(chan opResult, 1)} }}
@@ -87,7 +92,7 @@ type Node struct {
 // NewNode connects lazily to the node at cfg.Addr and starts its writers.
 func NewNode(cfg NodeConfig) *Node {
 	if cfg.Workers <= 0 {
-		cfg.Workers = 4
+		cfg.Workers = 1
 	}
 	if cfg.PoolSize < cfg.Workers {
 		cfg.PoolSize = cfg.Workers
@@ -195,6 +200,84 @@ func (n *Node) Extend(ctx context.Context, key, token string, ttl time.Duration)
 	return v == 1, err
 }
 
+var _ quorum.AsyncNode = (*Node)(nil)
+
+// StartAcquire implements quorum.AsyncNode.
+func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(quorum.NodeGrant, error)) {
+	o := n.newOp(opAcquire, req.Key, req.Token)
+	o.ms = req.TTL.Milliseconds()
+	o.slot = slot(req.Key)
+	o.done = func(v int64, err error) {
+		switch {
+		case err != nil:
+			done(quorum.NodeGrant{}, err)
+		case v < 0:
+			done(quorum.NodeGrant{}, nil)
+		default:
+			done(quorum.NodeGrant{Acquired: true, Fence: uint64(v)}, nil)
+		}
+	}
+	n.start(ctx, o)
+}
+
+// StartRaiseFence implements quorum.AsyncNode.
+func (n *Node) StartRaiseFence(ctx context.Context, key, token string, fence uint64, done func(bool, error)) {
+	o := n.newOp(opRaiseFence, key, token)
+	o.slot = slot(key)
+	o.fence = fence
+	n.startBool(ctx, o, done)
+}
+
+// StartRelease implements quorum.AsyncNode.
+func (n *Node) StartRelease(ctx context.Context, key, token string, done func(bool, error)) {
+	n.startBool(ctx, n.newOp(opRelease, key, token), done)
+}
+
+// StartExtend implements quorum.AsyncNode.
+func (n *Node) StartExtend(ctx context.Context, key, token string, ttl time.Duration, done func(bool, error)) {
+	o := n.newOp(opExtend, key, token)
+	o.ms = ttl.Milliseconds()
+	n.startBool(ctx, o, done)
+}
+
+func (n *Node) startBool(ctx context.Context, o *op, done func(bool, error)) {
+	o.done = func(v int64, err error) { done(v == 1, err) }
+	n.start(ctx, o)
+}
+
+// start queues an op whose answer goes to o.done, called from the writer
+// (or from here when the op cannot be queued).
+func (n *Node) start(ctx context.Context, o *op) {
+	o.start = time.Now()
+	o.deadline = o.start.Add(n.timeout)
+	if d, ok := ctx.Deadline(); ok {
+		o.deadline = d
+	}
+	select {
+	case n.queue(o) <- o:
+	case <-ctx.Done():
+		n.finish(o, 0, ctx.Err())
+	case <-n.stop:
+		n.finish(o, 0, errClosed)
+	}
+}
+
+func (n *Node) queue(o *op) chan *op { return n.queues[int(slot(o.key))%len(n.queues)] }
+
+// finish answers o. An op answered through done goes back to the pool here;
+// one answered through res is recycled by its waiter.
+func (n *Node) finish(o *op, v int64, err error) {
+	if o.done == nil {
+		o.res <- opResult{n: v, err: err}
+		return
+	}
+	n.observe(o.kind, o.start, err)
+	done := o.done
+	*o = op{res: o.res}
+	opPool.Put(o)
+	done(v, err)
+}
+
 func (n *Node) newOp(kind opKind, key, token string) *op {
 	o := opPool.Get().(*op)
 	o.kind, o.key, o.token = kind, n.LockKey(key), token
@@ -209,9 +292,8 @@ func (n *Node) do(ctx context.Context, o *op) (int64, error) {
 	} else {
 		o.deadline = start.Add(n.timeout)
 	}
-	q := n.queues[int(slot(o.key))%len(n.queues)]
 	select {
-	case q <- o:
+	case n.queue(o) <- o:
 	case <-ctx.Done():
 		n.observe(o.kind, start, ctx.Err())
 		opPool.Put(o)
@@ -274,7 +356,7 @@ func (n *Node) drain(q chan *op) {
 	for {
 		select {
 		case o := <-q:
-			o.res <- opResult{err: errClosed}
+			n.finish(o, 0, errClosed)
 		default:
 			return
 		}
@@ -289,7 +371,7 @@ func (n *Node) exec(batch []*op) {
 	var deadline time.Time
 	for _, o := range batch {
 		if !o.deadline.After(now) {
-			o.res <- opResult{err: context.DeadlineExceeded}
+			n.finish(o, 0, context.DeadlineExceeded)
 			continue
 		}
 		if o.deadline.After(deadline) {
@@ -306,10 +388,10 @@ func (n *Node) exec(batch []*op) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 
-	cmds := n.send(ctx, live, true)
+	res := n.send(ctx, live, true)
 	var retry []int
-	for i, c := range cmds {
-		if err := c.Err(); err != nil && strings.HasPrefix(err.Error(), "NOSCRIPT") {
+	for i, r := range res {
+		if r.err != nil && strings.HasPrefix(r.err.Error(), "NOSCRIPT") {
 			retry = append(retry, i)
 		}
 	}
@@ -320,31 +402,41 @@ func (n *Node) exec(batch []*op) {
 		for j, i := range retry {
 			again[j] = live[i]
 		}
-		for j, c := range n.send(ctx, again, false) {
-			cmds[retry[j]] = c
+		for j, r := range n.send(ctx, again, false) {
+			res[retry[j]] = r
 		}
 	}
 	for i, o := range live {
-		v, err := cmds[i].Int64()
-		if err != nil && errors.Is(err, goredis.Nil) {
-			err = nil
-		}
-		o.res <- opResult{n: v, err: err}
+		n.finish(o, res[i].n, res[i].err)
 	}
 }
 
-func (n *Node) send(ctx context.Context, ops []*op, sha bool) []*goredis.Cmd {
+// sent is one op's commands in a pipeline.
+type sent struct {
+	cmd  *goredis.Cmd    // the script, or SET NX PX for an acquire
+	incr *goredis.IntCmd // the fence counter, for an acquire
+}
+
+// send writes ops as one pipeline and reads their answers. An acquire is
+// two plain commands, SET NX PX and HINCRBY of the slot's fence counter,
+// rather than a script: plain commands cost the node a fraction of a Lua
+// call, and atomicity is not needed. The increment runs right after the SET
+// on the same connection; a previous holder's raise of the counter happened
+// while it still held the key, so before our SET could succeed, and the
+// increment sees it. An increment after a failed SET only makes the counter
+// jump, which fences allow.
+func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
 	pipe := n.client.Pipeline()
-	cmds := make([]*goredis.Cmd, len(ops))
+	cmds := make([]sent, len(ops))
 	for i, o := range ops {
 		var s script
 		keys := []string{o.key}
 		var args []any
 		switch o.kind {
 		case opAcquire:
-			s = scriptAcquire
-			keys = append(keys, n.fenceKey)
-			args = []any{o.token, o.ms, o.slot}
+			cmds[i].cmd = pipe.Do(ctx, "set", o.key, o.token, "nx", "px", o.ms)
+			cmds[i].incr = pipe.HIncrBy(ctx, n.fenceKey, strconv.Itoa(int(o.slot)), 1)
+			continue
 		case opRaiseFence:
 			s = scriptRaiseFence
 			keys = append(keys, n.fenceKey)
@@ -357,13 +449,28 @@ func (n *Node) send(ctx context.Context, ops []*op, sha bool) []*goredis.Cmd {
 			args = []any{o.token, o.ms}
 		}
 		if sha {
-			cmds[i] = pipe.EvalSha(ctx, s.sha, keys, args...)
+			cmds[i].cmd = pipe.EvalSha(ctx, s.sha, keys, args...)
 		} else {
-			cmds[i] = pipe.Eval(ctx, s.src, keys, args...)
+			cmds[i].cmd = pipe.Eval(ctx, s.src, keys, args...)
 		}
 	}
 	_, _ = pipe.Exec(ctx) // per-command errors are read from cmds
-	return cmds
+	out := make([]opResult, len(ops))
+	for i, c := range cmds {
+		if c.incr == nil {
+			out[i].n, out[i].err = c.cmd.Int64()
+			continue
+		}
+		switch err := c.cmd.Err(); {
+		case errors.Is(err, goredis.Nil):
+			out[i].n = -1 // held by someone else
+		case err != nil:
+			out[i].err = err
+		default:
+			out[i].n, out[i].err = c.incr.Result()
+		}
+	}
+	return out
 }
 
 // reasonLabel maps an error to a closed set of metric label values.

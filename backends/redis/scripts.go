@@ -5,22 +5,15 @@ import (
 	"encoding/hex"
 )
 
+// An acquire is plain SET NX PX plus HINCRBY (see Node.send); the other
+// operations need a compare-and-act, so they are scripts.
+//
 // Lock keys on a node are plain strings whose value is the holder's token,
 // so that a lock taken with LOCK and one taken with SET NX PX look alike.
 // Fence counters live in one hash per node, one field per key slot
 // (crc16(key) mod 16384): memory on a node stays bounded however many
 // distinct keys are ever locked, and two keys only share a counter when
 // they share a slot, which costs nothing but a bigger jump in the fence.
-
-// acquireScript: KEYS[1] lock key, KEYS[2] fence hash; ARGV[1] token,
-// ARGV[2] ttl ms, ARGV[3] slot. Returns the slot's new fence, or -1 when
-// someone else holds the key.
-const acquireScript = `
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
-end
-return -1
-`
 
 // raiseFenceScript: KEYS[1] lock key, KEYS[2] fence hash; ARGV[1] token,
 // ARGV[2] slot, ARGV[3] fence. Raises the slot's counter to the fence while
@@ -65,7 +58,6 @@ func newScript(src string) script {
 }
 
 var (
-	scriptAcquire    = newScript(acquireScript)
 	scriptRaiseFence = newScript(raiseFenceScript)
 	scriptRelease    = newScript(releaseScript)
 	scriptExtend     = newScript(extendScript)
