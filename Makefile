@@ -36,6 +36,7 @@ bench: deps
 
 ## fuzz: run each fuzz target for FUZZTIME.
 fuzz:
+	$(GO) test -run '^$$' -fuzz FuzzReader -fuzztime $(FUZZTIME) ./resp/
 	$(GO) test -run '^$$' -fuzz FuzzParseInt -fuzztime $(FUZZTIME) ./resp/
 	$(GO) test -run '^$$' -fuzz FuzzParseLock -fuzztime $(FUZZTIME) ./commands/
 	$(GO) test -run '^$$' -fuzz FuzzLoad -fuzztime $(FUZZTIME) ./conf/

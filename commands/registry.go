@@ -12,7 +12,7 @@ var (
 		{Name: "milliseconds", Type: "integer", Token: "PX"},
 		{Name: "seconds", Type: "integer", Token: "EX"},
 	}}
-	argWait      = Arg{Name: "wait", Type: "integer", Token: "WAIT", Display: "milliseconds", Flags: []string{"optional"}}
+	argWait      = Arg{Name: "milliseconds", Type: "integer", Token: "WAIT", Flags: []string{"optional"}}
 	argTokenOpt  = Arg{Name: "token", Type: "string", Token: "TOKEN", Flags: []string{"optional"}}
 	argKeepalive = Arg{Name: "keepalive", Type: "pure-token", Token: "KEEPALIVE", Flags: []string{"optional"}}
 )

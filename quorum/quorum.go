@@ -413,9 +413,7 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 func (q *Quorum) releaseAll(ctx context.Context, req Request) {
 	// Use a context that survives the caller's cancellation: a client that
 	// gave up must still not leave keys behind.
-	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), q.NodeTimeout(req.TTL))
-	defer cancel()
-	q.fanOutBool(rctx, releaseOp(req.Key, req.Token))
+	q.fanOutBool(ctx, q.NodeTimeout(req.TTL), releaseOp(req.Key, req.Token), 0)
 }
 
 // boolOp is a Release or Extend in both its forms.
@@ -442,8 +440,14 @@ func extendOp(key, token string, ttl time.Duration) boolOp {
 	}
 }
 
-// fanOutBool runs op on every node in parallel and waits for all answers.
-func (q *Quorum) fanOutBool(ctx context.Context, op boolOp) (oks int, failures []NodeError) {
+// fanOutBool runs op on every node in parallel and waits for the answers,
+// or only until enough answered true when enough > 0. Nodes not waited for
+// still carry out the operation; their answers are dropped.
+func (q *Quorum) fanOutBool(parent context.Context, timeout time.Duration, op boolOp, enough int) (oks int, failures []NodeError) {
+	// The nodes not waited for must still finish, even if the caller's
+	// context ends as soon as we return: they get their own, which is
+	// canceled once every node answered.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), timeout)
 	results := make(chan boolResult, len(q.nodes))
 	for i, nd := range q.nodes {
 		if an, ok := nd.(AsyncNode); ok {
@@ -457,13 +461,28 @@ func (q *Quorum) fanOutBool(ctx context.Context, op boolOp) (oks int, failures [
 			results <- boolResult{idx: i, ok: ok, err: err}
 		}(i, nd)
 	}
-	for range q.nodes {
+	got := 0
+	for got < len(q.nodes) {
 		r := <-results
+		got++
 		if r.err != nil {
 			failures = append(failures, NodeError{Node: q.nodes[r.idx].Name(), Err: r.err})
 		} else if r.ok {
 			oks++
 		}
+		if enough > 0 && oks >= enough {
+			break
+		}
+	}
+	if got == len(q.nodes) {
+		cancel()
+	} else {
+		go func(left int) {
+			for ; left > 0; left-- {
+				<-results
+			}
+			cancel()
+		}(len(q.nodes) - got)
 	}
 	return oks, failures
 }
@@ -478,9 +497,9 @@ func (q *Quorum) Release(ctx context.Context, key, token string, ttlHint time.Du
 	if ttlHint > 0 {
 		timeout = q.NodeTimeout(ttlHint)
 	}
-	rctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	oks, failures := q.fanOutBool(rctx, releaseOp(key, token))
+	// Answer once a majority released: a node that is down or slow must
+	// not hold up every UNLOCK by the node timeout.
+	oks, failures := q.fanOutBool(ctx, timeout, releaseOp(key, token), q.Majority())
 	if oks >= q.Majority() {
 		return true, nil
 	}
@@ -498,9 +517,7 @@ func (q *Quorum) Release(ctx context.Context, key, token string, ttlHint time.Du
 // *NoQuorumError.
 func (q *Quorum) Extend(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
 	start := q.cfg.Clock.Now()
-	rctx, cancel := context.WithTimeout(ctx, q.NodeTimeout(ttl))
-	defer cancel()
-	oks, failures := q.fanOutBool(rctx, extendOp(key, token, ttl))
+	oks, failures := q.fanOutBool(ctx, q.NodeTimeout(ttl), extendOp(key, token, ttl), q.Majority())
 	if oks < q.Majority() {
 		if len(failures) > len(q.nodes)-q.Majority() {
 			return 0, q.noQuorum(len(q.nodes)-len(failures), failures)

@@ -246,8 +246,21 @@ func checkGoroutines(t *testing.T) {
 
 // checkReleasedEverywhere asserts every node got exactly one Release of
 // key and token.
+// awaitOps waits (boundedly) until every node has seen want calls of op:
+// Release and Extend answer once a majority did, and the calls to the
+// other nodes may still be starting.
+func awaitOps(nodes []*fakeNode, op string, want int) {
+	deadline := time.Now().Add(2 * time.Second)
+	for _, nd := range nodes {
+		for len(nd.ops(op)) < want && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+	}
+}
+
 func checkReleasedEverywhere(t *testing.T, nodes []*fakeNode, key, token string) {
 	t.Helper()
+	awaitOps(nodes, "release", 1)
 	for _, nd := range nodes {
 		rel := nd.ops("release")
 		if len(rel) != 1 {
@@ -842,6 +855,7 @@ func TestExtend(t *testing.T) {
 			} else if err != nil || got != tc.want {
 				t.Errorf("Extend = %v, %v; want %v, nil", got, err, tc.want)
 			}
+			awaitOps(nodes, "extend", 1)
 			for _, nd := range nodes {
 				ext := nd.ops("extend")
 				if len(ext) != 1 || ext[0].key != req.Key || ext[0].token != req.Token || ext[0].ttl != ttl {
@@ -1069,6 +1083,7 @@ type simNode struct {
 	holder  string
 
 	acquires atomic.Int64 // Acquire calls finished
+	releases atomic.Int64 // Release calls finished
 }
 
 func (n *simNode) Name() string { return n.name }
@@ -1113,6 +1128,7 @@ func (n *simNode) RaiseFence(ctx context.Context, key, token string, fence uint6
 }
 
 func (n *simNode) Release(ctx context.Context, key, token string) (bool, error) {
+	defer n.releases.Add(1)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.holder != token {
@@ -1179,8 +1195,23 @@ func (s *fenceSim) grant(modes []simMode) bool {
 			runtime.Gosched()
 		}
 	}
+	before := make([]int64, len(s.nodes))
+	for i, nd := range s.nodes {
+		before[i] = nd.releases.Load()
+	}
 	if _, rerr := s.q.Release(context.Background(), "k", token, 10*time.Second); rerr != nil {
 		t.Fatalf("round %d: Release: %v", s.round, rerr)
+	}
+	// Release answers once a majority released; as with the acquisitions,
+	// the real node keeps one key's operations in order, so wait for the
+	// rest before the next round.
+	for i, nd := range s.nodes {
+		for nd.releases.Load() <= before[i] {
+			if time.Now().After(deadline) {
+				t.Fatalf("round %d: %s never finished its Release", s.round, nd.name)
+			}
+			runtime.Gosched()
+		}
 	}
 	if err != nil {
 		return false

@@ -1,5 +1,5 @@
 // Package resp owns client connections: the listener and per-connection
-// loop (on tidwall/redcon's RESP reader), the Session each connection gets
+// loop, the command reader, the Session each connection gets
 // (with a context canceled when the client goes away), RESP2 and RESP3
 // reply writing, and argument helpers that do not allocate.
 //

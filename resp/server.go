@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/tidwall/redcon"
 	"go.uber.org/zap"
 )
 
@@ -26,11 +25,13 @@ type Handler interface {
 	Closed(s *Session)
 }
 
-// Server accepts RESP connections. It uses redcon's reader and writer
-// encoding but runs its own connection loop, for three reasons redcon's own
-// loop does not cover: a session context canceled as soon as the peer goes
-// away (even while a command blocks), replies flushed before a command
-// blocks, and a shutdown that waits for commands in flight.
+// Server accepts RESP connections. It runs its own connection loop and
+// command reader rather than tidwall/redcon's, for what redcon does not
+// do: replies to the commands before a protocol error, Redis's input
+// limits, one allocation per batch instead of per command, a session
+// context canceled as soon as the peer goes away (even while a command
+// blocks), replies flushed before a command blocks, and a shutdown that
+// waits for the commands in flight.
 type Server struct {
 	Handler Handler
 	Logger  *zap.Logger
@@ -143,7 +144,7 @@ func (s *Server) Sessions() []*Session {
 }
 
 type readResult struct {
-	cmds []redcon.Command
+	cmds [][][]byte
 	err  error
 }
 
@@ -163,9 +164,9 @@ func (s *Server) serveConn(sess *Session) {
 	// going away while a command blocks.
 	batches := make(chan readResult, 1)
 	go func() {
-		rd := redcon.NewReader(sess.conn)
+		rd := NewReader(sess.conn)
 		for {
-			cmds, err := rd.ReadCommands()
+			cmds, err := rd.ReadBatch()
 			select {
 			case batches <- readResult{cmds, err}:
 			case <-sess.ctx.Done():
@@ -193,28 +194,26 @@ func (s *Server) serveConn(sess *Session) {
 		case <-sess.ctx.Done():
 			return
 		}
-		if r.err != nil {
-			if isProtocolError(r.err) {
-				sess.W.Error("ERR Protocol error: " + strings.TrimPrefix(r.err.Error(), "Protocol error: "))
-				_ = sess.Flush()
-			}
-			return
-		}
-		for _, cmd := range r.cmds {
+		// Commands that arrived before a protocol error are served first,
+		// as Redis does.
+		for _, args := range r.cmds {
 			sess.lastActive.Store(time.Now().UnixNano())
-			s.Handler.ServeRESP(sess, cmd.Args)
+			s.Handler.ServeRESP(sess, args)
 			if sess.closeAfter {
 				break
 			}
+		}
+		if r.err != nil && !sess.closeAfter {
+			if IsProtocolError(r.err) {
+				sess.W.Error("ERR " + r.err.Error())
+			}
+			_ = sess.Flush()
+			return
 		}
 		if sess.Flush() != nil || sess.closeAfter {
 			return
 		}
 	}
-}
-
-func isProtocolError(err error) bool {
-	return strings.Contains(err.Error(), "Protocol error")
 }
 
 func isClosedConn(err error) bool {

@@ -116,6 +116,10 @@ func NewNode(cfg NodeConfig) *Node {
 		MaxRetries:            -1,
 		ContextTimeoutEnabled: true,
 		DialTimeout:           cfg.DialTimeout,
+		// One dial per attempt: go-redis's default of five dials 100 ms
+		// apart outlasts the node timeout, so a dead node would read as
+		// "timeout" instead of "connection refused" and slow every release.
+		DialerRetries: 1,
 		PoolSize:              cfg.PoolSize,
 		MinIdleConns:          1,
 		DisableIdentity:       true,

@@ -1,0 +1,302 @@
+package resp
+
+import (
+	"bytes"
+	"errors"
+	"io"
+)
+
+// Limits on what a client may send, as Redis sets them: a bulk string of at
+// most 512 MB and a command of at most 1,048,576 arguments (Redis's
+// proto-max-bulk-len and its multibulk cap), and inline commands of 64 KB.
+const (
+	MaxBulkLen    = 512 << 20
+	MaxArgs       = 1 << 20
+	MaxInlineSize = 64 << 10
+)
+
+// ProtocolError is malformed input; the connection is answered with
+// "-ERR Protocol error: …" and closed, as Redis does.
+type ProtocolError struct{ Msg string }
+
+func (e *ProtocolError) Error() string { return "Protocol error: " + e.Msg }
+
+var (
+	errMultibulkLen = &ProtocolError{"invalid multibulk length"}
+	errBulkLen      = &ProtocolError{"invalid bulk length"}
+	errInlineSize   = &ProtocolError{"too big inline request"}
+	errQuotes       = &ProtocolError{"unbalanced quotes in request"}
+)
+
+// Reader reads client commands: RESP arrays of bulk strings, and inline
+// commands for people typing into telnet. It hands out whole batches (every
+// complete command that arrived together), each in memory of its own, so a
+// batch stays valid while the next is read.
+type Reader struct {
+	rd    io.Reader
+	buf   []byte
+	start int // first unparsed byte
+	end   int // end of the data read
+	// scratch for one batch: argument offsets into buf, and per-command
+	// argument counts.
+	offs   []int
+	counts []int
+}
+
+// NewReader returns a Reader over rd.
+func NewReader(rd io.Reader) *Reader {
+	return &Reader{rd: rd, buf: make([]byte, 16<<10)}
+}
+
+// ReadBatch returns the commands that are complete in the input, reading
+// when none is. When the input turns out malformed, it returns the commands
+// before the fault together with a *ProtocolError, so their replies can be
+// sent before the error.
+func (r *Reader) ReadBatch() ([][][]byte, error) {
+	for {
+		need, perr := r.parse()
+		if len(r.counts) > 0 || perr != nil {
+			return r.batch(), perr
+		}
+		if err := r.fill(need); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// fill reads more input, making room for at least need more bytes.
+func (r *Reader) fill(need int) error {
+	if r.start > 0 {
+		copy(r.buf, r.buf[r.start:r.end])
+		r.end -= r.start
+		r.start = 0
+	}
+	if r.end == 0 && len(r.buf) > 64<<10 {
+		r.buf = make([]byte, 16<<10) // give back a buffer a big command grew
+	}
+	want := r.end + max(need, 1)
+	if want > len(r.buf) {
+		nb := make([]byte, max(want, 2*len(r.buf)))
+		copy(nb, r.buf[:r.end])
+		r.buf = nb
+	}
+	n, err := r.rd.Read(r.buf[r.end:])
+	r.end += n
+	if n > 0 {
+		return nil
+	}
+	if err == nil {
+		err = io.ErrNoProgress
+	}
+	return err
+}
+
+// parse parses every complete command in buf[start:end], recording offsets.
+// It returns how many more bytes the next command needs at least (0 when
+// unknown).
+func (r *Reader) parse() (int, error) {
+	r.offs, r.counts = r.offs[:0], r.counts[:0]
+	for r.start < r.end {
+		p, need, err := r.parseOne(r.start)
+		if err != nil {
+			return 0, err
+		}
+		if p < 0 {
+			return need, nil
+		}
+		r.start = p
+	}
+	return 0, nil
+}
+
+// parseOne parses the command at i. It returns the position after it, or
+// -1 when the command is incomplete (with the bytes it still needs, if
+// known).
+func (r *Reader) parseOne(i int) (next, need int, err error) {
+	b := r.buf[:r.end]
+	if b[i] != '*' {
+		return r.parseInline(i)
+	}
+	n, p, ok := readNumber(b, i+1)
+	if !ok {
+		return -1, 0, nil
+	}
+	if p < 0 {
+		return 0, 0, errMultibulkLen
+	}
+	if n > MaxArgs {
+		return 0, 0, errMultibulkLen
+	}
+	if n <= 0 {
+		return p, 0, nil // an empty command: ignored, as Redis does
+	}
+	mark := len(r.offs)
+	for j := int64(0); j < n; j++ {
+		if p >= len(b) {
+			r.offs = r.offs[:mark]
+			return -1, 0, nil
+		}
+		if b[p] != '$' {
+			r.offs = r.offs[:mark]
+			return 0, 0, &ProtocolError{"expected '$', got '" + printable(b[p]) + "'"}
+		}
+		size, q, ok := readNumber(b, p+1)
+		if !ok {
+			r.offs = r.offs[:mark]
+			return -1, 0, nil
+		}
+		if q < 0 || size < 0 || size > MaxBulkLen {
+			r.offs = r.offs[:mark]
+			return 0, 0, errBulkLen
+		}
+		endArg := q + int(size)
+		if endArg+2 > len(b) {
+			r.offs = r.offs[:mark]
+			return -1, endArg + 2 - len(b), nil
+		}
+		if b[endArg] != '\r' || b[endArg+1] != '\n' {
+			r.offs = r.offs[:mark]
+			return 0, 0, errBulkLen
+		}
+		r.offs = append(r.offs, q, endArg)
+		p = endArg + 2
+	}
+	r.counts = append(r.counts, int(n))
+	return p, 0, nil
+}
+
+// readNumber reads "<digits>\r\n" at i. ok is false when the line is not
+// complete yet; next is -1 when it is not a number.
+func readNumber(b []byte, i int) (n int64, next int, ok bool) {
+	nl := bytes.IndexByte(b[i:], '\n')
+	if nl < 0 {
+		if len(b)-i > 32 {
+			return 0, -1, true // no number is that long
+		}
+		return 0, 0, false
+	}
+	line := b[i : i+nl]
+	if len(line) == 0 || line[len(line)-1] != '\r' {
+		return 0, -1, true
+	}
+	v, good := ParseInt(line[:len(line)-1])
+	if !good {
+		return 0, -1, true
+	}
+	return v, i + nl + 1, true
+}
+
+// parseInline splits a line on spaces, with "…" (C escapes) and '…' quoting
+// as redis-cli and Redis accept.
+func (r *Reader) parseInline(i int) (int, int, error) {
+	b := r.buf[:r.end]
+	nl := bytes.IndexByte(b[i:], '\n')
+	if nl < 0 {
+		if r.end-i > MaxInlineSize {
+			return 0, 0, errInlineSize
+		}
+		return -1, 0, nil
+	}
+	lineEnd := i + nl
+	next := lineEnd + 1
+	if lineEnd > i && b[lineEnd-1] == '\r' {
+		lineEnd--
+	}
+	mark := len(r.offs)
+	// Unquoting rewrites the line in place, which is safe: the output is
+	// never longer than the input.
+	p := i
+	for {
+		for p < lineEnd && (b[p] == ' ' || b[p] == '\t') {
+			p++
+		}
+		if p >= lineEnd {
+			break
+		}
+		w := p // write position
+		argStart := p
+		switch b[p] {
+		case '"', '\'':
+			q := b[p]
+			p++
+			closed := false
+			for p < lineEnd {
+				c := b[p]
+				if q == '"' && c == '\\' && p+1 < lineEnd {
+					p++
+					switch b[p] {
+					case 'n':
+						c = '\n'
+					case 'r':
+						c = '\r'
+					case 't':
+						c = '\t'
+					default:
+						c = b[p]
+					}
+				} else if q == '\'' && c == '\\' && p+1 < lineEnd && b[p+1] == '\'' {
+					p++
+					c = '\''
+				} else if c == q {
+					p++
+					closed = true
+					break
+				}
+				b[w] = c
+				w++
+				p++
+			}
+			if !closed || (p < lineEnd && b[p] != ' ' && b[p] != '\t') {
+				r.offs = r.offs[:mark]
+				return 0, 0, errQuotes
+			}
+		default:
+			for p < lineEnd && b[p] != ' ' && b[p] != '\t' {
+				p++
+			}
+			w = p
+		}
+		r.offs = append(r.offs, argStart, w)
+	}
+	if n := (len(r.offs) - mark) / 2; n > 0 {
+		r.counts = append(r.counts, n)
+	}
+	return next, 0, nil
+}
+
+// batch copies the parsed commands out of the read buffer into memory of
+// their own: one block for the bytes, one slice for all arguments.
+func (r *Reader) batch() [][][]byte {
+	if len(r.counts) == 0 {
+		return nil
+	}
+	lo, hi := r.offs[0], r.offs[len(r.offs)-1]
+	block := make([]byte, hi-lo)
+	copy(block, r.buf[lo:hi])
+	args := make([][]byte, len(r.offs)/2)
+	for k := range args {
+		a, b := r.offs[2*k]-lo, r.offs[2*k+1]-lo
+		args[k] = block[a:b:b]
+	}
+	cmds := make([][][]byte, len(r.counts))
+	k := 0
+	for c, n := range r.counts {
+		cmds[c] = args[k : k+n : k+n]
+		k += n
+	}
+	r.offs, r.counts = r.offs[:0], r.counts[:0]
+	return cmds
+}
+
+func printable(c byte) string {
+	if c >= ' ' && c <= '~' {
+		return string(c)
+	}
+	return "\\x" + string("0123456789abcdef"[c>>4]) + string("0123456789abcdef"[c&15])
+}
+
+// IsProtocolError reports whether err is malformed input.
+func IsProtocolError(err error) bool {
+	var pe *ProtocolError
+	return errors.As(err, &pe)
+}

@@ -1,0 +1,166 @@
+package resp
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"strconv"
+	"testing"
+)
+
+// oneByteReader returns its input a byte at a time, to exercise every
+// partial-command path.
+type oneByteReader struct{ b []byte }
+
+func (r *oneByteReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	p[0] = r.b[0]
+	r.b = r.b[1:]
+	return 1, nil
+}
+
+func encode(cmds [][]string) []byte {
+	var b []byte
+	for _, c := range cmds {
+		b = append(b, '*')
+		b = strconv.AppendInt(b, int64(len(c)), 10)
+		b = append(b, "\r\n"...)
+		for _, a := range c {
+			b = append(b, '$')
+			b = strconv.AppendInt(b, int64(len(a)), 10)
+			b = append(b, "\r\n"...)
+			b = append(b, a...)
+			b = append(b, "\r\n"...)
+		}
+	}
+	return b
+}
+
+// readAll reads every command until the input ends or is malformed.
+func readAll(rd io.Reader) ([][]string, error) {
+	r := NewReader(rd)
+	var out [][]string
+	for {
+		cmds, err := r.ReadBatch()
+		for _, c := range cmds {
+			var s []string
+			for _, a := range c {
+				s = append(s, string(a))
+			}
+			out = append(out, s)
+		}
+		if err != nil {
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			return out, err
+		}
+	}
+}
+
+func TestReader(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		in      string
+		want    [][]string
+		wantErr string
+	}{
+		{"one", "*1\r\n$4\r\nPING\r\n", [][]string{{"PING"}}, ""},
+		{"pipeline", "*1\r\n$4\r\nPING\r\n*2\r\n$4\r\nECHO\r\n$0\r\n\r\n", [][]string{{"PING"}, {"ECHO", ""}}, ""},
+		{"binary", "*2\r\n$4\r\nECHO\r\n$4\r\na\r\n\x00\r\n", [][]string{{"ECHO", "a\r\n\x00"}}, ""},
+		{"empty array ignored", "*0\r\n*1\r\n$4\r\nPING\r\n", [][]string{{"PING"}}, ""},
+		{"inline", "LOCK  demo PX 100\r\n", [][]string{{"LOCK", "demo", "PX", "100"}}, ""},
+		{"inline LF only", "PING\n", [][]string{{"PING"}}, ""},
+		{"inline quotes", "ECHO \"a b\\n\" 'c d'\r\n", [][]string{{"ECHO", "a b\n", "c d"}}, ""},
+		{"inline empty line", "\r\nPING\r\n", [][]string{{"PING"}}, ""},
+		{"unbalanced quotes", "ECHO \"a\r\n", nil, "Protocol error: unbalanced quotes in request"},
+		{"bad bulk length", "*2\r\n$x\r\n", nil, "Protocol error: invalid bulk length"},
+		{"negative bulk", "*1\r\n$-1\r\n", nil, "Protocol error: invalid bulk length"},
+		{"huge bulk", "*1\r\n$1000000000\r\n", nil, "Protocol error: invalid bulk length"},
+		{"huge multibulk", "*1048577\r\n", nil, "Protocol error: invalid multibulk length"},
+		{"bad multibulk", "*x\r\n", nil, "Protocol error: invalid multibulk length"},
+		{"not a bulk", "*1\r\n:1\r\n", nil, "Protocol error: expected '$', got ':'"},
+		{"missing CRLF after bulk", "*1\r\n$4\r\nPINGxx", nil, "Protocol error: invalid bulk length"},
+		{"commands before an error are kept", "*1\r\n$4\r\nPING\r\n*2\r\n$x\r\n", [][]string{{"PING"}}, "Protocol error: invalid bulk length"},
+		{"truncated", "*2\r\n$4\r\nECHO\r\n$3\r\nab", nil, ""},
+	} {
+		for _, split := range []bool{false, true} {
+			name := tc.name
+			if split {
+				name += "/byte at a time"
+			}
+			t.Run(name, func(t *testing.T) {
+				var rd io.Reader = bytes.NewReader([]byte(tc.in))
+				if split {
+					rd = &oneByteReader{[]byte(tc.in)}
+				}
+				got, err := readAll(rd)
+				if tc.wantErr == "" && err != nil || tc.wantErr != "" && (err == nil || err.Error() != tc.wantErr) {
+					t.Fatalf("read %q: err = %v; want %q", tc.in, err, tc.wantErr)
+				}
+				if len(got) != len(tc.want) {
+					t.Fatalf("read %q = %q; want %q", tc.in, got, tc.want)
+				}
+				for i := range got {
+					if len(got[i]) != len(tc.want[i]) {
+						t.Fatalf("read %q = %q; want %q", tc.in, got, tc.want)
+					}
+					for j := range got[i] {
+						if got[i][j] != tc.want[i][j] {
+							t.Fatalf("read %q = %q; want %q", tc.in, got, tc.want)
+						}
+					}
+				}
+			})
+		}
+	}
+}
+
+// A big bulk makes the buffer grow to it, then shrink back when idle.
+func TestReaderBigBulk(t *testing.T) {
+	big := string(bytes.Repeat([]byte("x"), 1<<20))
+	in := encode([][]string{{"ECHO", big}, {"PING"}})
+	got, err := readAll(bytes.NewReader(in))
+	if err != nil || len(got) != 2 || got[0][1] != big || got[1][0] != "PING" {
+		t.Fatalf("big bulk: %d commands, err %v", len(got), err)
+	}
+}
+
+// Batches handed out stay intact while the reader reads on.
+func TestReaderBatchesAreIndependent(t *testing.T) {
+	in := encode([][]string{{"A", "1"}})
+	r := NewReader(&oneByteReader{append(in, encode([][]string{{"B", "2"}})...)})
+	first, err := r.ReadBatch()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.ReadBatch(); err != nil {
+		t.Fatal(err)
+	}
+	if string(first[0][0]) != "A" || string(first[0][1]) != "1" {
+		t.Fatalf("first batch changed to %q", first)
+	}
+}
+
+func FuzzReader(f *testing.F) {
+	f.Add([]byte("*1\r\n$4\r\nPING\r\n"))
+	f.Add([]byte("*3\r\n$4\r\nLOCK\r\n$4\r\ndemo\r\n$5\r\n10000\r\n"))
+	f.Add([]byte("LOCK demo PX 10000\r\n"))
+	f.Add([]byte("ECHO \"a\\x\" 'b'\n"))
+	f.Add([]byte("*2\r\n$x\r\n"))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		whole, werr := readAll(bytes.NewReader(in))
+		split, serr := readAll(&oneByteReader{in})
+		// However the input is cut into reads, the same commands come out.
+		if (werr == nil) != (serr == nil) || len(whole) != len(split) {
+			t.Fatalf("whole: %d cmds, %v; byte at a time: %d cmds, %v", len(whole), werr, len(split), serr)
+		}
+		// Re-encoding what was read reads back the same.
+		again, err := readAll(bytes.NewReader(encode(whole)))
+		if err != nil || len(again) != len(whole) {
+			t.Fatalf("round trip: %d cmds, %v; want %d", len(again), err, len(whole))
+		}
+	})
+}
