@@ -154,11 +154,11 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 
 // count records the command's outcome by looking at the reply's first byte.
 func (h *Handler) count(c *Command, s *resp.Session, before int) {
-	result := "ok"
+	i := 0
 	if b := s.W.Bytes(); len(b) > before && b[before] == '-' {
-		result = "error"
+		i = 1
 	}
-	h.metrics.commands.WithLabelValues(c.Metric, result).Inc()
+	h.metrics.counters[c][i].Inc()
 }
 
 // Closed implements resp.Handler. It runs after the session's context was

@@ -194,17 +194,17 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	h.metrics.acquireDuration.Observe(time.Since(start).Seconds())
 	switch {
 	case err == nil:
-		h.metrics.acquire.WithLabelValues("acquired").Inc()
+		h.metrics.acquired.Inc()
 		h.held.granted(req.Key, token, a.ttl)
 		writeLease(s.W, lease)
 	case errors.Is(err, backends.ErrNotAcquired):
-		h.metrics.acquire.WithLabelValues("not_acquired").Inc()
+		h.metrics.notAcquired.Inc()
 		s.W.Null()
 	default:
 		if isNoQuorum(err) {
-			h.metrics.acquire.WithLabelValues("no_quorum").Inc()
+			h.metrics.noQuorum.Inc()
 		} else {
-			h.metrics.acquire.WithLabelValues("error").Inc()
+			h.metrics.acquireErr.Inc()
 		}
 		h.replyError(s, cmd, err)
 	}

@@ -13,6 +13,10 @@ type metrics struct {
 	acquireDuration prometheus.Histogram
 	heldDuration    prometheus.Histogram
 	locksHeld       prometheus.Gauge
+	// counters are each command's {ok, error} children, resolved at start
+	// so the hot path does no label lookup.
+	counters                                    map[*Command][2]prometheus.Counter
+	acquired, notAcquired, noQuorum, acquireErr prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -41,6 +45,22 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 	}
 	reg.MustRegister(m.commands, m.acquire, m.acquireDuration, m.heldDuration, m.locksHeld)
+	m.counters = map[*Command][2]prometheus.Counter{}
+	add := func(c *Command) {
+		m.counters[c] = [2]prometheus.Counter{
+			m.commands.WithLabelValues(c.Metric, "ok"), m.commands.WithLabelValues(c.Metric, "error"),
+		}
+	}
+	for _, c := range table {
+		add(c)
+		for _, sc := range c.Subs {
+			add(sc)
+		}
+	}
+	m.acquired = m.acquire.WithLabelValues("acquired")
+	m.notAcquired = m.acquire.WithLabelValues("not_acquired")
+	m.noQuorum = m.acquire.WithLabelValues("no_quorum")
+	m.acquireErr = m.acquire.WithLabelValues("error")
 	return m
 }
 

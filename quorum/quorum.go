@@ -53,8 +53,9 @@ type Node interface {
 // through a callback, run on the node's own goroutine. The quorum then
 // needs no goroutine per node per operation, which on the hot path is a
 // measurable share of the CPU (see test/bench). Each Start method must call
-// done exactly once, by the time ctx is done or soon after, and done must
-// not block.
+// done exactly once, by ctx's deadline (which it enforces itself: ctx may
+// carry a deadline without being canceled at it) or soon after, and done
+// must not block.
 type AsyncNode interface {
 	Node
 	StartAcquire(ctx context.Context, req Request, done func(NodeGrant, error))
@@ -202,8 +203,33 @@ func Reason(err error) string {
 
 // Quorum runs RedLock over a fixed set of nodes.
 type Quorum struct {
-	nodes []Node
-	cfg   Config
+	nodes    []Node
+	cfg      Config
+	allAsync bool
+}
+
+// deadlineCtx carries a deadline without arming a timer. AsyncNodes
+// enforce their deadlines themselves, so the hot path need not pay for a
+// timer per operation.
+type deadlineCtx struct {
+	context.Context
+	deadline time.Time
+}
+
+func (c deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// nodeContext is the context node operations run under, bounded by
+// timeout. The deadline is wall time (not cfg.Clock), as nodes compare it
+// with the time they answer.
+func (q *Quorum) nodeContext(parent context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
+	if q.allAsync {
+		d := time.Now().Add(timeout)
+		if pd, ok := parent.Deadline(); ok && pd.Before(d) {
+			d = pd
+		}
+		return deadlineCtx{parent, d}, func() {}
+	}
+	return context.WithTimeout(parent, timeout)
 }
 
 // New returns a Quorum over nodes. It needs at least one node.
@@ -229,7 +255,13 @@ func New(nodes []Node, cfg Config) (*Quorum, error) {
 	if cfg.Clock == nil {
 		cfg.Clock = systemClock{}
 	}
-	return &Quorum{nodes: append([]Node(nil), nodes...), cfg: cfg}, nil
+	q := &Quorum{nodes: append([]Node(nil), nodes...), cfg: cfg, allAsync: true}
+	for _, nd := range nodes {
+		if _, ok := nd.(AsyncNode); !ok {
+			q.allAsync = false
+		}
+	}
+	return q, nil
 }
 
 // Size is the number of nodes.
@@ -280,7 +312,7 @@ type boolResult struct {
 func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	n, need := len(q.nodes), q.Majority()
 	start := q.cfg.Clock.Now()
-	nodeCtx, cancel := context.WithTimeout(ctx, q.NodeTimeout(req.TTL))
+	nodeCtx, cancel := q.nodeContext(ctx, q.NodeTimeout(req.TTL))
 	defer cancel()
 
 	// Buffered to N so that a node answering after we decided never blocks.
@@ -370,7 +402,7 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 		return fence, nil
 	}
 	// Raise the lagging granting nodes, in parallel, within the node timeout.
-	nodeCtx, cancel := context.WithTimeout(ctx, q.NodeTimeout(req.TTL))
+	nodeCtx, cancel := q.nodeContext(ctx, q.NodeTimeout(req.TTL))
 	defer cancel()
 	lagging := 0
 	results := make(chan boolResult, len(granted))
@@ -447,7 +479,7 @@ func (q *Quorum) fanOutBool(parent context.Context, timeout time.Duration, op bo
 	// The nodes not waited for must still finish, even if the caller's
 	// context ends as soon as we return: they get their own, which is
 	// canceled once every node answered.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(parent), timeout)
+	ctx, cancel := q.nodeContext(context.WithoutCancel(parent), timeout)
 	results := make(chan boolResult, len(q.nodes))
 	for i, nd := range q.nodes {
 		if an, ok := nd.(AsyncNode); ok {
@@ -474,7 +506,7 @@ func (q *Quorum) fanOutBool(parent context.Context, timeout time.Duration, op bo
 			break
 		}
 	}
-	if got == len(q.nodes) {
+	if got == len(q.nodes) || q.allAsync {
 		cancel()
 	} else {
 		go func(left int) {

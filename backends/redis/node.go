@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/lockproxy/lockproxy/quorum"
@@ -87,6 +88,10 @@ type Node struct {
 	wg       sync.WaitGroup
 	metrics  *Metrics
 	closeMu  sync.Once
+	// Per-node metric children, resolved once: a label lookup per
+	// operation costs more than the observation.
+	durations [numOps]prometheus.Observer
+	batches   prometheus.Observer
 }
 
 // NewNode connects lazily to the node at cfg.Addr and starts its writers.
@@ -119,10 +124,10 @@ func NewNode(cfg NodeConfig) *Node {
 		// One dial per attempt: go-redis's default of five dials 100 ms
 		// apart outlasts the node timeout, so a dead node would read as
 		// "timeout" instead of "connection refused" and slow every release.
-		DialerRetries: 1,
-		PoolSize:              cfg.PoolSize,
-		MinIdleConns:          1,
-		DisableIdentity:       true,
+		DialerRetries:   1,
+		PoolSize:        cfg.PoolSize,
+		MinIdleConns:    1,
+		DisableIdentity: true,
 	})
 	n := &Node{
 		name:     cfg.Addr,
@@ -134,6 +139,12 @@ func NewNode(cfg NodeConfig) *Node {
 		queues:   make([]chan *op, cfg.Workers),
 		stop:     make(chan struct{}),
 		metrics:  cfg.Metrics,
+	}
+	if n.metrics != nil {
+		for k := range n.durations {
+			n.durations[k] = n.metrics.requestDuration.WithLabelValues(n.name, opNames[k])
+		}
+		n.batches = n.metrics.batchSize.WithLabelValues(n.name)
 	}
 	for i := range n.queues {
 		n.queues[i] = make(chan *op, cfg.MaxBatch*4)
@@ -324,7 +335,7 @@ func (n *Node) observe(kind opKind, start time.Time, err error) {
 	if n.metrics == nil {
 		return
 	}
-	n.metrics.requestDuration.WithLabelValues(n.name, opNames[kind]).Observe(time.Since(start).Seconds())
+	n.durations[kind].Observe(time.Since(start).Seconds())
 	if err != nil {
 		n.metrics.errors.WithLabelValues(n.name, reasonLabel(err)).Inc()
 	}
@@ -387,7 +398,7 @@ func (n *Node) exec(batch []*op) {
 		return
 	}
 	if n.metrics != nil {
-		n.metrics.batchSize.WithLabelValues(n.name).Observe(float64(len(live)))
+		n.batches.Observe(float64(len(live)))
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
