@@ -89,6 +89,8 @@ type Node struct {
 	wg       sync.WaitGroup
 	metrics  *Metrics
 	closeMu  sync.Once
+	closing  sync.RWMutex
+	closed   bool
 	// Per-node metric children, resolved once: a label lookup per
 	// operation costs more than the observation.
 	durations [numOps]prometheus.Observer
@@ -169,6 +171,9 @@ func (n *Node) LockKey(key string) string { return n.prefix + "lock:" + key }
 func (n *Node) Close() error {
 	var err error
 	n.closeMu.Do(func() {
+		n.closing.Lock()
+		n.closed = true
+		n.closing.Unlock()
 		close(n.stop)
 		n.wg.Wait()
 		err = n.client.Close()
@@ -269,12 +274,23 @@ func (n *Node) start(ctx context.Context, o *op) {
 	if d, ok := ctx.Deadline(); ok {
 		o.deadline = d
 	}
+	n.enqueue(ctx, o)
+}
+
+// enqueue hands o to its key's writer, or answers it at once when the node
+// is closed or ctx ends first. The read lock makes Close wait for every
+// enqueue under way, so the writers' last drain answers everything queued.
+func (n *Node) enqueue(ctx context.Context, o *op) {
+	n.closing.RLock()
+	defer n.closing.RUnlock()
+	if n.closed {
+		n.finish(o, 0, errClosed)
+		return
+	}
 	select {
 	case n.queue(o) <- o:
 	case <-ctx.Done():
 		n.finish(o, 0, ctx.Err())
-	case <-n.stop:
-		n.finish(o, 0, errClosed)
 	}
 }
 
@@ -302,32 +318,23 @@ func (n *Node) newOp(kind opKind, key, token string) *op {
 
 // do queues o on its key's writer and waits for the answer or ctx.
 func (n *Node) do(ctx context.Context, o *op) (int64, error) {
-	start := time.Now()
+	o.start = time.Now()
+	o.deadline = o.start.Add(n.timeout)
 	if d, ok := ctx.Deadline(); ok {
 		o.deadline = d
-	} else {
-		o.deadline = start.Add(n.timeout)
 	}
-	select {
-	case n.queue(o) <- o:
-	case <-ctx.Done():
-		n.observe(o.kind, start, ctx.Err())
-		opPool.Put(o)
-		return 0, ctx.Err()
-	case <-n.stop:
-		opPool.Put(o)
-		return 0, errClosed
-	}
+	kind, start := o.kind, o.start
+	n.enqueue(ctx, o)
 	select {
 	case r := <-o.res:
-		n.observe(o.kind, start, r.err)
+		n.observe(kind, start, r.err)
 		*o = op{res: o.res}
 		opPool.Put(o)
 		return r.n, r.err
 	case <-ctx.Done():
 		// The writer still owns o and will answer into its buffered
 		// channel; o is not reused.
-		n.observe(o.kind, start, ctx.Err())
+		n.observe(kind, start, ctx.Err())
 		return 0, ctx.Err()
 	}
 }

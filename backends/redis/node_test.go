@@ -1,0 +1,210 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+func TestSlot(t *testing.T) {
+	// Redis Cluster's documented key slots.
+	for _, tc := range []struct {
+		key  string
+		want uint16
+	}{
+		{"foo", 12182},
+		{"bar", 5061},
+		{"hello", 866},
+		{"123456789", 0x31C3 & 16383},
+		{"", 0},
+	} {
+		if got := slot(tc.key); got != tc.want {
+			t.Errorf("slot(%q) = %d; want %d", tc.key, got, tc.want)
+		}
+	}
+}
+
+func newTestNode(t *testing.T, r *harness.Redis) *Node {
+	t.Helper()
+	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second, Metrics: NewMetrics(nil)})
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+func ctxTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// TestNodeOperations runs each operation against a real redis-server and
+// checks the node's state directly.
+func TestNodeOperations(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	n := newTestNode(t, r)
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 10*time.Second)
+	req := quorum.Request{Key: "k", Token: "t1", TTL: 5 * time.Second}
+
+	g, err := n.Acquire(ctx, req)
+	if err != nil || !g.Acquired || g.Fence == 0 {
+		t.Fatalf("Acquire = %+v, %v; want acquired with a fence", g, err)
+	}
+	if v := direct.Get(ctx, "lp:lock:k").Val(); v != "t1" {
+		t.Fatalf("node has %q for the lock key; want t1", v)
+	}
+	if pttl := direct.PTTL(ctx, "lp:lock:k").Val(); pttl <= 0 || pttl > 5*time.Second {
+		t.Fatalf("PTTL = %v; want in (0, 5s]", pttl)
+	}
+	g2, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "t2", TTL: 5 * time.Second})
+	if err != nil || g2.Acquired {
+		t.Fatalf("second Acquire = %+v, %v; want refused", g2, err)
+	}
+
+	ok, err := n.RaiseFence(ctx, "k", "t1", g.Fence+100)
+	if err != nil || !ok {
+		t.Fatalf("RaiseFence by holder = %v, %v; want true", ok, err)
+	}
+	if ok, _ := n.RaiseFence(ctx, "k", "t2", g.Fence+1000); ok {
+		t.Fatal("RaiseFence by a non-holder = true; want false")
+	}
+	if ok, err := n.Extend(ctx, "k", "t2", time.Minute); ok || err != nil {
+		t.Fatalf("Extend by a non-holder = %v, %v; want false", ok, err)
+	}
+	if ok, err := n.Extend(ctx, "k", "t1", time.Minute); !ok || err != nil {
+		t.Fatalf("Extend by the holder = %v, %v; want true", ok, err)
+	}
+	if pttl := direct.PTTL(ctx, "lp:lock:k").Val(); pttl <= 5*time.Second {
+		t.Fatalf("PTTL after Extend = %v; want > 5s", pttl)
+	}
+	if ok, _ := n.Release(ctx, "k", "t2"); ok {
+		t.Fatal("Release by a non-holder = true")
+	}
+	if ok, err := n.Release(ctx, "k", "t1"); !ok || err != nil {
+		t.Fatalf("Release by the holder = %v, %v; want true", ok, err)
+	}
+	if direct.Exists(ctx, "lp:lock:k").Val() != 0 {
+		t.Fatal("lock key still on the node after Release")
+	}
+	// The next grant reads the raised counter.
+	g3, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "t3", TTL: time.Second})
+	if err != nil || !g3.Acquired || g3.Fence <= g.Fence+100 {
+		t.Fatalf("Acquire after raise = %+v, %v; want fence > %d", g3, err, g.Fence+100)
+	}
+}
+
+// TestNodeScriptCacheLost: after SCRIPT FLUSH (or a restart) the scripts
+// are loaded again by EVAL.
+func TestNodeScriptCacheLost(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	n := newTestNode(t, r)
+	ctx := ctxTimeout(t, 10*time.Second)
+	if _, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "t", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Client(t).ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := n.Release(ctx, "k", "t"); !ok || err != nil {
+		t.Fatalf("Release after SCRIPT FLUSH = %v, %v; want true", ok, err)
+	}
+}
+
+// TestNodeBatchesKeepOrder: many concurrent operations, batched, each
+// answered correctly; operations on one key stay in order.
+func TestNodeBatchesKeepOrder(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	n := newTestNode(t, r)
+	ctx := ctxTimeout(t, 30*time.Second)
+	var wg sync.WaitGroup
+	errs := make(chan error, 64)
+	for c := 0; c < 64; c++ {
+		wg.Add(1)
+		go func(c int) {
+			defer wg.Done()
+			key, tok := fmt.Sprintf("key%d", c), fmt.Sprintf("tok%d", c)
+			for i := 0; i < 50; i++ {
+				// Acquire and Release started back to back without
+				// waiting: the release must not overtake the acquire.
+				var g quorum.NodeGrant
+				var gerr error
+				done := make(chan struct{})
+				n.StartAcquire(ctx, quorum.Request{Key: key, Token: tok, TTL: time.Minute}, func(ng quorum.NodeGrant, err error) {
+					g, gerr = ng, err
+					close(done)
+				})
+				ok, err := n.Release(ctx, key, tok)
+				<-done
+				if gerr != nil || !g.Acquired || err != nil || !ok {
+					errs <- fmt.Errorf("client %d round %d: acquire %+v %v, release %v %v", c, i, g, gerr, ok, err)
+					return
+				}
+			}
+		}(c)
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// TestNodeDownAndPaused: a dead node answers with an error, a paused one
+// within the caller's deadline, and both work again once back.
+func TestNodeDownAndPaused(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	n := newTestNode(t, r)
+	req := quorum.Request{Key: "k", Token: "t", TTL: time.Second}
+
+	r.Pause()
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	_, err := n.Acquire(ctx, req)
+	cancel()
+	if err == nil || quorum.Reason(err) != "timeout" {
+		t.Fatalf("Acquire on a paused node = %v; want a timeout", err)
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("Acquire on a paused node took %v; want about 100ms", d)
+	}
+	r.Resume()
+
+	r.Kill()
+	_, err = n.Acquire(ctxTimeout(t, time.Second), req)
+	if err == nil {
+		t.Fatal("Acquire on a dead node succeeded")
+	}
+	r.Restart()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		g, err := n.Acquire(ctxTimeout(t, time.Second), quorum.Request{Key: "k2", Token: "t", TTL: time.Second})
+		if err == nil && g.Acquired {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node never came back: %+v, %v", g, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func TestNodeClosed(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:"})
+	n.Close()
+	_, err := n.Acquire(ctxTimeout(t, time.Second), quorum.Request{Key: "k", Token: "t", TTL: time.Second})
+	if !errors.Is(err, errClosed) {
+		t.Fatalf("Acquire on a closed node = %v; want errClosed", err)
+	}
+}
