@@ -234,7 +234,6 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// Wakes a connection waiting for input; one running a command
 		// finishes it, then its next read fails at once.
 		_ = sess.conn.SetReadDeadline(time.Now())
-		sess.closeAfterRead.Store(true)
 	}
 	s.mu.Unlock()
 

@@ -17,15 +17,14 @@ type Session struct {
 	// Data is per-connection state owned by the command layer.
 	Data any
 
-	id             int64
-	conn           net.Conn
-	ctx            context.Context
-	cancel         context.CancelFunc
-	created        time.Time
-	lastActive     atomic.Int64
-	closeAfter     bool
-	closeAfterRead atomic.Bool
-	pushes         chan []byte
+	id         int64
+	conn       net.Conn
+	ctx        context.Context
+	cancel     context.CancelFunc
+	created    time.Time
+	lastActive atomic.Int64
+	closeAfter bool
+	pushes     chan []byte
 }
 
 func newSession(base context.Context, id int64, c net.Conn) *Session {
