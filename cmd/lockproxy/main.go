@@ -154,6 +154,7 @@ func newLogger(c conf.Log) (*zap.Logger, error) {
 	var zc zap.Config
 	if c.Format == "console" {
 		zc = zap.NewDevelopmentConfig()
+		zc.DisableStacktrace = true // warnings are for people here, not for debugging
 	} else {
 		zc = zap.NewProductionConfig()
 		zc.EncoderConfig.TimeKey = "ts"
