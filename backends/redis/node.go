@@ -488,11 +488,14 @@ func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
 			out[i].n, out[i].err = c.cmd.Int64()
 			continue
 		}
-		switch err := c.cmd.Err(); {
+		switch v, err := c.cmd.Result(); {
 		case errors.Is(err, goredis.Nil):
 			out[i].n = -1 // held by someone else
 		case err != nil:
 			out[i].err = err
+		case v != "OK":
+			// Whatever answers here is not a Redis we can trust with locks.
+			out[i].err = fmt.Errorf("unexpected reply to SET: %.40v", v)
 		default:
 			out[i].n, out[i].err = c.incr.Result()
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"sync"
 	"testing"
 	"time"
@@ -206,5 +207,77 @@ func TestNodeClosed(t *testing.T) {
 	_, err := n.Acquire(ctxTimeout(t, time.Second), quorum.Request{Key: "k", Token: "t", TTL: time.Second})
 	if !errors.Is(err, errClosed) {
 		t.Fatalf("Acquire on a closed node = %v; want errClosed", err)
+	}
+}
+
+// fakeServer accepts connections and answers every read with reply (or
+// nothing when reply is nil), standing in for a node that is not Redis.
+func fakeServer(t *testing.T, reply []byte) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				buf := make([]byte, 4096)
+				for {
+					_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+					if _, err := c.Read(buf); err != nil {
+						return
+					}
+					if reply != nil {
+						if _, err := c.Write(reply); err != nil {
+							return
+						}
+					}
+				}
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestNodeGarbage: a node that answers garbage, or nothing at all, yields an
+// error within the caller's deadline and never a grant.
+func TestNodeGarbage(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		reply []byte
+	}{
+		{"http server", []byte("HTTP/1.1 400 Bad Request\r\n\r\n")},
+		{"binary noise", []byte{0x00, 0xff, 0x13, '\r', '\n', '$', '9', '9'}},
+		{"wrong RESP type", []byte("*1\r\n$2\r\nok\r\n")},
+		{"integers for everything", []byte(":5\r\n:5\r\n:5\r\n:5\r\n")},
+		{"silent", nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n := NewNode(NodeConfig{Addr: fakeServer(t, tc.reply), KeyPrefix: "lp:", DialTimeout: 200 * time.Millisecond})
+			defer n.Close()
+			for i := 0; i < 3; i++ {
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+				g, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "t", TTL: time.Second})
+				cancel()
+				if err == nil || g.Acquired {
+					t.Fatalf("Acquire from a %s = %+v, %v; want an error", tc.name, g, err)
+				}
+				if d := time.Since(start); d > 2*time.Second {
+					t.Fatalf("Acquire from a %s took %v; want about the 150ms deadline", tc.name, d)
+				}
+			}
+		})
 	}
 }
