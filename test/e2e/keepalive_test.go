@@ -203,7 +203,7 @@ func TestKeepaliveReleasedOnClose(t *testing.T) {
 // MAXHOLD caps a keepalive lock's hold even while its connection is busy.
 func TestKeepaliveMaxHold(t *testing.T) {
 	t.Parallel()
-	const ttlMS, maxHoldMS = 300, 1200
+	const ttlMS, maxHoldMS = 600, 1800
 	cl := startCluster(t, 3)
 	addr, _ := startProxy(t, cl.addrs())
 	holder := dialRaw(t, addr)
@@ -227,17 +227,21 @@ func TestKeepaliveMaxHold(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	t.Logf("MAXHOLD %d ms (ttl %d ms): free after %v", maxHoldMS, ttlMS, took)
-	if took < (maxHoldMS-ttlMS)*time.Millisecond || took > (maxHoldMS+1000)*time.Millisecond {
+	if took < (maxHoldMS-100)*time.Millisecond || took > (maxHoldMS+1000)*time.Millisecond {
 		t.Errorf("free %v after LOCK … MAXHOLD %d; want about %d ms", took, maxHoldMS, maxHoldMS)
 	}
-	want := "LOCKLOST lock on '" + key + "' was lost: MAXHOLD of 1200 ms reached"
-	if err := eventually(50, 50*time.Millisecond, func() error {
-		if r := holder.do("RENEW", key, "t", "PX", "100"); r.Kind != '-' || r.Str != want {
-			return fmt.Errorf("RENEW = %v; want -%s", r, want)
+	// The notice is due at the deadline, which the other client may beat by
+	// a little; until then RENEW runs (and answers 0).
+	want := "LOCKLOST lock on '" + key + "' was lost: MAXHOLD of 1800 ms reached"
+	var r reply
+	for i := 0; i < 50; i++ {
+		if r = holder.do("RENEW", key, "t", "PX", "100"); r.Kind == '-' {
+			break
 		}
-		return nil
-	}); err != nil {
-		t.Error(err)
+		time.Sleep(50 * time.Millisecond)
+	}
+	if r.Kind != '-' || r.Str != want {
+		t.Errorf("the holder's RENEW = %v; want -%s", r, want)
 	}
 }
 
@@ -313,11 +317,18 @@ func TestKeepaliveReleasedAtShutdown(t *testing.T) {
 		t.Fatalf("lockproxy did not exit within 10 s of SIGTERM: %v", err)
 	}
 	t.Logf("exited %v after SIGTERM", time.Since(start))
-	for _, key := range keys {
-		for i := range cl.nodes {
-			if v, ok := cl.lockValue(t, i, key); ok {
-				t.Errorf("node %d: %q still held by %q after shutdown; want released", i, key, v)
-			}
+	// A release answers once a majority released, and the node clients
+	// close right after, so a minority may keep its copy until the lease
+	// ends; the lock is free all the same.
+	other := newClient(t, startInstance(t, cl.addrs()).addr, 2)
+	for i, key := range keys {
+		if h := cl.holders(t, key, toks[i]); h > len(cl.nodes)/2 {
+			t.Errorf("%q still held on %d of %d nodes after shutdown; want released on a majority", key, h, len(cl.nodes))
+		}
+		if g, ok := lock(t, other, key, "PX", 10000); !ok {
+			t.Errorf("LOCK %q through another instance after shutdown = nil; want a grant", key)
+		} else {
+			unlock(t, other, key, g.Token)
 		}
 	}
 }
