@@ -25,6 +25,10 @@ type Limits struct {
 	MaxWait       time.Duration
 	MaxKeyBytes   int
 	MaxTokenBytes int
+	// KeepaliveIdle is how long a connection may send no command before
+	// the watchdog stops renewing its KEEPALIVE locks (locks.keepalive_idle);
+	// 0 means DefaultKeepaliveIdle.
+	KeepaliveIdle time.Duration
 }
 
 // Info is what INFO reports about the process and its configuration.
@@ -53,16 +57,17 @@ type Options struct {
 
 // Handler serves lockproxy's own commands on every connection.
 type Handler struct {
-	backend backends.Backend
-	limits  Limits
-	info    Info
-	log     *zap.Logger
-	metrics *metrics
-	clients func() []*resp.Session
-	started time.Time
-	runID   string
-	held    *heldLocks
-	closed  atomic.Bool
+	backend   backends.Backend
+	limits    Limits
+	info      Info
+	log       *zap.Logger
+	metrics   *metrics
+	clients   func() []*resp.Session
+	started   time.Time
+	runID     string
+	held      *heldLocks
+	keepalive *keepalives
+	closed    atomic.Bool
 }
 
 // NewHandler returns a Handler; Close it to stop its background work.
@@ -85,12 +90,15 @@ func NewHandler(o Options) *Handler {
 		runID:   randomHex(20),
 		held:    newHeldLocks(m),
 	}
+	h.keepalive = newKeepalives(o.Backend, h.held, o.Logger, o.Limits.KeepaliveIdle, o.Registry)
 	return h
 }
 
-// Close stops background work.
+// Close stops background work: every KEEPALIVE watchdog ends, releasing
+// its lock within a bounded time (2 s), before Close returns.
 func (h *Handler) Close() {
 	if h.closed.CompareAndSwap(false, true) {
+		h.keepalive.close()
 		h.held.close()
 	}
 }
@@ -101,6 +109,7 @@ type conn struct {
 	libName string
 	libVer  string
 	lastCmd string
+	ka      *connKeepalive // nil until the first KEEPALIVE lock
 }
 
 func state(s *resp.Session) *conn {
@@ -146,9 +155,18 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 		wrongArity(s, c.Name)
 		return
 	}
-	state(s).lastCmd = c.Metric
+	cs := state(s)
+	cs.lastCmd = c.Metric
 	before := s.W.Len()
-	c.run(h, s, args)
+	if ka := cs.ka; ka != nil {
+		// A command that blocks (LOCK … WAIT) keeps the connection alive
+		// for its KEEPALIVE locks.
+		ka.busy.Store(true)
+		c.run(h, s, args)
+		ka.busy.Store(false)
+	} else {
+		c.run(h, s, args)
+	}
 	h.count(c, s, before)
 }
 
@@ -162,7 +180,8 @@ func (h *Handler) count(c *Command, s *resp.Session, before int) {
 }
 
 // Closed implements resp.Handler. It runs after the session's context was
-// canceled; it does no network I/O.
+// canceled; it does no network I/O. That cancellation is the only signal
+// the connection's KEEPALIVE watchdogs need: each releases its own lock.
 func (h *Handler) Closed(s *resp.Session) {}
 
 func unknownCommand(args [][]byte) string {

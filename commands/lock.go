@@ -16,7 +16,6 @@ var (
 	errNotInteger   = errors.New("ERR value is not an integer or out of range")
 	errEmptyKey     = errors.New("ERR empty key: lock keys must be at least one byte")
 	errEmptyToken   = errors.New("ERR empty token")
-	errKeepalive    = errors.New("ERR KEEPALIVE is not supported yet by this lockproxy version")
 	errKeyTooLong   = errors.New("ERR key too long")
 	errTokenTooLong = errors.New("ERR token too long")
 )
@@ -32,7 +31,8 @@ type lockArgs struct {
 	ttlSet    bool
 	wait      time.Duration
 	token     []byte
-	keepalive bool
+	keepalive bool          // KEEPALIVE given, or implied by no PX/EX
+	maxHold   time.Duration // MAXHOLD; 0 for none
 }
 
 // parseTTL reads the value of PX (ms) or EX (s).
@@ -48,7 +48,9 @@ func parseTTL(v []byte, unit time.Duration, cmd string) (time.Duration, error) {
 }
 
 // parseLock parses `LOCK key [ms] [PX ms | EX s] [WAIT ms] [TOKEN t]
-// [KEEPALIVE]`. A bare integer right after the key is a TTL in ms.
+// [KEEPALIVE] [MAXHOLD ms]`. A bare integer right after the key is a TTL in
+// ms. Without a TTL the lock gets the default lease and KEEPALIVE; MAXHOLD
+// caps a keepalive lock's whole hold and may not be below its TTL.
 func (l *Limits) parseLock(cmd string, args [][]byte) (lockArgs, error) {
 	var a lockArgs
 	a.key = args[1]
@@ -111,6 +113,14 @@ func (l *Limits) parseLock(cmd string, args [][]byte) (lockArgs, error) {
 			}
 			err = l.checkToken(v)
 			a.token = v
+		case resp.EqualFold(opt, "MAXHOLD"):
+			if a.maxHold != 0 {
+				return a, errSyntax
+			}
+			a.maxHold, err = parseTTL(v, time.Millisecond, cmd)
+			if err != nil && err != errNotInteger {
+				err = errors.New("ERR invalid MAXHOLD in '" + cmd + "' command")
+			}
 		default:
 			return a, errSyntax
 		}
@@ -118,14 +128,20 @@ func (l *Limits) parseLock(cmd string, args [][]byte) (lockArgs, error) {
 			return a, err
 		}
 	}
-	if a.keepalive {
-		return a, errKeepalive
-	}
 	if !a.ttlSet {
 		a.ttl = l.DefaultTTL
+		a.keepalive = true
 	}
 	if err := l.checkTTL(a.ttl); err != nil {
 		return a, err
+	}
+	switch {
+	case a.maxHold == 0:
+	case !a.keepalive:
+		return a, errors.New("ERR MAXHOLD applies to KEEPALIVE locks only")
+	case a.maxHold < a.ttl:
+		return a, errors.New("ERR MAXHOLD " + strconv.FormatInt(a.maxHold.Milliseconds(), 10) +
+			" ms is below the lock's TTL of " + strconv.FormatInt(a.ttl.Milliseconds(), 10) + " ms")
 	}
 	return a, nil
 }
@@ -168,10 +184,45 @@ func (h *Handler) lock(s *resp.Session, args [][]byte) {
 		s.W.Error(err.Error())
 		return
 	}
+	if h.lockLost(s, a.key) {
+		return
+	}
 	h.acquire(s, "lock", a, backends.Write)
 }
 
+// lockLost answers a lock command for key with LOCKLOST, once, when a
+// keepalive lock on key was lost since this connection's last lock
+// command for key. The command itself is not run.
+func (h *Handler) lockLost(s *resp.Session, key []byte) bool {
+	c, ok := s.Data.(*conn)
+	if !ok || c.ka == nil {
+		return false
+	}
+	why, lost := c.ka.takeLost(key)
+	if !lost {
+		return false
+	}
+	s.W.Error("LOCKLOST lock on '" + clip(string(key)) + "' was lost: " + why)
+	return true
+}
+
+// connKeepalive returns the connection's keepalive state, made on first
+// use, with its RESP version brought up to date.
+func (h *Handler) connKeepalive(s *resp.Session) *connKeepalive {
+	c := state(s)
+	if c.ka == nil {
+		c.ka = newConnKeepalive(s.LastActive, s.Push, s.W.Proto())
+	} else {
+		c.ka.proto.Store(int32(s.W.Proto()))
+	}
+	return c.ka
+}
+
 func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends.Mode) {
+	if a.keepalive && h.keepalive.full(state(s).ka) {
+		s.W.Error(errTooManyKeepalive.Error())
+		return
+	}
 	token := newToken()
 	if a.token != nil {
 		token = string(a.token)
@@ -196,6 +247,12 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	case err == nil:
 		h.metrics.acquired.Inc()
 		h.held.granted(req.Key, token, a.ttl)
+		if !h.keepalive.granted(req.Key, token) && a.keepalive &&
+			!h.keepalive.start(s.Context(), h.connKeepalive(s), req.Key, token, a.ttl, a.maxHold) {
+			// The server is shutting down; start released the lock.
+			s.W.Error(errShuttingDown.Error())
+			return
+		}
 		writeLease(s.W, lease)
 	case errors.Is(err, backends.ErrNotAcquired):
 		h.metrics.notAcquired.Inc()
@@ -229,8 +286,13 @@ func (h *Handler) unlock(s *resp.Session, args [][]byte) {
 		s.W.Error(err.Error())
 		return
 	}
+	if h.lockLost(s, args[1]) {
+		return
+	}
 	key, token := string(args[1]), string(args[2])
+	w := h.keepalive.beginUnlock(key, token)
 	ok, err := h.backend.Unlock(s.Context(), key, token)
+	h.keepalive.endUnlock(w, ok && err == nil)
 	if err != nil {
 		h.replyError(s, "unlock", err)
 		return
@@ -268,6 +330,9 @@ func (h *Handler) renew(s *resp.Session, args [][]byte) {
 	}
 	if err != nil {
 		s.W.Error(err.Error())
+		return
+	}
+	if h.lockLost(s, args[1]) {
 		return
 	}
 	key, token := string(args[1]), string(args[2])

@@ -39,9 +39,11 @@ func TestParseLock(t *testing.T) {
 		wait      time.Duration
 		token     string // "" for none
 		wantToken bool
+		keepalive bool
+		maxHold   time.Duration
 	}{
-		{line: "LOCK k", ttl: def},
-		{line: "LOCK lock:orders", ttl: def},
+		{line: "LOCK k", ttl: def, keepalive: true},
+		{line: "LOCK lock:orders", ttl: def, keepalive: true},
 		{line: "LOCK k 5000", ttl: 5 * time.Second},
 		{line: "LOCK k 10", ttl: 10 * time.Millisecond},
 		{line: "LOCK k PX 5000", ttl: 5 * time.Second},
@@ -52,12 +54,12 @@ func TestParseLock(t *testing.T) {
 		{line: "LOCK k PX 10", ttl: 10 * time.Millisecond}, // locks.min_ttl
 		{line: "LOCK k PX 600000", ttl: 10 * time.Minute},  // locks.max_ttl
 		{line: "LOCK k EX 600", ttl: 10 * time.Minute},     // locks.max_ttl
-		{line: "LOCK k WAIT 100", ttl: def, wait: 100 * time.Millisecond},
-		{line: "LOCK k wait 0", ttl: def},
-		{line: "LOCK k WAIT 600000", ttl: def, wait: 10 * time.Minute}, // locks.max_wait
-		{line: "LOCK k TOKEN abc", ttl: def, token: "abc", wantToken: true},
-		{line: "LOCK k token 12345678", ttl: def, token: "12345678", wantToken: true}, // at the cap
-		{line: "LOCK k TOKEN PX", ttl: def, token: "PX", wantToken: true},
+		{line: "LOCK k WAIT 100", ttl: def, keepalive: true, wait: 100 * time.Millisecond},
+		{line: "LOCK k wait 0", ttl: def, keepalive: true},
+		{line: "LOCK k WAIT 600000", ttl: def, keepalive: true, wait: 10 * time.Minute}, // locks.max_wait
+		{line: "LOCK k TOKEN abc", ttl: def, keepalive: true, token: "abc", wantToken: true},
+		{line: "LOCK k token 12345678", ttl: def, keepalive: true, token: "12345678", wantToken: true}, // at the cap
+		{line: "LOCK k TOKEN PX", ttl: def, keepalive: true, token: "PX", wantToken: true},
 		{line: "LOCK k PX 2000 WAIT 100 TOKEN t", ttl: 2 * time.Second, wait: 100 * time.Millisecond, token: "t", wantToken: true},
 		{line: "LOCK k TOKEN t WAIT 100 PX 2000", ttl: 2 * time.Second, wait: 100 * time.Millisecond, token: "t", wantToken: true},
 		{line: "LOCK k WAIT 100 TOKEN t EX 2", ttl: 2 * time.Second, wait: 100 * time.Millisecond, token: "t", wantToken: true},
@@ -66,6 +68,21 @@ func TestParseLock(t *testing.T) {
 		{line: "LOCK 0123456789abcdef PX 100", ttl: 100 * time.Millisecond}, // key at the cap
 		{line: "LOCK 5000 PX 100", ttl: 100 * time.Millisecond},             // a numeric key
 		{line: "LOCK k\x00\xff TOKEN \r\n PX 100", ttl: 100 * time.Millisecond, token: "\r\n", wantToken: true},
+
+		// KEEPALIVE, anywhere among the options, and MAXHOLD with it.
+		{line: "LOCK k KEEPALIVE", ttl: def, keepalive: true},
+		{line: "LOCK k keepalive", ttl: def, keepalive: true},
+		{line: "LOCK k PX 600 KEEPALIVE", ttl: 600 * time.Millisecond, keepalive: true},
+		{line: "LOCK k KEEPALIVE EX 2", ttl: 2 * time.Second, keepalive: true},
+		{line: "LOCK k 100 KEEPALIVE", ttl: 100 * time.Millisecond, keepalive: true},
+		{line: "LOCK k KEEPALIVE PX 100 WAIT 5 TOKEN t", ttl: 100 * time.Millisecond, wait: 5 * time.Millisecond,
+			token: "t", wantToken: true, keepalive: true},
+		{line: "LOCK k KEEPALIVE KEEPALIVE", ttl: def, keepalive: true},
+		{line: "LOCK k MAXHOLD 60000", ttl: def, keepalive: true, maxHold: time.Minute},
+		{line: "LOCK k maxhold 30000", ttl: def, keepalive: true, maxHold: def}, // equal to the TTL
+		{line: "LOCK k PX 600 KEEPALIVE MAXHOLD 5000", ttl: 600 * time.Millisecond, keepalive: true, maxHold: 5 * time.Second},
+		{line: "LOCK k MAXHOLD 5000 KEEPALIVE PX 600", ttl: 600 * time.Millisecond, keepalive: true, maxHold: 5 * time.Second},
+		{line: "LOCK k MAXHOLD 86400000", ttl: def, keepalive: true, maxHold: 24 * time.Hour}, // not capped by locks.max_ttl
 	} {
 		t.Run(tc.line, func(t *testing.T) {
 			args := words(tc.line)
@@ -82,8 +99,8 @@ func TestParseLock(t *testing.T) {
 			if (a.token != nil) != tc.wantToken || string(a.token) != tc.token {
 				t.Errorf("LOCK %q: token %q (set %v); want %q (set %v)", args[1:], a.token, a.token != nil, tc.token, tc.wantToken)
 			}
-			if a.keepalive {
-				t.Errorf("LOCK %q: keepalive set", args[1:])
+			if a.keepalive != tc.keepalive || a.maxHold != tc.maxHold {
+				t.Errorf("LOCK %q: keepalive %v, maxhold %v; want %v, %v", args[1:], a.keepalive, a.maxHold, tc.keepalive, tc.maxHold)
 			}
 		})
 	}
@@ -94,7 +111,8 @@ func TestParseLockErrors(t *testing.T) {
 		syntax    = "ERR syntax error"
 		notInt    = "ERR value is not an integer or out of range"
 		badExpire = "ERR invalid expire time in 'lock' command"
-		keepalive = "ERR KEEPALIVE is not supported yet by this lockproxy version"
+		badHold   = "ERR invalid MAXHOLD in 'lock' command"
+		holdNeeds = "ERR MAXHOLD applies to KEEPALIVE locks only"
 	)
 	for _, tc := range []struct {
 		line string
@@ -169,14 +187,21 @@ func TestParseLockErrors(t *testing.T) {
 		{"LOCK k WAIT 9223372036854775807", "ERR WAIT 9223372036854775807 ms is above the maximum of 600000 ms (locks.max_wait)"},
 		{"LOCK k WAIT 9223372036855", "ERR WAIT 9223372036855 ms is above the maximum of 600000 ms (locks.max_wait)"},
 
-		// KEEPALIVE, anywhere among the options.
-		{"LOCK k KEEPALIVE", keepalive},
-		{"LOCK k keepalive", keepalive},
-		{"LOCK k PX 100 KEEPALIVE", keepalive},
-		{"LOCK k KEEPALIVE PX 100 WAIT 5 TOKEN t", keepalive},
-		{"LOCK k 100 KEEPALIVE", keepalive},
+		// KEEPALIVE and MAXHOLD.
 		{"LOCK k KEEPALIVE FOO", syntax},
 		{"LOCK k KEEPALIVE PX 0", badExpire},
+		{"LOCK k KEEPALIVE PX 600001", "ERR TTL 600001 ms is above the maximum of 600000 ms (locks.max_ttl)"},
+		{"LOCK k MAXHOLD", syntax},
+		{"LOCK k MAXHOLD 5000 MAXHOLD 5000", syntax},
+		{"LOCK k MAXHOLD abc", notInt},
+		{"LOCK k MAXHOLD 1.5", notInt},
+		{"LOCK k MAXHOLD 0", badHold},
+		{"LOCK k MAXHOLD -1", badHold},
+		{"LOCK k MAXHOLD 9223372036854775807", badHold},
+		{"LOCK k PX 100 MAXHOLD 5000", holdNeeds},
+		{"LOCK k 100 MAXHOLD 5000", holdNeeds},
+		{"LOCK k MAXHOLD 29999", "ERR MAXHOLD 29999 ms is below the lock's TTL of 30000 ms"},
+		{"LOCK k PX 600 KEEPALIVE MAXHOLD 599", "ERR MAXHOLD 599 ms is below the lock's TTL of 600 ms"},
 	} {
 		t.Run(tc.line, func(t *testing.T) {
 			args := words(tc.line)
@@ -245,6 +270,9 @@ func FuzzParseLock(f *testing.F) {
 		"k WAIT 100",
 		"k TOKEN abc",
 		"k KEEPALIVE",
+		"k PX 600 KEEPALIVE MAXHOLD 5000",
+		"k MAXHOLD 60000",
+		"k PX 100 MAXHOLD 5000",
 		"k PX 1 EX 1",
 		"k PX abc",
 		"k PX 0",
@@ -289,8 +317,8 @@ func FuzzParseLock(f *testing.F) {
 			t.Fatalf("LOCK %q: key %q; want 1 to %d bytes", args[1:], a.key, l.MaxKeyBytes)
 		case a.token != nil && (len(a.token) == 0 || len(a.token) > l.MaxTokenBytes):
 			t.Fatalf("LOCK %q: token %q; want 1 to %d bytes", args[1:], a.token, l.MaxTokenBytes)
-		case a.keepalive:
-			t.Fatalf("LOCK %q: keepalive accepted, but it is not supported", args[1:])
+		case a.maxHold != 0 && (!a.keepalive || a.maxHold < a.ttl):
+			t.Fatalf("LOCK %q: maxhold %v with keepalive %v, ttl %v; want only under KEEPALIVE and >= the TTL", args[1:], a.maxHold, a.keepalive, a.ttl)
 		case !ttlFromArgs(a.ttl, args, l.DefaultTTL):
 			t.Fatalf("LOCK %q: ttl %v is neither the default nor any argument", args[1:], a.ttl)
 		}

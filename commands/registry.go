@@ -15,15 +15,16 @@ var (
 	argWait      = Arg{Name: "milliseconds", Type: "integer", Token: "WAIT", Flags: []string{"optional"}}
 	argTokenOpt  = Arg{Name: "token", Type: "string", Token: "TOKEN", Flags: []string{"optional"}}
 	argKeepalive = Arg{Name: "keepalive", Type: "pure-token", Token: "KEEPALIVE", Flags: []string{"optional"}}
+	argMaxHold   = Arg{Name: "max-hold-milliseconds", Type: "integer", Token: "MAXHOLD", Flags: []string{"optional"}}
 )
 
 func init() {
 	register(&Command{
 		Name: "lock", Arity: -2, Flags: []string{"write", "denyoom"}, FirstKey: 1, LastKey: 1, Step: 1,
 		Categories: []string{"@write", "@lock"}, Group: groupLock, Since: "1.0.0",
-		Summary:    "Acquires an exclusive lock from a majority of the lock nodes; replies token, validity_ms and fence, or nil when held.",
+		Summary:    "Acquires an exclusive lock from a majority of the lock nodes; replies token, validity_ms and fence, or nil when held. KEEPALIVE (implied without PX/EX) renews it while the connection is open and alive.",
 		Complexity: "O(N) where N is the number of lock nodes.",
-		Args:       []Arg{argKey, argTTL, argWait, argTokenOpt, argKeepalive},
+		Args:       []Arg{argKey, argTTL, argWait, argTokenOpt, argKeepalive, argMaxHold},
 		run:        (*Handler).lock,
 	})
 	register(&Command{

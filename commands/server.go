@@ -91,6 +91,9 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 		state(s).name = string(name)
 	}
 	s.W.SetProto(proto)
+	if c, ok := s.Data.(*conn); ok && c.ka != nil {
+		c.ka.proto.Store(int32(proto))
+	}
 	s.W.Map(7)
 	s.W.BulkString("server")
 	s.W.BulkString("redis")
@@ -246,6 +249,8 @@ func (h *Handler) infoCmd(s *resp.Session, args [][]byte) {
 		kv("lockproxy_default_ttl_ms", h.limits.DefaultTTL.Milliseconds())
 		kv("lockproxy_max_ttl_ms", h.limits.MaxTTL.Milliseconds())
 		kv("lockproxy_locks_held", h.held.count())
+		kv("lockproxy_keepalive_locks", h.keepalive.count())
+		kv("lockproxy_keepalive_idle_ms", h.keepalive.idle.Milliseconds())
 	})
 	s.W.Verbatim(b.String())
 }

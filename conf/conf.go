@@ -70,6 +70,10 @@ type Locks struct {
 	MaxWait    time.Duration `yaml:"max_wait"`  // cap on WAIT
 	RetryMin   time.Duration `yaml:"retry_min"` // jittered retry delay bounds
 	RetryMax   time.Duration `yaml:"retry_max"`
+	// KeepaliveIdle: a KEEPALIVE lock is renewed only while its connection
+	// sent a command (PING will do) within this window; after that the
+	// lease runs out and the lock is lost.
+	KeepaliveIdle time.Duration `yaml:"keepalive_idle"`
 }
 
 // Zookeeper configures the ZooKeeper backend.
@@ -142,6 +146,10 @@ func Default() Config {
 			RetryMin: 20 * time.Millisecond,
 			// antirez's reference sleeps rand(200) ms between tries.
 			RetryMax: 200 * time.Millisecond,
+			// Twice the default lease: a client that PINGs as often as
+			// connection pools check their connections (30 s) keeps its
+			// locks, while a hung one loses them within about 90 s.
+			KeepaliveIdle: 60 * time.Second,
 		},
 		Zookeeper: Zookeeper{
 			// One subtree per application, easy to ACL and inspect.
@@ -248,6 +256,7 @@ func (c Config) Validate() error {
 	if v.positive("locks.retry_min", l.RetryMin) && v.positive("locks.retry_max", l.RetryMax) && l.RetryMax < l.RetryMin {
 		v.add("locks.retry_max", "must be >= locks.retry_min (%v), got %v", l.RetryMin, l.RetryMax)
 	}
+	v.positive("locks.keepalive_idle", l.KeepaliveIdle)
 
 	z := c.Zookeeper
 	if c.Backend == BackendZookeeper && len(z.Servers) == 0 {

@@ -137,11 +137,13 @@ func TestValidate(t *testing.T) {
 			c.Locks.MinTTL = 2 * time.Millisecond
 			c.Locks.MaxWait = 0
 			c.Locks.RetryMin = time.Second
+			c.Locks.KeepaliveIdle = 0
 		}, []string{
 			"locks.max_ttl: must be >= locks.default_ttl (20m0s), got 10m0s",
 			"locks.min_ttl: 2ms leaves no validity after drift (redlock.drift_factor 0.01, redlock.drift_min 2ms)",
 			"locks.max_wait: must be positive, got 0s",
 			"locks.retry_max: must be >= locks.retry_min (1s), got 200ms",
+			"locks.keepalive_idle: must be positive, got 0s",
 		}},
 		{"default below min", func(c *Config) { c.Locks.DefaultTTL = 5 * time.Millisecond }, []string{
 			"locks.default_ttl: must be >= locks.min_ttl (10ms), got 5ms",
@@ -336,6 +338,7 @@ locks:
 			"LOCKPROXY_REDLOCK_NODES=env1:1, env2:2,,",
 			"LOCKPROXY_REDLOCK_DRIFT_FACTOR=0.04",
 			"LOCKPROXY_LOCKS_DEFAULT_TTL=2s",
+			"LOCKPROXY_LOCKS_KEEPALIVE_IDLE=1500ms",
 			"LOCKPROXY_ADMIN=",
 			"LOCKPROXY_DEV=true",
 			"LOCKPROXY_NO_SUCH_KEY=ignored",
@@ -343,6 +346,7 @@ locks:
 			"listen": "127.0.0.1:1002", "admin": "", "dev": true,
 			"redlock.nodes": []string{"env1:1", "env2:2"}, "redlock.drift_factor": 0.04,
 			"locks.default_ttl": 2 * time.Second, "locks.max_ttl": time.Minute, "upstream": "up:6379",
+			"locks.keepalive_idle": 1500 * time.Millisecond,
 		})},
 		{"flags over env", []string{
 			"--config", "FILE", "--listen", "127.0.0.1:1003", "-nodes=f1:1,f2:2", "--nodes", "f3:3",

@@ -238,6 +238,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		Limits: commands.Limits{
 			DefaultTTL: cfg.Locks.DefaultTTL, MinTTL: cfg.Locks.MinTTL, MaxTTL: cfg.Locks.MaxTTL,
 			MaxWait: cfg.Locks.MaxWait, MaxKeyBytes: cfg.Limits.MaxKeyBytes, MaxTokenBytes: cfg.Limits.MaxTokenBytes,
+			KeepaliveIdle: cfg.Locks.KeepaliveIdle,
 		},
 		Info: commands.Info{
 			Version: version, Commit: commit(), Backend: "redlock", Nodes: nodes, Port: port, Dev: cfg.Dev,

@@ -1,0 +1,424 @@
+package commands
+
+// KEEPALIVE: the watchdog that renews a lock while its holder's connection
+// is open and alive, and releases it when the connection closes.
+//
+// Each keepalive lock has one goroutine (run), which sleeps on a timer and
+// on one context: the holder's session context, wrapped so that UNLOCK and
+// Handler.Close can cancel it too. Nothing else starts goroutines here, and
+// the connection-closed path only cancels (the session's context is done
+// before Handler.Closed runs): every release is done by the lock's own
+// goroutine, with a bounded context.
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+const (
+	// DefaultKeepaliveIdle is the idle window used when Limits.KeepaliveIdle
+	// is zero: twice Redisson's 30 s watchdog lease, so a client that PINGs
+	// as often as common pools check their connections (30 s) stays alive.
+	DefaultKeepaliveIdle = 60 * time.Second
+	// maxKeepalivePerConn bounds the keepalive locks (and the lost-lock
+	// notices waiting to be read) of one connection, so one client cannot
+	// make the server hold unbounded goroutines and memory.
+	maxKeepalivePerConn = 10000
+	// releaseTimeout bounds the release of one keepalive lock when its
+	// connection closes or the server shuts down: a dead majority must not
+	// hold up shutdown, and the lease expires on its own anyway.
+	releaseTimeout = 2 * time.Second
+)
+
+// lostReason says why a keepalive lock was lost; it is a metric label, so
+// the set is closed.
+type lostReason uint8
+
+const (
+	lostRenewFailed lostReason = iota // a renewal did not reach quorum or found the lock gone
+	lostIdle                          // the connection showed no life within the idle window
+	lostMaxHold                       // MAXHOLD ran out
+	numLostReasons
+)
+
+func (r lostReason) label() string {
+	switch r {
+	case lostRenewFailed:
+		return "renew_failed"
+	case lostIdle:
+		return "idle"
+	default:
+		return "maxhold"
+	}
+}
+
+var errTooManyKeepalive = errors.New("ERR too many KEEPALIVE locks on this connection (limit " +
+	strconv.Itoa(maxKeepalivePerConn) + "); UNLOCK some, or give PX/EX without KEEPALIVE")
+
+var errShuttingDown = errors.New("ERR command canceled: connection closing or server shutting down")
+
+// lockLostFrame is the RESP3 push ["lock-lost", key, token].
+func lockLostFrame(key, token string) []byte {
+	b := make([]byte, 0, 32+len(key)+len(token))
+	b = append(b, ">3\r\n$9\r\nlock-lost\r\n"...)
+	for _, s := range []string{key, token} {
+		b = append(b, '$')
+		b = strconv.AppendInt(b, int64(len(s)), 10)
+		b = append(b, '\r', '\n')
+		b = append(b, s...)
+		b = append(b, '\r', '\n')
+	}
+	return b
+}
+
+// connKeepalive is one connection's share of the keepalive machinery. The
+// connection's goroutine and the watchdogs of its locks both use it.
+type connKeepalive struct {
+	// lastActive is when the client last sent a command (Session.LastActive).
+	lastActive func() time.Time
+	// push queues a RESP3 frame on the connection (Session.Push); it never
+	// blocks.
+	push func([]byte) bool
+	// proto is the connection's RESP version, kept here because the
+	// watchdogs may not read the connection's writer.
+	proto atomic.Int32
+	// busy is set while a command runs: a client blocked in LOCK … WAIT is
+	// alive, though it sends nothing.
+	busy atomic.Bool
+	// live counts this connection's running watchdogs.
+	live atomic.Int32
+
+	mu   sync.Mutex
+	lost map[string]string // key → why it was lost, until the next lock command for key
+}
+
+func newConnKeepalive(lastActive func() time.Time, push func([]byte) bool, proto int) *connKeepalive {
+	ka := &connKeepalive{lastActive: lastActive, push: push}
+	ka.proto.Store(int32(proto))
+	return ka
+}
+
+// alive reports whether the connection showed life within idle of now.
+func (ka *connKeepalive) alive(now time.Time, idle time.Duration) bool {
+	return ka.busy.Load() || now.Sub(ka.lastActive()) <= idle
+}
+
+func (ka *connKeepalive) noteLost(key, why string) {
+	ka.mu.Lock()
+	defer ka.mu.Unlock()
+	if ka.lost == nil {
+		ka.lost = map[string]string{}
+	}
+	if _, ok := ka.lost[key]; ok || len(ka.lost) < maxKeepalivePerConn {
+		ka.lost[key] = why
+	}
+}
+
+// takeLost returns, once, why the keepalive lock on key was lost.
+func (ka *connKeepalive) takeLost(key []byte) (string, bool) {
+	ka.mu.Lock()
+	defer ka.mu.Unlock()
+	if len(ka.lost) == 0 {
+		return "", false
+	}
+	why, ok := ka.lost[string(key)]
+	if ok {
+		delete(ka.lost, string(key))
+	}
+	return why, ok
+}
+
+// watchdog is one keepalive lock.
+type watchdog struct {
+	key, token string
+	ttl        time.Duration
+	maxHold    time.Duration // 0: none
+	deadline   time.Time     // since + maxHold
+	owner      *connKeepalive
+	cancel     context.CancelFunc
+
+	// Guarded by keepalives.mu.
+	holds     int  // LOCKs of key with token granted while it runs
+	unlocking int  // UNLOCKs of key with token in flight
+	stopped   bool // ended by UNLOCK, a loss or a release; no longer in the map
+}
+
+// keepalives is the Handler's registry of watchdogs.
+type keepalives struct {
+	backend backends.Backend
+	held    *heldLocks
+	log     *zap.Logger
+	idle    time.Duration
+	release time.Duration // bound of one release (releaseTimeout)
+	lost    [numLostReasons]prometheus.Counter
+	active  prometheus.Gauge
+
+	mu     sync.Mutex
+	m      map[heldKey]*watchdog
+	closed bool
+	wg     sync.WaitGroup
+}
+
+func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle time.Duration, reg prometheus.Registerer) *keepalives {
+	if idle <= 0 {
+		idle = DefaultKeepaliveIdle
+	}
+	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockproxy_lock_lost_total",
+		Help: "KEEPALIVE locks lost before their holder released them, by reason: renew_failed (a renewal did not reach quorum or found the lock gone), idle (the connection sent nothing within locks.keepalive_idle), maxhold (MAXHOLD ran out).",
+	}, []string{"reason"})
+	active := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "lockproxy_keepalive_locks",
+		Help: "KEEPALIVE locks whose watchdog is running.",
+	})
+	reg.MustRegister(lost, active)
+	k := &keepalives{backend: b, held: held, log: log, idle: idle, release: releaseTimeout,
+		active: active, m: map[heldKey]*watchdog{}}
+	for r := lostReason(0); r < numLostReasons; r++ {
+		k.lost[r] = lost.WithLabelValues(r.label())
+	}
+	return k
+}
+
+// full reports whether ka may start no more watchdogs.
+func (k *keepalives) full(ka *connKeepalive) bool {
+	return ka != nil && ka.live.Load() >= maxKeepalivePerConn
+}
+
+// granted counts a LOCK of key with token granted (reentrant or not) on a
+// lock a watchdog keeps, so that UNLOCKs end the watchdog only with the
+// last hold. It reports whether a watchdog was there.
+func (k *keepalives) granted(key, token string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if w := k.m[heldKey{key, token}]; w != nil {
+		w.holds++
+		return true
+	}
+	return false
+}
+
+// start begins keeping key (held by token with ttl) alive for as long as
+// sessCtx, the holder's session context, lasts. Call it after granted
+// reported false. It returns false when the handler is closed; the lock is
+// then released before start returns.
+func (k *keepalives) start(sessCtx context.Context, ka *connKeepalive, key, token string, ttl, maxHold time.Duration) bool {
+	ctx, cancel := context.WithCancel(sessCtx)
+	now := time.Now()
+	w := &watchdog{key: key, token: token, ttl: ttl, maxHold: maxHold, owner: ka, cancel: cancel, holds: 1}
+	if maxHold > 0 {
+		w.deadline = now.Add(maxHold)
+	}
+	k.mu.Lock()
+	if k.closed {
+		k.mu.Unlock()
+		cancel()
+		k.releaseHolds(w, 1)
+		return false
+	}
+	if old := k.m[heldKey{key, token}]; old != nil {
+		// Granted concurrently through another connection: one watchdog.
+		old.holds++
+		k.mu.Unlock()
+		cancel()
+		return true
+	}
+	k.m[heldKey{key, token}] = w
+	k.wg.Add(1)
+	ka.live.Add(1)
+	k.active.Inc()
+	k.mu.Unlock()
+	go k.run(ctx, w)
+	return true
+}
+
+// beginUnlock marks an UNLOCK of key with token in flight, so that a
+// renewal that finds the lock gone meanwhile is not taken for a loss.
+func (k *keepalives) beginUnlock(key, token string) *watchdog {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	w := k.m[heldKey{key, token}]
+	if w != nil {
+		w.unlocking++
+	}
+	return w
+}
+
+// endUnlock ends what beginUnlock began; released says one hold was
+// released. The watchdog stops with the last hold.
+func (k *keepalives) endUnlock(w *watchdog, released bool) {
+	if w == nil {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	w.unlocking--
+	if released {
+		w.holds--
+	}
+	if w.holds <= 0 {
+		k.stopLocked(w)
+	}
+}
+
+// stopLocked takes w out of the registry and wakes its goroutine, which
+// then ends without a release. k.mu is held.
+func (k *keepalives) stopLocked(w *watchdog) bool {
+	if w.stopped {
+		return false
+	}
+	w.stopped = true
+	delete(k.m, heldKey{w.key, w.token})
+	w.cancel()
+	return true
+}
+
+// close stops every watchdog and waits for them, each releasing its lock
+// within the release bound.
+func (k *keepalives) close() {
+	k.mu.Lock()
+	k.closed = true
+	for _, w := range k.m {
+		w.cancel()
+	}
+	k.mu.Unlock()
+	k.wg.Wait()
+}
+
+// count is the number of running watchdogs.
+func (k *keepalives) count() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.m)
+}
+
+// run is w's goroutine: it renews every ttl/3 while the owner is alive,
+// and ends when ctx is done (release, unless UNLOCK stopped it), when the
+// lock is lost, or when MAXHOLD runs out.
+func (k *keepalives) run(ctx context.Context, w *watchdog) {
+	defer func() {
+		w.owner.live.Add(-1)
+		k.active.Dec()
+		k.wg.Done()
+	}()
+	period := w.ttl / 3
+	t := time.NewTimer(period)
+	defer t.Stop()
+	final := false // MAXHOLD: no more renewals; the lease ends at the deadline
+	for {
+		select {
+		case <-ctx.Done():
+			k.ended(w)
+			return
+		case <-t.C:
+		}
+		if final {
+			k.lose(w, lostMaxHold, "MAXHOLD of "+strconv.FormatInt(w.maxHold.Milliseconds(), 10)+" ms reached")
+			return
+		}
+		now := time.Now()
+		if !w.owner.alive(now, k.idle) {
+			k.lose(w, lostIdle, "the connection sent no command for "+k.idle.String()+" (locks.keepalive_idle)")
+			return
+		}
+		ttl := w.ttl
+		if !w.deadline.IsZero() {
+			left := w.deadline.Sub(now)
+			if left <= period {
+				// The last renewal made the lease end at the deadline.
+				final = true
+				t.Reset(max(left, 0))
+				continue
+			}
+			ttl = min(ttl, left)
+		}
+		rctx, cancel := context.WithTimeout(ctx, period)
+		validity, err := k.backend.Renew(rctx, w.key, w.token, ttl)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			k.ended(w)
+			return
+		case err != nil:
+			why := "a renewal failed"
+			if errors.Is(err, quorum.ErrNoQuorum) {
+				why = "a renewal did not reach a quorum of nodes"
+			} else if errors.Is(err, context.DeadlineExceeded) {
+				why = "a renewal timed out"
+			}
+			k.lose(w, lostRenewFailed, why)
+			return
+		case validity <= 0:
+			k.lose(w, lostRenewFailed, "a renewal found it no longer held")
+			return
+		}
+		k.held.renewed(w.key, w.token, ttl)
+		t.Reset(period)
+	}
+}
+
+// ended handles w's context being done: UNLOCK stopped it (nothing to do),
+// or the connection closed or the server is shutting down (release).
+func (k *keepalives) ended(w *watchdog) {
+	k.mu.Lock()
+	if w.stopped {
+		k.mu.Unlock()
+		return
+	}
+	holds := w.holds
+	k.stopLocked(w)
+	k.mu.Unlock()
+	k.releaseHolds(w, holds)
+}
+
+// releaseHolds releases up to holds holds of w's lock, all within the
+// release bound. It runs on w's goroutine (or, for a lock granted while
+// the handler closes, on the connection's), never in Handler.Closed.
+func (k *keepalives) releaseHolds(w *watchdog, holds int) {
+	ctx, cancel := context.WithTimeout(context.Background(), k.release)
+	defer cancel()
+	for i := 0; i < holds; i++ {
+		ok, err := k.backend.Unlock(ctx, w.key, w.token)
+		if err != nil {
+			k.log.Warn("keepalive: release failed; the lease will expire on its own",
+				zap.Duration("ttl", w.ttl), zap.Error(err))
+			return
+		}
+		if !ok {
+			return
+		}
+		k.held.released(w.key, w.token)
+	}
+}
+
+// lose ends w as lost: the metric, the notice for the owner's next lock
+// command on the key, and a RESP3 push.
+func (k *keepalives) lose(w *watchdog, r lostReason, why string) {
+	k.mu.Lock()
+	if w.stopped {
+		k.mu.Unlock()
+		return
+	}
+	quiet := w.unlocking > 0 && r == lostRenewFailed // the UNLOCK in flight answers for it
+	k.stopLocked(w)
+	k.mu.Unlock()
+	if quiet {
+		return
+	}
+	k.lost[r].Inc()
+	w.owner.noteLost(w.key, why)
+	if w.owner.proto.Load() == 3 {
+		w.owner.push(lockLostFrame(w.key, w.token))
+	}
+	k.log.Info("keepalive lock lost", zap.String("reason", r.label()), zap.Duration("ttl", w.ttl))
+}

@@ -1,0 +1,362 @@
+package commands
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// fakeBackend records renewals and releases and answers as told.
+type fakeBackend struct {
+	renewErr    error // Renew's error
+	renewZero   bool  // Renew answers 0: not held
+	unlockBlock bool  // Unlock waits for its context
+
+	mu      sync.Mutex
+	renews  []renewCall
+	unlocks int
+}
+
+type renewCall struct {
+	at  time.Time
+	ttl time.Duration
+}
+
+func (f *fakeBackend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
+	return backends.Lease{Token: req.Token, Validity: req.TTL, Fence: 1}, nil
+}
+
+func (f *fakeBackend) Unlock(ctx context.Context, key, token string) (bool, error) {
+	f.mu.Lock()
+	f.unlocks++
+	f.mu.Unlock()
+	if f.unlockBlock {
+		<-ctx.Done()
+		return false, ctx.Err()
+	}
+	return true, nil
+}
+
+func (f *fakeBackend) Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
+	f.mu.Lock()
+	f.renews = append(f.renews, renewCall{time.Now(), ttl})
+	f.mu.Unlock()
+	switch {
+	case f.renewErr != nil:
+		return 0, f.renewErr
+	case f.renewZero:
+		return 0, nil
+	}
+	return ttl - time.Millisecond, nil
+}
+
+func (f *fakeBackend) Ready(ctx context.Context) error { return nil }
+func (f *fakeBackend) Close() error                    { return nil }
+
+func (f *fakeBackend) counts() ([]renewCall, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]renewCall(nil), f.renews...), f.unlocks
+}
+
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatalf("reading a counter: %v", err)
+	}
+	return m.GetCounter().GetValue()
+}
+
+// testConn is a fake connection: its context, liveness and pushes.
+type testConn struct {
+	ka     *connKeepalive
+	ctx    context.Context
+	cancel context.CancelFunc
+	idle   atomic.Bool // when set, the client last sent a command an hour ago
+	mu     sync.Mutex
+	pushes [][]byte
+}
+
+func newTestConn(t *testing.T, proto int) *testConn {
+	c := &testConn{}
+	c.ctx, c.cancel = context.WithCancel(context.Background())
+	t.Cleanup(c.cancel)
+	c.ka = newConnKeepalive(func() time.Time {
+		if c.idle.Load() {
+			return time.Now().Add(-time.Hour)
+		}
+		return time.Now()
+	}, func(p []byte) bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		c.pushes = append(c.pushes, p)
+		return true
+	}, proto)
+	return c
+}
+
+func (c *testConn) pushed() [][]byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([][]byte(nil), c.pushes...)
+}
+
+func newTestKeepalives(t *testing.T, b backends.Backend, idle time.Duration) *keepalives {
+	reg := prometheus.NewRegistry()
+	held := newHeldLocks(newMetrics(reg))
+	k := newKeepalives(b, held, zap.NewNop(), idle, reg)
+	t.Cleanup(func() {
+		k.close()
+		held.close()
+	})
+	return k
+}
+
+// waitEnded waits (up to 5 s) until the connection's watchdogs ended.
+func waitEnded(t *testing.T, c *testConn) time.Time {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		if c.ka.live.Load() == 0 {
+			return time.Now()
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("watchdog still running after 5s")
+	return time.Time{}
+}
+
+func TestWatchdog(t *testing.T) {
+	const ttl = 60 * time.Millisecond
+	noQuorum := fmt.Errorf("extend: %w", quorum.ErrNoQuorum)
+	none := lostReason(255)
+	for _, tc := range []struct {
+		name      string
+		renewErr  error
+		renewZero bool
+		proto     int
+		maxHold   time.Duration
+		idle      bool // the client is idle from the start
+		run       time.Duration
+		// what happens after run: "close" cancels the connection,
+		// "unlock" UNLOCKs the lock, "" nothing (the lock ends by itself)
+		then        string
+		lost        lostReason
+		why         string // in the LOCKLOST notice
+		minRenews   int
+		maxRenews   int
+		wantUnlocks int
+	}{
+		{name: "renews while alive, released on close", proto: 2, run: 10 * ttl, then: "close",
+			lost: none, minRenews: 5, maxRenews: 31, wantUnlocks: 1},
+		{name: "UNLOCK stops it without a release", proto: 3, run: 3 * ttl, then: "unlock",
+			lost: none, minRenews: 1, maxRenews: 10},
+		{name: "idle client: lost at the first renewal", proto: 3, idle: true,
+			lost: lostIdle, why: "sent no command for 1s", maxRenews: 0},
+		{name: "idle under RESP2: no push", proto: 2, idle: true,
+			lost: lostIdle, why: "sent no command", maxRenews: 0},
+		{name: "renewal without quorum", proto: 3, renewErr: noQuorum,
+			lost: lostRenewFailed, why: "did not reach a quorum", minRenews: 1, maxRenews: 1},
+		{name: "renewal finds the lock gone", proto: 3, renewZero: true,
+			lost: lostRenewFailed, why: "no longer held", minRenews: 1, maxRenews: 1},
+		{name: "MAXHOLD ends it at the deadline", proto: 3, maxHold: 250 * time.Millisecond,
+			lost: lostMaxHold, why: "MAXHOLD of 250 ms reached", minRenews: 2, maxRenews: 13},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := &fakeBackend{renewErr: tc.renewErr, renewZero: tc.renewZero}
+			k := newTestKeepalives(t, b, time.Second)
+			c := newTestConn(t, tc.proto)
+			c.idle.Store(tc.idle)
+			start := time.Now()
+			if !k.start(c.ctx, c.ka, "k", "tok", ttl, tc.maxHold) {
+				t.Fatalf("start = false; want true")
+			}
+			if n := k.count(); n != 1 {
+				t.Fatalf("count = %d; want 1", n)
+			}
+			time.Sleep(tc.run)
+			switch tc.then {
+			case "close":
+				c.cancel()
+			case "unlock":
+				w := k.beginUnlock("k", "tok")
+				k.endUnlock(w, true)
+			}
+			ended := waitEnded(t, c)
+			renews, unlocks := b.counts()
+			if len(renews) < tc.minRenews || len(renews) > tc.maxRenews {
+				t.Errorf("%d renewals in %v; want %d to %d", len(renews), ended.Sub(start), tc.minRenews, tc.maxRenews)
+			}
+			for _, r := range renews {
+				if r.ttl > ttl {
+					t.Errorf("renewed with ttl %v; want at most the lock's %v", r.ttl, ttl)
+				}
+				if tc.maxHold > 0 && r.at.Add(r.ttl).After(start.Add(tc.maxHold+5*time.Millisecond)) {
+					t.Errorf("renewal at +%v for %v outlasts MAXHOLD %v", r.at.Sub(start), r.ttl, tc.maxHold)
+				}
+			}
+			if tc.maxHold > 0 && ended.Sub(start) < tc.maxHold {
+				t.Errorf("ended after %v; want at the MAXHOLD deadline %v or after", ended.Sub(start), tc.maxHold)
+			}
+			if unlocks != tc.wantUnlocks {
+				t.Errorf("%d releases; want %d", unlocks, tc.wantUnlocks)
+			}
+			if n := k.count(); n != 0 {
+				t.Errorf("count = %d after the end; want 0", n)
+			}
+			for r := lostReason(0); r < numLostReasons; r++ {
+				want := 0.0
+				if r == tc.lost {
+					want = 1
+				}
+				if got := counterValue(t, k.lost[r]); got != want {
+					t.Errorf("lockproxy_lock_lost_total{reason=%q} = %v; want %v", r.label(), got, want)
+				}
+			}
+			why, lost := c.ka.takeLost([]byte("k"))
+			if lost != (tc.lost != none) || !strings.Contains(why, tc.why) {
+				t.Errorf("lost notice = %q, %v; want one containing %q: %v", why, lost, tc.why, tc.lost != none)
+			}
+			if _, again := c.ka.takeLost([]byte("k")); again {
+				t.Errorf("lost notice given twice; want once")
+			}
+			wantPush := 0
+			if tc.lost != none && tc.proto == 3 {
+				wantPush = 1
+			}
+			pushes := c.pushed()
+			if len(pushes) != wantPush {
+				t.Fatalf("%d pushes %q; want %d", len(pushes), pushes, wantPush)
+			}
+			if wantPush == 1 {
+				if want := ">3\r\n$9\r\nlock-lost\r\n$1\r\nk\r\n$3\r\ntok\r\n"; string(pushes[0]) != want {
+					t.Errorf("push = %q; want %q", pushes[0], want)
+				}
+			}
+		})
+	}
+}
+
+// TestWatchdogReentrant: the watchdog counts the holds granted while it
+// runs; UNLOCK stops it only with the last, and a close releases those left.
+func TestWatchdogReentrant(t *testing.T) {
+	b := &fakeBackend{}
+	k := newTestKeepalives(t, b, time.Second)
+	c := newTestConn(t, 2)
+	if k.granted("k", "tok") {
+		t.Fatalf("granted before start = true; want false")
+	}
+	k.start(c.ctx, c.ka, "k", "tok", time.Second, 0)
+	for i := 0; i < 2; i++ {
+		if !k.granted("k", "tok") {
+			t.Fatalf("granted = false; want true while the watchdog runs")
+		}
+	}
+	k.endUnlock(k.beginUnlock("k", "tok"), true)
+	k.endUnlock(k.beginUnlock("k", "tok"), false) // UNLOCK :0 changes nothing
+	if n := k.count(); n != 1 {
+		t.Fatalf("count after one of three UNLOCKs = %d; want 1", n)
+	}
+	c.cancel()
+	waitEnded(t, c)
+	if _, unlocks := b.counts(); unlocks != 2 {
+		t.Errorf("%d releases on close; want the 2 holds left", unlocks)
+	}
+}
+
+// TestWatchdogRenewDuringUnlock: a renewal that finds the lock gone while
+// an UNLOCK of it is in flight is that UNLOCK's doing, not a loss.
+func TestWatchdogRenewDuringUnlock(t *testing.T) {
+	b := &fakeBackend{renewZero: true}
+	k := newTestKeepalives(t, b, time.Second)
+	c := newTestConn(t, 3)
+	k.start(c.ctx, c.ka, "k", "tok", 30*time.Millisecond, 0)
+	w := k.beginUnlock("k", "tok")
+	waitEnded(t, c)
+	k.endUnlock(w, true)
+	if _, lost := c.ka.takeLost([]byte("k")); lost || len(c.pushed()) != 0 {
+		t.Errorf("lost notice %v, pushes %q; want none", lost, c.pushed())
+	}
+	if got := counterValue(t, k.lost[lostRenewFailed]); got != 0 {
+		t.Errorf("renew_failed = %v; want 0", got)
+	}
+}
+
+// TestKeepalivesClose: closing stops every watchdog, each releasing within
+// the bound even when the nodes do not answer, and refuses new ones.
+func TestKeepalivesClose(t *testing.T) {
+	b := &fakeBackend{unlockBlock: true}
+	k := newTestKeepalives(t, b, time.Second)
+	k.release = 100 * time.Millisecond
+	var conns []*testConn
+	for i := 0; i < 20; i++ {
+		c := newTestConn(t, 2)
+		conns = append(conns, c)
+		k.start(c.ctx, c.ka, fmt.Sprintf("k%d", i), "tok", time.Minute, 0)
+	}
+	start := time.Now()
+	k.close()
+	took := time.Since(start)
+	if took > 2*time.Second {
+		t.Errorf("close took %v; want about the 100ms release bound", took)
+	}
+	for i, c := range conns {
+		if n := c.ka.live.Load(); n != 0 {
+			t.Errorf("conn %d: %d watchdogs after close; want 0", i, n)
+		}
+	}
+	if _, unlocks := b.counts(); unlocks != 20 {
+		t.Errorf("%d releases; want 20", unlocks)
+	}
+	c := newTestConn(t, 2)
+	if k.start(c.ctx, c.ka, "late", "tok", time.Minute, 0) {
+		t.Errorf("start after close = true; want false")
+	}
+	if _, unlocks := b.counts(); unlocks != 21 {
+		t.Errorf("%d releases; want the late lock released too (21)", unlocks)
+	}
+}
+
+func TestKeepaliveLimitPerConn(t *testing.T) {
+	k := newTestKeepalives(t, &fakeBackend{}, time.Second)
+	c := newTestConn(t, 2)
+	if k.full(nil) || k.full(c.ka) {
+		t.Fatalf("full on a new connection; want not")
+	}
+	c.ka.live.Store(maxKeepalivePerConn)
+	if !k.full(c.ka) {
+		t.Errorf("full with %d watchdogs = false; want true", maxKeepalivePerConn)
+	}
+	c.ka.live.Store(0)
+	// Notices are bounded too; the ones kept are given once each.
+	for i := 0; i < maxKeepalivePerConn+10; i++ {
+		c.ka.noteLost(fmt.Sprint(i), "why")
+	}
+	if n := len(c.ka.lost); n != maxKeepalivePerConn {
+		t.Errorf("%d notices kept; want %d", n, maxKeepalivePerConn)
+	}
+}
+
+func TestLostReasonLabels(t *testing.T) {
+	seen := map[string]bool{}
+	for r := lostReason(0); r < numLostReasons; r++ {
+		seen[r.label()] = true
+	}
+	for _, want := range []string{"renew_failed", "idle", "maxhold"} {
+		if !seen[want] {
+			t.Errorf("no reason labelled %q", want)
+		}
+	}
+}

@@ -1,0 +1,334 @@
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// startInstanceEnv is startInstance with extra environment variables for
+// lockproxy (such as LOCKPROXY_LOCKS_KEEPALIVE_IDLE).
+func startInstanceEnv(t *testing.T, nodes []string, env []string) *instance {
+	t.Helper()
+	bin := harness.BuildLockproxy(t)
+	in := &instance{
+		addr:  fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)),
+		admin: fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)),
+	}
+	cmd := exec.Command(bin, "--listen", in.addr, "--admin", in.admin, "--nodes", strings.Join(nodes, ","))
+	cmd.Env = append(os.Environ(), env...)
+	in.proc = harness.StartCmd(t, cmd)
+	if err := harness.WaitTCP(in.addr, 15*time.Second); err != nil {
+		t.Fatalf("lockproxy %v did not listen on %s: %v\noutput:\n%s", env, in.addr, err, in.proc.Output())
+	}
+	if err := harness.WaitTCP(in.admin, 5*time.Second); err != nil {
+		t.Fatalf("lockproxy %v did not listen on admin %s: %v\noutput:\n%s", env, in.admin, err, in.proc.Output())
+	}
+	return in
+}
+
+// rawGrant sends LOCK args on rc and returns the token, failing the test
+// unless the reply is a grant.
+func rawGrant(t *testing.T, rc *rawConn, args ...string) string {
+	t.Helper()
+	r := rc.do(append([]string{"LOCK"}, args...)...)
+	tok := r.pairs()["token"]
+	if (r.Kind != '*' && r.Kind != '%') || tok.Str == "" {
+		t.Fatalf("LOCK %q = %v; want a grant", args, r)
+	}
+	return tok.Str
+}
+
+// holders counts the nodes on which key is held by token.
+func (c *cluster) holders(t *testing.T, key, token string) int {
+	t.Helper()
+	n := 0
+	for i := range c.nodes {
+		if v, ok := c.lockValue(t, i, key); ok && v == token {
+			n++
+		}
+	}
+	return n
+}
+
+// metricValue reads one sample line of lockproxy's /metrics, "" if absent.
+func metricValue(t *testing.T, in *instance, sample string) string {
+	t.Helper()
+	_, body := httpGet(t, "http://"+in.admin+"/metrics")
+	for _, line := range strings.Split(body, "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// A KEEPALIVE lock of 600 ms outlives ten leases while its connection
+// keeps sending PING, and UNLOCK ends it.
+func TestKeepaliveSurvivesWhileActive(t *testing.T) {
+	t.Parallel()
+	const ttlMS = 600
+	eachSize(t, func(t *testing.T, n int) {
+		cl := startCluster(t, n)
+		addr, _ := startProxy(t, cl.addrs())
+		holder := dialRaw(t, addr)
+		other := newClient(t, addr, 2)
+		key := "keepalive-" + randID()
+
+		tok := rawGrant(t, holder, key, "PX", fmt.Sprint(ttlMS), "KEEPALIVE")
+		start := time.Now()
+		for i := 0; time.Since(start) < 10*ttlMS*time.Millisecond; i++ {
+			if i > 200 {
+				t.Fatalf("more than 200 rounds in %v", time.Since(start))
+			}
+			if r := holder.do("PING"); r.Str != "PONG" {
+				t.Fatalf("PING = %v; want PONG", r)
+			}
+			if i%5 == 0 {
+				if g, ok := lock(t, other, key, "PX", ttlMS); ok {
+					t.Fatalf("after %v: another client's LOCK = %+v; want nil while kept alive", time.Since(start), g)
+				}
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		held := time.Since(start)
+		if h := cl.holders(t, key, tok); h < n/2+1 {
+			t.Errorf("after %v the lock is on %d of %d nodes; want a majority", held, h, n)
+		}
+		for i, c := range cl.clients {
+			if pttl, err := c.PTTL(ctxFor(t, 5*time.Second), keyPrefix+"lock:"+key).Result(); err == nil && pttl > ttlMS*time.Millisecond {
+				t.Errorf("node %d: PTTL %v; want at most the %d ms lease", i, pttl, ttlMS)
+			}
+		}
+		t.Logf("held %v (%.1f leases of %d ms) while PINGing", held, float64(held)/float64(ttlMS*time.Millisecond), ttlMS)
+
+		if r := holder.do("UNLOCK", key, tok); r.Kind != ':' || r.Int != 1 {
+			t.Fatalf("UNLOCK = %v; want :1", r)
+		}
+		g := mustLock(t, other, key, "PX", 10000)
+		time.Sleep(2 * ttlMS * time.Millisecond) // a watchdog left running would be seen now
+		if h := cl.holders(t, key, g.Token); h < n/2+1 {
+			t.Errorf("the next holder's lock is on %d of %d nodes; want a majority", h, n)
+		}
+		if r := holder.do("PING"); r.Str != "PONG" {
+			t.Errorf("PING after UNLOCK = %v; want PONG and no push", r)
+		}
+	})
+}
+
+// A KEEPALIVE lock whose connection goes silent is renewed no longer than
+// locks.keepalive_idle, then runs out; the holder hears LOCKLOST.
+func TestKeepaliveEndsWhenSilent(t *testing.T) {
+	t.Parallel()
+	const ttlMS, idleMS = 600, 300
+	cl := startCluster(t, 3)
+	in := startInstanceEnv(t, cl.addrs(), []string{fmt.Sprintf("LOCKPROXY_LOCKS_KEEPALIVE_IDLE=%dms", idleMS)})
+	holder := dialRaw(t, in.addr)
+	other := newClient(t, in.addr, 2)
+	key := "silent-" + randID()
+
+	rawGrant(t, holder, key, "PX", fmt.Sprint(ttlMS), "KEEPALIVE")
+	silent := time.Now()
+	var took time.Duration
+	for i := 0; ; i++ {
+		if i == 200 {
+			t.Fatalf("the lock of a silent holder was still held after %v", time.Since(silent))
+		}
+		if _, ok := lock(t, other, key, "PX", 10000); ok {
+			took = time.Since(silent)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Renewed while the last command is within the idle window (at most one
+	// renewal period after it), then the lease of ttl runs out.
+	bound := time.Duration(idleMS+ttlMS/3+ttlMS)*time.Millisecond + time.Second
+	t.Logf("free %v after the holder went silent (idle window %d ms, ttl %d ms)", took, idleMS, ttlMS)
+	if took < idleMS*time.Millisecond || took > bound {
+		t.Errorf("free %v after the holder went silent; want between the %d ms idle window and %v", took, idleMS, bound)
+	}
+	r := holder.do("LOCK", key, "PX", fmt.Sprint(ttlMS))
+	if want := "LOCKLOST lock on '" + key + "' was lost: the connection sent no command for 300ms (locks.keepalive_idle)"; r.Kind != '-' || r.Str != want {
+		t.Errorf("the holder's next LOCK = %v; want -%s", r, want)
+	}
+	if r := holder.do("LOCK", key, "PX", fmt.Sprint(ttlMS)); !r.Null {
+		t.Errorf("LOCK after the LOCKLOST = %v; want nil (held by the other client)", r)
+	}
+	if v := metricValue(t, in, `lockproxy_lock_lost_total{reason="idle"}`); v != "1" {
+		t.Errorf(`lockproxy_lock_lost_total{reason="idle"} = %q; want 1`, v)
+	}
+}
+
+// A keepalive lock, implied by LOCK without PX, is released as soon as
+// its connection closes: a waiter gets it at once, not after 30 s.
+func TestKeepaliveReleasedOnClose(t *testing.T) {
+	t.Parallel()
+	eachSize(t, func(t *testing.T, n int) {
+		cl := startCluster(t, n)
+		addr, _ := startProxy(t, cl.addrs())
+		var worst time.Duration
+		for round := 0; round < 3; round++ {
+			key := fmt.Sprintf("close-%d-%s", round, randID())
+			holder := dialRaw(t, addr)
+			tok := rawGrant(t, holder, key)
+			waiter := dialRaw(t, addr)
+			waiter.write(encode("LOCK", key, "PX", "10000", "WAIT", "5000"))
+			time.Sleep(300 * time.Millisecond) // the waiter is waiting now
+			start := time.Now()
+			_ = holder.c.Close()
+			r, err := waiter.read()
+			took := time.Since(start)
+			if err != nil {
+				t.Fatalf("round %d: reading the waiter's reply: %v", round, err)
+			}
+			g := r.pairs()["token"]
+			if g.Str == "" || g.Str == tok {
+				t.Fatalf("round %d: the waiter's LOCK = %v; want a grant with a new token", round, r)
+			}
+			t.Logf("round %d: the waiter got the lock %v after the holder's connection closed", round, took)
+			worst = max(worst, took)
+		}
+		if worst > 500*time.Millisecond {
+			t.Errorf("a waiter got the lock up to %v after the holder's connection closed; want < 500ms", worst)
+		}
+	})
+}
+
+// MAXHOLD caps a keepalive lock's hold even while its connection is busy.
+func TestKeepaliveMaxHold(t *testing.T) {
+	t.Parallel()
+	const ttlMS, maxHoldMS = 600, 1800
+	cl := startCluster(t, 3)
+	addr, _ := startProxy(t, cl.addrs())
+	holder := dialRaw(t, addr)
+	other := newClient(t, addr, 2)
+	key := "maxhold-" + randID()
+
+	rawGrant(t, holder, key, "PX", fmt.Sprint(ttlMS), "KEEPALIVE", "MAXHOLD", fmt.Sprint(maxHoldMS))
+	start := time.Now()
+	var took time.Duration
+	for i := 0; ; i++ {
+		if i == 200 {
+			t.Fatalf("still held %v after LOCK … MAXHOLD %d", time.Since(start), maxHoldMS)
+		}
+		if r := holder.do("PING"); r.Str != "PONG" {
+			t.Fatalf("PING = %v; want PONG", r)
+		}
+		if _, ok := lock(t, other, key, "PX", 10000); ok {
+			took = time.Since(start)
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Logf("MAXHOLD %d ms (ttl %d ms): free after %v", maxHoldMS, ttlMS, took)
+	if took < (maxHoldMS-100)*time.Millisecond || took > (maxHoldMS+1000)*time.Millisecond {
+		t.Errorf("free %v after LOCK … MAXHOLD %d; want about %d ms", took, maxHoldMS, maxHoldMS)
+	}
+	// The notice is due at the deadline, which the other client may beat by
+	// a little; until then RENEW runs (and answers 0).
+	want := "LOCKLOST lock on '" + key + "' was lost: MAXHOLD of 1800 ms reached"
+	var r reply
+	for i := 0; i < 50; i++ {
+		if r = holder.do("RENEW", key, "t", "PX", "100"); r.Kind == '-' {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if r.Kind != '-' || r.Str != want {
+		t.Errorf("the holder's RENEW = %v; want -%s", r, want)
+	}
+}
+
+// Under RESP3 a lost keepalive lock is pushed to its holder, whose next
+// lock command on the key answers LOCKLOST once.
+func TestKeepaliveLostPush(t *testing.T) {
+	t.Parallel()
+	const ttlMS = 600
+	eachSize(t, func(t *testing.T, n int) {
+		cl := startCluster(t, n)
+		in := startInstance(t, cl.addrs())
+		holder := dialRaw(t, in.addr)
+		if r := holder.do("HELLO", "3"); r.Kind != '%' {
+			t.Fatalf("HELLO 3 = %v; want a map", r)
+		}
+		key := "lost-" + randID()
+		tok := rawGrant(t, holder, key, "PX", fmt.Sprint(ttlMS), "KEEPALIVE")
+
+		for _, nd := range cl.nodes[:n/2+1] {
+			nd.Kill()
+		}
+		killed := time.Now()
+		r, err := holder.read()
+		took := time.Since(killed)
+		if err != nil {
+			t.Fatalf("no push within 10 s of killing a majority: %v", err)
+		}
+		want := fmt.Sprintf(`>["lock-lost" %q %q]`, key, tok)
+		if r.Kind != '>' || len(r.Elems) != 3 || r.Elems[0].Str != "lock-lost" || r.Elems[1].Str != key || r.Elems[2].Str != tok {
+			t.Fatalf("push = %v; want %s", r, want)
+		}
+		t.Logf("lock-lost pushed %v after a majority was killed (renewal every %d ms)", took, ttlMS/3)
+		if took > 3*time.Second {
+			t.Errorf("lock-lost pushed %v after a majority was killed; want within a lease or so", took)
+		}
+
+		r = holder.do("LOCK", key, "PX", fmt.Sprint(ttlMS))
+		if wantErr := "LOCKLOST lock on '" + key + "' was lost: a renewal did not reach a quorum of nodes"; r.Kind != '-' || r.Str != wantErr {
+			t.Errorf("the holder's next LOCK = %v; want -%s", r, wantErr)
+		}
+		if r := holder.do("LOCK", key, "PX", fmt.Sprint(ttlMS)); r.Kind != '-' || !strings.HasPrefix(r.Str, "NOQUORUM") {
+			t.Errorf("the LOCK after that = %v; want NOQUORUM (it behaves normally again)", r)
+		}
+		if v := metricValue(t, in, `lockproxy_lock_lost_total{reason="renew_failed"}`); v != "1" {
+			t.Errorf(`lockproxy_lock_lost_total{reason="renew_failed"} = %q; want 1`, v)
+		}
+	})
+}
+
+// SIGTERM releases the keepalive locks before lockproxy exits, rather than
+// leaving them to their leases.
+func TestKeepaliveReleasedAtShutdown(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	in := startInstance(t, cl.addrs())
+	holder := dialRaw(t, in.addr)
+	var keys, toks []string
+	for i := 0; i < 5; i++ {
+		key := fmt.Sprintf("shutdown-ka-%d-%s", i, randID())
+		keys = append(keys, key)
+		toks = append(toks, rawGrant(t, holder, key)) // 30 s default lease, KEEPALIVE
+	}
+	for i, key := range keys {
+		if missing := cl.missingNodes(t, key, toks[i]); len(missing) > 1 {
+			t.Fatalf("LOCK %q: missing on nodes %v", key, missing)
+		}
+	}
+	start := time.Now()
+	if err := in.proc.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM: %v", err)
+	}
+	if _, err := in.proc.Wait(10 * time.Second); err != nil {
+		t.Fatalf("lockproxy did not exit within 10 s of SIGTERM: %v", err)
+	}
+	t.Logf("exited %v after SIGTERM", time.Since(start))
+	// A release answers once a majority released, and the node clients
+	// close right after, so a minority may keep its copy until the lease
+	// ends; the lock is free all the same.
+	other := newClient(t, startInstance(t, cl.addrs()).addr, 2)
+	for i, key := range keys {
+		if h := cl.holders(t, key, toks[i]); h > len(cl.nodes)/2 {
+			t.Errorf("%q still held on %d of %d nodes after shutdown; want released on a majority", key, h, len(cl.nodes))
+		}
+		if g, ok := lock(t, other, key, "PX", 10000); !ok {
+			t.Errorf("LOCK %q through another instance after shutdown = nil; want a grant", key)
+		} else {
+			unlock(t, other, key, g.Token)
+		}
+	}
+}
