@@ -312,6 +312,13 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 		k.wg.Done()
 	}()
 	period := w.ttl / 3
+	// A renewal that errs (a node timeout, no quorum this time) is tried
+	// again while the lease it would extend has time left: one slow moment
+	// on a busy host should not cost the lock. lastOK is when the last
+	// successful renewal (or the grant) was sent; its lease runs ttl from
+	// then, less a tenth kept as margin for drift and the grant's own time.
+	lastOK := time.Now()
+	retry := max(period/6, 10*time.Millisecond)
 	t := time.NewTimer(period)
 	defer t.Stop()
 	final := false // MAXHOLD: no more renewals; the lease ends at the deadline
@@ -342,6 +349,7 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			}
 			ttl = min(ttl, left)
 		}
+		sent := time.Now()
 		rctx, cancel := context.WithTimeout(ctx, period)
 		validity, err := k.backend.Renew(rctx, w.key, w.token, ttl)
 		cancel()
@@ -349,6 +357,9 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 		case ctx.Err() != nil:
 			k.ended(w)
 			return
+		case err != nil && time.Now().Add(retry+period).Before(lastOK.Add(w.ttl-w.ttl/10)):
+			t.Reset(retry)
+			continue
 		case err != nil:
 			why := "a renewal failed"
 			if errors.Is(err, quorum.ErrNoQuorum) {
@@ -362,6 +373,7 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			k.lose(w, lostRenewFailed, "a renewal found it no longer held")
 			return
 		}
+		lastOK = sent
 		k.held.renewed(w.key, w.token, ttl)
 		t.Reset(period)
 	}

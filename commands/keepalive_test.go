@@ -20,6 +20,7 @@ import (
 // fakeBackend records renewals and releases and answers as told.
 type fakeBackend struct {
 	renewErr    error // Renew's error
+	failFirst   int   // the first failFirst renewals fail with renewErr; 0: all do
 	renewZero   bool  // Renew answers 0: not held
 	unlockBlock bool  // Unlock waits for its context
 
@@ -51,9 +52,10 @@ func (f *fakeBackend) Unlock(ctx context.Context, key, token string) (bool, erro
 func (f *fakeBackend) Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
 	f.mu.Lock()
 	f.renews = append(f.renews, renewCall{time.Now(), ttl})
+	n := len(f.renews)
 	f.mu.Unlock()
 	switch {
-	case f.renewErr != nil:
+	case f.renewErr != nil && (f.failFirst == 0 || n <= f.failFirst):
 		return 0, f.renewErr
 	case f.renewZero:
 		return 0, nil
@@ -144,6 +146,7 @@ func TestWatchdog(t *testing.T) {
 	for _, tc := range []struct {
 		name      string
 		renewErr  error
+		failFirst int
 		renewZero bool
 		proto     int
 		maxHold   time.Duration
@@ -166,8 +169,12 @@ func TestWatchdog(t *testing.T) {
 			lost: lostIdle, why: "sent no command for 1s", maxRenews: 0},
 		{name: "idle under RESP2: no push", proto: 2, idle: true,
 			lost: lostIdle, why: "sent no command", maxRenews: 0},
+		// A failed renewal is tried again while the lease it extends has
+		// time left (60 ms lease: at +20 ms and +30 ms), then the lock is lost.
 		{name: "renewal without quorum", proto: 3, renewErr: noQuorum,
-			lost: lostRenewFailed, why: "did not reach a quorum", minRenews: 1, maxRenews: 1},
+			lost: lostRenewFailed, why: "did not reach a quorum", minRenews: 2, maxRenews: 3},
+		{name: "one renewal fails, the retry saves the lock", proto: 3, renewErr: noQuorum, failFirst: 1,
+			run: 6 * ttl, then: "close", lost: none, minRenews: 3, maxRenews: 20, wantUnlocks: 1},
 		{name: "renewal finds the lock gone", proto: 3, renewZero: true,
 			lost: lostRenewFailed, why: "no longer held", minRenews: 1, maxRenews: 1},
 		{name: "MAXHOLD ends it at the deadline", proto: 3, maxHold: 250 * time.Millisecond,
@@ -175,7 +182,7 @@ func TestWatchdog(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := &fakeBackend{renewErr: tc.renewErr, renewZero: tc.renewZero}
+			b := &fakeBackend{renewErr: tc.renewErr, failFirst: tc.failFirst, renewZero: tc.renewZero}
 			k := newTestKeepalives(t, b, time.Second)
 			c := newTestConn(t, tc.proto)
 			c.idle.Store(tc.idle)
