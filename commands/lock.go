@@ -235,6 +235,9 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		if s.Flush() != nil {
 			return
 		}
+		// A waiting client that goes away leaves the wait at once.
+		stop := s.WatchClose()
+		defer stop()
 		var cancel context.CancelFunc
 		// The backend's own deadline is a.wait; this bounds its last try.
 		ctx, cancel = context.WithTimeout(ctx, a.wait+a.ttl)

@@ -64,6 +64,22 @@ func (r *Reader) ReadBatch() ([][][]byte, error) {
 	}
 }
 
+// maxWatchBuffer bounds what a client may pipeline behind a blocked
+// command while the reader watches for it to go away.
+const maxWatchBuffer = 1 << 20
+
+// watch reads ahead while the connection's command blocks, only to notice
+// the peer closing; what it reads stays buffered for ReadBatch. It returns
+// the read error that ended it, or nil when the buffer bound is reached.
+func (r *Reader) watch() error {
+	for r.end-r.start < maxWatchBuffer {
+		if err := r.fill(0); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
 // fill reads more input, making room for at least need more bytes.
 func (r *Reader) fill(need int) error {
 	if r.start > 0 {

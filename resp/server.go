@@ -3,7 +3,6 @@ package resp
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"os"
 	"strings"
@@ -143,11 +142,6 @@ func (s *Server) Sessions() []*Session {
 	return out
 }
 
-type readResult struct {
-	cmds [][][]byte
-	err  error
-}
-
 func (s *Server) serveConn(sess *Session) {
 	defer s.wg.Done()
 	defer func() {
@@ -159,66 +153,39 @@ func (s *Server) serveConn(sess *Session) {
 		s.Handler.Closed(sess)
 	}()
 
-	// The reader runs ahead of the executor by at most one batch, so a
-	// client cannot make us buffer without bound, and it notices the peer
-	// going away while a command blocks.
-	batches := make(chan readResult, 1)
-	go func() {
-		rd := NewReader(sess.conn)
-		for {
-			cmds, err := rd.ReadBatch()
-			select {
-			case batches <- readResult{cmds, err}:
-			case <-sess.ctx.Done():
-				return
-			}
-			if err != nil {
-				if errors.Is(err, io.EOF) || isClosedConn(err) {
-					sess.cancel()
-				}
-				return
-			}
-		}
-	}()
-
+	// One goroutine reads and runs the connection's commands: no hand-off
+	// per batch on the hot path. A command that blocks asks the session to
+	// watch for the peer going away meanwhile (Session.WatchClose).
 	for {
-		var r readResult
-		select {
-		case r = <-batches:
-		case p := <-sess.pushes:
-			sess.W.Raw(p)
-			if sess.Flush() != nil {
-				return
-			}
-			continue
-		case <-sess.ctx.Done():
-			return
-		}
+		cmds, err := sess.rd.ReadBatch()
 		// Commands that arrived before a protocol error are served first,
 		// as Redis does.
-		for _, args := range r.cmds {
+		for _, args := range cmds {
 			sess.lastActive.Store(time.Now().UnixNano())
 			s.Handler.ServeRESP(sess, args)
 			if sess.closeAfter {
 				break
 			}
 		}
-		if r.err != nil && !sess.closeAfter {
-			if IsProtocolError(r.err) {
-				sess.W.Error("ERR " + r.err.Error())
+		if err != nil && !sess.closeAfter {
+			if IsProtocolError(err) {
+				sess.W.Error("ERR " + err.Error())
 			}
 			_ = sess.Flush()
 			return
 		}
-		if sess.Flush() != nil || sess.closeAfter {
+		if sess.Flush() != nil || sess.closeAfter || s.isClosing() {
 			return
 		}
 	}
 }
 
-func isClosedConn(err error) bool {
-	return errors.Is(err, net.ErrClosed) || strings.Contains(err.Error(), "connection reset")
+func (s *Server) isClosing() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.closing
 }
+
 
 // Shutdown stops accepting, lets every connection finish the commands it
 // is running (until ctx is done, after which their contexts are canceled),
@@ -232,7 +199,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	}
 	for sess := range s.sessions {
 		// Wakes a connection waiting for input; one running a command
-		// finishes it, then its next read fails at once.
+		// finishes it, then sees the server closing.
 		_ = sess.conn.SetReadDeadline(time.Now())
 	}
 	s.mu.Unlock()
@@ -244,7 +211,14 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.cancel()
 		return nil
 	case <-ctx.Done():
+		// Out of time: cancel what runs and close every connection, so
+		// that no read or write can hold the drain up.
 		s.cancel()
+		s.mu.Lock()
+		for sess := range s.sessions {
+			sess.conn.Close()
+		}
+		s.mu.Unlock()
 		<-done
 		return ctx.Err()
 	}

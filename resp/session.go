@@ -2,14 +2,18 @@ package resp
 
 import (
 	"context"
+	"errors"
 	"net"
+	"os"
+	"sync"
 	"sync/atomic"
 	"time"
 )
 
-// Session is one client connection. It carries the connection's context:
-// redcon has none, so this is where commands find the context they derive
-// timeouts from, and it is canceled as soon as the client goes away.
+// Session is one client connection. It carries the connection's context,
+// where commands find the context they derive timeouts from; it is
+// canceled as soon as the client goes away (while a command blocks, once it
+// calls WatchClose).
 type Session struct {
 	// W buffers the replies; the server flushes it after each batch of
 	// pipelined commands.
@@ -24,7 +28,11 @@ type Session struct {
 	created    time.Time
 	lastActive atomic.Int64
 	closeAfter bool
-	pushes     chan []byte
+	rd         *Reader
+	// writeMu orders whole writes to the connection: a batch of replies
+	// from the connection's goroutine, push frames from others.
+	writeMu sync.Mutex
+	pushes  chan []byte
 }
 
 func newSession(base context.Context, id int64, c net.Conn) *Session {
@@ -37,6 +45,7 @@ func newSession(base context.Context, id int64, c net.Conn) *Session {
 		cancel:  cancel,
 		created: time.Now(),
 		pushes:  make(chan []byte, 16),
+		rd:      NewReader(c),
 	}
 	s.lastActive.Store(s.created.UnixNano())
 	return s
@@ -67,27 +76,79 @@ func (s *Session) Flush() error {
 	if s.W.Len() == 0 {
 		return nil
 	}
+	s.writeMu.Lock()
 	_ = s.conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
 	_, err := s.conn.Write(s.W.Bytes())
+	s.writeMu.Unlock()
 	s.W.Reset()
 	if err != nil {
 		s.cancel()
+		return err
 	}
-	return err
+	if len(s.pushes) > 0 {
+		s.drainPushes()
+	}
+	return nil
 }
 
 // CloseAfterReply closes the connection once the current reply is written
 // (QUIT).
 func (s *Session) CloseAfterReply() { s.closeAfter = true }
 
-// Push queues a pre-encoded frame (a RESP3 push) to be written between
-// commands. It never blocks: when the client is not reading, the frame is
-// dropped and Push reports false.
+// Push sends a pre-encoded frame (a RESP3 push) between replies, from any
+// goroutine, without blocking: it is written at once when no reply is
+// being written, else right after. When more than a few frames wait for a
+// client that does not read, further ones are dropped and Push reports
+// false.
 func (s *Session) Push(frame []byte) bool {
+	if s.ctx.Err() != nil {
+		return false
+	}
 	select {
 	case s.pushes <- frame:
-		return true
 	default:
 		return false
+	}
+	s.drainPushes()
+	return true
+}
+
+// drainPushes writes the queued push frames if no one else is writing. A
+// writer that holds the lock drains after it lets go, so no frame waits
+// for the next reply.
+func (s *Session) drainPushes() {
+	for len(s.pushes) > 0 && s.writeMu.TryLock() {
+		for done := false; !done; {
+			select {
+			case p := <-s.pushes:
+				_ = s.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+				if _, err := s.conn.Write(p); err != nil {
+					s.cancel()
+				}
+			default:
+				done = true
+			}
+		}
+		s.writeMu.Unlock()
+	}
+}
+
+// WatchClose watches the connection while the command running on it
+// blocks, and cancels the session's context as soon as the peer goes away.
+// Call the returned stop before the connection's goroutine reads again.
+// Commands the client pipelines meanwhile are kept for after the blocking
+// one (up to a bound, past which the watch just stops).
+func (s *Session) WatchClose() (stop func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := s.rd.watch(); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+			s.cancel()
+		}
+	}()
+	return func() {
+		_ = s.conn.SetReadDeadline(time.Now()) // ends the watcher's read
+		<-done
+		_ = s.conn.SetReadDeadline(time.Time{})
 	}
 }
