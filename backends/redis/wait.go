@@ -1,0 +1,139 @@
+package redis
+
+import "sync"
+
+// waitQueues holds, per key, this instance's LOCK … WAIT callers in the
+// order they arrived. Only the head of a key's queue tries to acquire: a
+// release wakes the head alone, so a thousand waiters on one key cost the
+// nodes one attempt per release, not a thousand. The others sleep on their
+// own channel until they become the head.
+//
+// The queue orders waiters of one instance only: waiters on other
+// instances, and LOCK without WAIT, compete with the head as equals.
+type waitQueues struct {
+	mu    sync.Mutex
+	keys  map[string]*waitQueue
+	total int // waiters over all keys
+}
+
+type waitQueue struct {
+	head, tail *waiter
+}
+
+// waiter is one LOCK … WAIT in a queue.
+type waiter struct {
+	key        string
+	prev, next *waiter
+	// turn receives when the waiter should try to acquire: it just became
+	// the head of an idle queue, or the lock was released. Buffered 1, so
+	// a signal is never lost and several coalesce into one attempt.
+	turn chan struct{}
+	// queued is false once the waiter left.
+	queued bool
+}
+
+func newWaitQueues() *waitQueues {
+	return &waitQueues{keys: map[string]*waitQueue{}}
+}
+
+// join queues a waiter for key at the tail. A waiter that finds the queue
+// empty is the head and is signaled at once. first reports whether key had
+// no waiters before, so that the caller starts watching its releases.
+func (qs *waitQueues) join(key string) (w *waiter, first bool) {
+	w = &waiter{key: key, turn: make(chan struct{}, 1), queued: true}
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	qs.total++
+	q := qs.keys[key]
+	if q == nil {
+		q = &waitQueue{}
+		qs.keys[key] = q
+		first = true
+	}
+	if q.tail == nil {
+		q.head, q.tail = w, w
+		signal(w)
+		return w, first
+	}
+	w.prev = q.tail
+	q.tail.next = w
+	q.tail = w
+	return w, first
+}
+
+// leave takes w out of its queue. When w was the head, the next waiter
+// becomes the head; it is signaled to try at once unless w leaves because
+// it was granted the lock (the lock is then held, and the next head waits
+// for its release). last reports whether key has no waiters any more.
+func (qs *waitQueues) leave(w *waiter, granted bool) (last bool) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	if !w.queued {
+		return false
+	}
+	w.queued = false
+	qs.total--
+	q := qs.keys[w.key]
+	wasHead := q.head == w
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		q.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		q.tail = w.prev
+	}
+	w.prev, w.next = nil, nil
+	if q.head == nil {
+		delete(qs.keys, w.key)
+		return true
+	}
+	if wasHead && !granted {
+		signal(q.head)
+	}
+	return false
+}
+
+// wake signals the head of key's queue that the lock was released. It
+// reports whether key has waiters.
+func (qs *waitQueues) wake(key string) bool {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.keys[key]
+	if q == nil {
+		return false
+	}
+	signal(q.head)
+	return true
+}
+
+// has reports whether key has waiters.
+func (qs *waitQueues) has(key string) bool {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	return qs.keys[key] != nil
+}
+
+// isHead reports whether w is at the head of its queue.
+func (qs *waitQueues) isHead(w *waiter) bool {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.keys[w.key]
+	return w.queued && q != nil && q.head == w
+}
+
+// len is the number of waiters over all keys.
+func (qs *waitQueues) len() int {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	return qs.total
+}
+
+func signal(w *waiter) {
+	select {
+	case w.turn <- struct{}{}:
+	default:
+	}
+}
