@@ -49,7 +49,7 @@ func New(cfg Config) (*Backend, error) {
 	for i, nc := range cfg.Nodes {
 		b.nodes = append(b.nodes, NewNode(nc))
 		qnodes[i] = b.nodes[i]
-		b.subs = append(b.subs, newSubscriber(b.nodes[i], b.waiters.has, b.wakeKey))
+		b.subs = append(b.subs, newSubscriber(b.nodes[i], b.waiters.has, func(key string) { b.waiters.wake(key, i) }))
 	}
 	q, err := quorum.New(qnodes, cfg.Quorum)
 	if err != nil {
@@ -68,8 +68,9 @@ func (b *Backend) Nodes() []*Node { return b.nodes }
 
 // Lock implements backends.Backend. Without Wait it tries once. With Wait
 // the caller joins the key's queue of waiters on this instance and tries
-// when it reaches the head: at once, then whenever a release of the key is
-// announced by a node or made through this instance, and otherwise after a
+// when it reaches the head: at once, then whenever a node announces a
+// release of the key (through whichever instance it was made), and
+// otherwise after a
 // random delay in [RetryMin, RetryMax], which covers expiries and missed
 // announcements.
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
@@ -145,9 +146,6 @@ func (b *Backend) leave(w *waiter, granted bool) {
 	}
 }
 
-// wakeKey wakes the head waiter of key: a node announced a release.
-func (b *Backend) wakeKey(key string) { b.waiters.wake(key) }
-
 // Waiting is the number of LOCK … WAIT calls queued on this instance.
 func (b *Backend) Waiting() int { return b.waiters.len() }
 
@@ -165,13 +163,10 @@ func (b *Backend) tryOnce(ctx context.Context, req quorum.Request) (backends.Lea
 
 // Unlock implements backends.Backend.
 func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
-	ok, err := b.q.Release(ctx, key, token, 0)
-	if ok {
-		// The nodes announce it too; this only saves local waiters the
-		// pub/sub hop, and waking the head twice costs nothing.
-		b.waiters.wake(key)
-	}
-	return ok, err
+	// Local waiters learn of the release from the nodes' announcements,
+	// like everyone else's: waking them here as well would make the
+	// announcements that follow look like a second release.
+	return b.q.Release(ctx, key, token, 0)
 }
 
 // Renew implements backends.Backend.

@@ -18,6 +18,12 @@ type waitQueues struct {
 
 type waitQueue struct {
 	head, tail *waiter
+	// heard has a bit per node whose release announcement came since the
+	// last wake-up. A release is announced once by each node, so the
+	// first announcement wakes the head and the others of the same
+	// release are ignored; a second one from the same node is a new
+	// release.
+	heard uint64
 }
 
 // waiter is one LOCK … WAIT in a queue.
@@ -96,16 +102,28 @@ func (qs *waitQueues) leave(w *waiter, granted bool) (last bool) {
 	return false
 }
 
-// wake signals the head of key's queue that the lock was released. It
-// reports whether key has waiters.
-func (qs *waitQueues) wake(key string) bool {
+// wake signals the head of key's queue that node (its index) announced a
+// release, unless it is another node's announcement of a release that woke
+// the head already. It reports whether key has waiters.
+func (qs *waitQueues) wake(key string, node int) bool {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
 	q := qs.keys[key]
 	if q == nil {
 		return false
 	}
-	signal(q.head)
+	if node < 0 || node >= 64 {
+		signal(q.head)
+		return true
+	}
+	bit := uint64(1) << node
+	if q.heard&bit != 0 {
+		q.heard = 0
+	}
+	if q.heard == 0 {
+		signal(q.head)
+	}
+	q.heard |= bit
 	return true
 }
 

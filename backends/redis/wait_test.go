@@ -28,6 +28,7 @@ func TestWaitQueues(t *testing.T) {
 	type step struct {
 		op       string // join, leave (gave up), grant (left with the lock), wake
 		who, key string
+		node     int      // wake: the node that announced the release
 		flag     bool     // join: first; leave, grant: last; wake: key had waiters
 		signaled []string // waiters with a pending turn after the step
 		heads    []string // waiters at the head of their queue after the step
@@ -89,6 +90,26 @@ func TestWaitQueues(t *testing.T) {
 			{op: "wake", key: "k2", flag: false, heads: []string{"a"}},
 			{op: "leave", who: "a", signaled: []string{"c"}, heads: []string{"c"}},
 		}},
+		{"a release announced by every node wakes the head once", []step{
+			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "join", who: "b", key: "k", heads: []string{"a"}},
+			{op: "wake", key: "k", node: 0, flag: true, signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "wake", key: "k", node: 1, flag: true, heads: []string{"a"}},
+			{op: "wake", key: "k", node: 2, flag: true, heads: []string{"a"}},
+			// The next release, announced in another order.
+			{op: "wake", key: "k", node: 2, flag: true, signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "wake", key: "k", node: 0, flag: true, heads: []string{"a"}},
+			// A late announcement of that release reaches the next head
+			// quietly.
+			{op: "grant", who: "a", heads: []string{"b"}},
+			{op: "wake", key: "k", node: 1, flag: true, heads: []string{"b"}},
+			{op: "wake", key: "k", node: 1, flag: true, signaled: []string{"b"}, heads: []string{"b"}},
+		}},
+		{"a node beyond the first 64 always wakes", []step{
+			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "wake", key: "k", node: 64, flag: true, signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "wake", key: "k", node: 64, flag: true, signaled: []string{"a"}, heads: []string{"a"}},
+		}},
 		{"leaving twice is harmless", []step{
 			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
 			{op: "join", who: "b", key: "k", heads: []string{"a"}},
@@ -115,11 +136,14 @@ func TestWaitQueues(t *testing.T) {
 				case "grant":
 					flag = qs.leave(ws[s.who], true)
 				case "wake":
-					flag = qs.wake(s.key)
+					flag = qs.wake(s.key, s.node)
 				default:
 					t.Fatalf("step %d: unknown op %q", i, s.op)
 				}
 				desc := fmt.Sprintf("step %d: %s %s%s", i, s.op, s.who, s.key)
+				if s.op == "wake" {
+					desc += fmt.Sprintf(" from node %d", s.node)
+				}
 				if flag != s.flag {
 					t.Errorf("%s = %v; want %v", desc, flag, s.flag)
 				}
@@ -149,7 +173,8 @@ func TestWaitQueues(t *testing.T) {
 }
 
 // TestWaitQueuesFIFO runs waiters against a simulated lock the way
-// Backend.Lock does: only signaled waiters try, a release wakes the head.
+// Backend.Lock does: only signaled waiters try, a release announced by
+// every node wakes the head.
 // Every waiter that does not give up is granted exactly once, in the order
 // the waiters joined, with one attempt per grant.
 func TestWaitQueuesFIFO(t *testing.T) {
@@ -164,6 +189,12 @@ func TestWaitQueuesFIFO(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			qs := newWaitQueues()
+			// Each release is announced by three nodes.
+			announce := func() {
+				for node := range 3 {
+					qs.wake("k", node)
+				}
+			}
 			var (
 				held     atomic.Bool
 				attempts atomic.Int64
@@ -210,13 +241,13 @@ func TestWaitQueuesFIFO(t *testing.T) {
 						mu.Unlock()
 						qs.leave(w, true)
 						held.Store(false)
-						qs.wake("k")
+						announce()
 						return
 					}
 				}()
 			}
 			held.Store(false)
-			qs.wake("k")
+			announce()
 			wg.Wait()
 
 			var want []int
