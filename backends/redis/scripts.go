@@ -34,11 +34,12 @@ return 0
 // Compare-and-delete; a delete is announced on the channel, in the same
 // call, so that waiters on every lockproxy instance learn of it without a
 // round trip of their own. An expiry is not announced: waiters find it by
-// their retry.
+// their retry. The announcement is a pcall: a node user whose ACL denies
+// the channel still releases, and waiters fall back to their retry.
 const releaseScript = `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local n = redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], '')
+  redis.pcall('PUBLISH', ARGV[2], '')
   return n
 end
 return 0
