@@ -68,11 +68,10 @@ func (b *Backend) Nodes() []*Node { return b.nodes }
 
 // Lock implements backends.Backend. Without Wait it tries once. With Wait
 // the caller joins the key's queue of waiters on this instance and tries
-// when it reaches the head: at once, then whenever a node announces a
-// release of the key (through whichever instance it was made), and
-// otherwise after a
-// random delay in [RetryMin, RetryMax], which covers expiries and missed
-// announcements.
+// only at its head: at once when the waiter before it gave up or there was
+// none, whenever a node announces a release of the key (through whichever
+// instance it was made), and otherwise after a random delay in
+// [RetryMin, RetryMax], which covers expiries and missed announcements.
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
 	qreq := quorum.Request{Key: req.Key, Token: req.Token, TTL: req.TTL, Mode: quorum.Exclusive}
 	if req.Mode == backends.Read {
@@ -90,21 +89,35 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	err := backends.ErrNotAcquired
 	var retry *time.Timer
 	var retryC <-chan time.Time // nil until this waiter is the head
+	// A waiter that never reached the head returns ErrNotAcquired without
+	// having tried: first come, first served.
 	defer func() {
 		if retry != nil {
 			retry.Stop()
 		}
 	}()
+	armRetry := func() {
+		delay := b.retryMin + rand.N(b.retryMax-b.retryMin+1)
+		if retry == nil {
+			retry = time.NewTimer(delay)
+			retryC = retry.C
+		} else {
+			retry.Reset(delay)
+		}
+	}
 	for {
+		// Only the head is signaled, and only the head's retry timer runs.
 		select {
 		case <-w.turn:
 		case <-retryC:
+		case <-w.promoted:
+			armRetry()
+			continue
 		case <-deadline.C:
 			return backends.Lease{}, err
 		case <-ctx.Done():
 			return backends.Lease{}, err
 		}
-		// Only the head is signaled, and only the head's retry timer runs.
 		var lease backends.Lease
 		lease, err = b.tryOnce(ctx, qreq)
 		if err == nil {
@@ -114,13 +127,7 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		if ctx.Err() != nil {
 			return backends.Lease{}, err
 		}
-		delay := b.retryMin + rand.N(b.retryMax-b.retryMin+1)
-		if retry == nil {
-			retry = time.NewTimer(delay)
-			retryC = retry.C
-		} else {
-			retry.Reset(delay)
-		}
+		armRetry()
 	}
 }
 

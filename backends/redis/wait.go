@@ -34,6 +34,11 @@ type waiter struct {
 	// the head of an idle queue, or the lock was released. Buffered 1, so
 	// a signal is never lost and several coalesce into one attempt.
 	turn chan struct{}
+	// promoted receives when the waiter became the head because the one
+	// before it was granted the lock: it should not try yet, but start its
+	// retry timer, the fallback for a release that is never announced (an
+	// expiry, a missed message). Buffered 1.
+	promoted chan struct{}
 	// queued is false once the waiter left.
 	queued bool
 }
@@ -46,7 +51,7 @@ func newWaitQueues() *waitQueues {
 // empty is the head and is signaled at once. first reports whether key had
 // no waiters before, so that the caller starts watching its releases.
 func (qs *waitQueues) join(key string) (w *waiter, first bool) {
-	w = &waiter{key: key, turn: make(chan struct{}, 1), queued: true}
+	w = &waiter{key: key, turn: make(chan struct{}, 1), promoted: make(chan struct{}, 1), queued: true}
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
 	qs.total++
@@ -68,9 +73,10 @@ func (qs *waitQueues) join(key string) (w *waiter, first bool) {
 }
 
 // leave takes w out of its queue. When w was the head, the next waiter
-// becomes the head; it is signaled to try at once unless w leaves because
-// it was granted the lock (the lock is then held, and the next head waits
-// for its release). last reports whether key has no waiters any more.
+// becomes the head; it is signaled to try at once, unless w leaves because
+// it was granted the lock: the lock is then held, and the next head is only
+// told that it is the head, to wait for the release or its retry timer.
+// last reports whether key has no waiters any more.
 func (qs *waitQueues) leave(w *waiter, granted bool) (last bool) {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
@@ -96,7 +102,13 @@ func (qs *waitQueues) leave(w *waiter, granted bool) (last bool) {
 		delete(qs.keys, w.key)
 		return true
 	}
-	if wasHead && !granted {
+	switch {
+	case wasHead && granted:
+		select {
+		case q.head.promoted <- struct{}{}:
+		default:
+		}
+	case wasHead:
 		signal(q.head)
 	}
 	return false

@@ -9,13 +9,13 @@ import (
 	"time"
 )
 
-// signaled drains the turn channels of ws and returns the names of those
-// that had a signal, in name order.
-func signaled(ws map[string]*waiter) []string {
+// drained drains one channel of each of ws, as ch picks it, and returns
+// the names of those that had a signal, in name order.
+func drained(ws map[string]*waiter, ch func(*waiter) chan struct{}) []string {
 	var got []string
 	for name, w := range ws {
 		select {
-		case <-w.turn:
+		case <-ch(w):
 			got = append(got, name)
 		default:
 		}
@@ -24,6 +24,9 @@ func signaled(ws map[string]*waiter) []string {
 	return got
 }
 
+func turnOf(w *waiter) chan struct{}     { return w.turn }
+func promotedOf(w *waiter) chan struct{} { return w.promoted }
+
 func TestWaitQueues(t *testing.T) {
 	type step struct {
 		op       string // join, leave (gave up), grant (left with the lock), wake
@@ -31,6 +34,7 @@ func TestWaitQueues(t *testing.T) {
 		node     int      // wake: the node that announced the release
 		flag     bool     // join: first; leave, grant: last; wake: key had waiters
 		signaled []string // waiters with a pending turn after the step
+		promoted []string // waiters told they became the head, not to try
 		heads    []string // waiters at the head of their queue after the step
 	}
 	tests := []struct {
@@ -48,13 +52,13 @@ func TestWaitQueues(t *testing.T) {
 			{op: "wake", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
 			{op: "wake", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
 		}},
-		{"a granted head hands over without a signal", []step{
+		{"a granted head hands over: the next waits for the release", []step{
 			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
 			{op: "join", who: "b", key: "k", heads: []string{"a"}},
 			{op: "join", who: "c", key: "k", heads: []string{"a"}},
-			{op: "grant", who: "a", heads: []string{"b"}},
+			{op: "grant", who: "a", promoted: []string{"b"}, heads: []string{"b"}},
 			{op: "wake", key: "k", flag: true, signaled: []string{"b"}, heads: []string{"b"}},
-			{op: "grant", who: "b", heads: []string{"c"}},
+			{op: "grant", who: "b", promoted: []string{"c"}, heads: []string{"c"}},
 			{op: "wake", key: "k", flag: true, signaled: []string{"c"}, heads: []string{"c"}},
 			{op: "grant", who: "c", flag: true},
 			{op: "wake", key: "k", flag: false},
@@ -70,7 +74,7 @@ func TestWaitQueues(t *testing.T) {
 			{op: "join", who: "b", key: "k", heads: []string{"a"}},
 			{op: "join", who: "c", key: "k", heads: []string{"a"}},
 			{op: "leave", who: "b", heads: []string{"a"}},
-			{op: "grant", who: "a", heads: []string{"c"}},
+			{op: "grant", who: "a", promoted: []string{"c"}, heads: []string{"c"}},
 			{op: "leave", who: "c", flag: true},
 		}},
 		{"the tail leaves", []step{
@@ -78,7 +82,7 @@ func TestWaitQueues(t *testing.T) {
 			{op: "join", who: "b", key: "k", heads: []string{"a"}},
 			{op: "leave", who: "b", heads: []string{"a"}},
 			{op: "join", who: "c", key: "k", heads: []string{"a"}},
-			{op: "grant", who: "a", heads: []string{"c"}},
+			{op: "grant", who: "a", promoted: []string{"c"}, heads: []string{"c"}},
 			{op: "wake", key: "k", flag: true, signaled: []string{"c"}, heads: []string{"c"}},
 		}},
 		{"keys are independent", []step{
@@ -101,7 +105,7 @@ func TestWaitQueues(t *testing.T) {
 			{op: "wake", key: "k", node: 0, flag: true, heads: []string{"a"}},
 			// A late announcement of that release reaches the next head
 			// quietly.
-			{op: "grant", who: "a", heads: []string{"b"}},
+			{op: "grant", who: "a", promoted: []string{"b"}, heads: []string{"b"}},
 			{op: "wake", key: "k", node: 1, flag: true, heads: []string{"b"}},
 			{op: "wake", key: "k", node: 1, flag: true, signaled: []string{"b"}, heads: []string{"b"}},
 		}},
@@ -147,8 +151,11 @@ func TestWaitQueues(t *testing.T) {
 				if flag != s.flag {
 					t.Errorf("%s = %v; want %v", desc, flag, s.flag)
 				}
-				if got := signaled(ws); !slices.Equal(got, s.signaled) {
+				if got := drained(ws, turnOf); !slices.Equal(got, s.signaled) {
 					t.Errorf("%s: signaled %v; want %v", desc, got, s.signaled)
+				}
+				if got := drained(ws, promotedOf); !slices.Equal(got, s.promoted) {
+					t.Errorf("%s: promoted %v; want %v", desc, got, s.promoted)
 				}
 				var heads []string
 				queued := 0

@@ -254,6 +254,58 @@ func TestWaitDisconnectLeavesQueue(t *testing.T) {
 	})
 }
 
+// TestWaitExpiryAfterHandover: an expiry is announced by no one. The
+// waiter that became the head when the one before it was granted must
+// still find the lock free once that grant expires, by its retry timer.
+func TestWaitExpiryAfterHandover(t *testing.T) {
+	t.Parallel()
+	eachSize(t, func(t *testing.T, n int) {
+		cl := startCluster(t, n)
+		in := startInstance(t, cl.addrs())
+		ctl := newClient(t, in.addr, 2)
+		key := "expire-" + randID()
+		holder := mustLock(t, ctl, key, "PX", 30000)
+
+		// The first waiter takes a short lease and never releases it.
+		first := dialRaw(t, in.addr)
+		first.write(encode("LOCK", key, "PX", "300", "WAIT", "10000"))
+		waitBlocked(t, ctl, 1)
+		second := dialRaw(t, in.addr)
+		second.write(encode("LOCK", key, "PX", "10000", "WAIT", "10000"))
+		waitBlocked(t, ctl, 2)
+
+		if got := unlock(t, ctl, key, holder.Token); got != 1 {
+			t.Fatalf("UNLOCK %q = %d; want 1", key, got)
+		}
+		r, err := first.read()
+		if err != nil {
+			t.Fatalf("LOCK %q PX 300 WAIT 10000: %v", key, err)
+		}
+		g1, err := parseGrant(toAny(r))
+		if err != nil {
+			t.Fatalf("LOCK %q PX 300 WAIT 10000 = %v; want a grant (%v)", key, r, err)
+		}
+		granted := time.Now()
+		r, err = second.read()
+		if err != nil {
+			t.Fatalf("LOCK %q WAIT 10000 behind an expiring grant: %v", key, err)
+		}
+		g2, err := parseGrant(toAny(r))
+		if err != nil {
+			t.Fatalf("LOCK %q WAIT 10000 behind an expiring grant = %v; want a grant (%v)", key, r, err)
+		}
+		// The lease runs 300 ms; the retry comes every 20-200 ms.
+		waited := time.Since(granted)
+		t.Logf("granted %v after the expiring grant", waited)
+		if waited > 3*time.Second {
+			t.Errorf("granted %v after a 300 ms grant before it; want within 3 s", waited)
+		}
+		if g2.Fence <= g1.Fence {
+			t.Errorf("fence %d after the expired grant's %d; want greater", g2.Fence, g1.Fence)
+		}
+	})
+}
+
 // waitOutcome is what one of many waiters saw.
 type waitOutcome struct {
 	seq   int64 // grant order, from 1
