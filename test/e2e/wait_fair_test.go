@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"os"
+	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -14,6 +16,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // PROTOCOL.md, WAIT: waiters on one instance are served first-come
@@ -304,6 +308,54 @@ func TestWaitExpiryAfterHandover(t *testing.T) {
 			t.Errorf("fence %d after the expired grant's %d; want greater", g2.Fence, g1.Fence)
 		}
 	})
+}
+
+// TestWaitWithoutChannelPermission: a node user whose ACL grants no pub/sub
+// channel (Redis 7's default for new users) can still release, and waiters
+// then find the release by their retry instead of an announcement.
+func TestWaitWithoutChannelPermission(t *testing.T) {
+	t.Parallel()
+	nodes := harness.StartRedisN(t, 3, harness.RedisOptions{
+		Args: []string{"--user", "lp", "on", ">lp-secret", "~*", "+@all", "resetchannels"},
+	})
+	cfg := filepath.Join(t.TempDir(), "lockproxy.yaml")
+	if err := os.WriteFile(cfg, []byte("redlock:\n  username: lp\n  password: lp-secret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in := startInstance(t, harness.Addrs(nodes), cfg)
+	ctl := newClient(t, in.addr, 2)
+	waiter := newClient(t, in.addr, 2)
+	key := "noperm-" + randID()
+	holder := mustLock(t, ctl, key, "PX", 30000)
+
+	type result struct {
+		g   grant
+		ok  bool
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		g, ok, err := tryLock(ctxFor(t, 15*time.Second), waiter, key, "PX", 10000, "WAIT", 5000)
+		done <- result{g, ok, err}
+	}()
+	waitBlocked(t, ctl, 1)
+	if got := unlock(t, ctl, key, holder.Token); got != 1 {
+		t.Fatalf("UNLOCK %q with PUBLISH denied = %d; want 1", key, got)
+	}
+	unlocked := time.Now()
+	var r result
+	select {
+	case r = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("LOCK %q WAIT 5000 did not return within 10 s", key)
+	}
+	if r.err != nil || !r.ok {
+		t.Fatalf("LOCK %q WAIT 5000 = %+v, %v, %v; want a grant", key, r.g, r.ok, r.err)
+	}
+	t.Logf("granted %v after the unannounced release", time.Since(unlocked))
+	if got := unlock(t, waiter, key, r.g.Token); got != 1 {
+		t.Errorf("UNLOCK %q = %d; want 1", key, got)
+	}
 }
 
 // waitOutcome is what one of many waiters saw.
