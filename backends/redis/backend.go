@@ -49,7 +49,7 @@ func New(cfg Config) (*Backend, error) {
 	for i, nc := range cfg.Nodes {
 		b.nodes = append(b.nodes, NewNode(nc))
 		qnodes[i] = b.nodes[i]
-		b.subs = append(b.subs, newSubscriber(b.nodes[i], b.waiters.has, func(key string) { b.waiters.wake(key, i) }))
+		b.subs = append(b.subs, newSubscriber(b.nodes[i], b.waiters.watched, func(key string) { b.waiters.wake(key, i) }))
 	}
 	q, err := quorum.New(qnodes, cfg.Quorum)
 	if err != nil {
@@ -127,29 +127,40 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		if ctx.Err() != nil {
 			return backends.Lease{}, err
 		}
+		b.watch(req.Key)
 		armRetry()
 	}
 }
 
-// join queues a waiter for key and, for the first one, subscribes to the
-// key's release announcements on every node.
+// join queues a waiter for key. One that joins behind another subscribes
+// the key's release announcements on every node, if that is not done yet.
 func (b *Backend) join(key string) *waiter {
-	w, first := b.waiters.join(key)
-	if first {
-		for _, s := range b.subs {
-			s.update(key)
-		}
+	w, watch := b.waiters.join(key)
+	if watch {
+		b.updateSubscriptions(key)
 	}
 	return w
 }
 
-// leave takes w out of its queue and, for the last waiter of the key,
-// unsubscribes from the key's announcements.
+// watch subscribes key's release announcements on every node after a
+// failed attempt, if that is not done yet.
+func (b *Backend) watch(key string) {
+	if b.waiters.watch(key) {
+		b.updateSubscriptions(key)
+	}
+}
+
+// leave takes w out of its queue and, after the last waiter of a watched
+// key, unsubscribes the key's announcements.
 func (b *Backend) leave(w *waiter, granted bool) {
 	if b.waiters.leave(w, granted) {
-		for _, s := range b.subs {
-			s.update(w.key)
-		}
+		b.updateSubscriptions(w.key)
+	}
+}
+
+func (b *Backend) updateSubscriptions(key string) {
+	for _, s := range b.subs {
+		s.update(key)
 	}
 }
 

@@ -25,8 +25,8 @@ const (
 	subscribeRetryMax = 2 * time.Second
 )
 
-// subscriber listens on one node for releases of the keys that have local
-// waiters. The release script publishes on <prefix>released:<key> whenever
+// subscriber listens on one node for releases of the keys that local
+// waiters contend for (see waitQueues). The release script publishes on <prefix>released:<key> whenever
 // it deletes a lock, so a release made through any lockproxy instance wakes
 // the waiters here. It holds one go-redis PubSub (one connection); a
 // message that is missed (the subscription not active yet, the node down)
@@ -35,7 +35,7 @@ type subscriber struct {
 	ps      *goredis.PubSub
 	prefix  string // <node prefix>released:
 	timeout time.Duration
-	wanted  func(key string) bool // whether key has local waiters
+	wanted  func(key string) bool // whether key is watched by local waiters
 	wake    func(key string)      // a release of key was seen
 
 	mu    sync.Mutex

@@ -10,6 +10,11 @@ import "sync"
 //
 // The queue orders waiters of one instance only: waiters on other
 // instances, and LOCK without WAIT, compete with the head as equals.
+//
+// A key is watched (its release announcements subscribed to) only once it
+// is contended: a waiter joined behind another, or an attempt failed. A
+// LOCK … WAIT granted at its first attempt, alone, costs the nodes no
+// subscription.
 type waitQueues struct {
 	mu    sync.Mutex
 	keys  map[string]*waitQueue
@@ -24,6 +29,8 @@ type waitQueue struct {
 	// release are ignored; a second one from the same node is a new
 	// release.
 	heard uint64
+	// watched is set once the key is contended, until the queue empties.
+	watched bool
 }
 
 // waiter is one LOCK … WAIT in a queue.
@@ -48,9 +55,9 @@ func newWaitQueues() *waitQueues {
 }
 
 // join queues a waiter for key at the tail. A waiter that finds the queue
-// empty is the head and is signaled at once. first reports whether key had
-// no waiters before, so that the caller starts watching its releases.
-func (qs *waitQueues) join(key string) (w *waiter, first bool) {
+// empty is the head and is signaled at once. watch reports whether the
+// key became watched: the waiter joined behind another.
+func (qs *waitQueues) join(key string) (w *waiter, watch bool) {
 	w = &waiter{key: key, turn: make(chan struct{}, 1), promoted: make(chan struct{}, 1), queued: true}
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
@@ -59,25 +66,39 @@ func (qs *waitQueues) join(key string) (w *waiter, first bool) {
 	if q == nil {
 		q = &waitQueue{}
 		qs.keys[key] = q
-		first = true
 	}
 	if q.tail == nil {
 		q.head, q.tail = w, w
 		signal(w)
-		return w, first
+		return w, false
 	}
 	w.prev = q.tail
 	q.tail.next = w
 	q.tail = w
-	return w, first
+	watch = !q.watched
+	q.watched = true
+	return w, watch
+}
+
+// watch marks key contended: an attempt failed. It reports whether the
+// key became watched.
+func (qs *waitQueues) watch(key string) bool {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.keys[key]
+	if q == nil || q.watched {
+		return false
+	}
+	q.watched = true
+	return true
 }
 
 // leave takes w out of its queue. When w was the head, the next waiter
 // becomes the head; it is signaled to try at once, unless w leaves because
 // it was granted the lock: the lock is then held, and the next head is only
 // told that it is the head, to wait for the release or its retry timer.
-// last reports whether key has no waiters any more.
-func (qs *waitQueues) leave(w *waiter, granted bool) (last bool) {
+// unwatch reports whether the key was watched and has no waiters any more.
+func (qs *waitQueues) leave(w *waiter, granted bool) (unwatch bool) {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
 	if !w.queued {
@@ -100,7 +121,7 @@ func (qs *waitQueues) leave(w *waiter, granted bool) (last bool) {
 	w.prev, w.next = nil, nil
 	if q.head == nil {
 		delete(qs.keys, w.key)
-		return true
+		return q.watched
 	}
 	switch {
 	case wasHead && granted:
@@ -139,11 +160,12 @@ func (qs *waitQueues) wake(key string, node int) bool {
 	return true
 }
 
-// has reports whether key has waiters.
-func (qs *waitQueues) has(key string) bool {
+// watched reports whether key has waiters and is contended.
+func (qs *waitQueues) watched(key string) bool {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
-	return qs.keys[key] != nil
+	q := qs.keys[key]
+	return q != nil && q.watched
 }
 
 // isHead reports whether w is at the head of its queue.

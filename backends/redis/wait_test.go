@@ -29,10 +29,10 @@ func promotedOf(w *waiter) chan struct{} { return w.promoted }
 
 func TestWaitQueues(t *testing.T) {
 	type step struct {
-		op       string // join, leave (gave up), grant (left with the lock), wake
+		op       string // join, leave (gave up), grant (left with the lock), watch, wake
 		who, key string
 		node     int      // wake: the node that announced the release
-		flag     bool     // join: first; leave, grant: last; wake: key had waiters
+		flag     bool     // join, watch: key became watched; leave, grant: key stopped being watched; wake: key had waiters
 		signaled []string // waiters with a pending turn after the step
 		promoted []string // waiters told they became the head, not to try
 		heads    []string // waiters at the head of their queue after the step
@@ -41,20 +41,29 @@ func TestWaitQueues(t *testing.T) {
 		name  string
 		steps []step
 	}{
-		{"first waiter is head and tries at once", []step{
-			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
-			{op: "grant", who: "a", flag: true},
+		{"first waiter is head and tries at once, unwatched", []step{
+			{op: "join", who: "a", key: "k", signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "grant", who: "a"},
 		}},
-		{"later waiters sleep until their turn", []step{
-			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
-			{op: "join", who: "b", key: "k", heads: []string{"a"}},
+		{"later waiters sleep until their turn; the second watches", []step{
+			{op: "join", who: "a", key: "k", signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "join", who: "b", key: "k", flag: true, heads: []string{"a"}},
 			{op: "join", who: "c", key: "k", heads: []string{"a"}},
 			{op: "wake", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
 			{op: "wake", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
 		}},
+		{"a failed attempt watches", []step{
+			{op: "join", who: "a", key: "k", signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "watch", key: "k", flag: true, heads: []string{"a"}},
+			{op: "watch", key: "k", flag: false, heads: []string{"a"}},
+			{op: "join", who: "b", key: "k", flag: false, heads: []string{"a"}},
+			{op: "leave", who: "b", heads: []string{"a"}},
+			{op: "grant", who: "a", flag: true},
+			{op: "watch", key: "k", flag: false},
+		}},
 		{"a granted head hands over: the next waits for the release", []step{
-			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
-			{op: "join", who: "b", key: "k", heads: []string{"a"}},
+			{op: "join", who: "a", key: "k", signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "join", who: "b", key: "k", flag: true, heads: []string{"a"}},
 			{op: "join", who: "c", key: "k", heads: []string{"a"}},
 			{op: "grant", who: "a", promoted: []string{"b"}, heads: []string{"b"}},
 			{op: "wake", key: "k", flag: true, signaled: []string{"b"}, heads: []string{"b"}},
@@ -64,39 +73,39 @@ func TestWaitQueues(t *testing.T) {
 			{op: "wake", key: "k", flag: false},
 		}},
 		{"a head that gives up lets the next try at once", []step{
-			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
-			{op: "join", who: "b", key: "k", heads: []string{"a"}},
+			{op: "join", who: "a", key: "k", signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "join", who: "b", key: "k", flag: true, heads: []string{"a"}},
 			{op: "leave", who: "a", signaled: []string{"b"}, heads: []string{"b"}},
 			{op: "leave", who: "b", flag: true},
 		}},
 		{"a waiter behind the head leaves quietly", []step{
-			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
-			{op: "join", who: "b", key: "k", heads: []string{"a"}},
+			{op: "join", who: "a", key: "k", signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "join", who: "b", key: "k", flag: true, heads: []string{"a"}},
 			{op: "join", who: "c", key: "k", heads: []string{"a"}},
 			{op: "leave", who: "b", heads: []string{"a"}},
 			{op: "grant", who: "a", promoted: []string{"c"}, heads: []string{"c"}},
 			{op: "leave", who: "c", flag: true},
 		}},
 		{"the tail leaves", []step{
-			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
-			{op: "join", who: "b", key: "k", heads: []string{"a"}},
+			{op: "join", who: "a", key: "k", signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "join", who: "b", key: "k", flag: true, heads: []string{"a"}},
 			{op: "leave", who: "b", heads: []string{"a"}},
 			{op: "join", who: "c", key: "k", heads: []string{"a"}},
 			{op: "grant", who: "a", promoted: []string{"c"}, heads: []string{"c"}},
 			{op: "wake", key: "k", flag: true, signaled: []string{"c"}, heads: []string{"c"}},
 		}},
 		{"keys are independent", []step{
-			{op: "join", who: "a", key: "k1", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
-			{op: "join", who: "b", key: "k2", flag: true, signaled: []string{"b"}, heads: []string{"a", "b"}},
-			{op: "join", who: "c", key: "k1", heads: []string{"a", "b"}},
+			{op: "join", who: "a", key: "k1", signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "join", who: "b", key: "k2", signaled: []string{"b"}, heads: []string{"a", "b"}},
+			{op: "join", who: "c", key: "k1", flag: true, heads: []string{"a", "b"}},
 			{op: "wake", key: "k2", flag: true, signaled: []string{"b"}, heads: []string{"a", "b"}},
-			{op: "grant", who: "b", flag: true, heads: []string{"a"}},
+			{op: "grant", who: "b", heads: []string{"a"}},
 			{op: "wake", key: "k2", flag: false, heads: []string{"a"}},
 			{op: "leave", who: "a", signaled: []string{"c"}, heads: []string{"c"}},
 		}},
 		{"a release announced by every node wakes the head once", []step{
-			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
-			{op: "join", who: "b", key: "k", heads: []string{"a"}},
+			{op: "join", who: "a", key: "k", signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "join", who: "b", key: "k", flag: true, heads: []string{"a"}},
 			{op: "wake", key: "k", node: 0, flag: true, signaled: []string{"a"}, heads: []string{"a"}},
 			{op: "wake", key: "k", node: 1, flag: true, heads: []string{"a"}},
 			{op: "wake", key: "k", node: 2, flag: true, heads: []string{"a"}},
@@ -110,20 +119,23 @@ func TestWaitQueues(t *testing.T) {
 			{op: "wake", key: "k", node: 1, flag: true, signaled: []string{"b"}, heads: []string{"b"}},
 		}},
 		{"a node beyond the first 64 always wakes", []step{
-			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "join", who: "a", key: "k", signaled: []string{"a"}, heads: []string{"a"}},
 			{op: "wake", key: "k", node: 64, flag: true, signaled: []string{"a"}, heads: []string{"a"}},
 			{op: "wake", key: "k", node: 64, flag: true, signaled: []string{"a"}, heads: []string{"a"}},
 		}},
 		{"leaving twice is harmless", []step{
-			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
-			{op: "join", who: "b", key: "k", heads: []string{"a"}},
+			{op: "join", who: "a", key: "k", signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "join", who: "b", key: "k", flag: true, heads: []string{"a"}},
 			{op: "leave", who: "a", signaled: []string{"b"}, heads: []string{"b"}},
 			{op: "leave", who: "a", flag: false, heads: []string{"b"}},
 		}},
 		{"a key can be waited on again after its queue emptied", []step{
-			{op: "join", who: "a", key: "k", flag: true, signaled: []string{"a"}, heads: []string{"a"}},
-			{op: "grant", who: "a", flag: true},
-			{op: "join", who: "b", key: "k", flag: true, signaled: []string{"b"}, heads: []string{"b"}},
+			{op: "join", who: "a", key: "k", signaled: []string{"a"}, heads: []string{"a"}},
+			{op: "join", who: "b", key: "k", flag: true, heads: []string{"a"}},
+			{op: "grant", who: "a", promoted: []string{"b"}, heads: []string{"b"}},
+			{op: "grant", who: "b", flag: true},
+			{op: "join", who: "c", key: "k", signaled: []string{"c"}, heads: []string{"c"}},
+			{op: "join", who: "d", key: "k", flag: true, heads: []string{"c"}},
 		}},
 	}
 	for _, tc := range tests {
@@ -139,6 +151,8 @@ func TestWaitQueues(t *testing.T) {
 					flag = qs.leave(ws[s.who], false)
 				case "grant":
 					flag = qs.leave(ws[s.who], true)
+				case "watch":
+					flag = qs.watch(s.key)
 				case "wake":
 					flag = qs.wake(s.key, s.node)
 				default:
@@ -269,7 +283,7 @@ func TestWaitQueuesFIFO(t *testing.T) {
 			if got := attempts.Load(); got != int64(len(want)) {
 				t.Errorf("%d attempts for %d grants; want one per grant", got, len(want))
 			}
-			if qs.len() != 0 || qs.has("k") {
+			if qs.len() != 0 || qs.watched("k") {
 				t.Errorf("queue not empty at the end: len %d", qs.len())
 			}
 		})

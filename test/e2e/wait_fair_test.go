@@ -358,6 +358,44 @@ func TestWaitWithoutChannelPermission(t *testing.T) {
 	}
 }
 
+// TestWaitUncontendedNoSubscription: a LOCK … WAIT that is granted at once
+// costs the nodes what a LOCK does; only contention subscribes a key's
+// release announcements.
+func TestWaitUncontendedNoSubscription(t *testing.T) {
+	t.Parallel()
+	const (
+		nodes  = 3
+		rounds = 50
+	)
+	cl := startCluster(t, nodes)
+	in := startInstance(t, cl.addrs())
+	c := newClient(t, in.addr, 2)
+	// The first release loads the script with EVAL: do that first.
+	warm := "warm-" + randID()
+	if got := unlock(t, c, warm, mustLock(t, c, warm, "PX", 10000).Token); got != 1 {
+		t.Fatalf("UNLOCK %q = %d; want 1", warm, got)
+	}
+	before := nodeCommandCalls(t, cl)
+	for i := 0; i < rounds; i++ {
+		key := fmt.Sprintf("alone-%d-%s", i, randID())
+		g := mustLock(t, c, key, "PX", 10000, "WAIT", 5000)
+		if got := unlock(t, c, key, g.Token); got != 1 {
+			t.Fatalf("UNLOCK %q = %d; want 1", key, got)
+		}
+	}
+	after := nodeCommandCalls(t, cl)
+	for _, name := range []string{"subscribe", "unsubscribe"} {
+		if d := after[name] - before[name]; d != 0 {
+			t.Errorf("%d %s calls on the nodes for %d uncontended LOCK … WAIT; want 0", d, name, rounds)
+		}
+	}
+	total := int64(0)
+	for _, name := range countedCommands {
+		total += after[name] - before[name]
+	}
+	t.Logf("uncontended LOCK … WAIT + UNLOCK: %.2f node commands per grant on %d nodes", float64(total)/rounds, nodes)
+}
+
 // waitOutcome is what one of many waiters saw.
 type waitOutcome struct {
 	seq   int64 // grant order, from 1
