@@ -238,7 +238,11 @@ func (h *Handler) infoCmd(s *resp.Session, args [][]byte) {
 			n = len(h.clients())
 		}
 		kv("connected_clients", n)
-		kv("blocked_clients", 0)
+		blocked := 0
+		if w, ok := h.backend.(waiting); ok {
+			blocked = w.Waiting()
+		}
+		kv("blocked_clients", blocked)
 	})
 	section("Lockproxy", func() {
 		kv("lockproxy_backend", h.info.Backend)
@@ -253,6 +257,13 @@ func (h *Handler) infoCmd(s *resp.Session, args [][]byte) {
 		kv("lockproxy_keepalive_idle_ms", h.keepalive.idle.Milliseconds())
 	})
 	s.W.Verbatim(b.String())
+}
+
+// waiting is a backend that counts the LOCK … WAIT calls it has queued,
+// which INFO reports as blocked_clients, as Redis does for its blocking
+// commands.
+type waiting interface {
+	Waiting() int
 }
 
 func boolInt(b bool) int {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"sync"
 	"time"
 
 	"github.com/lockproxy/lockproxy/backends"
@@ -27,7 +26,8 @@ type Backend struct {
 	q        *quorum.Quorum
 	retryMin time.Duration
 	retryMax time.Duration
-	wake     notifier
+	waiters  *waitQueues
+	subs     []*subscriber
 }
 
 var _ backends.Backend = (*Backend)(nil)
@@ -38,7 +38,7 @@ func New(cfg Config) (*Backend, error) {
 	if len(cfg.Nodes) == 0 {
 		return nil, errors.New("redis: no nodes configured")
 	}
-	b := &Backend{retryMin: cfg.RetryMin, retryMax: cfg.RetryMax, wake: notifier{m: map[string]*waitSlot{}}}
+	b := &Backend{retryMin: cfg.RetryMin, retryMax: cfg.RetryMax, waiters: newWaitQueues()}
 	if b.retryMin <= 0 {
 		b.retryMin = 20 * time.Millisecond
 	}
@@ -49,6 +49,7 @@ func New(cfg Config) (*Backend, error) {
 	for i, nc := range cfg.Nodes {
 		b.nodes = append(b.nodes, NewNode(nc))
 		qnodes[i] = b.nodes[i]
+		b.subs = append(b.subs, newSubscriber(b.nodes[i], b.waiters.watched, func(key string) { b.waiters.wake(key, i) }))
 	}
 	q, err := quorum.New(qnodes, cfg.Quorum)
 	if err != nil {
@@ -65,8 +66,12 @@ func (b *Backend) Quorum() *quorum.Quorum { return b.q }
 // Nodes returns the node clients.
 func (b *Backend) Nodes() []*Node { return b.nodes }
 
-// Lock implements backends.Backend. With Wait it retries after a random
-// delay, and at once when a release of the key goes through this instance.
+// Lock implements backends.Backend. Without Wait it tries once. With Wait
+// the caller joins the key's queue of waiters on this instance and tries
+// only at its head: at once when the waiter before it gave up or there was
+// none, whenever a node announces a release of the key (through whichever
+// instance it was made), and otherwise after a random delay in
+// [RetryMin, RetryMax], which covers expiries and missed announcements.
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
 	qreq := quorum.Request{Key: req.Key, Token: req.Token, TTL: req.TTL, Mode: quorum.Exclusive}
 	if req.Mode == backends.Read {
@@ -75,36 +80,92 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	if req.Wait <= 0 {
 		return b.tryOnce(ctx, qreq)
 	}
-	deadline := time.Now().Add(req.Wait)
-	slot := b.wake.join(req.Key)
-	defer b.wake.leave(req.Key, slot)
+	deadline := time.NewTimer(req.Wait)
+	defer deadline.Stop()
+	w := b.join(req.Key)
+	granted := false
+	defer func() { b.leave(w, granted) }()
+
+	err := backends.ErrNotAcquired
+	var retry *time.Timer
+	var retryC <-chan time.Time // nil until this waiter is the head
+	// A waiter that never reached the head returns ErrNotAcquired without
+	// having tried: first come, first served.
+	defer func() {
+		if retry != nil {
+			retry.Stop()
+		}
+	}()
+	armRetry := func() {
+		delay := b.retryMin + rand.N(b.retryMax-b.retryMin+1)
+		if retry == nil {
+			retry = time.NewTimer(delay)
+			retryC = retry.C
+		} else {
+			retry.Reset(delay)
+		}
+	}
 	for {
-		// Take the wake-up channel before trying, so that a release between
-		// our attempt and our sleep still wakes us.
-		woken := b.wake.channel(slot)
-		lease, err := b.tryOnce(ctx, qreq)
+		// Only the head is signaled, and only the head's retry timer runs.
+		select {
+		case <-w.turn:
+		case <-retryC:
+		case <-w.promoted:
+			armRetry()
+			continue
+		case <-deadline.C:
+			return backends.Lease{}, err
+		case <-ctx.Done():
+			return backends.Lease{}, err
+		}
+		var lease backends.Lease
+		lease, err = b.tryOnce(ctx, qreq)
 		if err == nil {
+			granted = true
 			return lease, nil
 		}
-		left := time.Until(deadline)
-		if left <= 0 || ctx.Err() != nil {
+		if ctx.Err() != nil {
 			return backends.Lease{}, err
 		}
-		delay := b.retryMin + rand.N(b.retryMax-b.retryMin+1)
-		if delay > left {
-			delay = left
-		}
-		t := time.NewTimer(delay)
-		select {
-		case <-woken:
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return backends.Lease{}, err
-		}
-		t.Stop()
+		b.watch(req.Key)
+		armRetry()
 	}
 }
+
+// join queues a waiter for key. One that joins behind another subscribes
+// the key's release announcements on every node, if that is not done yet.
+func (b *Backend) join(key string) *waiter {
+	w, watch := b.waiters.join(key)
+	if watch {
+		b.updateSubscriptions(key)
+	}
+	return w
+}
+
+// watch subscribes key's release announcements on every node after a
+// failed attempt, if that is not done yet.
+func (b *Backend) watch(key string) {
+	if b.waiters.watch(key) {
+		b.updateSubscriptions(key)
+	}
+}
+
+// leave takes w out of its queue and, after the last waiter of a watched
+// key, unsubscribes the key's announcements.
+func (b *Backend) leave(w *waiter, granted bool) {
+	if b.waiters.leave(w, granted) {
+		b.updateSubscriptions(w.key)
+	}
+}
+
+func (b *Backend) updateSubscriptions(key string) {
+	for _, s := range b.subs {
+		s.update(key)
+	}
+}
+
+// Waiting is the number of LOCK … WAIT calls queued on this instance.
+func (b *Backend) Waiting() int { return b.waiters.len() }
 
 func (b *Backend) tryOnce(ctx context.Context, req quorum.Request) (backends.Lease, error) {
 	l, err := b.q.Acquire(ctx, req)
@@ -120,11 +181,10 @@ func (b *Backend) tryOnce(ctx context.Context, req quorum.Request) (backends.Lea
 
 // Unlock implements backends.Backend.
 func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
-	ok, err := b.q.Release(ctx, key, token, 0)
-	if ok {
-		b.wake.notify(key)
-	}
-	return ok, err
+	// Local waiters learn of the release from the nodes' announcements,
+	// like everyone else's: waking them here as well would make the
+	// announcements that follow look like a second release.
+	return b.q.Release(ctx, key, token, 0)
 }
 
 // Renew implements backends.Backend.
@@ -157,58 +217,14 @@ func (b *Backend) Ready(ctx context.Context) error {
 	return nil
 }
 
-// Close stops every node client.
+// Close stops the subscriptions and every node client.
 func (b *Backend) Close() error {
+	for _, s := range b.subs {
+		s.close()
+	}
 	var errs []error
 	for _, n := range b.nodes {
 		errs = append(errs, n.Close())
 	}
 	return errors.Join(errs...)
-}
-
-// notifier wakes this instance's waiters on a key when a release of that
-// key goes through this instance.
-type notifier struct {
-	mu sync.Mutex
-	m  map[string]*waitSlot
-}
-
-type waitSlot struct {
-	ch   chan struct{}
-	refs int
-}
-
-func (nt *notifier) join(key string) *waitSlot {
-	nt.mu.Lock()
-	defer nt.mu.Unlock()
-	s := nt.m[key]
-	if s == nil {
-		s = &waitSlot{ch: make(chan struct{})}
-		nt.m[key] = s
-	}
-	s.refs++
-	return s
-}
-
-func (nt *notifier) leave(key string, s *waitSlot) {
-	nt.mu.Lock()
-	defer nt.mu.Unlock()
-	if s.refs--; s.refs == 0 {
-		delete(nt.m, key)
-	}
-}
-
-func (nt *notifier) channel(s *waitSlot) <-chan struct{} {
-	nt.mu.Lock()
-	defer nt.mu.Unlock()
-	return s.ch
-}
-
-func (nt *notifier) notify(key string) {
-	nt.mu.Lock()
-	defer nt.mu.Unlock()
-	if s := nt.m[key]; s != nil {
-		close(s.ch)
-		s.ch = make(chan struct{})
-	}
 }

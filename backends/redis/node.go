@@ -57,6 +57,7 @@ type opResult struct {
 type op struct {
 	kind     opKind
 	key      string // the key as stored on the node, prefix included
+	channel  string // where a release is announced
 	token    string
 	ms       int64 // TTL in ms
 	slot     uint16
@@ -166,6 +167,10 @@ func (n *Node) Client() *goredis.Client { return n.client }
 // LockKey is the key a lock on key has on the node.
 func (n *Node) LockKey(key string) string { return n.prefix + "lock:" + key }
 
+// ReleaseChannel is the pub/sub channel on which the node announces each
+// release of key's lock.
+func (n *Node) ReleaseChannel(key string) string { return n.prefix + "released:" + key }
+
 // Close stops the writers and closes the connections. Operations still
 // queued fail with an error.
 func (n *Node) Close() error {
@@ -209,7 +214,9 @@ func (n *Node) RaiseFence(ctx context.Context, key, token string, fence uint64) 
 
 // Release implements quorum.Node.
 func (n *Node) Release(ctx context.Context, key, token string) (bool, error) {
-	v, err := n.do(ctx, n.newOp(opRelease, key, token))
+	o := n.newOp(opRelease, key, token)
+	o.channel = n.ReleaseChannel(key)
+	v, err := n.do(ctx, o)
 	return v == 1, err
 }
 
@@ -251,7 +258,9 @@ func (n *Node) StartRaiseFence(ctx context.Context, key, token string, fence uin
 
 // StartRelease implements quorum.AsyncNode.
 func (n *Node) StartRelease(ctx context.Context, key, token string, done func(bool, error)) {
-	n.startBool(ctx, n.newOp(opRelease, key, token), done)
+	o := n.newOp(opRelease, key, token)
+	o.channel = n.ReleaseChannel(key)
+	n.startBool(ctx, o, done)
 }
 
 // StartExtend implements quorum.AsyncNode.
@@ -470,7 +479,7 @@ func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
 			args = []any{o.token, o.slot, strconv.FormatUint(o.fence, 10)}
 		case opRelease:
 			s = scriptRelease
-			args = []any{o.token}
+			args = []any{o.token, o.channel}
 		case opExtend:
 			s = scriptExtend
 			args = []any{o.token, o.ms}

@@ -30,10 +30,17 @@ end
 return 0
 `
 
-// releaseScript: KEYS[1] lock key; ARGV[1] token. Compare-and-delete.
+// releaseScript: KEYS[1] lock key; ARGV[1] token, ARGV[2] release channel.
+// Compare-and-delete; a delete is announced on the channel, in the same
+// call, so that waiters on every lockproxy instance learn of it without a
+// round trip of their own. An expiry is not announced: waiters find it by
+// their retry. The announcement is a pcall: a node user whose ACL denies
+// the channel still releases, and waiters fall back to their retry.
 const releaseScript = `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  local n = redis.call('DEL', KEYS[1])
+  redis.pcall('PUBLISH', ARGV[2], '')
+  return n
 end
 return 0
 `

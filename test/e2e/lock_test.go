@@ -309,8 +309,6 @@ func TestWait(t *testing.T) {
 		// PROTOCOL.md: waiters are woken as soon as the lock is released,
 		// also by releases made through another instance.
 		t.Run("woken by UNLOCK through another instance", func(t *testing.T) {
-			t.Skip("known gap: releases through another instance do not wake waiters; they are found by the " +
-				"20-200 ms random retry (backends/redis/backend.go notifier is per instance); see the report")
 			addrB, _ := startProxy(t, cl.addrs())
 			cb := newClient(t, addrB, 2)
 			const trials = 7

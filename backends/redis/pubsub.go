@@ -1,0 +1,173 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Timings of a node's release subscription.
+const (
+	// subscribePingEvery is how long the subscription may stay silent
+	// before it sends a PING: a connection lost without a reset (a
+	// partition) is then found and redialed within about this long.
+	subscribePingEvery = 30 * time.Second
+	// subscribeRetryMin and subscribeRetryMax bound the pause before
+	// redialing a node whose subscription connection failed: a node that is
+	// down must not be dialed in a tight loop, and missed releases meanwhile
+	// are found by the waiters' jittered retry.
+	subscribeRetryMin = 100 * time.Millisecond
+	subscribeRetryMax = 2 * time.Second
+)
+
+// subscriber listens on one node for releases of the keys that local
+// waiters contend for (see waitQueues). The release script publishes on <prefix>released:<key> whenever
+// it deletes a lock, so a release made through any lockproxy instance wakes
+// the waiters here. It holds one go-redis PubSub (one connection); a
+// message that is missed (the subscription not active yet, the node down)
+// costs the waiter only its retry delay.
+type subscriber struct {
+	ps      *goredis.PubSub
+	prefix  string // <node prefix>released:
+	timeout time.Duration
+	wanted  func(key string) bool // whether key is watched by local waiters
+	wake    func(key string)      // a release of key was seen
+
+	mu    sync.Mutex
+	dirty map[string]struct{} // keys whose subscription may need a change
+	kick  chan struct{}       // buffered 1: dirty is not empty
+	stop  chan struct{}
+	done  chan struct{} // closed when run has returned
+}
+
+func newSubscriber(n *Node, wanted func(string) bool, wake func(string)) *subscriber {
+	s := &subscriber{
+		ps:      n.client.Subscribe(context.Background()),
+		prefix:  n.prefix + "released:",
+		timeout: n.timeout,
+		wanted:  wanted,
+		wake:    wake,
+		dirty:   map[string]struct{}{},
+		kick:    make(chan struct{}, 1),
+		stop:    make(chan struct{}),
+		done:    make(chan struct{}),
+	}
+	go s.run()
+	return s
+}
+
+// channel is the channel the release script publishes key's releases on.
+func (s *subscriber) channel(key string) string { return s.prefix + key }
+
+// update asks the subscriber to subscribe to key's channel, or to
+// unsubscribe, whichever wanted(key) says when it gets to it. It does no
+// I/O and never blocks.
+func (s *subscriber) update(key string) {
+	s.mu.Lock()
+	s.dirty[key] = struct{}{}
+	s.mu.Unlock()
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// close stops the subscriber and waits for its goroutines.
+func (s *subscriber) close() {
+	select {
+	case <-s.stop:
+	default:
+		close(s.stop)
+	}
+	<-s.done
+}
+
+// run applies subscription changes until close, then closes the PubSub and
+// waits for the receiver, which ends with it.
+func (s *subscriber) run() {
+	defer close(s.done)
+	received := make(chan struct{})
+	go s.receive(received)
+	active := map[string]struct{}{}
+	var sub, unsub []string
+	for {
+		select {
+		case <-s.stop:
+			_ = s.ps.Close()
+			<-received
+			return
+		case <-s.kick:
+		}
+		s.mu.Lock()
+		dirty := s.dirty
+		s.dirty = make(map[string]struct{}, len(dirty))
+		s.mu.Unlock()
+		sub, unsub = sub[:0], unsub[:0]
+		for key := range dirty {
+			_, have := active[key]
+			switch want := s.wanted(key); {
+			case want && !have:
+				active[key] = struct{}{}
+				sub = append(sub, s.channel(key))
+			case !want && have:
+				delete(active, key)
+				unsub = append(unsub, s.channel(key))
+			}
+		}
+		// Errors need no handling: go-redis keeps the channel set and
+		// subscribes again when the receiver reconnects.
+		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+		if len(unsub) > 0 {
+			_ = s.ps.Unsubscribe(ctx, unsub...)
+		}
+		if len(sub) > 0 {
+			_ = s.ps.Subscribe(ctx, sub...)
+		}
+		cancel()
+	}
+}
+
+// receive reads messages until the PubSub is closed.
+func (s *subscriber) receive(done chan<- struct{}) {
+	defer close(done)
+	pause := subscribeRetryMin
+	for {
+		msg, err := s.ps.ReceiveTimeout(context.Background(), subscribePingEvery)
+		select {
+		case <-s.stop:
+			return
+		default:
+		}
+		if err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				// Silence: make sure the connection is alive. A failed
+				// write makes go-redis redial.
+				ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+				_ = s.ps.Ping(ctx)
+				cancel()
+				continue
+			}
+			t := time.NewTimer(pause)
+			select {
+			case <-s.stop:
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			pause = min(pause*2, subscribeRetryMax)
+			continue
+		}
+		pause = subscribeRetryMin
+		if m, ok := msg.(*goredis.Message); ok {
+			if key, ok := strings.CutPrefix(m.Channel, s.prefix); ok {
+				s.wake(key)
+			}
+		}
+	}
+}

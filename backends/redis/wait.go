@@ -1,0 +1,191 @@
+package redis
+
+import "sync"
+
+// waitQueues holds, per key, this instance's LOCK … WAIT callers in the
+// order they arrived. Only the head of a key's queue tries to acquire: a
+// release wakes the head alone, so a thousand waiters on one key cost the
+// nodes one attempt per release, not a thousand. The others sleep on their
+// own channel until they become the head.
+//
+// The queue orders waiters of one instance only: waiters on other
+// instances, and LOCK without WAIT, compete with the head as equals.
+//
+// A key is watched (its release announcements subscribed to) only once it
+// is contended: a waiter joined behind another, or an attempt failed. A
+// LOCK … WAIT granted at its first attempt, alone, costs the nodes no
+// subscription.
+type waitQueues struct {
+	mu    sync.Mutex
+	keys  map[string]*waitQueue
+	total int // waiters over all keys
+}
+
+type waitQueue struct {
+	head, tail *waiter
+	// heard has a bit per node whose release announcement came since the
+	// last wake-up. A release is announced once by each node, so the
+	// first announcement wakes the head and the others of the same
+	// release are ignored; a second one from the same node is a new
+	// release.
+	heard uint64
+	// watched is set once the key is contended, until the queue empties.
+	watched bool
+}
+
+// waiter is one LOCK … WAIT in a queue.
+type waiter struct {
+	key        string
+	prev, next *waiter
+	// turn receives when the waiter should try to acquire: it just became
+	// the head of an idle queue, or the lock was released. Buffered 1, so
+	// a signal is never lost and several coalesce into one attempt.
+	turn chan struct{}
+	// promoted receives when the waiter became the head because the one
+	// before it was granted the lock: it should not try yet, but start its
+	// retry timer, the fallback for a release that is never announced (an
+	// expiry, a missed message). Buffered 1.
+	promoted chan struct{}
+	// queued is false once the waiter left.
+	queued bool
+}
+
+func newWaitQueues() *waitQueues {
+	return &waitQueues{keys: map[string]*waitQueue{}}
+}
+
+// join queues a waiter for key at the tail. A waiter that finds the queue
+// empty is the head and is signaled at once. watch reports whether the
+// key became watched: the waiter joined behind another.
+func (qs *waitQueues) join(key string) (w *waiter, watch bool) {
+	w = &waiter{key: key, turn: make(chan struct{}, 1), promoted: make(chan struct{}, 1), queued: true}
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	qs.total++
+	q := qs.keys[key]
+	if q == nil {
+		q = &waitQueue{}
+		qs.keys[key] = q
+	}
+	if q.tail == nil {
+		q.head, q.tail = w, w
+		signal(w)
+		return w, false
+	}
+	w.prev = q.tail
+	q.tail.next = w
+	q.tail = w
+	watch = !q.watched
+	q.watched = true
+	return w, watch
+}
+
+// watch marks key contended: an attempt failed. It reports whether the
+// key became watched.
+func (qs *waitQueues) watch(key string) bool {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.keys[key]
+	if q == nil || q.watched {
+		return false
+	}
+	q.watched = true
+	return true
+}
+
+// leave takes w out of its queue. When w was the head, the next waiter
+// becomes the head; it is signaled to try at once, unless w leaves because
+// it was granted the lock: the lock is then held, and the next head is only
+// told that it is the head, to wait for the release or its retry timer.
+// unwatch reports whether the key was watched and has no waiters any more.
+func (qs *waitQueues) leave(w *waiter, granted bool) (unwatch bool) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	if !w.queued {
+		return false
+	}
+	w.queued = false
+	qs.total--
+	q := qs.keys[w.key]
+	wasHead := q.head == w
+	if w.prev != nil {
+		w.prev.next = w.next
+	} else {
+		q.head = w.next
+	}
+	if w.next != nil {
+		w.next.prev = w.prev
+	} else {
+		q.tail = w.prev
+	}
+	w.prev, w.next = nil, nil
+	if q.head == nil {
+		delete(qs.keys, w.key)
+		return q.watched
+	}
+	switch {
+	case wasHead && granted:
+		select {
+		case q.head.promoted <- struct{}{}:
+		default:
+		}
+	case wasHead:
+		signal(q.head)
+	}
+	return false
+}
+
+// wake signals the head of key's queue that node (its index) announced a
+// release, unless it is another node's announcement of a release that woke
+// the head already. It reports whether key has waiters.
+func (qs *waitQueues) wake(key string, node int) bool {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.keys[key]
+	if q == nil {
+		return false
+	}
+	if node < 0 || node >= 64 {
+		signal(q.head)
+		return true
+	}
+	bit := uint64(1) << node
+	if q.heard&bit != 0 {
+		q.heard = 0
+	}
+	if q.heard == 0 {
+		signal(q.head)
+	}
+	q.heard |= bit
+	return true
+}
+
+// watched reports whether key has waiters and is contended.
+func (qs *waitQueues) watched(key string) bool {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.keys[key]
+	return q != nil && q.watched
+}
+
+// isHead reports whether w is at the head of its queue.
+func (qs *waitQueues) isHead(w *waiter) bool {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.keys[w.key]
+	return w.queued && q != nil && q.head == w
+}
+
+// len is the number of waiters over all keys.
+func (qs *waitQueues) len() int {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	return qs.total
+}
+
+func signal(w *waiter) {
+	select {
+	case w.turn <- struct{}{}:
+	default:
+	}
+}
