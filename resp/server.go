@@ -186,7 +186,6 @@ func (s *Server) isClosing() bool {
 	return s.closing
 }
 
-
 // Shutdown stops accepting, lets every connection finish the commands it
 // is running (until ctx is done, after which their contexts are canceled),
 // and closes the connections.
