@@ -841,6 +841,10 @@ func TestExtend(t *testing.T) {
 				}
 				if i == 0 {
 					nd.clock, nd.advance = clock, tc.advance
+				} else if nd.delay == 0 {
+					// Extend answers once a majority extended: n1, which
+					// moves the clock, must be among the first to answer.
+					nd.delay = 50 * time.Millisecond
 				}
 			})
 			cfg := defaultConfig()

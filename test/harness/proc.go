@@ -433,7 +433,11 @@ func buildLockproxy() (string, error) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, goTool(), "build", "-o", tmp, "./cmd/lockproxy")
+	// LOCKPROXY_TEST_BUILDFLAGS adds go build flags, such as -race (make
+	// test-race), to the binary the end-to-end tests run.
+	args := append([]string{"build"}, strings.Fields(os.Getenv("LOCKPROXY_TEST_BUILDFLAGS"))...)
+	args = append(args, "-o", tmp, "./cmd/lockproxy")
+	cmd := exec.CommandContext(ctx, goTool(), args...)
 	cmd.Dir = root
 	cmd.WaitDelay = waitDelay
 	out, err := cmd.CombinedOutput()
