@@ -166,6 +166,14 @@ func (l *Limits) checkToken(t []byte) error {
 	return nil
 }
 
+// checkKeyToken checks the key and token of UNLOCK and RENEW.
+func (l *Limits) checkKeyToken(k, t []byte) error {
+	if err := l.checkKey(k); err != nil {
+		return err
+	}
+	return l.checkToken(t)
+}
+
 func (l *Limits) checkTTL(ttl time.Duration) error {
 	if l.MaxTTL > 0 && ttl > l.MaxTTL {
 		return errors.New("ERR TTL " + strconv.FormatInt(ttl.Milliseconds(), 10) + " ms is above the maximum of " +
@@ -281,11 +289,7 @@ func writeLease(w *resp.Writer, l backends.Lease) {
 }
 
 func (h *Handler) unlock(s *resp.Session, args [][]byte) {
-	if err := h.limits.checkKey(args[1]); err != nil {
-		s.W.Error(err.Error())
-		return
-	}
-	if err := h.limits.checkToken(args[2]); err != nil {
+	if err := h.limits.checkKeyToken(args[1], args[2]); err != nil {
 		s.W.Error(err.Error())
 		return
 	}
@@ -310,11 +314,7 @@ func (h *Handler) unlock(s *resp.Session, args [][]byte) {
 
 // renew: RENEW key token PX ms | EX s
 func (h *Handler) renew(s *resp.Session, args [][]byte) {
-	if err := h.limits.checkKey(args[1]); err != nil {
-		s.W.Error(err.Error())
-		return
-	}
-	if err := h.limits.checkToken(args[2]); err != nil {
+	if err := h.limits.checkKeyToken(args[1], args[2]); err != nil {
 		s.W.Error(err.Error())
 		return
 	}
