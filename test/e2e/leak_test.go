@@ -1,0 +1,89 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// goroutines reads lockproxy's goroutine count from its admin port.
+func goroutines(t *testing.T, in *instance) int {
+	t.Helper()
+	code, body := httpGet(t, "http://"+in.admin+"/debug/pprof/goroutine?debug=1")
+	if code != 200 {
+		t.Fatalf("goroutine profile: HTTP %d", code)
+	}
+	first, _, _ := strings.Cut(body, "\n")
+	n, err := strconv.Atoi(strings.TrimPrefix(first, "goroutine profile: total "))
+	if err != nil {
+		t.Fatalf("goroutine profile header %q: %v", first, err)
+	}
+	return n
+}
+
+// TestNoGoroutineLeak: after connections that lock, wait, take keepalive
+// locks and vanish have all gone, lockproxy's goroutines fall back to where
+// they were.
+func TestNoGoroutineLeak(t *testing.T) {
+	cl := startCluster(t, 3)
+	in := startInstance(t, cl.addrs())
+	// Warm up: node connections and pools exist before the baseline.
+	warm := newClient(t, in.addr, 2)
+	g := mustLock(t, warm, "warm", "PX", 1000)
+	unlock(t, warm, "warm", g.Token)
+	warm.Close()
+	time.Sleep(200 * time.Millisecond)
+	base := goroutines(t, in)
+
+	const clients = 100
+	var wg sync.WaitGroup
+	for i := 0; i < clients; i++ {
+		wg.Add(1)
+		go func(i int) {
+			defer wg.Done()
+			c := redis.NewClient(&redis.Options{Addr: in.addr, Protocol: 2 + i%2, PoolSize: 1, MaxRetries: -1})
+			defer c.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			key := fmt.Sprintf("leak:%d", i%10)
+			for j := 0; j < 5; j++ {
+				v, err := c.Do(ctx, "LOCK", key, "PX", 2000, "WAIT", 50).Result()
+				if err != nil || v == nil {
+					continue
+				}
+				if gr, err := parseGrant(v); err == nil {
+					c.Do(ctx, "UNLOCK", key, gr.Token)
+				}
+			}
+			// A keepalive lock left to the disconnect, and a wait cut short
+			// by it.
+			c.Do(ctx, "LOCK", fmt.Sprintf("leak:ka:%d", i), "KEEPALIVE")
+			if i%3 == 0 {
+				short, cancelShort := context.WithTimeout(ctx, 30*time.Millisecond)
+				c.Do(short, "LOCK", "leak:0", "PX", 1000, "WAIT", 5000)
+				cancelShort()
+			}
+		}(i)
+	}
+	wg.Wait()
+
+	var last int
+	err := eventually(100, 100*time.Millisecond, func() error {
+		last = goroutines(t, in)
+		if last > base+5 {
+			return fmt.Errorf("%d goroutines; %d before the clients", last, base)
+		}
+		return nil
+	})
+	if err != nil {
+		_, dump := httpGet(t, "http://"+in.admin+"/debug/pprof/goroutine?debug=1")
+		t.Fatalf("goroutines did not settle: %v\n%s", err, dump)
+	}
+	t.Logf("goroutines: %d before %d clients, %d after", base, clients, last)
+}
