@@ -15,6 +15,11 @@ const (
 	MaxInlineSize = 64 << 10
 )
 
+// initialReadBuffer is each connection's read buffer until a command needs
+// more: lock commands are small, and ten thousand idle clients should cost
+// tens of MB, not hundreds.
+const initialReadBuffer = 4 << 10
+
 // ProtocolError is malformed input; the connection is answered with
 // "-ERR Protocol error: …" and closed, as Redis does.
 type ProtocolError struct{ Msg string }
@@ -45,7 +50,7 @@ type Reader struct {
 
 // NewReader returns a Reader over rd.
 func NewReader(rd io.Reader) *Reader {
-	return &Reader{rd: rd, buf: make([]byte, 16<<10)}
+	return &Reader{rd: rd, buf: make([]byte, initialReadBuffer)}
 }
 
 // ReadBatch returns the commands that are complete in the input, reading
@@ -88,7 +93,7 @@ func (r *Reader) fill(need int) error {
 		r.start = 0
 	}
 	if r.end == 0 && len(r.buf) > 64<<10 {
-		r.buf = make([]byte, 16<<10) // give back a buffer a big command grew
+		r.buf = make([]byte, initialReadBuffer) // give back a buffer a big command grew
 	}
 	want := r.end + max(need, 1)
 	if want > len(r.buf) {
