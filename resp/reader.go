@@ -15,6 +15,9 @@ const (
 	MaxInlineSize = 64 << 10
 )
 
+// maxGrowStep bounds how much the read buffer grows ahead of the data.
+const maxGrowStep = 1 << 20
+
 // initialReadBuffer is each connection's read buffer until a command needs
 // more: lock commands are small, and ten thousand idle clients should cost
 // tens of MB, not hundreds.
@@ -95,7 +98,10 @@ func (r *Reader) fill(need int) error {
 	if r.end == 0 && len(r.buf) > 64<<10 {
 		r.buf = make([]byte, initialReadBuffer) // give back a buffer a big command grew
 	}
-	want := r.end + max(need, 1)
+	// Grow towards what the command says it needs, but no faster than the
+	// data arrives: a client announcing a 512 MB bulk string gets memory as
+	// it sends it, not on the header's word.
+	want := r.end + min(max(need, 1), maxGrowStep)
 	if want > len(r.buf) {
 		nb := make([]byte, max(want, 2*len(r.buf)))
 		copy(nb, r.buf[:r.end])

@@ -164,3 +164,16 @@ func FuzzReader(f *testing.F) {
 		}
 	})
 }
+
+// A header announcing a huge bulk string does not make the reader allocate
+// it before the data comes.
+func TestReaderHugeHeaderAllocatesLittle(t *testing.T) {
+	r := NewReader(bytes.NewReader([]byte("*1\r\n$500000000\r\nabc")))
+	_, err := r.ReadBatch()
+	if err == nil {
+		t.Fatal("truncated input read without error")
+	}
+	if len(r.buf) > 4*maxGrowStep {
+		t.Fatalf("read buffer grew to %d bytes on a header alone", len(r.buf))
+	}
+}
