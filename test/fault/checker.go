@@ -1,0 +1,289 @@
+package fault
+
+import (
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+)
+
+// Grant is one exclusive grant as its client saw it. All times are offsets
+// on one monotonic clock (History.Now) of the test process.
+type Grant struct {
+	Key   string
+	Token string
+	Fence int64
+	// Client names who held it, for reports.
+	Client string
+	// Enter is stamped right after the LOCK reply arrived.
+	Enter time.Duration
+	// Deadline is Enter + validity_ms. lockproxy counts validity from the
+	// start of its acquisition, which is earlier than Enter, so this
+	// deadline is a little late: it makes the overlap check stricter, never
+	// laxer.
+	Deadline time.Duration
+	// Exit is stamped right before UNLOCK is sent (or the connection is
+	// dropped). A negative Exit means unknown; it is then taken to be the
+	// Deadline.
+	Exit time.Duration
+	// Use is when the client wrote to the ledger inside the critical
+	// section (0: it did not write), and Rejected whether the ledger
+	// refused that write.
+	Use      time.Duration
+	Rejected bool
+}
+
+// exit is Exit, or Deadline when the exit is unknown.
+func (g Grant) exit() time.Duration {
+	if g.Exit < 0 {
+		return g.Deadline
+	}
+	return g.Exit
+}
+
+// end is when the grant stopped protecting its holder: its exit, but never
+// later than its validity deadline.
+func (g Grant) end() time.Duration {
+	return min(g.exit(), g.Deadline)
+}
+
+func (g Grant) String() string {
+	return fmt.Sprintf("%s fence %d by %s [%v, exit %v, deadline %v]", g.Key, g.Fence, g.Client, g.Enter, g.exit(), g.Deadline)
+}
+
+// History records grants from many goroutines on one monotonic clock.
+type History struct {
+	start time.Time
+
+	mu     sync.Mutex
+	grants []Grant
+}
+
+// NewHistory starts an empty history whose clock reads 0 now.
+func NewHistory() *History { return &History{start: time.Now()} }
+
+// Now is the history's clock: the monotonic time since NewHistory. It is
+// never 0 after the first nanosecond, so 0 can mean "not set".
+func (h *History) Now() time.Duration { return time.Since(h.start) }
+
+// Add records g.
+func (h *History) Add(g Grant) {
+	h.mu.Lock()
+	h.grants = append(h.grants, g)
+	h.mu.Unlock()
+}
+
+// Grants returns a copy of the recorded grants.
+func (h *History) Grants() []Grant {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]Grant(nil), h.grants...)
+}
+
+// Pair is two grants of one key, First entered before Second.
+type Pair struct {
+	First, Second Grant
+}
+
+func (p Pair) String() string { return p.First.String() + " / " + p.Second.String() }
+
+// Report is what Check found. Every slice holds at most maxExamples
+// entries; the counts are complete.
+type Report struct {
+	Grants int
+	// Overlaps: Second entered before First's end (its exit, capped at its
+	// validity deadline): two holders at once while both leases were valid.
+	Overlaps     []Pair
+	OverlapCount int
+	// FenceRegressions: Second entered after First but its fence is not
+	// larger.
+	FenceRegressions     []Pair
+	FenceRegressionCount int
+	// LateUses: First was still in its critical section (before its exit)
+	// after its validity deadline, when Second entered: the holder acted
+	// past its lease while another held the lock. Only a fenced resource is
+	// safe against this.
+	LateUses     []Pair
+	LateUseCount int
+	// RejectedLive: grants whose ledger write was refused although it was
+	// made before their validity deadline.
+	RejectedLive      []Grant
+	RejectedLiveCount int
+}
+
+const maxExamples = 10
+
+// Violations counts the findings that break mutual exclusion or fencing
+// (late uses are the client's fault, reported separately).
+func (r Report) Violations() int {
+	return r.OverlapCount + r.FenceRegressionCount + r.RejectedLiveCount
+}
+
+func (r Report) String() string {
+	return fmt.Sprintf("%d grants: %d overlaps %v, %d fence regressions %v, %d late uses %v, %d live writes rejected %v",
+		r.Grants, r.OverlapCount, r.Overlaps, r.FenceRegressionCount, r.FenceRegressions,
+		r.LateUseCount, r.LateUses, r.RejectedLiveCount, r.RejectedLive)
+}
+
+// Check looks for overlaps, fence regressions, late uses and live writes
+// rejected, key by key, with grants ordered by Enter.
+func Check(grants []Grant) Report {
+	r := Report{Grants: len(grants)}
+	byKey := map[string][]Grant{}
+	for _, g := range grants {
+		byKey[g.Key] = append(byKey[g.Key], g)
+		if g.Rejected && g.Use > 0 && g.Use < g.Deadline {
+			r.RejectedLiveCount++
+			if len(r.RejectedLive) < maxExamples {
+				r.RejectedLive = append(r.RejectedLive, g)
+			}
+		}
+	}
+	keys := make([]string, 0, len(byKey))
+	for k := range byKey {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		gs := byKey[k]
+		sort.SliceStable(gs, func(i, j int) bool { return gs[i].Enter < gs[j].Enter })
+		// Sweep: among the grants entered so far, the one that ends last
+		// (validity-capped) and the one that exits last (uncapped).
+		var lastEnd, lastExit Grant
+		for i, g := range gs {
+			if i > 0 {
+				switch {
+				case g.Enter < lastEnd.end():
+					r.OverlapCount++
+					if len(r.Overlaps) < maxExamples {
+						r.Overlaps = append(r.Overlaps, Pair{lastEnd, g})
+					}
+				case g.Enter < lastExit.exit():
+					r.LateUseCount++
+					if len(r.LateUses) < maxExamples {
+						r.LateUses = append(r.LateUses, Pair{lastExit, g})
+					}
+				}
+				if prev := gs[i-1]; g.Fence <= prev.Fence {
+					r.FenceRegressionCount++
+					if len(r.FenceRegressions) < maxExamples {
+						r.FenceRegressions = append(r.FenceRegressions, Pair{prev, g})
+					}
+				}
+			}
+			if i == 0 || g.end() > lastEnd.end() {
+				lastEnd = g
+			}
+			if i == 0 || g.exit() > lastExit.exit() {
+				lastExit = g
+			}
+		}
+	}
+	return r
+}
+
+// LedgerEntry is one write the ledger was asked to make.
+type LedgerEntry struct {
+	Key      string
+	Fence    int64
+	Value    int64
+	Accepted bool
+}
+
+// Ledger is the protected resource: a counter per key that clients
+// read-modify-write inside their critical section. A fenced ledger accepts
+// write(key, fence, value) only if fence ≥ the highest fence it has seen for
+// key; an unfenced one accepts every write (the negative control).
+type Ledger struct {
+	fenced bool
+
+	mu       sync.Mutex
+	maxFence map[string]int64
+	value    map[string]int64
+	acked    map[string]int64 // accepted writes per key
+	accepted int
+	rejected int
+	log      []LedgerEntry
+	keepLog  bool
+}
+
+// NewLedger returns an empty ledger; fenced says whether it checks fences.
+// keepLog keeps every write in Log (for small runs).
+func NewLedger(fenced, keepLog bool) *Ledger {
+	return &Ledger{
+		fenced:   fenced,
+		keepLog:  keepLog,
+		maxFence: map[string]int64{},
+		value:    map[string]int64{},
+		acked:    map[string]int64{},
+	}
+}
+
+// Read returns key's current value.
+func (l *Ledger) Read(key string) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.value[key]
+}
+
+// Write sets key to value if the ledger accepts fence, and reports whether
+// it did (the acknowledgement).
+func (l *Ledger) Write(key string, fence, value int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ok := !l.fenced || fence >= l.maxFence[key]
+	if ok {
+		l.value[key] = value
+		l.acked[key]++
+		l.accepted++
+		if fence > l.maxFence[key] {
+			l.maxFence[key] = fence
+		}
+	} else {
+		l.rejected++
+	}
+	if l.keepLog {
+		l.log = append(l.log, LedgerEntry{Key: key, Fence: fence, Value: value, Accepted: ok})
+	}
+	return ok
+}
+
+// Counts returns how many writes were accepted and rejected.
+func (l *Ledger) Counts() (accepted, rejected int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.accepted, l.rejected
+}
+
+// Log returns the writes (if the ledger keeps them).
+func (l *Ledger) Log() []LedgerEntry {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]LedgerEntry(nil), l.log...)
+}
+
+// Lost returns, per key, how many acknowledged increments are missing from
+// the final value (acknowledged writes − final value), for the keys where
+// that is not 0. Every write is an increment of the value read in the same
+// critical section, so with mutual exclusion the final value is exactly the
+// number of acknowledged writes.
+func (l *Ledger) Lost() map[string]int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	lost := map[string]int64{}
+	for k, n := range l.acked {
+		if d := n - l.value[k]; d != 0 {
+			lost[k] = d
+		}
+	}
+	return lost
+}
+
+// LostTotal sums Lost.
+func (l *Ledger) LostTotal() int64 {
+	var n int64
+	for _, d := range l.Lost() {
+		n += d
+	}
+	return n
+}

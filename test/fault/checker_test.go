@@ -1,0 +1,152 @@
+package fault
+
+import (
+	"testing"
+	"time"
+)
+
+const ms = time.Millisecond
+
+// g is a grant of key with fence, entered at enter, valid for validity,
+// left at exit (all in ms).
+func g(key string, fence int64, enter, validity, exit int) Grant {
+	return Grant{
+		Key: key, Fence: fence, Client: "c",
+		Enter:    time.Duration(enter) * ms,
+		Deadline: time.Duration(enter+validity) * ms,
+		Exit:     time.Duration(exit) * ms,
+	}
+}
+
+func TestCheck(t *testing.T) {
+	tests := []struct {
+		name                               string
+		grants                             []Grant
+		overlaps, regressions, late, rejLv int
+	}{
+		{name: "empty"},
+		{name: "one", grants: []Grant{g("k", 1, 0, 100, 10)}},
+		{name: "sequential", grants: []Grant{g("k", 1, 0, 100, 10), g("k", 2, 20, 100, 30), g("k", 3, 40, 100, 50)}},
+		{name: "touching", grants: []Grant{g("k", 1, 0, 100, 10), g("k", 2, 10, 100, 30)}},
+		{name: "order of recording does not matter", grants: []Grant{g("k", 2, 20, 100, 30), g("k", 1, 0, 100, 10)}},
+		{name: "overlap", grants: []Grant{g("k", 1, 0, 100, 50), g("k", 2, 20, 100, 30)}, overlaps: 1},
+		{name: "overlap with an earlier, not the previous, grant",
+			grants:   []Grant{g("k", 1, 0, 100, 90), g("k", 2, 10, 100, 20), g("k", 3, 30, 100, 40)},
+			overlaps: 2},
+		{name: "other keys do not overlap", grants: []Grant{g("a", 1, 0, 100, 50), g("b", 1, 20, 100, 30)}},
+		{name: "equal fence", grants: []Grant{g("k", 5, 0, 100, 10), g("k", 5, 20, 100, 30)}, regressions: 1},
+		{name: "smaller fence", grants: []Grant{g("k", 5, 0, 100, 10), g("k", 3, 20, 100, 30), g("k", 6, 40, 100, 50)}, regressions: 1},
+		{name: "fences per key", grants: []Grant{g("a", 5, 0, 100, 10), g("b", 1, 20, 100, 30)}},
+		{name: "past validity, then another enters: late use, not overlap",
+			grants: []Grant{g("k", 1, 0, 100, 300), g("k", 2, 150, 100, 200)}, late: 1},
+		{name: "past validity, nobody else entered", grants: []Grant{g("k", 1, 0, 100, 300), g("k", 2, 300, 100, 310)}},
+		{name: "unknown exit ends at the deadline",
+			grants: []Grant{{Key: "k", Fence: 1, Enter: 0, Deadline: 100 * ms, Exit: -1}, g("k", 2, 100, 100, 110)}},
+		{name: "unknown exit overlaps before the deadline",
+			grants:   []Grant{{Key: "k", Fence: 1, Enter: 0, Deadline: 100 * ms, Exit: -1}, g("k", 2, 99, 100, 110)},
+			overlaps: 1},
+		{name: "write rejected within validity",
+			grants: []Grant{{Key: "k", Fence: 1, Enter: 1, Deadline: 100 * ms, Exit: 50 * ms, Use: 40 * ms, Rejected: true}},
+			rejLv:  1},
+		{name: "write rejected past validity",
+			grants: []Grant{{Key: "k", Fence: 1, Enter: 1, Deadline: 100 * ms, Exit: 250 * ms, Use: 200 * ms, Rejected: true}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Check(tc.grants)
+			if r.Grants != len(tc.grants) || r.OverlapCount != tc.overlaps || r.FenceRegressionCount != tc.regressions ||
+				r.LateUseCount != tc.late || r.RejectedLiveCount != tc.rejLv {
+				t.Errorf("Check = %v; want %d overlaps, %d fence regressions, %d late uses, %d live writes rejected",
+					r, tc.overlaps, tc.regressions, tc.late, tc.rejLv)
+			}
+			if len(r.Overlaps) != min(r.OverlapCount, maxExamples) || len(r.LateUses) != min(r.LateUseCount, maxExamples) {
+				t.Errorf("examples do not match the counts: %v", r)
+			}
+			if want := tc.overlaps + tc.regressions + tc.rejLv; r.Violations() != want {
+				t.Errorf("Violations() = %d; want %d", r.Violations(), want)
+			}
+		})
+	}
+}
+
+func TestCheckCapsExamples(t *testing.T) {
+	var gs []Grant
+	for i := range 50 {
+		gs = append(gs, g("k", 1, i, 1000, 1000)) // all overlap, all fence 1
+	}
+	r := Check(gs)
+	if r.OverlapCount != 49 || len(r.Overlaps) != maxExamples || r.FenceRegressionCount != 49 || len(r.FenceRegressions) != maxExamples {
+		t.Errorf("Check = %v; want 49 overlaps and 49 regressions, %d examples each", r, maxExamples)
+	}
+}
+
+func TestLedger(t *testing.T) {
+	type write struct {
+		key         string
+		fence, plus int64 // the write is read + plus
+		want        bool
+	}
+	tests := []struct {
+		name               string
+		fenced             bool
+		writes             []write
+		accepted, rejected int
+		lost               int64
+	}{
+		{name: "increasing fences", fenced: true,
+			writes:   []write{{"k", 1, 1, true}, {"k", 2, 1, true}, {"k", 3, 1, true}},
+			accepted: 3},
+		{name: "equal fence accepted", fenced: true,
+			writes:   []write{{"k", 4, 1, true}, {"k", 4, 1, true}},
+			accepted: 2},
+		{name: "stale fence rejected", fenced: true,
+			writes:   []write{{"k", 4, 1, true}, {"k", 3, 1, false}, {"k", 5, 1, true}},
+			accepted: 2, rejected: 1},
+		{name: "fences per key", fenced: true,
+			writes:   []write{{"a", 9, 1, true}, {"b", 1, 1, true}},
+			accepted: 2},
+		{name: "unfenced accepts stale", fenced: false,
+			writes:   []write{{"k", 4, 1, true}, {"k", 3, 1, true}},
+			accepted: 2},
+		// An increment that overwrote another's (it read the old value):
+		// two acknowledged, the value went up by one.
+		{name: "lost update", fenced: false,
+			writes:   []write{{"k", 1, 1, true}, {"k", 2, 0, true}},
+			accepted: 2, lost: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			l := NewLedger(tc.fenced, true)
+			for i, w := range tc.writes {
+				v := l.Read(w.key) + w.plus
+				if got := l.Write(w.key, w.fence, v); got != w.want {
+					t.Errorf("write %d: Write(%q, %d, %d) = %v; want %v", i, w.key, w.fence, v, got, w.want)
+				}
+			}
+			acc, rej := l.Counts()
+			if acc != tc.accepted || rej != tc.rejected {
+				t.Errorf("Counts() = %d, %d; want %d, %d", acc, rej, tc.accepted, tc.rejected)
+			}
+			if got := l.LostTotal(); got != tc.lost {
+				t.Errorf("LostTotal() = %d (%v); want %d", got, l.Lost(), tc.lost)
+			}
+			if n := len(l.Log()); n != len(tc.writes) {
+				t.Errorf("Log has %d entries; want %d", n, len(tc.writes))
+			}
+		})
+	}
+}
+
+func TestHistoryClock(t *testing.T) {
+	h := NewHistory()
+	a := h.Now()
+	time.Sleep(time.Millisecond)
+	b := h.Now()
+	if a <= 0 || b <= a {
+		t.Errorf("Now() = %v then %v; want positive and increasing", a, b)
+	}
+	h.Add(g("k", 1, 0, 10, 5))
+	if n := len(h.Grants()); n != 1 {
+		t.Errorf("Grants() has %d; want 1", n)
+	}
+}

@@ -1,0 +1,193 @@
+package fault
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+var soakFlag = flag.Bool("soak", false, "run the full sizes: 20 clients × 500 grants per fault, 20 × 10,000 without faults (also LOCKPROXY_SOAK=1)")
+
+func init() {
+	// Dial failures while an instance is down are counted by the workload;
+	// go-redis's own log lines about them are noise.
+	redis.SetLogger(quietLogger{})
+}
+
+type quietLogger struct{}
+
+func (quietLogger) Printf(context.Context, string, ...any) {}
+
+// soak reports whether the full (nightly) sizes were asked for.
+func soak() bool { return *soakFlag || os.Getenv("LOCKPROXY_SOAK") == "1" }
+
+// ctxFor returns a context that ends after d or with the test.
+func ctxFor(t testing.TB, d time.Duration) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// ---------------------------------------------------------------------------
+// lockproxy instances
+
+// proxy is one lockproxy instance on a fixed address; it can be killed and
+// started again on the same address. Every process it ran is kept, so
+// that all their output can be checked for panics.
+type proxy struct {
+	t    *testing.T
+	addr string
+	args []string
+
+	mu    sync.Mutex
+	procs []*harness.Proc
+}
+
+// startProxy starts lockproxy in front of nodes on a free port (no admin
+// listener, warnings only) and waits until it accepts connections.
+func startProxy(t *testing.T, nodes []string) *proxy {
+	t.Helper()
+	addr := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	p := &proxy{t: t, addr: addr, args: []string{
+		"--listen", addr, "--admin", "", "--nodes", strings.Join(nodes, ","), "--log-level", "warn",
+	}}
+	p.start()
+	return p
+}
+
+func (p *proxy) start() {
+	p.t.Helper()
+	bin := harness.BuildLockproxy(p.t)
+	proc := harness.StartProc(p.t, bin, p.args...)
+	p.mu.Lock()
+	p.procs = append(p.procs, proc)
+	p.mu.Unlock()
+	if err := harness.WaitTCP(p.addr, 15*time.Second); err != nil {
+		p.t.Fatalf("lockproxy %v did not listen: %v\noutput:\n%s", p.args, err, proc.Output())
+	}
+}
+
+// kill SIGKILLs the running instance.
+func (p *proxy) kill() {
+	p.mu.Lock()
+	cur := p.procs[len(p.procs)-1]
+	p.mu.Unlock()
+	cur.Kill()
+}
+
+// restart starts the instance again on the same address.
+func (p *proxy) restart() { p.start() }
+
+// output is everything every incarnation wrote.
+func (p *proxy) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var b strings.Builder
+	for _, proc := range p.procs {
+		b.WriteString(proc.Output())
+	}
+	return b.String()
+}
+
+// checkNoPanic fails the test if lockproxy's output shows a panic, a Go
+// runtime fatal error or a data race.
+func (p *proxy) checkNoPanic(t *testing.T) {
+	t.Helper()
+	out := p.output()
+	for _, bad := range []string{"panic:", "fatal error:", "DATA RACE"} {
+		if strings.Contains(out, bad) {
+			t.Errorf("lockproxy %s output contains %q:\n%s", p.addr, bad, out)
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// Clients
+
+// newClient is a go-redis client of lockproxy speaking RESP2, with one
+// connection, no retries, and a read timeout that leaves room for WAIT.
+func newClient(addr string) *redis.Client {
+	return redis.NewClient(&redis.Options{
+		Addr:            addr,
+		Protocol:        2,
+		MaxRetries:      -1,
+		DialTimeout:     2 * time.Second,
+		ReadTimeout:     10 * time.Second,
+		WriteTimeout:    5 * time.Second,
+		PoolSize:        1,
+		DisableIdentity: true,
+		MaintNotificationsConfig: &maintnotifications.Config{
+			Mode: maintnotifications.ModeDisabled,
+		},
+	})
+}
+
+// reply is a parsed LOCK grant.
+type reply struct {
+	Token      string
+	ValidityMS int64
+	Fence      int64
+}
+
+// parseGrant reads a LOCK reply under RESP2: a flat array token,
+// validity_ms, fence.
+func parseGrant(v any) (reply, error) {
+	arr, ok := v.([]any)
+	if !ok || len(arr) != 6 {
+		return reply{}, fmt.Errorf("LOCK reply %#v; want a flat array of 3 pairs", v)
+	}
+	var r reply
+	seen := 0
+	for i := 0; i < len(arr); i += 2 {
+		k, _ := arr[i].(string)
+		switch k {
+		case "token":
+			r.Token, ok = arr[i+1].(string)
+		case "validity_ms":
+			r.ValidityMS, ok = arr[i+1].(int64)
+		case "fence":
+			r.Fence, ok = arr[i+1].(int64)
+		default:
+			ok = false
+		}
+		if !ok {
+			return reply{}, fmt.Errorf("LOCK reply %#v: bad field %d", v, i)
+		}
+		seen++
+	}
+	if seen != 3 || r.Token == "" {
+		return reply{}, fmt.Errorf("LOCK reply %#v: missing fields", v)
+	}
+	return r, nil
+}
+
+// tryLock sends LOCK key args...: a grant and true, false for nil, or the
+// error.
+func tryLock(ctx context.Context, c *redis.Client, key string, args ...any) (reply, bool, error) {
+	v, err := c.Do(ctx, append([]any{"LOCK", key}, args...)...).Result()
+	if errors.Is(err, redis.Nil) {
+		return reply{}, false, nil
+	}
+	if err != nil {
+		return reply{}, false, err
+	}
+	r, err := parseGrant(v)
+	return r, err == nil, err
+}
+
+// isNoQuorum reports a -NOQUORUM error reply.
+func isNoQuorum(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOQUORUM")
+}

@@ -1,0 +1,173 @@
+package fault
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// Negative controls: each check must fail on a history that breaks what it
+// checks, or the passing fault runs prove nothing.
+
+// Two lockproxy instances, each given a different single node, serve the
+// same key: there is no quorum between them, so the overlap checker must
+// find overlaps.
+func TestNegativeQuorumBroken(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	nodes := harness.StartRedisN(t, 2, harness.RedisOptions{})
+	e := &env{hist: NewHistory(), ledger: NewLedger(true, false), nodes: nodes}
+	for _, n := range nodes {
+		e.proxies = append(e.proxies, startProxy(t, []string{n.Addr}))
+	}
+	healed := make(chan struct{})
+	close(healed)
+	w := workload{clients: 10, grants: 20, keys: 1, limit: time.Minute}
+	c, wait := w.run(t, e, healed)
+	wait()
+
+	r := Check(e.hist.Grants())
+	accepted, rejected := e.ledger.Counts()
+	t.Logf("quorum broken: %d grants, %d overlaps, %d fence regressions, %d stale writes rejected (%d accepted), %d lost updates, %d errors",
+		r.Grants, r.OverlapCount, r.FenceRegressionCount, rejected, accepted, e.ledger.LostTotal(), c.errs.Load()+c.noQuorum.Load())
+	if r.OverlapCount == 0 {
+		t.Errorf("two instances on disjoint single nodes: the checker found no overlap in %d grants; want > 0", r.Grants)
+	}
+	for _, p := range e.proxies {
+		p.checkNoPanic(t)
+	}
+}
+
+// A holder pauses past its validity (Kleppmann's GC pause) while another
+// client takes the lock, then writes. The fenced ledger must reject the
+// stale write; an unfenced ledger accepts it and loses the other client's
+// update.
+func TestNegativePausedHolder(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	const (
+		rounds = 3
+		// holdTTL is the paused holder's short lease.
+		holdTTL = 500
+	)
+	e := newEnv(t, 5, 2)
+	unfenced := NewLedger(false, true)
+	fenced := e.ledger
+	holder := newClient(e.proxies[0].addr)
+	defer holder.Close()
+	other := newClient(e.proxies[1].addr)
+	defer other.Close()
+
+	for round := range rounds {
+		key := fmt.Sprintf("paused-%d", round)
+		r, ok, err := tryLock(ctxFor(t, 10*time.Second), holder, key, "PX", holdTTL)
+		enter := e.hist.Now()
+		if err != nil || !ok {
+			t.Fatalf("round %d: LOCK %s PX %d = %v, %v; want a grant", round, key, holdTTL, ok, err)
+		}
+		a := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "paused",
+			Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+		readF, readU := fenced.Read(key), unfenced.Read(key)
+
+		// The other client waits for the lock and does its increment.
+		done := make(chan error, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			r, ok, err := tryLock(ctx, other, key, "PX", ttlMS, "WAIT", waitMS)
+			enter := e.hist.Now()
+			if err != nil || !ok {
+				done <- fmt.Errorf("waiting LOCK %s = %v, %v; want a grant once the paused lease ran out", key, ok, err)
+				return
+			}
+			b := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "other",
+				Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+			vF, vU := fenced.Read(key), unfenced.Read(key)
+			b.Use = e.hist.Now()
+			b.Rejected = !fenced.Write(key, b.Fence, vF+1)
+			unfenced.Write(key, b.Fence, vU+1)
+			b.Exit = e.hist.Now()
+			e.hist.Add(b)
+			done <- other.Do(ctx, "UNLOCK", key, r.Token).Err()
+		}()
+
+		// The holder "pauses" until the other client is done.
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+		case <-time.After(15 * time.Second):
+			t.Fatalf("round %d: the other client never finished", round)
+		}
+		a.Use = e.hist.Now()
+		a.Rejected = !fenced.Write(key, a.Fence, readF+1)
+		unfenced.Write(key, a.Fence, readU+1)
+		a.Exit = e.hist.Now()
+		e.hist.Add(a)
+		released, err := holder.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Int64()
+		if err != nil || released != 0 {
+			t.Errorf("round %d: UNLOCK by the paused holder = %d, %v; want 0 (its lock ran out)", round, released, err)
+		}
+	}
+
+	r := Check(e.hist.Grants())
+	_, rejF := fenced.Counts()
+	accU, rejU := unfenced.Counts()
+	t.Logf("paused holder, %d rounds: fenced ledger rejected %d stale writes and lost %d updates; "+
+		"unfenced ledger accepted %d of %d writes (rejected %d) and lost %d updates; checker: %d overlaps, %d late uses",
+		rounds, rejF, fenced.LostTotal(), accU, 2*rounds, rejU, unfenced.LostTotal(), r.OverlapCount, r.LateUseCount)
+	if rejF != rounds || fenced.LostTotal() != 0 {
+		t.Errorf("fenced ledger: %d rejects, %d lost; want %d rejects, 0 lost", rejF, fenced.LostTotal(), rounds)
+	}
+	if rejU != 0 || unfenced.LostTotal() != rounds {
+		t.Errorf("unfenced ledger: %d rejects, %d lost; want 0 rejects and %d lost (the stale writes were accepted)", rejU, unfenced.LostTotal(), rounds)
+	}
+	if r.LateUseCount != rounds || r.Violations() != 0 {
+		t.Errorf("checker: %v; want %d late uses and no violation (lockproxy kept its promise; the holder did not)", r, rounds)
+	}
+}
+
+// Synthetic histories in which validity is ignored — by a holder that acts
+// past its deadline, or by a server that claims more validity than the
+// lease had — must be reported, while the same histories with validity
+// respected pass.
+func TestNegativeValidityIgnored(t *testing.T) {
+	tests := []struct {
+		name          string
+		grants        []Grant
+		overlaps      int
+		late          int
+		honestVersion []Grant
+	}{
+		{
+			name: "holder used the grant past its deadline",
+			// Valid until 1980 ms, used until 2500 ms; the next holder
+			// entered at 2100 ms, after the 2 s lease ran out.
+			grants:        []Grant{g("k", 1, 0, 1980, 2500), g("k", 2, 2100, 1980, 2200)},
+			late:          1,
+			honestVersion: []Grant{g("k", 1, 0, 1980, 1970), g("k", 2, 2100, 1980, 2200)},
+		},
+		{
+			name: "server claimed validity beyond the lease",
+			// A 2 s lease reported as valid for 3 s (elapsed time and
+			// drift not subtracted); the holder trusted it until 2500 ms.
+			grants:        []Grant{g("k", 1, 0, 3000, 2500), g("k", 2, 2100, 1980, 2200)},
+			overlaps:      1,
+			honestVersion: []Grant{g("k", 1, 0, 1980, 1970), g("k", 2, 2100, 1980, 2200)},
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r := Check(tc.grants)
+			t.Logf("%s: %d overlaps, %d late uses", tc.name, r.OverlapCount, r.LateUseCount)
+			if r.OverlapCount != tc.overlaps || r.LateUseCount != tc.late {
+				t.Errorf("Check = %v; want %d overlaps, %d late uses", r, tc.overlaps, tc.late)
+			}
+			if h := Check(tc.honestVersion); h.OverlapCount+h.LateUseCount+h.Violations() != 0 {
+				t.Errorf("Check of the honest version = %v; want nothing", h)
+			}
+		})
+	}
+}
