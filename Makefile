@@ -5,7 +5,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 BIN       := bin/lockproxy
 FUZZTIME  ?= 10s
 
-.PHONY: all build run test test-race test-unit test-e2e deps bench fuzz vet fmt clean
+.PHONY: all build run test test-race soak test-unit test-e2e deps bench fuzz vet fmt clean
 
 all: build
 
@@ -37,6 +37,10 @@ test-unit:
 
 test-e2e: deps
 	$(GO) test -count=1 -timeout 9m ./test/...
+
+## soak: the fault suite at full size (20 clients × 500 grants per fault, 20 × 10,000 without faults).
+soak: deps
+	LOCKPROXY_SOAK=1 $(GO) test -count=1 -v -timeout 80m ./test/fault/
 
 ## bench: LOCK+UNLOCK cycles through lockproxy vs redsync on the same real nodes.
 bench: deps
