@@ -208,8 +208,12 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			TimeoutMin:    rc.NodeTimeoutMin,
 			TimeoutMax:    rc.NodeTimeoutMax,
 		},
-		RetryMin: cfg.Locks.RetryMin,
-		RetryMax: cfg.Locks.RetryMax,
+		RetryMin:      cfg.Locks.RetryMin,
+		RetryMax:      cfg.Locks.RetryMax,
+		Quarantine:    rc.Quarantine,
+		MaxTTL:        cfg.Locks.MaxTTL,
+		CheckInterval: cfg.RestartCheckEvery(),
+		Logger:        log,
 	}
 	for _, addr := range nodes {
 		bcfg.Nodes = append(bcfg.Nodes, redisbackend.NodeConfig{
