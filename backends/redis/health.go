@@ -52,6 +52,7 @@ type health struct {
 	boot    time.Time // the server's start, estimated from its uptime
 	until   time.Time // end of the quarantine period
 	down    bool
+	reached bool   // the node answered at least once
 	restart uint64 // restarts seen
 }
 
@@ -99,7 +100,7 @@ func (h *health) observe(si serverInfo) bool {
 	now := h.now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.down = false
+	h.down, h.reached = false, true
 	var boot time.Time
 	if si.hasUptime {
 		boot = now.Add(-si.uptime)
@@ -137,6 +138,7 @@ func (h *health) observe(si serverInfo) bool {
 func (h *health) setDown(down bool) {
 	h.mu.Lock()
 	h.down = down
+	h.reached = h.reached || !down
 	h.mu.Unlock()
 }
 
@@ -189,7 +191,7 @@ func (h *health) status() (state string, left time.Duration, restarts uint64) {
 	switch {
 	case h.blocked.Load():
 		state = stateQuarantined
-	case h.down:
+	case h.down || !h.reached:
 		state = stateDown
 	default:
 		state = stateOK

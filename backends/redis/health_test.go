@@ -100,6 +100,9 @@ func TestHealth(t *testing.T) {
 			{info: info("", time.Hour), state: stateOK},
 			{advance: 1500 * time.Millisecond, info: info("", time.Hour), state: stateOK},
 		}},
+		{"never reached is down", period, []step{
+			{down: true, state: stateDown},
+		}},
 		{"down and back", period, []step{
 			{info: info("a", time.Hour), state: stateOK},
 			{down: true, state: stateDown},

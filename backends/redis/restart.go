@@ -55,6 +55,7 @@ func (n *Node) check(ctx context.Context) {
 	case errors.Is(err, errQuarantined):
 		// onConnect saw the restart on a new connection.
 	case isServerError(err):
+		n.health.setDown(false)
 		n.noInfo(err)
 	default:
 		n.health.setDown(true)
