@@ -101,6 +101,7 @@ func runRestartScenario(t *testing.T, quarantine bool) restartOutcome {
 		if got := unlock(t, c1, key, g.Token); got != 1 {
 			t.Fatalf("UNLOCK %q = %d; want 1", key, got)
 		}
+		waitKeyGone(t, cl, key)
 	}
 
 	for round := 0; round < restartRounds; round++ {
@@ -149,6 +150,7 @@ func runRestartScenario(t *testing.T, quarantine bool) restartOutcome {
 				fence(fmt.Sprintf("round %d: B (while A held the lock)", round), b)
 				t.Logf("round %d: B granted %v before A's validity ended (A's fence %d, B's %d)", round, time.Until(aEnd), a.Fence, b.Fence)
 				unlock(t, c2, key, b.Token)
+				waitKeyGone(t, cl, key, holders...)
 				break
 			}
 			time.Sleep(50 * time.Millisecond)
@@ -197,9 +199,38 @@ func runRestartScenario(t *testing.T, quarantine bool) restartOutcome {
 				t.Errorf("round %d: the restarted node %d has %q, %v after the quarantine; want C's grant", round, victim, v, ok)
 			}
 		}
-		unlock(t, c2, key, c.Token)
+		if got := unlock(t, c2, key, c.Token); got != 1 {
+			t.Fatalf("round %d: UNLOCK %q = %d; want 1", round, key, got)
+		}
+		// UNLOCK answers once a majority released; the next round's LOCK
+		// must not overtake the releases still on their way.
+		waitKeyGone(t, cl, key)
 	}
 	return out
+}
+
+// waitKeyGone polls (every 10 ms, at most 2 s) until no node but those in
+// except holds key.
+func waitKeyGone(t *testing.T, cl *cluster, key string, except ...int) {
+	t.Helper()
+	skip := map[int]bool{}
+	for _, i := range except {
+		skip[i] = true
+	}
+	for try := 0; try < 200; try++ {
+		held := -1
+		for i := range cl.nodes {
+			if _, ok := cl.lockValue(t, i, key); ok && !skip[i] {
+				held = i
+				break
+			}
+		}
+		if held < 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("%q still held on a node 2 s after UNLOCK", key)
 }
 
 // checkReseeded checks that node victim's fence counters are at least the
