@@ -255,6 +255,11 @@ func (h *Handler) infoCmd(s *resp.Session, args [][]byte) {
 		kv("lockproxy_locks_held", h.held.count())
 		kv("lockproxy_keepalive_locks", h.keepalive.count())
 		kv("lockproxy_keepalive_idle_ms", h.keepalive.idle.Milliseconds())
+		if ns, ok := h.backend.(nodeStates); ok {
+			for i, st := range ns.NodeStates() {
+				kv("lockproxy_node"+strconv.Itoa(i), st)
+			}
+		}
 	})
 	s.W.Verbatim(b.String())
 }
@@ -264,6 +269,12 @@ func (h *Handler) infoCmd(s *resp.Session, args [][]byte) {
 // commands.
 type waiting interface {
 	Waiting() int
+}
+
+// nodeStates is a backend that describes each of its nodes in one line of
+// comma-separated key=value pairs, which INFO reports as lockproxy_node<i>.
+type nodeStates interface {
+	NodeStates() []string
 }
 
 func boolInt(b bool) int {

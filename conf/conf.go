@@ -60,6 +60,14 @@ type Redlock struct {
 	PipelineWorkers   int           `yaml:"pipeline_workers"` // batching writers per node
 	MaxBatch          int           `yaml:"max_batch"`        // commands per pipelined write
 	DialTimeout       time.Duration `yaml:"dial_timeout"`
+	// Quarantine keeps a node that restarted (a new run_id) out of every
+	// quorum for locks.max_ttl plus drift, then re-seeds its fence counters
+	// from the other nodes before it votes again.
+	Quarantine bool `yaml:"quarantine"`
+	// RestartCheckInterval is how often each node's run_id is read; the
+	// proxy also reads it on every new connection, and never waits longer
+	// than locks.max_ttl/4 between reads.
+	RestartCheckInterval time.Duration `yaml:"restart_check_interval"`
 }
 
 // Locks bounds the leases and waits clients may ask for.
@@ -131,6 +139,13 @@ func Default() Config {
 			// LAN dials take milliseconds; a second tells a dead node
 			// apart without stalling start-up.
 			DialTimeout: time.Second,
+			// A node restarted without persistence has forgotten the locks
+			// it granted: letting it vote at once can grant one lock twice
+			// (RedLock's "delayed restarts").
+			Quarantine: true,
+			// Reconnects catch most restarts at once; a read per second
+			// per node catches the rest while costing the node nothing.
+			RestartCheckInterval: time.Second,
 		},
 		Locks: Locks{
 			// Redisson's watchdog default (lockWatchdogTimeout).
@@ -169,6 +184,30 @@ func Default() Config {
 			ShutdownTimeout: 10 * time.Second,
 		},
 	}
+}
+
+// Bounds of Redlock.RestartCheckInterval. Faster than 250 ms, INFO reads
+// add up on busy nodes for no gain (reconnects are caught anyway); slower
+// than 5 s, a restart behind a connection that never broke (a proxy or a
+// load balancer in between) goes unseen for too long.
+const (
+	MinRestartCheckInterval = 250 * time.Millisecond
+	MaxRestartCheckInterval = 5 * time.Second
+)
+
+// RestartCheckEvery is the period at which each node's run_id is read:
+// redlock.restart_check_interval, but at most a quarter of locks.max_ttl so
+// a restart is seen well before the locks it forgot could have expired.
+func (c Config) RestartCheckEvery() time.Duration {
+	d := c.Redlock.RestartCheckInterval
+	if q := c.Locks.MaxTTL / 4; q > 0 && q < d {
+		d = q
+	}
+	// A floor against busy-polling with tiny test TTLs.
+	if d < 10*time.Millisecond {
+		d = 10 * time.Millisecond
+	}
+	return d
 }
 
 // ValidationError lists every problem found in a configuration, one per
@@ -238,6 +277,9 @@ func (c Config) Validate() error {
 	v.between("redlock.pipeline_workers", r.PipelineWorkers, 1, 64)
 	v.between("redlock.max_batch", r.MaxBatch, 1, 10000)
 	v.positive("redlock.dial_timeout", r.DialTimeout)
+	if r.RestartCheckInterval < MinRestartCheckInterval || r.RestartCheckInterval > MaxRestartCheckInterval {
+		v.add("redlock.restart_check_interval", "must be in [%v, %v], got %v", MinRestartCheckInterval, MaxRestartCheckInterval, r.RestartCheckInterval)
+	}
 
 	l := c.Locks
 	minOK := v.positive("locks.min_ttl", l.MinTTL)

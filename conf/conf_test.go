@@ -121,6 +121,7 @@ func TestValidate(t *testing.T) {
 			c.Redlock.PipelineWorkers = 65
 			c.Redlock.MaxBatch = 0
 			c.Redlock.DialTimeout = 0
+			c.Redlock.RestartCheckInterval = 100 * time.Millisecond
 		}, []string{
 			"redlock.key_prefix: must not be empty",
 			"redlock.drift_factor: must be in [0, 0.5), got 0.7",
@@ -131,6 +132,7 @@ func TestValidate(t *testing.T) {
 			"redlock.pipeline_workers: must be in [1, 64], got 65",
 			"redlock.max_batch: must be in [1, 10000], got 0",
 			"redlock.dial_timeout: must be positive, got 0s",
+			"redlock.restart_check_interval: must be in [250ms, 5s], got 100ms",
 		}},
 		{"lock durations", func(c *Config) {
 			c.Locks.DefaultTTL = 20 * time.Minute
@@ -546,6 +548,29 @@ func TestString(t *testing.T) {
 			}
 			if c.Redlock.Password != tt.password {
 				t.Errorf("String() changed Password to %q", c.Redlock.Password)
+			}
+		})
+	}
+}
+
+func TestRestartCheckEvery(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		interval time.Duration
+		maxTTL   time.Duration
+		want     time.Duration
+	}{
+		{"default", time.Second, 10 * time.Minute, time.Second},
+		{"quarter of max ttl", time.Second, 3 * time.Second, 750 * time.Millisecond},
+		{"floor", time.Second, 20 * time.Millisecond, 10 * time.Millisecond},
+		{"slow", 5 * time.Second, time.Hour, 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := Default()
+			c.Redlock.RestartCheckInterval = tc.interval
+			c.Locks.MaxTTL = tc.maxTTL
+			if got := c.RestartCheckEvery(); got != tc.want {
+				t.Errorf("RestartCheckEvery(interval %v, max_ttl %v) = %v; want %v", tc.interval, tc.maxTTL, got, tc.want)
 			}
 		})
 	}

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
@@ -18,6 +21,16 @@ type Config struct {
 	// RetryMin and RetryMax bound the random delay between attempts while a
 	// LOCK waits: random so that contending clients fall out of step.
 	RetryMin, RetryMax time.Duration
+	// Quarantine keeps a node that restarted out of every quorum for
+	// MaxTTL plus drift, then re-seeds its fence counters from the other
+	// nodes before it votes again.
+	Quarantine bool
+	// MaxTTL is the longest lease a client may ask for.
+	MaxTTL time.Duration
+	// CheckInterval is how often each node's run_id is read besides on
+	// every new connection; 0 disables the periodic read.
+	CheckInterval time.Duration
+	Logger        *zap.Logger
 }
 
 // Backend serves locks from a quorum of Redis nodes.
@@ -28,6 +41,9 @@ type Backend struct {
 	retryMax time.Duration
 	waiters  *waitQueues
 	subs     []*subscriber
+	log      *zap.Logger
+	stop     context.CancelFunc
+	wg       sync.WaitGroup
 }
 
 var _ backends.Backend = (*Backend)(nil)
@@ -45,8 +61,20 @@ func New(cfg Config) (*Backend, error) {
 	if b.retryMax < b.retryMin {
 		b.retryMax = b.retryMin * 10
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	b.log = cfg.Logger
+	var period time.Duration
+	if cfg.Quarantine {
+		period = QuarantinePeriod(cfg.MaxTTL, cfg.Quorum)
+	}
 	qnodes := make([]quorum.Node, len(cfg.Nodes))
 	for i, nc := range cfg.Nodes {
+		nc.Quarantine = period
+		if nc.Logger == nil {
+			nc.Logger = cfg.Logger
+		}
 		b.nodes = append(b.nodes, NewNode(nc))
 		qnodes[i] = b.nodes[i]
 		b.subs = append(b.subs, newSubscriber(b.nodes[i], b.waiters.watched, func(key string) { b.waiters.wake(key, i) }))
@@ -57,7 +85,117 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("redis backend: %w", err)
 	}
 	b.q = q
+	ctx, stop := context.WithCancel(context.Background())
+	b.stop = stop
+	if cfg.CheckInterval > 0 {
+		for i := range b.nodes {
+			b.wg.Add(1)
+			go b.watchNode(ctx, i, cfg.CheckInterval)
+		}
+	}
 	return b, nil
+}
+
+// QuarantinePeriod is how long a restarted node stays out: the longest
+// lease plus its drift allowance, by which time every lock the node may
+// have granted before its restart has expired on the other nodes.
+func QuarantinePeriod(maxTTL time.Duration, qc quorum.Config) time.Duration {
+	return maxTTL + time.Duration(float64(maxTTL)*qc.DriftFactor) + qc.DriftMin
+}
+
+// watchNode reads node i's run_id every interval (at once first, so that a
+// restart soon after start-up is seen as one) and re-seeds the node when
+// its quarantine period is over. It returns when ctx ends.
+func (b *Backend) watchNode(ctx context.Context, i int, every time.Duration) {
+	defer b.wg.Done()
+	n := b.nodes[i]
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+		n.check(cctx)
+		if n.health.seedDue() {
+			if err := b.reseed(cctx, i); err != nil {
+				n.log.Warn("redis node stays quarantined: its fence counters could not be re-seeded yet",
+					zap.String("reason", quorum.Reason(err)))
+			}
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// checkTimeout bounds one check of a node, re-seed included.
+const checkTimeout = 2 * time.Second
+
+// errSeedSources means too few other nodes answered to re-seed a node.
+var errSeedSources = errors.New("redis: too few nodes answered with their fence counters")
+
+// reseed raises node i's fence counters to the per-slot maximum read from
+// the other nodes, then lets it vote again. Every fence granted before the
+// restart is on a majority; without node i at least Majority-1 of those
+// kept it, so reading N-Majority+1 healthy (not quarantined) other nodes
+// meets at least one of them. If fewer healthy nodes exist at all, a
+// majority lost its state and no read can restore the fences: the node is
+// seeded from whatever answers, with an error logged, rather than staying
+// out forever.
+func (b *Backend) reseed(ctx context.Context, i int) error {
+	need := len(b.nodes) - b.q.Majority() + 1
+	healthy := 0
+	for j, o := range b.nodes {
+		if j != i && !o.health.quarantined() {
+			healthy++
+		}
+	}
+	lost := healthy < need
+	type answer struct {
+		h   map[string]string
+		err error
+	}
+	answers := make(chan answer, len(b.nodes))
+	asked := 0
+	for j, o := range b.nodes {
+		if j == i || (!lost && o.health.quarantined()) {
+			continue
+		}
+		asked++
+		go func(o *Node) {
+			h, err := o.readFences(ctx)
+			answers <- answer{h, err}
+		}(o)
+	}
+	var hashes []map[string]string
+	for ; asked > 0; asked-- {
+		if a := <-answers; a.err == nil {
+			hashes = append(hashes, a.h)
+		}
+	}
+	if !lost && len(hashes) < need {
+		return fmt.Errorf("%w: %d of %d", errSeedSources, len(hashes), need)
+	}
+	if err := b.nodes[i].seedFences(ctx, mergeFences(hashes)); err != nil {
+		return err
+	}
+	if b.nodes[i].endQuarantine() && lost {
+		b.log.Error("redis node voting again after a restart while a majority of nodes restarted too: "+
+			"fences issued before may be issued again", zap.String("node", b.nodes[i].Name()))
+	}
+	return nil
+}
+
+// NodeStates describes each node for INFO, in configuration order, as
+// "addr=…,state=ok|quarantined|down,quarantine_left_ms=…,restarts=…".
+func (b *Backend) NodeStates() []string {
+	out := make([]string, len(b.nodes))
+	for i, n := range b.nodes {
+		st, left, restarts := n.State()
+		out[i] = fmt.Sprintf("addr=%s,state=%s,quarantine_left_ms=%d,restarts=%d", n.Name(), st, left, restarts)
+	}
+	return out
 }
 
 // Quorum exposes the algorithm, for INFO and tests.
@@ -219,6 +357,10 @@ func (b *Backend) Ready(ctx context.Context) error {
 
 // Close stops the subscriptions and every node client.
 func (b *Backend) Close() error {
+	if b.stop != nil {
+		b.stop()
+		b.wg.Wait()
+	}
 	for _, s := range b.subs {
 		s.close()
 	}

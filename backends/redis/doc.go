@@ -11,4 +11,17 @@
 // reach a node in the order they were made (one writer per key); a node
 // that is down counts as failed in every quorum until it answers again
 // (go-redis redials about once a second).
+//
+// Restarts: a node restarted without persistence has forgotten its locks
+// and fence counters. Each node learns its server's run_id on every new
+// connection (before any command of ours runs on it) and periodically; a
+// new run_id quarantines the node for max TTL + drift, during which it
+// counts neither for nor against a quorum (acquire, extend and fence raises
+// fail at once with the reason "quarantined"; releases are still sent).
+// Before it votes again its fence counters are raised to the per-slot
+// maximum read from N-Majority+1 healthy other nodes. The guarantee needs
+// the proxy to have seen the node before its restart: an instance that
+// first meets a node after the node restarted cannot tell, so a fresh
+// instance should start no sooner than max TTL after the last node
+// restart, or the nodes should run with appendfsync always.
 package redis

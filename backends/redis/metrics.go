@@ -7,6 +7,8 @@ type Metrics struct {
 	requestDuration *prometheus.HistogramVec
 	errors          *prometheus.CounterVec
 	batchSize       *prometheus.HistogramVec
+	quarantined     *prometheus.GaugeVec
+	restarts        *prometheus.CounterVec
 }
 
 // NewMetrics registers the node metrics with reg.
@@ -29,9 +31,17 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			// many clients' operations.
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256},
 		}, []string{"node"}),
+		quarantined: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "lockproxy_node_quarantined",
+			Help: "1 while a Redis node that restarted is kept out of every quorum, else 0.",
+		}, []string{"node"}),
+		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "lockproxy_node_restarts_total",
+			Help: "Restarts of a Redis node seen as a new run_id (or a younger uptime).",
+		}, []string{"node"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requestDuration, m.errors, m.batchSize)
+		reg.MustRegister(m.requestDuration, m.errors, m.batchSize, m.quarantined, m.restarts)
 	}
 	return m
 }

@@ -8,10 +8,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
 
 	"github.com/lockproxy/lockproxy/quorum"
 )
@@ -35,6 +37,15 @@ type NodeConfig struct {
 	// Timeout bounds a batch whose operations carry no deadline.
 	Timeout time.Duration
 	Metrics *Metrics
+	// Quarantine is how long the node stays out of every quorum once it
+	// restarted (a new run_id): at least the longest lease plus drift, so
+	// the locks it forgot have expired on the other nodes. 0 disables it.
+	Quarantine time.Duration
+	// Logger gets the node's restarts and configuration warnings; nil
+	// logs nothing.
+	Logger *zap.Logger
+	// Clock, when set, replaces time.Now for the quarantine (tests).
+	Clock func() time.Time
 }
 
 type opKind uint8
@@ -96,6 +107,15 @@ type Node struct {
 	// operation costs more than the observation.
 	durations [numOps]prometheus.Observer
 	batches   prometheus.Observer
+
+	health      *health
+	log         *zap.Logger
+	quarantined prometheus.Gauge
+	restarts    prometheus.Counter
+	// Warnings given once per node.
+	noInfoOnce      sync.Once
+	persistChecked  atomic.Bool
+	configDeniedLog sync.Once
 }
 
 // NewNode connects lazily to the node at cfg.Addr and starts its writers.
@@ -115,7 +135,22 @@ func NewNode(cfg NodeConfig) *Node {
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = time.Second
 	}
-	client := goredis.NewClient(&goredis.Options{
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	n := &Node{
+		name:     cfg.Addr,
+		prefix:   cfg.KeyPrefix,
+		fenceKey: cfg.KeyPrefix + "fence",
+		timeout:  cfg.Timeout,
+		maxBatch: cfg.MaxBatch,
+		queues:   make([]chan *op, cfg.Workers),
+		stop:     make(chan struct{}),
+		metrics:  cfg.Metrics,
+		health:   newHealth(cfg.Quarantine, cfg.Clock),
+		log:      cfg.Logger.With(zap.String("node", cfg.Addr)),
+	}
+	n.client = goredis.NewClient(&goredis.Options{
 		Addr:     cfg.Addr,
 		Username: cfg.Username,
 		Password: cfg.Password,
@@ -132,23 +167,19 @@ func NewNode(cfg NodeConfig) *Node {
 		PoolSize:        cfg.PoolSize,
 		MinIdleConns:    1,
 		DisableIdentity: true,
+		// Every new connection first learns the server's run_id, before
+		// any command of ours runs on it: a node that restarted is
+		// quarantined before it can vote, however soon after the restart
+		// the connection is made.
+		OnConnect: n.onConnect,
 	})
-	n := &Node{
-		name:     cfg.Addr,
-		client:   client,
-		prefix:   cfg.KeyPrefix,
-		fenceKey: cfg.KeyPrefix + "fence",
-		timeout:  cfg.Timeout,
-		maxBatch: cfg.MaxBatch,
-		queues:   make([]chan *op, cfg.Workers),
-		stop:     make(chan struct{}),
-		metrics:  cfg.Metrics,
-	}
 	if n.metrics != nil {
 		for k := range n.durations {
 			n.durations[k] = n.metrics.requestDuration.WithLabelValues(n.name, opNames[k])
 		}
 		n.batches = n.metrics.batchSize.WithLabelValues(n.name)
+		n.quarantined = n.metrics.quarantined.WithLabelValues(n.name)
+		n.restarts = n.metrics.restarts.WithLabelValues(n.name)
 	}
 	for i := range n.queues {
 		n.queues[i] = make(chan *op, cfg.MaxBatch*4)
@@ -190,6 +221,9 @@ var errClosed = errors.New("redis: node closed")
 
 // Acquire implements quorum.Node.
 func (n *Node) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGrant, error) {
+	if n.health.quarantined() {
+		return quorum.NodeGrant{}, errQuarantined
+	}
 	o := n.newOp(opAcquire, req.Key, req.Token)
 	o.ms = req.TTL.Milliseconds()
 	o.slot = slot(req.Key)
@@ -205,6 +239,9 @@ func (n *Node) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGran
 
 // RaiseFence implements quorum.Node.
 func (n *Node) RaiseFence(ctx context.Context, key, token string, fence uint64) (bool, error) {
+	if n.health.quarantined() {
+		return false, errQuarantined
+	}
 	o := n.newOp(opRaiseFence, key, token)
 	o.slot = slot(key)
 	o.fence = fence
@@ -222,6 +259,9 @@ func (n *Node) Release(ctx context.Context, key, token string) (bool, error) {
 
 // Extend implements quorum.Node.
 func (n *Node) Extend(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
+	if n.health.quarantined() {
+		return false, errQuarantined
+	}
 	o := n.newOp(opExtend, key, token)
 	o.ms = ttl.Milliseconds()
 	v, err := n.do(ctx, o)
@@ -232,6 +272,10 @@ var _ quorum.AsyncNode = (*Node)(nil)
 
 // StartAcquire implements quorum.AsyncNode.
 func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(quorum.NodeGrant, error)) {
+	if n.health.quarantined() {
+		done(quorum.NodeGrant{}, errQuarantined)
+		return
+	}
 	o := n.newOp(opAcquire, req.Key, req.Token)
 	o.ms = req.TTL.Milliseconds()
 	o.slot = slot(req.Key)
@@ -250,6 +294,10 @@ func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(q
 
 // StartRaiseFence implements quorum.AsyncNode.
 func (n *Node) StartRaiseFence(ctx context.Context, key, token string, fence uint64, done func(bool, error)) {
+	if n.health.quarantined() {
+		done(false, errQuarantined)
+		return
+	}
 	o := n.newOp(opRaiseFence, key, token)
 	o.slot = slot(key)
 	o.fence = fence
@@ -265,6 +313,10 @@ func (n *Node) StartRelease(ctx context.Context, key, token string, done func(bo
 
 // StartExtend implements quorum.AsyncNode.
 func (n *Node) StartExtend(ctx context.Context, key, token string, ttl time.Duration, done func(bool, error)) {
+	if n.health.quarantined() {
+		done(false, errQuarantined)
+		return
+	}
 	o := n.newOp(opExtend, key, token)
 	o.ms = ttl.Milliseconds()
 	n.startBool(ctx, o, done)
@@ -421,9 +473,17 @@ func (n *Node) exec(batch []*op) {
 	if n.metrics != nil {
 		n.batches.Observe(float64(len(live)))
 	}
+	if n.health.quarantined() {
+		// Queued before the restart was seen: only releases go out.
+		live = n.failVotes(live)
+		if len(live) == 0 {
+			return
+		}
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 
+	gen := n.health.gen.Load()
 	res := n.send(ctx, live, true)
 	var retry []int
 	for i, r := range res {
@@ -442,9 +502,31 @@ func (n *Node) exec(batch []*op) {
 			res[retry[j]] = r
 		}
 	}
+	// A restart seen while the batch was sent (onConnect runs on the new
+	// connection before our commands) makes its answers worthless as
+	// votes: they come from a server that forgot its locks.
+	restarted := n.health.gen.Load() != gen && n.health.quarantined()
 	for i, o := range live {
+		if restarted && o.kind != opRelease {
+			n.finish(o, 0, errQuarantined)
+			continue
+		}
 		n.finish(o, res[i].n, res[i].err)
 	}
+}
+
+// failVotes answers every op of batch but the releases as quarantined and
+// returns the releases.
+func (n *Node) failVotes(batch []*op) []*op {
+	keep := batch[:0]
+	for _, o := range batch {
+		if o.kind == opRelease {
+			keep = append(keep, o)
+			continue
+		}
+		n.finish(o, 0, errQuarantined)
+	}
+	return keep
 }
 
 // sent is one op's commands in a pipeline.
@@ -515,7 +597,7 @@ func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
 // reasonLabel maps an error to a closed set of metric label values.
 func reasonLabel(err error) string {
 	switch r := quorum.Reason(err); r {
-	case "timeout", "canceled", "connection refused", "connection reset", "connection closed":
+	case "timeout", "canceled", "connection refused", "connection reset", "connection closed", "quarantined":
 		return strings.ReplaceAll(r, " ", "_")
 	default:
 		return "error"

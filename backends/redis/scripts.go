@@ -54,6 +54,19 @@ end
 return 0
 `
 
+// seedFenceScript: KEYS[1] fence hash; ARGV field, value pairs. Raises
+// each field to at least its value, in one call, so a counter never goes
+// down even if acquires run on the node meanwhile. It re-seeds a node that
+// restarted empty from the other nodes' counters (at most 16,384 fields,
+// one per slot).
+const seedFenceScript = `
+for i = 1, #ARGV, 2 do
+  local cur = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '0')
+  if cur < tonumber(ARGV[i + 1]) then redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+end
+return 1
+`
+
 type script struct {
 	src string
 	sha string

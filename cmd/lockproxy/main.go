@@ -172,7 +172,12 @@ func newLogger(c conf.Log) (*zap.Logger, error) {
 // serve runs lockproxy until ctx is done, then drains it.
 func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writer) error {
 	nodes := cfg.Redlock.Nodes
+	backendLog := log
 	if cfg.Dev && len(nodes) == 0 {
+		// Embedded nodes live and die with this process, so they cannot
+		// restart behind its back; miniredis has no INFO server section,
+		// and warning about that would only be noise.
+		backendLog = log.WithOptions(zap.IncreaseLevel(zapcore.ErrorLevel))
 		dev, err := startDevNodes(3)
 		if err != nil {
 			return err
@@ -208,8 +213,12 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			TimeoutMin:    rc.NodeTimeoutMin,
 			TimeoutMax:    rc.NodeTimeoutMax,
 		},
-		RetryMin: cfg.Locks.RetryMin,
-		RetryMax: cfg.Locks.RetryMax,
+		RetryMin:      cfg.Locks.RetryMin,
+		RetryMax:      cfg.Locks.RetryMax,
+		Quarantine:    rc.Quarantine,
+		MaxTTL:        cfg.Locks.MaxTTL,
+		CheckInterval: cfg.RestartCheckEvery(),
+		Logger:        backendLog,
 	}
 	for _, addr := range nodes {
 		bcfg.Nodes = append(bcfg.Nodes, redisbackend.NodeConfig{

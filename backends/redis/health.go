@@ -1,0 +1,219 @@
+package redis
+
+import (
+	"bufio"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// A node restarted without persistence has forgotten the lock keys it
+// granted and its fence counters. If it voted at once, a second holder
+// could win a majority that includes it while the first holder's lease
+// still runs (A held nodes {1,2,3}; node 3 restarts empty; B gets
+// {3,4,5}), and fences could go backwards. RedLock's answer is a delayed
+// restart: the node stays out for longer than the longest lease. health
+// tracks that per node: it learns the server's run_id from INFO server
+// (on every new connection and periodically), and a changed run_id puts
+// the node in quarantine for the quarantine period. While quarantined the
+// node counts neither for nor against a quorum; when the period is over,
+// its fence counters are re-seeded from the other nodes and it votes again.
+
+// Node states as INFO shows them.
+const (
+	stateOK          = "ok"
+	stateQuarantined = "quarantined"
+	stateDown        = "down"
+)
+
+// uptimeSlack absorbs the whole seconds of uptime_in_seconds and the time
+// between the server reading its clock and ours.
+const uptimeSlack = 2 * time.Second
+
+// health is one node's restart detector and quarantine state. Its methods
+// do no I/O and hold its mutex only briefly.
+type health struct {
+	now func() time.Time
+	// period is how long a restarted node stays out; 0 disables the
+	// quarantine (restarts are still counted).
+	period time.Duration
+
+	// blocked is read on every operation: true from a detected restart
+	// until the node is re-seeded.
+	blocked atomic.Bool
+	// gen counts the restarts seen; the writer compares it around a batch.
+	gen atomic.Uint64
+
+	mu      sync.Mutex
+	seen    bool
+	runID   string
+	boot    time.Time // the server's start, estimated from its uptime
+	until   time.Time // end of the quarantine period
+	down    bool
+	reached bool   // the node answered at least once
+	restart uint64 // restarts seen
+}
+
+func newHealth(period time.Duration, now func() time.Time) *health {
+	if now == nil {
+		now = time.Now
+	}
+	return &health{now: now, period: period}
+}
+
+// serverInfo is what INFO server tells about a node's identity.
+type serverInfo struct {
+	runID  string
+	uptime time.Duration
+	// hasUptime is false when uptime_in_seconds was missing.
+	hasUptime bool
+}
+
+// parseServerInfo reads run_id and uptime_in_seconds from an INFO reply.
+func parseServerInfo(s string) serverInfo {
+	var si serverInfo
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "run_id":
+			si.runID = v
+		case "uptime_in_seconds":
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+				si.uptime, si.hasUptime = time.Duration(n)*time.Second, true
+			}
+		}
+	}
+	return si
+}
+
+// observe records one INFO server answer and reports whether it shows a
+// restart since the last one. The first answer is never a restart: the
+// proxy may start long after its nodes. A restart is a new run_id or, when
+// the server gives none, a start time later than the one estimated before.
+func (h *health) observe(si serverInfo) bool {
+	now := h.now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.down, h.reached = false, true
+	var boot time.Time
+	if si.hasUptime {
+		boot = now.Add(-si.uptime)
+	}
+	if !h.seen {
+		h.seen, h.runID, h.boot = true, si.runID, boot
+		return false
+	}
+	restarted := false
+	switch {
+	case si.runID != "" && h.runID != "":
+		restarted = si.runID != h.runID
+	case si.hasUptime && !h.boot.IsZero():
+		restarted = boot.Sub(h.boot) > uptimeSlack
+	}
+	if si.runID != "" {
+		h.runID = si.runID
+	}
+	if !boot.IsZero() && (restarted || h.boot.IsZero()) {
+		h.boot = boot
+	}
+	if !restarted {
+		return false
+	}
+	h.restart++
+	h.gen.Add(1)
+	if h.period > 0 {
+		h.until = now.Add(h.period)
+		h.blocked.Store(true)
+	}
+	return true
+}
+
+// setDown records whether the last check reached the node.
+func (h *health) setDown(down bool) {
+	h.mu.Lock()
+	h.down = down
+	h.reached = h.reached || !down
+	h.mu.Unlock()
+}
+
+// quarantined reports whether the node must not vote. It is one atomic
+// load: it runs on every operation.
+func (h *health) quarantined() bool { return h.blocked.Load() }
+
+// seedDue reports whether the quarantine period is over and the node
+// waits only for its fence counters to be re-seeded.
+func (h *health) seedDue() bool {
+	if !h.blocked.Load() {
+		return false
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return !h.now().Before(h.until)
+}
+
+// seeded ends the quarantine after a re-seed, unless another restart
+// started a new period meanwhile (then the seed is stale and is redone).
+func (h *health) seeded() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.now().Before(h.until) {
+		return false
+	}
+	h.blocked.Store(false)
+	return true
+}
+
+// left is the time left in the quarantine period; 0 when the node only
+// waits for its re-seed or is not quarantined.
+func (h *health) left() time.Duration {
+	if !h.blocked.Load() {
+		return 0
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if d := h.until.Sub(h.now()); d > 0 {
+		return d
+	}
+	return 0
+}
+
+// status is the node's state for INFO.
+func (h *health) status() (state string, left time.Duration, restarts uint64) {
+	left = h.left()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	switch {
+	case h.blocked.Load():
+		state = stateQuarantined
+	case h.down || !h.reached:
+		state = stateDown
+	default:
+		state = stateOK
+	}
+	return state, left, h.restart
+}
+
+// mergeFences is the per-field maximum of fence hashes as HGETALL returns
+// them. Fields whose value is not a counter are skipped: they were not
+// written by lockproxy.
+func mergeFences(hashes []map[string]string) map[string]uint64 {
+	out := make(map[string]uint64)
+	for _, h := range hashes {
+		for f, v := range h {
+			n, err := strconv.ParseUint(v, 10, 64)
+			if err != nil {
+				continue
+			}
+			if n > out[f] {
+				out[f] = n
+			}
+		}
+	}
+	return out
+}

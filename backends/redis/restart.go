@@ -1,0 +1,170 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"strconv"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+)
+
+// quarantinedError is the answer of a node that restarted and may not vote
+// yet. It is given without any network I/O.
+type quarantinedError struct{}
+
+func (quarantinedError) Error() string  { return "redis: node quarantined after a restart" }
+func (quarantinedError) Reason() string { return "quarantined" }
+
+var errQuarantined error = quarantinedError{}
+
+// isServerError reports an error reply from the server (as opposed to a
+// transport failure): the node is there, it refused the command.
+func isServerError(err error) bool {
+	var re goredis.Error
+	return errors.As(err, &re) && !errors.Is(err, errQuarantined)
+}
+
+// onConnect is go-redis's hook on every new connection to the node. It
+// runs INFO server on that connection before anything else does, so a
+// restart is known before any command of ours reaches the restarted server:
+// the writer then discards the answers of the batch that found it (see
+// exec), and no command on the new connection counts as the vote of a node
+// that forgot its locks. It holds no lock while it waits.
+func (n *Node) onConnect(ctx context.Context, cn *goredis.Conn) error {
+	info, err := cn.Info(ctx, "server").Result()
+	if err != nil {
+		if isServerError(err) {
+			n.noInfo(err)
+			return nil
+		}
+		return err
+	}
+	n.learn(parseServerInfo(info))
+	return nil
+}
+
+// check reads the node's INFO server (a periodic check) and, once, its
+// persistence settings.
+func (n *Node) check(ctx context.Context) {
+	info, err := n.client.Info(ctx, "server").Result()
+	switch {
+	case err == nil:
+		n.learn(parseServerInfo(info))
+		n.checkPersistence(ctx)
+	case errors.Is(err, errQuarantined):
+		// onConnect saw the restart on a new connection.
+	case isServerError(err):
+		n.health.setDown(false)
+		n.noInfo(err)
+	default:
+		n.health.setDown(true)
+	}
+}
+
+// learn feeds an INFO answer to the restart detector and reports whether it
+// shows a restart.
+func (n *Node) learn(si serverInfo) bool {
+	if !n.health.observe(si) {
+		return false
+	}
+	if n.restarts != nil {
+		n.restarts.Inc()
+	}
+	if n.health.period > 0 {
+		if n.quarantined != nil {
+			n.quarantined.Set(1)
+		}
+		n.log.Warn("redis node restarted: quarantined until the locks it may have forgotten have expired",
+			zap.String("run_id", si.runID), zap.Duration("quarantine", n.health.period))
+	} else {
+		n.log.Warn("redis node restarted; redlock.quarantine is off, so it votes at once and locks it forgot may be granted twice",
+			zap.String("run_id", si.runID))
+	}
+	return true
+}
+
+// noInfo says once that the node's restarts cannot be seen.
+func (n *Node) noInfo(err error) {
+	n.noInfoOnce.Do(func() {
+		n.log.Warn("cannot read INFO server from the redis node: its restarts go unnoticed and it is never quarantined",
+			zap.String("reason", reasonOf(err)))
+	})
+}
+
+// checkPersistence warns once when the node would lose acknowledged writes
+// in a crash: without appendonly yes and appendfsync always, only the
+// quarantine keeps a restarted node from granting a lock twice.
+func (n *Node) checkPersistence(ctx context.Context) {
+	if n.persistChecked.Load() {
+		return
+	}
+	vals := map[string]string{}
+	for _, p := range []string{"appendonly", "appendfsync"} {
+		m, err := n.client.ConfigGet(ctx, p).Result()
+		if err != nil {
+			if !isServerError(err) {
+				return // try again at the next check
+			}
+			n.persistChecked.Store(true)
+			n.configDeniedLog.Do(func() {
+				n.log.Debug("CONFIG GET is denied on the redis node; cannot check appendfsync",
+					zap.String("reason", reasonOf(err)))
+			})
+			return
+		}
+		vals[p] = m[p]
+	}
+	n.persistChecked.Store(true)
+	if vals["appendonly"] != "yes" || vals["appendfsync"] != "always" {
+		n.log.Warn("redis node runs without appendonly yes and appendfsync always: after a crash it forgets "+
+			"the locks it granted, and only the restart quarantine keeps them from being granted twice",
+			zap.String("appendonly", vals["appendonly"]), zap.String("appendfsync", vals["appendfsync"]))
+	}
+}
+
+// reasonOf is the first words of a server error, for logs.
+func reasonOf(err error) string {
+	s := err.Error()
+	if len(s) > 80 {
+		s = s[:80]
+	}
+	return s
+}
+
+// readFences returns the node's fence hash (HGETALL).
+func (n *Node) readFences(ctx context.Context) (map[string]string, error) {
+	return n.client.HGetAll(ctx, n.fenceKey).Result()
+}
+
+// seedFences raises each of the node's fence counters to at least the
+// given value. It bypasses the quarantine, which it exists to end.
+func (n *Node) seedFences(ctx context.Context, fences map[string]uint64) error {
+	if len(fences) == 0 {
+		return nil
+	}
+	args := make([]any, 0, 2*len(fences))
+	for f, v := range fences {
+		args = append(args, f, strconv.FormatUint(v, 10))
+	}
+	return n.client.Eval(ctx, seedFenceScript, []string{n.fenceKey}, args...).Err()
+}
+
+// endQuarantine lets the node vote again once its fences were re-seeded.
+func (n *Node) endQuarantine() bool {
+	if !n.health.seeded() {
+		return false
+	}
+	if n.quarantined != nil {
+		n.quarantined.Set(0)
+	}
+	n.log.Info("redis node re-seeded after its restart; it votes again")
+	return true
+}
+
+// State describes the node for INFO: its state (ok, quarantined or down),
+// the quarantine time left and the restarts seen.
+func (n *Node) State() (state string, quarantineLeftMS int64, restarts uint64) {
+	st, left, r := n.health.status()
+	return st, left.Milliseconds(), r
+}
