@@ -464,7 +464,8 @@ func longHolds(t *testing.T, e *linkEnv, notes *rowNotes, rounds int) {
 // cut, a RESP3 client of instance 1 holds a KEEPALIVE lock; during it, a
 // client of instance 0 waits for that lock. The holder must be told
 // (push lock-lost) before the lease lockproxy vouched for can have ended,
-// and the waiter must not get the lock before the holder was told.
+// and the waiter must not get the lock before the holder was told. A RESP2
+// KEEPALIVE holder must get -LOCKLOST on its next LOCK of the key.
 func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
 	t.Helper()
 	const key = "keepalive-cut"
@@ -484,6 +485,16 @@ func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
 	r, err := rawGrant(v)
 	if err != nil {
 		t.Fatalf("LOCK %s KEEPALIVE: %v", key, err)
+	}
+	// A RESP2 KEEPALIVE holder on the same instance learns of the loss
+	// from -LOCKLOST on its next lock command for the key.
+	const key2 = "keepalive-cut-resp2"
+	holder2 := newClient(e.proxies[1].addr)
+	defer func() { _ = holder2.Close() }()
+	r2, ok, err := tryLock(ctxFor(t, 5*time.Second), holder2, key2, "PX", ttlMS, "KEEPALIVE")
+	enter2 := e.hist.Now()
+	if err != nil || !ok {
+		t.Fatalf("LOCK %s KEEPALIVE (RESP2) = %v, %v", key2, ok, err)
 	}
 	// Held across a few renewals before the cut.
 	time.Sleep(time.Duration(ttlMS) * time.Millisecond)
@@ -544,11 +555,27 @@ func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
 		hg.Exit, hg.Deadline = -1, e.hist.Now()
 	}
 	e.hist.Add(hg)
-	// After the signal, the next lock command for the key answers LOCKLOST
-	// or nothing more; the connection stays usable.
+	// The connection stays usable after the signal.
 	if v, _, err := holder.do(2*time.Second, "PING"); err != nil || v != "PONG" {
 		t.Errorf("PING after lock-lost = %v, %v", v, err)
 	}
+
+	// The RESP2 holder asks again just before the lease lockproxy vouched
+	// for could end: it must be told LOCKLOST, not granted.
+	if d := vouched - 100*time.Millisecond - e.hist.Now(); d > 0 {
+		time.Sleep(d)
+	}
+	_, ok2, err2 := tryLock(ctxFor(t, 5*time.Second), holder2, key2, "PX", ttlMS)
+	told := e.hist.Now()
+	g2 := Grant{Key: key2, Token: r2.Token, Fence: r2.Fence, Client: "keepalive-cut-resp2-holder", Enter: enter2}
+	if err2 == nil || !strings.HasPrefix(err2.Error(), "LOCKLOST") {
+		t.Errorf("RESP2 KEEPALIVE holder: LOCK %s %v after the cut = %v, %v; want -LOCKLOST", key2, told-from, ok2, err2)
+		g2.Exit, g2.Deadline = -1, told
+	} else {
+		g2.Exit, g2.Deadline = told, told
+		notes.add("RESP2 KEEPALIVE holder got %q %v after the cut", err2.Error()[:8], (told - from).Round(time.Millisecond))
+	}
+	e.hist.Add(g2)
 
 	sleepFault(e, from)
 	res := <-got
