@@ -433,8 +433,10 @@ func fastClockRow(n int) linkRow {
 }
 
 // longHolds runs rounds of: instance 0's client holds key "long" for 90 %
-// of its validity, instance 1's client waits for it. Both grants go into
-// the history.
+// of its validity and then does its ledger update; instance 1's client
+// waits for it and does its update at once. Both grants go into the
+// history. If the waiter gets in early, its higher fence makes the fenced
+// ledger reject the holder's late write.
 func longHolds(t *testing.T, e *linkEnv, notes *rowNotes, rounds int) {
 	t.Helper()
 	const key = "long"
@@ -451,17 +453,25 @@ func longHolds(t *testing.T, e *linkEnv, notes *rowNotes, rounds int) {
 		hg := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "long-holder",
 			Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
 		type result struct {
-			r     reply
-			ok    bool
-			err   error
-			enter time.Duration
+			ok  bool
+			err error
+			g   Grant
 		}
 		got := make(chan result, 1)
 		go func() {
+			// The waiter does its update as soon as it is granted.
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			r, ok, err := tryLock(ctx, waiter, key, "PX", ttlMS, "WAIT", 2*ttlMS)
-			got <- result{r, ok, err, e.hist.Now()}
+			res := result{ok: ok, err: err, g: Grant{Key: key, Token: r.Token, Fence: r.Fence,
+				Client: "long-waiter", Enter: e.hist.Now()}}
+			if ok {
+				res.g.Deadline = res.g.Enter + time.Duration(r.ValidityMS)*time.Millisecond
+				e.critical(key, &res.g)
+				res.g.Exit = e.hist.Now()
+				_ = waiter.Do(ctx, "UNLOCK", key, r.Token).Err()
+			}
+			got <- res
 		}()
 		time.Sleep(time.Duration(r.ValidityMS) * time.Millisecond * 9 / 10)
 		e.critical(key, &hg)
@@ -473,15 +483,10 @@ func longHolds(t *testing.T, e *linkEnv, notes *rowNotes, rounds int) {
 			t.Logf("round %d: waiter LOCK %s = %v, %v", round, key, res.ok, res.err)
 			continue
 		}
-		if res.enter < hg.Exit {
+		if res.g.Enter < hg.Exit {
 			early++
 		}
-		wg := Grant{Key: key, Token: res.r.Token, Fence: res.r.Fence, Client: "long-waiter",
-			Enter: res.enter, Deadline: res.enter + time.Duration(res.r.ValidityMS)*time.Millisecond}
-		e.critical(key, &wg)
-		wg.Exit = e.hist.Now()
-		e.hist.Add(wg)
-		_ = waiter.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, res.r.Token).Err()
+		e.hist.Add(res.g)
 	}
 	notes.add("%d of %d long holds taken over by the waiter before the holder let go", early, rounds)
 }
