@@ -5,6 +5,14 @@
 // fences strictly increase, and a fenced ledger loses no acknowledged
 // update. Negative controls show that each check can fail.
 //
+// TestLinkFaults puts a test/faultproxy proxy on every link from every
+// lockproxy instance to every node and runs network rows through them: a
+// partitioned minority, one instance cut off from the majority (its
+// KEEPALIVE holders must be told lock-lost first), slow nodes, node
+// clocks running 1.5× fast on 1, 2 and 3 nodes (the last breaks RedLock's
+// assumption and is expected to overlap: it is logged, not failed), and a
+// half-open KEEPALIVE client.
+//
 // It owns the history checker (checker.go) and the workload; it must not
 // know lockproxy's internals: it talks RESP to the binary that
 // test/harness builds.

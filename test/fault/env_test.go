@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -50,17 +51,20 @@ type proxy struct {
 	t    *testing.T
 	addr string
 	args []string
+	// environ, if set, is added to lockproxy's environment.
+	environ []string
 
 	mu    sync.Mutex
 	procs []*harness.Proc
 }
 
 // startProxy starts lockproxy in front of nodes on a free port (no admin
-// listener, warnings only) and waits until it accepts connections.
-func startProxy(t *testing.T, nodes []string) *proxy {
+// listener, warnings only) and waits until it accepts connections;
+// environ (LOCKPROXY_…=…) is added to its environment.
+func startProxy(t *testing.T, nodes []string, environ ...string) *proxy {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
-	p := &proxy{t: t, addr: addr, args: []string{
+	p := &proxy{t: t, addr: addr, environ: environ, args: []string{
 		"--listen", addr, "--admin", "", "--nodes", strings.Join(nodes, ","), "--log-level", "warn",
 	}}
 	p.start()
@@ -70,7 +74,11 @@ func startProxy(t *testing.T, nodes []string) *proxy {
 func (p *proxy) start() {
 	p.t.Helper()
 	bin := harness.BuildLockproxy(p.t)
-	proc := harness.StartProc(p.t, bin, p.args...)
+	cmd := exec.Command(bin, p.args...)
+	if len(p.environ) > 0 {
+		cmd.Env = append(os.Environ(), p.environ...)
+	}
+	proc := harness.StartCmd(p.t, cmd)
 	p.mu.Lock()
 	p.procs = append(p.procs, proc)
 	p.mu.Unlock()

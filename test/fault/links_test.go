@@ -1,0 +1,695 @@
+package fault
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/test/faultproxy"
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// Network faults: every lockproxy instance reaches every node through its
+// own faultproxy (links[instance][node]), so a fault can hit one node for
+// everyone, or only one instance's view of the cluster.
+
+// linkEnv is an env whose instances talk to the nodes through proxies.
+type linkEnv struct {
+	*env
+	links [][]*faultproxy.Proxy
+}
+
+// newLinkEnv starts n nodes and p lockproxy instances, each with its own
+// proxy to each node; environ is added to every instance's environment.
+func newLinkEnv(t *testing.T, n, p int, environ ...string) *linkEnv {
+	t.Helper()
+	e := &linkEnv{env: &env{
+		nodes:  harness.StartRedisN(t, n, harness.RedisOptions{}),
+		hist:   NewHistory(),
+		ledger: NewLedger(true, false),
+	}}
+	for range p {
+		var row []*faultproxy.Proxy
+		var addrs []string
+		for _, node := range e.nodes {
+			fp := newFaultProxy(t, node.Addr)
+			row = append(row, fp)
+			addrs = append(addrs, fp.Addr())
+		}
+		e.links = append(e.links, row)
+		e.proxies = append(e.proxies, startProxy(t, addrs, environ...))
+	}
+	return e
+}
+
+func newFaultProxy(t *testing.T, upstream string) *faultproxy.Proxy {
+	t.Helper()
+	fp, err := faultproxy.New(upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = fp.Close() })
+	return fp
+}
+
+// on applies f to the links from the given instances (nil: all) to the
+// given nodes and returns how many links it touched.
+func (e *linkEnv) on(instances, nodes []int, f func(*faultproxy.Proxy)) int {
+	if instances == nil {
+		for i := range e.links {
+			instances = append(instances, i)
+		}
+	}
+	n := 0
+	for _, i := range instances {
+		for _, j := range nodes {
+			f(e.links[i][j])
+			n++
+		}
+	}
+	return n
+}
+
+// healAll puts every link back to pass-through.
+func (e *linkEnv) healAll() {
+	for _, row := range e.links {
+		for _, fp := range row {
+			fp.PassThrough()
+		}
+	}
+}
+
+// Timing of the rows (TTL 2 s, lockproxy's defaults otherwise).
+const (
+	faultFor = 3 * time.Second
+	// driftMS is lockproxy's default drift for the TTL: TTL·0.01 + 2 ms.
+	driftMS = ttlMS/100 + 2
+	// cutGrace: a grant may still arrive this long after a cut began, from
+	// replies the nodes sent before it (the node timeout is 100 ms).
+	cutGrace = 200 * time.Millisecond
+)
+
+// linkRow is one network-fault row.
+type linkRow struct {
+	name string
+	keys int
+	// environ for the lockproxy instances.
+	environ []string
+	// fault injects, waits, runs its own scenarios, and returns the fault
+	// events; the runner heals every link afterwards.
+	fault func(t *testing.T, e *linkEnv, out *rowNotes) int
+	// progress: a majority stays reachable, so clients (of every instance
+	// but cutOff) must get grants during the fault.
+	progress bool
+	cutOff   int // instance cut off from the majority, or -1
+	// overlapExpected: the row breaks RedLock's assumptions on purpose
+	// (documents them); violations are logged, not failed.
+	overlapExpected bool
+	// after runs extra checks once the workload ended.
+	after func(t *testing.T, e *linkEnv, windows []faultWindow, gs []Grant)
+}
+
+// rowNotes collects a row's scenario results for its log line.
+type rowNotes struct {
+	mu    sync.Mutex
+	notes []string
+	// cutAt is when a fault that started late in its row began.
+	cutAt time.Duration
+}
+
+// faultWindow is when one injection of a row's fault was on.
+type faultWindow struct{ from, to time.Duration }
+
+func (n *rowNotes) add(format string, args ...any) {
+	n.mu.Lock()
+	n.notes = append(n.notes, fmt.Sprintf(format, args...))
+	n.mu.Unlock()
+}
+
+func (n *rowNotes) String() string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return strings.Join(n.notes, "; ")
+}
+
+// sleepFault waits out the rest of a fault that began at from.
+func sleepFault(e *linkEnv, from time.Duration) {
+	if d := faultFor - (e.hist.Now() - from); d > 0 {
+		time.Sleep(d)
+	}
+}
+
+var linkRows = []linkRow{
+	{
+		name: "minority-partitioned",
+		keys: 2,
+		fault: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
+			n := e.on(nil, []int{3, 4}, (*faultproxy.Proxy).Blackhole)
+			time.Sleep(faultFor)
+			return n
+		},
+		progress: true,
+		cutOff:   -1,
+	},
+	{
+		name: "instance-cut-off-from-majority",
+		keys: 2,
+		fault: func(t *testing.T, e *linkEnv, notes *rowNotes) int {
+			return cutOffInstance(t, e, notes)
+		},
+		progress: true,
+		cutOff:   1,
+		after: func(t *testing.T, e *linkEnv, windows []faultWindow, gs []Grant) {
+			n, cut := 0, time.Duration(0)
+			for _, w := range windows {
+				cut += w.to - w.from
+				for _, g := range gs {
+					if strings.HasPrefix(g.Client, "p1.") && g.Enter > w.from && g.Enter < w.to {
+						n++
+					}
+					if strings.HasPrefix(g.Client, "p1.") && g.Enter > w.from+cutGrace && g.Enter < w.to {
+						t.Errorf("instance p1 granted %v while cut off from the majority", g)
+					}
+				}
+			}
+			t.Logf("instance p1: %d grants in %v of cuts (any only within %v of a cut's start, from replies sent before it)",
+				n, cut.Round(time.Millisecond), cutGrace)
+		},
+	},
+	{
+		name: "slow-2-nodes-75ms",
+		keys: 2,
+		fault: func(t *testing.T, e *linkEnv, notes *rowNotes) int {
+			from := e.hist.Now()
+			n := e.on(nil, []int{3, 4}, func(p *faultproxy.Proxy) { p.SetLatency(75*time.Millisecond, 50*time.Millisecond) })
+			probeValidity(t, e, notes)
+			sleepFault(e, from)
+			return n
+		},
+		progress: true,
+		cutOff:   -1,
+		after: func(t *testing.T, e *linkEnv, windows []faultWindow, gs []Grant) {
+			checkValidity(t, gs)
+		},
+	},
+	{
+		name: "slow-3-nodes-1500ms",
+		keys: 2,
+		fault: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
+			n := e.on(nil, []int{0, 1, 2}, func(p *faultproxy.Proxy) { p.SetLatency(1500*time.Millisecond, 0) })
+			time.Sleep(faultFor)
+			return n
+		},
+		cutOff: -1,
+		after: func(t *testing.T, e *linkEnv, windows []faultWindow, gs []Grant) {
+			checkValidity(t, gs)
+			// Commands already delayed by 1.5 s reach the nodes after the
+			// heal; then every grant was released and every failed attempt
+			// cleaned up, so no lock key may be left.
+			if d := windows[len(windows)-1].to + 1600*time.Millisecond - e.hist.Now(); d > 0 {
+				time.Sleep(d)
+			}
+			checkNoLockKeys(t, e)
+		},
+	},
+	fastClockRow(1),
+	fastClockRow(2),
+	fastClockRow(3),
+	{
+		name:    "half-open-keepalive-client",
+		keys:    2,
+		environ: []string{"LOCKPROXY_LOCKS_KEEPALIVE_IDLE=500ms"},
+		fault: func(t *testing.T, e *linkEnv, notes *rowNotes) int {
+			return halfOpenClient(t, e, notes)
+		},
+		progress: true,
+		cutOff:   -1,
+	},
+}
+
+// TestLinkFaults runs the workload under each network fault and checks its
+// history like TestFaults.
+func TestLinkFaults(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	harness.BuildLockproxy(t)
+	for _, row := range linkRows {
+		t.Run(row.name, func(t *testing.T) { runLinkRow(t, row) })
+	}
+}
+
+// linkSizes returns the clients, grants per client, how many times the
+// fault may be injected, and the wall-clock limit of a network-fault row.
+func linkSizes() (clients, grants, cycles int, limit time.Duration) {
+	if soak() {
+		return 20, 500, 100, 10 * time.Minute
+	}
+	return 10, 20, 1, time.Minute
+}
+
+func runLinkRow(t *testing.T, row linkRow) {
+	clients, grants, cycles, limit := linkSizes()
+	e := newLinkEnv(t, 5, 2, row.environ...)
+	w := workload{clients: clients, grants: grants, keys: row.keys, limit: limit}
+	healed := make(chan struct{})
+	start := time.Now()
+	c, wait := w.run(t, e.env, healed)
+
+	// Under load before the fault. Soak runs repeat the fault, a second
+	// apart, until the clients made their grants.
+	time.Sleep(300 * time.Millisecond)
+	notes := &rowNotes{}
+	var windows []faultWindow
+	events := 0
+	for cycle := 0; cycle < cycles && (cycle == 0 || c.grants.Load() < int64(clients*grants)); cycle++ {
+		if cycle > 0 {
+			time.Sleep(time.Second)
+		}
+		notes.cutAt = 0
+		from := e.hist.Now()
+		events += row.fault(t, e, notes)
+		to := e.hist.Now()
+		if notes.cutAt > 0 {
+			from = notes.cutAt // the row ran a scenario before its fault began
+		}
+		e.healAll()
+		windows = append(windows, faultWindow{from, to})
+	}
+	close(healed)
+	wait()
+	took := time.Since(start)
+
+	gs := e.hist.Grants()
+	r := Check(gs)
+	accepted, rejected := e.ledger.Counts()
+	lost := e.ledger.LostTotal()
+	during, byProxy, faultTime := 0, map[string]int{}, time.Duration(0)
+	for _, w := range windows {
+		faultTime += w.to - w.from
+	}
+	for _, g := range gs {
+		for _, w := range windows {
+			if g.Enter >= w.from && g.Enter <= w.to {
+				during++
+				byProxy[strings.SplitN(g.Client, ".", 2)[0]]++
+				break
+			}
+		}
+	}
+	t.Logf("%s: %d grants in %v (%d during %d fault windows of %v in all, by client %v), %d link faults, %d overlaps, %d fence regressions, "+
+		"%d late uses, %d stale writes rejected (%d accepted), %d lost updates; %d nil, %d NOQUORUM, %d other errors, "+
+		"%d UNLOCK 0, %d UNLOCK errors; %s",
+		row.name, r.Grants, took.Round(time.Millisecond), during, len(windows), faultTime.Round(time.Millisecond), byProxy, events,
+		r.OverlapCount, r.FenceRegressionCount, r.LateUseCount, rejected, accepted, lost,
+		c.nils.Load(), c.noQuorum.Load(), c.errs.Load(), c.unlockZero.Load(), c.unlockErrs.Load(), notes)
+
+	if row.overlapExpected {
+		if r.OverlapCount+r.LateUseCount == 0 {
+			t.Logf("%s: assumption broken on purpose, but no overlap or late use showed up in this run (%d grants); nothing proven either way", row.name, r.Grants)
+		} else {
+			t.Logf("%s: EXPECTED — the checker found %d overlaps and %d late uses once a majority of node clocks ran fast: %v",
+				row.name, r.OverlapCount, r.LateUseCount, r)
+		}
+	} else {
+		if r.Violations() > 0 {
+			t.Errorf("history check: %v", r)
+		}
+		if lost != 0 {
+			t.Errorf("lost acknowledged updates: %v", e.ledger.Lost())
+		}
+	}
+	if want := clients * grants; r.Grants < want {
+		t.Errorf("%d grants; want at least %d", r.Grants, want)
+	}
+	if row.progress {
+		for i := range e.proxies {
+			if p := fmt.Sprintf("p%d", i); i != row.cutOff && byProxy[p] == 0 {
+				t.Errorf("no grant through instance %s while the fault was on; a majority was reachable", p)
+			}
+		}
+	}
+	if row.after != nil {
+		row.after(t, e, windows, gs)
+	}
+	for _, p := range e.proxies {
+		p.checkNoPanic(t)
+	}
+}
+
+// checkValidity: every grant's validity is positive and at most the TTL
+// less the drift (lockproxy also subtracts the time the acquisition took,
+// which probeValidity checks).
+func checkValidity(t *testing.T, gs []Grant) {
+	t.Helper()
+	bad := 0
+	for _, g := range gs {
+		v := g.Deadline - g.Enter
+		if v <= 0 || v > (ttlMS-driftMS)*time.Millisecond {
+			bad++
+			if bad <= 5 {
+				t.Errorf("grant %v: validity %v; want in (0, %dms]", g, v, ttlMS-driftMS)
+			}
+		}
+	}
+}
+
+// probeValidity sends single LOCKs (no WAIT, fresh keys) through instance
+// 0 while the fault is on and checks validity_ms ≤ TTL − elapsed − drift,
+// with elapsed measured around the call (a little more than lockproxy's
+// own elapsed, so the drift absorbs the difference: validity + elapsed ≤
+// TTL must hold).
+func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
+	t.Helper()
+	cl := newClient(e.proxies[0].addr)
+	defer func() { _ = cl.Close() }()
+	n, maxSum, maxElapsed := 0, time.Duration(0), time.Duration(0)
+	for i := range 20 {
+		key := fmt.Sprintf("probe-%d", i)
+		sent := time.Now()
+		r, ok, err := tryLock(ctxFor(t, 5*time.Second), cl, key, "PX", ttlMS)
+		elapsed := time.Since(sent)
+		if err != nil || !ok {
+			continue // a slow moment: no grant is fine
+		}
+		n++
+		validity := time.Duration(r.ValidityMS) * time.Millisecond
+		maxSum, maxElapsed = max(maxSum, validity+elapsed), max(maxElapsed, elapsed)
+		if r.ValidityMS <= 0 || r.ValidityMS > ttlMS-driftMS || validity+elapsed > ttlMS*time.Millisecond {
+			t.Errorf("probe %s: validity %d ms after %v; want 0 < validity ≤ %d − elapsed − %d ms",
+				key, r.ValidityMS, elapsed, ttlMS, driftMS)
+		}
+		_ = cl.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
+		time.Sleep(50 * time.Millisecond)
+	}
+	notes.add("%d/20 validity probes granted, max validity+elapsed %v (≤ %d ms), max elapsed %v", n, maxSum, ttlMS, maxElapsed)
+	if n == 0 {
+		t.Errorf("no validity probe was granted with 3 of 5 nodes fast")
+	}
+}
+
+// checkNoLockKeys fails if any node still holds a lock key.
+func checkNoLockKeys(t *testing.T, e *linkEnv) {
+	t.Helper()
+	for i, node := range e.nodes {
+		cl := node.Client(t)
+		keys, err := cl.Keys(ctxFor(t, 3*time.Second), "lockproxy:lock:*").Result()
+		if err != nil {
+			t.Errorf("node %d: KEYS: %v", i, err)
+			continue
+		}
+		for _, k := range keys {
+			pttl, _ := cl.PTTL(ctxFor(t, 3*time.Second), k).Result()
+			t.Errorf("node %d still holds %s (PTTL %v) after the run", i, k, pttl)
+		}
+	}
+}
+
+// fastClockRow: node clocks (as seen by TTLs) run 1.5× fast on the first
+// n nodes. Besides the workload, a holder keeps a lock for 90 % of its
+// validity while a client of the other instance waits for it: with a
+// majority of fast nodes the lock runs out on them after TTL/1.5, and the
+// waiter gets it while the holder still holds it.
+func fastClockRow(n int) linkRow {
+	nodes := make([]int, n)
+	for i := range nodes {
+		nodes[i] = i
+	}
+	return linkRow{
+		name: fmt.Sprintf("fast-clock-1.5x-on-%d-nodes", n),
+		keys: 2,
+		fault: func(t *testing.T, e *linkEnv, notes *rowNotes) int {
+			from := e.hist.Now()
+			events := e.on(nil, nodes, func(p *faultproxy.Proxy) { p.FastClock(1.5) })
+			longHolds(t, e, notes, 2)
+			sleepFault(e, from)
+			return events
+		},
+		progress:        true,
+		cutOff:          -1,
+		overlapExpected: n >= 3,
+	}
+}
+
+// longHolds runs rounds of: instance 0's client holds key "long" for 90 %
+// of its validity and then does its ledger update; instance 1's client
+// waits for it and does its update at once. Both grants go into the
+// history. If the waiter gets in early, its higher fence makes the fenced
+// ledger reject the holder's late write.
+func longHolds(t *testing.T, e *linkEnv, notes *rowNotes, rounds int) {
+	t.Helper()
+	const key = "long"
+	holder, waiter := newClient(e.proxies[0].addr), newClient(e.proxies[1].addr)
+	defer func() { _ = holder.Close(); _ = waiter.Close() }()
+	early := 0
+	for round := range rounds {
+		r, ok, err := tryLock(ctxFor(t, 10*time.Second), holder, key, "PX", ttlMS, "WAIT", waitMS)
+		enter := e.hist.Now()
+		if err != nil || !ok {
+			t.Errorf("round %d: holder LOCK %s = %v, %v; want a grant", round, key, ok, err)
+			return
+		}
+		hg := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "long-holder",
+			Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+		type result struct {
+			ok  bool
+			err error
+			g   Grant
+		}
+		got := make(chan result, 1)
+		go func() {
+			// The waiter does its update as soon as it is granted.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			r, ok, err := tryLock(ctx, waiter, key, "PX", ttlMS, "WAIT", 2*ttlMS)
+			res := result{ok: ok, err: err, g: Grant{Key: key, Token: r.Token, Fence: r.Fence,
+				Client: "long-waiter", Enter: e.hist.Now()}}
+			if ok {
+				res.g.Deadline = res.g.Enter + time.Duration(r.ValidityMS)*time.Millisecond
+				e.critical(key, &res.g)
+				res.g.Exit = e.hist.Now()
+				_ = waiter.Do(ctx, "UNLOCK", key, r.Token).Err()
+			}
+			got <- res
+		}()
+		time.Sleep(time.Duration(r.ValidityMS) * time.Millisecond * 9 / 10)
+		e.critical(key, &hg)
+		hg.Exit = e.hist.Now()
+		e.hist.Add(hg)
+		_ = holder.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
+		res := <-got
+		if res.err != nil || !res.ok {
+			t.Logf("round %d: waiter LOCK %s = %v, %v", round, key, res.ok, res.err)
+			continue
+		}
+		if res.g.Enter < hg.Exit {
+			early++
+		}
+		e.hist.Add(res.g)
+	}
+	notes.add("%d of %d long holds taken over by the waiter before the holder let go", early, rounds)
+}
+
+// cutOffInstance blackholes instance 1's links to nodes 0-2. Before the
+// cut, a RESP3 client of instance 1 holds a KEEPALIVE lock; during it, a
+// client of instance 0 waits for that lock. The holder must be told
+// (push lock-lost) before the lease lockproxy vouched for can have ended,
+// and the waiter must not get the lock before the holder was told. A RESP2
+// KEEPALIVE holder must get -LOCKLOST on its next LOCK of the key.
+func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
+	t.Helper()
+	const key = "keepalive-cut"
+	holder, err := dialRaw(e.proxies[1].addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Close() }()
+	if _, _, err := holder.do(2*time.Second, "HELLO", "3"); err != nil {
+		t.Fatalf("HELLO 3: %v", err)
+	}
+	v, _, err := holder.do(10*time.Second, "LOCK", key, "PX", fmt.Sprint(ttlMS), "WAIT", fmt.Sprint(waitMS), "KEEPALIVE")
+	enter := e.hist.Now()
+	if err != nil {
+		t.Fatalf("LOCK %s KEEPALIVE: %v", key, err)
+	}
+	r, err := rawGrant(v)
+	if err != nil {
+		t.Fatalf("LOCK %s KEEPALIVE: %v", key, err)
+	}
+	// A RESP2 KEEPALIVE holder on the same instance learns of the loss
+	// from -LOCKLOST on its next lock command for the key.
+	const key2 = "keepalive-cut-resp2"
+	holder2 := newClient(e.proxies[1].addr)
+	defer func() { _ = holder2.Close() }()
+	r2, ok, err := tryLock(ctxFor(t, 10*time.Second), holder2, key2, "PX", ttlMS, "WAIT", waitMS, "KEEPALIVE")
+	enter2 := e.hist.Now()
+	if err != nil || !ok {
+		t.Fatalf("LOCK %s KEEPALIVE (RESP2) = %v, %v", key2, ok, err)
+	}
+	// Held across a few renewals before the cut.
+	time.Sleep(time.Duration(ttlMS) * time.Millisecond)
+
+	from := e.hist.Now()
+	events := e.on([]int{1}, []int{0, 1, 2}, (*faultproxy.Proxy).Blackhole)
+	notes.cutAt = from
+
+	type result struct {
+		r   reply
+		ok  bool
+		err error
+		g   Grant
+	}
+	got := make(chan result, 1)
+	go func() {
+		cl := newClient(e.proxies[0].addr)
+		defer func() { _ = cl.Close() }()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		r, ok, err := tryLock(ctx, cl, key, "PX", ttlMS, "WAIT", 2*waitMS)
+		res := result{r: r, ok: ok, err: err, g: Grant{Key: key, Token: r.Token, Fence: r.Fence,
+			Client: "keepalive-cut-waiter", Enter: e.hist.Now()}}
+		if ok {
+			res.g.Deadline = res.g.Enter + time.Duration(r.ValidityMS)*time.Millisecond
+			e.critical(key, &res.g)
+			res.g.Exit = e.hist.Now()
+			_ = cl.Do(ctx, "UNLOCK", key, r.Token).Err()
+		}
+		got <- res
+	}()
+
+	// The lease lockproxy vouched for cannot outlast the cut by more than
+	// TTL − drift (a renewal sent right at the cut). Whether it was still
+	// in force when the holder was told is read on the nodes themselves:
+	// the holder's token must still be on a majority, so nobody else can
+	// have the lock yet.
+	latest := from + (ttlMS-driftMS)*time.Millisecond
+	var lostAt time.Duration
+	held := 0
+	for lostAt == 0 {
+		v, err := holder.read(time.Now().Add(faultFor))
+		if err != nil {
+			t.Errorf("KEEPALIVE holder on the cut-off instance: no lock-lost push within %v of the cut: %v", faultFor, err)
+			break
+		}
+		if p, ok := v.(pushFrame); ok && len(p) == 3 && p[0] == "lock-lost" && p[1] == key {
+			lostAt = e.hist.Now()
+			held = nodesHolding(t, e, key, r.Token)
+		}
+	}
+	hg := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "keepalive-cut-holder", Enter: enter}
+	if lostAt > 0 {
+		// The holder stops at the signal: that is its exit.
+		hg.Exit, hg.Deadline = lostAt, lostAt
+		notes.add("KEEPALIVE holder told lock-lost %v after the cut, while %d of %d nodes still held its token",
+			(lostAt - from).Round(time.Millisecond), held, len(e.nodes))
+		if lostAt > latest {
+			t.Errorf("lock-lost came %v after the cut; want before %v (TTL − drift)", lostAt-from, latest-from)
+		}
+		if held <= len(e.nodes)/2 {
+			t.Errorf("lock-lost came when only %d of %d nodes held the holder's token: after its lease ended", held, len(e.nodes))
+		}
+	} else {
+		hg.Exit, hg.Deadline = -1, e.hist.Now()
+	}
+	e.hist.Add(hg)
+	// The connection stays usable after the signal.
+	if v, _, err := holder.do(2*time.Second, "PING"); err != nil || v != "PONG" {
+		t.Errorf("PING after lock-lost = %v, %v", v, err)
+	}
+
+	// The RESP2 holder (renewed on the same schedule) asks again soon
+	// after: it must be told LOCKLOST, not granted.
+	askAt := latest - 100*time.Millisecond
+	if lostAt > 0 {
+		askAt = min(askAt, lostAt+300*time.Millisecond)
+	}
+	if d := askAt - e.hist.Now(); d > 0 {
+		time.Sleep(d)
+	}
+	_, ok2, err2 := tryLock(ctxFor(t, 5*time.Second), holder2, key2, "PX", ttlMS)
+	told := e.hist.Now()
+	g2 := Grant{Key: key2, Token: r2.Token, Fence: r2.Fence, Client: "keepalive-cut-resp2-holder", Enter: enter2}
+	if err2 == nil || !strings.HasPrefix(err2.Error(), "LOCKLOST") {
+		t.Errorf("RESP2 KEEPALIVE holder: LOCK %s %v after the cut = %v, %v; want -LOCKLOST", key2, told-from, ok2, err2)
+		g2.Exit, g2.Deadline = -1, told
+	} else {
+		g2.Exit, g2.Deadline = told, told
+		notes.add("RESP2 KEEPALIVE holder got %q %v after the cut", err2.Error()[:8], (told - from).Round(time.Millisecond))
+	}
+	e.hist.Add(g2)
+
+	sleepFault(e, from)
+	res := <-got
+	switch {
+	case res.err != nil || !res.ok:
+		t.Errorf("waiter on instance p0: LOCK %s = %v, %v; want a grant once the cut-off holder's lease ran out", key, res.ok, res.err)
+	default:
+		notes.add("waiter on p0 got the lock %v after the cut", (res.g.Enter - from).Round(time.Millisecond))
+		e.hist.Add(res.g)
+	}
+	return events
+}
+
+// nodesHolding counts the nodes on which key's lock holds token, read
+// directly (not through the links).
+func nodesHolding(t *testing.T, e *linkEnv, key, token string) int {
+	t.Helper()
+	n := 0
+	for _, node := range e.nodes {
+		if v, err := node.Client(t).Get(ctxFor(t, time.Second), "lockproxy:lock:"+key).Result(); err == nil && v == token {
+			n++
+		}
+	}
+	return n
+}
+
+// halfOpenClient: a KEEPALIVE holder whose link to lockproxy goes silent
+// (its own faultproxy blackholed, the socket left open). lockproxy renews
+// only while the connection shows life within locks.keepalive_idle
+// (500 ms here), so a client of the other instance must get the lock
+// within about idle + one lease.
+func halfOpenClient(t *testing.T, e *linkEnv, notes *rowNotes) int {
+	t.Helper()
+	const (
+		key     = "half-open"
+		leaseMS = 1000
+		idle    = 500 * time.Millisecond
+		bound   = idle + 2*leaseMS*time.Millisecond + time.Second // generous
+	)
+	front := newFaultProxy(t, e.proxies[0].addr)
+	holder, err := dialRaw(front.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = holder.Close() }()
+	v, _, err := holder.do(5*time.Second, "LOCK", key, "PX", fmt.Sprint(leaseMS), "KEEPALIVE")
+	enter := e.hist.Now()
+	r, gerr := rawGrant(v)
+	if err != nil || gerr != nil {
+		t.Fatalf("LOCK %s PX %d KEEPALIVE = %v, %v, %v", key, leaseMS, v, err, gerr)
+	}
+	e.hist.Add(Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "half-open-holder",
+		Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond, Exit: -1})
+	front.Blackhole()
+	from := e.hist.Now()
+
+	cl := newClient(e.proxies[1].addr)
+	defer func() { _ = cl.Close() }()
+	wr, ok, err := tryLock(ctxFor(t, 10*time.Second), cl, key, "PX", ttlMS, "WAIT", fmt.Sprint(bound.Milliseconds()))
+	at := e.hist.Now()
+	if err != nil || !ok {
+		t.Errorf("waiter: LOCK %s WAIT %v = %v, %v; want the half-open holder's lock within about idle + lease", key, bound, ok, err)
+		return 1
+	}
+	e.hist.Add(Grant{Key: key, Token: wr.Token, Fence: wr.Fence, Client: "half-open-waiter",
+		Enter: at, Deadline: at + time.Duration(wr.ValidityMS)*time.Millisecond, Exit: at})
+	_ = cl.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, wr.Token).Err()
+	notes.add("half-open KEEPALIVE holder's lock went to a waiter %v after its link went silent (idle %v, lease %d ms, bound %v)",
+		(at - from).Round(time.Millisecond), idle, leaseMS, bound)
+	if at-from > bound {
+		t.Errorf("waiter got the lock %v after the holder went silent; want ≤ %v", at-from, bound)
+	}
+	sleepFault(e, from)
+	return 1
+}

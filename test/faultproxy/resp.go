@@ -1,0 +1,227 @@
+package faultproxy
+
+import (
+	"bytes"
+	"crypto/sha1"
+	"encoding/hex"
+	"math"
+	"strconv"
+	"strings"
+)
+
+// ExtendScript is the source of lockproxy's extend script, copied from
+// backends/redis/scripts.go (extendScript), where it is not exported.
+// KEYS[1] lock key; ARGV[1] token, ARGV[2] ttl ms. If that source changes,
+// the copy must follow: TestExtendScriptMatches compares them.
+const ExtendScript = `
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+`
+
+// ExtendSHA is the SHA1 (hex) lockproxy sends in EVALSHA for ExtendScript.
+var ExtendSHA = func() string {
+	h := sha1.Sum([]byte(ExtendScript))
+	return hex.EncodeToString(h[:])
+}()
+
+// respFramer splits a client→server byte stream into whole commands, so
+// that FastClock can rewrite them. A stream that is not RESP (or a frame
+// it cannot parse) is passed on unchanged from there on.
+type respFramer struct {
+	pending []byte
+	raw     bool
+}
+
+// feed appends b and returns the bytes to forward now: every whole
+// command, rewritten for rate if rate > 1. An incomplete command is held
+// until the rest of it arrives.
+func (f *respFramer) feed(b []byte, rate float64) []byte {
+	if f.raw {
+		return b
+	}
+	f.pending = append(f.pending, b...)
+	var out []byte
+	for len(f.pending) > 0 {
+		args, n, ok := parseCommand(f.pending)
+		if !ok {
+			// Not RESP we understand: give up parsing for this stream.
+			f.raw = true
+			out = append(out, f.pending...)
+			f.pending = nil
+			return out
+		}
+		if n == 0 {
+			break // incomplete
+		}
+		frame := f.pending[:n]
+		if args != nil && rate > 1 && rewrite(args, rate) {
+			out = appendCommand(out, args)
+		} else {
+			out = append(out, frame...)
+		}
+		f.pending = f.pending[n:]
+	}
+	if len(f.pending) == 0 {
+		f.pending = nil
+	} else {
+		f.pending = append([]byte(nil), f.pending...)
+	}
+	return out
+}
+
+// parseCommand parses one command at the start of b: a RESP array of bulk
+// strings (args set), or an inline command line (args nil). n is the
+// frame's length, 0 if b holds only part of it; ok is false if b does not
+// start with something a Redis server would parse as a command.
+func parseCommand(b []byte) (args [][]byte, n int, ok bool) {
+	if b[0] != '*' {
+		i := bytes.IndexByte(b, '\n')
+		if i < 0 {
+			return nil, 0, len(b) < 64*1024
+		}
+		return nil, i + 1, true
+	}
+	count, pos, ok := parseLen(b, 1)
+	if !ok || pos == 0 {
+		return nil, 0, ok
+	}
+	if count < 0 || count > 1024*1024 {
+		return nil, 0, false
+	}
+	args = make([][]byte, 0, count)
+	for range count {
+		if pos >= len(b) {
+			return nil, 0, true
+		}
+		if b[pos] != '$' {
+			return nil, 0, false
+		}
+		l, next, ok := parseLen(b, pos+1)
+		if !ok || next == 0 {
+			return nil, 0, ok
+		}
+		if l < 0 || l > 512*1024*1024 {
+			return nil, 0, false
+		}
+		end := next + int(l)
+		if end+2 > len(b) {
+			return nil, 0, true
+		}
+		if b[end] != '\r' || b[end+1] != '\n' {
+			return nil, 0, false
+		}
+		args = append(args, b[next:end])
+		pos = end + 2
+	}
+	return args, pos, true
+}
+
+// parseLen parses the decimal number at b[i:] up to CRLF and returns it and
+// the position after the CRLF (0 if the line is incomplete).
+func parseLen(b []byte, i int) (int64, int, bool) {
+	j := bytes.Index(b[i:], []byte("\r\n"))
+	if j < 0 {
+		return 0, 0, len(b)-i < 32
+	}
+	v, err := strconv.ParseInt(string(b[i:i+j]), 10, 64)
+	if err != nil {
+		return 0, 0, false
+	}
+	return v, i + j + 2, true
+}
+
+// appendCommand encodes args as a RESP array of bulk strings.
+func appendCommand(out []byte, args [][]byte) []byte {
+	out = append(out, '*')
+	out = strconv.AppendInt(out, int64(len(args)), 10)
+	out = append(out, '\r', '\n')
+	for _, a := range args {
+		out = append(out, '$')
+		out = strconv.AppendInt(out, int64(len(a)), 10)
+		out = append(out, '\r', '\n')
+		out = append(out, a...)
+		out = append(out, '\r', '\n')
+	}
+	return out
+}
+
+// scaleMS returns ms/rate, rounded down, at least 1, as RESP text; ok is
+// false if v is not a positive integer.
+func scaleMS(v []byte, perUnit int64, rate float64) ([]byte, bool) {
+	n, err := strconv.ParseInt(string(v), 10, 64)
+	if err != nil || n <= 0 || n > math.MaxInt64/max(perUnit, 1) {
+		return nil, false
+	}
+	ms := int64(float64(n*perUnit) / rate)
+	return strconv.AppendInt(nil, max(ms, 1), 10), true
+}
+
+// rewrite scales the TTLs in args in place for rate and reports whether it
+// changed anything.
+func rewrite(args [][]byte, rate float64) bool {
+	if len(args) == 0 {
+		return false
+	}
+	changed := false
+	switch strings.ToUpper(string(args[0])) {
+	case "SET":
+		// SET key value [NX|XX] [GET] [EX s|PX ms|EXAT|PXAT|KEEPTTL]
+		for i := 3; i+1 < len(args); i++ {
+			switch strings.ToUpper(string(args[i])) {
+			case "PX":
+				if v, ok := scaleMS(args[i+1], 1, rate); ok {
+					args[i+1], changed = v, true
+				}
+				i++
+			case "EX":
+				if v, ok := scaleMS(args[i+1], 1000, rate); ok {
+					args[i], args[i+1], changed = []byte("PX"), v, true
+				}
+				i++
+			}
+		}
+	case "PSETEX": // PSETEX key ms value
+		if len(args) == 4 {
+			if v, ok := scaleMS(args[2], 1, rate); ok {
+				args[2], changed = v, true
+			}
+		}
+	case "SETEX": // SETEX key s value
+		if len(args) == 4 {
+			if v, ok := scaleMS(args[2], 1000, rate); ok {
+				args[0], args[2], changed = []byte("PSETEX"), v, true
+			}
+		}
+	case "PEXPIRE": // PEXPIRE key ms [NX|XX|GT|LT]
+		if len(args) >= 3 {
+			if v, ok := scaleMS(args[2], 1, rate); ok {
+				args[2], changed = v, true
+			}
+		}
+	case "EXPIRE": // EXPIRE key s [NX|XX|GT|LT]
+		if len(args) >= 3 {
+			if v, ok := scaleMS(args[2], 1000, rate); ok {
+				args[0], args[2], changed = []byte("PEXPIRE"), v, true
+			}
+		}
+	case "EVALSHA":
+		if len(args) >= 3 && strings.EqualFold(string(args[1]), ExtendSHA) {
+			changed = scaleLast(args, rate)
+		}
+	case "EVAL":
+		if len(args) >= 3 && string(args[1]) == ExtendScript {
+			changed = scaleLast(args, rate)
+		}
+	}
+	return changed
+}
+
+func scaleLast(args [][]byte, rate float64) bool {
+	v, ok := scaleMS(args[len(args)-1], 1, rate)
+	if ok {
+		args[len(args)-1] = v
+	}
+	return ok
+}
