@@ -26,14 +26,17 @@ import (
 // (it fails fast with reason "clock") until its estimate is back within
 // the bound.
 
-// Estimator bounds. The window holds what a minute of checks at the
-// default interval gives and never more than ten minutes of history, so a
-// node whose clock was corrected is trusted again within that time. An
+// Estimator bounds. The window holds 60 samples at least a second apart
+// (checks run every 10 ms to 5 s, a quarter of locks.max_ttl at most, so
+// short TTLs must not shrink the window's span below minSpan) and never
+// more than ten minutes of history, so a node whose clock was corrected is
+// trusted again within that time. An
 // estimate needs a span of 10 s: a sample's error is at most half its round
 // trip (under sampleMaxRTT/2 = 10 ms), which over 10 s bounds the rate
 // error of the fit well below the 1 % drift factor's scale.
 const (
 	sampleWindow     = 60
+	sampleMinGap     = time.Second
 	sampleMaxAge     = 10 * time.Minute
 	sampleMaxRTT     = 20 * time.Millisecond
 	sampleMinSpan    = 10 * time.Second
@@ -52,6 +55,7 @@ type rateEstimator struct {
 	window     int
 	maxAge     time.Duration
 	maxRTT     time.Duration
+	minGap     time.Duration // between kept samples
 	minSpan    time.Duration
 	minSamples int
 	samples    []clockSample
@@ -59,7 +63,7 @@ type rateEstimator struct {
 
 func newRateEstimator() *rateEstimator {
 	return &rateEstimator{
-		window: sampleWindow, maxAge: sampleMaxAge, maxRTT: sampleMaxRTT,
+		window: sampleWindow, maxAge: sampleMaxAge, maxRTT: sampleMaxRTT, minGap: sampleMinGap,
 		minSpan: sampleMinSpan, minSamples: sampleMinSamples,
 	}
 }
@@ -67,15 +71,19 @@ func newRateEstimator() *rateEstimator {
 // add records the node's clock nodeMicros as read by a TIME sent at sent
 // and answered at received (both on the proxy's clock). It reports whether
 // the sample was kept: one with a round trip over maxRTT is not, as the
-// moment the node read its clock is known only to within half of it.
+// moment the node read its clock is known only to within half of it, nor
+// one taken less than minGap after the last one kept.
 func (e *rateEstimator) add(sent, received time.Time, nodeMicros int64) bool {
 	rtt := received.Sub(sent)
 	if rtt < 0 || rtt > e.maxRTT {
 		return false
 	}
 	mid := sent.Add(rtt / 2)
-	if n := len(e.samples); n > 0 && !mid.After(e.samples[n-1].local) {
-		return false // the proxy's clock did not move: no information
+	if n := len(e.samples); n > 0 {
+		since := mid.Sub(e.samples[n-1].local)
+		if since <= 0 || since < e.minGap {
+			return false // the proxy's clock did not move, or too little
+		}
 	}
 	e.samples = append(e.samples, clockSample{local: mid, node: nodeMicros})
 	drop := 0

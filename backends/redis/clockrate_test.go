@@ -83,6 +83,7 @@ func TestRateEstimator(t *testing.T) {
 		{"span too short", steady(30, 0, 300*time.Millisecond, 1), false, false, 0, 0, -1, -1},
 		{"large round trips ignored", cat(steady(12, 0, 2*time.Second, 1), slow), false, true, 1, 1e-9, 12, -1},
 		{"clock standing still gives nothing", steady(10, 0, 0, 1), false, false, 0, 0, 1, -1},
+		{"fast checks thinned to a sample a second", steady(200, 0, 250*time.Millisecond, 1.04), false, true, 1.04, 1e-9, 50, 50},
 		{"window keeps the last 60", cat(steady(60, 0, time.Second, 1.2), steady(60, 60*time.Second, time.Second, 1)),
 			false, true, 1, 1e-9, -1, 60},
 		{"window keeps ten minutes", cat(steady(10, 0, time.Minute, 1.3), steady(12, 20*time.Minute, time.Second, 1)),
@@ -327,7 +328,8 @@ func TestClockRateRealRedis(t *testing.T) {
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	r := harness.StartRedis(t, harness.RedisOptions{})
 	n := newTestNode(t, r)
-	n.clock.est.minSpan = time.Second // instead of 10 s, to fit a unit test
+	// Instead of 10 s and a sample a second, to fit a unit test.
+	n.clock.est.minSpan, n.clock.est.minGap = time.Second, 0
 	ctx := ctxTimeout(t, 10*time.Second)
 	deadline := time.Now().Add(1500 * time.Millisecond)
 	for time.Now().Before(deadline) {

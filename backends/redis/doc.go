@@ -26,9 +26,10 @@
 // restart, or the nodes should run with appendfsync always.
 //
 // Clock rates: each periodic check also reads the node's TIME in the same
-// pipeline, and a least-squares fit over the last 60 samples (at most ten
-// minutes; samples with a round trip over 20 ms are skipped; none until 5
-// samples span 10 s; reset on a restart) estimates the node's clock rate
+// pipeline, and a least-squares fit over the last 60 samples at least a
+// second apart (at most ten minutes; samples with a round trip over 20 ms
+// are skipped; none until 5 samples span 10 s; reset on a restart)
+// estimates the node's clock rate
 // against the proxy's monotonic clock (NodeConfig.Clock in tests). The
 // drift allowance grows by ttl × (e − drift factor) for the largest rate
 // error e among the nodes that may vote, and a node whose error exceeds
