@@ -68,6 +68,12 @@ type Redlock struct {
 	// proxy also reads it on every new connection, and never waits longer
 	// than locks.max_ttl/4 between reads.
 	RestartCheckInterval time.Duration `yaml:"restart_check_interval"`
+	// MaxClockRateError is the clock rate error (|rate − 1| of a node's
+	// clock against the proxy's, measured with TIME at each restart check)
+	// beyond which a node stops voting until its estimate is back within.
+	// A measured error above drift_factor but within this bound lengthens
+	// the drift allowance instead.
+	MaxClockRateError float64 `yaml:"max_clock_rate_error"`
 }
 
 // Locks bounds the leases and waits clients may ask for.
@@ -146,6 +152,11 @@ func Default() Config {
 			// Reconnects catch most restarts at once; a read per second
 			// per node catches the rest while costing the node nothing.
 			RestartCheckInterval: time.Second,
+			// Five times the drift factor: healthy clocks are within
+			// 0.01 % (NTP slews at most 0.05 %), so a node off by 5 % is
+			// broken or faked, and the extra drift it would need (4 % of
+			// every lease) is the most worth paying to keep it voting.
+			MaxClockRateError: 0.05,
 		},
 		Locks: Locks{
 			// Redisson's watchdog default (lockWatchdogTimeout).
@@ -279,6 +290,9 @@ func (c Config) Validate() error {
 	v.positive("redlock.dial_timeout", r.DialTimeout)
 	if r.RestartCheckInterval < MinRestartCheckInterval || r.RestartCheckInterval > MaxRestartCheckInterval {
 		v.add("redlock.restart_check_interval", "must be in [%v, %v], got %v", MinRestartCheckInterval, MaxRestartCheckInterval, r.RestartCheckInterval)
+	}
+	if !(r.MaxClockRateError > 0 && r.MaxClockRateError < 0.5) { // NaN too
+		v.add("redlock.max_clock_rate_error", "must be in (0, 0.5), got %g", r.MaxClockRateError)
 	}
 
 	l := c.Locks

@@ -122,6 +122,7 @@ func TestValidate(t *testing.T) {
 			c.Redlock.MaxBatch = 0
 			c.Redlock.DialTimeout = 0
 			c.Redlock.RestartCheckInterval = 100 * time.Millisecond
+			c.Redlock.MaxClockRateError = 0.5
 		}, []string{
 			"redlock.key_prefix: must not be empty",
 			"redlock.drift_factor: must be in [0, 0.5), got 0.7",
@@ -133,6 +134,10 @@ func TestValidate(t *testing.T) {
 			"redlock.max_batch: must be in [1, 10000], got 0",
 			"redlock.dial_timeout: must be positive, got 0s",
 			"redlock.restart_check_interval: must be in [250ms, 5s], got 100ms",
+			"redlock.max_clock_rate_error: must be in (0, 0.5), got 0.5",
+		}},
+		{"clock rate bound zero", func(c *Config) { c.Redlock.MaxClockRateError = 0 }, []string{
+			"redlock.max_clock_rate_error: must be in (0, 0.5), got 0",
 		}},
 		{"lock durations", func(c *Config) {
 			c.Locks.DefaultTTL = 20 * time.Minute

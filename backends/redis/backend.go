@@ -4,10 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/lockproxy/lockproxy/backends"
@@ -28,9 +31,15 @@ type Config struct {
 	// MaxTTL is the longest lease a client may ask for.
 	MaxTTL time.Duration
 	// CheckInterval is how often each node's run_id is read besides on
-	// every new connection; 0 disables the periodic read.
+	// every new connection, and its TIME sampled; 0 disables the periodic
+	// read, and with it the clock-rate measurement.
 	CheckInterval time.Duration
-	Logger        *zap.Logger
+	// MaxClockRateError is the measured clock rate error beyond which a
+	// node stops voting (see clockrate.go); 0 never takes a node out.
+	MaxClockRateError float64
+	// Metrics gets the backend-wide gauges; nil takes the first node's.
+	Metrics *Metrics
+	Logger  *zap.Logger
 }
 
 // Backend serves locks from a quorum of Redis nodes.
@@ -44,6 +53,15 @@ type Backend struct {
 	log      *zap.Logger
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
+
+	driftFactor float64
+	maxRateErr  float64
+	driftMu     sync.Mutex // serializes updateDrift's writers
+	// extraRatio holds the float64 bits of the drift allowance per unit
+	// of TTL added by the measured clock rates; the quorum loads it on
+	// every acquisition.
+	extraRatio atomic.Uint64
+	driftGauge prometheus.Gauge
 }
 
 var _ backends.Backend = (*Backend)(nil)
@@ -69,17 +87,35 @@ func New(cfg Config) (*Backend, error) {
 	if cfg.Quarantine {
 		period = QuarantinePeriod(cfg.MaxTTL, cfg.Quorum)
 	}
+	b.driftFactor, b.maxRateErr = cfg.Quorum.DriftFactor, cfg.MaxClockRateError
+	if cfg.Metrics == nil && len(cfg.Nodes) > 0 {
+		cfg.Metrics = cfg.Nodes[0].Metrics
+	}
+	if cfg.Metrics != nil {
+		b.driftGauge = cfg.Metrics.driftExtra
+	}
 	qnodes := make([]quorum.Node, len(cfg.Nodes))
 	for i, nc := range cfg.Nodes {
 		nc.Quarantine = period
+		nc.MaxClockRateError = cfg.MaxClockRateError
+		if nc.Clock == nil {
+			nc.Clock = cfg.Quorum.Clock
+		}
 		if nc.Logger == nil {
 			nc.Logger = cfg.Logger
 		}
 		b.nodes = append(b.nodes, NewNode(nc))
+		b.nodes[i].onClock = b.updateDrift
 		qnodes[i] = b.nodes[i]
 		b.subs = append(b.subs, newSubscriber(b.nodes[i], b.waiters.watched, func(key string) { b.waiters.wake(key, i) }))
 	}
-	q, err := quorum.New(qnodes, cfg.Quorum)
+	qc := cfg.Quorum
+	if prev := qc.ExtraDrift; prev != nil {
+		qc.ExtraDrift = func(ttl time.Duration) time.Duration { return b.extraDrift(ttl) + prev(ttl) }
+	} else {
+		qc.ExtraDrift = b.extraDrift
+	}
+	q, err := quorum.New(qnodes, qc)
 	if err != nil {
 		b.Close()
 		return nil, fmt.Errorf("redis backend: %w", err)
@@ -147,7 +183,7 @@ func (b *Backend) reseed(ctx context.Context, i int) error {
 	need := len(b.nodes) - b.q.Majority() + 1
 	healthy := 0
 	for j, o := range b.nodes {
-		if j != i && !o.health.quarantined() {
+		if j != i && !o.health.restarting() {
 			healthy++
 		}
 	}
@@ -159,7 +195,7 @@ func (b *Backend) reseed(ctx context.Context, i int) error {
 	answers := make(chan answer, len(b.nodes))
 	asked := 0
 	for j, o := range b.nodes {
-		if j == i || (!lost && o.health.quarantined()) {
+		if j == i || (!lost && o.health.restarting()) {
 			continue
 		}
 		asked++
@@ -188,14 +224,68 @@ func (b *Backend) reseed(ctx context.Context, i int) error {
 }
 
 // NodeStates describes each node for INFO, in configuration order, as
-// "addr=…,state=ok|quarantined|down,quarantine_left_ms=…,restarts=…".
+// "addr=…,state=ok|quarantined|clock|down,quarantine_left_ms=…,restarts=…,
+// rate_error_ppm=…", the last -1 until the node's clock rate is estimated.
 func (b *Backend) NodeStates() []string {
 	out := make([]string, len(b.nodes))
 	for i, n := range b.nodes {
 		st, left, restarts := n.State()
-		out[i] = fmt.Sprintf("addr=%s,state=%s,quarantine_left_ms=%d,restarts=%d", n.Name(), st, left, restarts)
+		ppm := int64(-1)
+		if e, ok := n.ClockRateError(); ok {
+			ppm = int64(math.Round(e * 1e6))
+		}
+		out[i] = fmt.Sprintf("addr=%s,state=%s,quarantine_left_ms=%d,restarts=%d,rate_error_ppm=%d",
+			n.Name(), st, left, restarts, ppm)
 	}
 	return out
+}
+
+// The drift rule. RedLock's drift allowance covers nodes whose clocks run
+// within drift_factor of the proxy's. Safety needs that of every node a
+// grant may count, not only of most of them: A may hold exactly a majority
+// and B win another majority that shares a single node with it, so one
+// node expiring A's key early is enough for an overlap. The rule therefore
+// takes the largest measured rate error e among the nodes that may vote,
+// every node but those out of bound (which do not vote), and adds
+// ttl × max(0, e − drift_factor) to the drift. A node without an estimate
+// yet (fewer than 5 samples or less than 10 s of them, or just restarted)
+// counts as within drift_factor, as it did before the clock was measured;
+// a node that is down keeps its last estimate. The largest error is
+// simpler than a majority-order statistic and never smaller, at the price
+// of shorter validities when one node's clock is off but within bound.
+
+// updateDrift recomputes the extra drift after a node's estimate changed.
+// It runs on the health checks, never on an operation.
+func (b *Backend) updateDrift() {
+	b.driftMu.Lock()
+	defer b.driftMu.Unlock()
+	worst := 0.0
+	for _, n := range b.nodes {
+		e, ok := n.ClockRateError()
+		if !ok || (b.maxRateErr > 0 && e > b.maxRateErr) {
+			continue
+		}
+		worst = max(worst, e)
+	}
+	extra := max(0, worst-b.driftFactor)
+	b.extraRatio.Store(math.Float64bits(extra))
+	if b.driftGauge != nil {
+		b.driftGauge.Set(extra)
+	}
+}
+
+// ExtraDriftRatio is the drift allowance per unit of TTL currently added
+// by the measured clock rates.
+func (b *Backend) ExtraDriftRatio() float64 { return math.Float64frombits(b.extraRatio.Load()) }
+
+// extraDrift is quorum.Config.ExtraDrift: one atomic load per acquisition.
+func (b *Backend) extraDrift(ttl time.Duration) time.Duration {
+	r := b.ExtraDriftRatio()
+	if r == 0 {
+		return 0
+	}
+	// Rounded up: the allowance must not come out short.
+	return time.Duration(math.Ceil(float64(ttl) * r))
 }
 
 // Quorum exposes the algorithm, for INFO and tests.

@@ -24,4 +24,18 @@
 // first meets a node after the node restarted cannot tell, so a fresh
 // instance should start no sooner than max TTL after the last node
 // restart, or the nodes should run with appendfsync always.
+//
+// Clock rates: each periodic check also reads the node's TIME in the same
+// pipeline, and a least-squares fit over the last 60 samples at least a
+// second apart (at most ten minutes; samples with a round trip over 20 ms
+// are skipped; none until 5 samples span 10 s; reset on a restart)
+// estimates the node's clock rate
+// against the proxy's monotonic clock (NodeConfig.Clock in tests). The
+// drift allowance grows by ttl × (e − drift factor) for the largest rate
+// error e among the nodes that may vote, and a node whose error exceeds
+// MaxClockRateError stops voting (reason "clock") until its estimate is
+// back within. The measurement is slow by design: a clock that turns fast
+// is noticed over tens of seconds, not at once, so the drift factor must
+// still cover sudden changes, and wall-clock jumps on a node (which the
+// fit sees as a rate error for a while) are not prevented, only noticed.
 package redis

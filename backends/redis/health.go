@@ -25,7 +25,17 @@ import (
 const (
 	stateOK          = "ok"
 	stateQuarantined = "quarantined"
+	stateClock       = "clock"
 	stateDown        = "down"
+)
+
+// Reasons a node may not vote, as bits of health.blocked.
+const (
+	// blockRestart: the node restarted and waits for its quarantine
+	// period and re-seed.
+	blockRestart uint32 = 1 << iota
+	// blockClock: the node's clock rate error is out of bound.
+	blockClock
 )
 
 // uptimeSlack absorbs the whole seconds of uptime_in_seconds and the time
@@ -40,9 +50,10 @@ type health struct {
 	// quarantine (restarts are still counted).
 	period time.Duration
 
-	// blocked is read on every operation: true from a detected restart
-	// until the node is re-seeded.
-	blocked atomic.Bool
+	// blocked is read on every operation: blockRestart from a detected
+	// restart until the node is re-seeded, blockClock while the node's
+	// clock rate error is out of bound.
+	blocked atomic.Uint32
 	// gen counts the restarts seen; the writer compares it around a batch.
 	gen atomic.Uint64
 
@@ -129,7 +140,7 @@ func (h *health) observe(si serverInfo) bool {
 	h.gen.Add(1)
 	if h.period > 0 {
 		h.until = now.Add(h.period)
-		h.blocked.Store(true)
+		h.blocked.Or(blockRestart)
 	}
 	return true
 }
@@ -142,14 +153,40 @@ func (h *health) setDown(down bool) {
 	h.mu.Unlock()
 }
 
-// quarantined reports whether the node must not vote. It is one atomic
-// load: it runs on every operation.
-func (h *health) quarantined() bool { return h.blocked.Load() }
+// quarantined reports whether the node must not vote, for whichever
+// reason. It is one atomic load: it runs on every operation.
+func (h *health) quarantined() bool { return h.blocked.Load() != 0 }
+
+// refuse is the error a vote on the node gets without any I/O, or nil when
+// the node may vote. It is one atomic load: it runs on every operation.
+func (h *health) refuse() error {
+	switch b := h.blocked.Load(); {
+	case b == 0:
+		return nil
+	case b&blockRestart != 0:
+		return errQuarantined
+	default:
+		return errClock
+	}
+}
+
+// restarting reports whether the node is out because it restarted (its
+// lock keys and fence counters may be lost), as opposed to its clock.
+func (h *health) restarting() bool { return h.blocked.Load()&blockRestart != 0 }
+
+// setClockOut takes the node out of (or back into) every quorum for its
+// clock and reports whether that changed anything.
+func (h *health) setClockOut(out bool) bool {
+	if out {
+		return h.blocked.Or(blockClock)&blockClock == 0
+	}
+	return h.blocked.And(^blockClock)&blockClock != 0
+}
 
 // seedDue reports whether the quarantine period is over and the node
 // waits only for its fence counters to be re-seeded.
 func (h *health) seedDue() bool {
-	if !h.blocked.Load() {
+	if !h.restarting() {
 		return false
 	}
 	h.mu.Lock()
@@ -165,14 +202,14 @@ func (h *health) seeded() bool {
 	if h.now().Before(h.until) {
 		return false
 	}
-	h.blocked.Store(false)
+	h.blocked.And(^blockRestart)
 	return true
 }
 
 // left is the time left in the quarantine period; 0 when the node only
 // waits for its re-seed or is not quarantined.
 func (h *health) left() time.Duration {
-	if !h.blocked.Load() {
+	if !h.restarting() {
 		return 0
 	}
 	h.mu.Lock()
@@ -189,8 +226,10 @@ func (h *health) status() (state string, left time.Duration, restarts uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
-	case h.blocked.Load():
+	case h.restarting():
 		state = stateQuarantined
+	case h.quarantined():
+		state = stateClock
 	case h.down || !h.reached:
 		state = stateDown
 	default:

@@ -9,6 +9,8 @@ type Metrics struct {
 	batchSize       *prometheus.HistogramVec
 	quarantined     *prometheus.GaugeVec
 	restarts        *prometheus.CounterVec
+	clockRateError  *prometheus.GaugeVec
+	driftExtra      prometheus.Gauge
 }
 
 // NewMetrics registers the node metrics with reg.
@@ -39,9 +41,19 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			Name: "lockproxy_node_restarts_total",
 			Help: "Restarts of a Redis node seen as a new run_id (or a younger uptime).",
 		}, []string{"node"}),
+		clockRateError: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "lockproxy_node_clock_rate_error",
+			Help: "Estimated |rate - 1| of a Redis node's clock against the proxy's monotonic clock " +
+				"(0.01 = 1 %), from TIME read with each health check; -1 until enough samples were taken.",
+		}, []string{"node"}),
+		driftExtra: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "lockproxy_drift_extra_ratio",
+			Help: "Drift allowance per unit of TTL added to redlock.drift_factor because a voting node's " +
+				"measured clock rate error exceeds it.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requestDuration, m.errors, m.batchSize, m.quarantined, m.restarts)
+		reg.MustRegister(m.requestDuration, m.errors, m.batchSize, m.quarantined, m.restarts, m.clockRateError, m.driftExtra)
 	}
 	return m
 }

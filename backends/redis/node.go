@@ -44,8 +44,13 @@ type NodeConfig struct {
 	// Logger gets the node's restarts and configuration warnings; nil
 	// logs nothing.
 	Logger *zap.Logger
-	// Clock, when set, replaces time.Now for the quarantine (tests).
-	Clock func() time.Time
+	// Clock, when set, replaces the system clock for the quarantine and
+	// for the clock-rate samples (tests).
+	Clock quorum.Clock
+	// MaxClockRateError is the clock rate error (|rate − 1| against the
+	// proxy's clock) beyond which the node stops voting; 0 never takes it
+	// out.
+	MaxClockRateError float64
 }
 
 type opKind uint8
@@ -112,8 +117,16 @@ type Node struct {
 	log         *zap.Logger
 	quarantined prometheus.Gauge
 	restarts    prometheus.Counter
+
+	clock        *nodeClock
+	maxRateError float64
+	clockGauge   prometheus.Gauge
+	// onClock runs after each new rate estimate (the backend's drift rule).
+	onClock func()
+
 	// Warnings given once per node.
 	noInfoOnce      sync.Once
+	noTimeOnce      sync.Once
 	persistChecked  atomic.Bool
 	configDeniedLog sync.Once
 }
@@ -147,8 +160,11 @@ func NewNode(cfg NodeConfig) *Node {
 		queues:   make([]chan *op, cfg.Workers),
 		stop:     make(chan struct{}),
 		metrics:  cfg.Metrics,
-		health:   newHealth(cfg.Quarantine, cfg.Clock),
+		health:   newHealth(cfg.Quarantine, clockFunc(cfg.Clock)),
 		log:      cfg.Logger.With(zap.String("node", cfg.Addr)),
+		clock:    newNodeClock(),
+
+		maxRateError: cfg.MaxClockRateError,
 	}
 	n.client = goredis.NewClient(&goredis.Options{
 		Addr:     cfg.Addr,
@@ -180,6 +196,8 @@ func NewNode(cfg NodeConfig) *Node {
 		n.batches = n.metrics.batchSize.WithLabelValues(n.name)
 		n.quarantined = n.metrics.quarantined.WithLabelValues(n.name)
 		n.restarts = n.metrics.restarts.WithLabelValues(n.name)
+		n.clockGauge = n.metrics.clockRateError.WithLabelValues(n.name)
+		n.clockGauge.Set(rateUnknown)
 	}
 	for i := range n.queues {
 		n.queues[i] = make(chan *op, cfg.MaxBatch*4)
@@ -187,6 +205,14 @@ func NewNode(cfg NodeConfig) *Node {
 		go n.work(n.queues[i])
 	}
 	return n
+}
+
+// clockFunc is c's Now, or nil for the system clock.
+func clockFunc(c quorum.Clock) func() time.Time {
+	if c == nil {
+		return nil
+	}
+	return c.Now
 }
 
 // Name is the node's address.
@@ -221,8 +247,8 @@ var errClosed = errors.New("redis: node closed")
 
 // Acquire implements quorum.Node.
 func (n *Node) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGrant, error) {
-	if n.health.quarantined() {
-		return quorum.NodeGrant{}, errQuarantined
+	if err := n.health.refuse(); err != nil {
+		return quorum.NodeGrant{}, err
 	}
 	o := n.newOp(opAcquire, req.Key, req.Token)
 	o.ms = req.TTL.Milliseconds()
@@ -239,8 +265,8 @@ func (n *Node) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGran
 
 // RaiseFence implements quorum.Node.
 func (n *Node) RaiseFence(ctx context.Context, key, token string, fence uint64) (bool, error) {
-	if n.health.quarantined() {
-		return false, errQuarantined
+	if err := n.health.refuse(); err != nil {
+		return false, err
 	}
 	o := n.newOp(opRaiseFence, key, token)
 	o.slot = slot(key)
@@ -259,8 +285,8 @@ func (n *Node) Release(ctx context.Context, key, token string) (bool, error) {
 
 // Extend implements quorum.Node.
 func (n *Node) Extend(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
-	if n.health.quarantined() {
-		return false, errQuarantined
+	if err := n.health.refuse(); err != nil {
+		return false, err
 	}
 	o := n.newOp(opExtend, key, token)
 	o.ms = ttl.Milliseconds()
@@ -272,8 +298,8 @@ var _ quorum.AsyncNode = (*Node)(nil)
 
 // StartAcquire implements quorum.AsyncNode.
 func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(quorum.NodeGrant, error)) {
-	if n.health.quarantined() {
-		done(quorum.NodeGrant{}, errQuarantined)
+	if err := n.health.refuse(); err != nil {
+		done(quorum.NodeGrant{}, err)
 		return
 	}
 	o := n.newOp(opAcquire, req.Key, req.Token)
@@ -294,8 +320,8 @@ func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(q
 
 // StartRaiseFence implements quorum.AsyncNode.
 func (n *Node) StartRaiseFence(ctx context.Context, key, token string, fence uint64, done func(bool, error)) {
-	if n.health.quarantined() {
-		done(false, errQuarantined)
+	if err := n.health.refuse(); err != nil {
+		done(false, err)
 		return
 	}
 	o := n.newOp(opRaiseFence, key, token)
@@ -313,8 +339,8 @@ func (n *Node) StartRelease(ctx context.Context, key, token string, done func(bo
 
 // StartExtend implements quorum.AsyncNode.
 func (n *Node) StartExtend(ctx context.Context, key, token string, ttl time.Duration, done func(bool, error)) {
-	if n.health.quarantined() {
-		done(false, errQuarantined)
+	if err := n.health.refuse(); err != nil {
+		done(false, err)
 		return
 	}
 	o := n.newOp(opExtend, key, token)
@@ -473,9 +499,9 @@ func (n *Node) exec(batch []*op) {
 	if n.metrics != nil {
 		n.batches.Observe(float64(len(live)))
 	}
-	if n.health.quarantined() {
-		// Queued before the restart was seen: only releases go out.
-		live = n.failVotes(live)
+	if err := n.health.refuse(); err != nil {
+		// Queued before the node was taken out: only releases go out.
+		live = n.failVotes(live, err)
 		if len(live) == 0 {
 			return
 		}
@@ -505,7 +531,7 @@ func (n *Node) exec(batch []*op) {
 	// A restart seen while the batch was sent (onConnect runs on the new
 	// connection before our commands) makes its answers worthless as
 	// votes: they come from a server that forgot its locks.
-	restarted := n.health.gen.Load() != gen && n.health.quarantined()
+	restarted := n.health.gen.Load() != gen && n.health.restarting()
 	for i, o := range live {
 		if restarted && o.kind != opRelease {
 			n.finish(o, 0, errQuarantined)
@@ -515,16 +541,16 @@ func (n *Node) exec(batch []*op) {
 	}
 }
 
-// failVotes answers every op of batch but the releases as quarantined and
-// returns the releases.
-func (n *Node) failVotes(batch []*op) []*op {
+// failVotes answers every op of batch but the releases with err (the
+// reason the node may not vote) and returns the releases.
+func (n *Node) failVotes(batch []*op, err error) []*op {
 	keep := batch[:0]
 	for _, o := range batch {
 		if o.kind == opRelease {
 			keep = append(keep, o)
 			continue
 		}
-		n.finish(o, 0, errQuarantined)
+		n.finish(o, 0, err)
 	}
 	return keep
 }
@@ -597,7 +623,7 @@ func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
 // reasonLabel maps an error to a closed set of metric label values.
 func reasonLabel(err error) string {
 	switch r := quorum.Reason(err); r {
-	case "timeout", "canceled", "connection refused", "connection reset", "connection closed", "quarantined":
+	case "timeout", "canceled", "connection refused", "connection reset", "connection closed", "quarantined", "clock":
 		return strings.ReplaceAll(r, " ", "_")
 	default:
 		return "error"

@@ -18,11 +18,21 @@ func (quarantinedError) Reason() string { return "quarantined" }
 
 var errQuarantined error = quarantinedError{}
 
+// clockError is the answer of a node whose clock rate error is out of
+// bound (redlock.max_clock_rate_error). It is given without any network
+// I/O.
+type clockError struct{}
+
+func (clockError) Error() string  { return "redis: node's clock rate out of bound" }
+func (clockError) Reason() string { return "clock" }
+
+var errClock error = clockError{}
+
 // isServerError reports an error reply from the server (as opposed to a
 // transport failure): the node is there, it refused the command.
 func isServerError(err error) bool {
 	var re goredis.Error
-	return errors.As(err, &re) && !errors.Is(err, errQuarantined)
+	return errors.As(err, &re) && !errors.Is(err, errQuarantined) && !errors.Is(err, errClock)
 }
 
 // onConnect is go-redis's hook on every new connection to the node. It
@@ -45,9 +55,19 @@ func (n *Node) onConnect(ctx context.Context, cn *goredis.Conn) error {
 }
 
 // check reads the node's INFO server (a periodic check) and, once, its
-// persistence settings.
+// persistence settings. A TIME rides in the same pipeline, so measuring
+// the node's clock rate costs no round trip of its own.
 func (n *Node) check(ctx context.Context) {
-	info, err := n.client.Info(ctx, "server").Result()
+	pipe := n.client.Pipeline()
+	infoCmd := pipe.Info(ctx, "server")
+	timeCmd := pipe.Time(ctx)
+	sent := n.health.now()
+	_, _ = pipe.Exec(ctx) // per-command errors are read from the commands
+	received := n.health.now()
+	info, err := infoCmd.Result()
+	// INFO first: a restart it reveals resets the samples before this
+	// one, which comes from the new server, is added.
+	defer n.sampleTime(sent, received, timeCmd)
 	switch {
 	case err == nil:
 		n.learn(parseServerInfo(info))
@@ -71,6 +91,7 @@ func (n *Node) learn(si serverInfo) bool {
 	if n.restarts != nil {
 		n.restarts.Inc()
 	}
+	n.clock.reset()
 	if n.health.period > 0 {
 		if n.quarantined != nil {
 			n.quarantined.Set(1)
@@ -168,3 +189,8 @@ func (n *Node) State() (state string, quarantineLeftMS int64, restarts uint64) {
 	st, left, r := n.health.status()
 	return st, left.Milliseconds(), r
 }
+
+// ClockRateError is the node's estimated clock rate error, |rate − 1|
+// against the proxy's monotonic clock; ok is false until there are enough
+// samples.
+func (n *Node) ClockRateError() (e float64, ok bool) { return n.clock.rateError() }

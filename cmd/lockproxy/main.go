@@ -213,12 +213,14 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			TimeoutMin:    rc.NodeTimeoutMin,
 			TimeoutMax:    rc.NodeTimeoutMax,
 		},
-		RetryMin:      cfg.Locks.RetryMin,
-		RetryMax:      cfg.Locks.RetryMax,
-		Quarantine:    rc.Quarantine,
-		MaxTTL:        cfg.Locks.MaxTTL,
-		CheckInterval: cfg.RestartCheckEvery(),
-		Logger:        backendLog,
+		RetryMin:          cfg.Locks.RetryMin,
+		RetryMax:          cfg.Locks.RetryMax,
+		Quarantine:        rc.Quarantine,
+		MaxTTL:            cfg.Locks.MaxTTL,
+		CheckInterval:     cfg.RestartCheckEvery(),
+		MaxClockRateError: rc.MaxClockRateError,
+		Metrics:           nodeMetrics,
+		Logger:            backendLog,
 	}
 	for _, addr := range nodes {
 		bcfg.Nodes = append(bcfg.Nodes, redisbackend.NodeConfig{

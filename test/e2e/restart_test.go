@@ -266,6 +266,8 @@ type nodeState struct {
 	state    string
 	leftMS   int64
 	restarts int64
+	// ratePPM is the node's measured clock rate error, -1 until measured.
+	ratePPM int64
 }
 
 // nodeStates reads the per-node lines of INFO lockproxy.
@@ -289,7 +291,7 @@ func nodeStates(t *testing.T, in *instance) []nodeState {
 		if line == "" {
 			break
 		}
-		var st nodeState
+		st := nodeState{ratePPM: -2} // -2: missing
 		for _, kv := range strings.Split(line, ",") {
 			k, v, _ := strings.Cut(kv, "=")
 			switch k {
@@ -301,7 +303,19 @@ func nodeStates(t *testing.T, in *instance) []nodeState {
 				st.leftMS, _ = strconv.ParseInt(v, 10, 64)
 			case "restarts":
 				st.restarts, _ = strconv.ParseInt(v, 10, 64)
+			case "rate_error_ppm":
+				n, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					t.Fatalf("INFO lockproxy node line %q: rate_error_ppm %q: %v", line, v, err)
+				}
+				st.ratePPM = n
 			}
+		}
+		// The restart checks measure the node's clock too; a local
+		// redis-server's clock is ours, so once measured (after 10 s of
+		// checks) its rate error is tiny.
+		if st.ratePPM < -1 || st.ratePPM > 1000 {
+			t.Fatalf("INFO lockproxy node line %q: rate_error_ppm %d; want -1 (not yet measured) or at most 1000", line, st.ratePPM)
 		}
 		out = append(out, st)
 	}
