@@ -22,21 +22,21 @@ deps:
 
 ## test: install what is missing, then run every test (unit, fuzz seeds, end to end).
 test: deps vet
-	$(GO) test -count=1 -timeout 9m ./...
+	$(GO) test -count=1 -p 1 -timeout 9m ./...
 
 ## test-race: every test with the race detector, the lockproxy binary of the end-to-end tests included
 ## (its race reports go to $(RACE_LOG).*).
 RACE_LOG ?= /tmp/lockproxy-race
 test-race: deps
 	rm -f $(RACE_LOG).*
-	LOCKPROXY_TEST_BUILDFLAGS=-race GORACE=log_path=$(RACE_LOG) $(GO) test -race -count=1 -timeout 15m ./...
+	LOCKPROXY_TEST_BUILDFLAGS=-race GORACE=log_path=$(RACE_LOG) $(GO) test -race -count=1 -p 1 -timeout 15m ./...
 	@if ls $(RACE_LOG).* >/dev/null 2>&1; then echo "data races in lockproxy:"; cat $(RACE_LOG).*; exit 1; fi
 
 test-unit:
 	$(GO) test -count=1 ./quorum/ ./resp/ ./commands/ ./conf/ ./backends/...
 
 test-e2e: deps
-	$(GO) test -count=1 -timeout 9m ./test/...
+	$(GO) test -count=1 -p 1 -timeout 9m ./...t/...
 
 ## soak: the fault suite at full size (20 clients × 500 grants per fault, 20 × 10,000 without faults).
 soak: deps
