@@ -121,7 +121,24 @@ type rowNotes struct {
 }
 
 // faultWindow is when one injection of a row's fault was on.
+// faultWindow is when a fault was in force, on the history's clock.
 type faultWindow struct{ from, to time.Duration }
+
+// grantsDuring counts the grants that entered while a fault was in force,
+// in all and by the lockproxy instance their client used.
+func grantsDuring(gs []Grant, windows []faultWindow) (int, map[string]int) {
+	during, byProxy := 0, map[string]int{}
+	for _, g := range gs {
+		for _, w := range windows {
+			if g.Enter >= w.from && g.Enter <= w.to {
+				during++
+				byProxy[strings.SplitN(g.Client, ".", 2)[0]]++
+				break
+			}
+		}
+	}
+	return during, byProxy
+}
 
 func (n *rowNotes) add(format string, args ...any) {
 	n.mu.Lock()
@@ -285,19 +302,11 @@ func runLinkRow(t *testing.T, row linkRow) {
 	r := Check(gs)
 	accepted, rejected := e.ledger.Counts()
 	lost := e.ledger.LostTotal()
-	during, byProxy, faultTime := 0, map[string]int{}, time.Duration(0)
+	var faultTime time.Duration
 	for _, w := range windows {
 		faultTime += w.to - w.from
 	}
-	for _, g := range gs {
-		for _, w := range windows {
-			if g.Enter >= w.from && g.Enter <= w.to {
-				during++
-				byProxy[strings.SplitN(g.Client, ".", 2)[0]]++
-				break
-			}
-		}
-	}
+	during, byProxy := grantsDuring(gs, windows)
 	t.Logf("%s: %d grants in %v (%d during %d fault windows of %v in all, by client %v), %d link faults, %d overlaps, %d fence regressions, "+
 		"%d late uses, %d stale writes rejected (%d accepted), %d lost updates; %d nil, %d NOQUORUM, %d other errors, "+
 		"%d UNLOCK 0, %d UNLOCK errors; %s",

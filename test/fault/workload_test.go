@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -383,8 +382,7 @@ func TestFaults(t *testing.T) {
 			// Under load before the fault. Soak runs repeat the fault,
 			// a second apart, until the clients made their grants.
 			time.Sleep(300 * time.Millisecond)
-			type window struct{ from, to time.Duration }
-			var windows []window
+			var windows []faultWindow
 			events := 0
 			for cycle := 0; cycle < cycles && (cycle == 0 || c.grants.Load() < int64(clients*grants)); cycle++ {
 				if cycle > 0 {
@@ -393,7 +391,7 @@ func TestFaults(t *testing.T) {
 				from := e.hist.Now()
 				events += f.inject(t, e)
 				f.heal(t, e)
-				windows = append(windows, window{from, e.hist.Now()})
+				windows = append(windows, faultWindow{from, e.hist.Now()})
 			}
 			close(healed)
 			wait()
@@ -403,16 +401,7 @@ func TestFaults(t *testing.T) {
 			r := Check(gs)
 			accepted, rejected := e.ledger.Counts()
 			lost := e.ledger.LostTotal()
-			during, duringByProxy := 0, map[string]int{}
-			for _, g := range gs {
-				for _, w := range windows {
-					if g.Enter >= w.from && g.Enter <= w.to {
-						during++
-						duringByProxy[strings.SplitN(g.Client, ".", 2)[0]]++
-						break
-					}
-				}
-			}
+			during, duringByProxy := grantsDuring(gs, windows)
 			t.Logf("%s: %d grants in %v (%d during the %d fault windows, by instance %v), %d faults injected, %d overlaps, %d fence regressions, "+
 				"%d late uses, %d stale writes rejected (%d accepted), %d lost updates; %d nil, %d NOQUORUM, %d other errors, "+
 				"%d UNLOCK 0, %d UNLOCK errors, %d vanished",
