@@ -29,16 +29,57 @@ type LockRequest struct {
 	Mode Mode
 }
 
+// String is the word LOCKINFO shows for m.
+func (m Mode) String() string {
+	if m == Read {
+		return "read"
+	}
+	return "write"
+}
+
 // Lease is a granted lock.
 type Lease struct {
 	Token    string
 	Validity time.Duration
-	Fence    uint64
+	// Fence is strictly greater than the fence of every earlier exclusive
+	// grant of the key. A reentrant grant returns the fence of the hold it
+	// joins; read grants carry the key's current fence.
+	Fence uint64
+	// Holds is the token's hold count after this grant (1 for a first
+	// grant, more for a reentrant one).
+	Holds int64
+}
+
+// Holder is one token holding a lock, as LOCKINFO reports it.
+type Holder struct {
+	Token string
+	Holds int64
+	// TTL is what is left of this holder's lease as a majority sees it.
+	TTL time.Duration
+}
+
+// LockInfo is the state of one key, as LOCKINFO reports it.
+type LockInfo struct {
+	Mode    Mode
+	Holders []Holder
+	// TTL is the shortest lease left among the holders, as a majority
+	// sees it (conservative).
+	TTL   time.Duration
+	Fence uint64
+	// Waiters is the number of clients waiting for the key on this
+	// lockproxy instance.
+	Waiters int
 }
 
 // ErrNotAcquired means the lock is held by someone else (and WAIT, if
 // given, ran out).
 var ErrNotAcquired = errors.New("backends: lock not acquired")
+
+// ErrUpgrade means a read holder asked for the write lock with its own
+// token. Upgrading is refused: two readers upgrading at once would wait
+// for each other forever.
+var ErrUpgrade = errors.New("backends: read lock held by this token; upgrade to write is not supported")
+
 
 // Backend serves lock commands. Every method returns by the time ctx is
 // done.
@@ -46,13 +87,27 @@ type Backend interface {
 	// Lock acquires req, waiting up to req.Wait. It returns ErrNotAcquired
 	// when the lock stayed held, or an error that says why the lock store
 	// could not decide.
+	//
+	// Write: exclusive. When req.Token already holds the write lock the
+	// grant is reentrant: one more hold, the lease reset to req.TTL, the
+	// same fence. When req.Token holds a read lock, ErrUpgrade.
+	//
+	// Read: shared with other readers, exclusive with writers; each
+	// reader's lease is its own. When req.Token holds the write lock the
+	// read grant is a downgrade: the token then holds both, and the write
+	// hold is released with UNLOCK as usual. Once a writer waits, new
+	// readers wait behind it (writer preference).
 	Lock(ctx context.Context, req LockRequest) (Lease, error)
-	// Unlock releases one hold of key by token; false when token does not
+	// Unlock releases one hold of key by token (write holds before read
+	// holds when a downgraded token has both); false when token does not
 	// hold key.
 	Unlock(ctx context.Context, key, token string) (bool, error)
-	// Renew resets the lease of key held by token to ttl and returns the
-	// new validity, or 0 when token no longer holds key.
+	// Renew resets the lease of key held by token (in whichever mode) to
+	// ttl and returns the new validity, or 0 when token no longer holds
+	// key.
 	Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error)
+	// Info reports the state of key; ok is false when nobody holds it.
+	Info(ctx context.Context, key string) (info LockInfo, ok bool, err error)
 	// Ready reports whether enough of the lock store answers to grant locks.
 	Ready(ctx context.Context) error
 	// Close releases the backend's resources.

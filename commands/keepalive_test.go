@@ -38,6 +38,10 @@ func (f *fakeBackend) Lock(ctx context.Context, req backends.LockRequest) (backe
 	return backends.Lease{Token: req.Token, Validity: req.TTL, Fence: 1}, nil
 }
 
+func (f *fakeBackend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
+	return backends.LockInfo{}, false, nil
+}
+
 func (f *fakeBackend) Unlock(ctx context.Context, key, token string) (bool, error) {
 	f.mu.Lock()
 	f.unlocks++

@@ -420,6 +420,11 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	return b.q.Extend(ctx, key, token, ttl)
 }
 
+// Info implements backends.Backend.
+func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
+	return backends.LockInfo{}, false, errors.New("redis backend: LOCKINFO is not supported yet")
+}
+
 // Ready implements backends.Backend: a majority of nodes must answer PING.
 func (b *Backend) Ready(ctx context.Context) error {
 	type res struct {
