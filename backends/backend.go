@@ -80,7 +80,6 @@ var ErrNotAcquired = errors.New("backends: lock not acquired")
 // for each other forever.
 var ErrUpgrade = errors.New("backends: read lock held by this token; upgrade to write is not supported")
 
-
 // Backend serves lock commands. Every method returns by the time ctx is
 // done.
 type Backend interface {
