@@ -25,14 +25,25 @@ type Request struct {
 	Token string
 	TTL   time.Duration
 	Mode  Mode
+	// WriterWait, for an exclusive request that will try again (LOCK …
+	// WAIT), asks nodes where the key is held to mark a writer waiting
+	// for this long, so that new readers queue behind it (writer
+	// preference across instances). Zero for a single attempt.
+	WriterWait time.Duration
 }
 
 // NodeGrant is one node's answer to an acquisition.
 type NodeGrant struct {
 	// Acquired is false when another holder has the key on this node.
 	Acquired bool
-	// Fence is the node's fence counter for the key after the acquisition.
+	// Fence is the node's fence counter for the key after the acquisition;
+	// for a reentrant grant, the fence stored with the hold it joins.
 	Fence uint64
+	// Holds is the token's hold count on this node after the grant.
+	Holds int64
+	// Upgrade is set on a refusal because the token holds the key for
+	// reading on this node and asked for it exclusively.
+	Upgrade bool
 }
 
 // Node is one independent lock store. Every method must return by the time
@@ -110,6 +121,9 @@ type Lease struct {
 	// act as the holder.
 	Validity time.Duration
 	Fence    uint64
+	// Holds is the token's hold count after the grant (more than 1 for a
+	// reentrant grant), the highest any granting node reports.
+	Holds int64
 	// Nodes is how many nodes granted.
 	Nodes int
 }
@@ -123,6 +137,9 @@ var (
 	// ErrExpired means a majority granted, but the time spent doing so left
 	// no validity, so the grant was rolled back.
 	ErrExpired = errors.New("quorum: validity ran out while acquiring")
+	// ErrUpgrade means the token holds the key for reading and asked for
+	// it exclusively; no node grants that.
+	ErrUpgrade = errors.New("quorum: read lock held by this token; upgrade refused")
 )
 
 // NodeError is one node's failure.
@@ -333,6 +350,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	var (
 		granted  = make([]grantResult, 0, n)
 		refused  int
+		upgrades int
 		failures []NodeError
 	)
 	tally := func(r grantResult) {
@@ -343,6 +361,9 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 			granted = append(granted, r)
 		default:
 			refused++
+			if r.grant.Upgrade {
+				upgrades++
+			}
 		}
 	}
 	got := 0
@@ -363,16 +384,33 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	}
 	if len(granted) < need {
 		q.releaseAll(ctx, req)
+		if upgrades > 0 {
+			return Lease{}, ErrUpgrade
+		}
 		if len(failures) > n-need || (len(failures) > 0 && refused == 0) {
 			return Lease{}, q.noQuorum(len(granted)+refused, failures)
 		}
 		return Lease{}, ErrNotAcquired
 	}
 
-	fence, err := q.settleFence(ctx, req, granted, need)
-	if err != nil {
-		q.releaseAll(ctx, req)
-		return Lease{}, err
+	var fence uint64
+	var holds int64
+	for _, g := range granted {
+		holds = max(holds, g.grant.Holds)
+	}
+	if req.Mode == Shared {
+		// A read grant is not unique: its fence is the highest counter
+		// the granting nodes report, at least that of every earlier
+		// exclusive grant, and nothing needs raising.
+		for _, g := range granted {
+			fence = max(fence, g.grant.Fence)
+		}
+	} else {
+		var err error
+		if fence, err = q.settleFence(ctx, req, granted, need); err != nil {
+			q.releaseAll(ctx, req)
+			return Lease{}, err
+		}
 	}
 
 	validity := req.TTL - q.cfg.Clock.Now().Sub(start) - q.Drift(req.TTL)
@@ -380,7 +418,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		q.releaseAll(ctx, req)
 		return Lease{}, ErrExpired
 	}
-	return Lease{Token: req.Token, Validity: validity, Fence: fence, Nodes: len(granted)}, nil
+	return Lease{Token: req.Token, Validity: validity, Fence: fence, Holds: holds, Nodes: len(granted)}, nil
 }
 
 // settleFence makes sure a majority holds the grant's fence (the highest
@@ -441,7 +479,9 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 
 // releaseAll releases req on every node, bounded by the node timeout, and
 // ignores the outcome: it runs only after a failed acquisition, where each
-// node either has our key (and loses it) or does not.
+// node either has our key (and loses it) or does not. A release removes
+// one hold, so on a node where the attempt was reentrant it undoes just
+// that attempt's hold.
 func (q *Quorum) releaseAll(ctx context.Context, req Request) {
 	// Use a context that survives the caller's cancellation: a client that
 	// gave up must still not leave keys behind.

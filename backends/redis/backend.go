@@ -303,14 +303,15 @@ func (b *Backend) Nodes() []*Node { return b.nodes }
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
 	qreq := quorum.Request{Key: req.Key, Token: req.Token, TTL: req.TTL, Mode: quorum.Exclusive}
 	if req.Mode == backends.Read {
-		return backends.Lease{}, errors.New("redis backend: read locks are not supported yet")
+		qreq.Mode = quorum.Shared
 	}
 	if req.Wait <= 0 {
 		return b.tryOnce(ctx, qreq)
 	}
+	end := time.Now().Add(req.Wait)
 	deadline := time.NewTimer(req.Wait)
 	defer deadline.Stop()
-	w := b.join(req.Key)
+	w := b.join(req.Key, req.Mode == backends.Read)
 	granted := false
 	defer func() { b.leave(w, granted) }()
 
@@ -346,13 +347,18 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		case <-ctx.Done():
 			return backends.Lease{}, err
 		}
+		if qreq.Mode == quorum.Exclusive {
+			// Mark this writer waiting on the nodes until well after its
+			// next attempt, so readers on every instance queue behind it.
+			qreq.WriterWait = min(time.Until(end), b.writerMark())
+		}
 		var lease backends.Lease
 		lease, err = b.tryOnce(ctx, qreq)
 		if err == nil {
 			granted = true
 			return lease, nil
 		}
-		if ctx.Err() != nil {
+		if ctx.Err() != nil || errors.Is(err, backends.ErrUpgrade) {
 			return backends.Lease{}, err
 		}
 		b.watch(req.Key)
@@ -360,10 +366,16 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	}
 }
 
+// writerMark is how long a waiting writer's mark lasts on the nodes: three
+// of its longest retry delays, so the mark outlives the gap to the next
+// attempt, which renews it, and a writer that gave up stops holding
+// readers back soon after.
+func (b *Backend) writerMark() time.Duration { return max(3*b.retryMax, time.Second) }
+
 // join queues a waiter for key. One that joins behind another subscribes
 // the key's release announcements on every node, if that is not done yet.
-func (b *Backend) join(key string) *waiter {
-	w, watch := b.waiters.join(key)
+func (b *Backend) join(key string, read bool) *waiter {
+	w, watch := b.waiters.join(key, read)
 	if watch {
 		b.updateSubscriptions(key)
 	}
@@ -399,9 +411,11 @@ func (b *Backend) tryOnce(ctx context.Context, req quorum.Request) (backends.Lea
 	l, err := b.q.Acquire(ctx, req)
 	switch {
 	case err == nil:
-		return backends.Lease{Token: l.Token, Validity: l.Validity, Fence: l.Fence}, nil
+		return backends.Lease{Token: l.Token, Validity: l.Validity, Fence: l.Fence, Holds: l.Holds}, nil
 	case errors.Is(err, quorum.ErrNotAcquired), errors.Is(err, quorum.ErrExpired):
 		return backends.Lease{}, backends.ErrNotAcquired
+	case errors.Is(err, quorum.ErrUpgrade):
+		return backends.Lease{}, backends.ErrUpgrade
 	default:
 		return backends.Lease{}, err
 	}
@@ -418,11 +432,6 @@ func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
 // Renew implements backends.Backend.
 func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
 	return b.q.Extend(ctx, key, token, ttl)
-}
-
-// Info implements backends.Backend.
-func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
-	return backends.LockInfo{}, false, errors.New("redis backend: LOCKINFO is not supported yet")
 }
 
 // Ready implements backends.Backend: a majority of nodes must answer PING.

@@ -65,14 +65,27 @@ const (
 
 var opNames = [numOps]string{"acquire", "raise_fence", "release", "extend"}
 
+// opResult is a node's answer to one op: n is 1/0 for a compare-and-act,
+// the fence (or acquireRefused, acquireUpgrade) for an acquire, whose hold
+// count is in holds.
 type opResult struct {
-	n   int64
-	err error
+	n     int64
+	holds int64
+	err   error
 }
+
+// Acquire answers other than a fence.
+const (
+	acquireRefused = -1 // held by someone else
+	acquireUpgrade = -2 // held for reading by this token; refused
+)
 
 type op struct {
 	kind     opKind
 	key      string // the key as stored on the node, prefix included
+	base     string // the client's key
+	mode     quorum.Mode
+	waitMs   int64 // writer-waiting mark to leave when refused, ms
 	channel  string // where a release is announced
 	token    string
 	ms       int64 // TTL in ms
@@ -84,7 +97,7 @@ type op struct {
 	// buffered 1, so the writer never blocks on it; done is the quorum's
 	// callback, which must not block either.
 	res  chan opResult
-	done func(int64, error)
+	done func(opResult)
 }
 
 var opPool = sync.Pool{New: func() any { return &op{res: make(chan opResult, 1)} }}
@@ -250,17 +263,32 @@ func (n *Node) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGran
 	if err := n.health.refuse(); err != nil {
 		return quorum.NodeGrant{}, err
 	}
+	o := n.acquireOp(req)
+	return acquireGrant(n.do(ctx, o))
+}
+
+func (n *Node) acquireOp(req quorum.Request) *op {
 	o := n.newOp(opAcquire, req.Key, req.Token)
 	o.ms = req.TTL.Milliseconds()
 	o.slot = slot(req.Key)
-	v, err := n.do(ctx, o)
-	if err != nil {
-		return quorum.NodeGrant{}, err
+	o.mode = req.Mode
+	if req.WriterWait > 0 {
+		o.waitMs = max(1, req.WriterWait.Milliseconds())
 	}
-	if v < 0 {
+	return o
+}
+
+// acquireGrant turns an acquire's answer into the quorum's terms.
+func acquireGrant(r opResult) (quorum.NodeGrant, error) {
+	switch {
+	case r.err != nil:
+		return quorum.NodeGrant{}, r.err
+	case r.n == acquireUpgrade:
+		return quorum.NodeGrant{Upgrade: true}, nil
+	case r.n < 0:
 		return quorum.NodeGrant{}, nil
 	}
-	return quorum.NodeGrant{Acquired: true, Fence: uint64(v)}, nil
+	return quorum.NodeGrant{Acquired: true, Fence: uint64(r.n), Holds: r.holds}, nil
 }
 
 // RaiseFence implements quorum.Node.
@@ -271,16 +299,16 @@ func (n *Node) RaiseFence(ctx context.Context, key, token string, fence uint64) 
 	o := n.newOp(opRaiseFence, key, token)
 	o.slot = slot(key)
 	o.fence = fence
-	v, err := n.do(ctx, o)
-	return v == 1, err
+	r := n.do(ctx, o)
+	return r.n == 1, r.err
 }
 
 // Release implements quorum.Node.
 func (n *Node) Release(ctx context.Context, key, token string) (bool, error) {
 	o := n.newOp(opRelease, key, token)
 	o.channel = n.ReleaseChannel(key)
-	v, err := n.do(ctx, o)
-	return v == 1, err
+	r := n.do(ctx, o)
+	return r.n == 1, r.err
 }
 
 // Extend implements quorum.Node.
@@ -290,8 +318,8 @@ func (n *Node) Extend(ctx context.Context, key, token string, ttl time.Duration)
 	}
 	o := n.newOp(opExtend, key, token)
 	o.ms = ttl.Milliseconds()
-	v, err := n.do(ctx, o)
-	return v == 1, err
+	r := n.do(ctx, o)
+	return r.n == 1, r.err
 }
 
 var _ quorum.AsyncNode = (*Node)(nil)
@@ -302,19 +330,8 @@ func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(q
 		done(quorum.NodeGrant{}, err)
 		return
 	}
-	o := n.newOp(opAcquire, req.Key, req.Token)
-	o.ms = req.TTL.Milliseconds()
-	o.slot = slot(req.Key)
-	o.done = func(v int64, err error) {
-		switch {
-		case err != nil:
-			done(quorum.NodeGrant{}, err)
-		case v < 0:
-			done(quorum.NodeGrant{}, nil)
-		default:
-			done(quorum.NodeGrant{Acquired: true, Fence: uint64(v)}, nil)
-		}
-	}
+	o := n.acquireOp(req)
+	o.done = func(r opResult) { done(acquireGrant(r)) }
 	n.start(ctx, o)
 }
 
@@ -349,7 +366,7 @@ func (n *Node) StartExtend(ctx context.Context, key, token string, ttl time.Dura
 }
 
 func (n *Node) startBool(ctx context.Context, o *op, done func(bool, error)) {
-	o.done = func(v int64, err error) { done(v == 1, err) }
+	o.done = func(r opResult) { done(r.n == 1, r.err) }
 	n.start(ctx, o)
 }
 
@@ -371,13 +388,13 @@ func (n *Node) enqueue(ctx context.Context, o *op) {
 	n.closing.RLock()
 	defer n.closing.RUnlock()
 	if n.closed {
-		n.finish(o, 0, errClosed)
+		n.finish(o, opResult{err: errClosed})
 		return
 	}
 	select {
 	case n.queue(o) <- o:
 	case <-ctx.Done():
-		n.finish(o, 0, ctx.Err())
+		n.finish(o, opResult{err: ctx.Err()})
 	}
 }
 
@@ -385,26 +402,26 @@ func (n *Node) queue(o *op) chan *op { return n.queues[int(slot(o.key))%len(n.qu
 
 // finish answers o. An op answered through done goes back to the pool here;
 // one answered through res is recycled by its waiter.
-func (n *Node) finish(o *op, v int64, err error) {
+func (n *Node) finish(o *op, r opResult) {
 	if o.done == nil {
-		o.res <- opResult{n: v, err: err}
+		o.res <- r
 		return
 	}
-	n.observe(o.kind, o.start, err)
+	n.observe(o.kind, o.start, r.err)
 	done := o.done
 	*o = op{res: o.res}
 	opPool.Put(o)
-	done(v, err)
+	done(r)
 }
 
 func (n *Node) newOp(kind opKind, key, token string) *op {
 	o := opPool.Get().(*op)
-	o.kind, o.key, o.token = kind, n.LockKey(key), token
+	o.kind, o.key, o.base, o.token = kind, n.LockKey(key), key, token
 	return o
 }
 
 // do queues o on its key's writer and waits for the answer or ctx.
-func (n *Node) do(ctx context.Context, o *op) (int64, error) {
+func (n *Node) do(ctx context.Context, o *op) opResult {
 	o.start = time.Now()
 	o.deadline = o.start.Add(n.timeout)
 	if d, ok := ctx.Deadline(); ok {
@@ -417,12 +434,12 @@ func (n *Node) do(ctx context.Context, o *op) (int64, error) {
 		n.observe(kind, start, r.err)
 		*o = op{res: o.res}
 		opPool.Put(o)
-		return r.n, r.err
+		return r
 	case <-ctx.Done():
 		// The writer still owns o and will answer into its buffered
 		// channel; o is not reused.
 		n.observe(kind, start, ctx.Err())
-		return 0, ctx.Err()
+		return opResult{err: ctx.Err()}
 	}
 }
 
@@ -470,7 +487,7 @@ func (n *Node) drain(q chan *op) {
 	for {
 		select {
 		case o := <-q:
-			n.finish(o, 0, errClosed)
+			n.finish(o, opResult{err: errClosed})
 		default:
 			return
 		}
@@ -485,7 +502,7 @@ func (n *Node) exec(batch []*op) {
 	var deadline time.Time
 	for _, o := range batch {
 		if !o.deadline.After(now) {
-			n.finish(o, 0, context.DeadlineExceeded)
+			n.finish(o, opResult{err: context.DeadlineExceeded})
 			continue
 		}
 		if o.deadline.After(deadline) {
@@ -534,10 +551,10 @@ func (n *Node) exec(batch []*op) {
 	restarted := n.health.gen.Load() != gen && n.health.restarting()
 	for i, o := range live {
 		if restarted && o.kind != opRelease {
-			n.finish(o, 0, errQuarantined)
+			n.finish(o, opResult{err: errQuarantined})
 			continue
 		}
-		n.finish(o, res[i].n, res[i].err)
+		n.finish(o, res[i])
 	}
 }
 
@@ -550,74 +567,98 @@ func (n *Node) failVotes(batch []*op, err error) []*op {
 			keep = append(keep, o)
 			continue
 		}
-		n.finish(o, 0, err)
+		n.finish(o, opResult{err: err})
 	}
 	return keep
 }
 
-// sent is one op's commands in a pipeline.
-type sent struct {
-	cmd  *goredis.Cmd    // the script, or SET NX PX for an acquire
-	incr *goredis.IntCmd // the fence counter, for an acquire
+// lockKeys returns the first k of a lock's keys on this node, in the
+// scripts' order (see scripts.go).
+func (n *Node) lockKeys(lockKey, base string, k int) []string {
+	keys := make([]string, k)
+	keys[keyLock] = lockKey
+	names := [...]string{keyFence: "lockf:", keyHolds: "lockh:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
+	for i := keyFence; i < k && i < keyFenceHash; i++ {
+		keys[i] = n.prefix + names[i] + base
+	}
+	if k > keyFenceHash {
+		keys[keyFenceHash] = n.fenceKey
+	}
+	return keys
 }
 
-// send writes ops as one pipeline and reads their answers. An acquire is
-// two plain commands, SET NX PX and HINCRBY of the slot's fence counter,
-// rather than a script: plain commands cost the node a fraction of a Lua
-// call, and atomicity is not needed. The increment runs right after the SET
-// on the same connection; a previous holder's raise of the counter happened
-// while it still held the key, so before our SET could succeed, and the
-// increment sees it. An increment after a failed SET only makes the counter
-// jump, which fences allow.
+// send writes ops as one pipeline of scripts and reads their answers.
 func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
 	pipe := n.client.Pipeline()
-	cmds := make([]sent, len(ops))
+	cmds := make([]*goredis.Cmd, len(ops))
 	for i, o := range ops {
 		var s script
-		keys := []string{o.key}
+		var keys []string
 		var args []any
 		switch o.kind {
 		case opAcquire:
-			cmds[i].cmd = pipe.Do(ctx, "set", o.key, o.token, "nx", "px", o.ms)
-			cmds[i].incr = pipe.HIncrBy(ctx, n.fenceKey, strconv.Itoa(int(o.slot)), 1)
-			continue
+			keys = n.lockKeys(o.key, o.base, numLockKeys)
+			if o.mode == quorum.Shared {
+				s = scriptRead
+				args = []any{o.token, o.ms, o.slot, readMarker}
+			} else {
+				s = scriptAcquire
+				args = []any{o.token, o.ms, o.slot, o.waitMs, readMarker}
+			}
 		case opRaiseFence:
 			s = scriptRaiseFence
-			keys = append(keys, n.fenceKey)
+			keys = []string{o.key, n.fenceKey, n.prefix + "lockf:" + o.base}
 			args = []any{o.token, o.slot, strconv.FormatUint(o.fence, 10)}
 		case opRelease:
 			s = scriptRelease
-			args = []any{o.token, o.channel}
+			keys = n.lockKeys(o.key, o.base, keyWriterWaits)
+			args = []any{o.token, o.channel, readMarker}
 		case opExtend:
 			s = scriptExtend
-			args = []any{o.token, o.ms}
+			keys = n.lockKeys(o.key, o.base, keyWriterWaits)
+			args = []any{o.token, o.ms, readMarker}
 		}
 		if sha {
-			cmds[i].cmd = pipe.EvalSha(ctx, s.sha, keys, args...)
+			cmds[i] = pipe.EvalSha(ctx, s.sha, keys, args...)
 		} else {
-			cmds[i].cmd = pipe.Eval(ctx, s.src, keys, args...)
+			cmds[i] = pipe.Eval(ctx, s.src, keys, args...)
 		}
 	}
 	_, _ = pipe.Exec(ctx) // per-command errors are read from cmds
 	out := make([]opResult, len(ops))
 	for i, c := range cmds {
-		if c.incr == nil {
-			out[i].n, out[i].err = c.cmd.Int64()
+		if ops[i].kind == opAcquire {
+			out[i] = acquireResult(c)
 			continue
 		}
-		switch v, err := c.cmd.Result(); {
-		case errors.Is(err, goredis.Nil):
-			out[i].n = -1 // held by someone else
-		case err != nil:
-			out[i].err = err
-		case v != "OK":
-			// Whatever answers here is not a Redis we can trust with locks.
-			out[i].err = fmt.Errorf("unexpected reply to SET: %.40v", v)
-		default:
-			out[i].n, out[i].err = c.incr.Result()
-		}
+		out[i].n, out[i].err = c.Int64()
 	}
 	return out
+}
+
+// acquireResult reads an acquire script's answer: {fence, holds}, 0 or -1.
+func acquireResult(c *goredis.Cmd) opResult {
+	v, err := c.Result()
+	if err != nil {
+		return opResult{err: err}
+	}
+	switch v := v.(type) {
+	case int64:
+		if v == -1 {
+			return opResult{n: acquireUpgrade}
+		}
+		return opResult{n: acquireRefused}
+	case []any:
+		if len(v) == 2 {
+			f, ok1 := v[0].(int64)
+			h, ok2 := v[1].(int64)
+			if ok1 && ok2 && f >= 0 && h > 0 {
+				return opResult{n: f, holds: h}
+			}
+		}
+	}
+	// Whatever answers here is not a node we can trust with locks.
+	return opResult{err: fmt.Errorf("unexpected reply to the acquire script: %.60v", v)}
 }
 
 // reasonLabel maps an error to a closed set of metric label values.

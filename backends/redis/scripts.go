@@ -5,55 +5,235 @@ import (
 	"encoding/hex"
 )
 
-// An acquire is plain SET NX PX plus HINCRBY (see Node.send); the other
-// operations need a compare-and-act, so they are scripts.
+// Every lock operation is one Lua script, so that it is atomic on the node
+// and costs one round trip in the node's pipeline.
 //
-// Lock keys on a node are plain strings whose value is the holder's token,
-// so that a lock taken with LOCK and one taken with SET NX PX look alike.
+// The keys of one lock (client key k, prefix P) on a node:
+//
+//	P lock:k    string: the write holder's token, or readMarker while
+//	            readers hold it; its PX is the lease (for readers, the
+//	            longest reader lease). It is a plain string so that a lock
+//	            taken with LOCK and one taken with SET NX PX look alike.
+//	P lockf:k   string: the fence of the current write hold
+//	P lockh:k   string: the write holder's extra holds (reentrancy), absent
+//	            at one hold
+//	P lockr:k   sorted set: reader tokens scored by lease end (node ms)
+//	P lockrh:k  hash: reader token -> holds
+//	P lockw:k   string: a writer waits (PX); new readers queue behind it
+//
+// Meta keys carry the same expiry as the lock key or are cleaned up by
+// the next operation that finds them stale, so a lock key that expired or
+// was deleted by hand leaves nothing that changes a later grant.
+//
 // Fence counters live in one hash per node, one field per key slot
 // (crc16(key) mod 16384): memory on a node stays bounded however many
 // distinct keys are ever locked, and two keys only share a counter when
 // they share a slot, which costs nothing but a bigger jump in the fence.
-
-// raiseFenceScript: KEYS[1] lock key, KEYS[2] fence hash; ARGV[1] token,
-// ARGV[2] slot, ARGV[3] fence. Raises the slot's counter to the fence while
-// the token still holds the key (so a later holder, which must acquire after
-// this key is gone, reads it). Returns 1 when the token holds the key.
 // Fences stay below 2^53, where Lua numbers are exact.
+
+// readMarker is the value of a lock key held by readers. TOKEN refuses it.
+const readMarker = "\x00lockproxy:read"
+
+// Key order shared by the lock scripts.
+const (
+	keyLock = iota
+	keyFence
+	keyHolds
+	keyReaders
+	keyReaderHolds
+	keyWriterWaits
+	keyFenceHash
+	numLockKeys
+)
+
+// luaNow and luaPrune are shared script prologues: the node's time in ms,
+// and dropping readers whose lease ended.
+const luaNow = `
+local t = redis.call('TIME')
+local now = t[1] * 1000 + math.floor(t[2] / 1000)
+`
+
+const luaPrune = `
+local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+if #gone > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  for _, r in ipairs(gone) do redis.call('HDEL', KEYS[5], r) end
+end
+`
+
+// acquireScript: KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms,
+// ARGV[3] slot, ARGV[4] writer-wait ms or 0, ARGV[5] readMarker.
+// Returns {fence, holds} when granted (a reentrant grant when the token
+// already holds it: one more hold, the lease reset, the stored fence), 0
+// when held by another, -1 when the token holds it for reading (upgrade).
+// A refused writer that will wait marks itself on the node (lockw) so new
+// readers stop joining.
+const acquireScript = `
+local v = redis.call('GET', KEYS[1])
+if not v then
+  local f = redis.call('HINCRBY', KEYS[7], ARGV[3], 1)
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  redis.call('SET', KEYS[2], f, 'PX', ARGV[2])
+  redis.call('DEL', KEYS[3])
+  if ARGV[4] ~= '0' then redis.call('DEL', KEYS[6]) end
+  return {f, 1}
+end
+if v == ARGV[1] then
+  local h = redis.call('INCR', KEYS[3])
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  return {tonumber(redis.call('GET', KEYS[2]) or '0'), h + 1}
+end
+if ARGV[4] ~= '0' then redis.call('SET', KEYS[6], '1', 'PX', ARGV[4]) end
+if v == ARGV[5] then
+  local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
+  if s then` + luaNow + `
+    if tonumber(s) > now then return -1 end
+  end
+end
+return 0
+`
+
+// readScript: KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms, ARGV[3]
+// slot, ARGV[4] readMarker. Returns {fence, holds} when granted, 0 when a
+// writer holds the key or waits for it. Each reader's lease is its own
+// score; the lock key lives as long as the longest. The write holder may
+// take a read hold too (a downgrade). The fence is the slot's counter (for
+// a downgrade, the write hold's): at least that of every earlier write.
+const readScript = luaNow + `
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[4] and v ~= ARGV[1] then return 0 end
+if not v then
+  redis.call('DEL', KEYS[4], KEYS[5])
+else` + luaPrune + `
+end
+local mine = redis.call('ZSCORE', KEYS[4], ARGV[1])
+if not mine and v ~= ARGV[1] and redis.call('EXISTS', KEYS[6]) == 1 then return 0 end
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+local h = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
+local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
+local fence = tonumber(redis.call('HGET', KEYS[7], ARGV[3]) or '0')
+if v == ARGV[1] then
+  keep = math.max(keep, redis.call('PTTL', KEYS[1]))
+  fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+else
+  redis.call('SET', KEYS[1], ARGV[4], 'PX', keep)
+end
+redis.call('PEXPIRE', KEYS[4], keep)
+redis.call('PEXPIRE', KEYS[5], keep)
+return {fence, h}
+`
+
+// raiseFenceScript: KEYS[1] lock key, KEYS[2] fence hash, KEYS[3] stored
+// fence; ARGV[1] token, ARGV[2] slot, ARGV[3] fence. Raises the slot's
+// counter to the fence while the token still holds the key (so a later
+// holder, which must acquire after this key is gone, reads it), and stores
+// the grant's fence with the hold for reentrant grants to return. Returns
+// 1 when the token holds the key.
 const raiseFenceScript = `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
   local want = tonumber(ARGV[3])
   if cur < want then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
+  redis.call('SET', KEYS[3], ARGV[3], 'KEEPTTL')
   return 1
 end
 return 0
 `
 
-// releaseScript: KEYS[1] lock key; ARGV[1] token, ARGV[2] release channel.
-// Compare-and-delete; a delete is announced on the channel, in the same
+// releaseScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
+// release channel, ARGV[3] readMarker. Removes one hold of the token,
+// write holds first. When the key becomes free for someone else (the last
+// write hold, the last reader) it is announced on the channel in the same
 // call, so that waiters on every lockproxy instance learn of it without a
 // round trip of their own. An expiry is not announced: waiters find it by
 // their retry. The announcement is a pcall: a node user whose ACL denies
 // the channel still releases, and waiters fall back to their retry.
+// Returns 1 when a hold was released, 0 when the token held none.
 const releaseScript = `
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  local n = redis.call('DEL', KEYS[1])
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if v == ARGV[1] then
+  if redis.call('EXISTS', KEYS[3]) == 1 then
+    if redis.call('DECR', KEYS[3]) <= 0 then redis.call('DEL', KEYS[3]) end
+    return 1
+  end
+  redis.call('DEL', KEYS[2])
+  if redis.call('EXISTS', KEYS[4]) == 1 then` + luaNow + luaPrune + `
+    local top = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+    if #top > 0 then
+      redis.call('SET', KEYS[1], ARGV[3], 'PX', tonumber(top[2]) - now)
+    else
+      redis.call('DEL', KEYS[1], KEYS[4], KEYS[5])
+    end
+  else
+    redis.call('DEL', KEYS[1])
+  end
   redis.pcall('PUBLISH', ARGV[2], '')
-  return n
+  return 1
 end
-return 0
+if v ~= ARGV[3] then return 0 end` + luaNow + luaPrune + `
+if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then return 0 end
+if redis.call('HINCRBY', KEYS[5], ARGV[1], -1) > 0 then return 1 end
+redis.call('ZREM', KEYS[4], ARGV[1])
+redis.call('HDEL', KEYS[5], ARGV[1])
+local top = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+if #top == 0 then
+  redis.call('DEL', KEYS[1], KEYS[4], KEYS[5])
+  redis.pcall('PUBLISH', ARGV[2], '')
+else
+  redis.call('PEXPIRE', KEYS[1], tonumber(top[2]) - now)
+end
+return 1
 `
 
-// extendScript: KEYS[1] lock key; ARGV[1] token, ARGV[2] ttl ms.
-// Compare-and-expire.
+// extendScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
+// ttl ms, ARGV[3] readMarker. Compare-and-expire, for a write hold (with
+// the read hold of a downgrade) or a live reader's own lease. Returns 1
+// when the token held the key.
 const extendScript = `
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+  if redis.call('ZSCORE', KEYS[4], ARGV[1]) then` + luaNow + `
+    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+    local keep = math.max(redis.call('PTTL', KEYS[4]), tonumber(ARGV[2]))
+    redis.call('PEXPIRE', KEYS[4], keep)
+    redis.call('PEXPIRE', KEYS[5], keep)
+  end
+  return 1
 end
-return 0
+if v ~= ARGV[3] then return 0 end` + luaNow + `
+local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
+if not s or tonumber(s) <= now then return 0 end
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
+redis.call('PEXPIRE', KEYS[1], keep)
+redis.call('PEXPIRE', KEYS[4], keep)
+redis.call('PEXPIRE', KEYS[5], keep)
+return 1
 `
 
+// infoScript: KEYS the lock keys (all seven); ARGV[1] slot. Returns 0
+// when the key is free, else {value, pttl, stored fence, extra holds, now,
+// {reader, lease end, ...}, {reader, holds, ...}, slot counter}, with the
+// readers whose lease ended left out.
+const infoScript = `
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end` + luaNow + `
+local readers, holds = {}, {}
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  readers = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf', 'WITHSCORES')
+  holds = redis.call('HGETALL', KEYS[5])
+end
+return {v, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0',
+  redis.call('GET', KEYS[3]) or '0', now, readers, holds,
+  redis.call('HGET', KEYS[7], ARGV[1]) or '0'}
+`
 // seedFenceScript: KEYS[1] fence hash; ARGV field, value pairs. Raises
 // each field to at least its value, in one call, so a counter never goes
 // down even if acquires run on the node meanwhile. It re-seeds a node that
@@ -78,9 +258,12 @@ func newScript(src string) script {
 }
 
 var (
+	scriptAcquire    = newScript(acquireScript)
+	scriptRead       = newScript(readScript)
 	scriptRaiseFence = newScript(raiseFenceScript)
 	scriptRelease    = newScript(releaseScript)
 	scriptExtend     = newScript(extendScript)
+	scriptInfo       = newScript(infoScript)
 )
 
 // slot is Redis Cluster's key slot: crc16 (XMODEM) mod 16384.

@@ -48,6 +48,8 @@ type waiter struct {
 	promoted chan struct{}
 	// queued is false once the waiter left.
 	queued bool
+	// read is set for RLOCK: readers at the head are let in together.
+	read bool
 }
 
 func newWaitQueues() *waitQueues {
@@ -57,8 +59,8 @@ func newWaitQueues() *waitQueues {
 // join queues a waiter for key at the tail. A waiter that finds the queue
 // empty is the head and is signaled at once. watch reports whether the
 // key became watched: the waiter joined behind another.
-func (qs *waitQueues) join(key string) (w *waiter, watch bool) {
-	w = &waiter{key: key, turn: make(chan struct{}, 1), promoted: make(chan struct{}, 1), queued: true}
+func (qs *waitQueues) join(key string, read bool) (w *waiter, watch bool) {
+	w = &waiter{key: key, turn: make(chan struct{}, 1), promoted: make(chan struct{}, 1), queued: true, read: read}
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
 	qs.total++
@@ -97,6 +99,8 @@ func (qs *waitQueues) watch(key string) bool {
 // becomes the head; it is signaled to try at once, unless w leaves because
 // it was granted the lock: the lock is then held, and the next head is only
 // told that it is the head, to wait for the release or its retry timer.
+// A reader granted lets the reader behind it try at once, so the readers
+// at the head of a queue share the lock and a writer behind them waits.
 // unwatch reports whether the key was watched and has no waiters any more.
 func (qs *waitQueues) leave(w *waiter, granted bool) (unwatch bool) {
 	qs.mu.Lock()
@@ -124,6 +128,8 @@ func (qs *waitQueues) leave(w *waiter, granted bool) (unwatch bool) {
 		return q.watched
 	}
 	switch {
+	case wasHead && granted && w.read && q.head.read:
+		signal(q.head)
 	case wasHead && granted:
 		select {
 		case q.head.promoted <- struct{}{}:
@@ -174,6 +180,19 @@ func (qs *waitQueues) isHead(w *waiter) bool {
 	defer qs.mu.Unlock()
 	q := qs.keys[w.key]
 	return w.queued && q != nil && q.head == w
+}
+
+// count is the number of waiters for key.
+func (qs *waitQueues) count(key string) int {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	n := 0
+	if q := qs.keys[key]; q != nil {
+		for w := q.head; w != nil; w = w.next {
+			n++
+		}
+	}
+	return n
 }
 
 // len is the number of waiters over all keys.

@@ -146,7 +146,7 @@ func TestWaitQueues(t *testing.T) {
 				var flag bool
 				switch s.op {
 				case "join":
-					ws[s.who], flag = qs.join(s.key)
+					ws[s.who], flag = qs.join(s.key, false)
 				case "leave":
 					flag = qs.leave(ws[s.who], false)
 				case "grant":
@@ -226,11 +226,11 @@ func TestWaitQueuesFIFO(t *testing.T) {
 			// The first waiter is granted the lock and holds it while the
 			// queue fills.
 			held.Store(true)
-			holder, _ := qs.join("k")
+			holder, _ := qs.join("k", false)
 			<-holder.turn
 			ws := make([]*waiter, tc.waiters)
 			for i := range ws {
-				ws[i], _ = qs.join("k")
+				ws[i], _ = qs.join("k", false)
 			}
 			qs.leave(holder, true)
 			for i, w := range ws {

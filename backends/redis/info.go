@@ -1,0 +1,214 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// nodeLockState is one node's view of a lock, as the info script reports
+// it. held is false when the key is free on the node.
+type nodeLockState struct {
+	held       bool
+	value      string // the write holder's token, or readMarker
+	ttl        time.Duration
+	fence      uint64 // stored with the write hold
+	extraHolds int64
+	readers    map[string]readerState
+	counter    uint64 // the slot's fence counter
+}
+
+type readerState struct {
+	ttl   time.Duration
+	holds int64
+}
+
+// LockState reads key's state on this node. It is not on any hot path, so
+// it goes straight to the node rather than through the batching writer.
+func (n *Node) LockState(ctx context.Context, key string) (nodeLockState, error) {
+	if err := n.health.refuse(); err != nil {
+		return nodeLockState{}, err
+	}
+	keys := n.lockKeys(n.LockKey(key), key, numLockKeys)
+	args := []any{slot(key)}
+	v, err := n.client.EvalSha(ctx, scriptInfo.sha, keys, args...).Result()
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		v, err = n.client.Eval(ctx, scriptInfo.src, keys, args...).Result()
+	}
+	if err != nil {
+		return nodeLockState{}, err
+	}
+	return parseLockState(v)
+}
+
+func parseLockState(v any) (nodeLockState, error) {
+	if i, ok := v.(int64); ok && i == 0 {
+		return nodeLockState{}, nil
+	}
+	a, ok := v.([]any)
+	if !ok || len(a) != 8 {
+		return nodeLockState{}, fmt.Errorf("unexpected reply to the info script: %.60v", v)
+	}
+	st := nodeLockState{held: true, readers: map[string]readerState{}}
+	var bad bool
+	str := func(x any) string {
+		s, ok := x.(string)
+		bad = bad || !ok
+		return s
+	}
+	num := func(x any) int64 {
+		switch x := x.(type) {
+		case int64:
+			return x
+		case string:
+			i, err := strconv.ParseInt(x, 10, 64)
+			bad = bad || err != nil
+			return i
+		}
+		bad = true
+		return 0
+	}
+	st.value = str(a[0])
+	st.ttl = time.Duration(max(num(a[1]), 0)) * time.Millisecond
+	st.fence = uint64(max(num(a[2]), 0))
+	st.extraHolds = max(num(a[3]), 0)
+	now := num(a[4])
+	st.counter = uint64(max(num(a[7]), 0))
+	readers, ok1 := a[5].([]any)
+	holds, ok2 := a[6].([]any)
+	if !ok1 || !ok2 || len(readers)%2 != 0 || len(holds)%2 != 0 {
+		bad = true
+	} else {
+		h := map[string]int64{}
+		for i := 0; i < len(holds); i += 2 {
+			h[str(holds[i])] = num(holds[i+1])
+		}
+		for i := 0; i < len(readers); i += 2 {
+			end := num(readers[i+1])
+			tok := str(readers[i])
+			st.readers[tok] = readerState{ttl: time.Duration(max(end-now, 0)) * time.Millisecond, holds: max(h[tok], 1)}
+		}
+	}
+	if bad {
+		return nodeLockState{}, fmt.Errorf("unexpected reply to the info script: %.60v", v)
+	}
+	return st, nil
+}
+
+// Info implements backends.Backend. It asks every node that may vote and
+// reports what a majority agrees on: a holder is one that holds the key on
+// a majority, and each number is the one a majority reaches (the
+// majority-th largest), so a TTL is never longer than a majority would
+// honour.
+func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
+	need := b.q.Majority()
+	ctx, cancel := context.WithTimeout(ctx, b.q.NodeTimeout(time.Hour))
+	defer cancel()
+	type answer struct {
+		st  nodeLockState
+		err error
+		idx int
+	}
+	answers := make(chan answer, len(b.nodes))
+	for i, nd := range b.nodes {
+		go func() {
+			st, err := nd.LockState(ctx, key)
+			answers <- answer{st, err, i}
+		}()
+	}
+	var states []nodeLockState
+	var failures []quorum.NodeError
+	for range b.nodes {
+		a := <-answers
+		if a.err != nil {
+			failures = append(failures, quorum.NodeError{Node: b.nodes[a.idx].Name(), Err: a.err})
+			continue
+		}
+		states = append(states, a.st)
+	}
+	if len(states) < need {
+		return backends.LockInfo{}, false, &quorum.NoQuorumError{OK: len(states), Total: len(b.nodes), Failures: failures}
+	}
+	info, ok := combineLockStates(states, need)
+	info.Waiters = b.waiters.count(key)
+	return info, ok, nil
+}
+
+// combineLockStates reduces the nodes' views to what need of them agree on.
+func combineLockStates(states []nodeLockState, need int) (backends.LockInfo, bool) {
+	// kth is the need-th largest of xs: the value a majority reaches.
+	kth := func(xs []int64) int64 {
+		if len(xs) < need {
+			return 0
+		}
+		slices.Sort(xs)
+		return xs[len(xs)-need]
+	}
+	writers := map[string]int{}
+	for _, st := range states {
+		if st.held && st.value != readMarker {
+			writers[st.value]++
+		}
+	}
+	for tok, c := range writers {
+		if c < need {
+			continue
+		}
+		var ttls, holds, fences []int64
+		for _, st := range states {
+			if st.held && st.value == tok {
+				ttls = append(ttls, int64(st.ttl))
+				holds = append(holds, st.extraHolds+1)
+				fences = append(fences, int64(st.fence))
+			}
+		}
+		ttl := time.Duration(kth(ttls))
+		return backends.LockInfo{
+			Mode:    backends.Write,
+			Holders: []backends.Holder{{Token: tok, Holds: kth(holds), TTL: ttl}},
+			TTL:     ttl,
+			Fence:   uint64(slices.Max(fences)),
+		}, true
+	}
+	seen := map[string]bool{}
+	var info backends.LockInfo
+	info.Mode = backends.Read
+	var counters []int64
+	for _, st := range states {
+		counters = append(counters, int64(st.counter))
+		for tok := range st.readers {
+			if seen[tok] {
+				continue
+			}
+			seen[tok] = true
+			var ttls, holds []int64
+			for _, o := range states {
+				if r, ok := o.readers[tok]; ok && o.held && o.value == readMarker {
+					ttls = append(ttls, int64(r.ttl))
+					holds = append(holds, r.holds)
+				}
+			}
+			if len(ttls) < need {
+				continue
+			}
+			h := backends.Holder{Token: tok, Holds: kth(holds), TTL: time.Duration(kth(ttls))}
+			info.Holders = append(info.Holders, h)
+			if info.TTL == 0 || h.TTL < info.TTL {
+				info.TTL = h.TTL
+			}
+		}
+	}
+	if len(info.Holders) == 0 {
+		return backends.LockInfo{}, false
+	}
+	slices.SortFunc(info.Holders, func(a, b backends.Holder) int { return int(b.TTL - a.TTL) })
+	info.Fence = uint64(kth(counters))
+	return info, true
+}
