@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strconv"
@@ -18,6 +19,7 @@ var (
 	errEmptyToken   = errors.New("ERR empty token")
 	errKeyTooLong   = errors.New("ERR key too long")
 	errTokenTooLong = errors.New("ERR token too long")
+	errTokenReserved = errors.New("ERR tokens starting with \\x00lockproxy: are reserved")
 )
 
 func errInvalidExpire(cmd string) error {
@@ -156,10 +158,16 @@ func (l *Limits) checkKey(k []byte) error {
 	return nil
 }
 
+// reservedTokenPrefix starts the values backends keep in lock keys for
+// their own use (the RedLock backend's read marker).
+const reservedTokenPrefix = "\x00lockproxy:"
+
 func (l *Limits) checkToken(t []byte) error {
 	switch {
 	case len(t) == 0:
 		return errEmptyToken
+	case bytes.HasPrefix(t, []byte(reservedTokenPrefix)):
+		return errTokenReserved
 	case l.MaxTokenBytes > 0 && len(t) > l.MaxTokenBytes:
 		return errTokenTooLong
 	}
@@ -184,6 +192,18 @@ func (l *Limits) checkTTL(ttl time.Duration) error {
 			strconv.FormatInt(l.MinTTL.Milliseconds(), 10) + " ms (locks.min_ttl)")
 	}
 	return nil
+}
+
+func (h *Handler) rlock(s *resp.Session, args [][]byte) {
+	a, err := h.limits.parseLock("rlock", args)
+	if err != nil {
+		s.W.Error(err.Error())
+		return
+	}
+	if h.lockLost(s, a.key) {
+		return
+	}
+	h.acquire(s, "rlock", a, backends.Read)
 }
 
 func (h *Handler) lock(s *resp.Session, args [][]byte) {
@@ -268,6 +288,10 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	case errors.Is(err, backends.ErrNotAcquired):
 		h.metrics.notAcquired.Inc()
 		s.W.Null()
+	case errors.Is(err, backends.ErrUpgrade):
+		h.metrics.notAcquired.Inc()
+		s.W.Error("ERR upgrade refused: this token holds a read lock on '" + clip(req.Key) +
+			"'; UNLOCK it, then LOCK (two readers upgrading at once would wait for each other forever)")
 	default:
 		if isNoQuorum(err) {
 			h.metrics.noQuorum.Inc()

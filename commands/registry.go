@@ -28,6 +28,22 @@ func init() {
 		run:        (*Handler).lock,
 	})
 	register(&Command{
+		Name: "rlock", Arity: -2, Flags: []string{"write", "denyoom"}, FirstKey: 1, LastKey: 1, Step: 1,
+		Categories: []string{"@write", "@lock"}, Group: groupLock, Since: "1.0.0",
+		Summary:    "Acquires a shared read lock: many readers at once, none while a writer holds or waits. The write holder may take it with its own TOKEN (downgrade). Replies like LOCK.",
+		Complexity: "O(N) where N is the number of lock nodes.",
+		Args:       []Arg{argKey, argTTL, argWait, argTokenOpt, argKeepalive, argMaxHold},
+		run:        (*Handler).rlock,
+	})
+	register(&Command{
+		Name: "lockinfo", Arity: -2, Flags: []string{"readonly"}, FirstKey: 1, LastKey: 1, Step: 1,
+		Categories: []string{"@read", "@lock"}, Group: groupLock, Since: "1.0.0",
+		Summary:    "Describes a lock as a majority of nodes sees it: mode, holders (tokens shown in full only to their holder), holds, ttl_ms, fence, waiters on this instance; nil when free.",
+		Complexity: "O(N+R) where N is the number of lock nodes and R the number of readers.",
+		Args:       []Arg{argKey, argTokenOpt},
+		run:        (*Handler).lockinfo,
+	})
+	register(&Command{
 		Name: "unlock", Arity: 3, Flags: []string{"write", "fast"}, FirstKey: 1, LastKey: 1, Step: 1,
 		Categories: []string{"@write", "@lock", "@fast"}, Group: groupLock, Since: "1.0.0",
 		Summary:    "Releases a lock held by token; replies 1 when released, 0 when not held by that token.",

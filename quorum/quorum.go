@@ -19,6 +19,29 @@ const (
 	Shared
 )
 
+// Hold says which holds a release may remove.
+type Hold uint8
+
+const (
+	// AnyHold is UNLOCK: the token's write hold if it has one, else a read
+	// hold.
+	AnyHold Hold = iota
+	// WriteHold only: the roll-back of a failed exclusive attempt, which
+	// must not take a read hold the token has (a refused upgrade).
+	WriteHold
+	// ReadHold only: the roll-back of a failed read attempt, which must not
+	// take the write hold of a token that was downgrading.
+	ReadHold
+)
+
+// rollbackHold is the hold a failed attempt in mode m may have added.
+func rollbackHold(m Mode) Hold {
+	if m == Shared {
+		return ReadHold
+	}
+	return WriteHold
+}
+
 // Request is one acquisition as every node sees it.
 type Request struct {
 	Key   string
@@ -56,7 +79,8 @@ type Node interface {
 	// RaiseFence raises the key's fence counter to at least fence, only
 	// while token still holds key on this node. It reports whether it did.
 	RaiseFence(ctx context.Context, key, token string, fence uint64) (bool, error)
-	Release(ctx context.Context, key, token string) (bool, error)
+	// Release removes one hold of key by token, of the kind hold says.
+	Release(ctx context.Context, key, token string, hold Hold) (bool, error)
 	Extend(ctx context.Context, key, token string, ttl time.Duration) (bool, error)
 }
 
@@ -71,7 +95,7 @@ type AsyncNode interface {
 	Node
 	StartAcquire(ctx context.Context, req Request, done func(NodeGrant, error))
 	StartRaiseFence(ctx context.Context, key, token string, fence uint64, done func(bool, error))
-	StartRelease(ctx context.Context, key, token string, done func(bool, error))
+	StartRelease(ctx context.Context, key, token string, hold Hold, done func(bool, error))
 	StartExtend(ctx context.Context, key, token string, ttl time.Duration, done func(bool, error))
 }
 
@@ -352,6 +376,11 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		refused  int
 		upgrades int
 		failures []NodeError
+		// refusedBy marks the nodes that answered "held": the attempt
+		// changed nothing there, so there is nothing to roll back. A
+		// release there could even take a hold the token has in another
+		// mode (a refused upgrade).
+		refusedBy = make([]bool, n)
 	)
 	tally := func(r grantResult) {
 		switch {
@@ -361,6 +390,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 			granted = append(granted, r)
 		default:
 			refused++
+			refusedBy[r.idx] = true
 			if r.grant.Upgrade {
 				upgrades++
 			}
@@ -383,7 +413,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		}
 	}
 	if len(granted) < need {
-		q.releaseAll(ctx, req)
+		q.releaseAll(ctx, req, refusedBy)
 		if upgrades > 0 {
 			return Lease{}, ErrUpgrade
 		}
@@ -408,14 +438,14 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	} else {
 		var err error
 		if fence, err = q.settleFence(ctx, req, granted, need); err != nil {
-			q.releaseAll(ctx, req)
+			q.releaseAll(ctx, req, refusedBy)
 			return Lease{}, err
 		}
 	}
 
 	validity := req.TTL - q.cfg.Clock.Now().Sub(start) - q.Drift(req.TTL)
 	if validity <= 0 {
-		q.releaseAll(ctx, req)
+		q.releaseAll(ctx, req, refusedBy)
 		return Lease{}, ErrExpired
 	}
 	return Lease{Token: req.Token, Validity: validity, Fence: fence, Holds: holds, Nodes: len(granted)}, nil
@@ -482,10 +512,10 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 // node either has our key (and loses it) or does not. A release removes
 // one hold, so on a node where the attempt was reentrant it undoes just
 // that attempt's hold.
-func (q *Quorum) releaseAll(ctx context.Context, req Request) {
+func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool) {
 	// Use a context that survives the caller's cancellation: a client that
 	// gave up must still not leave keys behind.
-	q.fanOutBool(ctx, q.NodeTimeout(req.TTL), releaseOp(req.Key, req.Token), 0)
+	q.fanOutBoolSkip(ctx, q.NodeTimeout(req.TTL), releaseOp(req.Key, req.Token, rollbackHold(req.Mode)), 0, skip)
 }
 
 // boolOp is a Release or Extend in both its forms.
@@ -494,11 +524,11 @@ type boolOp struct {
 	start func(context.Context, AsyncNode, func(bool, error))
 }
 
-func releaseOp(key, token string) boolOp {
+func releaseOp(key, token string, hold Hold) boolOp {
 	return boolOp{
-		call: func(ctx context.Context, nd Node) (bool, error) { return nd.Release(ctx, key, token) },
+		call: func(ctx context.Context, nd Node) (bool, error) { return nd.Release(ctx, key, token, hold) },
 		start: func(ctx context.Context, an AsyncNode, done func(bool, error)) {
-			an.StartRelease(ctx, key, token, done)
+			an.StartRelease(ctx, key, token, hold, done)
 		},
 	}
 }
@@ -516,12 +546,23 @@ func extendOp(key, token string, ttl time.Duration) boolOp {
 // or only until enough answered true when enough > 0. Nodes not waited for
 // still carry out the operation; their answers are dropped.
 func (q *Quorum) fanOutBool(parent context.Context, timeout time.Duration, op boolOp, enough int) (oks int, failures []NodeError) {
+	return q.fanOutBoolSkip(parent, timeout, op, enough, nil)
+}
+
+// fanOutBoolSkip is fanOutBool on the nodes whose skip entry is not set
+// (all of them for a nil skip).
+func (q *Quorum) fanOutBoolSkip(parent context.Context, timeout time.Duration, op boolOp, enough int, skip []bool) (oks int, failures []NodeError) {
 	// The nodes not waited for must still finish, even if the caller's
 	// context ends as soon as we return: they get their own, which is
 	// canceled once every node answered.
 	ctx, cancel := q.nodeContext(context.WithoutCancel(parent), timeout)
 	results := make(chan boolResult, len(q.nodes))
+	sent := 0
 	for i, nd := range q.nodes {
+		if skip != nil && skip[i] {
+			continue
+		}
+		sent++
 		if an, ok := nd.(AsyncNode); ok {
 			op.start(ctx, an, func(ok bool, err error) {
 				results <- boolResult{idx: i, ok: ok, err: err}
@@ -534,7 +575,7 @@ func (q *Quorum) fanOutBool(parent context.Context, timeout time.Duration, op bo
 		}(i, nd)
 	}
 	got := 0
-	for got < len(q.nodes) {
+	for got < sent {
 		r := <-results
 		got++
 		if r.err != nil {
@@ -546,7 +587,7 @@ func (q *Quorum) fanOutBool(parent context.Context, timeout time.Duration, op bo
 			break
 		}
 	}
-	if got == len(q.nodes) || q.allAsync {
+	if got == sent || q.allAsync {
 		cancel()
 	} else {
 		go func(left int) {
@@ -554,7 +595,7 @@ func (q *Quorum) fanOutBool(parent context.Context, timeout time.Duration, op bo
 				<-results
 			}
 			cancel()
-		}(len(q.nodes) - got)
+		}(sent - got)
 	}
 	return oks, failures
 }
@@ -571,7 +612,7 @@ func (q *Quorum) Release(ctx context.Context, key, token string, ttlHint time.Du
 	}
 	// Answer once a majority released: a node that is down or slow must
 	// not hold up every UNLOCK by the node timeout.
-	oks, failures := q.fanOutBool(ctx, timeout, releaseOp(key, token), q.Majority())
+	oks, failures := q.fanOutBool(ctx, timeout, releaseOp(key, token, AnyHold), q.Majority())
 	if oks >= q.Majority() {
 		return true, nil
 	}

@@ -43,6 +43,7 @@ type call struct {
 	token string
 	fence uint64
 	ttl   time.Duration
+	hold  quorum.Hold
 }
 
 // fakeNode is a quorum.Node whose answers the test sets. Its behaviour
@@ -55,6 +56,8 @@ type fakeNode struct {
 	err    error         // Acquire fails with it
 	refuse bool          // Acquire answers that another holder has the key
 	fence  uint64        // the fence Acquire returns
+	holds  int64         // the hold count Acquire returns
+	upgrad bool          // with refuse: the token holds the key for reading
 
 	raise raiseBehaviour
 
@@ -122,7 +125,7 @@ func (n *fakeNode) Acquire(ctx context.Context, req quorum.Request) (quorum.Node
 	if n.err != nil {
 		return quorum.NodeGrant{}, n.err
 	}
-	return quorum.NodeGrant{Acquired: !n.refuse, Fence: n.fence}, nil
+	return quorum.NodeGrant{Acquired: !n.refuse, Fence: n.fence, Holds: n.holds, Upgrade: n.refuse && n.upgrad}, nil
 }
 
 func (n *fakeNode) RaiseFence(ctx context.Context, key, token string, fence uint64) (bool, error) {
@@ -142,8 +145,8 @@ func (n *fakeNode) RaiseFence(ctx context.Context, key, token string, fence uint
 	return true, nil
 }
 
-func (n *fakeNode) Release(ctx context.Context, key, token string) (bool, error) {
-	n.record(call{op: "release", key: key, token: token})
+func (n *fakeNode) Release(ctx context.Context, key, token string, hold quorum.Hold) (bool, error) {
+	n.record(call{op: "release", key: key, token: token, hold: hold})
 	if err := n.wait(ctx); err != nil {
 		return false, err
 	}
@@ -258,17 +261,29 @@ func awaitOps(nodes []*fakeNode, op string, want int) {
 	}
 }
 
+// checkReleasedEverywhere checks the roll-back of a failed acquisition:
+// one release on every node that did not refuse (granted, failed or did
+// not answer), and at most one on a refusing node (none when its refusal
+// was heard before the decision: the attempt changed nothing there).
 func checkReleasedEverywhere(t *testing.T, nodes []*fakeNode, key, token string) {
 	t.Helper()
-	awaitOps(nodes, "release", 1)
+	var granting []*fakeNode
+	for _, nd := range nodes {
+		if !nd.refuse {
+			granting = append(granting, nd)
+		}
+	}
+	awaitOps(granting, "release", 1)
 	for _, nd := range nodes {
 		rel := nd.ops("release")
-		if len(rel) != 1 {
+		if len(rel) > 1 || (len(rel) == 0 && !nd.refuse) {
 			t.Errorf("%s: %d Release calls; want 1", nd.name, len(rel))
 			continue
 		}
-		if rel[0].key != key || rel[0].token != token {
-			t.Errorf("%s: Release(%q, %q); want Release(%q, %q)", nd.name, rel[0].key, rel[0].token, key, token)
+		for _, r := range rel {
+			if r.key != key || r.token != token {
+				t.Errorf("%s: Release(%q, %q); want Release(%q, %q)", nd.name, r.key, r.token, key, token)
+			}
 		}
 	}
 }
@@ -1131,7 +1146,7 @@ func (n *simNode) RaiseFence(ctx context.Context, key, token string, fence uint6
 	return true, nil
 }
 
-func (n *simNode) Release(ctx context.Context, key, token string) (bool, error) {
+func (n *simNode) Release(ctx context.Context, key, token string, _ quorum.Hold) (bool, error) {
 	defer n.releases.Add(1)
 	n.mu.Lock()
 	defer n.mu.Unlock()
@@ -1333,6 +1348,50 @@ func TestFencesStrictlyIncrease(t *testing.T) {
 				t.Errorf("with RaiseFence: %d stalls, last fence %d; want 0 stalls, fence 12", s.fails, s.last)
 			case !writeBack && s.fails != 1:
 				t.Errorf("without RaiseFence: %d stalls; want 1 (the last grant)", s.fails)
+			}
+		}
+	})
+}
+
+// TestAcquireModes covers what reentrancy and read locks add: the hold
+// count, the refused upgrade (rolled back nowhere, since the refusing
+// nodes changed nothing and a release there would take the token's read
+// hold), and read grants, which raise no fence.
+func TestAcquireModes(t *testing.T) {
+	t.Run("reentrant holds are the highest", func(t *testing.T) {
+		nodes := makeNodes(t, 3, func(i int, nd *fakeNode) { nd.fence, nd.holds = 7, int64(min(i+2, 3)) })
+		q := newQuorum(t, defaultConfig(), nodes)
+		lease, err := q.Acquire(context.Background(), quorum.Request{Key: "k", Token: "t", TTL: time.Second})
+		if err != nil || lease.Holds != 3 || lease.Fence != 7 {
+			t.Fatalf("Acquire = %+v, %v; want holds 3, fence 7", lease, err)
+		}
+	})
+	t.Run("upgrade refused", func(t *testing.T) {
+		nodes := makeNodes(t, 3, func(i int, nd *fakeNode) { nd.refuse, nd.upgrad = true, i < 2 })
+		q := newQuorum(t, defaultConfig(), nodes)
+		_, err := q.Acquire(context.Background(), quorum.Request{Key: "k", Token: "t", TTL: time.Second})
+		if !errors.Is(err, quorum.ErrUpgrade) {
+			t.Fatalf("Acquire = %v; want ErrUpgrade", err)
+		}
+		time.Sleep(20 * time.Millisecond)
+		for _, nd := range nodes {
+			for _, r := range nd.ops("release") {
+				if r.hold != quorum.WriteHold {
+					t.Errorf("%s: roll-back releases hold kind %d; want only write holds", nd.name, r.hold)
+				}
+			}
+		}
+	})
+	t.Run("read grants raise no fence", func(t *testing.T) {
+		nodes := makeNodes(t, 3, func(i int, nd *fakeNode) { nd.fence, nd.holds = uint64(5+i), 1 })
+		q := newQuorum(t, defaultConfig(), nodes)
+		lease, err := q.Acquire(context.Background(), quorum.Request{Key: "k", Token: "t", TTL: time.Second, Mode: quorum.Shared})
+		if err != nil || lease.Fence < 6 {
+			t.Fatalf("Acquire = %+v, %v; want a read lease with the highest fence heard", lease, err)
+		}
+		for _, nd := range nodes {
+			if r := nd.ops("raise"); len(r) != 0 {
+				t.Errorf("%s: %d fence raises for a read grant; want 0", nd.name, len(r))
 			}
 		}
 	})

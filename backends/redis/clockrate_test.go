@@ -216,7 +216,7 @@ func TestClockOutFailsFast(t *testing.T) {
 	if st, _, _ := n.State(); st != stateClock {
 		t.Errorf("State() = %s; want %s", st, stateClock)
 	}
-	if ok, err := n.Release(ctx, "k", "t"); err != nil || !ok {
+	if ok, err := n.Release(ctx, "k", "t", quorum.AnyHold); err != nil || !ok {
 		t.Errorf("Release on a clock-out node = %v, %v; want true, nil", ok, err)
 	}
 	m.Close() // no I/O may be needed for the answers below

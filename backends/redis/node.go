@@ -85,6 +85,7 @@ type op struct {
 	key      string // the key as stored on the node, prefix included
 	base     string // the client's key
 	mode     quorum.Mode
+	hold     quorum.Hold // which holds a release may remove
 	waitMs   int64 // writer-waiting mark to leave when refused, ms
 	channel  string // where a release is announced
 	token    string
@@ -304,8 +305,9 @@ func (n *Node) RaiseFence(ctx context.Context, key, token string, fence uint64) 
 }
 
 // Release implements quorum.Node.
-func (n *Node) Release(ctx context.Context, key, token string) (bool, error) {
+func (n *Node) Release(ctx context.Context, key, token string, hold quorum.Hold) (bool, error) {
 	o := n.newOp(opRelease, key, token)
+	o.hold = hold
 	o.channel = n.ReleaseChannel(key)
 	r := n.do(ctx, o)
 	return r.n == 1, r.err
@@ -348,8 +350,9 @@ func (n *Node) StartRaiseFence(ctx context.Context, key, token string, fence uin
 }
 
 // StartRelease implements quorum.AsyncNode.
-func (n *Node) StartRelease(ctx context.Context, key, token string, done func(bool, error)) {
+func (n *Node) StartRelease(ctx context.Context, key, token string, hold quorum.Hold, done func(bool, error)) {
 	o := n.newOp(opRelease, key, token)
+	o.hold = hold
 	o.channel = n.ReleaseChannel(key)
 	n.startBool(ctx, o, done)
 }
@@ -612,7 +615,7 @@ func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
 		case opRelease:
 			s = scriptRelease
 			keys = n.lockKeys(o.key, o.base, keyWriterWaits)
-			args = []any{o.token, o.channel, readMarker}
+			args = []any{o.token, o.channel, readMarker, releaseHoldArg[o.hold]}
 		case opExtend:
 			s = scriptExtend
 			keys = n.lockKeys(o.key, o.base, keyWriterWaits)
@@ -635,6 +638,9 @@ func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
 	}
 	return out
 }
+
+// releaseHoldArg is the release script's ARGV[4] for each quorum.Hold.
+var releaseHoldArg = [...]string{quorum.AnyHold: "", quorum.WriteHold: "w", quorum.ReadHold: "r"}
 
 // acquireResult reads an acquire script's answer: {fence, holds}, 0 or -1.
 func acquireResult(c *goredis.Cmd) opResult {

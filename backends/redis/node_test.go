@@ -85,10 +85,10 @@ func TestNodeOperations(t *testing.T) {
 	if pttl := direct.PTTL(ctx, "lp:lock:k").Val(); pttl <= 5*time.Second {
 		t.Fatalf("PTTL after Extend = %v; want > 5s", pttl)
 	}
-	if ok, _ := n.Release(ctx, "k", "t2"); ok {
+	if ok, _ := n.Release(ctx, "k", "t2", quorum.AnyHold); ok {
 		t.Fatal("Release by a non-holder = true")
 	}
-	if ok, err := n.Release(ctx, "k", "t1"); !ok || err != nil {
+	if ok, err := n.Release(ctx, "k", "t1", quorum.AnyHold); !ok || err != nil {
 		t.Fatalf("Release by the holder = %v, %v; want true", ok, err)
 	}
 	if direct.Exists(ctx, "lp:lock:k").Val() != 0 {
@@ -114,7 +114,7 @@ func TestNodeScriptCacheLost(t *testing.T) {
 	if err := r.Client(t).ScriptFlush(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := n.Release(ctx, "k", "t"); !ok || err != nil {
+	if ok, err := n.Release(ctx, "k", "t", quorum.AnyHold); !ok || err != nil {
 		t.Fatalf("Release after SCRIPT FLUSH = %v, %v; want true", ok, err)
 	}
 }
@@ -143,7 +143,7 @@ func TestNodeBatchesKeepOrder(t *testing.T) {
 					g, gerr = ng, err
 					close(done)
 				})
-				ok, err := n.Release(ctx, key, tok)
+				ok, err := n.Release(ctx, key, tok, quorum.AnyHold)
 				<-done
 				if gerr != nil || !g.Acquired || err != nil || !ok {
 					errs <- fmt.Errorf("client %d round %d: acquire %+v %v, release %v %v", c, i, g, gerr, ok, err)

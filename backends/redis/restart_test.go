@@ -166,7 +166,7 @@ func TestQuarantineFailsFast(t *testing.T) {
 	}
 	// Release is still sent: here it reaches a closed node and fails on
 	// the network, not with the quarantine.
-	if _, err := n.Release(ctx, "k", "t"); err == nil || errors.Is(err, errQuarantined) {
+	if _, err := n.Release(ctx, "k", "t", quorum.AnyHold); err == nil || errors.Is(err, errQuarantined) {
 		t.Errorf("Release on a quarantined, closed node = %v; want a network error", err)
 	}
 }

@@ -143,8 +143,10 @@ return 0
 `
 
 // releaseScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
-// release channel, ARGV[3] readMarker. Removes one hold of the token,
-// write holds first. When the key becomes free for someone else (the last
+// release channel, ARGV[3] readMarker, ARGV[4] which holds: '' any (write
+// holds first), 'w' write only, 'r' read only (the roll-back of a failed
+// attempt takes only the kind of hold the attempt could have added).
+// Removes one hold of the token. When the key becomes free for someone else (the last
 // write hold, the last reader) it is announced on the channel in the same
 // call, so that waiters on every lockproxy instance learn of it without a
 // round trip of their own. An expiry is not announced: waiters find it by
@@ -154,7 +156,7 @@ return 0
 const releaseScript = `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
-if v == ARGV[1] then
+if v == ARGV[1] and ARGV[4] ~= 'r' then
   if redis.call('EXISTS', KEYS[3]) == 1 then
     if redis.call('DECR', KEYS[3]) <= 0 then redis.call('DEL', KEYS[3]) end
     return 1
@@ -173,11 +175,12 @@ if v == ARGV[1] then
   redis.pcall('PUBLISH', ARGV[2], '')
   return 1
 end
-if v ~= ARGV[3] then return 0 end` + luaNow + luaPrune + `
+if ARGV[4] == 'w' or (v ~= ARGV[3] and v ~= ARGV[1]) then return 0 end` + luaNow + luaPrune + `
 if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then return 0 end
 if redis.call('HINCRBY', KEYS[5], ARGV[1], -1) > 0 then return 1 end
 redis.call('ZREM', KEYS[4], ARGV[1])
 redis.call('HDEL', KEYS[5], ARGV[1])
+if v == ARGV[1] then return 1 end
 local top = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
 if #top == 0 then
   redis.call('DEL', KEYS[1], KEYS[4], KEYS[5])
