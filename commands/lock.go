@@ -13,12 +13,12 @@ import (
 
 // Errors of argument parsing, with Redis's texts where Redis has one.
 var (
-	errSyntax       = errors.New("ERR syntax error")
-	errNotInteger   = errors.New("ERR value is not an integer or out of range")
-	errEmptyKey     = errors.New("ERR empty key: lock keys must be at least one byte")
-	errEmptyToken   = errors.New("ERR empty token")
-	errKeyTooLong   = errors.New("ERR key too long")
-	errTokenTooLong = errors.New("ERR token too long")
+	errSyntax        = errors.New("ERR syntax error")
+	errNotInteger    = errors.New("ERR value is not an integer or out of range")
+	errEmptyKey      = errors.New("ERR empty key: lock keys must be at least one byte")
+	errEmptyToken    = errors.New("ERR empty token")
+	errKeyTooLong    = errors.New("ERR key too long")
+	errTokenTooLong  = errors.New("ERR token too long")
 	errTokenReserved = errors.New("ERR tokens starting with \\x00lockproxy: are reserved")
 )
 

@@ -68,4 +68,3 @@ func shortToken(t string) string {
 	sum := sha256.Sum256([]byte(t))
 	return "sha256:" + hex.EncodeToString(sum[:8])
 }
-

@@ -86,8 +86,8 @@ type op struct {
 	base     string // the client's key
 	mode     quorum.Mode
 	hold     quorum.Hold // which holds a release may remove
-	waitMs   int64 // writer-waiting mark to leave when refused, ms
-	channel  string // where a release is announced
+	waitMs   int64       // writer-waiting mark to leave when refused, ms
+	channel  string      // where a release is announced
 	token    string
 	ms       int64 // TTL in ms
 	slot     uint16

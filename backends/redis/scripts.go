@@ -143,7 +143,7 @@ return 0
 `
 
 // releaseScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
-// release channel, ARGV[3] readMarker, ARGV[4] which holds: '' any (write
+// release channel, ARGV[3] readMarker, ARGV[4] which holds: ” any (write
 // holds first), 'w' write only, 'r' read only (the roll-back of a failed
 // attempt takes only the kind of hold the attempt could have added).
 // Removes one hold of the token. When the key becomes free for someone else (the last
@@ -237,6 +237,7 @@ return {v, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0',
   redis.call('GET', KEYS[3]) or '0', now, readers, holds,
   redis.call('HGET', KEYS[7], ARGV[1]) or '0'}
 `
+
 // seedFenceScript: KEYS[1] fence hash; ARGV field, value pairs. Raises
 // each field to at least its value, in one call, so a counter never goes
 // down even if acquires run on the node meanwhile. It re-seeds a node that
