@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"path"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -29,6 +30,26 @@ type Limits struct {
 	// the watchdog stops renewing its KEEPALIVE locks (locks.keepalive_idle);
 	// 0 means DefaultKeepaliveIdle.
 	KeepaliveIdle time.Duration
+	// LockDelays (locks.lock_delay): the first whose pattern matches a key
+	// keeps a KEEPALIVE lock on it held for Delay after its holder lost it
+	// without releasing it.
+	LockDelays []LockDelay
+}
+
+// LockDelay is one lock-delay rule.
+type LockDelay struct {
+	Pattern string // path.Match glob
+	Delay   time.Duration
+}
+
+// lockDelay is the delay for key, 0 when no rule matches.
+func (l *Limits) lockDelay(key string) time.Duration {
+	for _, d := range l.LockDelays {
+		if ok, _ := path.Match(d.Pattern, key); ok {
+			return d.Delay
+		}
+	}
+	return 0
 }
 
 // Info is what INFO reports about the process and its configuration.
@@ -91,6 +112,7 @@ func NewHandler(o Options) *Handler {
 		held:    newHeldLocks(m),
 	}
 	h.keepalive = newKeepalives(o.Backend, h.held, o.Logger, o.Limits.KeepaliveIdle, o.Registry)
+	h.keepalive.delayFor = h.limits.lockDelay
 	return h
 }
 

@@ -162,6 +162,9 @@ type keepalives struct {
 	release time.Duration // bound of one release (releaseTimeout)
 	lost    [numLostReasons]prometheus.Counter
 	active  prometheus.Gauge
+	delayed prometheus.Counter
+	// delayFor is the lock-delay for a key (locks.lock_delay), 0 for none.
+	delayFor func(key string) time.Duration
 
 	mu     sync.Mutex
 	m      map[heldKey]*watchdog
@@ -181,9 +184,14 @@ func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle ti
 		Name: "lockproxy_keepalive_locks",
 		Help: "KEEPALIVE locks whose watchdog is running.",
 	})
-	reg.MustRegister(lost, active)
+	delayed := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "lockproxy_lock_delays_total",
+		Help: "KEEPALIVE locks kept held for their lock-delay (locks.lock_delay) after the holder lost them without releasing them.",
+	})
+	reg.MustRegister(lost, active, delayed)
 	k := &keepalives{backend: b, held: held, log: log, idle: idle, release: releaseTimeout,
-		active: active, m: map[heldKey]*watchdog{}}
+		active: active, delayed: delayed, m: map[heldKey]*watchdog{},
+		delayFor: func(string) time.Duration { return 0 }}
 	for r := lostReason(0); r < numLostReasons; r++ {
 		k.lost[r] = lost.WithLabelValues(r.label())
 	}
@@ -390,7 +398,34 @@ func (k *keepalives) ended(w *watchdog) {
 	holds := w.holds
 	k.stopLocked(w)
 	k.mu.Unlock()
+	if k.delayLock(w) {
+		return
+	}
 	k.releaseHolds(w, holds)
+}
+
+// delayLock applies the key's lock-delay to w's lock, which its holder
+// lost without releasing: the lease is set to the delay, from now, and
+// left to run out, so nobody gets the key meanwhile (a holder that was
+// only paused may still be acting on it). It reports whether a delay
+// applies; if setting it fails the lease runs out on its own.
+func (k *keepalives) delayLock(w *watchdog) bool {
+	delay := k.delayFor(w.key)
+	if delay <= 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), k.release)
+	defer cancel()
+	validity, err := k.backend.Renew(ctx, w.key, w.token, delay)
+	switch {
+	case err != nil:
+		k.log.Warn("keepalive: setting the lock-delay failed; the lease will expire on its own",
+			zap.Duration("delay", delay), zap.Error(err))
+	case validity > 0:
+		k.delayed.Inc()
+		k.held.renewed(w.key, w.token, delay)
+	}
+	return true
 }
 
 // releaseHolds releases up to holds holds of w's lock, all within the
@@ -433,4 +468,8 @@ func (k *keepalives) lose(w *watchdog, r lostReason, why string) {
 		w.owner.push(lockLostFrame(w.key, w.token))
 	}
 	k.log.Info("keepalive lock lost", zap.String("reason", r.label()), zap.Duration("ttl", w.ttl))
+	if r != lostRenewFailed {
+		// Lost without a release: the holder may still act on it.
+		k.delayLock(w)
+	}
 }

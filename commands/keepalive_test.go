@@ -371,3 +371,57 @@ func TestLostReasonLabels(t *testing.T) {
 		}
 	}
 }
+
+// TestLockDelay: a KEEPALIVE lock lost without a release is kept for the
+// key's lock-delay (one renewal to the delay, no release); a lost renewal
+// cannot be, and keys without a rule are released as usual.
+func TestLockDelay(t *testing.T) {
+	const ttl = 60 * time.Millisecond
+	const delay = 5 * time.Second
+	for _, tc := range []struct {
+		name        string
+		key         string
+		idle        bool
+		renewZero   bool
+		wantDelay   bool
+		wantUnlocks int
+	}{
+		{name: "connection closed: delayed", key: "order:1", wantDelay: true},
+		{name: "idle: delayed", key: "order:1", idle: true, wantDelay: true},
+		{name: "renewal found it gone: nothing to delay", key: "order:1", renewZero: true},
+		{name: "no rule: released", key: "other", wantUnlocks: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := &fakeBackend{renewZero: tc.renewZero}
+			k := newTestKeepalives(t, b, time.Second)
+			k.delayFor = (&Limits{LockDelays: []LockDelay{{Pattern: "order:*", Delay: delay}}}).lockDelay
+			c := newTestConn(t, 3)
+			c.idle.Store(tc.idle)
+			if !k.start(c.ctx, c.ka, tc.key, "tok", ttl, 0) {
+				t.Fatalf("start = false")
+			}
+			if !tc.idle && !tc.renewZero {
+				time.Sleep(ttl / 2)
+				c.cancel()
+			}
+			waitEnded(t, c)
+			renews, unlocks := b.counts()
+			delayed := 0
+			for _, r := range renews {
+				if r.ttl == delay {
+					delayed++
+				}
+			}
+			if (delayed == 1) != tc.wantDelay || delayed > 1 {
+				t.Errorf("%d renewals to the delay; want delayed=%v", delayed, tc.wantDelay)
+			}
+			if unlocks != tc.wantUnlocks {
+				t.Errorf("%d releases; want %d", unlocks, tc.wantUnlocks)
+			}
+			if got := counterValue(t, k.delayed); (got == 1) != tc.wantDelay {
+				t.Errorf("lockproxy_lock_delays_total = %v; want delayed=%v", got, tc.wantDelay)
+			}
+		})
+	}
+}

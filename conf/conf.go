@@ -88,6 +88,47 @@ type Locks struct {
 	// sent a command (PING will do) within this window; after that the
 	// lease runs out and the lock is lost.
 	KeepaliveIdle time.Duration `yaml:"keepalive_idle"`
+	// LockDelay lists "pattern=duration" items (Chubby's lock-delay): after
+	// a KEEPALIVE holder of a key matching pattern lost its lock without
+	// releasing it (its connection dropped, it went idle, MAXHOLD ran
+	// out), nobody else gets the key for duration. Empty: no delay.
+	LockDelay []string `yaml:"lock_delay"`
+}
+
+// LockDelay is one parsed locks.lock_delay item.
+type LockDelay struct {
+	Pattern string
+	Delay   time.Duration
+}
+
+// ParseLockDelay parses a locks.lock_delay item, "pattern=duration". The
+// pattern is a path.Match glob; the last '=' separates the duration, so a
+// pattern may itself contain '='.
+func ParseLockDelay(item string) (LockDelay, error) {
+	i := strings.LastIndexByte(item, '=')
+	if i <= 0 {
+		return LockDelay{}, fmt.Errorf("want pattern=duration such as 'order:*=5s', got %q", item)
+	}
+	pat, dur := item[:i], strings.TrimSpace(item[i+1:])
+	if _, err := path.Match(pat, ""); err != nil {
+		return LockDelay{}, fmt.Errorf("bad pattern %q: %v", pat, err)
+	}
+	d, err := time.ParseDuration(dur)
+	if err != nil || d <= 0 {
+		return LockDelay{}, fmt.Errorf("want a positive duration after '=' in %q", item)
+	}
+	return LockDelay{Pattern: pat, Delay: d}, nil
+}
+
+// LockDelays parses every locks.lock_delay item (Validate has checked them).
+func (l Locks) LockDelays() []LockDelay {
+	var out []LockDelay
+	for _, item := range l.LockDelay {
+		if d, err := ParseLockDelay(item); err == nil {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // Zookeeper configures the ZooKeeper backend.
@@ -313,6 +354,15 @@ func (c Config) Validate() error {
 		v.add("locks.retry_max", "must be >= locks.retry_min (%v), got %v", l.RetryMin, l.RetryMax)
 	}
 	v.positive("locks.keepalive_idle", l.KeepaliveIdle)
+	for i, item := range l.LockDelay {
+		d, err := ParseLockDelay(item)
+		switch {
+		case err != nil:
+			v.add(fmt.Sprintf("locks.lock_delay[%d]", i), "%v", err)
+		case l.MaxTTL > 0 && d.Delay > l.MaxTTL:
+			v.add(fmt.Sprintf("locks.lock_delay[%d]", i), "delay %v is above locks.max_ttl (%v)", d.Delay, l.MaxTTL)
+		}
+	}
 
 	z := c.Zookeeper
 	if c.Backend == BackendZookeeper && len(z.Servers) == 0 {

@@ -111,6 +111,14 @@ func TestValidate(t *testing.T) {
 			`lock_patterns[2]: invalid glob "bad[": syntax error in pattern`,
 			`lock_patterns[3]: invalid glob "a\\": syntax error in pattern`,
 		}},
+		{"lock delay", func(c *Config) {
+			c.Locks.LockDelay = []string{"order:*=5s", "nodelay", "x=-1s", "bad[=1s", "long:*=1h"}
+		}, []string{
+			`locks.lock_delay[1]: want pattern=duration such as 'order:*=5s', got "nodelay"`,
+			`locks.lock_delay[2]: want a positive duration after '=' in "x=-1s"`,
+			`locks.lock_delay[3]: bad pattern "bad[": syntax error in pattern`,
+			"locks.lock_delay[4]: delay 1h0m0s is above locks.max_ttl (10m0s)",
+		}},
 		{"redlock numbers", func(c *Config) {
 			c.Redlock.KeyPrefix = ""
 			c.Redlock.DriftFactor = 0.7
@@ -590,6 +598,7 @@ func TestStringRoundTrip(t *testing.T) {
 	c.Redlock.Nodes = []string{"a:1", "b:2"}
 	c.Zookeeper.Servers = []string{"z:2181"}
 	c.Locks.MaxWait = 1500 * time.Millisecond
+	c.Locks.LockDelay = []string{"order:*=5s"}
 	got, err := Load(writeFile(t, "c.yaml", c.String()))
 	if err != nil {
 		t.Fatal(err)

@@ -250,6 +250,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			DefaultTTL: cfg.Locks.DefaultTTL, MinTTL: cfg.Locks.MinTTL, MaxTTL: cfg.Locks.MaxTTL,
 			MaxWait: cfg.Locks.MaxWait, MaxKeyBytes: cfg.Limits.MaxKeyBytes, MaxTokenBytes: cfg.Limits.MaxTokenBytes,
 			KeepaliveIdle: cfg.Locks.KeepaliveIdle,
+			LockDelays:    lockDelays(cfg.Locks.LockDelays()),
 		},
 		Info: commands.Info{
 			Version: version, Commit: commit(), Backend: "redlock", Nodes: nodes, Port: port, Dev: cfg.Dev,
@@ -368,4 +369,12 @@ func devClock(ctx context.Context, nodes []*miniredis.Miniredis) {
 			last = now
 		}
 	}
+}
+
+func lockDelays(ds []conf.LockDelay) []commands.LockDelay {
+	out := make([]commands.LockDelay, len(ds))
+	for i, d := range ds {
+		out[i] = commands.LockDelay{Pattern: d.Pattern, Delay: d.Delay}
+	}
+	return out
 }
