@@ -332,3 +332,53 @@ func TestKeepaliveReleasedAtShutdown(t *testing.T) {
 		}
 	}
 }
+
+// TestLockDelay: with locks.lock_delay set for a pattern, a KEEPALIVE lock
+// whose holder's connection drops without UNLOCK stays held for the delay
+// (a waiter gets it only after it), while a key without a rule is released
+// at once; an UNLOCKed lock is never delayed.
+func TestLockDelay(t *testing.T) {
+	t.Parallel()
+	const delay = 1500 * time.Millisecond
+	cl := startCluster(t, 3)
+	in := startInstanceEnv(t, cl.addrs(), []string{"LOCKPROXY_LOCKS_LOCK_DELAY=delayed:*=1500ms"})
+	waiter := newClient(t, in.addr, 2)
+	for _, tc := range []struct {
+		name      string
+		key       string
+		unlock    bool // the holder UNLOCKs before it goes
+		wantDelay bool
+	}{
+		{"dropped connection, matching key", "delayed:" + randID(), false, true},
+		{"dropped connection, other key", "plain:" + randID(), false, false},
+		{"UNLOCK, matching key", "delayed:" + randID(), true, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			holder := dialRaw(t, in.addr)
+			tok := rawGrant(t, holder, tc.key, "PX", "1000", "KEEPALIVE")
+			if tc.unlock {
+				if r := holder.do("UNLOCK", tc.key, tok); r.Int != 1 {
+					t.Fatalf("UNLOCK = %v; want :1", r)
+				}
+			}
+			gone := time.Now()
+			_ = holder.c.Close()
+			g, ok := lock(t, waiter, tc.key, "PX", 1000, "WAIT", 5000)
+			took := time.Since(gone)
+			if !ok {
+				t.Fatalf("LOCK … WAIT 5000 = nil %v after the holder left; want a grant", took)
+			}
+			t.Logf("granted %v after the holder's connection closed (fence %d)", took.Round(time.Millisecond), g.Fence)
+			switch {
+			case tc.wantDelay && took < delay-100*time.Millisecond:
+				t.Errorf("granted %v after the holder left; want no earlier than the %v lock-delay", took, delay)
+			case !tc.wantDelay && took >= delay-100*time.Millisecond:
+				t.Errorf("granted %v after the holder left; want well before the %v lock-delay, which does not apply", took, delay)
+			}
+			unlock(t, waiter, tc.key, g.Token)
+		})
+	}
+	if m := metricValue(t, in, "lockproxy_lock_delays_total"); m != "1" {
+		t.Errorf("lockproxy_lock_delays_total = %q; want 1", m)
+	}
+}
