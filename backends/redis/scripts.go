@@ -129,14 +129,15 @@ return {fence, h}
 // fence; ARGV[1] token, ARGV[2] slot, ARGV[3] fence. Raises the slot's
 // counter to the fence while the token still holds the key (so a later
 // holder, which must acquire after this key is gone, reads it), and stores
-// the grant's fence with the hold for reentrant grants to return. Returns
-// 1 when the token holds the key.
+// the grant's fence with the hold, expiring with it, for reentrant grants
+// to return. Returns 1 when the token holds the key.
 const raiseFenceScript = `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
   local want = tonumber(ARGV[3])
   if cur < want then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
-  redis.call('SET', KEYS[3], ARGV[3], 'KEEPTTL')
+  local p = redis.call('PTTL', KEYS[1])
+  if p > 0 then redis.call('SET', KEYS[3], ARGV[3], 'PX', p) end
   return 1
 end
 return 0
