@@ -396,10 +396,28 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 			}
 		}
 	}
+	// reentrant counts grants that joined the token's hold: a reentrant
+	// grant must keep the hold's fence, which it can only do when a
+	// majority joined (see reentryFence).
+	reentrant := func() int {
+		c := 0
+		for _, g := range granted {
+			if g.grant.Holds > 1 {
+				c++
+			}
+		}
+		return c
+	}
 	got := 0
 	for ; got < n; got++ {
-		// Decide as soon as the outcome is known.
-		if len(granted) >= need || refused+len(failures) > n-need {
+		// Decide as soon as the outcome is known. A reentrant grant hears
+		// out every node (within the node timeout), so that the nodes
+		// that lost the hold and grant afresh are set to the hold's fence
+		// too, not only those heard first.
+		if refused+len(failures) > n-need {
+			break
+		}
+		if len(granted) >= need && (req.Mode == Shared || reentrant() == 0) {
 			break
 		}
 		tally(<-results)
@@ -428,6 +446,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	for _, g := range granted {
 		holds = max(holds, g.grant.Holds)
 	}
+	fresh := reentrant() < need
 	if req.Mode == Shared {
 		// A read grant is not unique: its fence is the highest counter
 		// the granting nodes report, at least that of every earlier
@@ -437,7 +456,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		}
 	} else {
 		var err error
-		if fence, err = q.settleFence(ctx, req, granted, need); err != nil {
+		if fence, err = q.settleFence(ctx, req, granted, need, fresh); err != nil {
 			q.releaseAll(ctx, req, refusedBy)
 			return Lease{}, err
 		}
@@ -453,10 +472,19 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 
 // settleFence makes sure a majority holds the grant's fence (the highest
 // counter among the granting nodes) before the grant is returned.
-func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantResult, need int) (uint64, error) {
+//
+// A reentrant grant (fresh false: a majority joined the token's hold)
+// keeps the hold's fence, the highest the joining nodes stored; nodes that
+// granted afresh (they had lost the hold) are set to it. That is safe: no
+// other holder can have been granted the key since the token's last grant,
+// as its majority would share a node with the joining majority, where the
+// key has been the token's since a grant whose fence that node stored.
+// Otherwise the grant is a new one and gets
+// the highest counter of all.
+func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantResult, need int, fresh bool) (uint64, error) {
 	var fence uint64
 	for _, g := range granted {
-		if g.grant.Fence > fence {
+		if g.grant.Fence > fence && (fresh || g.grant.Holds > 1) {
 			fence = g.grant.Fence
 		}
 	}
@@ -466,7 +494,7 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 			atFence++
 		}
 	}
-	if atFence >= need {
+	if atFence >= need && (fresh || atFence == len(granted)) {
 		return fence, nil
 	}
 	// Raise the lagging granting nodes, in parallel, within the node timeout.
