@@ -209,6 +209,17 @@ func (q *Quorum) noQuorum(ok int, failures []NodeError) *NoQuorumError {
 	return &NoQuorumError{OK: ok, Total: len(q.nodes), Failures: failures}
 }
 
+// Unsent reports whether err says that the node never received the
+// operation (it was dropped before it was sent: a deadline that passed in
+// the node's queue, a node taken out of quorums). Nodes mark such errors
+// with an Unsent() bool method. A failed acquisition does not roll back on
+// such a node: there is nothing to undo, and a release could take a hold
+// the token already had there (a reentrant attempt).
+func Unsent(err error) bool {
+	var u interface{ Unsent() bool }
+	return errors.As(err, &u) && u.Unsent()
+}
+
 // Reason names a node failure in a few words for error replies: the words
 // operators grep for, never a raw internal error chain.
 func Reason(err error) string {
@@ -376,16 +387,18 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		refused  int
 		upgrades int
 		failures []NodeError
-		// refusedBy marks the nodes that answered "held": the attempt
-		// changed nothing there, so there is nothing to roll back. A
-		// release there could even take a hold the token has in another
-		// mode (a refused upgrade).
+		// refusedBy marks the nodes that answered "held", or never got
+		// the attempt: it changed nothing there, so there is nothing to
+		// roll back. A release there could even take a hold the token
+		// has in another mode (a refused upgrade) or from before (a
+		// reentrant attempt).
 		refusedBy = make([]bool, n)
 	)
 	tally := func(r grantResult) {
 		switch {
 		case r.err != nil:
 			failures = append(failures, NodeError{Node: q.nodes[r.idx].Name(), Err: r.err})
+			refusedBy[r.idx] = Unsent(r.err)
 		case r.grant.Acquired:
 			granted = append(granted, r)
 		default:

@@ -72,7 +72,7 @@ func New(cfg Config) (*Backend, error) {
 	if len(cfg.Nodes) == 0 {
 		return nil, errors.New("redis: no nodes configured")
 	}
-	b := &Backend{retryMin: cfg.RetryMin, retryMax: cfg.RetryMax, waiters: newWaitQueues()}
+	b := &Backend{retryMin: cfg.RetryMin, retryMax: cfg.RetryMax, waiters: newWaitQueues(len(cfg.Nodes)/2 + 1)}
 	if b.retryMin <= 0 {
 		b.retryMin = 20 * time.Millisecond
 	}

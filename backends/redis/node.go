@@ -259,10 +259,20 @@ func (n *Node) Close() error {
 
 var errClosed = errors.New("redis: node closed")
 
+// unsentError marks an operation that never reached the node (see
+// quorum.Unsent).
+type unsentError struct{ err error }
+
+func (e unsentError) Error() string { return e.err.Error() }
+func (e unsentError) Unwrap() error { return e.err }
+func (e unsentError) Unsent() bool  { return true }
+
+func unsent(err error) error { return unsentError{err} }
+
 // Acquire implements quorum.Node.
 func (n *Node) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGrant, error) {
 	if err := n.health.refuse(); err != nil {
-		return quorum.NodeGrant{}, err
+		return quorum.NodeGrant{}, unsent(err)
 	}
 	o := n.acquireOp(req)
 	return acquireGrant(n.do(ctx, o))
@@ -329,7 +339,7 @@ var _ quorum.AsyncNode = (*Node)(nil)
 // StartAcquire implements quorum.AsyncNode.
 func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(quorum.NodeGrant, error)) {
 	if err := n.health.refuse(); err != nil {
-		done(quorum.NodeGrant{}, err)
+		done(quorum.NodeGrant{}, unsent(err))
 		return
 	}
 	o := n.acquireOp(req)
@@ -391,13 +401,13 @@ func (n *Node) enqueue(ctx context.Context, o *op) {
 	n.closing.RLock()
 	defer n.closing.RUnlock()
 	if n.closed {
-		n.finish(o, opResult{err: errClosed})
+		n.finish(o, opResult{err: unsent(errClosed)})
 		return
 	}
 	select {
 	case n.queue(o) <- o:
 	case <-ctx.Done():
-		n.finish(o, opResult{err: ctx.Err()})
+		n.finish(o, opResult{err: unsent(ctx.Err())})
 	}
 }
 
@@ -490,7 +500,7 @@ func (n *Node) drain(q chan *op) {
 	for {
 		select {
 		case o := <-q:
-			n.finish(o, opResult{err: errClosed})
+			n.finish(o, opResult{err: unsent(errClosed)})
 		default:
 			return
 		}
@@ -505,7 +515,7 @@ func (n *Node) exec(batch []*op) {
 	var deadline time.Time
 	for _, o := range batch {
 		if !o.deadline.After(now) {
-			n.finish(o, opResult{err: context.DeadlineExceeded})
+			n.finish(o, opResult{err: unsent(context.DeadlineExceeded)})
 			continue
 		}
 		if o.deadline.After(deadline) {
@@ -570,7 +580,7 @@ func (n *Node) failVotes(batch []*op, err error) []*op {
 			keep = append(keep, o)
 			continue
 		}
-		n.finish(o, opResult{err: err})
+		n.finish(o, opResult{err: unsent(err)})
 	}
 	return keep
 }

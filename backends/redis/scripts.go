@@ -147,7 +147,10 @@ return 0
 // release channel, ARGV[3] readMarker, ARGV[4] which holds: ” any (write
 // holds first), 'w' write only, 'r' read only (the roll-back of a failed
 // attempt takes only the kind of hold the attempt could have added).
-// Removes one hold of the token. When the key becomes free for someone else (the last
+// Removes one hold of the token. Only an UNLOCK ('') announces: a
+// roll-back undoes a grant on a minority of nodes, which frees nothing for
+// anyone, and announcing it would wake the waiter whose own attempt it
+// rolls back (a waiter then spins while the holder holds). When the key becomes free for someone else (the last
 // write hold, the last reader) it is announced on the channel in the same
 // call, so that waiters on every lockproxy instance learn of it without a
 // round trip of their own. An expiry is not announced: waiters find it by
@@ -173,7 +176,7 @@ if v == ARGV[1] and ARGV[4] ~= 'r' then
   else
     redis.call('DEL', KEYS[1])
   end
-  redis.pcall('PUBLISH', ARGV[2], '')
+  if ARGV[4] == '' then redis.pcall('PUBLISH', ARGV[2], '') end
   return 1
 end
 if ARGV[4] == 'w' or (v ~= ARGV[3] and v ~= ARGV[1]) then return 0 end` + luaNow + luaPrune + `
@@ -185,7 +188,7 @@ if v == ARGV[1] then return 1 end
 local top = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
 if #top == 0 then
   redis.call('DEL', KEYS[1], KEYS[4], KEYS[5])
-  redis.pcall('PUBLISH', ARGV[2], '')
+  if ARGV[4] == '' then redis.pcall('PUBLISH', ARGV[2], '') end
 else
   redis.call('PEXPIRE', KEYS[1], tonumber(top[2]) - now)
 end

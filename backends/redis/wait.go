@@ -1,6 +1,9 @@
 package redis
 
-import "sync"
+import (
+	"math/bits"
+	"sync"
+)
 
 // waitQueues holds, per key, this instance's LOCK … WAIT callers in the
 // order they arrived. Only the head of a key's queue tries to acquire: a
@@ -16,6 +19,10 @@ import "sync"
 // LOCK … WAIT granted at its first attempt, alone, costs the nodes no
 // subscription.
 type waitQueues struct {
+	// need is how many nodes' announcements make a release: a majority,
+	// since before that the key is still held on a majority and an
+	// attempt could not succeed.
+	need  int
 	mu    sync.Mutex
 	keys  map[string]*waitQueue
 	total int // waiters over all keys
@@ -24,10 +31,10 @@ type waitQueues struct {
 type waitQueue struct {
 	head, tail *waiter
 	// heard has a bit per node whose release announcement came since the
-	// last wake-up. A release is announced once by each node, so the
-	// first announcement wakes the head and the others of the same
-	// release are ignored; a second one from the same node is a new
-	// release.
+	// last wake-up. A release is announced once by each node; the
+	// announcement that completes a majority wakes the head, and the
+	// others of the same release are ignored; a second one from the same
+	// node is a new release.
 	heard uint64
 	// watched is set once the key is contended, until the queue empties.
 	watched bool
@@ -52,8 +59,8 @@ type waiter struct {
 	read bool
 }
 
-func newWaitQueues() *waitQueues {
-	return &waitQueues{keys: map[string]*waitQueue{}}
+func newWaitQueues(need int) *waitQueues {
+	return &waitQueues{need: max(need, 1), keys: map[string]*waitQueue{}}
 }
 
 // join queues a waiter for key at the tail. A waiter that finds the queue
@@ -141,9 +148,12 @@ func (qs *waitQueues) leave(w *waiter, granted bool) (unwatch bool) {
 	return false
 }
 
-// wake signals the head of key's queue that node (its index) announced a
-// release, unless it is another node's announcement of a release that woke
-// the head already. It reports whether key has waiters.
+// wake notes that node (its index) announced a release of key, and signals
+// the head of key's queue when a majority of nodes has announced it: the
+// first announcement comes as soon as one node released, and an attempt
+// then could still find the key held on the others (and, if nothing else
+// woke the waiter, leave it to its retry timer). It reports whether key
+// has waiters.
 func (qs *waitQueues) wake(key string, node int) bool {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
@@ -159,10 +169,10 @@ func (qs *waitQueues) wake(key string, node int) bool {
 	if q.heard&bit != 0 {
 		q.heard = 0
 	}
-	if q.heard == 0 {
+	q.heard |= bit
+	if bits.OnesCount64(q.heard) == qs.need {
 		signal(q.head)
 	}
-	q.heard |= bit
 	return true
 }
 

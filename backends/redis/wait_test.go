@@ -140,7 +140,7 @@ func TestWaitQueues(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			qs := newWaitQueues()
+			qs := newWaitQueues(1)
 			ws := map[string]*waiter{}
 			for i, s := range tc.steps {
 				var flag bool
@@ -209,7 +209,7 @@ func TestWaitQueuesFIFO(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			qs := newWaitQueues()
+			qs := newWaitQueues(1)
 			// Each release is announced by three nodes.
 			announce := func() {
 				for node := range 3 {
@@ -287,5 +287,33 @@ func TestWaitQueuesFIFO(t *testing.T) {
 				t.Errorf("queue not empty at the end: len %d", qs.len())
 			}
 		})
+	}
+}
+
+// TestWaitWakeOnMajority: with three nodes a release wakes the head when
+// the second node announces it (the key is then free on a majority), once.
+func TestWaitWakeOnMajority(t *testing.T) {
+	qs := newWaitQueues(2)
+	a, _ := qs.join("k", false)
+	<-a.turn
+	signaled := func() bool {
+		select {
+		case <-a.turn:
+			return true
+		default:
+			return false
+		}
+	}
+	for i, step := range []struct {
+		node int
+		want bool
+	}{
+		{0, false}, {1, true}, {2, false}, // one release
+		{1, false}, {2, true}, {0, false}, // the next, another order
+	} {
+		qs.wake("k", step.node)
+		if got := signaled(); got != step.want {
+			t.Errorf("step %d (node %d): signaled %v; want %v", i, step.node, got, step.want)
+		}
 	}
 }
