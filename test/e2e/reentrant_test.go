@@ -1,0 +1,155 @@
+package e2e
+
+import (
+	"syscall"
+	"testing"
+	"time"
+)
+
+// PROTOCOL.md, reentrancy: LOCK with the TOKEN of the current exclusive
+// holder adds one hold and refreshes the TTL, returning the same fence;
+// each UNLOCK removes one hold; the lock is free at zero. Hold counts live
+// on the nodes, so this works across lockproxy instances and restarts.
+
+// TestReentrantLock takes the same lock three times with one token, through
+// one instance and through two instances sharing the nodes, and gives the
+// holds back one by one.
+func TestReentrantLock(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name      string
+		instances int
+	}{
+		{"one instance", 1},
+		{"two instances", 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			cl := startCluster(t, 3)
+			var clients []doer
+			for i := 0; i < tc.instances; i++ {
+				in := startInstance(t, cl.addrs())
+				clients = append(clients, newClient(t, in.addr, 2))
+			}
+			// via(i) is the client of hold i: they alternate between the
+			// instances.
+			via := func(i int) doer { return clients[i%len(clients)] }
+			other := newClient(t, startInstance(t, cl.addrs()).addr, 3)
+			key := "reentrant-" + randID()
+			tok := "reentrant-token-" + randID()
+			const ttl = 4000
+
+			first := cl.lockOnAllNodes(t, via(0), key, "PX", ttl, "TOKEN", tok)
+			checkGrant(t, "first hold", first, ttl)
+			for hold := 2; hold <= 3; hold++ {
+				// Let the lease run down a little, so that the refresh shows.
+				time.Sleep(400 * time.Millisecond)
+				before := cl.nodePTTLs(t, key)
+				g := mustLock(t, via(hold-1), key, "PX", ttl, "TOKEN", tok)
+				after := cl.nodePTTLs(t, key)
+				checkGrant(t, "reentrant hold", g, ttl)
+				if g.Token != tok || g.Fence != first.Fence {
+					t.Errorf("hold %d: token %q fence %d; want the same token %q and fence %d", hold, g.Token, g.Fence, tok, first.Fence)
+				}
+				// A majority's lease was reset to the full TTL: above what
+				// it was just before, and above what is left of it.
+				if !majorityAbove(after, maxInt64(before)) || !majorityAbove(after, ttl-400) {
+					t.Errorf("hold %d: lock key PTTL on the nodes %v before, %v after; want a majority refreshed to about %d ms",
+						hold, before, after, ttl)
+				}
+				li := mustLockInfo(t, via(hold), key, tok)
+				if h, ok := li.holder(tok); li.Mode != "write" || len(li.Holders) != 1 || !ok || h.Holds != int64(hold) || li.Fence != first.Fence {
+					t.Errorf("hold %d: LOCKINFO = %+v; want mode write, one holder %q with %d holds, fence %d", hold, li, tok, hold, first.Fence)
+				}
+				refused(t, other, "LOCK", key, "PX", ttl)
+				refused(t, other, "RLOCK", key, "PX", ttl)
+			}
+
+			// Each UNLOCK removes one hold; the lock stays held until the last.
+			for left := 2; left >= 0; left-- {
+				if got := unlock(t, via(left+1), key, tok); got != 1 {
+					t.Fatalf("UNLOCK with %d holds left after it = %d; want 1", left, got)
+				}
+				li, held := lockInfoOf(t, other, key, tok)
+				switch {
+				case left > 0 && (!held || len(li.Holders) != 1 || li.Holders[0].Holds != int64(left)):
+					t.Errorf("after an UNLOCK, LOCKINFO = %+v (held %v); want %d holds left", li, held, left)
+				case left > 0:
+					refused(t, other, "LOCK", key, "PX", ttl)
+				case held:
+					t.Errorf("after the last UNLOCK, LOCKINFO = %+v; want nil (free)", li)
+				}
+			}
+			if got := unlock(t, via(0), key, tok); got != 0 {
+				t.Errorf("UNLOCK after the last hold = %d; want 0", got)
+			}
+			for i := range cl.nodes {
+				if v, ok := cl.lockValue(t, i, key); ok {
+					t.Errorf("node %d: lock key holds %q after the last UNLOCK", i, v)
+				}
+			}
+			next := mustLock(t, other, key, "PX", ttl)
+			if next.Fence <= first.Fence {
+				t.Errorf("next holder's fence %d; want > %d", next.Fence, first.Fence)
+			}
+			if got := unlock(t, other, key, next.Token); got != 1 {
+				t.Errorf("UNLOCK by the next holder = %d; want 1", got)
+			}
+		})
+	}
+}
+
+// TestReentrantAcrossRestart: a hold taken through an instance that is then
+// stopped (SIGTERM) counts for the holds taken through its successor: the
+// hold count is on the nodes.
+func TestReentrantAcrossRestart(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	key := "reentrant-restart-" + randID()
+	tok := "restart-token-" + randID()
+	const ttl = 20000
+
+	in1 := startInstance(t, cl.addrs())
+	first := cl.lockOnAllNodes(t, newClient(t, in1.addr, 2), key, "PX", ttl, "TOKEN", tok)
+	if err := in1.proc.Signal(syscall.SIGTERM); err != nil {
+		t.Fatalf("SIGTERM lockproxy: %v", err)
+	}
+	if code, err := in1.proc.Wait(15 * time.Second); err != nil || code != 0 {
+		t.Fatalf("lockproxy after SIGTERM: exit %d, %v\n%s", code, err, in1.proc.Output())
+	}
+
+	in2 := startInstance(t, cl.addrs())
+	c := newClient(t, in2.addr, 3)
+	other := newClient(t, in2.addr, 2)
+	g := mustLock(t, c, key, "PX", ttl, "TOKEN", tok)
+	if g.Fence != first.Fence {
+		t.Errorf("hold after the restart: fence %d; want %d, the first hold's", g.Fence, first.Fence)
+	}
+	if li := mustLockInfo(t, c, key, tok); len(li.Holders) != 1 || li.Holders[0].Holds != 2 {
+		t.Errorf("LOCKINFO after the restart = %+v; want one holder with 2 holds", li)
+	}
+	for left := 1; left >= 0; left-- {
+		if got := unlock(t, c, key, tok); got != 1 {
+			t.Fatalf("UNLOCK (%d holds left after it) = %d; want 1", left, got)
+		}
+		if left > 0 {
+			refused(t, other, "LOCK", key, "PX", ttl)
+		}
+	}
+	if li, held := lockInfoOf(t, c, key, ""); held {
+		t.Errorf("LOCKINFO after the last UNLOCK = %+v; want nil", li)
+	}
+	next := mustLock(t, other, key, "PX", ttl)
+	if next.Fence <= first.Fence {
+		t.Errorf("next holder's fence %d; want > %d", next.Fence, first.Fence)
+	}
+}
+
+func maxInt64(xs []int64) int64 {
+	m := xs[0]
+	for _, x := range xs[1:] {
+		m = max(m, x)
+	}
+	return m
+}
