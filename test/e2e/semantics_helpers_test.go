@@ -244,3 +244,16 @@ func sortedCopy(xs []int64) []int64 {
 	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
 	return out
 }
+
+// checkReadGrant checks the shape of a fresh read grant of a lease of
+// ttlMS. Unlike a write grant's, its fence may be 0: it is the key's
+// current fence, and a key never written has none.
+func checkReadGrant(t *testing.T, what string, g grant, ttlMS int64) {
+	t.Helper()
+	if g.ValidityMS <= 0 || g.ValidityMS > maxValidityMS(ttlMS) {
+		t.Errorf("%s: validity_ms = %d; want in (0, %d]", what, g.ValidityMS, maxValidityMS(ttlMS))
+	}
+	if g.Fence < 0 || g.Token == "" {
+		t.Errorf("%s: fence %d, token %q; want a fence ≥ 0 and a token", what, g.Fence, g.Token)
+	}
+}

@@ -1,0 +1,273 @@
+package e2e
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+)
+
+// PROTOCOL.md, RLOCK: a read lock, shared with other readers, exclusive
+// with LOCK; each reader's lease is its own; the write holder may take a
+// read lock with its own token (downgrade); upgrade is refused.
+
+// TestRLock runs the read-lock rules through two lockproxy instances
+// sharing three nodes, each case on its own key, under RESP2 and RESP3.
+func TestRLock(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	inA := startInstance(t, cl.addrs())
+	inB := startInstance(t, cl.addrs())
+
+	cases := []struct {
+		name string
+		run  func(t *testing.T, a, b doer, key string)
+	}{
+		{"shared readers", rlockShared},
+		{"short reader expires first", func(t *testing.T, a, b doer, key string) { rlockOwnLeases(t, a, b, key, true) }},
+		{"long reader first", func(t *testing.T, a, b doer, key string) { rlockOwnLeases(t, a, b, key, false) }},
+		{"writer excludes readers", rlockWriterExcludes},
+		{"downgrade", rlockDowngrade},
+		{"upgrade refused", rlockUpgradeRefused},
+		{"reentrant reader and RENEW", rlockReentrantRenew},
+	}
+	for _, tc := range cases {
+		for _, proto := range []int{2, 3} {
+			t.Run(fmt.Sprintf("%s/resp%d", tc.name, proto), func(t *testing.T) {
+				t.Parallel()
+				a := newClient(t, inA.addr, proto)
+				b := newClient(t, inB.addr, proto)
+				tc.run(t, a, b, "rw-"+randID())
+			})
+		}
+	}
+}
+
+// rlockShared: three readers with their own tokens hold at once, through
+// both instances; a writer is refused until the last one unlocks.
+func rlockShared(t *testing.T, a, b doer, key string) {
+	// An earlier write, so that the readers' fence has something to be at
+	// least.
+	w := mustLock(t, a, key, "PX", 5000)
+	if got := unlock(t, a, key, w.Token); got != 1 {
+		t.Fatalf("UNLOCK of the first writer = %d; want 1", got)
+	}
+	tokens := []string{"reader-1-" + randID(), "reader-2-" + randID(), "reader-3-" + randID()}
+	for i, tok := range tokens {
+		c := []doer{a, b}[i%2]
+		g := mustRLock(t, c, key, "PX", 5000, "TOKEN", tok)
+		checkReadGrant(t, "RLOCK", g, 5000)
+		if g.Token != tok || g.Fence < w.Fence {
+			t.Errorf("reader %d: token %q fence %d; want token %q, fence ≥ %d (the last write's)", i, g.Token, g.Fence, tok, w.Fence)
+		}
+	}
+	li := mustLockInfo(t, b, key, tokens[0])
+	if li.Mode != "read" || len(li.Holders) != 3 {
+		t.Fatalf("LOCKINFO = %+v; want mode read with 3 holders", li)
+	}
+	for i, tok := range tokens {
+		shown := hiddenToken(tok)
+		if i == 0 {
+			shown = tok // named with TOKEN
+		}
+		if h, ok := li.holder(shown); !ok || h.Holds != 1 || h.TTLMS <= 0 || h.TTLMS > 5000 {
+			t.Errorf("LOCKINFO holder %q = %+v (found %v); want 1 hold, ttl_ms in (0, 5000]; holders %+v", shown, h, ok, li.Holders)
+		}
+	}
+	refused(t, a, "LOCK", key, "PX", 5000)
+	refused(t, b, "LOCK", key, "PX", 5000, "WAIT", 300)
+	for _, args := range [][]any{
+		{"UNLOCK", key, "not-a-reader"},
+		{"RENEW", key, "not-a-reader", "PX", 5000},
+	} {
+		if got := intCmd(t, a, args...); got != 0 {
+			t.Errorf("%v = %d; want 0", args, got)
+		}
+	}
+	for i, tok := range tokens {
+		if got := unlock(t, []doer{b, a}[i%2], key, tok); got != 1 {
+			t.Fatalf("UNLOCK reader %d = %d; want 1", i, got)
+		}
+		if i < len(tokens)-1 {
+			refused(t, a, "LOCK", key, "PX", 5000)
+		}
+	}
+	if li, held := lockInfoOf(t, a, key, ""); held {
+		t.Errorf("LOCKINFO after every reader unlocked = %+v; want nil", li)
+	}
+	g := mustLock(t, b, key, "PX", 5000)
+	if g.Fence <= w.Fence {
+		t.Errorf("writer after the readers: fence %d; want > %d", g.Fence, w.Fence)
+	}
+}
+
+// rlockOwnLeases: a reader with a short lease and one with a long lease;
+// the short one's expiry does not end the long one's, in whichever order
+// they came.
+func rlockOwnLeases(t *testing.T, a, b doer, key string, shortFirst bool) {
+	const shortTTL, longTTL = 300, 8000
+	short, long := "short-"+randID(), "long-"+randID()
+	take := func(tok string, ttl int) { mustRLock(t, a, key, "PX", ttl, "TOKEN", tok) }
+	if shortFirst {
+		take(short, shortTTL)
+		take(long, longTTL)
+	} else {
+		take(long, longTTL)
+		take(short, shortTTL)
+	}
+	// Wait for the short lease to end, as LOCKINFO sees it.
+	var li lockInfo
+	err := eventually(100, 50*time.Millisecond, func() error {
+		var held bool
+		li, held = lockInfoOf(t, b, key, "")
+		if !held || len(li.Holders) != 1 {
+			return fmt.Errorf("LOCKINFO = %+v (held %v); want the long reader alone", li, held)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h := li.Holders[0]; li.Mode != "read" || h.Token != hiddenToken(long) || h.TTLMS <= shortTTL || h.TTLMS > longTTL {
+		t.Errorf("LOCKINFO after the short lease = %+v; want the long reader %q with ttl_ms in (%d, %d]", li, hiddenToken(long), shortTTL, longTTL)
+	}
+	refused(t, b, "LOCK", key, "PX", 5000)
+	for _, args := range [][]any{
+		{"RENEW", key, short, "PX", 5000},
+		{"UNLOCK", key, short},
+	} {
+		if got := intCmd(t, a, args...); got != 0 {
+			t.Errorf("%v after the short lease ended = %d; want 0", args, got)
+		}
+	}
+	if v := intCmd(t, b, "RENEW", key, long, "PX", 10000); v <= 0 || v > maxValidityMS(10000) {
+		t.Errorf("RENEW of the long reader = %d; want in (0, %d]", v, maxValidityMS(10000))
+	}
+	if li := mustLockInfo(t, a, key, long); len(li.Holders) != 1 || li.Holders[0].Token != long || li.TTLMS <= longTTL || li.TTLMS > 10000 {
+		t.Errorf("LOCKINFO after RENEW PX 10000 = %+v; want holder %q with ttl_ms in (%d, 10000]", li, long, longTTL)
+	}
+	if got := unlock(t, b, key, long); got != 1 {
+		t.Fatalf("UNLOCK of the long reader = %d; want 1", got)
+	}
+	mustLock(t, b, key, "PX", 5000)
+}
+
+// rlockWriterExcludes: readers are refused while a writer holds, at once
+// and after a WAIT, and get in once it unlocks.
+func rlockWriterExcludes(t *testing.T, a, b doer, key string) {
+	w := mustLock(t, a, key, "PX", 5000)
+	refused(t, a, "RLOCK", key, "PX", 5000)
+	refused(t, b, "RLOCK", key, "PX", 5000)
+	refused(t, b, "RLOCK", key, "PX", 5000, "WAIT", 300)
+	if got := unlock(t, a, key, w.Token); got != 1 {
+		t.Fatalf("UNLOCK of the writer = %d; want 1", got)
+	}
+	g := mustRLock(t, b, key, "PX", 5000)
+	if g.Fence < w.Fence {
+		t.Errorf("reader after the writer: fence %d; want ≥ %d", g.Fence, w.Fence)
+	}
+}
+
+// rlockDowngrade: the write holder takes a read lock with its token; the
+// first UNLOCK gives back the write hold, which lets other readers in.
+func rlockDowngrade(t *testing.T, a, b doer, key string) {
+	tok := "downgrade-" + randID()
+	w := mustLock(t, a, key, "PX", 5000, "TOKEN", tok)
+	r := mustRLock(t, b, key, "PX", 5000, "TOKEN", tok)
+	if r.Token != tok || r.Fence != w.Fence {
+		t.Errorf("downgrade RLOCK: token %q fence %d; want %q and the write fence %d", r.Token, r.Fence, tok, w.Fence)
+	}
+	if li := mustLockInfo(t, a, key, tok); li.Mode != "write" || len(li.Holders) != 1 || li.Holders[0].Token != tok {
+		t.Errorf("LOCKINFO while holding both = %+v; want mode write, holder %q", li, tok)
+	}
+	refused(t, a, "RLOCK", key, "PX", 5000)
+	refused(t, b, "LOCK", key, "PX", 5000)
+
+	if got := unlock(t, a, key, tok); got != 1 {
+		t.Fatalf("first UNLOCK after the downgrade = %d; want 1", got)
+	}
+	li := mustLockInfo(t, b, key, tok)
+	if h, ok := li.holder(tok); li.Mode != "read" || len(li.Holders) != 1 || !ok || h.Holds != 1 {
+		t.Errorf("LOCKINFO after giving back the write hold = %+v; want mode read, holder %q with 1 hold", li, tok)
+	}
+	refused(t, b, "LOCK", key, "PX", 5000)
+	other := mustRLock(t, b, key, "PX", 5000)
+	if got := unlock(t, b, key, tok); got != 1 {
+		t.Fatalf("second UNLOCK after the downgrade = %d; want 1", got)
+	}
+	if got := unlock(t, a, key, tok); got != 0 {
+		t.Errorf("third UNLOCK after the downgrade = %d; want 0", got)
+	}
+	refused(t, a, "LOCK", key, "PX", 5000)
+	if got := unlock(t, a, key, other.Token); got != 1 {
+		t.Fatalf("UNLOCK of the other reader = %d; want 1", got)
+	}
+	if g := mustLock(t, a, key, "PX", 5000); g.Fence <= w.Fence {
+		t.Errorf("next writer's fence %d; want > %d", g.Fence, w.Fence)
+	}
+}
+
+// rlockUpgradeRefused: LOCK by a token that holds a read lock is an error,
+// with WAIT too, and leaves the read hold as it was.
+func rlockUpgradeRefused(t *testing.T, a, b doer, key string) {
+	tok := "upgrade-" + randID()
+	mustRLock(t, a, key, "PX", 5000, "TOKEN", tok)
+	peer := mustRLock(t, b, key, "PX", 5000)
+	for _, opts := range [][]any{
+		{"PX", 5000, "TOKEN", tok},
+		{"PX", 5000, "TOKEN", tok, "WAIT", 2000},
+	} {
+		for _, c := range []doer{a, b} {
+			_, ok, err := tryAcquire(ctxFor(t, 20*time.Second), c, "LOCK", key, opts...)
+			if err == nil || !strings.HasPrefix(err.Error(), "ERR upgrade refused") {
+				t.Errorf("LOCK %q %v by a reader = granted %v, %v; want -ERR upgrade refused …", key, opts, ok, err)
+			}
+		}
+	}
+	li := mustLockInfo(t, a, key, tok)
+	if h, ok := li.holder(tok); li.Mode != "read" || len(li.Holders) != 2 || !ok || h.Holds != 1 {
+		t.Errorf("LOCKINFO after the refused upgrades = %+v; want mode read, 2 holders, %q with 1 hold", li, tok)
+	}
+	if v := intCmd(t, b, "RENEW", key, tok, "PX", 5000); v <= 0 {
+		t.Errorf("RENEW of the reader after the refused upgrades = %d; want > 0", v)
+	}
+	for _, tk := range []string{tok, peer.Token} {
+		if got := unlock(t, a, key, tk); got != 1 {
+			t.Fatalf("UNLOCK reader %q = %d; want 1", tk, got)
+		}
+	}
+	if li, held := lockInfoOf(t, a, key, ""); held {
+		t.Errorf("LOCKINFO after the readers unlocked = %+v; want nil", li)
+	}
+	// Now free, the same token may take the write lock.
+	mustLock(t, b, key, "PX", 5000, "TOKEN", tok)
+}
+
+// rlockReentrantRenew: a reader's second RLOCK adds a hold; RENEW extends
+// its own lease beyond the first one's.
+func rlockReentrantRenew(t *testing.T, a, b doer, key string) {
+	tok := "reader-" + randID()
+	mustRLock(t, a, key, "PX", 1000, "TOKEN", tok)
+	g := mustRLock(t, b, key, "PX", 1000, "TOKEN", tok)
+	checkReadGrant(t, "second RLOCK", g, 1000)
+	if li := mustLockInfo(t, a, key, tok); len(li.Holders) != 1 || li.Holders[0].Holds != 2 {
+		t.Errorf("LOCKINFO after two RLOCKs = %+v; want one holder with 2 holds", li)
+	}
+	if v := intCmd(t, a, "RENEW", key, tok, "PX", 6000); v <= 0 || v > maxValidityMS(6000) {
+		t.Errorf("RENEW of the reader = %d; want in (0, %d]", v, maxValidityMS(6000))
+	}
+	// Past the first lease: still held, by the renewed lease.
+	time.Sleep(1300 * time.Millisecond)
+	if li := mustLockInfo(t, b, key, tok); len(li.Holders) != 1 || li.Holders[0].TTLMS <= 1000 {
+		t.Errorf("LOCKINFO 1.3 s after RENEW PX 6000 = %+v; want the reader with ttl_ms > 1000", li)
+	}
+	refused(t, b, "LOCK", key, "PX", 5000)
+	if got := unlock(t, b, key, tok); got != 1 {
+		t.Fatalf("first UNLOCK of the reader = %d; want 1", got)
+	}
+	refused(t, b, "LOCK", key, "PX", 5000)
+	if got := unlock(t, a, key, tok); got != 1 {
+		t.Fatalf("second UNLOCK of the reader = %d; want 1", got)
+	}
+	mustLock(t, a, key, "PX", 5000)
+}
