@@ -1,0 +1,192 @@
+package e2e
+
+import (
+	"fmt"
+	"net"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// What a grant costs the nodes, read from INFO commandstats on every node
+// (which counts the commands scripts run, too). lockproxy's own calls to
+// a node are the scripts (evalsha, eval on a node that lost its script
+// cache) and the release subscriptions (subscribe, unsubscribe); the
+// node's background checks (INFO, TIME) are left out.
+
+// nodeCalls are the commands lockproxy sends to a node for lock traffic.
+var nodeCalls = []string{"evalsha", "eval", "subscribe", "unsubscribe"}
+
+// grantCost is the difference of two nodeCommandCalls snapshots, per grant.
+type grantCost struct {
+	grants int
+	nodes  int
+	delta  map[string]int64
+}
+
+func newGrantCost(before, after map[string]int64, grants, nodes int) grantCost {
+	d := map[string]int64{}
+	for k, v := range after {
+		if v-before[k] != 0 {
+			d[k] = v - before[k]
+		}
+	}
+	return grantCost{grants: grants, nodes: nodes, delta: d}
+}
+
+// callsPerNode is lockproxy's calls per node per grant.
+func (g grantCost) callsPerNode() float64 {
+	var n int64
+	for _, c := range nodeCalls {
+		n += g.delta[c]
+	}
+	return float64(n) / float64(g.grants*g.nodes)
+}
+
+// per is one command's count per grant over all nodes.
+func (g grantCost) per(cmd string) float64 { return float64(g.delta[cmd]) / float64(g.grants) }
+
+func (g grantCost) String() string {
+	var inner []string
+	for k, v := range g.delta {
+		switch k {
+		case "evalsha", "eval", "subscribe", "unsubscribe", "info", "time", "ping", "hello", "client", "config", "hgetall":
+			continue
+		}
+		inner = append(inner, fmt.Sprintf("%s %.2f", k, float64(v)/float64(g.grants)))
+	}
+	sort.Strings(inner)
+	return fmt.Sprintf("%d grants on %d nodes: %.2f node calls per node per grant (evalsha %.2f, eval %.2f, subscribe %.2f, unsubscribe %.2f per grant over all nodes); inside scripts per grant: %s",
+		g.grants, g.nodes, g.callsPerNode(), g.per("evalsha"), g.per("eval"), g.per("subscribe"), g.per("unsubscribe"),
+		strings.Join(inner, ", "))
+}
+
+// TestCommandsPerGrant measures node commands per grant for uncontended
+// cycles of each kind and for contended WAIT workloads, logs them (the
+// README's figures come from here) and checks loose upper bounds only.
+func TestCommandsPerGrant(t *testing.T) {
+	t.Parallel()
+	const nodes = 3
+	cl := startCluster(t, nodes)
+	inA := startInstance(t, cl.addrs())
+	inB := startInstance(t, cl.addrs())
+	c := newClient(t, inA.addr, 2)
+
+	uncontended := []struct {
+		name   string
+		cycle  func(t *testing.T, key string)
+		before func(t *testing.T, key string) // once, before counting
+		limit  float64                        // node calls per node per grant
+	}{
+		{name: "LOCK+UNLOCK", limit: 3, cycle: func(t *testing.T, key string) {
+			unlock(t, c, key, mustLock(t, c, key, "PX", 10000).Token)
+		}},
+		{name: "LOCK WAIT+UNLOCK", limit: 3, cycle: func(t *testing.T, key string) {
+			unlock(t, c, key, mustLock(t, c, key, "PX", 10000, "WAIT", 5000).Token)
+		}},
+		{name: "RLOCK+UNLOCK", limit: 3, cycle: func(t *testing.T, key string) {
+			unlock(t, c, key, mustRLock(t, c, key, "PX", 10000).Token)
+		}},
+		{name: "reentrant LOCK+UNLOCK (second hold)", limit: 3,
+			before: func(t *testing.T, key string) { mustLock(t, c, key, "PX", 60000, "TOKEN", "first-hold") },
+			cycle: func(t *testing.T, key string) {
+				mustLock(t, c, key, "PX", 60000, "TOKEN", "first-hold")
+				unlock(t, c, key, "first-hold")
+			}},
+	}
+	const cycles = 200
+	for _, u := range uncontended {
+		key := "cost-" + randID()
+		if u.before != nil {
+			u.before(t, key)
+		}
+		before := nodeCommandCalls(t, cl)
+		for i := 0; i < cycles; i++ {
+			u.cycle(t, key)
+		}
+		cost := newGrantCost(before, nodeCommandCalls(t, cl), cycles, nodes)
+		t.Logf("uncontended %s: %v", u.name, cost)
+		if cost.callsPerNode() > u.limit {
+			t.Errorf("uncontended %s: %.2f node calls per node per grant; want ≤ %.0f", u.name, cost.callsPerNode(), u.limit)
+		}
+		if s := cost.delta["subscribe"]; s != 0 {
+			t.Errorf("uncontended %s: %d subscribe calls; want none (only contended keys are watched)", u.name, s)
+		}
+	}
+
+	contended := []struct {
+		name  string
+		split []*instance // waiter i queues on split[i%len(split)]
+		limit float64
+	}{
+		{"50 waiters on one instance", []*instance{inA}, 4},
+		{"50 waiters over two instances", []*instance{inA, inB}, 10},
+	}
+	for _, tc := range contended {
+		const waiters = 50
+		key := "cost-contended-" + randID()
+		first := mustLock(t, c, key, "PX", 30000)
+		before := nodeCommandCalls(t, cl)
+		var (
+			grants  atomic.Int64
+			holding atomic.Bool
+			wg      sync.WaitGroup
+			results = make([]waitOutcome, waiters)
+		)
+		deadline := time.Now().Add(60 * time.Second)
+		for i := 0; i < waiters; i++ {
+			conn, err := net.DialTimeout("tcp", tc.split[i%len(tc.split)].addr, 2*time.Second)
+			if err != nil {
+				t.Fatalf("dial waiter %d: %v", i, err)
+			}
+			t.Cleanup(func() { _ = conn.Close() })
+			if _, err := conn.Write([]byte(encode("LOCK", key, "PX", "10000", "WAIT", "30000"))); err != nil {
+				t.Fatalf("waiter %d: write LOCK: %v", i, err)
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i] = waitAndUnlock(conn, key, deadline, &grants, &holding)
+			}()
+		}
+		// Every waiter is queued before the lock is released.
+		for _, in := range tc.split {
+			want := int64(waiters / len(tc.split))
+			ic := newClient(t, in.addr, 2)
+			if err := eventually(400, 25*time.Millisecond, func() error {
+				if li := mustLockInfo(t, ic, key, ""); li.Waiters != want {
+					return fmt.Errorf("LOCKINFO on %s = %+v; want %d waiters", in.addr, li, want)
+				}
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		unlock(t, c, key, first.Token)
+		done := make(chan struct{})
+		go func() { wg.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(time.Until(deadline) + 5*time.Second):
+			t.Fatalf("%s: %d of %d waiters granted by the deadline", tc.name, grants.Load(), waiters)
+		}
+		for i, r := range results {
+			if r.err != nil {
+				t.Errorf("%s: waiter %d: %v", tc.name, i, r.err)
+			}
+		}
+		// Let the last unsubscriptions reach the nodes.
+		time.Sleep(200 * time.Millisecond)
+		cost := newGrantCost(before, nodeCommandCalls(t, cl), waiters, nodes)
+		t.Logf("contended, %s: %v", tc.name, cost)
+		if got := grants.Load(); got != waiters {
+			t.Errorf("%s: %d grants; want %d", tc.name, got, waiters)
+		}
+		if cost.callsPerNode() > tc.limit {
+			t.Errorf("%s: %.2f node calls per node per grant; want ≤ %.0f", tc.name, cost.callsPerNode(), tc.limit)
+		}
+	}
+}
