@@ -21,7 +21,7 @@ var hiddenTokenRE = regexp.MustCompile(`^sha256:[0-9a-f]{16}$`)
 func TestLockInfoShape(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
-	in := startInstance(t, cl.addrs())
+	in := startSemInstance(t, cl)
 	for _, proto := range []int{2, 3} {
 		t.Run(fmt.Sprintf("resp%d", proto), func(t *testing.T) {
 			t.Parallel()
@@ -81,7 +81,7 @@ func TestLockInfoShape(t *testing.T) {
 func TestLockInfoHolders(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
-	in := startInstance(t, cl.addrs())
+	in := startSemInstance(t, cl)
 	for _, proto := range []int{2, 3} {
 		t.Run(fmt.Sprintf("resp%d", proto), func(t *testing.T) {
 			t.Parallel()
@@ -161,8 +161,8 @@ func TestLockInfoHolders(t *testing.T) {
 func TestLockInfoWaiters(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
-	inA := startInstance(t, cl.addrs())
-	inB := startInstance(t, cl.addrs())
+	inA := startSemInstance(t, cl)
+	inB := startSemInstance(t, cl)
 	a := newClient(t, inA.addr, 3)
 	b := newClient(t, inB.addr, 2)
 	key := "info-waiters-" + randID()
@@ -227,7 +227,7 @@ func TestLockInfoWaiters(t *testing.T) {
 func TestLockInfoBadInput(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
-	in := startInstance(t, cl.addrs())
+	in := startSemInstance(t, cl)
 	rc := dialRaw(t, in.addr)
 	cases := []struct {
 		args []string

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"bufio"
 	"fmt"
 	"net"
 	"sort"
@@ -71,8 +72,8 @@ func TestCommandsPerGrant(t *testing.T) {
 	t.Parallel()
 	const nodes = 3
 	cl := startCluster(t, nodes)
-	inA := startInstance(t, cl.addrs())
-	inB := startInstance(t, cl.addrs())
+	inA := startSemInstance(t, cl)
+	inB := startSemInstance(t, cl)
 	c := newClient(t, inA.addr, 2)
 
 	uncontended := []struct {
@@ -134,7 +135,11 @@ func TestCommandsPerGrant(t *testing.T) {
 			grants  atomic.Int64
 			holding atomic.Bool
 			wg      sync.WaitGroup
-			results = make([]waitOutcome, waiters)
+			results = make([]error, waiters)
+			// undecided counts UNLOCKs answered NOQUORUM (nodes slower
+			// than the node timeout on a loaded machine): that lock
+			// runs out instead, and the next waiter finds it by its retry.
+			undecided atomic.Int64
 		)
 		deadline := time.Now().Add(60 * time.Second)
 		for i := 0; i < waiters; i++ {
@@ -143,13 +148,13 @@ func TestCommandsPerGrant(t *testing.T) {
 				t.Fatalf("dial waiter %d: %v", i, err)
 			}
 			t.Cleanup(func() { _ = conn.Close() })
-			if _, err := conn.Write([]byte(encode("LOCK", key, "PX", "10000", "WAIT", "30000"))); err != nil {
+			if _, err := conn.Write([]byte(encode("LOCK", key, "PX", "3000", "WAIT", "40000"))); err != nil {
 				t.Fatalf("waiter %d: write LOCK: %v", i, err)
 			}
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i] = waitAndUnlock(conn, key, deadline, &grants, &holding)
+				results[i] = takeAndRelease(conn, key, deadline, &grants, &holding, &undecided)
 			}()
 		}
 		// Every waiter is queued before the lock is released.
@@ -173,10 +178,13 @@ func TestCommandsPerGrant(t *testing.T) {
 		case <-time.After(time.Until(deadline) + 5*time.Second):
 			t.Fatalf("%s: %d of %d waiters granted by the deadline", tc.name, grants.Load(), waiters)
 		}
-		for i, r := range results {
-			if r.err != nil {
-				t.Errorf("%s: waiter %d: %v", tc.name, i, r.err)
+		for i, err := range results {
+			if err != nil {
+				t.Errorf("%s: waiter %d: %v", tc.name, i, err)
 			}
+		}
+		if n := undecided.Load(); n > 0 {
+			t.Logf("%s: %d UNLOCKs answered NOQUORUM", tc.name, n)
 		}
 		// Let the last unsubscriptions reach the nodes.
 		time.Sleep(200 * time.Millisecond)
@@ -189,4 +197,39 @@ func TestCommandsPerGrant(t *testing.T) {
 			t.Errorf("%s: %.2f node calls per node per grant; want ≤ %.0f", tc.name, cost.callsPerNode(), tc.limit)
 		}
 	}
+}
+
+// takeAndRelease reads a waiter's LOCK reply on c, checks that no one else
+// holds the lock, and UNLOCKs it. An UNLOCK answered NOQUORUM is counted
+// in undecided, not an error: the lock then runs out.
+func takeAndRelease(c net.Conn, key string, deadline time.Time, grants *atomic.Int64, holding *atomic.Bool, undecided *atomic.Int64) error {
+	br := bufio.NewReader(c)
+	_ = c.SetDeadline(deadline)
+	r, err := readReply(br, 0)
+	if err != nil {
+		return fmt.Errorf("reading the LOCK reply: %w", err)
+	}
+	g, err := parseGrant(toAny(r))
+	if err != nil {
+		return fmt.Errorf("LOCK reply %v: %w", r, err)
+	}
+	if !holding.CompareAndSwap(false, true) {
+		return fmt.Errorf("granted while another waiter held %q", key)
+	}
+	grants.Add(1)
+	time.Sleep(100 * time.Microsecond)
+	holding.Store(false)
+	if _, err := c.Write([]byte(encode("UNLOCK", key, g.Token))); err != nil {
+		return fmt.Errorf("write UNLOCK: %w", err)
+	}
+	r, err = readReply(br, 0)
+	switch {
+	case err != nil:
+		return fmt.Errorf("reading the UNLOCK reply: %w", err)
+	case r.Kind == '-' && strings.HasPrefix(r.Str, "NOQUORUM"):
+		undecided.Add(1)
+	case r.Kind != ':' || r.Int != 1:
+		return fmt.Errorf("UNLOCK = %v; want :1", r)
+	}
+	return nil
 }

@@ -123,11 +123,13 @@ func TestReadWriteAcceptance(t *testing.T) {
 		writers     = 5
 		targetTotal = 3000
 		runFor      = 20 * time.Second
-		ttlMS       = 2000
-		waitMS      = 3000
+		// The longest node timeout (TTL × 0.05, at most 250 ms), for a
+		// loaded machine; holders unlock long before the lease ends.
+		ttlMS  = 5000
+		waitMS = 3000
 	)
 	cl := startCluster(t, 3)
-	ins := []*instance{startInstance(t, cl.addrs()), startInstance(t, cl.addrs())}
+	ins := []*instance{startSemInstance(t, cl), startSemInstance(t, cl)}
 	key := "acceptance-" + randID()
 
 	base := time.Now()
@@ -138,6 +140,7 @@ func TestReadWriteAcceptance(t *testing.T) {
 		errs     []string
 		total    atomic.Int64
 		timeouts atomic.Int64
+		noQuorum atomic.Int64
 		stop     = make(chan struct{})
 		stopOnce sync.Once
 		wg       sync.WaitGroup
@@ -165,6 +168,13 @@ func TestReadWriteAcceptance(t *testing.T) {
 			sent := clock()
 			g, ok, err := tryAcquire(ctx, c, cmd, key, "PX", ttlMS, "WAIT", waitMS)
 			enter := clock()
+			if err != nil && isNoQuorum(err) {
+				// Nodes slower than the node timeout on a loaded machine:
+				// not granted, try again.
+				cancel()
+				noQuorum.Add(1)
+				continue
+			}
 			if err != nil {
 				cancel()
 				fail("%s: %s: %v", who, cmd, err)
@@ -188,6 +198,10 @@ func TestReadWriteAcceptance(t *testing.T) {
 			r := holdRecord{who: who, write: write, sent: sent, enter: enter, exit: exit,
 				validity: time.Duration(g.ValidityMS) * time.Millisecond, fence: g.Fence}
 			switch {
+			case err != nil && isNoQuorum(err):
+				// Undecided: the lease runs out instead. The holder
+				// stopped believing at exit all the same.
+				noQuorum.Add(1)
 			case err != nil:
 				fail("%s: UNLOCK: %v", who, err)
 				return
@@ -236,8 +250,9 @@ func TestReadWriteAcceptance(t *testing.T) {
 			reads++
 		}
 	}
-	t.Logf("%d grants (%d read, %d write) in %v, %.0f grants/s; %d WAITs ran out",
-		len(history), reads, writes, elapsed.Round(time.Millisecond), float64(len(history))/elapsed.Seconds(), timeouts.Load())
+	t.Logf("%d grants (%d read, %d write) in %v, %.0f grants/s; %d WAITs ran out, %d NOQUORUM replies",
+		len(history), reads, writes, elapsed.Round(time.Millisecond), float64(len(history))/elapsed.Seconds(),
+		timeouts.Load(), noQuorum.Load())
 	bad := checkRWHistory(history)
 	for i, b := range bad {
 		if i == 20 {

@@ -29,13 +29,13 @@ func TestReentrantLock(t *testing.T) {
 			cl := startCluster(t, 3)
 			var clients []doer
 			for i := 0; i < tc.instances; i++ {
-				in := startInstance(t, cl.addrs())
+				in := startSemInstance(t, cl)
 				clients = append(clients, newClient(t, in.addr, 2))
 			}
 			// via(i) is the client of hold i: they alternate between the
 			// instances.
 			via := func(i int) doer { return clients[i%len(clients)] }
-			other := newClient(t, startInstance(t, cl.addrs()).addr, 3)
+			other := newClient(t, startSemInstance(t, cl).addr, 3)
 			key := "reentrant-" + randID()
 			tok := "reentrant-token-" + randID()
 			const ttl = 4000
@@ -110,7 +110,7 @@ func TestReentrantAcrossRestart(t *testing.T) {
 	tok := "restart-token-" + randID()
 	const ttl = 20000
 
-	in1 := startInstance(t, cl.addrs())
+	in1 := startSemInstance(t, cl)
 	first := cl.lockOnAllNodes(t, newClient(t, in1.addr, 2), key, "PX", ttl, "TOKEN", tok)
 	if err := in1.proc.Signal(syscall.SIGTERM); err != nil {
 		t.Fatalf("SIGTERM lockproxy: %v", err)
@@ -119,7 +119,7 @@ func TestReentrantAcrossRestart(t *testing.T) {
 		t.Fatalf("lockproxy after SIGTERM: exit %d, %v\n%s", code, err, in1.proc.Output())
 	}
 
-	in2 := startInstance(t, cl.addrs())
+	in2 := startSemInstance(t, cl)
 	c := newClient(t, in2.addr, 3)
 	other := newClient(t, in2.addr, 2)
 	g := mustLock(t, c, key, "PX", ttl, "TOKEN", tok)

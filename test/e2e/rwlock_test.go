@@ -16,8 +16,8 @@ import (
 func TestRLock(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
-	inA := startInstance(t, cl.addrs())
-	inB := startInstance(t, cl.addrs())
+	inA := startSemInstance(t, cl)
+	inB := startSemInstance(t, cl)
 
 	cases := []struct {
 		name string

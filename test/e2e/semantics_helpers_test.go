@@ -6,7 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -238,13 +238,6 @@ func majorityAbove(xs []int64, min int64) bool {
 	return n >= len(xs)/2+1
 }
 
-// sortedCopy returns xs sorted, for messages.
-func sortedCopy(xs []int64) []int64 {
-	out := append([]int64(nil), xs...)
-	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
-	return out
-}
-
 // checkReadGrant checks the shape of a fresh read grant of a lease of
 // ttlMS. Unlike a write grant's, its fence may be 0: it is the key's
 // current fence, and a key never written has none.
@@ -256,4 +249,20 @@ func checkReadGrant(t *testing.T, what string, g grant, ttlMS int64) {
 	if g.Fence < 0 || g.Token == "" {
 		t.Errorf("%s: fence %d, token %q; want a fence ≥ 0 and a token", what, g.Fence, g.Token)
 	}
+}
+
+// isNoQuorum reports whether err is a -NOQUORUM reply: too few nodes
+// answered within the node timeout, which a loaded test machine can cause.
+func isNoQuorum(err error) bool {
+	return err != nil && strings.HasPrefix(err.Error(), "NOQUORUM")
+}
+
+// startSemInstance starts lockproxy in front of c's nodes with a node
+// timeout of at least 250 ms (the default is TTL × 0.05, from 10 ms): these
+// tests check lock semantics, often with short leases, on a shared loaded
+// machine where a node may take longer than 15 ms to answer, which would
+// make a grant a -NOQUORUM rather than show what the test is about.
+func startSemInstance(t *testing.T, c *cluster) *instance {
+	t.Helper()
+	return startInstanceEnv(t, c.addrs(), []string{"LOCKPROXY_REDLOCK_NODE_TIMEOUT_MIN=250ms"})
 }

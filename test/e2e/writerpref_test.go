@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -22,14 +23,16 @@ func TestWriterPreference(t *testing.T) {
 	t.Parallel()
 	const (
 		readers = 8
-		readTTL = 1000 // ms
+		// A long lease gives the nodes the longest node timeout (250 ms):
+		// the readers unlock long before it ends anyway.
+		readTTL = 5000 // ms
 		// Each reader holds for a random 30–120 ms, so that the readers
 		// fall out of step and the stream has no gap.
 		holdMin, holdMax = 30 * time.Millisecond, 120 * time.Millisecond
 	)
 	cl := startCluster(t, 3)
-	inA := startInstance(t, cl.addrs())
-	inB := startInstance(t, cl.addrs())
+	inA := startSemInstance(t, cl)
+	inB := startSemInstance(t, cl)
 	key := "writer-pref-" + randID()
 
 	base := time.Now()
@@ -39,8 +42,10 @@ func TestWriterPreference(t *testing.T) {
 		grants  []holdRecord // the readers'
 		errs    []string
 		granted atomic.Int64
-		stop    = make(chan struct{})
-		wg      sync.WaitGroup
+		// noQuorum counts the readers' NOQUORUM replies.
+		noQuorum atomic.Int64
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
 	)
 	for i := 0; i < readers; i++ {
 		c := newClient(t, inA.addr, 2+i%2)
@@ -58,7 +63,11 @@ func TestWriterPreference(t *testing.T) {
 				sent := clock()
 				g, ok, err := tryAcquire(ctx, c, "RLOCK", key, "PX", readTTL)
 				enter := clock()
-				if err != nil {
+				if err != nil && isNoQuorum(err) {
+					// A loaded machine's nodes may miss the node timeout;
+					// that reader just tries again.
+					noQuorum.Add(1)
+				} else if err != nil {
 					cancel()
 					mu.Lock()
 					errs = append(errs, "RLOCK: "+err.Error())
@@ -75,9 +84,12 @@ func TestWriterPreference(t *testing.T) {
 				exit := clock()
 				n, err := c.Do(ctx, "UNLOCK", key, g.Token).Int64()
 				cancel()
-				if err != nil || n != 1 {
+				switch {
+				case err != nil && isNoQuorum(err):
+					noQuorum.Add(1) // the lease runs out instead
+				case err != nil || n != 1:
 					mu.Lock()
-					errs = append(errs, "reader UNLOCK: unexpected reply")
+					errs = append(errs, fmt.Sprintf("reader UNLOCK = %d, %v; want 1", n, err))
 					mu.Unlock()
 					return
 				}
@@ -114,7 +126,10 @@ func TestWriterPreference(t *testing.T) {
 	wc := newClient(t, inB.addr, 3)
 	plain, plainGranted := 0, 0
 	for end := time.Now().Add(time.Second); time.Now().Before(end); plain++ {
-		g, ok := lock(t, wc, key, "PX", 2000)
+		g, ok, err := tryAcquire(ctxFor(t, 10*time.Second), wc, "LOCK", key, "PX", 5000)
+		if err != nil && !isNoQuorum(err) {
+			t.Fatalf("plain LOCK while readers stream: %v", err)
+		}
 		if ok {
 			plainGranted++
 			unlock(t, wc, key, g.Token)
@@ -187,6 +202,9 @@ wait:
 		t.Errorf("no reader was granted within 5 s of the writer's UNLOCK")
 	}
 	stopReaders()
+	if n := noQuorum.Load(); n > 0 {
+		t.Logf("the readers got %d NOQUORUM replies (nodes slower than the node timeout)", n)
+	}
 	for _, e := range errs {
 		t.Error(e)
 	}
