@@ -23,6 +23,7 @@ func TestRLock(t *testing.T) {
 		name string
 		run  func(t *testing.T, a, b doer, key string)
 	}{
+		{"writer waiting", func(t *testing.T, a, b doer, key string) { rlockWriterWaiting(t, a, b, key, cl) }},
 		{"shared readers", rlockShared},
 		{"short reader expires first", func(t *testing.T, a, b doer, key string) { rlockOwnLeases(t, a, b, key, true) }},
 		{"long reader first", func(t *testing.T, a, b doer, key string) { rlockOwnLeases(t, a, b, key, false) }},
@@ -270,4 +271,199 @@ func rlockReentrantRenew(t *testing.T, a, b doer, key string) {
 		t.Fatalf("second UNLOCK of the reader = %d; want 1", got)
 	}
 	mustLock(t, a, key, "PX", 5000)
+}
+
+// rlockWriterWaiting: while a writer waits with WAIT (its mark on the
+// nodes), a reader that already holds may take another hold, a new reader
+// is refused; the writer gets the lock once the holder's holds are gone.
+func rlockWriterWaiting(t *testing.T, a, b doer, key string, cl *cluster) {
+	tok := "holding-reader-" + randID()
+	mustRLock(t, a, key, "PX", 8000, "TOKEN", tok)
+	type result struct {
+		g   grant
+		ok  bool
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		g, ok, err := tryAcquire(ctxFor(t, 30*time.Second), b, "LOCK", key, "PX", 5000, "WAIT", 15000)
+		res <- result{g, ok, err}
+	}()
+	if err := eventually(200, 25*time.Millisecond, func() error {
+		if n := cl.markedNodes(t, key); n <= len(cl.nodes)/2 {
+			return fmt.Errorf("the waiting writer's mark is on %d of %d nodes; want a majority", n, len(cl.nodes))
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	g := mustRLock(t, a, key, "PX", 8000, "TOKEN", tok)
+	checkReadGrant(t, "RLOCK by a holding reader while a writer waits", g, 8000)
+	refused(t, a, "RLOCK", key, "PX", 8000)
+	refused(t, b, "RLOCK", key, "PX", 8000, "TOKEN", "new-reader-"+randID())
+	for i := 0; i < 2; i++ {
+		select {
+		case r := <-res:
+			t.Fatalf("the writer answered %+v, %v, %v while the reader still held %d holds", r.g, r.ok, r.err, 2-i)
+		default:
+		}
+		if got := unlock(t, a, key, tok); got != 1 {
+			t.Fatalf("UNLOCK of the reader = %d; want 1", got)
+		}
+	}
+	select {
+	case r := <-res:
+		if r.err != nil || !r.ok {
+			t.Fatalf("the waiting writer = %+v, %v, %v; want a grant", r.g, r.ok, r.err)
+		}
+		unlock(t, b, key, r.g.Token)
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the waiting writer was not granted within 20 s of the reader's last UNLOCK")
+	}
+	mustRLock(t, a, key, "PX", 5000)
+}
+
+// TestRLockQueueReadersTogether: on one instance, waiters queued R1, R2
+// (RLOCK), W (LOCK), R3 (RLOCK) behind a writer are served in that order,
+// with R1 and R2 holding together, and R3 only after W.
+func TestRLockQueueReadersTogether(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	in := startSemInstance(t, cl)
+	c := newClient(t, in.addr, 2)
+	key := "rw-queue-" + randID()
+	first := mustLock(t, c, key, "PX", 20000)
+
+	type event struct {
+		who string
+		g   grant
+		err error
+	}
+	events := make(chan event, 4)
+	order := []struct{ who, cmd string }{{"R1", "RLOCK"}, {"R2", "RLOCK"}, {"W", "LOCK"}, {"R3", "RLOCK"}}
+	conns := map[string]*rawConn{}
+	for i, o := range order {
+		rc := dialRaw(t, in.addr)
+		conns[o.who] = rc
+		rc.write(encode(o.cmd, key, "PX", "8000", "WAIT", "30000"))
+		go func() {
+			_ = rc.c.SetReadDeadline(time.Now().Add(45 * time.Second))
+			r, err := readReply(rc.br, 0)
+			if err != nil {
+				events <- event{who: o.who, err: err}
+				return
+			}
+			g, err := parseGrant(toAny(r))
+			events <- event{o.who, g, err}
+		}()
+		waitWaitersInfo(t, c, key, int64(i+1))
+	}
+	next := func(what string) event {
+		t.Helper()
+		select {
+		case e := <-events:
+			if e.err != nil {
+				t.Fatalf("%s: %v", e.who, e.err)
+			}
+			return e
+		case <-time.After(30 * time.Second):
+			t.Fatalf("no grant within 30 s; want %s", what)
+		}
+		return event{}
+	}
+	if got := unlock(t, c, key, first.Token); got != 1 {
+		t.Fatalf("UNLOCK of the first writer = %d; want 1", got)
+	}
+	e1, e2 := next("R1 and R2"), next("R1 and R2")
+	if got := []string{e1.who, e2.who}; !(got[0] == "R1" && got[1] == "R2" || got[0] == "R2" && got[1] == "R1") {
+		t.Fatalf("first two grants went to %v; want R1 and R2", got)
+	}
+	li := mustLockInfo(t, c, key, "")
+	if li.Mode != "read" || len(li.Holders) != 2 || li.Waiters != 2 {
+		t.Errorf("LOCKINFO with R1 and R2 granted = %+v; want mode read, 2 holders, 2 waiters (W, R3)", li)
+	}
+	select {
+	case e := <-events:
+		t.Fatalf("%s granted while R1 and R2 hold; want W next, after they unlock", e.who)
+	case <-time.After(300 * time.Millisecond):
+	}
+	for _, e := range []event{e1, e2} {
+		if r := conns[e.who].do("UNLOCK", key, e.g.Token); r.Kind != ':' || r.Int != 1 {
+			t.Fatalf("UNLOCK by %s = %v; want :1", e.who, r)
+		}
+	}
+	w := next("W")
+	if w.who != "W" {
+		t.Fatalf("after the readers, %s was granted; want W (first come, first served)", w.who)
+	}
+	select {
+	case e := <-events:
+		t.Fatalf("%s granted while W holds", e.who)
+	case <-time.After(200 * time.Millisecond):
+	}
+	if r := conns["W"].do("UNLOCK", key, w.g.Token); r.Kind != ':' || r.Int != 1 {
+		t.Fatalf("UNLOCK by W = %v; want :1", r)
+	}
+	if r3 := next("R3"); r3.who != "R3" || r3.g.Fence < w.g.Fence {
+		t.Errorf("last grant: %s with fence %d; want R3 with a fence ≥ W's %d", r3.who, r3.g.Fence, w.g.Fence)
+	}
+}
+
+// waitWaitersInfo polls LOCKINFO until it shows want waiters, for at most
+// 10 s.
+func waitWaitersInfo(t *testing.T, c doer, key string, want int64) {
+	t.Helper()
+	var li lockInfo
+	err := eventually(400, 25*time.Millisecond, func() error {
+		li = mustLockInfo(t, c, key, "")
+		if li.Waiters != want {
+			return fmt.Errorf("LOCKINFO %q = %+v; want %d waiters", key, li, want)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestRLockKeepalive: RLOCK takes KEEPALIVE like LOCK: the read lock lives
+// past several leases while its connection keeps talking, next to another
+// reader, and is released when the connection closes.
+func TestRLockKeepalive(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	in := startSemInstance(t, cl)
+	c := newClient(t, in.addr, 3)
+	key := "rw-keepalive-" + randID()
+	const ttl = 600
+
+	rc := dialRaw(t, in.addr)
+	r := rc.do("RLOCK", key, "PX", fmt.Sprint(ttl), "KEEPALIVE")
+	tok := r.pairs()["token"].Str
+	if tok == "" {
+		t.Fatalf("RLOCK KEEPALIVE = %v; want a grant", r)
+	}
+	other := mustRLock(t, c, key, "PX", 20000)
+	for end := time.Now().Add(4 * ttl * time.Millisecond); time.Now().Before(end); {
+		if p := rc.do("PING"); p.Str != "PONG" {
+			t.Fatalf("PING = %v", p)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	li := mustLockInfo(t, c, key, tok)
+	if h, ok := li.holder(tok); li.Mode != "read" || len(li.Holders) != 2 || !ok || h.TTLMS <= 0 || h.TTLMS > ttl {
+		t.Fatalf("LOCKINFO after 4 leases of PINGs = %+v; want the keepalive reader %q (ttl_ms in (0, %d]) and another", li, tok, ttl)
+	}
+	_ = rc.c.Close()
+	if err := eventually(200, 25*time.Millisecond, func() error {
+		if li := mustLockInfo(t, c, key, tok); len(li.Holders) != 1 || li.Holders[0].Token != hiddenToken(other.Token) {
+			return fmt.Errorf("LOCKINFO after the keepalive reader's connection closed = %+v; want the other reader alone", li)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	refused(t, c, "LOCK", key, "PX", 5000)
+	unlock(t, c, key, other.Token)
+	mustLock(t, c, key, "PX", 5000)
 }
