@@ -25,6 +25,7 @@ func TestRLock(t *testing.T) {
 	}{
 		{"writer waiting", func(t *testing.T, a, b doer, key string) { rlockWriterWaiting(t, a, b, key, cl) }},
 		{"shared readers", rlockShared},
+		{"longest reader leaves first", rlockLongestLeaves},
 		{"short reader expires first", func(t *testing.T, a, b doer, key string) { rlockOwnLeases(t, a, b, key, true) }},
 		{"long reader first", func(t *testing.T, a, b doer, key string) { rlockOwnLeases(t, a, b, key, false) }},
 		{"writer excludes readers", rlockWriterExcludes},
@@ -466,4 +467,41 @@ func TestRLockKeepalive(t *testing.T) {
 	refused(t, c, "LOCK", key, "PX", 5000)
 	unlock(t, c, key, other.Token)
 	mustLock(t, c, key, "PX", 5000)
+}
+
+// rlockLongestLeaves: the lock key lives as long as the longest reader
+// lease; when that reader leaves (UNLOCK, or a RENEW to a shorter lease),
+// the lock is free once the remaining readers' leases end, not at the
+// departed reader's.
+func rlockLongestLeaves(t *testing.T, a, b doer, key string) {
+	short, long := "short-"+randID(), "long-"+randID()
+	mustRLock(t, a, key, "PX", 800, "TOKEN", short)
+	mustRLock(t, a, key, "PX", 15000, "TOKEN", long)
+	if got := unlock(t, b, key, long); got != 1 {
+		t.Fatalf("UNLOCK of the long reader = %d; want 1", got)
+	}
+	// Free within the short lease (plus slack), long before 15 s.
+	if err := eventually(100, 50*time.Millisecond, func() error {
+		if _, ok, err := tryAcquire(ctxFor(t, 10*time.Second), b, "LOCK", key, "PX", 5000, "TOKEN", "writer-after-readers"); err != nil || !ok {
+			return fmt.Errorf("LOCK after the short reader's lease = %v, %v; want a grant", ok, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	unlock(t, b, key, "writer-after-readers")
+
+	// RENEW to a shorter lease shortens the lock too.
+	mustRLock(t, a, key, "PX", 15000, "TOKEN", long)
+	if v := intCmd(t, a, "RENEW", key, long, "PX", 500); v <= 0 {
+		t.Fatalf("RENEW PX 500 of the reader = %d; want > 0", v)
+	}
+	if err := eventually(100, 50*time.Millisecond, func() error {
+		if _, ok, err := tryAcquire(ctxFor(t, 10*time.Second), b, "LOCK", key, "PX", 5000); err != nil || !ok {
+			return fmt.Errorf("LOCK after the reader renewed to 500 ms = %v, %v; want a grant", ok, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
