@@ -233,3 +233,89 @@ func takeAndRelease(c net.Conn, key string, deadline time.Time, grants *atomic.I
 	}
 	return nil
 }
+
+// TestPerGrantWaiterDoesNotSpinOnRollbacks: a waiter's failed attempts
+// must not feed themselves. The holder's grant missed node 0 (a key set
+// there by hand while it locked, removed after), which RedLock allows. A
+// waiter's attempt is then granted by node 0 and refused by the others,
+// and rolled back on node 0. The waiter should try again on a release or
+// on its jittered retry timer (20–200 ms), so in 2 s at most about 100
+// attempts of 3 acquires and 1 roll-back each.
+//
+// This fails on the current implementation: the roll-back on node 0 is
+// announced on the release channel like a real release, the waiter's own
+// instance hears it and wakes the waiter at once, which tries again, is
+// rolled back again, and so on: measured 26,304 EVALSHA and 6,576 PUBLISH
+// in 2 s for one LOCK … WAIT 2000 (about 3,300 attempts a second, as long
+// as the lock is held).
+func TestPerGrantWaiterDoesNotSpinOnRollbacks(t *testing.T) {
+	t.Parallel()
+	const waitMS = 2000
+	// At most one attempt per retry_min (20 ms), 3 acquires and 1
+	// roll-back each, and as much again for slack.
+	const limit = 2 * (waitMS / 20) * 4
+	cases := []struct {
+		cmd string
+		// missNode0 makes the holder's grant miss node 0; without it the
+		// holder is on every node (the control: every attempt is refused
+		// everywhere, nothing is rolled back).
+		missNode0 bool
+	}{
+		{"LOCK", false},
+		{"LOCK", true},
+		{"RLOCK", true},
+	}
+	for _, tc := range cases {
+		cmd := tc.cmd
+		name := cmd + "/holder on every node"
+		if tc.missNode0 {
+			name = cmd + "/holder missed node 0"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			cl := startCluster(t, 3)
+			in := startSemInstance(t, cl)
+			c := newClient(t, in.addr, 2)
+			key := "spin-" + randID()
+			lockKey := keyPrefix + "lock:" + key
+			if !tc.missNode0 {
+				h := cl.lockOnAllNodes(t, c, key, "PX", 30000)
+				countWaiterCalls(t, cl, c, cmd, key, waitMS, limit)
+				unlock(t, c, key, h.Token)
+				return
+			}
+			if err := cl.clients[0].Set(ctxFor(t, 5*time.Second), lockKey, "blocker", 10*time.Second).Err(); err != nil {
+				t.Fatalf("node 0: SET blocker: %v", err)
+			}
+			h := mustLock(t, c, key, "PX", 30000)
+			if n := cl.holders(t, key, h.Token); n != 2 {
+				t.Fatalf("the holder is on %d nodes; want nodes 1 and 2", n)
+			}
+			if err := cl.clients[0].Del(ctxFor(t, 5*time.Second), lockKey).Err(); err != nil {
+				t.Fatalf("node 0: DEL blocker: %v", err)
+			}
+			countWaiterCalls(t, cl, c, cmd, key, waitMS, limit)
+			if got := unlock(t, c, key, h.Token); got != 1 {
+				t.Errorf("UNLOCK by the holder = %d; want 1", got)
+			}
+		})
+	}
+}
+
+// countWaiterCalls runs one cmd … WAIT waitMS on key, which must stay
+// held, and checks the EVALSHA calls it cost the nodes against limit.
+func countWaiterCalls(t *testing.T, cl *cluster, c doer, cmd, key string, waitMS, limit int64) {
+	t.Helper()
+
+	before := nodeCommandCalls(t, cl)
+	if _, ok, err := tryAcquire(ctxFor(t, 20*time.Second), c, cmd, key, "PX", 5000, "WAIT", waitMS); err != nil || ok {
+		t.Fatalf("%s … WAIT %d while held = %v, %v; want nil", cmd, waitMS, ok, err)
+	}
+	after := nodeCommandCalls(t, cl)
+	evalsha, publish := after["evalsha"]-before["evalsha"], after["publish"]-before["publish"]
+	t.Logf("%s … WAIT %d on a held key: %d EVALSHA, %d PUBLISH on the nodes", cmd, waitMS, evalsha, publish)
+	if evalsha > limit {
+		t.Errorf("%d EVALSHA on the nodes during one %s … WAIT %d; want ≤ %d (attempts paced by releases and the retry timer, not by the waiter's own roll-backs)",
+			evalsha, cmd, waitMS, limit)
+	}
+}
