@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"fmt"
 	"syscall"
 	"testing"
 	"time"
@@ -224,4 +225,46 @@ func TestReentrantKeepsFenceWhenANodeMissedTheFirstHold(t *testing.T) {
 	if next.Fence <= max(first.Fence, again.Fence) {
 		t.Errorf("next holder's fence %d; want > %d", next.Fence, max(first.Fence, again.Fence))
 	}
+}
+
+// TestReentrantKeepalive: the watchdog of a KEEPALIVE lock counts holds:
+// after one UNLOCK of two it keeps renewing the last hold while the
+// connection talks, and the connection's close releases it.
+func TestReentrantKeepalive(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	in := startSemInstance(t, cl)
+	c := newClient(t, in.addr, 3)
+	key := "reentrant-keepalive-" + randID()
+	tok := "ka-" + randID()
+	const ttl = 600
+
+	rc := dialRaw(t, in.addr)
+	for i := 0; i < 2; i++ {
+		rawGrant(t, rc, key, "PX", fmt.Sprint(ttl), "KEEPALIVE", "TOKEN", tok)
+	}
+	if r := rc.do("UNLOCK", key, tok); r.Kind != ':' || r.Int != 1 {
+		t.Fatalf("first UNLOCK = %v; want :1", r)
+	}
+	for end := time.Now().Add(4 * ttl * time.Millisecond); time.Now().Before(end); {
+		if p := rc.do("PING"); p.Str != "PONG" {
+			t.Fatalf("PING = %v", p)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	li, held := lockInfoOf(t, c, key, tok)
+	if !held || len(li.Holders) != 1 || li.Holders[0].Holds != 1 {
+		t.Fatalf("LOCKINFO four leases after one UNLOCK of two keepalive holds = %+v (held %v); want the last hold kept alive", li, held)
+	}
+	refused(t, c, "LOCK", key, "PX", 5000)
+	_ = rc.c.Close()
+	if err := eventually(200, 25*time.Millisecond, func() error {
+		if li, held := lockInfoOf(t, c, key, ""); held {
+			return fmt.Errorf("LOCKINFO after the holder's connection closed = %+v; want nil", li)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mustLock(t, c, key, "PX", 5000)
 }
