@@ -124,7 +124,13 @@ func TestCommandsPerGrant(t *testing.T) {
 		limit float64
 	}{
 		{"50 waiters on one instance", []*instance{inA}, 4},
-		{"50 waiters over two instances", []*instance{inA, inB}, 10},
+		// Loose: each instance's head tries on every release, and the
+		// roll-backs of split attempts are announced like releases and
+		// wake the heads again (TestPerGrantWaiterDoesNotSpinOnRollbacks),
+		// which has measured 3.4 to 12.4 here depending on the machine's
+		// load. A herd (all 50 waiters trying on every release) would be
+		// over 50.
+		{"50 waiters over two instances", []*instance{inA, inB}, 40},
 	}
 	for _, tc := range contended {
 		const waiters = 50
