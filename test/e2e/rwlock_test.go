@@ -184,16 +184,30 @@ func rlockDowngrade(t *testing.T, a, b doer, key string) {
 	}
 	refused(t, a, "RLOCK", key, "PX", 5000)
 	refused(t, b, "LOCK", key, "PX", 5000)
+	// A reader waits meanwhile; giving back the write hold lets it in.
+	waiting := make(chan error, 1)
+	var other grant
+	go func() {
+		g, ok, err := tryAcquire(ctxFor(t, 30*time.Second), b, "RLOCK", key, "PX", 5000, "WAIT", 15000)
+		if err == nil && !ok {
+			err = fmt.Errorf("RLOCK … WAIT 15000 = nil")
+		}
+		other = g
+		waiting <- err
+	}()
+	waitWaitersInfo(t, b, key, 1)
 
 	if got := unlock(t, a, key, tok); got != 1 {
 		t.Fatalf("first UNLOCK after the downgrade = %d; want 1", got)
 	}
+	if err := <-waiting; err != nil {
+		t.Fatalf("the reader waiting while the write hold was given back: %v; want a grant", err)
+	}
 	li := mustLockInfo(t, b, key, tok)
-	if h, ok := li.holder(tok); li.Mode != "read" || len(li.Holders) != 1 || !ok || h.Holds != 1 {
-		t.Errorf("LOCKINFO after giving back the write hold = %+v; want mode read, holder %q with 1 hold", li, tok)
+	if h, ok := li.holder(tok); li.Mode != "read" || len(li.Holders) != 2 || !ok || h.Holds != 1 {
+		t.Errorf("LOCKINFO after giving back the write hold = %+v; want mode read, holder %q with 1 hold and the other reader", li, tok)
 	}
 	refused(t, b, "LOCK", key, "PX", 5000)
-	other := mustRLock(t, b, key, "PX", 5000)
 	if got := unlock(t, b, key, tok); got != 1 {
 		t.Fatalf("second UNLOCK after the downgrade = %d; want 1", got)
 	}
