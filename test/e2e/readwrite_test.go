@@ -115,7 +115,8 @@ func TestReadWriteCheckerNegativeControl(t *testing.T) {
 
 // TestReadWriteAcceptance: 10 readers and 5 writers, goroutines of this
 // test, on two lockproxy instances sharing three nodes, loop RLOCK/LOCK …
-// WAIT, hold briefly, UNLOCK, until a few thousand grants or 15 s (the cap keeps the new tests within 60 s on a heavily loaded machine).
+// WAIT, hold briefly, UNLOCK, until a few thousand grants or 15 s (the cap
+// keeps the new tests within 60 s on a heavily loaded machine).
 func TestReadWriteAcceptance(t *testing.T) {
 	t.Parallel()
 	const (
@@ -123,8 +124,8 @@ func TestReadWriteAcceptance(t *testing.T) {
 		writers     = 5
 		targetTotal = 3000
 		runFor      = 15 * time.Second
-		// The longest node timeout (TTL × 0.05, at most 250 ms), for a
-		// loaded machine; holders unlock long before the lease ends.
+		// A lease that a loaded machine's delays do not eat into; the
+		// holders unlock long before it ends.
 		ttlMS  = 5000
 		waitMS = 3000
 	)
