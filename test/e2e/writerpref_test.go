@@ -23,8 +23,8 @@ func TestWriterPreference(t *testing.T) {
 	t.Parallel()
 	const (
 		readers = 8
-		// A long lease gives the nodes the longest node timeout (250 ms):
-		// the readers unlock long before it ends anyway.
+		// A lease that a loaded machine's delays do not eat into: the
+		// readers unlock long before it ends anyway.
 		readTTL = 5000 // ms
 		// Each reader holds for a random 30–120 ms, so that the readers
 		// fall out of step and the stream has no gap.
