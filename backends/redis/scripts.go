@@ -144,19 +144,22 @@ return 0
 `
 
 // releaseScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
-// release channel, ARGV[3] readMarker, ARGV[4] which holds: ” any (write
-// holds first), 'w' write only, 'r' read only (the roll-back of a failed
-// attempt takes only the kind of hold the attempt could have added).
-// Removes one hold of the token. Only an UNLOCK ('') announces: a
-// roll-back undoes a grant on a minority of nodes, which frees nothing for
-// anyone, and announcing it would wake the waiter whose own attempt it
-// rolls back (a waiter then spins while the holder holds). When the key becomes free for someone else (the last
-// write hold, the last reader) it is announced on the channel in the same
-// call, so that waiters on every lockproxy instance learn of it without a
-// round trip of their own. An expiry is not announced: waiters find it by
-// their retry. The announcement is a pcall: a node user whose ACL denies
-// the channel still releases, and waiters fall back to their retry.
-// Returns 1 when a hold was released, 0 when the token held none.
+// release channel, ARGV[3] readMarker, ARGV[4] which holds: empty for any
+// (write holds first), 'w' write only, 'r' read only (the roll-back of a
+// failed attempt takes only the kind of hold the attempt could have
+// added). Removes one hold of the token; returns 1 when a hold was
+// released, 0 when the token held none.
+//
+// An UNLOCK (empty ARGV[4]) that makes the key free for someone else (the
+// last write hold, the last reader) announces it on the channel in the
+// same call, so that waiters on every lockproxy instance learn of it
+// without a round trip of their own. A roll-back announces nothing: it
+// undoes a grant on a minority of nodes, which frees nothing for anyone,
+// and announcing it would wake the waiter whose own attempt it rolls back
+// (which then spins while the holder holds). An expiry is not announced:
+// waiters find it by their retry. The announcement is a pcall: a node user
+// whose ACL denies the channel still releases, and waiters fall back to
+// their retry.
 const releaseScript = `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
