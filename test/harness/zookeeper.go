@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -304,4 +305,113 @@ func (z *ZooKeeper) Output() string {
 		return c.out.String()
 	}
 	return ""
+}
+
+// Link is a byte-transparent TCP proxy on a free loopback port in front of
+// one server, whose traffic can be cut (both directions dropped, the
+// connections left open, as a partition that drops packets does) and
+// healed. test/faultproxy speaks RESP on the way to the server, which
+// ZooKeeper's protocol is not.
+type Link struct {
+	ln       net.Listener
+	upstream string
+	cut      atomic.Bool
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{}
+	wg    sync.WaitGroup
+}
+
+// StartLink starts a Link to upstream and registers its Close.
+func StartLink(t testing.TB, upstream string) *Link {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("harness: link: %v", err)
+	}
+	l := &Link{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}}
+	l.wg.Add(1)
+	go l.accept()
+	t.Cleanup(l.Close)
+	return l
+}
+
+// Addr is the address clients dial instead of the server's.
+func (l *Link) Addr() string { return l.ln.Addr().String() }
+
+// Cut drops every byte from now on, both ways, on open and new connections.
+func (l *Link) Cut() { l.cut.Store(true) }
+
+// Heal closes the connections that lost bytes (their streams have a hole)
+// and lets bytes through again.
+func (l *Link) Heal() {
+	l.mu.Lock()
+	for c := range l.conns {
+		_ = c.Close()
+	}
+	l.mu.Unlock()
+	l.cut.Store(false)
+}
+
+// Close stops the link and waits for its goroutines.
+func (l *Link) Close() {
+	_ = l.ln.Close()
+	l.mu.Lock()
+	for c := range l.conns {
+		_ = c.Close()
+	}
+	l.mu.Unlock()
+	l.wg.Wait()
+}
+
+func (l *Link) track(c net.Conn) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.conns[c] = struct{}{}
+	return true
+}
+
+func (l *Link) accept() {
+	defer l.wg.Done()
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			return
+		}
+		s, err := net.DialTimeout("tcp", l.upstream, 2*time.Second)
+		if err != nil {
+			_ = c.Close()
+			continue
+		}
+		l.track(c)
+		l.track(s)
+		l.wg.Add(2)
+		go l.pipe(c, s)
+		go l.pipe(s, c)
+	}
+}
+
+// pipe copies src to dst until either ends, dropping bytes while cut.
+func (l *Link) pipe(src, dst net.Conn) {
+	defer l.wg.Done()
+	defer func() {
+		_ = src.Close()
+		_ = dst.Close()
+		l.mu.Lock()
+		delete(l.conns, src)
+		delete(l.conns, dst)
+		l.mu.Unlock()
+	}()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !l.cut.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
