@@ -53,7 +53,7 @@ type Backend struct {
 	// connected is true while the session is established on a server.
 	connected atomic.Bool
 	// wakeups counts watches fired for waiting Lock calls.
-	wakeups atomic.Int64
+	wakeups    atomic.Int64
 	hadSession chan struct{} // closed on the first session
 	hadOnce    sync.Once
 

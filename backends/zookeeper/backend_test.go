@@ -504,4 +504,3 @@ func TestEnsembleOneServerDown(t *testing.T) {
 	waitFor(t, "sessions back", func() bool { return a.connected.Load() && b.connected.Load() })
 	round("one down", 50)
 }
-
