@@ -59,8 +59,9 @@ type Backend struct {
 
 	mu      sync.Mutex
 	owned   map[string]*ownedNode // path → a granted node this instance created
-	waiters map[string]int        // key → Lock calls waiting here
-	expired chan struct{}         // closed (and replaced) when the session expires
+	byToken map[heldKey]*ownedNode
+	waiters map[string]int // key → Lock calls waiting here
+	expired chan struct{}  // closed (and replaced) when the session expires
 	closed  bool
 	timers  sync.WaitGroup // lease timers armed or running
 }
@@ -68,11 +69,13 @@ type Backend struct {
 // ownedNode is a granted lock node this instance created, whose lease it
 // enforces. Fields other than path and key are guarded by Backend.mu.
 type ownedNode struct {
-	path, key string
-	version   int32 // of the data, as last written or read here
-	ttl       time.Duration
-	timer     *time.Timer
-	gen       int // bumped on each re-arm, so a stale timer does nothing
+	path, key, token string
+	czxid            int64
+	data             lockData // as last written or read here
+	version          int32    // of data
+	ttl              time.Duration
+	timer            *time.Timer
+	gen              int // bumped on each re-arm, so a stale timer does nothing
 }
 
 // Errors.
@@ -144,6 +147,7 @@ func New(cfg Config) (*Backend, error) {
 		acl:        zk.WorldACL(zk.PermAll),
 		hadSession: make(chan struct{}),
 		owned:      map[string]*ownedNode{},
+		byToken:    map[heldKey]*ownedNode{},
 		waiters:    map[string]int{},
 		expired:    make(chan struct{}),
 	}
@@ -228,9 +232,8 @@ func (b *Backend) sessionExpired() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := len(b.owned)
-	for p, o := range b.owned {
-		b.disarmLocked(o)
-		delete(b.owned, p)
+	for _, o := range b.owned {
+		b.forgetLocked(o)
 	}
 	close(b.expired)
 	b.expired = make(chan struct{})

@@ -213,6 +213,28 @@ func TestReentrancyAcrossInstances(t *testing.T) {
 	if l.Fence <= l1.Fence {
 		t.Errorf("fence after release %d; want > %d", l.Fence, l1.Fence)
 	}
+	unlock(t, b, "r", "U")
+
+	// Released through the other instance: the creator's cached copy is
+	// stale, and neither a new LOCK nor an UNLOCK through it is fooled.
+	l4 := mustLock(t, a, "r", "T", 5*time.Second, backends.Write)
+	if !unlock(t, b, "r", "T") {
+		t.Fatal("UNLOCK through the other instance = false")
+	}
+	if unlock(t, a, "r", "T") {
+		t.Error("UNLOCK through the creator after the release = true")
+	}
+	l5 := mustLock(t, a, "r", "T", 5*time.Second, backends.Write)
+	if l5.Holds != 1 || l5.Fence <= l4.Fence {
+		t.Errorf("LOCK after the release through the other instance = %+v; want a first grant with a fence > %d", l5, l4.Fence)
+	}
+	if !unlock(t, b, "r", "T") {
+		t.Fatal("UNLOCK through the other instance = false")
+	}
+	l6 := mustLock(t, a, "r", "T", 5*time.Second, backends.Write)
+	if l6.Holds != 1 || l6.Fence <= l5.Fence {
+		t.Errorf("LOCK (reentrant path) after a release elsewhere = %+v; want a first grant", l6)
+	}
 }
 
 // TestReadWrite: readers share, writers exclude, a waiting writer blocks

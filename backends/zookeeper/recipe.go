@@ -74,18 +74,43 @@ func (b *Backend) get(ctx context.Context, path string) (got, bool, error) {
 	return r, true, nil
 }
 
+// heldKey names a token's hold on a key.
+type heldKey struct{ key, token string }
+
+// cached returns the granted node token holds on key that this instance
+// created, as last written or read here: reenter, Unlock and Renew then
+// need no lookup, and a stale copy only costs a version conflict.
+func (b *Backend) cached(key, token string) (node, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	o := b.byToken[heldKey{key, token}]
+	if o == nil {
+		return node{}, false
+	}
+	return node{path: o.path, data: o.data, stat: &zk.Stat{Version: o.version, Czxid: o.czxid}}, true
+}
+
 // findToken finds the node token holds on key (a write node before a read
 // node); ok is false when it holds none. Only granted nodes count.
 func (b *Backend) findToken(ctx context.Context, key, token string) (node, bool, error) {
+	if n, ok := b.cached(key, token); ok {
+		return n, true, nil
+	}
 	dir := keyDir(b.cfg.Root, key)
 	kids, err := b.children(ctx, dir)
 	if err != nil {
 		return node{}, false, err
 	}
+	return b.heldBy(ctx, dir, kids, token, "")
+}
+
+// heldBy finds among kids the granted node of token (a write node before
+// a read node), other than the one named skip.
+func (b *Backend) heldBy(ctx context.Context, dir string, kids []child, token, skip string) (node, bool, error) {
 	h := tokenHash(token)
 	var found []node
 	for i, c := range kids {
-		if c.hash != h {
+		if c.hash != h || c.name == skip {
 			continue
 		}
 		p := dir + "/" + c.name
@@ -155,11 +180,7 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	deadline := start.Add(req.Wait)
 	dir := keyDir(b.cfg.Root, req.Key)
 
-	held, ok, err := b.findToken(ctx, req.Key, req.Token)
-	if err != nil {
-		return backends.Lease{}, err
-	}
-	if ok {
+	if held, ok := b.cached(req.Key, req.Token); ok {
 		return b.reenter(ctx, held, req, start)
 	}
 
@@ -194,6 +215,7 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			b.abandon(path)
 		}
 	}()
+	first := true
 	for {
 		t0 := time.Now()
 		kids, err := b.children(ctx, dir)
@@ -211,6 +233,19 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			// The session expired, or an UNLOCK with this token through
 			// another instance took the node while it waited.
 			return backends.Lease{}, noQuorum("lock node lost", errNodeGone)
+		}
+		if first {
+			// The node is made before looking, which saves a round trip
+			// on every first grant; a token that already holds the key
+			// through another instance reenters (and this node goes).
+			first = false
+			held, ok, err := b.heldBy(ctx, dir, kids, req.Token, name)
+			if err != nil {
+				return backends.Lease{}, err
+			}
+			if ok {
+				return b.reenter(ctx, held, req, start)
+			}
 		}
 		bl, err := b.blocker(ctx, dir, node{idx: idx, data: want, kids: kids})
 		if err != nil {
@@ -347,13 +382,15 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	if v <= 0 {
 		return backends.Lease{}, backends.ErrNotAcquired
 	}
-	o := &ownedNode{path: path, key: req.Key, version: g.stat.Version, ttl: req.TTL}
+	o := &ownedNode{path: path, key: req.Key, token: req.Token, czxid: g.stat.Czxid, data: g.data,
+		version: g.stat.Version, ttl: req.TTL}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		return backends.Lease{}, errClosed
 	}
 	b.owned[path] = o
+	b.byToken[heldKey{req.Key, req.Token}] = o
 	b.armLocked(o, req.TTL-time.Since(t0))
 	b.mu.Unlock()
 	return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(g.stat.Czxid), Holds: 1}, nil
@@ -377,7 +414,7 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
 		switch {
 		case err == nil:
-			b.noteWrite(n.path, st.Version, req.TTL, t0)
+			b.written(n.path, d, st.Version, t0, true)
 			v := b.validity(req.TTL, t0)
 			holds := d.write
 			if req.Mode == backends.Read {
@@ -390,11 +427,14 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 				return backends.Lease{}, err
 			}
 			if !ok {
+				b.forget(n.path)
 				return b.Lock(ctx, req)
 			}
 			n.data, n.stat = g.data, g.stat
 		case errors.Is(err, zk.ErrNoNode):
-			// Released meanwhile: take it the usual way.
+			// Released meanwhile (its lease ended, or an UNLOCK through
+			// another instance): take it the usual way.
+			b.forget(n.path)
 			return b.Lock(ctx, req)
 		default:
 			return backends.Lease{}, zkErr("set", err)
@@ -403,19 +443,22 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 	return backends.Lease{}, errUnhandled
 }
 
-// noteWrite records a data change this instance made to path and, when it
-// owns the node, restarts the lease from t0.
-func (b *Backend) noteWrite(path string, version int32, ttl time.Duration, t0 time.Time) {
+// written records a data change this instance made to path (when it owns
+// the node) and, with rearm, restarts the lease from t0.
+func (b *Backend) written(path string, d lockData, version int32, t0 time.Time, rearm bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	o := b.owned[path]
 	if o == nil {
 		return
 	}
-	o.version, o.ttl = version, ttl
-	b.disarmLocked(o)
-	if !b.closed {
-		b.armLocked(o, ttl-time.Since(t0))
+	o.data, o.version = d, version
+	if rearm {
+		o.ttl = d.ttl
+		b.disarmLocked(o)
+		if !b.closed {
+			b.armLocked(o, d.ttl-time.Since(t0))
+		}
 	}
 }
 
@@ -449,11 +492,7 @@ func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
 			var st *zk.Stat
 			st, err = call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
 			if err == nil {
-				b.mu.Lock()
-				if o := b.owned[n.path]; o != nil {
-					o.version = st.Version
-				}
-				b.mu.Unlock()
+				b.written(n.path, d, st.Version, time.Time{}, false)
 				return true, nil
 			}
 		}
@@ -494,7 +533,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
 		switch {
 		case err == nil:
-			b.noteWrite(n.path, st.Version, ttl, t0)
+			b.written(n.path, d, st.Version, t0, true)
 			// A renewal that leaves no validity still renewed: report the
 			// least positive validity rather than "not held".
 			return max(b.validity(ttl, t0), time.Millisecond), nil
@@ -576,8 +615,18 @@ func (b *Backend) forget(path string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if o := b.owned[path]; o != nil {
-		b.disarmLocked(o)
-		delete(b.owned, path)
+		b.forgetLocked(o)
+	}
+}
+
+// forgetLocked drops o; b.mu is held.
+func (b *Backend) forgetLocked(o *ownedNode) {
+	b.disarmLocked(o)
+	if b.owned[o.path] == o {
+		delete(b.owned, o.path)
+	}
+	if k := (heldKey{o.key, o.token}); b.byToken[k] == o {
+		delete(b.byToken, k)
 	}
 }
 
@@ -621,7 +670,7 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 	case err == nil, errors.Is(err, zk.ErrNoNode):
 		b.mu.Lock()
 		if b.owned[o.path] == o && o.gen == gen {
-			delete(b.owned, o.path)
+			b.forgetLocked(o)
 		}
 		b.mu.Unlock()
 		return
@@ -636,9 +685,9 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 		case gerr != nil:
 			b.armLocked(o, 100*time.Millisecond)
 		case !ok:
-			delete(b.owned, o.path)
+			b.forgetLocked(o)
 		default:
-			o.version, o.ttl = g.stat.Version, g.data.ttl
+			o.data, o.version, o.ttl = g.data, g.stat.Version, g.data.ttl
 			b.armLocked(o, g.data.ttl)
 		}
 	default:
