@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-zookeeper/zk"
+
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
 	"github.com/lockproxy/lockproxy/test/harness"
@@ -525,4 +527,45 @@ func TestEnsembleOneServerDown(t *testing.T) {
 	})
 	waitFor(t, "sessions back", func() bool { return a.connected.Load() && b.connected.Load() })
 	round("one down", 50)
+}
+
+// TestDigestACL: with a digest, lockproxy's nodes are readable and
+// deletable only by that user.
+func TestDigestACL(t *testing.T) {
+	root := testRoot(t)
+	b, err := New(Config{Servers: []string{zkAddr}, Root: root, SessionTimeout: 10 * time.Second,
+		Digest: "lockproxy:s3cret", StartTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer b.Close()
+	mustLock(t, b, "acl", "A", 10*time.Second, backends.Write)
+
+	other, _, err := zk.Connect([]string{zkAddr}, 10*time.Second, zk.WithLogInfo(false))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	dir := keyDir(root, "acl")
+	kids, _, err := other.Children(dir)
+	if !errors.Is(err, zk.ErrNoAuth) {
+		t.Errorf("children of a key without credentials = %v, %v; want ErrNoAuth", kids, err)
+	}
+	if err := other.Delete(root, -1); !errors.Is(err, zk.ErrNoAuth) && !errors.Is(err, zk.ErrNotEmpty) {
+		t.Errorf("delete of the root without credentials = %v; want refused", err)
+	}
+	if _, err := other.Create(root+"/intruder", nil, 0, zk.WorldACL(zk.PermAll)); !errors.Is(err, zk.ErrNoAuth) {
+		t.Errorf("create under the root without credentials = %v; want ErrNoAuth", err)
+	}
+	// A second instance with the same digest shares the locks.
+	b2, err := New(Config{Servers: []string{zkAddr}, Root: root, SessionTimeout: 10 * time.Second,
+		Digest: "lockproxy:s3cret", StartTimeout: 30 * time.Second})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	defer b2.Close()
+	wantNotAcquired(t, b2, "acl", "B", backends.Write)
+	if !unlock(t, b2, "acl", "A") {
+		t.Error("UNLOCK through the second instance = false")
+	}
 }
