@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/go-zookeeper/zk"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap"
 
 	"github.com/lockproxy/lockproxy/backends"
@@ -41,6 +42,8 @@ type Config struct {
 	// SessionTimeout.
 	StartTimeout time.Duration
 	Logger       *zap.Logger
+	// Registerer, when set, gets the backend's metrics.
+	Registerer prometheus.Registerer
 }
 
 // Backend is a backends.Backend over one ZooKeeper session.
@@ -53,9 +56,11 @@ type Backend struct {
 	// connected is true while the session is established on a server.
 	connected atomic.Bool
 	// wakeups counts watches fired for waiting Lock calls.
-	wakeups    atomic.Int64
-	hadSession chan struct{} // closed on the first session
-	hadOnce    sync.Once
+	wakeups     atomic.Int64
+	expirations atomic.Int64  // sessions expired
+	leasesEnded atomic.Int64  // nodes deleted at the end of their lease
+	hadSession  chan struct{} // closed on the first session
+	hadOnce     sync.Once
 
 	mu      sync.Mutex
 	owned   map[string]*ownedNode // path → a granted node this instance created
@@ -164,6 +169,9 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("zookeeper: connect: %w", err)
 	}
 	b.conn = conn
+	if cfg.Registerer != nil {
+		b.register(cfg.Registerer)
+	}
 	wait := cfg.StartTimeout
 	if wait <= 0 {
 		wait = cfg.SessionTimeout
@@ -237,6 +245,7 @@ func (b *Backend) sessionExpired() {
 	}
 	close(b.expired)
 	b.expired = make(chan struct{})
+	b.expirations.Add(1)
 	b.log.Warn("zookeeper session expired: every lock held through it is lost", zap.Int("locks", n))
 }
 

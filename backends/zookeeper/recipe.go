@@ -666,6 +666,9 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 	b.mu.Unlock()
 
 	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(o.path, version) })
+	if err == nil {
+		b.leasesEnded.Add(1)
+	}
 	switch {
 	case err == nil, errors.Is(err, zk.ErrNoNode):
 		b.mu.Lock()

@@ -3,6 +3,8 @@ package zk
 import (
 	"encoding/base64"
 	"fmt"
+	"io"
+	"net/http"
 	"regexp"
 	"strings"
 	"sync"
@@ -300,6 +302,32 @@ func TestSessionExpiryLostBeforeRival(t *testing.T) {
 	if r := holder.do("LOCK", key, "PX", "1000"); r.Kind != '-' || !strings.HasPrefix(r.Str, "LOCKLOST") {
 		t.Errorf("the holder's next LOCK = %v; want -LOCKLOST", r)
 	}
+	deadline := time.Now().Add(60 * time.Second)
+	for metric(t, a, "lockproxy_zookeeper_session_expirations_total") != "1" ||
+		metric(t, a, "lockproxy_zookeeper_connected") != "1" {
+		if time.Now().After(deadline) {
+			t.Fatalf("metrics after the expiry: expirations %q, connected %q; want 1 and 1",
+				metric(t, a, "lockproxy_zookeeper_session_expirations_total"), metric(t, a, "lockproxy_zookeeper_connected"))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// metric reads one sample of in's /metrics ("" when absent).
+func metric(t *testing.T, in *instance, sample string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + in.admin + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			return v
+		}
+	}
+	return ""
 }
 
 // TestOneServerOfThreeKilled: with the server lockproxy is connected to
