@@ -66,6 +66,7 @@ type Backend struct {
 	owned   map[string]*ownedNode // path → a granted node this instance created
 	byToken map[heldKey]*ownedNode
 	waiters map[string]int // key → Lock calls waiting here
+	waiting int            // sum of waiters
 	expired chan struct{}  // closed (and replaced) when the session expires
 	closed  bool
 	timers  sync.WaitGroup // lease timers armed or running
@@ -342,6 +343,34 @@ type zkLogger struct{ log *zap.Logger }
 
 func (l zkLogger) Printf(format string, args ...any) {
 	l.log.Debug("go-zookeeper: " + fmt.Sprintf(format, args...))
+}
+
+// Waiting is the number of LOCK calls waiting here (INFO's
+// blocked_clients).
+func (b *Backend) Waiting() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waiting
+}
+
+// NodeStates describes each configured server for INFO: the one the
+// session is on ("ok", or "disconnected" while suspended) and the others
+// ("standby": go-zookeeper moves to one when its server fails).
+func (b *Backend) NodeStates() []string {
+	cur := b.conn.Server()
+	up := b.connected.Load()
+	out := make([]string, len(b.cfg.Servers))
+	for i, s := range b.cfg.Servers {
+		st := "standby"
+		if s == cur {
+			st = "disconnected"
+			if up {
+				st = "ok"
+			}
+		}
+		out[i] = "addr=" + s + ",state=" + st
+	}
+	return out
 }
 
 // Wakeups is the number of watches that have fired for waiting Lock calls

@@ -380,6 +380,14 @@ func TestFIFOHundredWaiters(t *testing.T) {
 			return len(kids) == i+2
 		})
 	}
+	waitFor(t, "every waiter counted", func() bool { return bs[0].Waiting()+bs[1].Waiting() == n })
+	if info, ok, err := bs[0].Info(ctxT(t, 30*time.Second), "fifo"); err != nil || !ok || info.Waiters != n/2 ||
+		len(info.Holders) != 1 || info.Holders[0].Token != "holder" {
+		t.Errorf("Info = %+v, %v, %v; want the holder and %d waiters here", info, ok, err, n/2)
+	}
+	if st := bs[0].NodeStates(); len(st) != 1 || st[0] != "addr="+zkAddr+",state=ok" {
+		t.Errorf("NodeStates = %q", st)
+	}
 	w0 := bs[0].Wakeups() + bs[1].Wakeups()
 	unlock(t, bs[0], "fifo", "holder")
 	wg.Wait()
@@ -394,6 +402,9 @@ func TestFIFOHundredWaiters(t *testing.T) {
 	}
 	if len(order) != n {
 		t.Fatalf("%d grants; want %d", len(order), n)
+	}
+	if w := bs[0].Waiting() + bs[1].Waiting(); w != 0 {
+		t.Errorf("%d waiting after every grant; want 0", w)
 	}
 	// n releases (the holder's and n−1 waiters') each woke at most the
 	// one waiter behind it.

@@ -198,15 +198,18 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	name := path[len(dir)+1:]
 
 	b.mu.Lock()
-	b.waiters[req.Key]++
 	expired := b.expired
 	b.mu.Unlock()
+	queued := false // counted in b.waiters
 	defer func() {
-		b.mu.Lock()
-		if b.waiters[req.Key]--; b.waiters[req.Key] <= 0 {
-			delete(b.waiters, req.Key)
+		if queued {
+			b.mu.Lock()
+			if b.waiters[req.Key]--; b.waiters[req.Key] <= 0 {
+				delete(b.waiters, req.Key)
+			}
+			b.waiting--
+			b.mu.Unlock()
 		}
-		b.mu.Unlock()
 	}()
 
 	granted := false
@@ -258,6 +261,13 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		}
 		if !time.Now().Before(deadline) {
 			return backends.Lease{}, backends.ErrNotAcquired
+		}
+		if !queued {
+			queued = true
+			b.mu.Lock()
+			b.waiters[req.Key]++
+			b.waiting++
+			b.mu.Unlock()
 		}
 		type exists struct {
 			ok bool
