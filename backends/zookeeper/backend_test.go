@@ -472,8 +472,11 @@ func TestSessionExpiry(t *testing.T) {
 	if _, err := lock(t, b, "exp", "B", time.Second, 60*time.Second, backends.Write); err != nil {
 		t.Fatalf("b waiting for the expired session's lock: %v", err)
 	}
-	if el := time.Since(cut); el < session-harness.ZKTick {
-		t.Errorf("b granted %v after the cut; want no sooner than the session timeout %v", el, session)
+	// The server last heard from a up to a ping interval (a third of the
+	// session timeout) before the cut, so the session may end that much
+	// sooner than a full timeout after it; not at once, though.
+	if el := time.Since(cut); el < session/2 {
+		t.Errorf("b granted %v after the cut; want no sooner than the session (%v) could expire", el, session)
 	}
 	p.Heal()
 	select {
