@@ -35,6 +35,15 @@ func checkGrant(t *testing.T, what string, g grant, ttlMS int64) {
 func TestLockContendUnlockRenew(t *testing.T) {
 	in := startInstance(t, zkServers(), newRoot(t))
 	zc := zkConn(t)
+	info, err := newClient(t, in.addr, 2).Info(ctxFor(t, 10*time.Second), "lockproxy").Result()
+	if err != nil {
+		t.Fatalf("INFO: %v", err)
+	}
+	for _, want := range []string{"lockproxy_backend:zookeeper", "lockproxy_nodes:3", ",state=ok"} {
+		if !strings.Contains(info, want) {
+			t.Errorf("INFO lockproxy lacks %q:\n%s", want, info)
+		}
+	}
 	for _, proto := range []int{2, 3} {
 		t.Run(fmt.Sprintf("RESP%d", proto), func(t *testing.T) {
 			c1 := newClient(t, in.addr, proto)
