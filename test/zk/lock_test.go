@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"regexp"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -208,6 +209,17 @@ func TestWaitFIFOHundred(t *testing.T) {
 	}
 	if len(order) != n {
 		t.Fatalf("%d grants; want %d", len(order), n)
+	}
+	// Each of the n releases woke at most the one waiter behind it.
+	wakeups := 0
+	for _, in := range ins {
+		v, _ := strconv.Atoi(metric(t, in, "lockproxy_zookeeper_watch_wakeups_total"))
+		wakeups += v
+	}
+	if wakeups == 0 || wakeups > n {
+		t.Errorf("%d watches fired for %d releases; want 1 to %d", wakeups, n, n)
+	} else {
+		t.Logf("%d watches fired for %d releases", wakeups, n)
 	}
 	for i := range order {
 		if order[i] != i {
