@@ -430,7 +430,9 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 			if req.Mode == backends.Read {
 				holds = d.read
 			}
-			return backends.Lease{Token: req.Token, Validity: max(v, 0), Fence: uint64(n.stat.Czxid), Holds: holds}, nil
+			// The hold is taken even if the time spent left no validity:
+			// report the least positive one, as Renew does.
+			return backends.Lease{Token: req.Token, Validity: max(v, time.Millisecond), Fence: uint64(n.stat.Czxid), Holds: holds}, nil
 		case errors.Is(err, zk.ErrBadVersion):
 			g, ok, err := b.get(ctx, n.path)
 			if err != nil {
