@@ -583,3 +583,33 @@ func TestDigestACL(t *testing.T) {
 		t.Error("UNLOCK through the second instance = false")
 	}
 }
+
+// TestSuspendedThenBack: a link cut shorter than the session timeout
+// suspends the instance's locks (renewals fail) without losing them; a
+// lease that ended meanwhile is enforced once the link is back.
+func TestSuspendedThenBack(t *testing.T) {
+	root := testRoot(t)
+	link := harness.StartLink(t, zkAddr)
+	a := newBackend(t, []string{link.Addr()}, root, 6*time.Second)
+	b := newBackend(t, []string{zkAddr}, root, 10*time.Second)
+	long := mustLock(t, a, "long", "A", 30*time.Second, backends.Write)
+	mustLock(t, a, "short", "A", 300*time.Millisecond, backends.Write)
+
+	link.Cut()
+	waitFor(t, "a disconnected", func() bool { return !a.connected.Load() })
+	if _, err := a.Renew(ctxT(t, 5*time.Second), "long", "A", 30*time.Second); !errors.Is(err, quorum.ErrNoQuorum) {
+		t.Errorf("RENEW while suspended = %v; want NOQUORUM", err)
+	}
+	wantNotAcquired(t, b, "short", "B", backends.Write) // its lease ended, but a cannot delete it yet
+	link.Heal()
+	waitFor(t, "a back", func() bool { return a.connected.Load() })
+	if v, err := a.Renew(ctxT(t, 30*time.Second), "long", "A", 30*time.Second); err != nil || v <= 0 {
+		t.Errorf("RENEW after the session came back = %v, %v; want the lock still held", v, err)
+	}
+	if _, err := lock(t, b, "short", "B", time.Second, 30*time.Second, backends.Write); err != nil {
+		t.Errorf("LOCK of the lock whose lease ended while suspended = %v; want a grant once a is back", err)
+	}
+	if l := mustLock(t, a, "long", "A", 30*time.Second, backends.Write); l.Fence != long.Fence || l.Holds != 2 {
+		t.Errorf("reentry after the session came back = %+v; want the same node", l)
+	}
+}

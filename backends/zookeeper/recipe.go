@@ -15,6 +15,10 @@ import (
 // context may be done already).
 const releaseTimeout = 2 * time.Second
 
+// leaseRetry is how soon a lease end that could not delete its node is
+// tried again.
+const leaseRetry = 100 * time.Millisecond
+
 // maxCAS bounds the read-modify-write retries of one hold change: another
 // instance changing the same node's data that often in a row is a bug.
 const maxCAS = 16
@@ -675,6 +679,13 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 		return
 	}
 	version := o.version
+	if !b.connected.Load() {
+		// Suspended: the session comes back (then delete) or expires
+		// (then the node is gone); sending now would only queue requests.
+		b.armLocked(o, leaseRetry)
+		b.mu.Unlock()
+		return
+	}
 	b.mu.Unlock()
 
 	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(o.path, version) })
@@ -698,7 +709,7 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 		}
 		switch {
 		case gerr != nil:
-			b.armLocked(o, 100*time.Millisecond)
+			b.armLocked(o, leaseRetry)
 		case !ok:
 			b.forgetLocked(o)
 		default:
@@ -712,7 +723,7 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		if b.owned[o.path] == o && o.gen == gen && !b.closed {
-			b.armLocked(o, 100*time.Millisecond)
+			b.armLocked(o, leaseRetry)
 		}
 	}
 }
