@@ -319,6 +319,9 @@ func TestSessionExpiryLostBeforeRival(t *testing.T) {
 	if !pushed.Before(at) {
 		t.Errorf("lock-lost pushed at %v, after the rival was granted at %v", pushed.Sub(cut), at.Sub(cut))
 	}
+	if code := readyz(t, a); code != http.StatusServiceUnavailable {
+		t.Errorf("/readyz of the cut-off instance = %d; want 503", code)
+	}
 	link.Heal()
 	if r := holder.do("LOCK", key, "PX", "1000"); r.Kind != '-' || !strings.HasPrefix(r.Str, "LOCKLOST") {
 		t.Errorf("the holder's next LOCK = %v; want -LOCKLOST", r)
@@ -332,6 +335,20 @@ func TestSessionExpiryLostBeforeRival(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	if code := readyz(t, a); code != http.StatusOK {
+		t.Errorf("/readyz after the new session = %d; want 200", code)
+	}
+}
+
+// readyz returns the status code of in's /readyz.
+func readyz(t *testing.T, in *instance) int {
+	t.Helper()
+	resp, err := http.Get("http://" + in.admin + "/readyz")
+	if err != nil {
+		t.Fatalf("GET /readyz: %v", err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
 }
 
 // metric reads one sample of in's /metrics ("" when absent).
