@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"math"
 	"sort"
 	"strconv"
 	"strings"
@@ -115,10 +116,15 @@ func decodeData(b []byte) (lockData, error) {
 	if len(b) < dataHeader || b[0] != dataVersion {
 		return lockData{}, errBadData
 	}
+	write, read := int64(binary.BigEndian.Uint64(b[1:])), int64(binary.BigEndian.Uint64(b[9:]))
+	ttlMS := binary.BigEndian.Uint64(b[17:])
+	if write < 0 || read < 0 || ttlMS > uint64(math.MaxInt64/int64(time.Millisecond)) {
+		return lockData{}, errBadData
+	}
 	return lockData{
-		write: int64(binary.BigEndian.Uint64(b[1:])),
-		read:  int64(binary.BigEndian.Uint64(b[9:])),
-		ttl:   time.Duration(binary.BigEndian.Uint64(b[17:])) * time.Millisecond,
+		write: write,
+		read:  read,
+		ttl:   time.Duration(ttlMS) * time.Millisecond,
 		token: string(b[dataHeader:]),
 	}, nil
 }
