@@ -88,7 +88,7 @@ type ownedNode struct {
 var (
 	errClosed    = errors.New("zookeeper: backend closed")
 	errNodeGone  = errors.New("zookeeper: the waiting lock node vanished")
-	errUnhandled = errors.New("zookeeper: unexpected reply")
+	errUnhandled = errors.New("zookeeper: a lock node kept changing under a hold change; gave up")
 )
 
 // unavailable is the error of an operation the ensemble could not decide:
@@ -179,18 +179,18 @@ func New(cfg Config) (*Backend, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), wait)
 	defer cancel()
-	if err := b.start(ctx); err != nil {
+	if err := b.start(ctx, wait); err != nil {
 		conn.Close()
 		return nil, err
 	}
 	return b, nil
 }
 
-func (b *Backend) start(ctx context.Context) error {
+func (b *Backend) start(ctx context.Context, wait time.Duration) error {
 	select {
 	case <-b.hadSession:
 	case <-ctx.Done():
-		return fmt.Errorf("zookeeper: no session with %s within %v", strings.Join(b.cfg.Servers, ","), b.cfg.StartTimeout)
+		return fmt.Errorf("zookeeper: no session with %s within %v", strings.Join(b.cfg.Servers, ","), wait)
 	}
 	if b.cfg.Digest != "" {
 		// go-zookeeper sends the credentials again on every reconnect.

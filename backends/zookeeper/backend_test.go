@@ -613,3 +613,31 @@ func TestSuspendedThenBack(t *testing.T) {
 		t.Errorf("reentry after the session came back = %+v; want the same node", l)
 	}
 }
+
+// TestNewFails: bad settings and an unreachable ensemble are errors from
+// New, not a backend that never works.
+func TestNewFails(t *testing.T) {
+	dead := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no servers", Config{Root: "/x", SessionTimeout: time.Second}, "no servers"},
+		{"relative root", Config{Servers: []string{zkAddr}, Root: "x", SessionTimeout: time.Second}, "absolute"},
+		{"bad digest", Config{Servers: []string{zkAddr}, Root: "/x", SessionTimeout: time.Second, Digest: "nocolon"}, "user:password"},
+		{"unreachable", Config{Servers: []string{dead}, Root: "/x", SessionTimeout: 2 * time.Second, StartTimeout: time.Second}, "no session with " + dead + " within 1s"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := New(tt.cfg)
+			if err == nil {
+				b.Close()
+				t.Fatalf("New = nil error; want %q", tt.want)
+			}
+			if !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("New = %v; want it to say %q", err, tt.want)
+			}
+		})
+	}
+}
