@@ -133,9 +133,17 @@ func (l Locks) LockDelays() []LockDelay {
 
 // Zookeeper configures the ZooKeeper backend.
 type Zookeeper struct {
-	Servers        []string      `yaml:"servers"` // host:port each
-	Root           string        `yaml:"root"`
+	Servers []string `yaml:"servers"` // host:port each
+	Root    string   `yaml:"root"`
+	// SessionTimeout is asked of the servers for lockproxy's session; it
+	// also caps the validity of every lock (a lock lives in the session).
+	// The servers' maxSessionTimeout must not be below it.
 	SessionTimeout time.Duration `yaml:"session_timeout"`
+	// Digest, "user:password", authenticates the session with ZooKeeper's
+	// digest scheme, and every znode lockproxy creates (the root included)
+	// then gets an ACL giving that user alone all rights.
+	Digest     string `yaml:"digest" secret:"true"`
+	DigestFile string `yaml:"digest_file"` // read into Digest at load time
 }
 
 // Limits bounds what clients can make the proxy hold.
@@ -373,6 +381,9 @@ func (c Config) Validate() error {
 		v.add("zookeeper.root", "must be a clean absolute path such as /lockproxy, got %q", z.Root)
 	}
 	v.positive("zookeeper.session_timeout", z.SessionTimeout)
+	if user, _, ok := strings.Cut(z.Digest, ":"); z.Digest != "" && (!ok || user == "") {
+		v.add("zookeeper.digest", "must be user:password")
+	}
 
 	v.between("limits.max_clients", c.Limits.MaxClients, 1, -1)
 	v.between("limits.max_key_bytes", c.Limits.MaxKeyBytes, 1, -1)

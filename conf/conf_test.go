@@ -101,10 +101,12 @@ func TestValidate(t *testing.T) {
 			c.Backend = BackendZookeeper
 			c.Zookeeper.Root = "lockproxy/"
 			c.Zookeeper.SessionTimeout = 0
+			c.Zookeeper.Digest = "nocolon"
 		}, []string{
 			"zookeeper.servers: at least one server is required with backend zookeeper",
 			`zookeeper.root: must be a clean absolute path such as /lockproxy, got "lockproxy/"`,
 			"zookeeper.session_timeout: must be positive, got 0s",
+			"zookeeper.digest: must be user:password",
 		}},
 		{"lock patterns", func(c *Config) { c.LockPatterns = []string{"lock:*", "", "bad[", "a\\"} }, []string{
 			"lock_patterns[1]: must not be empty",
@@ -481,6 +483,30 @@ func TestFromArgsErrors(t *testing.T) {
 				t.Errorf("errors.Is(err, flag.ErrHelp) = %v; want %v", got, tt.help)
 			}
 		})
+	}
+}
+
+func TestZookeeperDigestFile(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "digest"), []byte("lp:s3cret\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(p, []byte("backend: zookeeper\nzookeeper: {servers: [z:2181], digest_file: digest}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := FromArgs([]string{p}, nil)
+	if err != nil {
+		t.Fatalf("FromArgs = %v", err)
+	}
+	if c.Zookeeper.Digest != "lp:s3cret" {
+		t.Errorf("zookeeper.digest = %q; want it read from the file", c.Zookeeper.Digest)
+	}
+	if strings.Contains(c.String(), "s3cret") {
+		t.Errorf("String() shows the digest:\n%s", c)
+	}
+	if _, err := FromArgs([]string{p}, []string{"LOCKPROXY_ZOOKEEPER_DIGEST=a:b"}); err == nil || !strings.Contains(err.Error(), "both set") {
+		t.Errorf("digest and digest_file = %v; want a both-set error", err)
 	}
 }
 

@@ -109,6 +109,9 @@ func decodeFile(name string, c *Config) error {
 	if f := c.Redlock.PasswordFile; f != "" && !filepath.IsAbs(f) {
 		c.Redlock.PasswordFile = filepath.Join(filepath.Dir(name), f)
 	}
+	if f := c.Zookeeper.DigestFile; f != "" && !filepath.IsAbs(f) {
+		c.Zookeeper.DigestFile = filepath.Join(filepath.Dir(name), f)
+	}
 	return nil
 }
 
@@ -279,8 +282,12 @@ func yamlName(f reflect.StructField) (string, bool) {
 	return name, true
 }
 
-// resolvePassword reads Redlock.PasswordFile into Redlock.Password.
+// resolvePassword reads Redlock.PasswordFile into Redlock.Password and
+// Zookeeper.DigestFile into Zookeeper.Digest.
 func resolvePassword(c *Config) error {
+	if err := readSecret(&c.Zookeeper.Digest, c.Zookeeper.DigestFile, "zookeeper.digest"); err != nil {
+		return err
+	}
 	r := &c.Redlock
 	if r.PasswordFile == "" {
 		return nil
@@ -296,6 +303,25 @@ func resolvePassword(c *Config) error {
 	r.Password = strings.TrimRight(string(b), "\r\n")
 	if r.Password == "" {
 		return fmt.Errorf("conf: redlock.password_file: %s is empty", r.PasswordFile)
+	}
+	return nil
+}
+
+// readSecret reads file (when set) into *dst, the value of key.
+func readSecret(dst *string, file, key string) error {
+	if file == "" {
+		return nil
+	}
+	if *dst != "" {
+		return fmt.Errorf("conf: %s and %s_file are both set; set only one", key, key)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return fmt.Errorf("conf: %s_file: %w", key, err)
+	}
+	*dst = strings.TrimRight(string(b), "\r\n")
+	if *dst == "" {
+		return fmt.Errorf("conf: %s_file: %s is empty", key, file)
 	}
 	return nil
 }

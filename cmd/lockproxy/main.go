@@ -1,5 +1,6 @@
 // Command lockproxy is a Redis-protocol server that serves distributed
-// locks (LOCK, UNLOCK, RENEW) from a quorum of independent Redis nodes.
+// locks (LOCK, UNLOCK, RENEW) from a quorum of independent Redis nodes
+// (RedLock) or from a ZooKeeper ensemble.
 //
 // Usage:
 //
@@ -30,7 +31,9 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 
+	"github.com/lockproxy/lockproxy/backends"
 	redisbackend "github.com/lockproxy/lockproxy/backends/redis"
+	zkbackend "github.com/lockproxy/lockproxy/backends/zookeeper"
 	"github.com/lockproxy/lockproxy/commands"
 	"github.com/lockproxy/lockproxy/conf"
 	"github.com/lockproxy/lockproxy/quorum"
@@ -123,8 +126,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 // leave an application on single-node locks while it believes otherwise.
 func notYet(cfg conf.Config) error {
 	switch {
-	case cfg.Backend != conf.BackendRedlock:
-		return fmt.Errorf("backend %q is not available in this version (only %q)", cfg.Backend, conf.BackendRedlock)
 	case cfg.Upstream != "":
 		return errors.New("upstream: relaying other commands is not available in this version")
 	case len(cfg.LockPatterns) > 0:
@@ -173,7 +174,7 @@ func newLogger(c conf.Log) (*zap.Logger, error) {
 func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writer) error {
 	nodes := cfg.Redlock.Nodes
 	backendLog := log
-	if cfg.Dev && len(nodes) == 0 {
+	if cfg.Backend == conf.BackendRedlock && cfg.Dev && len(nodes) == 0 {
 		// Embedded nodes live and die with this process, so they cannot
 		// restart behind its back; miniredis has no INFO server section,
 		// and warning about that would only be noise.
@@ -203,36 +204,29 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	buildInfo.WithLabelValues(version, commit()).Set(1)
 	reg.MustRegister(buildInfo)
 
-	nodeMetrics := redisbackend.NewMetrics(reg)
-	rc := cfg.Redlock
-	bcfg := redisbackend.Config{
-		Quorum: quorum.Config{
-			DriftFactor:   rc.DriftFactor,
-			DriftMin:      rc.DriftMin,
-			TimeoutFactor: rc.NodeTimeoutFactor,
-			TimeoutMin:    rc.NodeTimeoutMin,
-			TimeoutMax:    rc.NodeTimeoutMax,
-		},
-		RetryMin:          cfg.Locks.RetryMin,
-		RetryMax:          cfg.Locks.RetryMax,
-		Quarantine:        rc.Quarantine,
-		MaxTTL:            cfg.Locks.MaxTTL,
-		CheckInterval:     cfg.RestartCheckEvery(),
-		MaxClockRateError: rc.MaxClockRateError,
-		Metrics:           nodeMetrics,
-		Logger:            backendLog,
-	}
-	for _, addr := range nodes {
-		bcfg.Nodes = append(bcfg.Nodes, redisbackend.NodeConfig{
-			Addr: addr, Username: rc.Username, Password: rc.Password, KeyPrefix: rc.KeyPrefix,
-			PoolSize: rc.PoolSize, Workers: rc.PipelineWorkers, MaxBatch: rc.MaxBatch,
-			DialTimeout: rc.DialTimeout, Timeout: rc.NodeTimeoutMax, Metrics: nodeMetrics,
+	var backend backends.Backend
+	switch cfg.Backend {
+	case conf.BackendZookeeper:
+		nodes = cfg.Zookeeper.Servers
+		zc := cfg.Zookeeper
+		zb, err := zkbackend.New(zkbackend.Config{
+			Servers: zc.Servers, Root: zc.Root, SessionTimeout: zc.SessionTimeout, Digest: zc.Digest,
+			DriftFactor: cfg.Redlock.DriftFactor, DriftMin: cfg.Redlock.DriftMin, Logger: log, Registerer: reg,
 		})
+		if err != nil {
+			return err
+		}
+		backend = zb
+	default:
+		rb, err := newRedlock(cfg, nodes, reg, backendLog)
+		if err != nil {
+			return err
+		}
+		backend = rb
 	}
-	backend, err := redisbackend.New(bcfg)
-	if err != nil {
-		return err
-	}
+	// Closed last (deferred first): the drain below and the handler's
+	// release of keepalive locks run before; closing a ZooKeeper session
+	// drops every lock held through it.
 	defer backend.Close()
 
 	ln, err := net.Listen("tcp", cfg.Listen)
@@ -253,7 +247,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			LockDelays:    lockDelays(cfg.Locks.LockDelays()),
 		},
 		Info: commands.Info{
-			Version: version, Commit: commit(), Backend: "redlock", Nodes: nodes, Port: port, Dev: cfg.Dev,
+			Version: version, Commit: commit(), Backend: cfg.Backend, Nodes: nodes, Port: port, Dev: cfg.Dev,
 		},
 		Logger:   log,
 		Registry: reg,
@@ -301,7 +295,38 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	return err
 }
 
-func startAdmin(addr string, reg *prometheus.Registry, backend *redisbackend.Backend, log *zap.Logger) (*http.Server, error) {
+// newRedlock makes the RedLock backend over nodes.
+func newRedlock(cfg conf.Config, nodes []string, reg *prometheus.Registry, backendLog *zap.Logger) (*redisbackend.Backend, error) {
+	nodeMetrics := redisbackend.NewMetrics(reg)
+	rc := cfg.Redlock
+	bcfg := redisbackend.Config{
+		Quorum: quorum.Config{
+			DriftFactor:   rc.DriftFactor,
+			DriftMin:      rc.DriftMin,
+			TimeoutFactor: rc.NodeTimeoutFactor,
+			TimeoutMin:    rc.NodeTimeoutMin,
+			TimeoutMax:    rc.NodeTimeoutMax,
+		},
+		RetryMin:          cfg.Locks.RetryMin,
+		RetryMax:          cfg.Locks.RetryMax,
+		Quarantine:        rc.Quarantine,
+		MaxTTL:            cfg.Locks.MaxTTL,
+		CheckInterval:     cfg.RestartCheckEvery(),
+		MaxClockRateError: rc.MaxClockRateError,
+		Metrics:           nodeMetrics,
+		Logger:            backendLog,
+	}
+	for _, addr := range nodes {
+		bcfg.Nodes = append(bcfg.Nodes, redisbackend.NodeConfig{
+			Addr: addr, Username: rc.Username, Password: rc.Password, KeyPrefix: rc.KeyPrefix,
+			PoolSize: rc.PoolSize, Workers: rc.PipelineWorkers, MaxBatch: rc.MaxBatch,
+			DialTimeout: rc.DialTimeout, Timeout: rc.NodeTimeoutMax, Metrics: nodeMetrics,
+		})
+	}
+	return redisbackend.New(bcfg)
+}
+
+func startAdmin(addr string, reg *prometheus.Registry, backend backends.Backend, log *zap.Logger) (*http.Server, error) {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	// Profiling on the admin port only, which binds to loopback by default.

@@ -1,0 +1,381 @@
+package zookeeper
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// Config configures a Backend.
+type Config struct {
+	Servers []string // host:port of the ensemble's servers
+	// Root is the znode under which every key's lock nodes live; it is
+	// created (with its parents) when missing.
+	Root string
+	// SessionTimeout is asked of the servers for the one session this
+	// backend holds. A lock is guaranteed only while the session lives,
+	// so it also caps the validity reported. The servers'
+	// maxSessionTimeout must not be below it.
+	SessionTimeout time.Duration
+	// Digest, "user:password", authenticates the session with the digest
+	// scheme; every node is then created with an ACL giving that user
+	// alone all rights. Empty: no authentication, world-open ACL.
+	Digest string
+	// DriftFactor and DriftMin make the drift allowance subtracted from
+	// every validity, as for RedLock: ttl × DriftFactor + DriftMin.
+	DriftFactor float64
+	DriftMin    time.Duration
+	// StartTimeout bounds New's wait for the first session; 0 means
+	// SessionTimeout.
+	StartTimeout time.Duration
+	Logger       *zap.Logger
+	// Registerer, when set, gets the backend's metrics.
+	Registerer prometheus.Registerer
+}
+
+// Backend is a backends.Backend over one ZooKeeper session.
+type Backend struct {
+	cfg  Config
+	conn *zk.Conn
+	acl  []zk.ACL
+	log  *zap.Logger
+
+	// connected is true while the session is established on a server.
+	connected atomic.Bool
+	// wakeups counts watches fired for waiting Lock calls.
+	wakeups     atomic.Int64
+	expirations atomic.Int64  // sessions expired
+	leasesEnded atomic.Int64  // nodes deleted at the end of their lease
+	hadSession  chan struct{} // closed on the first session
+	hadOnce     sync.Once
+
+	mu      sync.Mutex
+	owned   map[string]*ownedNode // path → a granted node this instance created
+	byToken map[heldKey]*ownedNode
+	waiters map[string]int // key → Lock calls waiting here
+	waiting int            // sum of waiters
+	expired chan struct{}  // closed (and replaced) when the session expires
+	closed  bool
+	timers  sync.WaitGroup // lease timers armed or running
+}
+
+// ownedNode is a granted lock node this instance created, whose lease it
+// enforces. Fields other than path and key are guarded by Backend.mu.
+type ownedNode struct {
+	path, key, token string
+	czxid            int64
+	data             lockData // as last written or read here
+	version          int32    // of data
+	ttl              time.Duration
+	timer            *time.Timer
+	gen              int // bumped on each re-arm, so a stale timer does nothing
+}
+
+// Errors.
+var (
+	errClosed    = errors.New("zookeeper: backend closed")
+	errNodeGone  = errors.New("zookeeper: the waiting lock node vanished")
+	errUnhandled = errors.New("zookeeper: a lock node kept changing under a hold change; gave up")
+)
+
+// unavailable is the error of an operation the ensemble could not decide:
+// no session, a lost connection, an expired session. It reads as a
+// NOQUORUM to clients, as a RedLock backend without a majority does.
+type unavailable struct {
+	reason string
+	err    error
+}
+
+func (e *unavailable) Error() string  { return "zookeeper: " + e.reason + ": " + e.err.Error() }
+func (e *unavailable) Reason() string { return e.reason }
+
+// noQuorum wraps why the ensemble could not decide as a NoQuorumError so
+// that clients see -NOQUORUM, naming ZooKeeper and the reason.
+func noQuorum(reason string, err error) error {
+	return &quorum.NoQuorumError{OK: 0, Total: 1, Failures: []quorum.NodeError{
+		{Node: "zookeeper", Err: &unavailable{reason: reason, err: err}},
+	}}
+}
+
+// zkErr turns a go-zookeeper error into one of ours: connection-level
+// failures become NOQUORUM, context errors stay as they are.
+func zkErr(op string, err error) error {
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return err
+	case errors.Is(err, zk.ErrSessionExpired):
+		return noQuorum("session expired", err)
+	case errors.Is(err, zk.ErrConnectionClosed), errors.Is(err, zk.ErrNoServer), errors.Is(err, zk.ErrClosing),
+		errors.Is(err, zk.ErrSessionMoved):
+		return noQuorum("connection lost", err)
+	case errors.Is(err, zk.ErrNoAuth), errors.Is(err, zk.ErrAuthFailed):
+		return noQuorum("not authorized", err)
+	}
+	return fmt.Errorf("zookeeper: %s: %w", op, err)
+}
+
+// New connects to the ensemble, waits for the first session (up to
+// StartTimeout) and makes sure Root exists.
+func New(cfg Config) (*Backend, error) {
+	if len(cfg.Servers) == 0 {
+		return nil, errors.New("zookeeper: no servers")
+	}
+	if cfg.Root == "" || cfg.Root[0] != '/' || (len(cfg.Root) > 1 && strings.HasSuffix(cfg.Root, "/")) {
+		return nil, fmt.Errorf("zookeeper: root %q must be an absolute znode path", cfg.Root)
+	}
+	if cfg.Root == "/" {
+		cfg.Root = ""
+	}
+	if cfg.SessionTimeout <= 0 {
+		return nil, errors.New("zookeeper: session timeout must be positive")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	b := &Backend{
+		cfg:        cfg,
+		log:        cfg.Logger,
+		acl:        zk.WorldACL(zk.PermAll),
+		hadSession: make(chan struct{}),
+		owned:      map[string]*ownedNode{},
+		byToken:    map[heldKey]*ownedNode{},
+		waiters:    map[string]int{},
+		expired:    make(chan struct{}),
+	}
+	if cfg.Digest != "" {
+		user, pass, ok := strings.Cut(cfg.Digest, ":")
+		if !ok || user == "" {
+			return nil, errors.New("zookeeper: digest must be user:password")
+		}
+		b.acl = zk.DigestACL(zk.PermAll, user, pass)
+	}
+	conn, _, err := zk.Connect(cfg.Servers, cfg.SessionTimeout,
+		zk.WithLogger(zkLogger{b.log}), zk.WithLogInfo(false), zk.WithEventCallback(b.onEvent))
+	if err != nil {
+		return nil, fmt.Errorf("zookeeper: connect: %w", err)
+	}
+	b.conn = conn
+	if cfg.Registerer != nil {
+		b.register(cfg.Registerer)
+	}
+	wait := cfg.StartTimeout
+	if wait <= 0 {
+		wait = cfg.SessionTimeout
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	if err := b.start(ctx, wait); err != nil {
+		conn.Close()
+		return nil, err
+	}
+	return b, nil
+}
+
+func (b *Backend) start(ctx context.Context, wait time.Duration) error {
+	select {
+	case <-b.hadSession:
+	case <-ctx.Done():
+		return fmt.Errorf("zookeeper: no session with %s within %v", strings.Join(b.cfg.Servers, ","), wait)
+	}
+	if b.cfg.Digest != "" {
+		// go-zookeeper sends the credentials again on every reconnect.
+		if _, err := call(ctx, func() (struct{}, error) {
+			return struct{}{}, b.conn.AddAuth("digest", []byte(b.cfg.Digest))
+		}); err != nil {
+			return fmt.Errorf("zookeeper: digest auth: %w", err)
+		}
+	}
+	path := ""
+	for _, part := range strings.Split(strings.TrimPrefix(b.cfg.Root, "/"), "/") {
+		if part == "" {
+			continue
+		}
+		path += "/" + part
+		_, err := call(ctx, func() (string, error) { return b.conn.Create(path, nil, 0, b.acl) })
+		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+			return fmt.Errorf("zookeeper: create root %s: %w", path, err)
+		}
+	}
+	return nil
+}
+
+// onEvent follows the session's state. go-zookeeper calls it on its own
+// goroutine, which must not block.
+func (b *Backend) onEvent(ev zk.Event) {
+	if ev.Type != zk.EventSession {
+		return
+	}
+	switch ev.State {
+	case zk.StateHasSession:
+		b.connected.Store(true)
+		b.hadOnce.Do(func() { close(b.hadSession) })
+	case zk.StateExpired:
+		b.connected.Store(false)
+		b.sessionExpired()
+	default:
+		// Disconnected or connecting: held locks are suspended. Renewals
+		// fail (the watchdog retries while the lease lasts); the session,
+		// and so every lock, lives on if a server takes it back in time.
+		b.connected.Store(false)
+	}
+}
+
+// sessionExpired forgets every lock of the expired session (ZooKeeper has
+// deleted their nodes) and wakes every waiter with an error.
+func (b *Backend) sessionExpired() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	n := len(b.owned)
+	for _, o := range b.owned {
+		b.forgetLocked(o)
+	}
+	close(b.expired)
+	b.expired = make(chan struct{})
+	b.expirations.Add(1)
+	b.log.Warn("zookeeper session expired: every lock held through it is lost", zap.Int("locks", n))
+}
+
+// usable fails fast when no operation can succeed now.
+func (b *Backend) usable() error {
+	b.mu.Lock()
+	closed := b.closed
+	b.mu.Unlock()
+	switch {
+	case closed:
+		return errClosed
+	case !b.connected.Load():
+		return noQuorum("disconnected", errors.New("no session with a server"))
+	}
+	return nil
+}
+
+// Ready reports whether the session is established and the root answers.
+func (b *Backend) Ready(ctx context.Context) error {
+	if err := b.usable(); err != nil {
+		return err
+	}
+	root := b.cfg.Root
+	if root == "" {
+		root = "/"
+	}
+	ok, err := call(ctx, func() (bool, error) { ok, _, err := b.conn.Exists(root); return ok, err })
+	switch {
+	case err != nil:
+		return zkErr("exists", err)
+	case !ok:
+		return fmt.Errorf("zookeeper: root %s does not exist", root)
+	}
+	return nil
+}
+
+// Close stops enforcing leases and closes the session, which deletes every
+// lock node it created: drain clients first.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	for _, o := range b.owned {
+		b.disarmLocked(o)
+	}
+	b.mu.Unlock()
+	b.timers.Wait()
+	b.conn.Close()
+	return nil
+}
+
+// result is one go-zookeeper call's outcome.
+type result[T any] struct {
+	v   T
+	err error
+}
+
+// call runs f, a blocking go-zookeeper call, and returns its result or
+// ctx's error, whichever comes first. go-zookeeper's calls take no context;
+// each ends once its connection answers or closes (within the session's
+// receive timeout), so the goroutine always ends.
+func call[T any](ctx context.Context, f func() (T, error)) (T, error) {
+	var zero T
+	if err := ctx.Err(); err != nil {
+		return zero, err
+	}
+	ch := make(chan result[T], 1)
+	go func() {
+		v, err := f()
+		ch <- result[T]{v, err}
+	}()
+	select {
+	case r := <-ch:
+		return r.v, r.err
+	case <-ctx.Done():
+		return zero, ctx.Err()
+	}
+}
+
+func newNonce() string {
+	var b [4]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("zookeeper: crypto/rand failed: " + err.Error())
+	}
+	return hex.EncodeToString(b[:])
+}
+
+// zkLogger sends go-zookeeper's log lines to zap at debug level: they are
+// about reconnects, which the session events already report.
+type zkLogger struct{ log *zap.Logger }
+
+func (l zkLogger) Printf(format string, args ...any) {
+	l.log.Debug("go-zookeeper: " + fmt.Sprintf(format, args...))
+}
+
+// Waiting is the number of LOCK calls waiting here (INFO's
+// blocked_clients).
+func (b *Backend) Waiting() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waiting
+}
+
+// NodeStates describes each configured server for INFO: the one the
+// session is on ("ok", or "disconnected" while suspended) and the others
+// ("standby": go-zookeeper moves to one when its server fails).
+func (b *Backend) NodeStates() []string {
+	cur := b.conn.Server()
+	up := b.connected.Load()
+	out := make([]string, len(b.cfg.Servers))
+	for i, s := range b.cfg.Servers {
+		st := "standby"
+		if s == cur {
+			st = "disconnected"
+			if up {
+				st = "ok"
+			}
+		}
+		out[i] = "addr=" + s + ",state=" + st
+	}
+	return out
+}
+
+// Wakeups is the number of watches that have fired for waiting Lock calls
+// through this backend: one per release that a waiter here was queued
+// behind, never one per waiter per release.
+func (b *Backend) Wakeups() int64 { return b.wakeups.Load() }
+
+var _ backends.Backend = (*Backend)(nil)

@@ -1,0 +1,19 @@
+// Package zookeeper serves lock commands from a ZooKeeper ensemble: each
+// lock is an ephemeral sequential znode under <root>/<encoded key>, the
+// lowest holds, and each waiter watches only the node it waits for, so
+// waiters are served in arrival order across every lockproxy instance and a
+// release wakes one waiter (no herd).
+//
+// It owns the lock recipe (exclusive and read-write), the znode naming and
+// data, lease enforcement (ZooKeeper has no TTL on ephemeral nodes, so the
+// instance that created a node deletes it when its lease ends unless it was
+// renewed), and the reaction to session events. It knows nothing of RESP or
+// of the command layer.
+//
+// Caveats: a lock lives in the ZooKeeper session of the instance that
+// created it, so validity is capped by the session timeout (a session can
+// end only after that long without contact) and closing the backend drops
+// every lock it holds. go-zookeeper's calls take no context; each runs on a
+// goroutine that ends when its connection answers or closes, and the
+// caller returns when its context is done.
+package zookeeper

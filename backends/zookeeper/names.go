@@ -1,0 +1,130 @@
+package zookeeper
+
+import (
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"math"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// keyDir is the parent znode of key's lock nodes: "k" and the key in
+// unpadded base64url, which is injective for any bytes and never contains
+// '/' (the "k" keeps an empty encoding from being an empty name).
+func keyDir(root, key string) string {
+	return root + "/k" + base64.RawURLEncoding.EncodeToString([]byte(key))
+}
+
+// tokenHash is 64 bits of the token's SHA-256 in hex: enough to find a
+// token's node among a key's children without a read per child; the token
+// itself, in the node's data, settles a collision.
+func tokenHash(token string) string {
+	h := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(h[:8])
+}
+
+// Node kinds, the first byte of a child's name.
+const (
+	kindWrite = 'w'
+	kindRead  = 'r'
+)
+
+// seqDigits is how many digits ZooKeeper appends to a sequential node.
+const seqDigits = 10
+
+// child is one lock node's name, parsed: "<kind>-<token hash>-<nonce>-<seq>".
+// The nonce finds a node whose create's answer was lost (Curator's
+// "protected" mode).
+type child struct {
+	name  string
+	kind  byte
+	hash  string
+	nonce string
+	seq   int64
+}
+
+// childPrefix is the name ZooKeeper appends the sequence number to.
+func childPrefix(kind byte, hash, nonce string) string {
+	return string(kind) + "-" + hash + "-" + nonce + "-"
+}
+
+func parseChild(name string) (child, bool) {
+	parts := strings.Split(name, "-")
+	if len(parts) != 4 || len(parts[0]) != 1 || len(parts[3]) != seqDigits {
+		return child{}, false
+	}
+	k := parts[0][0]
+	if k != kindWrite && k != kindRead {
+		return child{}, false
+	}
+	seq, err := strconv.ParseInt(parts[3], 10, 64)
+	if err != nil {
+		return child{}, false
+	}
+	return child{name: name, kind: k, hash: parts[1], nonce: parts[2], seq: seq}, true
+}
+
+// sortChildren parses names and sorts the lock nodes by sequence number;
+// other names are ignored.
+func sortChildren(names []string) []child {
+	out := make([]child, 0, len(names))
+	for _, n := range names {
+		if c, ok := parseChild(n); ok {
+			out = append(out, c)
+		}
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].seq < out[j].seq })
+	return out
+}
+
+// lockData is what a lock node stores. Hold counts live here, not only in
+// the instance that made the node, so that another instance given the same
+// token can reenter, renew and release it.
+type lockData struct {
+	// write and read are the token's holds in each mode. A write node
+	// gains read holds by a downgrade, and acts as a reader once its
+	// write holds are gone.
+	write, read int64
+	// ttl is the lease the last grant or renewal asked for; the creating
+	// instance deletes the node ttl after it saw the last change.
+	ttl   time.Duration
+	token string
+}
+
+const dataVersion = 1
+
+// dataHeader: version byte, write, read, ttl in ms.
+const dataHeader = 1 + 8 + 8 + 8
+
+func (d lockData) encode() []byte {
+	b := make([]byte, dataHeader, dataHeader+len(d.token))
+	b[0] = dataVersion
+	binary.BigEndian.PutUint64(b[1:], uint64(d.write))
+	binary.BigEndian.PutUint64(b[9:], uint64(d.read))
+	binary.BigEndian.PutUint64(b[17:], uint64(d.ttl.Milliseconds()))
+	return append(b, d.token...)
+}
+
+var errBadData = errors.New("zookeeper: lock node data is not lockproxy's")
+
+func decodeData(b []byte) (lockData, error) {
+	if len(b) < dataHeader || b[0] != dataVersion {
+		return lockData{}, errBadData
+	}
+	write, read := int64(binary.BigEndian.Uint64(b[1:])), int64(binary.BigEndian.Uint64(b[9:]))
+	ttlMS := binary.BigEndian.Uint64(b[17:])
+	if write < 0 || read < 0 || ttlMS > uint64(math.MaxInt64/int64(time.Millisecond)) {
+		return lockData{}, errBadData
+	}
+	return lockData{
+		write: write,
+		read:  read,
+		ttl:   time.Duration(ttlMS) * time.Millisecond,
+		token: string(b[dataHeader:]),
+	}, nil
+}

@@ -1,0 +1,42 @@
+package zookeeper
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// FuzzParseChild: any child name parses or is rejected without a panic,
+// and a parsed one rebuilds to the same name.
+func FuzzParseChild(f *testing.F) {
+	for _, s := range []string{"w-0123456789abcdef-0a0b0c0d-0000000001", "r-x-y-0000000042", "w--", "", "lock-0000000001", "w-a-b-c-0000000001"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, name string) {
+		c, ok := parseChild(name)
+		if !ok {
+			return
+		}
+		if got := childPrefix(c.kind, c.hash, c.nonce) + name[len(name)-seqDigits:]; got != name {
+			t.Fatalf("parseChild(%q) = %+v, which rebuilds to %q", name, c, got)
+		}
+	})
+}
+
+// FuzzDecodeData: any node data decodes or is rejected without a panic,
+// and decoded data encodes back to the same bytes.
+func FuzzDecodeData(f *testing.F) {
+	f.Add(lockData{write: 1, ttl: time.Second, token: "t"}.encode())
+	f.Add(lockData{read: 3, ttl: 30 * time.Second, token: strings.Repeat("\x00", 40)}.encode())
+	f.Add([]byte("hello"))
+	f.Add([]byte{})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := decodeData(b)
+		if err != nil {
+			return
+		}
+		if got := d.encode(); string(got) != string(b) {
+			t.Fatalf("encode(decode(%x)) = %x", b, got)
+		}
+	})
+}

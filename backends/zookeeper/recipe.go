@@ -1,0 +1,729 @@
+package zookeeper
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/go-zookeeper/zk"
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/backends"
+)
+
+// releaseTimeout bounds the clean-up of a node whose Lock gave up (its
+// context may be done already).
+const releaseTimeout = 2 * time.Second
+
+// leaseRetry is how soon a lease end that could not delete its node is
+// tried again.
+const leaseRetry = 100 * time.Millisecond
+
+// maxCAS bounds the read-modify-write retries of one hold change: another
+// instance changing the same node's data that often in a row is a bug.
+const maxCAS = 16
+
+// validity is what the holder may count on after a grant or renewal whose
+// last successful round trip started at t0: the lease, capped by the
+// session timeout (the session, and so the node, cannot end sooner after
+// that round trip reached a server), less elapsed time and drift.
+func (b *Backend) validity(ttl time.Duration, t0 time.Time) time.Duration {
+	d := min(ttl, b.cfg.SessionTimeout)
+	return d - time.Since(t0) - time.Duration(float64(ttl)*b.cfg.DriftFactor) - b.cfg.DriftMin
+}
+
+// node is a lock node as read: its place among the key's children, data
+// and stat.
+type node struct {
+	path  string
+	idx   int
+	data  lockData
+	stat  *zk.Stat
+	kids  []child
+	child child
+}
+
+func (b *Backend) children(ctx context.Context, dir string) ([]child, error) {
+	names, err := call(ctx, func() ([]string, error) { n, _, err := b.conn.Children(dir); return n, err })
+	if errors.Is(err, zk.ErrNoNode) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, zkErr("children", err)
+	}
+	return sortChildren(names), nil
+}
+
+type got struct {
+	data lockData
+	stat *zk.Stat
+}
+
+// get reads a lock node; ok is false when it is gone.
+func (b *Backend) get(ctx context.Context, path string) (got, bool, error) {
+	r, err := call(ctx, func() (got, error) {
+		raw, st, err := b.conn.Get(path)
+		if err != nil {
+			return got{}, err
+		}
+		d, err := decodeData(raw)
+		return got{d, st}, err
+	})
+	if errors.Is(err, zk.ErrNoNode) {
+		return got{}, false, nil
+	}
+	if err != nil {
+		return got{}, false, zkErr("get", err)
+	}
+	return r, true, nil
+}
+
+// heldKey names a token's hold on a key.
+type heldKey struct{ key, token string }
+
+// cached returns the granted node token holds on key that this instance
+// created, as last written or read here: reenter, Unlock and Renew then
+// need no lookup, and a stale copy only costs a version conflict.
+func (b *Backend) cached(key, token string) (node, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	o := b.byToken[heldKey{key, token}]
+	if o == nil {
+		return node{}, false
+	}
+	return node{path: o.path, data: o.data, stat: &zk.Stat{Version: o.version, Czxid: o.czxid}}, true
+}
+
+// findToken finds the node token holds on key (a write node before a read
+// node); ok is false when it holds none. Only granted nodes count.
+func (b *Backend) findToken(ctx context.Context, key, token string) (node, bool, error) {
+	if n, ok := b.cached(key, token); ok {
+		return n, true, nil
+	}
+	dir := keyDir(b.cfg.Root, key)
+	kids, err := b.children(ctx, dir)
+	if err != nil {
+		return node{}, false, err
+	}
+	return b.heldBy(ctx, dir, kids, token, "")
+}
+
+// heldBy finds among kids the granted node of token (a write node before
+// a read node), other than the one named skip.
+func (b *Backend) heldBy(ctx context.Context, dir string, kids []child, token, skip string) (node, bool, error) {
+	h := tokenHash(token)
+	var found []node
+	for i, c := range kids {
+		if c.hash != h || c.name == skip {
+			continue
+		}
+		p := dir + "/" + c.name
+		g, ok, err := b.get(ctx, p)
+		if err != nil {
+			return node{}, false, err
+		}
+		if !ok || g.data.token != token {
+			continue
+		}
+		n := node{path: p, idx: i, data: g.data, stat: g.stat, kids: kids, child: c}
+		blocker, err := b.blocker(ctx, dir, n)
+		if err != nil {
+			return node{}, false, err
+		}
+		if blocker == "" {
+			found = append(found, n)
+		}
+	}
+	if len(found) == 0 {
+		return node{}, false, nil
+	}
+	for _, n := range found {
+		if n.data.write > 0 {
+			return n, true, nil
+		}
+	}
+	return found[0], true, nil
+}
+
+// blocker names the node n waits for, or "" when n holds its lock. A node
+// with write holds waits for every earlier node; a reader waits for the
+// nearest earlier node that still has write holds (writer preference: a
+// waiting writer blocks later readers). A watch on the blocker fires when
+// it is deleted or, for a downgrade, changes its data.
+func (b *Backend) blocker(ctx context.Context, dir string, n node) (string, error) {
+	if n.data.write > 0 {
+		if n.idx > 0 {
+			return n.kids[n.idx-1].name, nil
+		}
+		return "", nil
+	}
+	for j := n.idx - 1; j >= 0; j-- {
+		c := n.kids[j]
+		if c.kind != kindWrite {
+			continue
+		}
+		g, ok, err := b.get(ctx, dir+"/"+c.name)
+		if err != nil {
+			return "", err
+		}
+		if ok && g.data.write > 0 {
+			return c.name, nil
+		}
+	}
+	return "", nil
+}
+
+// Lock acquires req (see backends.Backend): a reentrant or downgrading
+// grant changes the token's node; otherwise it creates a node and waits,
+// watching only its blocker, until it holds or req.Wait runs out.
+func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
+	if err := b.usable(); err != nil {
+		return backends.Lease{}, err
+	}
+	start := time.Now()
+	deadline := start.Add(req.Wait)
+	dir := keyDir(b.cfg.Root, req.Key)
+
+	if held, ok := b.cached(req.Key, req.Token); ok {
+		return b.reenter(ctx, held, req, start)
+	}
+
+	want := lockData{ttl: req.TTL, token: req.Token}
+	kind := byte(kindWrite)
+	if req.Mode == backends.Read {
+		want.read, kind = 1, kindRead
+	} else {
+		want.write = 1
+	}
+	path, err := b.create(ctx, dir, childPrefix(kind, tokenHash(req.Token), newNonce()), want.encode())
+	if err != nil {
+		return backends.Lease{}, err
+	}
+	name := path[len(dir)+1:]
+
+	b.mu.Lock()
+	expired := b.expired
+	b.mu.Unlock()
+	queued := false // counted in b.waiters
+	defer func() {
+		if queued {
+			b.mu.Lock()
+			if b.waiters[req.Key]--; b.waiters[req.Key] <= 0 {
+				delete(b.waiters, req.Key)
+			}
+			b.waiting--
+			b.mu.Unlock()
+		}
+	}()
+
+	granted := false
+	defer func() {
+		if !granted {
+			b.abandon(path)
+		}
+	}()
+	first := true
+	for {
+		t0 := time.Now()
+		kids, err := b.children(ctx, dir)
+		if err != nil {
+			return backends.Lease{}, err
+		}
+		idx := -1
+		for i, c := range kids {
+			if c.name == name {
+				idx = i
+				break
+			}
+		}
+		if idx < 0 {
+			// The session expired, or an UNLOCK with this token through
+			// another instance took the node while it waited.
+			return backends.Lease{}, noQuorum("lock node lost", errNodeGone)
+		}
+		if first {
+			// The node is made before looking, which saves a round trip
+			// on every first grant; a token that already holds the key
+			// through another instance reenters (and this node goes).
+			first = false
+			held, ok, err := b.heldBy(ctx, dir, kids, req.Token, name)
+			if err != nil {
+				return backends.Lease{}, err
+			}
+			if ok {
+				return b.reenter(ctx, held, req, start)
+			}
+		}
+		bl, err := b.blocker(ctx, dir, node{idx: idx, data: want, kids: kids})
+		if err != nil {
+			return backends.Lease{}, err
+		}
+		if bl == "" {
+			lease, err := b.granted(ctx, req, path, t0)
+			granted = err == nil
+			return lease, err
+		}
+		if !time.Now().Before(deadline) {
+			return backends.Lease{}, backends.ErrNotAcquired
+		}
+		if !queued {
+			queued = true
+			b.mu.Lock()
+			b.waiters[req.Key]++
+			b.waiting++
+			b.mu.Unlock()
+		}
+		type exists struct {
+			ok bool
+			ch <-chan zk.Event
+		}
+		w, err := call(ctx, func() (exists, error) {
+			ok, _, ch, err := b.conn.ExistsW(dir + "/" + bl)
+			return exists{ok, ch}, err
+		})
+		if err != nil {
+			return backends.Lease{}, zkErr("exists", err)
+		}
+		if !w.ok {
+			continue
+		}
+		timer := time.NewTimer(time.Until(deadline))
+		select {
+		case ev := <-w.ch:
+			timer.Stop()
+			b.wakeups.Add(1)
+			if ev.Err != nil {
+				return backends.Lease{}, zkErr("watch", ev.Err)
+			}
+		case <-timer.C:
+			// One more look: the blocker may have gone just now.
+		case <-expired:
+			timer.Stop()
+			return backends.Lease{}, noQuorum("session expired", zk.ErrSessionExpired)
+		case <-ctx.Done():
+			timer.Stop()
+			return backends.Lease{}, ctx.Err()
+		}
+	}
+}
+
+// create makes an ephemeral sequential node under dir, making dir (a
+// container, which the server deletes once it is empty) when missing. If
+// the answer is lost with the connection, it looks for the node by its
+// nonce and deletes it: the caller gets an error either way.
+func (b *Backend) create(ctx context.Context, dir, prefix string, data []byte) (string, error) {
+	for attempt := 0; ; attempt++ {
+		ch := make(chan result[string], 1)
+		go func() {
+			p, err := b.conn.Create(dir+"/"+prefix, data, zk.FlagEphemeralSequential, b.acl)
+			ch <- result[string]{p, err}
+		}()
+		var r result[string]
+		select {
+		case r = <-ch:
+		case <-ctx.Done():
+			// The node may still be made: delete it when the answer comes.
+			go func() {
+				if r := <-ch; r.err == nil {
+					b.abandon(r.v)
+				}
+			}()
+			return "", ctx.Err()
+		}
+		switch {
+		case r.err == nil:
+			return r.v, nil
+		case errors.Is(r.err, zk.ErrNoNode) && attempt < 3:
+			// The key's container is missing (never made, or just
+			// deleted by the server for being empty).
+			_, err := call(ctx, func() (string, error) { return b.conn.CreateContainer(dir, nil, zk.FlagContainer, b.acl) })
+			if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+				return "", zkErr("create key", err)
+			}
+		case errors.Is(r.err, zk.ErrConnectionClosed):
+			go b.abandonByNonce(dir, prefix)
+			return "", zkErr("create", r.err)
+		default:
+			return "", zkErr("create", r.err)
+		}
+	}
+}
+
+// abandon deletes a node this instance made but does not hold (a gave-up
+// waiter), within releaseTimeout.
+func (b *Backend) abandon(path string) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(path, -1) })
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		b.log.Debug("zookeeper: could not delete an abandoned lock node; it goes with the session", zap.Error(err))
+	}
+}
+
+// abandonByNonce deletes the node whose create's answer was lost, once the
+// session is back (if it expired, the node is gone anyway).
+func (b *Backend) abandonByNonce(dir, prefix string) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.SessionTimeout)
+	defer cancel()
+	for ctx.Err() == nil && !b.connected.Load() {
+		select {
+		case <-ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	kids, err := b.children(ctx, dir)
+	if err != nil {
+		return
+	}
+	for _, c := range kids {
+		if c.name[:len(c.name)-seqDigits] == prefix {
+			b.abandon(dir + "/" + c.name)
+		}
+	}
+}
+
+// granted completes a first grant: reads the node's czxid (the fence) and
+// starts enforcing its lease.
+func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path string, t0 time.Time) (backends.Lease, error) {
+	g, ok, err := b.get(ctx, path)
+	if err != nil {
+		return backends.Lease{}, err
+	}
+	if !ok {
+		return backends.Lease{}, noQuorum("lock node lost", errNodeGone)
+	}
+	v := b.validity(req.TTL, t0)
+	if v <= 0 {
+		return backends.Lease{}, backends.ErrNotAcquired
+	}
+	o := &ownedNode{path: path, key: req.Key, token: req.Token, czxid: g.stat.Czxid, data: g.data,
+		version: g.stat.Version, ttl: req.TTL}
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return backends.Lease{}, errClosed
+	}
+	b.owned[path] = o
+	b.byToken[heldKey{req.Key, req.Token}] = o
+	b.armLocked(o, req.TTL-time.Since(t0))
+	b.mu.Unlock()
+	return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(g.stat.Czxid), Holds: 1}, nil
+}
+
+// reenter adds a hold to the node token already holds: one more write hold
+// (reentrant), a read hold on a write node (downgrade) or on a read node
+// (reentrant read). Asking for write on a read hold is ErrUpgrade.
+func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest, t0 time.Time) (backends.Lease, error) {
+	for range maxCAS {
+		d := n.data
+		if req.Mode == backends.Write {
+			if d.write == 0 {
+				return backends.Lease{}, backends.ErrUpgrade
+			}
+			d.write++
+		} else {
+			d.read++
+		}
+		d.ttl = req.TTL
+		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
+		switch {
+		case err == nil:
+			b.written(n.path, d, st.Version, t0, true)
+			v := b.validity(req.TTL, t0)
+			holds := d.write
+			if req.Mode == backends.Read {
+				holds = d.read
+			}
+			// The hold is taken even if the time spent left no validity:
+			// report the least positive one, as Renew does.
+			return backends.Lease{Token: req.Token, Validity: max(v, time.Millisecond), Fence: uint64(n.stat.Czxid), Holds: holds}, nil
+		case errors.Is(err, zk.ErrBadVersion):
+			g, ok, err := b.get(ctx, n.path)
+			if err != nil {
+				return backends.Lease{}, err
+			}
+			if !ok {
+				b.forget(n.path)
+				return b.Lock(ctx, req)
+			}
+			n.data, n.stat = g.data, g.stat
+		case errors.Is(err, zk.ErrNoNode):
+			// Released meanwhile (its lease ended, or an UNLOCK through
+			// another instance): take it the usual way.
+			b.forget(n.path)
+			return b.Lock(ctx, req)
+		default:
+			return backends.Lease{}, zkErr("set", err)
+		}
+	}
+	return backends.Lease{}, errUnhandled
+}
+
+// written records a data change this instance made to path (when it owns
+// the node) and, with rearm, restarts the lease from t0.
+func (b *Backend) written(path string, d lockData, version int32, t0 time.Time, rearm bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	o := b.owned[path]
+	if o == nil {
+		return
+	}
+	o.data, o.version = d, version
+	if rearm {
+		o.ttl = d.ttl
+		b.disarmLocked(o)
+		if !b.closed {
+			b.armLocked(o, d.ttl-time.Since(t0))
+		}
+	}
+}
+
+// Unlock releases one hold of key by token: write holds first.
+func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
+	if err := b.usable(); err != nil {
+		return false, err
+	}
+	n, ok, err := b.findToken(ctx, key, token)
+	if err != nil || !ok {
+		return false, err
+	}
+	for range maxCAS {
+		d := n.data
+		switch {
+		case d.write > 0:
+			d.write--
+		case d.read > 0:
+			d.read--
+		default:
+			return false, nil
+		}
+		var err error
+		if d.write == 0 && d.read == 0 {
+			_, err = call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(n.path, n.stat.Version) })
+			if err == nil {
+				b.forget(n.path)
+				return true, nil
+			}
+		} else {
+			var st *zk.Stat
+			st, err = call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
+			if err == nil {
+				b.written(n.path, d, st.Version, time.Time{}, false)
+				return true, nil
+			}
+		}
+		switch {
+		case errors.Is(err, zk.ErrNoNode):
+			b.forget(n.path)
+			return false, nil
+		case errors.Is(err, zk.ErrBadVersion):
+			g, ok, err := b.get(ctx, n.path)
+			if err != nil {
+				return false, err
+			}
+			if !ok {
+				b.forget(n.path)
+				return false, nil
+			}
+			n.data, n.stat = g.data, g.stat
+		default:
+			return false, zkErr("unlock", err)
+		}
+	}
+	return false, errUnhandled
+}
+
+// Renew resets the lease of the node token holds on key to ttl.
+func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
+	if err := b.usable(); err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	n, ok, err := b.findToken(ctx, key, token)
+	if err != nil || !ok {
+		return 0, err
+	}
+	for range maxCAS {
+		d := n.data
+		d.ttl = ttl
+		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
+		switch {
+		case err == nil:
+			b.written(n.path, d, st.Version, t0, true)
+			// A renewal that leaves no validity still renewed: report the
+			// least positive validity rather than "not held".
+			return max(b.validity(ttl, t0), time.Millisecond), nil
+		case errors.Is(err, zk.ErrNoNode):
+			b.forget(n.path)
+			return 0, nil
+		case errors.Is(err, zk.ErrBadVersion):
+			g, ok, err := b.get(ctx, n.path)
+			if err != nil {
+				return 0, err
+			}
+			if !ok || g.data.token != token {
+				return 0, nil
+			}
+			n.data, n.stat = g.data, g.stat
+		default:
+			return 0, zkErr("renew", err)
+		}
+	}
+	return 0, errUnhandled
+}
+
+// Info reports key's holders. Their TTLs are measured from each node's
+// last change on the server's clock (mtime) against this host's clock.
+func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
+	if err := b.usable(); err != nil {
+		return backends.LockInfo{}, false, err
+	}
+	dir := keyDir(b.cfg.Root, key)
+	kids, err := b.children(ctx, dir)
+	if err != nil {
+		return backends.LockInfo{}, false, err
+	}
+	var info backends.LockInfo
+	now := time.Now()
+	for i, c := range kids {
+		g, ok, err := b.get(ctx, dir+"/"+c.name)
+		if err != nil {
+			return backends.LockInfo{}, false, err
+		}
+		if !ok {
+			continue
+		}
+		bl, err := b.blocker(ctx, dir, node{idx: i, data: g.data, kids: kids})
+		if err != nil {
+			return backends.LockInfo{}, false, err
+		}
+		if bl != "" {
+			continue
+		}
+		left := g.data.ttl - now.Sub(time.UnixMilli(g.stat.Mtime))
+		left = max(min(left, g.data.ttl), 0)
+		holds := g.data.read
+		if g.data.write > 0 {
+			info.Mode, holds = backends.Write, g.data.write
+			info.Fence = uint64(g.stat.Czxid)
+		} else if len(info.Holders) == 0 {
+			info.Mode = backends.Read
+		}
+		if info.Mode == backends.Read && uint64(g.stat.Czxid) > info.Fence {
+			info.Fence = uint64(g.stat.Czxid)
+		}
+		info.Holders = append(info.Holders, backends.Holder{Token: g.data.token, Holds: holds, TTL: left})
+		if len(info.Holders) == 1 || left < info.TTL {
+			info.TTL = left
+		}
+	}
+	if len(info.Holders) == 0 {
+		return backends.LockInfo{}, false, nil
+	}
+	b.mu.Lock()
+	info.Waiters = b.waiters[key]
+	b.mu.Unlock()
+	return info, true, nil
+}
+
+// forget stops enforcing the lease of a node that is gone or released.
+func (b *Backend) forget(path string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if o := b.owned[path]; o != nil {
+		b.forgetLocked(o)
+	}
+}
+
+// forgetLocked drops o; b.mu is held.
+func (b *Backend) forgetLocked(o *ownedNode) {
+	b.disarmLocked(o)
+	if b.owned[o.path] == o {
+		delete(b.owned, o.path)
+	}
+	if k := (heldKey{o.key, o.token}); b.byToken[k] == o {
+		delete(b.byToken, k)
+	}
+}
+
+// armLocked starts o's lease timer; b.mu is held.
+func (b *Backend) armLocked(o *ownedNode, d time.Duration) {
+	o.gen++
+	gen := o.gen
+	b.timers.Add(1)
+	o.timer = time.AfterFunc(max(d, 0), func() {
+		defer b.timers.Done()
+		b.leaseEnded(o, gen)
+	})
+}
+
+// disarmLocked stops o's lease timer if it has not fired; b.mu is held.
+func (b *Backend) disarmLocked(o *ownedNode) {
+	o.gen++
+	if o.timer != nil && o.timer.Stop() {
+		b.timers.Done()
+	}
+	o.timer = nil
+}
+
+// leaseEnded deletes o's node when its lease ran out without a renewal. A
+// change to its data that this instance did not make (a renewal or
+// reentry through another instance) restarts the lease from now, which
+// ends it no sooner than that change asked for.
+func (b *Backend) leaseEnded(o *ownedNode, gen int) {
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.SessionTimeout)
+	defer cancel()
+	b.mu.Lock()
+	if b.owned[o.path] != o || o.gen != gen || b.closed {
+		b.mu.Unlock()
+		return
+	}
+	version := o.version
+	if !b.connected.Load() {
+		// Suspended: the session comes back (then delete) or expires
+		// (then the node is gone); sending now would only queue requests.
+		b.armLocked(o, leaseRetry)
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+
+	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(o.path, version) })
+	if err == nil {
+		b.leasesEnded.Add(1)
+	}
+	switch {
+	case err == nil, errors.Is(err, zk.ErrNoNode):
+		b.mu.Lock()
+		if b.owned[o.path] == o && o.gen == gen {
+			b.forgetLocked(o)
+		}
+		b.mu.Unlock()
+		return
+	case errors.Is(err, zk.ErrBadVersion):
+		g, ok, gerr := b.get(ctx, o.path)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.owned[o.path] != o || o.gen != gen || b.closed {
+			return
+		}
+		switch {
+		case gerr != nil:
+			b.armLocked(o, leaseRetry)
+		case !ok:
+			b.forgetLocked(o)
+		default:
+			o.data, o.version, o.ttl = g.data, g.stat.Version, g.data.ttl
+			b.armLocked(o, g.data.ttl)
+		}
+	default:
+		// No answer: try again shortly. If the session expires meanwhile
+		// the node goes with it.
+		b.log.Debug("zookeeper: lease end: delete failed; retrying", zap.Error(err))
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if b.owned[o.path] == o && o.gen == gen && !b.closed {
+			b.armLocked(o, leaseRetry)
+		}
+	}
+}
