@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -155,10 +156,12 @@ func python(t *testing.T) string {
 // with its output unless it exits 0 within the timeout.
 func runScript(t *testing.T, timeout time.Duration, name string, args ...string) string {
 	t.Helper()
+	start := time.Now()
 	p := harness.StartProc(t, name, args...)
 	code, err := p.Wait(timeout)
 	if err != nil || code != 0 {
 		t.Fatalf("%s %v: exit %d, %v\n%s", name, args, code, err, p.Output())
 	}
+	t.Logf("%s %s: %v", filepath.Base(name), args[len(args)-1], time.Since(start).Round(time.Millisecond))
 	return p.Output()
 }
