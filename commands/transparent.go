@@ -815,7 +815,7 @@ func globMatch(pattern string, key []byte) bool {
 func matchClass(pattern string, p int, b byte) (int, bool) {
 	i := p + 1
 	neg := false
-	if i < len(pattern) && (pattern[i] == '^' || pattern[i] == '!') {
+	if i < len(pattern) && pattern[i] == '^' {
 		neg = true
 		i++
 	}

@@ -32,7 +32,7 @@ type env struct {
 	proc   *harness.Proc
 }
 
-func start(t *testing.T) *env {
+func start(t testing.TB) *env {
 	t.Helper()
 	e := &env{nodes: harness.StartRedisN(t, 3, harness.RedisOptions{})}
 	for _, n := range e.nodes {
@@ -65,7 +65,7 @@ func (e *env) nodePorts() string {
 
 // client is a go-redis client of lockproxy with the library's defaults
 // but for a pool large enough for the concurrency tests.
-func (e *env) client(t *testing.T) *redis.Client {
+func (e *env) client(t testing.TB) *redis.Client {
 	t.Helper()
 	c := redis.NewClient(&redis.Options{Addr: e.addr, PoolSize: 16})
 	t.Cleanup(func() { _ = c.Close() })
