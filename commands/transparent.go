@@ -414,7 +414,9 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		}
 		ks, argv := strs(keys), strs(args[3+nk:])
 		start := time.Now()
-		rs := h.fanout.RunScript(s.Context(), body, ks, argv)
+		// Not canceled with the client: what the scripts wrote must be
+		// seen, to be rolled back if it is not a grant.
+		rs := h.fanout.RunScript(context.WithoutCancel(s.Context()), body, ks, argv)
 		d := decideScript(rs, h.fanout.NodeCount(), time.Since(start), h.fanout.Drift)
 		if len(d.undo) > 0 {
 			h.undo(s.Context(), ks, d.undo)
@@ -481,7 +483,12 @@ func (h *Handler) tScript(s *resp.Session, args [][]byte) bool {
 			s.W.Array(len(args) - 2)
 			for _, sha := range args[2:] {
 				_, ok := h.scripts.get(string(sha))
-				s.W.Bool(ok)
+				// Integers in RESP3 too, as Redis answers.
+				if ok {
+					s.W.Int(1)
+				} else {
+					s.W.Int(0)
+				}
 			}
 		})
 	case "flush":
@@ -699,14 +706,28 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 			return scriptDecision{reply: v}
 		}
 	}
-	// Not acquired: roll back every write of this script.
+	// Not acquired: roll back every write of this script, and on the
+	// nodes that did not answer compare-and-delete the values written
+	// elsewhere, in case the script ran there before the answer was lost
+	// (as LOCK's roll-back releases on every node).
 	d := scriptDecision{undo: map[int][]string{}}
-	for i := range wrote {
+	for i, r := range rs {
 		vals := make([]string, len(written))
-		for j, w := range rs[i].Writes {
-			if w.Wrote {
-				vals[j] = w.Value
+		switch {
+		case wrote[i]:
+			for j, w := range r.Writes {
+				if w.Wrote {
+					vals[j] = w.Value
+				}
 			}
+		case r.Err != nil:
+			for j, w := range written {
+				if w != nil {
+					vals[j] = *w
+				}
+			}
+		default:
+			continue
 		}
 		d.undo[i] = vals
 	}

@@ -129,7 +129,8 @@ func TestDecideScript(t *testing.T) {
 		{"minority rolled back", []backends.NodeReply{scriptReply("OK", true, "t", 1000), scriptReply(nil, false, "other", 500), scriptReply(nil, false, "other", 500)}, time.Millisecond, nil, false, 1},
 		{"validity ran out", []backends.NodeReply{scriptReply("OK", true, "t", 30), scriptReply("OK", true, "t", 30), scriptReply(nil, false, "other", 500)}, 40 * time.Millisecond, nil, false, 2},
 		{"validity ran out everywhere", []backends.NodeReply{scriptReply("OK", true, "t", 30), scriptReply("OK", true, "t", 30), scriptReply("OK", true, "t", 30)}, 40 * time.Millisecond, nil, true, 3},
-		{"majority down", []backends.NodeReply{scriptReply("OK", true, "t", 1000), down, down}, 0, nil, true, 1},
+		{"majority down", []backends.NodeReply{scriptReply("OK", true, "t", 1000), down, down}, 0, nil, true, 3},
+		{"one down, one acquired", []backends.NodeReply{scriptReply(int64(1), true, "t", 1000), down, scriptReply(int64(0), false, "o", 1000)}, 0, int64(0), false, 2},
 		{"one down, two acquired", []backends.NodeReply{scriptReply(int64(1), true, "t", 1000), down, scriptReply(int64(1), true, "t", 1000)}, 0, int64(1), false, 0},
 		{"holders disagree", []backends.NodeReply{scriptReply(int64(1), true, "t", 1000), scriptReply(int64(0), false, "t", 1000), scriptReply(nil, false, "o", 1000)}, 0, nil, true, 1},
 	} {
