@@ -40,7 +40,7 @@ import (
 
 // errTransparentFanout is the reply when the backend has no nodes to run
 // plain Redis commands on.
-const errTransparentFanout = "ERR transparent mode: this lock backend does not serve plain Redis commands on lock keys; use LOCK, UNLOCK and RENEW"
+const errTransparentFanout = "ERR transparent mode: this lock backend serves only SET key value NX PX|EX ttl on lock keys; use LOCK, UNLOCK and RENEW for the rest"
 
 // maxScripts bounds the scripts remembered for EVALSHA. A script that no
 // longer fits gets NOSCRIPT on EVALSHA, which every client answers with

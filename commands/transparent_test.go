@@ -1,12 +1,15 @@
 package commands
 
 import (
+	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/resp"
 )
 
 func TestGlobMatch(t *testing.T) {
@@ -140,5 +143,60 @@ func TestDecideScript(t *testing.T) {
 				t.Fatalf("decideScript = %v, %v, %d undos; want %v, error %v, %d undos", d.reply, d.err, len(d.undo), c.want, c.wantErr, c.wantUndos)
 			}
 		})
+	}
+}
+
+// fanoutBackend is a fakeBackend whose nodes answer Run with replies and
+// record what they were sent.
+type fanoutBackend struct {
+	fakeBackend
+	replies []backends.NodeReply
+	args    []string
+	keys    []int
+}
+
+func (b *fanoutBackend) NodeCount() int { return len(b.replies) }
+func (b *fanoutBackend) Run(_ context.Context, args []string, keys []int) []backends.NodeReply {
+	b.args, b.keys = args, keys
+	return b.replies
+}
+func (b *fanoutBackend) RunScript(_ context.Context, body string, keys, argv []string) []backends.NodeReply {
+	return b.replies
+}
+func (b *fanoutBackend) Undo(context.Context, int, []string, []string) error { return nil }
+func (b *fanoutBackend) Drift(time.Duration) time.Duration                   { return 0 }
+
+// TestTransparentDispatch: which commands transparent mode takes, what
+// it sends to the nodes, and what a backend without nodes answers.
+func TestTransparentDispatch(t *testing.T) {
+	fan := &fanoutBackend{replies: replies("tok", "tok", nil)}
+	for _, tc := range []struct {
+		name    string
+		backend backends.Backend
+		cmd     string
+		want    string // prefix of the reply
+	}{
+		{"SET NX PX is a LOCK", &fakeBackend{}, "SET lock:a tok NX PX 1000", "+OK\r\n"},
+		{"no fan-out: GET refused", &fakeBackend{}, "GET lock:a", "-ERR transparent mode: this lock backend serves only SET"},
+		{"not a lock key", &fakeBackend{}, "GET other", "-ERR unknown command 'GET'"},
+		{"unsupported on a lock key", &fakeBackend{}, "INCR lock:a", "-ERR transparent mode: 'incr' is not supported"},
+		{"GET majority", fan, "GET lock:a", "$3\r\ntok\r\n"},
+		{"wrong arity", fan, "GET lock:a b", "-ERR wrong number of arguments for 'get' command"},
+		{"EVALSHA unknown", fan, "EVALSHA 0123 1 lock:a", "-NOSCRIPT"},
+		{"SCRIPT EXISTS", fan, "SCRIPT EXISTS 0123", "*1\r\n:0\r\n"},
+		{"EVAL without keys is not transparent", fan, "EVAL x 0", "-ERR unknown command 'EVAL'"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			h := NewHandler(Options{Limits: testLimits, Backend: tc.backend, LockPatterns: []string{"lock:*"}})
+			defer h.Close()
+			s := &resp.Session{W: resp.NewWriter()}
+			h.ServeRESP(s, words(tc.cmd))
+			if got := string(s.W.Bytes()); !strings.HasPrefix(got, tc.want) {
+				t.Errorf("%s = %q; want %q…", tc.cmd, got, tc.want)
+			}
+		})
+	}
+	if want := []string{"GET", "lock:a"}; len(fan.args) != 2 || fan.args[1] != want[1] || len(fan.keys) != 1 || fan.keys[0] != 1 {
+		t.Errorf("nodes were sent %q with keys at %v; want %q with the key at 1", fan.args, fan.keys, want)
 	}
 }
