@@ -21,7 +21,9 @@ type Fanout interface {
 	// the positions in keys replaced by that node's key for the lock key
 	// it names, and returns one reply per node in configuration order.
 	// A node that may not vote (restarted, clock out of bound) is not
-	// asked: its reply carries the reason in Err.
+	// asked: its reply carries the reason in Err. Run may return as soon
+	// as a majority of all nodes gave the same reply; the nodes it did not
+	// wait for then carry an error too.
 	Run(ctx context.Context, args []string, keys []int) []NodeReply
 	// RunScript runs EVAL of body with keys (lock keys, rewritten per node)
 	// and argv on every node that may vote, and reports, besides each

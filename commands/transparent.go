@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
+	"regexp"
 	"sort"
 	"strconv"
 	"strings"
@@ -402,8 +403,12 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		} else {
 			h.scripts.add(body)
 		}
-		if strings.HasSuffix(name, "_ro") {
-			cmd := append([]string{"eval_ro", body}, strs(args[2:])...)
+		if ro := strings.HasSuffix(name, "_ro"); ro || !scriptMayAcquire(body) {
+			verb := "eval"
+			if ro {
+				verb = "eval_ro"
+			}
+			cmd := append([]string{verb, body}, strs(args[2:])...)
 			idx := make([]int, nk)
 			for i := range idx {
 				idx[i] = 3 + i
@@ -424,6 +429,41 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		h.tReply(s, name, d.reply, d.err)
 	})
 	return true
+}
+
+// scriptCall finds each redis.call / redis.pcall and the command name
+// after it when that is a string literal.
+var (
+	scriptCall    = regexp.MustCompile(`\bp?call\b`)
+	scriptLiteral = regexp.MustCompile(`\bp?call\s*\(\s*(?:"([A-Za-z_]+)"|'([A-Za-z_]+)')`)
+)
+
+// nonAcquiring are commands with which a script cannot put a new value in
+// a key: reads, expiry changes, deletions.
+var nonAcquiring = map[string]bool{
+	"get": true, "mget": true, "exists": true, "pttl": true, "ttl": true, "expire": true, "pexpire": true,
+	"del": true, "unlink": true, "strlen": true, "getrange": true, "type": true, "time": true, "publish": true,
+}
+
+// scriptMayAcquire reports whether a script may write a new value to a key,
+// which needs the reads around it (RunScript) to apply the acquisition
+// rule. It is false only when every redis.call/pcall in the body names,
+// as a string literal, a command of nonAcquiring: the compare-and-delete
+// and compare-and-expire scripts of lock libraries then cost one plain
+// EVAL per node. Anything it cannot read (a command name in a variable,
+// an aliased call) counts as a possible acquisition.
+func scriptMayAcquire(body string) bool {
+	calls := scriptCall.FindAllStringIndex(body, -1)
+	lits := scriptLiteral.FindAllStringSubmatch(body, -1)
+	if len(calls) != len(lits) {
+		return true
+	}
+	for _, m := range lits {
+		if !nonAcquiring[strings.ToLower(m[1]+m[2])] {
+			return true
+		}
+	}
+	return false
 }
 
 // undo compare-and-deletes what a script wrote on the given nodes, in

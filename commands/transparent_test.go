@@ -200,3 +200,23 @@ func TestTransparentDispatch(t *testing.T) {
 		t.Errorf("nodes were sent %q with keys at %v; want %q with the key at 1", fan.args, fan.keys, want)
 	}
 }
+
+func TestScriptMayAcquire(t *testing.T) {
+	for _, c := range []struct {
+		name, body string
+		want       bool
+	}{
+		{"compare-and-delete", `if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) else return 0 end`, false},
+		{"compare-and-expire, single quotes", `if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) end return 0`, false},
+		{"redis-py extend", "local token = redis.call('get', KEYS[1])\nlocal expiration = redis.call('pttl', KEYS[1])\nredis.call('pexpire', KEYS[1], ARGV[2])\nreturn 1", false},
+		{"set nx", `if redis.call("set", KEYS[1], ARGV[1], "NX", "PX", ARGV[3]) then return 1 end`, true},
+		{"pcall set", `return redis.pcall('SET', KEYS[1], ARGV[1])`, true},
+		{"name in a variable", `local c = "get" return redis.call(c, KEYS[1])`, true},
+		{"aliased call", `local call = redis.call return call("set", KEYS[1], "x")`, true},
+		{"no call at all", `return 1`, false},
+	} {
+		if got := scriptMayAcquire(c.body); got != c.want {
+			t.Errorf("%s: scriptMayAcquire = %v; want %v", c.name, got, c.want)
+		}
+	}
+}

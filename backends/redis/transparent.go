@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -28,13 +29,22 @@ func (b *Backend) NodeCount() int { return len(b.nodes) }
 func (b *Backend) Drift(ttl time.Duration) time.Duration { return b.q.Drift(ttl) }
 
 // fanoutTimeout is what each node gets to answer a transparent-mode
-// command: the largest node timeout, as these commands carry no TTL to
-// scale it by.
-func (b *Backend) fanoutTimeout() time.Duration { return b.q.NodeTimeout(time.Duration(1 << 62)) }
+// command: the largest node timeout, but at least minFanoutTimeout. These
+// commands carry no lease that waiting would eat into (a script
+// acquisition subtracts the time it took from its validity), and plain
+// commands return as soon as a majority agrees, so a slow node delays
+// only scripts that may acquire and replies on which the nodes split.
+func (b *Backend) fanoutTimeout() time.Duration {
+	return max(b.q.NodeTimeout(time.Duration(1<<62)), minFanoutTimeout)
+}
+
+// minFanoutTimeout keeps a loaded node from turning a GET or a release
+// into NOQUORUM as readily as the 250 ms an acquisition allows.
+const minFanoutTimeout = time.Second
 
 // Run implements backends.Fanout.
 func (b *Backend) Run(ctx context.Context, args []string, keys []int) []backends.NodeReply {
-	return b.each(ctx, func(ctx context.Context, n *Node) backends.NodeReply {
+	return b.each(ctx, true, func(ctx context.Context, n *Node) backends.NodeReply {
 		cmd := make([]any, len(args))
 		for i, a := range args {
 			cmd[i] = a
@@ -53,7 +63,7 @@ func (b *Backend) Run(ctx context.Context, args []string, keys []int) []backends
 // that lost its script cache never answers NOSCRIPT half-way through a
 // fan-out.
 func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []string) []backends.NodeReply {
-	return b.each(ctx, func(ctx context.Context, n *Node) backends.NodeReply {
+	return b.each(ctx, false, func(ctx context.Context, n *Node) backends.NodeReply {
 		nkeys := make([]string, len(keys))
 		for i, k := range keys {
 			nkeys[i] = n.LockKey(k)
@@ -134,21 +144,28 @@ func (b *Backend) Undo(ctx context.Context, node int, keys, values []string) err
 }
 
 // each runs do on every node at once and waits for all of them, each
-// bounded by the node timeout. A node that may not vote is not asked, and
-// an answer that arrives across a restart of its node counts as none:
-// it comes from a server that forgot its locks.
-func (b *Backend) each(ctx context.Context, do func(context.Context, *Node) backends.NodeReply) []backends.NodeReply {
+// bounded by fanoutTimeout; with early, it returns as soon as a majority of
+// all nodes gave the same reply, and the nodes still out are reported as
+// not waited for. A node that may not vote is not asked, and an answer
+// that arrives across a restart of its node counts as none: it comes from
+// a server that forgot its locks.
+func (b *Backend) each(ctx context.Context, early bool, do func(context.Context, *Node) backends.NodeReply) []backends.NodeReply {
+	type answer struct {
+		i int
+		r backends.NodeReply
+	}
 	out := make([]backends.NodeReply, len(b.nodes))
-	done := make(chan struct{}, len(b.nodes))
+	got := make([]bool, len(b.nodes))
+	// Buffered for every node: a goroutine never waits for a collector
+	// that returned early.
+	answers := make(chan answer, len(b.nodes))
 	timeout := b.fanoutTimeout()
 	for i, n := range b.nodes {
 		if err := n.health.refuse(); err != nil {
-			out[i] = backends.NodeReply{Node: n.name, Err: err}
-			done <- struct{}{}
+			answers <- answer{i, backends.NodeReply{Node: n.name, Err: err}}
 			continue
 		}
 		go func() {
-			defer func() { done <- struct{}{} }()
 			nctx, cancel := context.WithTimeout(ctx, timeout)
 			defer cancel()
 			gen := n.health.gen.Load()
@@ -157,13 +174,38 @@ func (b *Backend) each(ctx context.Context, do func(context.Context, *Node) back
 				r = backends.NodeReply{Err: errQuarantined}
 			}
 			r.Node = n.name
-			out[i] = r
+			answers <- answer{i, r}
 		}()
 	}
+	need := len(b.nodes)/2 + 1
 	for range b.nodes {
-		<-done
+		a := <-answers
+		out[a.i], got[a.i] = a.r, true
+		if early && a.r.Err == nil && agreeing(out, got, a.r.Val) >= need {
+			for i, ok := range got {
+				if !ok {
+					out[i] = backends.NodeReply{Node: b.nodes[i].name, Err: errNotWaited}
+				}
+			}
+			return out
+		}
 	}
 	return out
+}
+
+// errNotWaited marks a node whose answer was not needed: a majority had
+// already given the same reply.
+var errNotWaited = errors.New("redis: not waited for, a majority agreed")
+
+// agreeing counts the answers equal to v.
+func agreeing(out []backends.NodeReply, got []bool, v any) int {
+	n := 0
+	for i, r := range out {
+		if got[i] && r.Err == nil && reflect.DeepEqual(r.Val, v) {
+			n++
+		}
+	}
+	return n
 }
 
 // nodeReply turns a go-redis result into a NodeReply: a nil reply is a

@@ -135,6 +135,14 @@ func TestTransparentCommands(t *testing.T) {
 	want("script acquisition on a majority", int64(1), "EVAL", acquireScript, 1, "lock:majority", "mine", 5000)
 	e.requireHeld(t, "script acquisition on a majority", "lock:majority", "mine")
 
+	// A paused node (SIGSTOP) answers nothing: plain commands are answered
+	// by the majority, and a script acquisition on the two others stands.
+	e.nodes[2].Pause()
+	want("GET with a node paused", "mine", "GET", "lock:majority")
+	want("script acquisition with a node paused", int64(1), "EVAL", acquireScript, 1, "lock:paused", "p", 5000)
+	want("GET of it with a node paused", "p", "GET", "lock:paused")
+	e.nodes[2].Resume()
+
 	// A library that tries EVALSHA first and falls back to EVAL works on a
 	// fresh instance (go-redis's Script.Run does exactly that).
 	s := redis.NewScript(`return redis.call("pexpire", KEYS[1], ARGV[1])`)
