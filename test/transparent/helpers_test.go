@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -44,7 +45,16 @@ func start(t testing.TB) *env {
 	for _, p := range patterns {
 		args = append(args, "--lock-pattern", p)
 	}
-	e.proc = harness.StartProc(t, bin, args...)
+	cmd := exec.Command(bin, args...)
+	// Node timeouts of up to 1 s (default: TTL × 0.05, at most 250 ms): the
+	// test machine has two shared cores, often at a load average above
+	// 20, and a node that answers late turns an acquisition into NOQUORUM.
+	// Dead nodes still fail at once (connection refused).
+	cmd.Env = append(os.Environ(),
+		"LOCKPROXY_REDLOCK_NODE_TIMEOUT_FACTOR=0.2",
+		"LOCKPROXY_REDLOCK_NODE_TIMEOUT_MAX=1s",
+	)
+	e.proc = harness.StartCmd(t, cmd)
 	if err := harness.WaitTCP(e.addr, 15*time.Second); err != nil {
 		t.Fatalf("lockproxy did not listen on %s: %v\n%s", e.addr, err, e.proc.Output())
 	}
