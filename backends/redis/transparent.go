@@ -18,7 +18,7 @@ import (
 // uses). Which reply counts is decided by the caller (commands), which sees
 // every node's answer. These commands do not go through the batching
 // writers: they are plain go-redis calls on the node's pool, one goroutine
-// per node, each bounded by the node timeout.
+// per node, each bounded by fanoutTimeout.
 
 var _ backends.Fanout = (*Backend)(nil)
 
