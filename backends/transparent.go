@@ -21,10 +21,13 @@ type Fanout interface {
 	// the positions in keys replaced by that node's key for the lock key
 	// it names, and returns one reply per node in configuration order.
 	// A node that may not vote (restarted, clock out of bound) is not
-	// asked: its reply carries the reason in Err. Run may return as soon
-	// as a majority of all nodes gave the same reply; the nodes it did not
-	// wait for then carry an error too.
-	Run(ctx context.Context, args []string, keys []int) []NodeReply
+	// asked: its reply carries the reason in Err. A read-only command may
+	// return as soon as a majority of all nodes gave the same reply; the
+	// nodes it did not wait for then carry an error too. A command that
+	// writes waits for every node (up to its timeout), so that it is not
+	// still on its way to a slow node when the client's next command on
+	// the key reaches the others.
+	Run(ctx context.Context, args []string, keys []int, readOnly bool) []NodeReply
 	// RunScript runs EVAL of body with keys (lock keys, rewritten per node)
 	// and argv on every node that may vote, and reports, besides each
 	// node's reply, which keys the script left holding a value other than

@@ -161,7 +161,7 @@ func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
 				s.W.Error(err.Error())
 				return
 			}
-			h.tRun(s, args, []int{1}, name != "get")
+			h.tRun(s, args, []int{1}, name != "get", true)
 		})
 	case "exists", "del", "unlink":
 		switch h.classify(args[1:]) {
@@ -175,7 +175,7 @@ func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
 		for i := range keys {
 			keys[i] = i + 1
 		}
-		h.tCount(s, name, func() { h.tRun(s, args, keys, false) })
+		h.tCount(s, name, func() { h.tRun(s, args, keys, false, name == "exists") })
 	case "pexpire", "expire":
 		if !h.isLockKey(args[1]) {
 			return false
@@ -213,13 +213,14 @@ func mixedError(name string) string {
 	return "ERR transparent mode: '" + name + "' mixes lock keys (matching lock_patterns) and other keys; use one kind per command"
 }
 
-// tRun runs args on every node and replies what a majority agrees on.
-func (h *Handler) tRun(s *resp.Session, args [][]byte, keys []int, ttl bool) {
+// tRun runs args on every node and replies what a majority agrees on
+// (for PTTL and TTL, by agreeTTL).
+func (h *Handler) tRun(s *resp.Session, args [][]byte, keys []int, ttl, readOnly bool) {
 	if h.fanout == nil {
 		s.W.Error(errTransparentFanout)
 		return
 	}
-	rs := h.fanout.Run(s.Context(), strs(args), keys)
+	rs := h.fanout.Run(s.Context(), strs(args), keys, readOnly)
 	var v any
 	var err error
 	if ttl {
@@ -305,7 +306,7 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 			s.W.Error(errTransparentFanout)
 			return
 		}
-		v, err := agree(h.fanout.Run(s.Context(), strs(args), []int{1}), h.fanout.NodeCount())
+		v, err := agree(h.fanout.Run(s.Context(), strs(args), []int{1}, false), h.fanout.NodeCount())
 		if err == nil && v == "OK" && !get {
 			s.W.Simple("OK") // a status reply, as Redis gives
 			return
@@ -359,7 +360,7 @@ func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
 			return
 		}
 	}
-	h.tRun(s, args, []int{1}, false)
+	h.tRun(s, args, []int{1}, false, false)
 }
 
 // tEval serves EVAL, EVALSHA and their _RO forms when every key is a lock
@@ -413,7 +414,7 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 			for i := range idx {
 				idx[i] = 3 + i
 			}
-			v, err := agree(h.fanout.Run(s.Context(), cmd, idx), h.fanout.NodeCount())
+			v, err := agree(h.fanout.Run(s.Context(), cmd, idx, ro), h.fanout.NodeCount())
 			h.tReply(s, name, v, err)
 			return
 		}
@@ -506,7 +507,7 @@ func (h *Handler) tScript(s *resp.Session, args [][]byte) bool {
 				s.W.Error(errTransparentFanout)
 				return
 			}
-			v, err := agree(h.fanout.Run(s.Context(), strs(args), nil), h.fanout.NodeCount())
+			v, err := agree(h.fanout.Run(s.Context(), strs(args), nil, false), h.fanout.NodeCount())
 			if err == nil {
 				if _, bad := v.(backends.ReplyError); !bad {
 					h.scripts.add(string(args[2]))

@@ -156,7 +156,7 @@ type fanoutBackend struct {
 }
 
 func (b *fanoutBackend) NodeCount() int { return len(b.replies) }
-func (b *fanoutBackend) Run(_ context.Context, args []string, keys []int) []backends.NodeReply {
+func (b *fanoutBackend) Run(_ context.Context, args []string, keys []int, _ bool) []backends.NodeReply {
 	b.args, b.keys = args, keys
 	return b.replies
 }

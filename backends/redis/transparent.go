@@ -31,9 +31,11 @@ func (b *Backend) Drift(ttl time.Duration) time.Duration { return b.q.Drift(ttl)
 // fanoutTimeout is what each node gets to answer a transparent-mode
 // command: the largest node timeout, but at least minFanoutTimeout. These
 // commands carry no lease that waiting would eat into (a script
-// acquisition subtracts the time it took from its validity), and plain
-// commands return as soon as a majority agrees, so a slow node delays
-// only scripts that may acquire and replies on which the nodes split.
+// acquisition subtracts the time it took from its validity), and reads
+// return as soon as a majority agrees. Writes wait for every node: a slow
+// node delays them, but a write answered early could still be on its way
+// to that node when the client's next command (a new acquisition with
+// the same token) reaches it, and delete it there.
 func (b *Backend) fanoutTimeout() time.Duration {
 	return max(b.q.NodeTimeout(time.Duration(1<<62)), minFanoutTimeout)
 }
@@ -43,8 +45,8 @@ func (b *Backend) fanoutTimeout() time.Duration {
 const minFanoutTimeout = time.Second
 
 // Run implements backends.Fanout.
-func (b *Backend) Run(ctx context.Context, args []string, keys []int) []backends.NodeReply {
-	return b.each(ctx, true, func(ctx context.Context, n *Node) backends.NodeReply {
+func (b *Backend) Run(ctx context.Context, args []string, keys []int, readOnly bool) []backends.NodeReply {
+	return b.each(ctx, readOnly, func(ctx context.Context, n *Node) backends.NodeReply {
 		cmd := make([]any, len(args))
 		for i, a := range args {
 			cmd[i] = a
