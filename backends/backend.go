@@ -27,6 +27,9 @@ type LockRequest struct {
 	// Wait is how long to keep trying; 0 means try once.
 	Wait time.Duration
 	Mode Mode
+	// NoReentry refuses the lock even to its current holder's token, as
+	// SET NX does (transparent mode).
+	NoReentry bool
 }
 
 // String is the word LOCKINFO shows for m.

@@ -74,6 +74,8 @@ type Options struct {
 	Clients func() []*resp.Session
 	// DriftFor, when set, tells the drift a lease of ttl is allowed (INFO).
 	DriftFor func(ttl time.Duration) time.Duration
+	// LockPatterns are the key globs served in transparent mode.
+	LockPatterns []string
 }
 
 // Handler serves lockproxy's own commands on every connection.
@@ -89,6 +91,10 @@ type Handler struct {
 	held      *heldLocks
 	keepalive *keepalives
 	closed    atomic.Bool
+
+	patterns []string        // transparent mode's lock patterns
+	fanout   backends.Fanout // nil when the backend has no nodes to run commands on
+	scripts  scriptCache     // for EVALSHA on lock keys
 }
 
 // NewHandler returns a Handler; Close it to stop its background work.
@@ -110,7 +116,10 @@ func NewHandler(o Options) *Handler {
 		started: time.Now(),
 		runID:   randomHex(20),
 		held:    newHeldLocks(m),
+
+		patterns: o.LockPatterns,
 	}
+	h.fanout, _ = o.Backend.(backends.Fanout)
 	h.keepalive = newKeepalives(o.Backend, h.held, o.Logger, o.Limits.KeepaliveIdle, o.Registry)
 	h.keepalive.delayFor = h.limits.lockDelay
 	return h
@@ -150,6 +159,9 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 	}
 	c := lookup(args[0])
 	if c == nil {
+		if h.transparent(s, args) {
+			return
+		}
 		h.metrics.commands.WithLabelValues("unknown", "error").Inc()
 		s.W.Error(unknownCommand(args))
 		return

@@ -22,5 +22,6 @@
 //   - Durations need a unit ("250ms", "30s"): a bare number is an error, not
 //     nanoseconds.
 //   - LockPatterns are syntax-checked with path.Match; how keys are matched is
-//     the commands package's business.
+//     the commands package's business (Redis globs, where '*' also matches
+//     '/', unlike path.Match).
 package conf

@@ -53,6 +53,9 @@ type Request struct {
 	// for this long, so that new readers queue behind it (writer
 	// preference across instances). Zero for a single attempt.
 	WriterWait time.Duration
+	// NoReentry: a node where the token already holds the key refuses,
+	// like SET NX, instead of adding a hold.
+	NoReentry bool
 }
 
 // NodeGrant is one node's answer to an acquisition.

@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# Installs what the tests need when it is missing: redis-server,
-# redis-tools and zookeeper (which brings Java) from Debian's packages. Needs root for apt-get; without root it
-# says what to install and fails.
+# Installs what the tests need when it is missing, from Debian's packages:
+# redis-server and redis-tools; zookeeper (which brings Java) for the
+# ZooKeeper backend's tests; python3-redis (redis-py, used through Debian's
+# /usr/bin/python3) and nodejs/npm for the client tests; then the npm
+# packages of the test directories that have a package-lock.json (npm ci).
+# Needs root for apt-get; without root it says what to install and fails.
 set -euo pipefail
 
 need=()
@@ -9,19 +12,34 @@ command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 # The ZooKeeper tests run Debian's server jar with java directly.
 { [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; } || need+=(zookeeper)
+# The Python tests run Debian's python3, which a pyenv or venv python3
+# earlier on PATH would hide.
+if ! { [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import redis' >/dev/null 2>&1; }; then
+	need+=(python3 python3-redis)
+fi
+command -v node >/dev/null 2>&1 || need+=(nodejs)
+command -v npm >/dev/null 2>&1 || need+=(npm)
 
-if [ ${#need[@]} -eq 0 ]; then
-	exit 0
+if [ ${#need[@]} -gt 0 ]; then
+	if [ "$(id -u)" -ne 0 ]; then
+		echo "missing: ${need[*]}; install them with: sudo apt-get install -y ${need[*]}" >&2
+		exit 1
+	fi
+	echo "installing ${need[*]} from Debian's packages" >&2
+	export DEBIAN_FRONTEND=noninteractive
+	apt-get update -qq
+	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	# Debian's redis package starts a redis-server on 6379 and its zookeeper
+	# package may start a service; the tests start their own on free ports,
+	# so leave them alone but do not depend on them.
 fi
-if [ "$(id -u)" -ne 0 ]; then
-	echo "missing: ${need[*]}; install them with: sudo apt-get install -y ${need[*]}" >&2
-	exit 1
-fi
-echo "installing ${need[*]} from Debian's packages" >&2
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-# Debian's package starts a redis-server on 6379; the tests start their own
-# on free ports, so leave the service alone but do not depend on it.
-# Debian's zookeeper package installs no running service by default; the
-# tests start their own servers on free ports with the jar.
+
+root="$(cd "$(dirname "$0")/.." && pwd)"
+for lock in "$root"/test/*/node/package-lock.json; do
+	[ -f "$lock" ] || continue
+	dir="$(dirname "$lock")"
+	if [ ! -d "$dir/node_modules" ] || [ "$lock" -nt "$dir/node_modules" ]; then
+		echo "installing the npm packages of ${dir#"$root"/}" >&2
+		(cd "$dir" && npm ci --no-audit --no-fund --loglevel=error)
+	fi
+done

@@ -301,7 +301,7 @@ func (b *Backend) Nodes() []*Node { return b.nodes }
 // instance it was made), and otherwise after a random delay in
 // [RetryMin, RetryMax], which covers expiries and missed announcements.
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
-	qreq := quorum.Request{Key: req.Key, Token: req.Token, TTL: req.TTL, Mode: quorum.Exclusive}
+	qreq := quorum.Request{Key: req.Key, Token: req.Token, TTL: req.TTL, Mode: quorum.Exclusive, NoReentry: req.NoReentry}
 	if req.Mode == backends.Read {
 		qreq.Mode = quorum.Shared
 	}

@@ -81,19 +81,20 @@ const (
 )
 
 type op struct {
-	kind     opKind
-	key      string // the key as stored on the node, prefix included
-	base     string // the client's key
-	mode     quorum.Mode
-	hold     quorum.Hold // which holds a release may remove
-	waitMs   int64       // writer-waiting mark to leave when refused, ms
-	channel  string      // where a release is announced
-	token    string
-	ms       int64 // TTL in ms
-	slot     uint16
-	fence    uint64
-	start    time.Time
-	deadline time.Time
+	kind      opKind
+	key       string // the key as stored on the node, prefix included
+	base      string // the client's key
+	mode      quorum.Mode
+	noReentry bool
+	hold      quorum.Hold // which holds a release may remove
+	waitMs    int64       // writer-waiting mark to leave when refused, ms
+	channel   string      // where a release is announced
+	token     string
+	ms        int64 // TTL in ms
+	slot      uint16
+	fence     uint64
+	start     time.Time
+	deadline  time.Time
 	// The answer goes to done when it is set, else to res. res is
 	// buffered 1, so the writer never blocks on it; done is the quorum's
 	// callback, which must not block either.
@@ -283,6 +284,7 @@ func (n *Node) acquireOp(req quorum.Request) *op {
 	o.ms = req.TTL.Milliseconds()
 	o.slot = slot(req.Key)
 	o.mode = req.Mode
+	o.noReentry = req.NoReentry
 	if req.WriterWait > 0 {
 		o.waitMs = max(1, req.WriterWait.Milliseconds())
 	}
@@ -616,7 +618,7 @@ func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
 				args = []any{o.token, o.ms, o.slot, readMarker}
 			} else {
 				s = scriptAcquire
-				args = []any{o.token, o.ms, o.slot, o.waitMs, readMarker}
+				args = []any{o.token, o.ms, o.slot, o.waitMs, readMarker, boolArg(o.noReentry)}
 			}
 		case opRaiseFence:
 			s = scriptRaiseFence
@@ -647,6 +649,13 @@ func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
 		out[i].n, out[i].err = c.Int64()
 	}
 	return out
+}
+
+func boolArg(b bool) string {
+	if b {
+		return "1"
+	}
+	return "0"
 }
 
 // releaseHoldArg is the release script's ARGV[4] for each quorum.Hold.

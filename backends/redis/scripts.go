@@ -62,7 +62,8 @@ end
 `
 
 // acquireScript: KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms,
-// ARGV[3] slot, ARGV[4] writer-wait ms or 0, ARGV[5] readMarker.
+// ARGV[3] slot, ARGV[4] writer-wait ms or 0, ARGV[5] readMarker, ARGV[6]
+// 1 to refuse reentry (SET NX's rule) or 0.
 // Returns {fence, holds} when granted (a reentrant grant when the token
 // already holds it: one more hold, the lease reset, the stored fence), 0
 // when held by another, -1 when the token holds it for reading (upgrade).
@@ -78,7 +79,7 @@ if not v then
   if ARGV[4] ~= '0' then redis.call('DEL', KEYS[6]) end
   return {f, 1}
 end
-if v == ARGV[1] then
+if v == ARGV[1] and ARGV[6] ~= '1' then
   local h = redis.call('INCR', KEYS[3])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   redis.call('PEXPIRE', KEYS[2], ARGV[2])

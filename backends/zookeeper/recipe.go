@@ -414,6 +414,10 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 // (reentrant), a read hold on a write node (downgrade) or on a read node
 // (reentrant read). Asking for write on a read hold is ErrUpgrade.
 func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest, t0 time.Time) (backends.Lease, error) {
+	if req.NoReentry {
+		// SET NX's rule (transparent mode): held is held, whoever asks.
+		return backends.Lease{}, backends.ErrNotAcquired
+	}
 	for range maxCAS {
 		d := n.data
 		if req.Mode == backends.Write {

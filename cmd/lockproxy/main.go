@@ -128,8 +128,6 @@ func notYet(cfg conf.Config) error {
 	switch {
 	case cfg.Upstream != "":
 		return errors.New("upstream: relaying other commands is not available in this version")
-	case len(cfg.LockPatterns) > 0:
-		return errors.New("lock_patterns: transparent mode is not available in this version")
 	}
 	return nil
 }
@@ -252,6 +250,8 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		Logger:   log,
 		Registry: reg,
 		Clients:  srv.Sessions,
+
+		LockPatterns: cfg.LockPatterns,
 	})
 	defer handler.Close()
 	srv.Handler = handler

@@ -1,0 +1,258 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/backends"
+)
+
+// Transparent mode's node side: plain Redis commands on lock keys run on
+// every node that may vote, each on the node's own key for the lock
+// (LockKey: the same string key, holding the holder's token, that LOCK
+// uses). Which reply counts is decided by the caller (commands), which sees
+// every node's answer. These commands do not go through the batching
+// writers: they are plain go-redis calls on the node's pool, one goroutine
+// per node, each bounded by fanoutTimeout.
+
+var _ backends.Fanout = (*Backend)(nil)
+
+// NodeCount implements backends.Fanout.
+func (b *Backend) NodeCount() int { return len(b.nodes) }
+
+// Drift implements backends.Fanout.
+func (b *Backend) Drift(ttl time.Duration) time.Duration { return b.q.Drift(ttl) }
+
+// fanoutTimeout is what each node gets to answer a transparent-mode
+// command: the largest node timeout, but at least minFanoutTimeout. These
+// commands carry no lease that waiting would eat into (a script
+// acquisition subtracts the time it took from its validity), and reads
+// return as soon as a majority agrees. Writes wait for every node: a slow
+// node delays them, but a write answered early could still be on its way
+// to that node when the client's next command (a new acquisition with
+// the same token) reaches it, and delete it there.
+func (b *Backend) fanoutTimeout() time.Duration {
+	return max(b.q.NodeTimeout(time.Duration(1<<62)), minFanoutTimeout)
+}
+
+// minFanoutTimeout keeps a loaded node from turning a GET or a release
+// into NOQUORUM as readily as the 250 ms an acquisition allows.
+const minFanoutTimeout = time.Second
+
+// Run implements backends.Fanout.
+func (b *Backend) Run(ctx context.Context, args []string, keys []int, readOnly bool) []backends.NodeReply {
+	return b.each(ctx, readOnly, func(ctx context.Context, n *Node) backends.NodeReply {
+		cmd := make([]any, len(args))
+		for i, a := range args {
+			cmd[i] = a
+		}
+		for _, k := range keys {
+			cmd[k] = n.LockKey(args[k])
+		}
+		v, err := n.client.Do(ctx, cmd...).Result()
+		return nodeReply(v, err)
+	})
+}
+
+// RunScript implements backends.Fanout: MULTI, GET of each key, the
+// script, GET and PTTL of each key, EXEC. Scripts are always sent with
+// EVAL (the node caches them by their SHA1 like for EVALSHA), so a node
+// that lost its script cache never answers NOSCRIPT half-way through a
+// fan-out.
+func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []string) []backends.NodeReply {
+	return b.each(ctx, false, func(ctx context.Context, n *Node) backends.NodeReply {
+		nkeys := make([]string, len(keys))
+		for i, k := range keys {
+			nkeys[i] = n.LockKey(k)
+		}
+		eval := make([]any, 0, 3+len(keys)+len(argv))
+		eval = append(eval, "eval", body, len(keys))
+		for _, k := range nkeys {
+			eval = append(eval, k)
+		}
+		for _, a := range argv {
+			eval = append(eval, a)
+		}
+		var before, after, pttls []*goredis.Cmd
+		var script *goredis.Cmd
+		_, err := n.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+			for _, k := range nkeys {
+				before = append(before, p.Do(ctx, "get", k))
+			}
+			script = p.Do(ctx, eval...)
+			for _, k := range nkeys {
+				after = append(after, p.Do(ctx, "get", k))
+				pttls = append(pttls, p.Do(ctx, "pttl", k))
+			}
+			return nil
+		})
+		if err != nil && !isReply(err) {
+			return backends.NodeReply{Err: err}
+		}
+		r := nodeReply(script.Result())
+		if r.Err != nil {
+			return r
+		}
+		r.Writes = make([]backends.KeyWrite, len(keys))
+		for i := range keys {
+			was, errB := before[i].Result()
+			now, errA := after[i].Result()
+			ttl, errT := pttls[i].Int64()
+			if e := errors.Join(notNil(errB), notNil(errA), errT); e != nil {
+				if isReply(e) {
+					// EXECABORT: nothing in the transaction ran.
+					r.Writes = nil
+					return r
+				}
+				return backends.NodeReply{Err: fmt.Errorf("redis: reading %s around a script: %w", n.name, e)}
+			}
+			nowS, isStr := now.(string)
+			wasS, _ := was.(string)
+			r.Writes[i] = backends.KeyWrite{
+				Wrote:  isStr && (was == nil || wasS != nowS),
+				Exists: isStr,
+				Value:  nowS,
+				PTTL:   ttl,
+			}
+		}
+		return r
+	})
+}
+
+// undoScript deletes KEYS[1] if it still holds ARGV[1].
+var undoScript = goredis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) end return 0`)
+
+// Undo implements backends.Fanout. Like a release it is sent whether or
+// not the node may vote.
+func (b *Backend) Undo(ctx context.Context, node int, keys, values []string) error {
+	if node < 0 || node >= len(b.nodes) {
+		return fmt.Errorf("redis: no node %d", node)
+	}
+	n := b.nodes[node]
+	ctx, cancel := context.WithTimeout(ctx, b.fanoutTimeout())
+	defer cancel()
+	var errs []error
+	for i, k := range keys {
+		if err := undoScript.Run(ctx, n.client, []string{n.LockKey(k)}, values[i]).Err(); err != nil {
+			errs = append(errs, fmt.Errorf("redis: undo on %s: %w", n.name, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// each runs do on every node at once and waits for all of them, each
+// bounded by fanoutTimeout; with early, it returns as soon as a majority of
+// all nodes gave the same reply, and the nodes still out are reported as
+// not waited for. A node that may not vote is not asked, and an answer
+// that arrives across a restart of its node counts as none: it comes from
+// a server that forgot its locks.
+func (b *Backend) each(ctx context.Context, early bool, do func(context.Context, *Node) backends.NodeReply) []backends.NodeReply {
+	type answer struct {
+		i int
+		r backends.NodeReply
+	}
+	out := make([]backends.NodeReply, len(b.nodes))
+	got := make([]bool, len(b.nodes))
+	// Buffered for every node: a goroutine never waits for a collector
+	// that returned early.
+	answers := make(chan answer, len(b.nodes))
+	timeout := b.fanoutTimeout()
+	for i, n := range b.nodes {
+		if err := n.health.refuse(); err != nil {
+			answers <- answer{i, backends.NodeReply{Node: n.name, Err: err}}
+			continue
+		}
+		go func() {
+			nctx, cancel := context.WithTimeout(ctx, timeout)
+			defer cancel()
+			gen := n.health.gen.Load()
+			r := do(nctx, n)
+			if n.health.gen.Load() != gen && n.health.restarting() {
+				r = backends.NodeReply{Err: errQuarantined}
+			}
+			r.Node = n.name
+			answers <- answer{i, r}
+		}()
+	}
+	need := len(b.nodes)/2 + 1
+	for range b.nodes {
+		a := <-answers
+		out[a.i], got[a.i] = a.r, true
+		if early && a.r.Err == nil && agreeing(out, got, a.r.Val) >= need {
+			for i, ok := range got {
+				if !ok {
+					out[i] = backends.NodeReply{Node: b.nodes[i].name, Err: errNotWaited}
+				}
+			}
+			return out
+		}
+	}
+	return out
+}
+
+// errNotWaited marks a node whose answer was not needed: a majority had
+// already given the same reply.
+var errNotWaited = errors.New("redis: not waited for, a majority agreed")
+
+// agreeing counts the answers equal to v.
+func agreeing(out []backends.NodeReply, got []bool, v any) int {
+	n := 0
+	for i, r := range out {
+		if got[i] && r.Err == nil && reflect.DeepEqual(r.Val, v) {
+			n++
+		}
+	}
+	return n
+}
+
+// nodeReply turns a go-redis result into a NodeReply: a nil reply is a
+// nil value, an error reply a ReplyError value, any other error a node
+// failure.
+func nodeReply(v any, err error) backends.NodeReply {
+	switch {
+	case err == nil:
+		return backends.NodeReply{Val: replyValue(v)}
+	case errors.Is(err, goredis.Nil):
+		return backends.NodeReply{}
+	case isReply(err):
+		return backends.NodeReply{Val: backends.ReplyError(err.Error())}
+	default:
+		return backends.NodeReply{Err: err}
+	}
+}
+
+// isReply reports whether err is an error reply from the server rather
+// than a failure to talk to it.
+func isReply(err error) bool {
+	var re goredis.Error
+	return errors.As(err, &re)
+}
+
+// notNil drops goredis.Nil, which only means the key was absent.
+func notNil(err error) error {
+	if errors.Is(err, goredis.Nil) {
+		return nil
+	}
+	return err
+}
+
+// replyValue converts the error replies nested in arrays.
+func replyValue(v any) any {
+	switch t := v.(type) {
+	case []any:
+		out := make([]any, len(t))
+		for i, e := range t {
+			out[i] = replyValue(e)
+		}
+		return out
+	case error:
+		return backends.ReplyError(t.Error())
+	default:
+		return v
+	}
+}

@@ -1,0 +1,914 @@
+package commands
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/resp"
+)
+
+// Transparent mode: plain Redis commands on keys that match the configured
+// lock patterns are served by the lock backend, so that code written for
+// one Redis (SET NX PX plus a compare-and-delete script, and the libraries
+// built on that) gets quorum locks without a change.
+//
+//   - SET key value NX PX|EX ttl is a LOCK with the value as token: quorum,
+//     validity, roll-back of partial grants and the fence come from the
+//     backend. Other SET forms run on every node (majority rule below).
+//   - GET, EXISTS, DEL, UNLINK, PEXPIRE, EXPIRE, PTTL, TTL and read-only
+//     scripts run on every node that may vote; the reply is the one shared
+//     by a majority of all nodes (PTTL/TTL: see agreeTTL). When no reply is
+//     shared by a majority the client gets an error saying so.
+//   - EVAL/EVALSHA whose KEYS are all lock keys run on every node with the
+//     reads of those keys before and after the script in one MULTI. A
+//     script that leaves a key holding a value it did not hold before is
+//     an acquisition: it stands only when a majority holds the written
+//     value, their replies agree, and the lease left on that majority,
+//     less the time taken and the drift, is positive. Otherwise the
+//     written values are compare-and-deleted on every node that wrote them
+//     and the client gets the reply of the nodes that did not write (their
+//     "not acquired"), or an error when there is none to give.
+
+// errTransparentFanout is the reply when the backend has no nodes to run
+// plain Redis commands on.
+const errTransparentFanout = "ERR transparent mode: this lock backend serves only SET key value NX PX|EX ttl on lock keys; use LOCK, UNLOCK and RENEW for the rest"
+
+// maxScripts bounds the scripts remembered for EVALSHA. A script that no
+// longer fits gets NOSCRIPT on EVALSHA, which every client answers with
+// EVAL or SCRIPT LOAD.
+const maxScripts = 4096
+
+// scriptCache maps SHA1 (lower-case hex) to script bodies seen in EVAL and
+// SCRIPT LOAD on this instance. EVALSHA is served by sending EVAL with the
+// body, so it needs the body here.
+type scriptCache struct {
+	mu     sync.RWMutex
+	bodies map[string]string
+}
+
+func (c *scriptCache) add(body string) string {
+	sum := sha1.Sum([]byte(body))
+	sha := hex.EncodeToString(sum[:])
+	c.mu.Lock()
+	if c.bodies == nil {
+		c.bodies = map[string]string{}
+	}
+	if len(c.bodies) < maxScripts {
+		c.bodies[sha] = body
+	}
+	c.mu.Unlock()
+	return sha
+}
+
+func (c *scriptCache) get(sha string) (string, bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	b, ok := c.bodies[strings.ToLower(sha)]
+	return b, ok
+}
+
+func (c *scriptCache) flush() {
+	c.mu.Lock()
+	c.bodies = nil
+	c.mu.Unlock()
+}
+
+// isLockKey reports whether key matches one of the lock patterns.
+func (h *Handler) isLockKey(key []byte) bool {
+	for _, p := range h.patterns {
+		if globMatch(p, key) {
+			return true
+		}
+	}
+	return false
+}
+
+// keyClass tells whether all, none or some of keys are lock keys.
+type keyClass int
+
+const (
+	noLockKeys keyClass = iota
+	allLockKeys
+	mixedKeys
+)
+
+func (h *Handler) classify(keys [][]byte) keyClass {
+	n := 0
+	for _, k := range keys {
+		if h.isLockKey(k) {
+			n++
+		}
+	}
+	switch {
+	case n == 0:
+		return noLockKeys
+	case n == len(keys):
+		return allLockKeys
+	}
+	return mixedKeys
+}
+
+// unsupportedOnLockKeys are commands whose first argument is a key and that
+// transparent mode does not serve: on a lock key they are refused rather
+// than sent to an upstream Redis, where they would act on another key of
+// the same name.
+var unsupportedOnLockKeys = map[string]bool{
+	"setnx": true, "setex": true, "psetex": true, "getset": true, "getdel": true, "getex": true,
+	"persist": true, "expireat": true, "pexpireat": true, "expiretime": true, "pexpiretime": true,
+	"append": true, "incr": true, "incrby": true, "decr": true, "decrby": true, "incrbyfloat": true,
+	"setrange": true, "getrange": true, "strlen": true, "type": true, "object": true, "dump": true,
+	"restore": true, "rename": true, "renamenx": true, "copy": true, "move": true, "touch": true,
+}
+
+// transparentCommands lists what transparent mode serves, for errors.
+const transparentCommands = "SET key value NX PX|EX ttl, SET … XX, GET, EXISTS, DEL, UNLINK, PEXPIRE, EXPIRE, PTTL, TTL, EVAL, EVALSHA, EVAL_RO, EVALSHA_RO, SCRIPT LOAD|EXISTS|FLUSH"
+
+// transparent serves args when it is a command on lock keys and reports
+// whether it did; ServeRESP sends everything else on (to the upstream, or
+// "unknown command").
+func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
+	if len(h.patterns) == 0 || len(args) < 2 {
+		return false
+	}
+	var buf [16]byte
+	name := string(resp.Lower(buf[:], args[0]))
+	switch name {
+	case "set":
+		if !h.isLockKey(args[1]) {
+			return false
+		}
+		h.tCount(s, name, func() { h.tSet(s, args) })
+	case "get", "pttl", "ttl":
+		if !h.isLockKey(args[1]) {
+			return false
+		}
+		h.tCount(s, name, func() {
+			if len(args) != 2 {
+				wrongArity(s, name)
+				return
+			}
+			if err := h.limits.checkKey(args[1]); err != nil {
+				s.W.Error(err.Error())
+				return
+			}
+			h.tRun(s, args, []int{1}, name != "get", true)
+		})
+	case "exists", "del", "unlink":
+		switch h.classify(args[1:]) {
+		case noLockKeys:
+			return false
+		case mixedKeys:
+			h.tCount(s, name, func() { s.W.Error(mixedError(name)) })
+			return true
+		}
+		keys := make([]int, len(args)-1)
+		for i := range keys {
+			keys[i] = i + 1
+		}
+		h.tCount(s, name, func() { h.tRun(s, args, keys, false, name == "exists") })
+	case "pexpire", "expire":
+		if !h.isLockKey(args[1]) {
+			return false
+		}
+		h.tCount(s, name, func() { h.tExpire(s, name, args) })
+	case "eval", "evalsha", "eval_ro", "evalsha_ro":
+		return h.tEval(s, name, args)
+	case "script":
+		return h.tScript(s, args)
+	default:
+		if !unsupportedOnLockKeys[name] || !h.isLockKey(args[1]) {
+			return false
+		}
+		h.tCount(s, "unsupported", func() {
+			s.W.Error("ERR transparent mode: '" + name + "' is not supported on lock keys (matching lock_patterns); supported: " + transparentCommands)
+		})
+	}
+	return true
+}
+
+// tCount runs a transparent command and counts it in
+// lockproxy_commands_total under a closed set of names.
+func (h *Handler) tCount(s *resp.Session, name string, run func()) {
+	before := s.W.Len()
+	state(s).lastCmd = name
+	run()
+	result := "ok"
+	if b := s.W.Bytes(); len(b) > before && b[before] == '-' {
+		result = "error"
+	}
+	h.metrics.commands.WithLabelValues("transparent_"+name, result).Inc()
+}
+
+func mixedError(name string) string {
+	return "ERR transparent mode: '" + name + "' mixes lock keys (matching lock_patterns) and other keys; use one kind per command"
+}
+
+// tRun runs args on every node and replies what a majority agrees on
+// (for PTTL and TTL, by agreeTTL).
+func (h *Handler) tRun(s *resp.Session, args [][]byte, keys []int, ttl, readOnly bool) {
+	if h.fanout == nil {
+		s.W.Error(errTransparentFanout)
+		return
+	}
+	rs := h.fanout.Run(s.Context(), strs(args), keys, readOnly)
+	var v any
+	var err error
+	if ttl {
+		v, err = agreeTTL(rs, h.fanout.NodeCount())
+	} else {
+		v, err = agree(rs, h.fanout.NodeCount())
+	}
+	h.tReply(s, strings.ToLower(string(args[0])), v, err)
+}
+
+// tReply writes the agreed value or the reason there is none.
+func (h *Handler) tReply(s *resp.Session, name string, v any, err error) {
+	var nm *noMajorityError
+	switch {
+	case errors.As(err, &nm):
+		s.W.Error(nm.Error())
+	case err != nil:
+		h.replyError(s, name, err)
+	default:
+		writeValue(s.W, v)
+	}
+}
+
+// tSet serves SET on a lock key.
+func (h *Handler) tSet(s *resp.Session, args [][]byte) {
+	if len(args) < 3 {
+		wrongArity(s, "set")
+		return
+	}
+	if err := h.limits.checkKeyToken(args[1], args[2]); err != nil {
+		s.W.Error(err.Error())
+		return
+	}
+	var nx, xx, get, keepTTL, ttlSet bool
+	var ttl time.Duration
+	for i := 3; i < len(args); i++ {
+		o := args[i]
+		switch {
+		case resp.EqualFold(o, "NX") && !xx:
+			nx = true
+		case resp.EqualFold(o, "XX") && !nx:
+			xx = true
+		case resp.EqualFold(o, "GET"):
+			get = true
+		case resp.EqualFold(o, "KEEPTTL") && !ttlSet:
+			keepTTL = true
+		case (resp.EqualFold(o, "PX") || resp.EqualFold(o, "EX")) && !ttlSet && !keepTTL && i+1 < len(args):
+			unit := time.Millisecond
+			if resp.EqualFold(o, "EX") {
+				unit = time.Second
+			}
+			var err error
+			if ttl, err = parseTTL(args[i+1], unit, "set"); err != nil {
+				s.W.Error(err.Error())
+				return
+			}
+			ttlSet = true
+			i++
+		case resp.EqualFold(o, "PXAT") || resp.EqualFold(o, "EXAT"):
+			s.W.Error("ERR transparent mode: SET with PXAT/EXAT is not supported on lock keys (an absolute time depends on each node's clock); use PX or EX")
+			return
+		default:
+			s.W.Error(errSyntax.Error())
+			return
+		}
+	}
+	switch {
+	case !ttlSet && !(keepTTL && xx):
+		s.W.Error("ERR transparent mode: SET on a lock key needs PX or EX (or XX with KEEPTTL): a lock key without a TTL would never expire")
+		return
+	case nx && (get || keepTTL):
+		s.W.Error("ERR transparent mode: SET … NX on a lock key takes only PX or EX; GET and KEEPTTL are supported with XX or without NX")
+		return
+	}
+	if ttlSet {
+		if err := h.limits.checkTTL(ttl); err != nil {
+			s.W.Error(err.Error())
+			return
+		}
+	}
+	if !nx {
+		if h.fanout == nil {
+			s.W.Error(errTransparentFanout)
+			return
+		}
+		v, err := agree(h.fanout.Run(s.Context(), strs(args), []int{1}, false), h.fanout.NodeCount())
+		if err == nil && v == "OK" && !get {
+			s.W.Simple("OK") // a status reply, as Redis gives
+			return
+		}
+		h.tReply(s, "set", v, err)
+		return
+	}
+	_, err := h.backend.Lock(s.Context(), backends.LockRequest{Key: string(args[1]), Token: string(args[2]), TTL: ttl, NoReentry: true})
+	switch {
+	case err == nil:
+		s.W.Simple("OK")
+	case errors.Is(err, backends.ErrNotAcquired):
+		s.W.Null()
+	default:
+		h.replyError(s, "set", err)
+	}
+}
+
+// tExpire serves PEXPIRE and EXPIRE on a lock key. The TTL is held to
+// locks.max_ttl: the restart quarantine counts on no lock outliving it.
+func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
+	if len(args) < 3 || len(args) > 4 {
+		wrongArity(s, name)
+		return
+	}
+	n, ok := resp.ParseInt(args[2])
+	if !ok {
+		s.W.Error(errNotInteger.Error())
+		return
+	}
+	unit := time.Millisecond
+	if name == "expire" {
+		unit = time.Second
+	}
+	if n > 0 {
+		if n > int64(1<<62)/int64(unit) {
+			s.W.Error(errInvalidExpire(name).Error())
+			return
+		}
+		// Only the maximum applies: a short or zero TTL just ends the
+		// lock sooner, as in Redis.
+		if ttl := time.Duration(n) * unit; h.limits.MaxTTL > 0 && ttl > h.limits.MaxTTL {
+			s.W.Error(h.limits.checkTTL(ttl).Error())
+			return
+		}
+	}
+	if len(args) == 4 {
+		o := args[3]
+		if !resp.EqualFold(o, "NX") && !resp.EqualFold(o, "XX") && !resp.EqualFold(o, "GT") && !resp.EqualFold(o, "LT") {
+			s.W.Error("ERR Unsupported option " + clip(string(o)))
+			return
+		}
+	}
+	h.tRun(s, args, []int{1}, false, false)
+}
+
+// tEval serves EVAL, EVALSHA and their _RO forms when every key is a lock
+// key; a script without keys or without lock keys is not served here.
+func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
+	if len(args) < 3 {
+		return false
+	}
+	nk, ok := resp.ParseInt(args[2])
+	if !ok || nk <= 0 || nk > int64(len(args)-3) {
+		return false
+	}
+	keys := args[3 : 3+nk]
+	switch h.classify(keys) {
+	case noLockKeys:
+		return false
+	case mixedKeys:
+		h.tCount(s, name, func() {
+			s.W.Error("ERR transparent mode: the script's KEYS mix lock keys (matching lock_patterns) and other keys; a script must use only lock keys or only other keys")
+		})
+		return true
+	}
+	h.tCount(s, name, func() {
+		if h.fanout == nil {
+			s.W.Error(errTransparentFanout)
+			return
+		}
+		for _, k := range keys {
+			if err := h.limits.checkKey(k); err != nil {
+				s.W.Error(err.Error())
+				return
+			}
+		}
+		body := string(args[1])
+		if strings.HasPrefix(name, "evalsha") {
+			var known bool
+			if body, known = h.scripts.get(body); !known {
+				s.W.Error("NOSCRIPT No matching script. Please use EVAL.")
+				return
+			}
+		} else {
+			h.scripts.add(body)
+		}
+		if ro := strings.HasSuffix(name, "_ro"); ro || !scriptMayAcquire(body) {
+			verb := "eval"
+			if ro {
+				verb = "eval_ro"
+			}
+			cmd := append([]string{verb, body}, strs(args[2:])...)
+			idx := make([]int, nk)
+			for i := range idx {
+				idx[i] = 3 + i
+			}
+			v, err := agree(h.fanout.Run(s.Context(), cmd, idx, ro), h.fanout.NodeCount())
+			h.tReply(s, name, v, err)
+			return
+		}
+		ks, argv := strs(keys), strs(args[3+nk:])
+		start := time.Now()
+		// Not canceled with the client: what the scripts wrote must be
+		// seen, to be rolled back if it is not a grant.
+		rs := h.fanout.RunScript(context.WithoutCancel(s.Context()), body, ks, argv)
+		d := decideScript(rs, h.fanout.NodeCount(), time.Since(start), h.fanout.Drift)
+		if len(d.undo) > 0 {
+			h.undo(s.Context(), ks, d.undo)
+		}
+		h.tReply(s, name, d.reply, d.err)
+	})
+	return true
+}
+
+// scriptCall finds each redis.call / redis.pcall and the command name
+// after it when that is a string literal.
+var (
+	scriptCall    = regexp.MustCompile(`\bp?call\b`)
+	scriptLiteral = regexp.MustCompile(`\bp?call\s*\(\s*(?:"([A-Za-z_]+)"|'([A-Za-z_]+)')`)
+)
+
+// nonAcquiring are commands with which a script cannot put a new value in
+// a key: reads, expiry changes, deletions.
+var nonAcquiring = map[string]bool{
+	"get": true, "mget": true, "exists": true, "pttl": true, "ttl": true, "expire": true, "pexpire": true,
+	"del": true, "unlink": true, "strlen": true, "getrange": true, "type": true, "time": true, "publish": true,
+}
+
+// scriptMayAcquire reports whether a script may write a new value to a key,
+// which needs the reads around it (RunScript) to apply the acquisition
+// rule. It is false only when every redis.call/pcall in the body names,
+// as a string literal, a command of nonAcquiring: the compare-and-delete
+// and compare-and-expire scripts of lock libraries then cost one plain
+// EVAL per node. Anything it cannot read (a command name in a variable,
+// an aliased call) counts as a possible acquisition.
+func scriptMayAcquire(body string) bool {
+	calls := scriptCall.FindAllStringIndex(body, -1)
+	lits := scriptLiteral.FindAllStringSubmatch(body, -1)
+	if len(calls) != len(lits) {
+		return true
+	}
+	for _, m := range lits {
+		if !nonAcquiring[strings.ToLower(m[1]+m[2])] {
+			return true
+		}
+	}
+	return false
+}
+
+// undo compare-and-deletes what a script wrote on the given nodes, in
+// parallel, with a context that outlives the client: a roll-back must not
+// stop because the client went away.
+func (h *Handler) undo(ctx context.Context, keys []string, writes map[int][]string) {
+	ctx = context.WithoutCancel(ctx)
+	var wg sync.WaitGroup
+	for node, vals := range writes {
+		var ks, vs []string
+		for j, v := range vals {
+			if v != "" {
+				ks, vs = append(ks, keys[j]), append(vs, v)
+			}
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := h.fanout.Undo(ctx, node, ks, vs); err != nil {
+				h.metrics.commands.WithLabelValues("transparent_undo", "error").Inc()
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+// tScript serves SCRIPT LOAD, EXISTS and FLUSH. Scripts are remembered
+// here so that EVALSHA can send their body; LOAD also runs on every node,
+// which checks that the script compiles.
+func (h *Handler) tScript(s *resp.Session, args [][]byte) bool {
+	var buf [16]byte
+	switch sub := string(resp.Lower(buf[:], args[1])); sub {
+	case "load":
+		h.tCount(s, "script_load", func() {
+			if len(args) != 3 {
+				s.W.Error("ERR wrong number of arguments for 'script|load' command")
+				return
+			}
+			if h.fanout == nil {
+				s.W.Error(errTransparentFanout)
+				return
+			}
+			v, err := agree(h.fanout.Run(s.Context(), strs(args), nil, false), h.fanout.NodeCount())
+			if err == nil {
+				if _, bad := v.(backends.ReplyError); !bad {
+					h.scripts.add(string(args[2]))
+				}
+			}
+			h.tReply(s, "script", v, err)
+		})
+	case "exists":
+		h.tCount(s, "script_exists", func() {
+			if len(args) < 3 {
+				s.W.Error("ERR wrong number of arguments for 'script|exists' command")
+				return
+			}
+			s.W.Array(len(args) - 2)
+			for _, sha := range args[2:] {
+				_, ok := h.scripts.get(string(sha))
+				// Integers in RESP3 too, as Redis answers.
+				if ok {
+					s.W.Int(1)
+				} else {
+					s.W.Int(0)
+				}
+			}
+		})
+	case "flush":
+		h.tCount(s, "script_flush", func() {
+			h.scripts.flush()
+			s.W.Simple("OK")
+		})
+	default:
+		return false
+	}
+	return true
+}
+
+// strs converts arguments for go-redis; keys and values stay binary-safe.
+func strs(args [][]byte) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = string(a)
+	}
+	return out
+}
+
+// writeValue writes a node's reply. Status replies arrive from go-redis as
+// strings and are written as bulk strings (the one detail lost).
+func writeValue(w *resp.Writer, v any) {
+	switch t := v.(type) {
+	case nil:
+		w.Null()
+	case int64:
+		w.Int(t)
+	case string:
+		w.BulkString(t)
+	case backends.ReplyError:
+		w.Error(string(t))
+	case []any:
+		w.Array(len(t))
+		for _, e := range t {
+			writeValue(w, e)
+		}
+	default:
+		w.Error("ERR transparent mode: a node gave a reply of an unexpected type")
+	}
+}
+
+// noMajorityError is the reply when the nodes that answered disagree.
+type noMajorityError struct {
+	need, total, answered, ways int
+}
+
+func (e *noMajorityError) Error() string {
+	return "ERR no majority: the lock nodes disagree (no reply is shared by " + strconv.Itoa(e.need) + " of " +
+		strconv.Itoa(e.total) + " nodes; " + strconv.Itoa(e.answered) + " answered with " + strconv.Itoa(e.ways) +
+		" different replies); not guessing"
+}
+
+// agree returns the reply shared by a majority of total nodes. Too few
+// answers is a NOQUORUM; answers that split is a noMajorityError.
+func agree(rs []backends.NodeReply, total int) (any, error) {
+	need := total/2 + 1
+	counts := map[string]int{}
+	vals := map[string]any{}
+	answered := 0
+	for _, r := range rs {
+		if r.Err != nil {
+			continue
+		}
+		answered++
+		k := valueKey(nil, r.Val)
+		counts[string(k)]++
+		vals[string(k)] = r.Val
+	}
+	for k, c := range counts {
+		if c >= need {
+			return vals[k], nil
+		}
+	}
+	if answered < need {
+		return nil, noQuorum(rs, total)
+	}
+	return nil, &noMajorityError{need: need, total: total, answered: answered, ways: len(counts)}
+}
+
+// agreeTTL is the PTTL/TTL rule. -2 (no key) and -1 (no expiry) must be
+// shared by a majority like any reply. When a majority has a TTL, the
+// reply is the largest t such that a majority has at least t left: the
+// time for which the key is still on a majority, the conservative answer
+// for a holder.
+func agreeTTL(rs []backends.NodeReply, total int) (any, error) {
+	need := total/2 + 1
+	var ttls []int64
+	for _, r := range rs {
+		if n, ok := r.Val.(int64); ok && r.Err == nil && n >= 0 {
+			ttls = append(ttls, n)
+		}
+	}
+	if len(ttls) >= need {
+		sort.Slice(ttls, func(i, j int) bool { return ttls[i] > ttls[j] })
+		return ttls[need-1], nil
+	}
+	return agree(rs, total)
+}
+
+func noQuorum(rs []backends.NodeReply, total int) error {
+	e := &quorum.NoQuorumError{Total: total}
+	for _, r := range rs {
+		if r.Err != nil {
+			e.Failures = append(e.Failures, quorum.NodeError{Node: r.Node, Err: r.Err})
+		} else {
+			e.OK++
+		}
+	}
+	return e
+}
+
+// valueKey encodes v unambiguously, to count equal replies.
+func valueKey(b []byte, v any) []byte {
+	switch t := v.(type) {
+	case nil:
+		return append(b, 'n')
+	case int64:
+		return strconv.AppendInt(append(b, 'i'), t, 10)
+	case string:
+		b = strconv.AppendInt(append(b, 's'), int64(len(t)), 10)
+		return append(append(b, ':'), t...)
+	case backends.ReplyError:
+		b = strconv.AppendInt(append(b, 'e'), int64(len(t)), 10)
+		return append(append(b, ':'), t...)
+	case []any:
+		b = strconv.AppendInt(append(b, 'a'), int64(len(t)), 10)
+		b = append(b, ':')
+		for _, e := range t {
+			b = valueKey(b, e)
+		}
+		return b
+	default:
+		return append(b, '?')
+	}
+}
+
+// scriptDecision is what a script's fan-out comes to.
+type scriptDecision struct {
+	reply any
+	err   error
+	// undo lists, per node, the value to compare-and-delete for each key
+	// ("" for none).
+	undo map[int][]string
+}
+
+// decideScript applies the acquisition rule to a script's replies (see the
+// comment at the top of this file). elapsed is the time the fan-out took;
+// drift gives the allowance for a lease.
+func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, drift func(time.Duration) time.Duration) scriptDecision {
+	need := total/2 + 1
+	// written[j] is the value the script wrote to key j, if any node wrote
+	// one.
+	var written []*string
+	wrote := map[int]bool{}
+	for i, r := range rs {
+		if r.Err != nil {
+			continue
+		}
+		for j, w := range r.Writes {
+			if written == nil {
+				written = make([]*string, len(r.Writes))
+			}
+			if w.Wrote {
+				wrote[i] = true
+				if written[j] == nil {
+					v := w.Value
+					written[j] = &v
+				}
+			}
+		}
+	}
+	if len(wrote) == 0 {
+		v, err := agree(rs, total)
+		return scriptDecision{reply: v, err: err}
+	}
+	// Holders: nodes on which every written key holds the written value,
+	// whether this script or an earlier one with the same value put it
+	// there. Their lease is the shortest TTL among those keys.
+	var holders []int
+	lease := map[int]int64{}
+	for i, r := range rs {
+		if r.Err != nil || len(r.Writes) != len(written) {
+			continue
+		}
+		holds, min := true, int64(-1)
+		for j, w := range r.Writes {
+			if written[j] == nil {
+				continue
+			}
+			if !w.Exists || w.Value != *written[j] {
+				holds = false
+				break
+			}
+			if w.PTTL >= 0 && (min < 0 || w.PTTL < min) {
+				min = w.PTTL
+			}
+		}
+		if holds {
+			holders = append(holders, i)
+			lease[i] = min
+		}
+	}
+	if len(holders) >= need {
+		hr := make([]backends.NodeReply, 0, len(holders))
+		var leases []int64
+		for _, i := range holders {
+			hr = append(hr, rs[i])
+			leases = append(leases, lease[i])
+		}
+		v, err := agree(hr, total)
+		if err == nil && validLease(leases, need, elapsed, drift) {
+			return scriptDecision{reply: v}
+		}
+	}
+	// Not acquired: roll back every write of this script, and on the
+	// nodes that did not answer compare-and-delete the values written
+	// elsewhere, in case the script ran there before the answer was lost
+	// (as LOCK's roll-back releases on every node).
+	d := scriptDecision{undo: map[int][]string{}}
+	for i, r := range rs {
+		vals := make([]string, len(written))
+		switch {
+		case wrote[i]:
+			for j, w := range r.Writes {
+				if w.Wrote {
+					vals[j] = w.Value
+				}
+			}
+		case r.Err != nil:
+			for j, w := range written {
+				if w != nil {
+					vals[j] = *w
+				}
+			}
+		default:
+			continue
+		}
+		d.undo[i] = vals
+	}
+	// The client gets the "not acquired" reply of the nodes that answered
+	// without writing, when they agree on one.
+	var others []backends.NodeReply
+	answered := 0
+	for i, r := range rs {
+		if r.Err == nil {
+			answered++
+			if !wrote[i] {
+				others = append(others, r)
+			}
+		}
+	}
+	if answered < need {
+		d.err = noQuorum(rs, total)
+		return d
+	}
+	if v, err := agree(others, len(others)*2-1); len(others) > 0 && err == nil {
+		d.reply = v
+		return d
+	}
+	d.err = &scriptFailedError{holders: len(holders), need: need, total: total}
+	return d
+}
+
+// validLease reports whether the lease on a majority of the holders, less
+// the time spent and the drift, is positive. A lease of -1 is a key
+// without expiry.
+func validLease(leases []int64, need int, elapsed time.Duration, drift func(time.Duration) time.Duration) bool {
+	sort.Slice(leases, func(i, j int) bool {
+		a, b := leases[i], leases[j]
+		if a < 0 {
+			return b >= 0
+		}
+		return b >= 0 && a > b
+	})
+	l := leases[need-1]
+	if l < 0 {
+		return true
+	}
+	ttl := time.Duration(l) * time.Millisecond
+	return ttl-elapsed-drift(ttl) > 0
+}
+
+// scriptFailedError is the reply when a script's acquisition was rolled
+// back and no node gave a "not acquired" reply to pass on.
+type scriptFailedError struct{ holders, need, total int }
+
+func (e *scriptFailedError) Error() string {
+	return "ERR transparent mode: the script's write is held on " + strconv.Itoa(e.holders) + " of " + strconv.Itoa(e.total) +
+		" nodes; it needs " + strconv.Itoa(e.need) + " with agreeing replies and a lease left after the time taken, so it was rolled back"
+}
+
+// globMatch matches key against a Redis-style glob: * any run of bytes
+// (including '/', unlike path.Match), ? one byte, [abc], [^a-z], \x.
+func globMatch(pattern string, key []byte) bool {
+	p, k := 0, 0
+	starP, starK := -1, 0
+	for k < len(key) {
+		if p < len(pattern) {
+			switch c := pattern[p]; c {
+			case '*':
+				starP, starK = p, k
+				p++
+				continue
+			case '?':
+				p++
+				k++
+				continue
+			case '[':
+				if end, ok := matchClass(pattern, p, key[k]); ok {
+					p = end
+					k++
+					continue
+				}
+			case '\\':
+				if p+1 < len(pattern) && pattern[p+1] == key[k] {
+					p += 2
+					k++
+					continue
+				}
+			default:
+				if c == key[k] {
+					p++
+					k++
+					continue
+				}
+			}
+		}
+		if starP < 0 {
+			return false
+		}
+		starK++
+		p, k = starP+1, starK
+	}
+	for p < len(pattern) && pattern[p] == '*' {
+		p++
+	}
+	return p == len(pattern)
+}
+
+// matchClass matches b against the class starting at pattern[p] == '['
+// and returns the index after the class.
+func matchClass(pattern string, p int, b byte) (int, bool) {
+	i := p + 1
+	neg := false
+	if i < len(pattern) && pattern[i] == '^' {
+		neg = true
+		i++
+	}
+	matched := false
+	first := true
+	for i < len(pattern) && (pattern[i] != ']' || first) {
+		first = false
+		lo := pattern[i]
+		if lo == '\\' && i+1 < len(pattern) {
+			i++
+			lo = pattern[i]
+		}
+		hi := lo
+		if i+2 < len(pattern) && pattern[i+1] == '-' && pattern[i+2] != ']' {
+			hi = pattern[i+2]
+			if hi == '\\' && i+3 < len(pattern) {
+				i++
+				hi = pattern[i+2]
+			}
+			i += 2
+		}
+		if lo > hi {
+			lo, hi = hi, lo
+		}
+		if b >= lo && b <= hi {
+			matched = true
+		}
+		i++
+	}
+	if i >= len(pattern) {
+		return 0, false // unterminated: conf rejects such patterns
+	}
+	return i + 1, matched != neg
+}

@@ -1,0 +1,152 @@
+package transparent
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// acquireScript is a lock acquisition written as a script, as some
+// libraries do (bsm/redislock's obtain, node-redlock's acquire).
+const acquireScript = `if redis.call("set", KEYS[1], ARGV[1], "NX", "PX", ARGV[2]) then return 1 end return 0`
+
+// TestTransparentCommands checks transparent mode's rules command by
+// command: the majority's reply, the refusals, EVALSHA and NOSCRIPT, and
+// that a script acquisition on a minority is rolled back.
+func TestTransparentCommands(t *testing.T) {
+	t.Parallel()
+	e := start(t)
+	c := e.client(t)
+	ctx := ctxFor(t, 60*time.Second)
+	do := func(args ...any) (any, error) { return c.Do(ctx, args...).Result() }
+	wantErr := func(what, contains string, args ...any) {
+		t.Helper()
+		v, err := do(args...)
+		if err == nil || !strings.Contains(err.Error(), contains) {
+			t.Errorf("%s: %v = %v, %v; want an error containing %q", what, args, v, err, contains)
+		}
+	}
+	want := func(what string, w any, args ...any) {
+		t.Helper()
+		v, err := do(args...)
+		if errors.Is(err, redis.Nil) {
+			err, v = nil, nil
+		}
+		if err != nil || v != w {
+			t.Errorf("%s: %v = %#v, %v; want %#v", what, args, v, err, w)
+		}
+	}
+	nodeSet := func(i int, key, value string) {
+		t.Helper()
+		if err := e.direct[i].Set(ctx, keyPrefix+"lock:"+key, value, 10*time.Second).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Keys outside the patterns are not lockproxy's: without an upstream
+	// they are unknown commands, as before.
+	wantErr("non-lock key", "unknown command 'SET'", "SET", "plain", "v")
+	wantErr("non-lock script", "unknown command 'EVAL'", "EVAL", "return 1", 1, "plain")
+
+	// SET NX PX is an acquisition; the value is the token.
+	want("SET NX PX", "OK", "SET", "lock:a", "t1", "NX", "PX", 5000)
+	want("SET NX PX on a held lock", nil, "SET", "lock:a", "t2", "NX", "PX", 5000)
+	e.requireHeld(t, "SET NX PX", "lock:a", "t1")
+	want("GET", "t1", "GET", "lock:a")
+	want("EXISTS", int64(1), "EXISTS", "lock:a")
+	want("PEXPIRE GT", int64(0), "PEXPIRE", "lock:a", 1000, "GT")
+	want("PEXPIRE", int64(1), "PEXPIRE", "lock:a", 8000)
+	if v, err := c.PTTL(ctx, "lock:a").Result(); err != nil || v <= 5*time.Second || v > 8*time.Second {
+		t.Errorf("PTTL after PEXPIRE 8000 = %v, %v; want in (5 s, 8 s]", v, err)
+	}
+	if v, err := c.TTL(ctx, "lock:a").Result(); err != nil || v < 5*time.Second || v > 8*time.Second {
+		t.Errorf("TTL after PEXPIRE 8000 = %v, %v; want in [5 s, 8 s]", v, err)
+	}
+	want("SET XX PX", "OK", "SET", "lock:a", "t3", "XX", "PX", 5000)
+	want("SET XX GET", "t3", "SET", "lock:a", "t4", "XX", "KEEPTTL", "GET")
+	want("DEL", int64(1), "DEL", "lock:a")
+	e.requireGone(t, "DEL", "lock:a")
+	want("PTTL of a free lock", int64(-2), "PTTL", "lock:a")
+	want("GET of a free lock", nil, "GET", "lock:a")
+
+	// Refusals, each saying why.
+	wantErr("SET without TTL", "needs PX or EX", "SET", "lock:a", "t", "NX")
+	wantErr("SET PXAT", "PXAT/EXAT", "SET", "lock:a", "t", "NX", "PXAT", time.Now().Add(time.Minute).UnixMilli())
+	wantErr("SET NX GET", "takes only PX or EX", "SET", "lock:a", "t", "NX", "PX", 1000, "GET")
+	wantErr("SET above max TTL", "locks.max_ttl", "SET", "lock:a", "t", "NX", "PX", 11*60*1000)
+	wantErr("PEXPIRE above max TTL", "locks.max_ttl", "PEXPIRE", "lock:a", 11*60*1000)
+	wantErr("mixed DEL", "mixes lock keys", "DEL", "lock:a", "plain")
+	wantErr("mixed script", "mix lock keys", "EVAL", "return 1", 2, "lock:a", "plain")
+	wantErr("unsupported", "not supported on lock keys", "INCR", "lock:a")
+	wantErr("bad option", "syntax error", "SET", "lock:a", "t", "NX", "PX", 1000, "BOGUS")
+	wantErr("bad TTL", "invalid expire time", "SET", "lock:a", "t", "NX", "PX", 0)
+
+	// The nodes disagree: an error saying so, never a guess.
+	nodeSet(0, "lock:split", "x")
+	nodeSet(1, "lock:split", "y")
+	wantErr("GET with no majority", "no majority", "GET", "lock:split")
+	nodeSet(2, "lock:split", "y")
+	want("GET with a majority", "y", "GET", "lock:split")
+
+	// PTTL: the time the key is still on a majority.
+	for i, ms := range []int64{9000, 6000, 100} {
+		if err := e.direct[i].Set(ctx, keyPrefix+"lock:lock:ttl", "v", time.Duration(ms)*time.Millisecond).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if v, err := c.PTTL(ctx, "lock:ttl").Result(); err != nil || v <= 4*time.Second || v > 6*time.Second {
+		t.Errorf("PTTL with 9 s, 6 s, 0.1 s on the nodes = %v, %v; want about 6 s", v, err)
+	}
+
+	// EVALSHA: unknown scripts get NOSCRIPT; after SCRIPT LOAD (or an
+	// EVAL) they run on every node.
+	sum := sha1.Sum([]byte(acquireScript))
+	sha := hex.EncodeToString(sum[:])
+	wantErr("EVALSHA before load", "NOSCRIPT", "EVALSHA", sha, 1, "lock:s", "tok", 5000)
+	if v, err := c.ScriptExists(ctx, sha).Result(); err != nil || v[0] {
+		t.Errorf("SCRIPT EXISTS before load = %v, %v; want false", v, err)
+	}
+	want("SCRIPT LOAD", sha, "SCRIPT", "LOAD", acquireScript)
+	if v, err := c.ScriptExists(ctx, sha).Result(); err != nil || !v[0] {
+		t.Errorf("SCRIPT EXISTS after load = %v, %v; want true", v, err)
+	}
+	want("EVALSHA acquisition", int64(1), "EVALSHA", sha, 1, "lock:s", "tok", 5000)
+	e.requireHeld(t, "EVALSHA acquisition", "lock:s", "tok")
+	want("EVALSHA on a held lock", int64(0), "EVALSHA", sha, 1, "lock:s", "tok2", 5000)
+	want("EVAL_RO", "tok", "EVAL_RO", `return redis.call("get", KEYS[1])`, 1, "lock:s")
+	wantErr("script error", "ERR", "EVAL", `return redis.call("nosuchcommand")`, 1, "lock:s")
+
+	// A script acquisition that reaches only a minority is rolled back
+	// and answered with the other nodes' "not acquired".
+	nodeSet(1, "lock:minority", "other")
+	nodeSet(2, "lock:minority", "other")
+	want("script acquisition on a minority", int64(0), "EVAL", acquireScript, 1, "lock:minority", "mine", 5000)
+	if v, err := e.direct[0].Get(ctx, keyPrefix+"lock:lock:minority").Result(); !errors.Is(err, redis.Nil) {
+		t.Errorf("node 0 after the minority acquisition: GET = %q, %v; want no key (rolled back)", v, err)
+	}
+	// With one node already held by another, two of three is a majority.
+	nodeSet(2, "lock:majority", "other")
+	want("script acquisition on a majority", int64(1), "EVAL", acquireScript, 1, "lock:majority", "mine", 5000)
+	e.requireHeld(t, "script acquisition on a majority", "lock:majority", "mine")
+
+	// A paused node (SIGSTOP) answers nothing: plain commands are answered
+	// by the majority, and a script acquisition on the two others stands.
+	e.nodes[2].Pause()
+	want("GET with a node paused", "mine", "GET", "lock:majority")
+	want("script acquisition with a node paused", int64(1), "EVAL", acquireScript, 1, "lock:paused", "p", 5000)
+	want("GET of it with a node paused", "p", "GET", "lock:paused")
+	e.nodes[2].Resume()
+
+	// A library that tries EVALSHA first and falls back to EVAL works on a
+	// fresh instance (go-redis's Script.Run does exactly that).
+	s := redis.NewScript(`return redis.call("pexpire", KEYS[1], ARGV[1])`)
+	if v, err := s.Run(context.Background(), c, []string{"lock:majority"}, 3000).Int64(); err != nil || v != 1 {
+		t.Errorf("Script.Run (EVALSHA, then EVAL) = %d, %v; want 1", v, err)
+	}
+}
