@@ -83,6 +83,14 @@ var ErrNotAcquired = errors.New("backends: lock not acquired")
 // for each other forever.
 var ErrUpgrade = errors.New("backends: read lock held by this token; upgrade to write is not supported")
 
+// LossNotifier is implemented by backends that learn of lost locks by
+// themselves, sooner than a renewal would (a ZooKeeper session that
+// expired). OnLost sets the function called, on a goroutine of the
+// backend's, with each lock lost that way; it must not block for long.
+type LossNotifier interface {
+	OnLost(func(key, token string))
+}
+
 // Backend serves lock commands. Every method returns by the time ctx is
 // done.
 type Backend interface {

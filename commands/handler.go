@@ -122,6 +122,9 @@ func NewHandler(o Options) *Handler {
 	h.fanout, _ = o.Backend.(backends.Fanout)
 	h.keepalive = newKeepalives(o.Backend, h.held, o.Logger, o.Limits.KeepaliveIdle, o.Registry)
 	h.keepalive.delayFor = h.limits.lockDelay
+	if ln, ok := o.Backend.(backends.LossNotifier); ok {
+		ln.OnLost(h.keepalive.lostByBackend)
+	}
 	return h
 }
 

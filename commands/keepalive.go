@@ -448,6 +448,17 @@ func (k *keepalives) releaseHolds(w *watchdog, holds int) {
 	}
 }
 
+// lostByBackend ends the watchdog of key held by token, if one runs, as
+// lost: the backend learned the lock is gone (backends.LossNotifier).
+func (k *keepalives) lostByBackend(key, token string) {
+	k.mu.Lock()
+	w := k.m[heldKey{key, token}]
+	k.mu.Unlock()
+	if w != nil {
+		k.lose(w, lostRenewFailed, "the lock store reported it lost (ZooKeeper session expired)")
+	}
+}
+
 // lose ends w as lost: the metric, the notice for the owner's next lock
 // command on the key, and a RESP3 push.
 func (k *keepalives) lose(w *watchdog, r lostReason, why string) {

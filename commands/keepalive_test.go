@@ -429,3 +429,29 @@ func TestLockDelay(t *testing.T) {
 		})
 	}
 }
+
+// TestLostByBackend: a backend that reports a lost lock by itself ends its
+// watchdog at once, with the push and the LOCKLOST notice, and no release.
+func TestLostByBackend(t *testing.T) {
+	b := &fakeBackend{}
+	k := newTestKeepalives(t, b, time.Minute)
+	c := newTestConn(t, 3)
+	if !k.start(c.ctx, c.ka, "k", "tok", time.Minute, 0) {
+		t.Fatal("start = false")
+	}
+	k.lostByBackend("k", "other") // not this lock: nothing happens
+	if n := k.count(); n != 1 {
+		t.Fatalf("%d watchdogs after a loss of another token; want 1", n)
+	}
+	k.lostByBackend("k", "tok")
+	waitEnded(t, c)
+	if _, unlocks := b.counts(); unlocks != 0 {
+		t.Errorf("%d releases; want 0", unlocks)
+	}
+	if why, lost := c.ka.takeLost([]byte("k")); !lost || !strings.Contains(why, "reported it lost") {
+		t.Errorf("lost notice = %q, %v; want the backend's report", why, lost)
+	}
+	if p := c.pushed(); len(p) != 1 {
+		t.Errorf("%d pushes; want 1", len(p))
+	}
+}

@@ -63,7 +63,8 @@ type Backend struct {
 	hadOnce     sync.Once
 
 	mu      sync.Mutex
-	owned   map[string]*ownedNode // path → a granted node this instance created
+	onLost  func(key, token string) // see OnLost; nil for none
+	owned   map[string]*ownedNode   // path → a granted node this instance created
 	byToken map[heldKey]*ownedNode
 	waiters map[string]int // key → Lock calls waiting here
 	waiting int            // sum of waiters
@@ -235,12 +236,33 @@ func (b *Backend) onEvent(ev zk.Event) {
 	}
 }
 
+// OnLost implements backends.LossNotifier: f hears of every lock lost
+// with an expired session, as soon as the session's expiry is known.
+func (b *Backend) OnLost(f func(key, token string)) {
+	b.mu.Lock()
+	b.onLost = f
+	b.mu.Unlock()
+}
+
 // sessionExpired forgets every lock of the expired session (ZooKeeper has
-// deleted their nodes) and wakes every waiter with an error.
+// deleted their nodes), tells OnLost's function, and wakes every waiter
+// with an error.
 func (b *Backend) sessionExpired() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	n := len(b.owned)
+	if f := b.onLost; f != nil && n > 0 {
+		lost := make([][2]string, 0, n)
+		for _, o := range b.owned {
+			lost = append(lost, [2]string{o.key, o.token})
+		}
+		// Not on go-zookeeper's event goroutine, which must not block.
+		go func() {
+			for _, l := range lost {
+				f(l[0], l[1])
+			}
+		}()
+	}
 	for _, o := range b.owned {
 		b.forgetLocked(o)
 	}
