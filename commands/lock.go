@@ -255,7 +255,9 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	if a.token != nil {
 		token = string(a.token)
 	}
-	req := backends.LockRequest{Key: string(a.key), Token: token, TTL: a.ttl, Wait: a.wait, Mode: mode}
+	// A token made here cannot hold the key already: the backend need not
+	// look for a hold to join.
+	req := backends.LockRequest{Key: string(a.key), Token: token, TTL: a.ttl, Wait: a.wait, Mode: mode, NoReentry: a.token == nil}
 	ctx := s.Context()
 	if a.wait > 0 {
 		// Replies to the commands pipelined before this one must not wait

@@ -37,7 +37,7 @@ func (n *Node) LockState(ctx context.Context, key string) (nodeLockState, error)
 		return nodeLockState{}, err
 	}
 	keys := n.lockKeys(n.LockKey(key), key, numLockKeys)
-	args := []any{slot(key)}
+	args := []any{slot(key), readMarker}
 	v, err := n.client.EvalSha(ctx, scriptInfo.sha, keys, args...).Result()
 	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
 		v, err = n.client.Eval(ctx, scriptInfo.src, keys, args...).Result()

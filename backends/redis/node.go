@@ -542,7 +542,7 @@ func (n *Node) exec(batch []*op) {
 	defer cancel()
 
 	gen := n.health.gen.Load()
-	res := n.send(ctx, live, true)
+	res, writes := n.send(ctx, live, true)
 	var retry []int
 	for i, r := range res {
 		if r.err != nil && strings.HasPrefix(r.err.Error(), "NOSCRIPT") {
@@ -556,9 +556,11 @@ func (n *Node) exec(batch []*op) {
 		for j, i := range retry {
 			again[j] = live[i]
 		}
-		for j, r := range n.send(ctx, again, false) {
+		res2, writes2 := n.send(ctx, again, false)
+		for j, r := range res2 {
 			res[retry[j]] = r
 		}
+		writes = append(writes, writes2...)
 	}
 	// A restart seen while the batch was sent (onConnect runs on the new
 	// connection before our commands) makes its answers worthless as
@@ -570,6 +572,9 @@ func (n *Node) exec(batch []*op) {
 			continue
 		}
 		n.finish(o, res[i])
+	}
+	if len(writes) > 0 && !restarted {
+		n.storeFences(writes)
 	}
 }
 
@@ -592,8 +597,8 @@ func (n *Node) failVotes(batch []*op, err error) []*op {
 func (n *Node) lockKeys(lockKey, base string, k int) []string {
 	keys := make([]string, k)
 	keys[keyLock] = lockKey
-	names := [...]string{keyFence: "lockf:", keyHolds: "lockh:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
-	for i := keyFence; i < k && i < keyFenceHash; i++ {
+	names := [...]string{keyMeta: "lockf:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
+	for i := keyMeta; i < k && i < keyFenceHash; i++ {
 		keys[i] = n.prefix + names[i] + base
 	}
 	if k > keyFenceHash {
@@ -602,24 +607,53 @@ func (n *Node) lockKeys(lockKey, base string, k int) []string {
 	return keys
 }
 
-// send writes ops as one pipeline of scripts and reads their answers.
-func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
+// fenceWrite stores a fresh grant's fence with its hold (see send).
+type fenceWrite struct {
+	key   string // lockf:<key>
+	fence int64
+	ms    int64
+	mark  string // lockw:<key> to clear: a waiting writer was granted
+}
+
+// send writes ops as one pipeline and reads their answers.
+//
+// An exclusive acquire goes first as two plain commands, SET NX PX and
+// HINCRBY of the slot's fence counter: on a free key that is the whole
+// grant, at a fraction of a Lua call's cost on the node (a script call
+// costs Redis several plain commands' time, and acquires are half of a
+// node's work). The increment runs right after the SET on the same
+// connection; a previous holder's raise of the counter happened while it
+// still held the key, so before our SET could succeed, and the increment
+// sees it. An increment after a failed SET only makes the counter jump,
+// which fences allow. Where the SET finds the key held, the acquire script
+// follows in a second pipeline, for what needs the key's state: a
+// reentrant hold, a refused upgrade, a waiting writer's mark. It is
+// skipped when none of that can apply (a token that cannot hold the key
+// already, no wait).
+//
+// A fresh grant's fence is stored with the hold (lockf) for reentrant
+// grants and LOCKINFO, and a waiting writer's mark is cleared once it is
+// granted; these writes are sent by exec after the answers, before the
+// next batch, so anything later on the key finds them.
+// Everything else is a script.
+func (n *Node) send(ctx context.Context, ops []*op, sha bool) ([]opResult, []fenceWrite) {
 	pipe := n.client.Pipeline()
 	cmds := make([]*goredis.Cmd, len(ops))
+	incrs := make([]*goredis.IntCmd, len(ops))
 	for i, o := range ops {
 		var s script
 		var keys []string
 		var args []any
 		switch o.kind {
 		case opAcquire:
-			keys = n.lockKeys(o.key, o.base, numLockKeys)
-			if o.mode == quorum.Shared {
-				s = scriptRead
-				args = []any{o.token, o.ms, o.slot, readMarker}
-			} else {
-				s = scriptAcquire
-				args = []any{o.token, o.ms, o.slot, o.waitMs, readMarker, boolArg(o.noReentry)}
+			if o.mode != quorum.Shared {
+				cmds[i] = pipe.Do(ctx, "set", o.key, o.token, "nx", "px", o.ms)
+				incrs[i] = pipe.HIncrBy(ctx, n.fenceKey, strconv.Itoa(int(o.slot)), 1)
+				continue
 			}
+			s = scriptRead
+			keys = n.lockKeys(o.key, o.base, numLockKeys)
+			args = []any{o.token, o.ms, o.slot, readMarker}
 		case opRaiseFence:
 			s = scriptRaiseFence
 			keys = []string{o.key, n.fenceKey, n.prefix + "lockf:" + o.base}
@@ -633,22 +667,82 @@ func (n *Node) send(ctx context.Context, ops []*op, sha bool) []opResult {
 			keys = n.lockKeys(o.key, o.base, keyWriterWaits)
 			args = []any{o.token, o.ms, readMarker}
 		}
-		if sha {
-			cmds[i] = pipe.EvalSha(ctx, s.sha, keys, args...)
-		} else {
-			cmds[i] = pipe.Eval(ctx, s.src, keys, args...)
-		}
+		cmds[i] = evalCmd(ctx, pipe, s, sha, keys, args)
 	}
 	_, _ = pipe.Exec(ctx) // per-command errors are read from cmds
 	out := make([]opResult, len(ops))
+	var held []int // exclusive acquires whose SET found the key held
+	var writes []fenceWrite
 	for i, c := range cmds {
-		if ops[i].kind == opAcquire {
+		o := ops[i]
+		switch {
+		case incrs[i] != nil:
+			switch v, err := c.Result(); {
+			case errors.Is(err, goredis.Nil):
+				if o.noReentry && o.waitMs == 0 {
+					out[i].n = acquireRefused
+				} else {
+					held = append(held, i)
+				}
+			case err != nil:
+				out[i].err = err
+			case v != "OK":
+				// Whatever answers here is not a Redis we can trust with locks.
+				out[i].err = fmt.Errorf("unexpected reply to SET: %.40v", v)
+			default:
+				f, err := incrs[i].Result()
+				out[i] = opResult{n: f, holds: 1, err: err}
+				if err == nil {
+					w := fenceWrite{key: n.prefix + "lockf:" + o.base, fence: f, ms: o.ms}
+					if o.waitMs > 0 {
+						w.mark = n.prefix + "lockw:" + o.base
+					}
+					writes = append(writes, w)
+				}
+			}
+		case o.kind == opAcquire:
 			out[i] = acquireResult(c)
-			continue
+		default:
+			out[i].n, out[i].err = c.Int64()
 		}
-		out[i].n, out[i].err = c.Int64()
 	}
-	return out
+	if len(held) > 0 {
+		pipe := n.client.Pipeline()
+		again := make([]*goredis.Cmd, len(held))
+		for j, i := range held {
+			o := ops[i]
+			again[j] = evalCmd(ctx, pipe, scriptAcquire, sha, n.lockKeys(o.key, o.base, numLockKeys),
+				[]any{o.token, o.ms, o.slot, o.waitMs, readMarker, boolArg(o.noReentry)})
+		}
+		_, _ = pipe.Exec(ctx)
+		for j, i := range held {
+			out[i] = acquireResult(again[j])
+		}
+	}
+	return out, writes
+}
+
+func evalCmd(ctx context.Context, pipe goredis.Pipeliner, s script, sha bool, keys []string, args []any) *goredis.Cmd {
+	if sha {
+		return pipe.EvalSha(ctx, s.sha, keys, args...)
+	}
+	return pipe.Eval(ctx, s.src, keys, args...)
+}
+
+// storeFences sends the fence writes of a batch's fresh grants. Their
+// answers do not matter: a write that fails leaves reentrant grants and
+// LOCKINFO to read the slot counter instead (see acquireScript).
+func (n *Node) storeFences(writes []fenceWrite) {
+	ctx, cancel := context.WithTimeout(context.Background(), n.timeout)
+	defer cancel()
+	pipe := n.client.Pipeline()
+	for _, w := range writes {
+		pipe.Set(ctx, w.key, w.fence, time.Duration(w.ms)*time.Millisecond)
+		if w.mark != "" {
+			pipe.Del(ctx, w.mark)
+		}
+	}
+	_, _ = pipe.Exec(ctx)
 }
 
 func boolArg(b bool) string {

@@ -6,7 +6,10 @@ import (
 )
 
 // Every lock operation is one Lua script, so that it is atomic on the node
-// and costs one round trip in the node's pipeline.
+// and costs one round trip in the node's pipeline. The common paths (a
+// first grant, the release of its only hold) run three and four Redis
+// calls: Redis's time inside a script is mostly per call, and the scripts
+// are the bulk of a node's work per lock.
 //
 // The keys of one lock (client key k, prefix P) on a node:
 //
@@ -14,9 +17,9 @@ import (
 //	            readers hold it; its PX is the lease (for readers, the
 //	            longest reader lease). It is a plain string so that a lock
 //	            taken with LOCK and one taken with SET NX PX look alike.
-//	P lockf:k   string: the fence of the current write hold
-//	P lockh:k   string: the write holder's extra holds (reentrancy), absent
-//	            at one hold
+//	P lockf:k   string "fence[,extra holds[,r]]" of the current write hold:
+//	            its fence, its holds beyond the first (reentrancy), and
+//	            "r" when the holder also holds it for reading (downgrade)
 //	P lockr:k   sorted set: reader tokens scored by lease end (node ms)
 //	P lockrh:k  hash: reader token -> holds
 //	P lockw:k   string: a writer waits (PX); new readers queue behind it
@@ -37,8 +40,7 @@ const readMarker = "\x00lockproxy:read"
 // Key order shared by the lock scripts.
 const (
 	keyLock = iota
-	keyFence
-	keyHolds
+	keyMeta
 	keyReaders
 	keyReaderHolds
 	keyWriterWaits
@@ -46,22 +48,35 @@ const (
 	numLockKeys
 )
 
-// luaNow and luaPrune are shared script prologues: the node's time in ms,
-// and dropping readers whose lease ended.
+// luaMeta parses and formats the lockf value.
+const luaMeta = `
+local function meta(s)
+  local f, h, r = string.match(s or '0', '^(%d+),?(%d*),?(%a*)$')
+  return tonumber(f) or 0, tonumber(h) or 0, r or ''
+end
+local function fmtmeta(f, h, r)
+  if h == 0 and r == '' then return tostring(f) end
+  return f .. ',' .. h .. ',' .. r
+end
+`
+
+// luaNow and luaPrune are shared script parts: the node's time in ms, and
+// dropping readers whose lease ended.
 const luaNow = `
 local t = redis.call('TIME')
 local now = t[1] * 1000 + math.floor(t[2] / 1000)
 `
 
 const luaPrune = `
-local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
 if #gone > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  for _, r in ipairs(gone) do redis.call('HDEL', KEYS[5], r) end
+  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
+  for _, r in ipairs(gone) do redis.call('HDEL', KEYS[4], r) end
 end
 `
 
-// acquireScript: KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms,
+// acquireScript follows a failed SET NX PX (see Node.send), or runs alone.
+// KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms,
 // ARGV[3] slot, ARGV[4] writer-wait ms or 0, ARGV[5] readMarker, ARGV[6]
 // 1 to refuse reentry (SET NX's rule) or 0.
 // Returns {fence, holds} when granted (a reentrant grant when the token
@@ -69,26 +84,29 @@ end
 // when held by another, -1 when the token holds it for reading (upgrade).
 // A refused writer that will wait marks itself on the node (lockw) so new
 // readers stop joining.
-const acquireScript = `
-local v = redis.call('GET', KEYS[1])
-if not v then
-  local f = redis.call('HINCRBY', KEYS[7], ARGV[3], 1)
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+const acquireScript = luaMeta + `
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  local f = redis.call('HINCRBY', KEYS[6], ARGV[3], 1)
   redis.call('SET', KEYS[2], f, 'PX', ARGV[2])
-  redis.call('DEL', KEYS[3])
-  if ARGV[4] ~= '0' then redis.call('DEL', KEYS[6]) end
+  if ARGV[4] ~= '0' then redis.call('DEL', KEYS[5]) end
   return {f, 1}
 end
+local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] and ARGV[6] ~= '1' then
-  local h = redis.call('INCR', KEYS[3])
+  local f, h, r = meta(redis.call('GET', KEYS[2]))
+  if f == 0 then
+    -- The hold's fence is not stored (its write failed): the slot's
+    -- counter is at least the hold's fence, and safe to use.
+    f = tonumber(redis.call('HGET', KEYS[6], ARGV[3]) or '0')
+  end
+  h = h + 1
+  redis.call('SET', KEYS[2], fmtmeta(f, h, r), 'PX', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  return {tonumber(redis.call('GET', KEYS[2]) or '0'), h + 1}
+  return {f, h + 1}
 end
-if ARGV[4] ~= '0' then redis.call('SET', KEYS[6], '1', 'PX', ARGV[4]) end
+if ARGV[4] ~= '0' then redis.call('SET', KEYS[5], '1', 'PX', ARGV[4]) end
 if v == ARGV[5] then
-  local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
+  local s = redis.call('ZSCORE', KEYS[3], ARGV[1])
   if s then` + luaNow + `
     if tonumber(s) > now then return -1 end
   end
@@ -100,51 +118,57 @@ return 0
 // slot, ARGV[4] readMarker. Returns {fence, holds} when granted, 0 when a
 // writer holds the key or waits for it. Each reader's lease is its own
 // score; the lock key lives as long as the longest. The write holder may
-// take a read hold too (a downgrade). The fence is the slot's counter (for
-// a downgrade, the write hold's): at least that of every earlier write.
-const readScript = luaNow + `
+// take a read hold too (a downgrade, flagged in its lockf). The fence is
+// the slot's counter (for a downgrade, the write hold's): at least that of
+// every earlier write.
+const readScript = luaMeta + luaNow + `
 local v = redis.call('GET', KEYS[1])
 if v and v ~= ARGV[4] and v ~= ARGV[1] then return 0 end
 if not v then
-  redis.call('DEL', KEYS[4], KEYS[5])
+  redis.call('DEL', KEYS[3], KEYS[4])
 else` + luaPrune + `
 end
-local mine = redis.call('ZSCORE', KEYS[4], ARGV[1])
-if not mine and v ~= ARGV[1] and redis.call('EXISTS', KEYS[6]) == 1 then return 0 end
-redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
-local h = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
-local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
-local fence = tonumber(redis.call('HGET', KEYS[7], ARGV[3]) or '0')
+local mine = redis.call('ZSCORE', KEYS[3], ARGV[1])
+if not mine and v ~= ARGV[1] and redis.call('EXISTS', KEYS[5]) == 1 then return 0 end
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
+local h = redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
+local keep = tonumber(redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]) - now
+local fence = tonumber(redis.call('HGET', KEYS[6], ARGV[3]) or '0')
 if v == ARGV[1] then
   keep = math.max(keep, redis.call('PTTL', KEYS[1]))
-  fence = tonumber(redis.call('GET', KEYS[2]) or '0')
+  local f, wh, r = meta(redis.call('GET', KEYS[2]))
+  fence = f
+  if r ~= 'r' then redis.call('SET', KEYS[2], fmtmeta(f, wh, 'r'), 'KEEPTTL') end
 else
   redis.call('SET', KEYS[1], ARGV[4], 'PX', keep)
 end
+redis.call('PEXPIRE', KEYS[3], keep)
 redis.call('PEXPIRE', KEYS[4], keep)
-redis.call('PEXPIRE', KEYS[5], keep)
 return {fence, h}
 `
 
-// raiseFenceScript: KEYS[1] lock key, KEYS[2] fence hash, KEYS[3] stored
-// fence; ARGV[1] token, ARGV[2] slot, ARGV[3] fence. Raises the slot's
-// counter to the fence while the token still holds the key (so a later
-// holder, which must acquire after this key is gone, reads it), and stores
-// the grant's fence with the hold, expiring with it, for reentrant grants
-// to return. Returns 1 when the token holds the key.
-const raiseFenceScript = `
+// raiseFenceScript: KEYS[1] lock key, KEYS[2] fence hash, KEYS[3] lockf;
+// ARGV[1] token, ARGV[2] slot, ARGV[3] fence. Raises the slot's counter to
+// the fence while the token still holds the key (so a later holder, which
+// must acquire after this key is gone, reads it), and stores the grant's
+// fence with the hold, expiring with it, for reentrant grants to return.
+// Returns 1 when the token holds the key.
+const raiseFenceScript = luaMeta + `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
   local want = tonumber(ARGV[3])
   if cur < want then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
   local p = redis.call('PTTL', KEYS[1])
-  if p > 0 then redis.call('SET', KEYS[3], ARGV[3], 'PX', p) end
+  if p > 0 then
+    local _, h, r = meta(redis.call('GET', KEYS[3]))
+    redis.call('SET', KEYS[3], fmtmeta(want, h, r), 'PX', p)
+  end
   return 1
 end
 return 0
 `
 
-// releaseScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
+// releaseScript: KEYS the lock keys (first four); ARGV[1] token, ARGV[2]
 // release channel, ARGV[3] readMarker, ARGV[4] which holds: empty for any
 // (write holds first), 'w' write only, 'r' read only (the roll-back of a
 // failed attempt takes only the kind of hold the attempt could have
@@ -161,37 +185,42 @@ return 0
 // waiters find it by their retry. The announcement is a pcall: a node user
 // whose ACL denies the channel still releases, and waiters fall back to
 // their retry.
-const releaseScript = `
+const releaseScript = luaMeta + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 if v == ARGV[1] and ARGV[4] ~= 'r' then
-  if redis.call('EXISTS', KEYS[3]) == 1 then
-    if redis.call('DECR', KEYS[3]) <= 0 then redis.call('DEL', KEYS[3]) end
+  local f, h, r = meta(redis.call('GET', KEYS[2]))
+  if h > 0 then
+    redis.call('SET', KEYS[2], fmtmeta(f, h - 1, r), 'KEEPTTL')
     return 1
   end
-  redis.call('DEL', KEYS[2])
-  if redis.call('EXISTS', KEYS[4]) == 1 then` + luaNow + luaPrune + `
-    local top = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+  if r == 'r' then` + luaNow + luaPrune + `
+    redis.call('DEL', KEYS[2])
+    local top = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
     if #top > 0 then
       redis.call('SET', KEYS[1], ARGV[3], 'PX', tonumber(top[2]) - now)
     else
-      redis.call('DEL', KEYS[1], KEYS[4], KEYS[5])
+      redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
     end
   else
-    redis.call('DEL', KEYS[1])
+    redis.call('DEL', KEYS[1], KEYS[2])
   end
   if ARGV[4] == '' then redis.pcall('PUBLISH', ARGV[2], '') end
   return 1
 end
 if ARGV[4] == 'w' or (v ~= ARGV[3] and v ~= ARGV[1]) then return 0 end` + luaNow + luaPrune + `
-if not redis.call('ZSCORE', KEYS[4], ARGV[1]) then return 0 end
-if redis.call('HINCRBY', KEYS[5], ARGV[1], -1) > 0 then return 1 end
-redis.call('ZREM', KEYS[4], ARGV[1])
-redis.call('HDEL', KEYS[5], ARGV[1])
-if v == ARGV[1] then return 1 end
-local top = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')
+if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then return 0 end
+if redis.call('HINCRBY', KEYS[4], ARGV[1], -1) > 0 then return 1 end
+redis.call('ZREM', KEYS[3], ARGV[1])
+redis.call('HDEL', KEYS[4], ARGV[1])
+if v == ARGV[1] then
+  local f, h = meta(redis.call('GET', KEYS[2]))
+  redis.call('SET', KEYS[2], fmtmeta(f, h, ''), 'KEEPTTL')
+  return 1
+end
+local top = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
 if #top == 0 then
-  redis.call('DEL', KEYS[1], KEYS[4], KEYS[5])
+  redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
   if ARGV[4] == '' then redis.pcall('PUBLISH', ARGV[2], '') end
 else
   redis.call('PEXPIRE', KEYS[1], tonumber(top[2]) - now)
@@ -199,51 +228,54 @@ end
 return 1
 `
 
-// extendScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
+// extendScript: KEYS the lock keys (first four); ARGV[1] token, ARGV[2]
 // ttl ms, ARGV[3] readMarker. Compare-and-expire, for a write hold (with
 // the read hold of a downgrade) or a live reader's own lease. Returns 1
 // when the token held the key.
-const extendScript = `
+const extendScript = luaMeta + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  redis.call('PEXPIRE', KEYS[3], ARGV[2])
-  if redis.call('ZSCORE', KEYS[4], ARGV[1]) then` + luaNow + `
-    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
-    local keep = math.max(redis.call('PTTL', KEYS[4]), tonumber(ARGV[2]))
+  local m = redis.call('GET', KEYS[2])
+  if m then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
+  local _, _, r = meta(m)
+  if r == 'r' and redis.call('ZSCORE', KEYS[3], ARGV[1]) then` + luaNow + `
+    redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
+    local keep = math.max(redis.call('PTTL', KEYS[3]), tonumber(ARGV[2]))
+    redis.call('PEXPIRE', KEYS[3], keep)
     redis.call('PEXPIRE', KEYS[4], keep)
-    redis.call('PEXPIRE', KEYS[5], keep)
   end
   return 1
 end
 if v ~= ARGV[3] then return 0 end` + luaNow + `
-local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
+local s = redis.call('ZSCORE', KEYS[3], ARGV[1])
 if not s or tonumber(s) <= now then return 0 end
-redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
-local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
+redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
+local keep = tonumber(redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]) - now
 redis.call('PEXPIRE', KEYS[1], keep)
+redis.call('PEXPIRE', KEYS[3], keep)
 redis.call('PEXPIRE', KEYS[4], keep)
-redis.call('PEXPIRE', KEYS[5], keep)
 return 1
 `
 
-// infoScript: KEYS the lock keys (all seven); ARGV[1] slot. Returns 0
-// when the key is free, else {value, pttl, stored fence, extra holds, now,
-// {reader, lease end, ...}, {reader, holds, ...}, slot counter}, with the
-// readers whose lease ended left out.
-const infoScript = `
+// infoScript: KEYS the lock keys (all six); ARGV[1] slot, ARGV[2]
+// readMarker. Returns 0 when the key is free, else {value, pttl, stored
+// fence (the slot counter, which is at least it, while the store is on its
+// way), extra holds, now, {reader, lease end, ...}, {reader, holds, ...},
+// slot counter}, with the readers whose lease ended left out.
+const infoScript = luaMeta + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end` + luaNow + `
 local readers, holds = {}, {}
-if redis.call('EXISTS', KEYS[4]) == 1 then
-  readers = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf', 'WITHSCORES')
-  holds = redis.call('HGETALL', KEYS[5])
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  readers = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES')
+  holds = redis.call('HGETALL', KEYS[4])
 end
-return {v, redis.call('PTTL', KEYS[1]), redis.call('GET', KEYS[2]) or '0',
-  redis.call('GET', KEYS[3]) or '0', now, readers, holds,
-  redis.call('HGET', KEYS[7], ARGV[1]) or '0'}
+local counter = redis.call('HGET', KEYS[6], ARGV[1]) or '0'
+local f, h = meta(redis.call('GET', KEYS[2]))
+if f == 0 and v ~= ARGV[2] then f = tonumber(counter) end
+return {v, redis.call('PTTL', KEYS[1]), f, h, now, readers, holds, counter}
 `
 
 // seedFenceScript: KEYS[1] fence hash; ARGV field, value pairs. Raises
