@@ -310,6 +310,21 @@ var (
 	scriptInfo       = newScript(infoScript)
 )
 
+// Script is a lock script's source and the SHA1 lockproxy sends in
+// EVALSHA.
+type Script struct{ Src, SHA string }
+
+// LeaseScripts are the lock scripts whose ARGV[2] is a lease in ms
+// (acquire, read, extend); plain SET … PX carries the others. Test tools
+// that rewrite leases on the wire (test/faultproxy's fast clock) use it.
+func LeaseScripts() []Script {
+	var out []Script
+	for _, s := range []script{scriptAcquire, scriptRead, scriptExtend} {
+		out = append(out, Script{Src: s.src, SHA: s.sha})
+	}
+	return out
+}
+
 // slot is Redis Cluster's key slot: crc16 (XMODEM) mod 16384.
 func slot(key string) uint16 {
 	var crc uint16

@@ -3,9 +3,9 @@ package faultproxy
 import (
 	"bufio"
 	"errors"
+	lpredis "github.com/lockproxy/lockproxy/backends/redis"
 	"io"
 	"net"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -199,9 +199,9 @@ func TestProxy(t *testing.T) {
 				{[]string{"SET", "fc3", "v", "EX", "10"}, "fc3", 5000},
 				{[]string{"SET", "fc4", "tok", "NX", "PX", "100000"}, "fc4", 50000},
 				{[]string{"PEXPIRE", "fc4", "8000"}, "fc4", 4000},
-				{[]string{"EVAL", ExtendScript, "1", "fc4", "tok", "6000"}, "fc4", 3000},
-				{[]string{"SCRIPT", "LOAD", ExtendScript}, "", 0},
-				{[]string{"EVALSHA", ExtendSHA, "1", "fc4", "tok", "2000"}, "fc4", 1000},
+				{[]string{"EVAL", extend.Src, "4", "fc4", "m", "r", "rh", "tok", "6000", "marker"}, "fc4", 3000},
+				{[]string{"SCRIPT", "LOAD", extend.Src}, "", 0},
+				{[]string{"EVALSHA", extend.SHA, "4", "fc4", "m", "r", "rh", "tok", "2000", "marker"}, "fc4", 1000},
 			}
 			for _, s := range steps {
 				if _, err := c.do(time.Second, s.args...); err != nil {
@@ -246,7 +246,8 @@ func TestFramer(t *testing.T) {
 		{"SET PX", cmd("SET", "k", "v", "NX", "PX", "1500"), 1.5, cmd("SET", "k", "v", "NX", "PX", "1000")},
 		{"SET EX", cmd("SET", "k", "v", "EX", "3"), 1.5, cmd("SET", "k", "v", "PX", "2000")},
 		{"PEXPIRE", cmd("pexpire", "k", "3000"), 1.5, cmd("pexpire", "k", "2000")},
-		{"extend EVALSHA", cmd("EVALSHA", ExtendSHA, "1", "k", "tok", "2000"), 2, cmd("EVALSHA", ExtendSHA, "1", "k", "tok", "1000")},
+		{"extend EVALSHA", cmd("EVALSHA", extend.SHA, "1", "k", "tok", "2000"), 2, cmd("EVALSHA", extend.SHA, "1", "k", "tok", "1000")},
+		{"extend EVAL, more keys", cmd("EVAL", extend.Src, "3", "a", "b", "c", "tok", "2000", "m"), 2, cmd("EVAL", extend.Src, "3", "a", "b", "c", "tok", "1000", "m")},
 		{"other EVALSHA", cmd("EVALSHA", strings.Repeat("a", 40), "1", "k", "tok", "2000"), 2, cmd("EVALSHA", strings.Repeat("a", 40), "1", "k", "tok", "2000")},
 		{"HINCRBY untouched", cmd("HINCRBY", "f", "12", "1"), 2, cmd("HINCRBY", "f", "12", "1")},
 		{"pipeline and inline", "PING\r\n" + cmd("SET", "a", "b", "PX", "10") + cmd("GET", "a"), 2,
@@ -269,14 +270,6 @@ func TestFramer(t *testing.T) {
 	}
 }
 
-// TestExtendScriptMatches checks that ExtendScript is still lockproxy's
-// extend script, so that FastClock recognises its EVALSHA.
-func TestExtendScriptMatches(t *testing.T) {
-	src, err := os.ReadFile("../../backends/redis/scripts.go")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if !strings.Contains(string(src), "const extendScript = `"+ExtendScript+"`") {
-		t.Fatalf("backends/redis/scripts.go has no extendScript equal to ExtendScript; update the copy")
-	}
-}
+// extend is lockproxy's extend script (LeaseScripts' order: acquire,
+// read, extend), whose ARGV[2] is a lease.
+var extend = lpredis.LeaseScripts()[2]

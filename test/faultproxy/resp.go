@@ -2,28 +2,22 @@ package faultproxy
 
 import (
 	"bytes"
-	"crypto/sha1"
-	"encoding/hex"
 	"math"
 	"strconv"
 	"strings"
+
+	lpredis "github.com/lockproxy/lockproxy/backends/redis"
 )
 
-// ExtendScript is the source of lockproxy's extend script, copied from
-// backends/redis/scripts.go (extendScript), where it is not exported.
-// KEYS[1] lock key; ARGV[1] token, ARGV[2] ttl ms. If that source changes,
-// the copy must follow: TestExtendScriptMatches compares them.
-const ExtendScript = `
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
-end
-return 0
-`
-
-// ExtendSHA is the SHA1 (hex) lockproxy sends in EVALSHA for ExtendScript.
-var ExtendSHA = func() string {
-	h := sha1.Sum([]byte(ExtendScript))
-	return hex.EncodeToString(h[:])
+// leaseScripts maps the SHA1s (lower case) and sources of lockproxy's lock
+// scripts whose ARGV[2] is a lease in ms to true, so that FastClock can
+// scale the lease in their EVALSHA and EVAL.
+var leaseScripts = func() map[string]bool {
+	m := map[string]bool{}
+	for _, s := range lpredis.LeaseScripts() {
+		m[s.SHA], m[s.Src] = true, true
+	}
+	return m
 }()
 
 // respFramer splits a client→server byte stream into whole commands, so
@@ -206,22 +200,17 @@ func rewrite(args [][]byte, rate float64) bool {
 				args[0], args[2], changed = []byte("PEXPIRE"), v, true
 			}
 		}
-	case "EVALSHA":
-		if len(args) >= 3 && strings.EqualFold(string(args[1]), ExtendSHA) {
-			changed = scaleLast(args, rate)
-		}
-	case "EVAL":
-		if len(args) >= 3 && string(args[1]) == ExtendScript {
-			changed = scaleLast(args, rate)
+	case "EVALSHA", "EVAL":
+		// EVAL[SHA] script numkeys key… arg…: the lease is ARGV[2].
+		if len(args) >= 3 && leaseScripts[strings.ToLower(string(args[1]))] || len(args) >= 3 && leaseScripts[string(args[1])] {
+			if nk, err := strconv.Atoi(string(args[2])); err == nil && nk >= 0 {
+				if i := 3 + nk + 1; i < len(args) {
+					if v, ok := scaleMS(args[i], 1, rate); ok {
+						args[i], changed = v, true
+					}
+				}
+			}
 		}
 	}
 	return changed
-}
-
-func scaleLast(args [][]byte, rate float64) bool {
-	v, ok := scaleMS(args[len(args)-1], 1, rate)
-	if ok {
-		args[len(args)-1] = v
-	}
-	return ok
 }
