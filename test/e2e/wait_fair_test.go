@@ -196,12 +196,13 @@ func TestWaitFIFOThousand(t *testing.T) {
 	t.Logf("%d waiters queued in %v, granted in turn in %v; node commands: %s; %.2f per grant on %d nodes (%.2f×N)",
 		waiters, queued.Round(time.Millisecond), drained.Round(time.Millisecond), strings.Join(parts, ", "),
 		perGrant, nodes, perGrant/nodes)
-	// A grant needs the acquire script on each node and its release the
-	// release script (which PUBLISHes), 2×N; each attempt that fails adds
-	// the acquire script, N, and its roll-back only where a node granted.
-	// A herd would add one per waiter per release.
-	// The limit leaves room for about one failed attempt in two grants
-	// (a late announcement, a retry timer on a busy machine).
+	// A grant's release is a script on each node (which PUBLISHes), N;
+	// its acquire on a free key is plain SET NX PX + HINCRBY, not counted.
+	// Each attempt that fails adds the acquire script where the key is
+	// held, up to N, and its roll-back only where a node granted. A herd
+	// would add one per waiter per release. The limit leaves room for
+	// about one failed attempt per grant (a late announcement, a retry
+	// timer on a busy machine).
 	if limit := 2.5 * nodes; perGrant > limit {
 		t.Errorf("%.2f node commands per grant; want ≤ %.1f (2.5×N): waiters other than the head are trying", perGrant, limit)
 	}
@@ -494,10 +495,10 @@ func blockedClients(t *testing.T, c *redis.Client) int {
 }
 
 // countedCommands are the node commands that lock traffic consists of.
-// countedCommands are the commands lockproxy sends the nodes for locks
-// and waits: every lock operation is one script, and waiters subscribe.
-// (INFO commandstats also counts the commands scripts run, such as the
-// release announcement's PUBLISH; those are not round trips.)
+// countedCommands are the script calls lockproxy sends the nodes and the
+// waiters' subscriptions. (INFO commandstats also counts the commands
+// scripts run, such as the release announcement's PUBLISH, together with
+// the plain SET and HINCRBY of an acquire, so those are left out.)
 var countedCommands = []string{"evalsha", "eval", "subscribe", "unsubscribe"}
 
 // nodeCommandCalls sums, over the nodes, the calls of countedCommands in
