@@ -14,6 +14,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/relay"
 	"github.com/lockproxy/lockproxy/resp"
 )
 
@@ -53,6 +54,9 @@ type Options struct {
 	Clients func() []*resp.Session
 	// DriftFor, when set, tells the drift a lease of ttl is allowed (INFO).
 	DriftFor func(ttl time.Duration) time.Duration
+	// Relay, when set, serves the commands lockproxy does not know by
+	// relaying them to the upstream Redis (relay.go).
+	Relay *relay.Relay
 }
 
 // Handler serves lockproxy's own commands on every connection.
@@ -68,6 +72,8 @@ type Handler struct {
 	held      *heldLocks
 	keepalive *keepalives
 	closed    atomic.Bool
+	up        *relay.Relay
+	rm        *relayMetrics
 }
 
 // NewHandler returns a Handler; Close it to stop its background work.
@@ -89,6 +95,10 @@ func NewHandler(o Options) *Handler {
 		started: time.Now(),
 		runID:   randomHex(20),
 		held:    newHeldLocks(m),
+		up:      o.Relay,
+	}
+	if h.up != nil {
+		h.rm = newRelayMetrics(o.Registry)
 	}
 	h.keepalive = newKeepalives(o.Backend, h.held, o.Logger, o.Limits.KeepaliveIdle, o.Registry)
 	return h
@@ -110,6 +120,7 @@ type conn struct {
 	libVer  string
 	lastCmd string
 	ka      *connKeepalive // nil until the first KEEPALIVE lock
+	rl      *relayConn     // nil until the first relayed command
 }
 
 func state(s *resp.Session) *conn {
@@ -126,7 +137,14 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 	if len(args) == 0 {
 		return
 	}
+	if h.up != nil && h.relayRoute(s, args) {
+		return
+	}
 	c := lookup(args[0])
+	if c == nil && h.up != nil {
+		h.relay(s, args)
+		return
+	}
 	if c == nil {
 		h.metrics.commands.WithLabelValues("unknown", "error").Inc()
 		s.W.Error(unknownCommand(args))
@@ -144,6 +162,10 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 			before := s.W.Len()
 			sc.run(h, s, args)
 			h.count(sc, s, before)
+			return
+		}
+		if h.up != nil {
+			h.relay(s, args)
 			return
 		}
 		h.metrics.commands.WithLabelValues(c.Metric, "error").Inc()
@@ -182,7 +204,11 @@ func (h *Handler) count(c *Command, s *resp.Session, before int) {
 // Closed implements resp.Handler. It runs after the session's context was
 // canceled; it does no network I/O. That cancellation is the only signal
 // the connection's KEEPALIVE watchdogs need: each releases its own lock.
-func (h *Handler) Closed(s *resp.Session) {}
+func (h *Handler) Closed(s *resp.Session) {
+	if h.up != nil {
+		h.relayClosed(s)
+	}
+}
 
 func unknownCommand(args [][]byte) string {
 	var b strings.Builder

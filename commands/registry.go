@@ -70,7 +70,9 @@ func init() {
 			{Name: "password", Type: "string"}}, run: (*Handler).auth}))
 	register(conn(&Command{Name: "select", Arity: 2, Flags: []string{"loading", "stale", "fast"}, Since: "1.0.0",
 		Summary: "Changes the selected database; lockproxy serves database 0 only.",
-		Args:    []Arg{{Name: "index", Type: "integer"}}, run: (*Handler).selectDB}))
+		Args:    []Arg{{Name: "index", Type: "integer"}}, run: (*Handler).selectCmd}))
+	register(conn(&Command{Name: "reset", Arity: 1, Flags: []string{"noscript", "loading", "stale", "fast", "no_auth"}, Since: "6.2.0",
+		Summary: "Resets the connection: protocol, name, transaction, subscriptions and upstream state.", run: (*Handler).reset}))
 	register(conn(&Command{Name: "hello", Arity: -1, Flags: []string{"noscript", "loading", "stale", "fast", "no_auth"}, Since: "6.0.0",
 		Summary: "Handshakes with the server: picks RESP2 or RESP3, optionally authenticates and names the connection.",
 		Args: []Arg{{Name: "arguments", Type: "block", Flags: []string{"optional"}, Args: []Arg{

@@ -75,12 +75,12 @@ func TestValidate(t *testing.T) {
 		{"addresses", func(c *Config) {
 			c.Listen = "7380"
 			c.Admin = ":0"
-			c.Upstream = ":6379"
+			c.Upstream.Address = ":6379"
 			c.Redlock.Nodes = []string{"a:6379", "b:http", "a:6379", "c:70000"}
 		}, []string{
 			`listen: want host:port, got "7380" (missing port in address)`,
 			`admin: port must be a number in 1..65535, got "0"`,
-			`upstream: want host:port, got ":6379" (missing host)`,
+			`upstream.address: want host:port, got ":6379" (missing host)`,
 			`redlock.nodes[1]: port must be a number in 1..65535, got "http"`,
 			`redlock.nodes[2]: duplicate of redlock.nodes[0] (a:6379)`,
 			`redlock.nodes[3]: port must be a number in 1..65535, got "70000"`,
@@ -352,7 +352,7 @@ locks:
 		}, expect(map[string]any{
 			"listen": "127.0.0.1:1002", "admin": "", "dev": true,
 			"redlock.nodes": []string{"env1:1", "env2:2"}, "redlock.drift_factor": 0.04,
-			"locks.default_ttl": 2 * time.Second, "locks.max_ttl": time.Minute, "upstream": "up:6379",
+			"locks.default_ttl": 2 * time.Second, "locks.max_ttl": time.Minute, "upstream.address": "up:6379",
 			"locks.keepalive_idle": 1500 * time.Millisecond,
 		})},
 		{"flags over env", []string{
@@ -371,7 +371,7 @@ locks:
 			"zookeeper.servers": []string{"z:2181"}, "backend": "zookeeper", "admin": "127.0.0.1:2001",
 		})},
 		{"positional between flags", []string{"--dev", "FILE", "--upstream", "u:1"}, nil, expect(map[string]any{
-			"dev": true, "upstream": "u:1", "listen": "127.0.0.1:1001",
+			"dev": true, "upstream.address": "u:1", "listen": "127.0.0.1:1001",
 		})},
 		{"LOCKPROXY_CONFIG", nil, []string{"LOCKPROXY_CONFIG=FILE"}, expect(map[string]any{"listen": "127.0.0.1:1001"})},
 		{"no file", []string{"--dev"}, []string{"PATH=/bin", "LOCKPROXY_LOG_FORMAT=console"}, expect(map[string]any{

@@ -34,6 +34,7 @@ import (
 	"github.com/lockproxy/lockproxy/commands"
 	"github.com/lockproxy/lockproxy/conf"
 	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/relay"
 	"github.com/lockproxy/lockproxy/resp"
 )
 
@@ -125,8 +126,6 @@ func notYet(cfg conf.Config) error {
 	switch {
 	case cfg.Backend != conf.BackendRedlock:
 		return fmt.Errorf("backend %q is not available in this version (only %q)", cfg.Backend, conf.BackendRedlock)
-	case cfg.Upstream != "":
-		return errors.New("upstream: relaying other commands is not available in this version")
 	case len(cfg.LockPatterns) > 0:
 		return errors.New("lock_patterns: transparent mode is not available in this version")
 	}
@@ -243,6 +242,17 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	if ta, ok := ln.Addr().(*net.TCPAddr); ok {
 		port = ta.Port
 	}
+	var up *relay.Relay
+	if u := cfg.Upstream; u.Address != "" {
+		up = relay.New(relay.Config{
+			Addr: u.Address, Username: u.Username, Password: u.Password, PoolSize: u.PoolSize,
+			DialTimeout: u.DialTimeout, ReadTimeout: u.ReadTimeout, Deny: u.DenyCommands,
+			KeyPrefix: rc.KeyPrefix, Logger: log,
+		})
+		// Closed after the client connections drained (defers run in
+		// reverse): a command in flight still gets its reply.
+		defer up.Close()
+	}
 	srv := &resp.Server{Logger: log, MaxClients: cfg.Limits.MaxClients}
 	handler := commands.NewHandler(commands.Options{
 		Backend: backend,
@@ -257,6 +267,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		Logger:   log,
 		Registry: reg,
 		Clients:  srv.Sessions,
+		Relay:    up,
 	})
 	defer handler.Close()
 	srv.Handler = handler
@@ -273,6 +284,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("lockproxy listening", zap.String("addr", ln.Addr().String()), zap.Strings("nodes", nodes),
+		zap.String("upstream", cfg.Upstream.Address),
 		zap.String("admin", cfg.Admin), zap.String("version", version), zap.Bool("dev", cfg.Dev))
 	if cfg.Dev {
 		fmt.Fprintf(banner, "\nlockproxy %s --dev: three embedded in-process lock nodes (for trying out only).\n"+

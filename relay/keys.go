@@ -1,0 +1,302 @@
+package relay
+
+import (
+	"bytes"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// keySpec is where a command's keys are, from the upstream's COMMAND.
+type keySpec struct {
+	first, last, step int
+	movable           bool
+}
+
+type keySpecs map[string]keySpec
+
+// parseSpecs reads the reply to COMMAND; nil when it is not one.
+func parseSpecs(f []byte) *keySpecs {
+	_, entries, ok := elements(f)
+	if !ok || len(entries) == 0 {
+		return nil
+	}
+	ks := keySpecs{}
+	var add func(e []byte)
+	add = func(e []byte) {
+		_, el, ok := elements(e)
+		if !ok || len(el) < 6 {
+			return
+		}
+		name, ok := str(el[0])
+		if !ok {
+			return
+		}
+		var s keySpec
+		if _, flags, ok := elements(el[2]); ok {
+			for _, fl := range flags {
+				if v, _ := str(fl); string(v) == "movablekeys" {
+					s.movable = true
+				}
+			}
+		}
+		a, _ := integer(el[3])
+		b, _ := integer(el[4])
+		c, _ := integer(el[5])
+		s.first, s.last, s.step = int(a), int(b), int(c)
+		ks[lower(string(name))] = s
+		if len(el) >= 10 {
+			if _, subs, ok := elements(el[9]); ok {
+				for _, sub := range subs {
+					add(sub)
+				}
+			}
+		}
+	}
+	for _, e := range entries {
+		add(e)
+	}
+	return &ks
+}
+
+// DeniedError is a command refused by upstream.deny_commands.
+type DeniedError struct{ Name string }
+
+func (e *DeniedError) Error() string {
+	return fmt.Sprintf("ERR '%s' is denied by lockproxy (upstream.deny_commands)", e.Name)
+}
+
+// ReservedError is a command that would touch lockproxy's lock keys.
+type ReservedError struct {
+	Key    string
+	Prefix string
+	Script bool
+}
+
+func (e *ReservedError) Error() string {
+	if e.Script {
+		return fmt.Sprintf("ERR script names the key prefix '%s', which is reserved for lockproxy's locks", e.Prefix)
+	}
+	return fmt.Sprintf("ERR key '%s' is reserved for lockproxy's locks (prefix '%s'); relayed commands may not touch it", clip(e.Key), e.Prefix)
+}
+
+func clip(s string) string {
+	if len(s) > 128 {
+		s = s[:128] + "..."
+	}
+	return strings.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// Check returns a *DeniedError or *ReservedError when args may not be
+// relayed, else nil. name and sub are the lower-case command and
+// "command|subcommand" names.
+func (r *Relay) Check(name string, args [][]byte) error {
+	if len(r.deny) > 0 {
+		if r.deny[name] {
+			return &DeniedError{Name: name}
+		}
+		if len(args) > 1 {
+			if sub := name + "|" + lower(string(args[1])); r.deny[sub] {
+				return &DeniedError{Name: sub}
+			}
+		}
+	}
+	prefix := r.cfg.KeyPrefix
+	if prefix == "" {
+		return nil
+	}
+	var bad []byte
+	r.keys(name, args, func(k []byte) bool {
+		if bytes.HasPrefix(k, []byte(prefix)) {
+			bad = k
+			return false
+		}
+		return true
+	})
+	if bad != nil {
+		return &ReservedError{Key: string(bad), Prefix: prefix}
+	}
+	if body := scriptBody(name, args); body != nil && bytes.Contains(body, []byte(prefix)) {
+		return &ReservedError{Prefix: prefix, Script: true}
+	}
+	return nil
+}
+
+// scriptBody is the Lua or function source a command carries.
+func scriptBody(name string, args [][]byte) []byte {
+	switch name {
+	case "eval", "eval_ro":
+		if len(args) > 1 {
+			return args[1]
+		}
+	case "script", "function":
+		if len(args) > 2 && (bytes.EqualFold(args[1], []byte("load"))) {
+			return args[len(args)-1]
+		}
+	}
+	return nil
+}
+
+// keys calls fn with each key of the command until fn returns false. An
+// unknown command, or one whose keys move and that is not special-cased
+// here, has every argument checked: a false alarm on a value beats a
+// missed key.
+func (r *Relay) keys(name string, args [][]byte, fn func([]byte) bool) {
+	all := func(from int) {
+		for _, a := range args[min(from, len(args)):] {
+			if !fn(a) {
+				return
+			}
+		}
+	}
+	span := func(from, n int) {
+		for i := from; i < from+n && i < len(args); i++ {
+			if !fn(args[i]) {
+				return
+			}
+		}
+	}
+	numkeys := func(at int) int {
+		if at >= len(args) {
+			return 0
+		}
+		n, err := strconv.Atoi(string(args[at]))
+		if err != nil || n < 0 {
+			return len(args)
+		}
+		return n
+	}
+	after := func(word string) {
+		for i := 1; i+1 < len(args); i++ {
+			if bytes.EqualFold(args[i], []byte(word)) && !fn(args[i+1]) {
+				return
+			}
+		}
+	}
+	switch name {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+		span(3, numkeys(2))
+		return
+	case "zunionstore", "zinterstore", "zdiffstore":
+		span(1, 1)
+		span(3, numkeys(2))
+		return
+	case "zunion", "zinter", "zdiff", "zintercard", "sintercard", "lmpop", "zmpop":
+		span(2, numkeys(1))
+		return
+	case "blmpop", "bzmpop":
+		span(3, numkeys(2))
+		return
+	case "xread", "xreadgroup":
+		for i := 1; i < len(args); i++ {
+			if bytes.EqualFold(args[i], []byte("streams")) {
+				rest := len(args) - i - 1
+				span(i+1, rest/2+rest%2)
+				return
+			}
+		}
+		return
+	case "sort", "sort_ro":
+		span(1, 1)
+		after("store")
+		return
+	case "georadius", "georadiusbymember":
+		span(1, 1)
+		after("store")
+		after("storedist")
+		return
+	case "migrate":
+		if len(args) > 3 && len(args[3]) > 0 {
+			span(3, 1)
+		}
+		for i := 1; i < len(args); i++ {
+			if bytes.EqualFold(args[i], []byte("keys")) {
+				all(i + 1)
+				return
+			}
+		}
+		return
+	}
+	specs := r.specs.Load()
+	if specs == nil {
+		all(1)
+		return
+	}
+	s, ok := (*specs)[name]
+	if ok && s.first == 0 && !s.movable && len(args) > 1 {
+		// A container (OBJECT, XINFO, …): its subcommand knows the keys.
+		if sub, ok2 := (*specs)[name+"|"+lower(string(args[1]))]; ok2 {
+			s = sub
+		}
+	}
+	switch {
+	case !ok:
+		all(1)
+	case s.movable:
+		all(1)
+	case s.first <= 0:
+	default:
+		last := s.last
+		if last < 0 {
+			last = len(args) + last
+		}
+		step := max(s.step, 1)
+		for i := s.first; i <= last && i < len(args); i += step {
+			if !fn(args[i]) {
+				return
+			}
+		}
+	}
+}
+
+// FilterKeys removes lock keys from a KEYS reply (an array of names) or a
+// SCAN reply ([cursor, names]). Other replies (errors) pass unchanged.
+func (r *Relay) FilterKeys(reply []byte, scan bool) []byte {
+	prefix := []byte(r.cfg.KeyPrefix)
+	if len(prefix) == 0 {
+		return reply
+	}
+	t, el, ok := elements(reply)
+	if !ok {
+		return reply
+	}
+	names := el
+	var head []byte
+	if scan {
+		if len(el) != 2 {
+			return reply
+		}
+		head = el[0]
+		var ok2 bool
+		if t, names, ok2 = elements(el[1]); !ok2 {
+			return reply
+		}
+	}
+	kept := names[:0:0]
+	for _, n := range names {
+		if s, ok := str(n); ok && bytes.HasPrefix(s, prefix) {
+			continue
+		}
+		kept = append(kept, n)
+	}
+	if len(kept) == len(names) {
+		return reply
+	}
+	var out []byte
+	if scan {
+		out = append(out, '*', '2', '\r', '\n')
+		out = append(out, head...)
+	}
+	out = append(out, t)
+	out = strconv.AppendInt(out, int64(len(kept)), 10)
+	out = append(out, '\r', '\n')
+	for _, k := range kept {
+		out = append(out, k...)
+	}
+	return out
+}
