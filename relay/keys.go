@@ -2,6 +2,7 @@ package relay
 
 import (
 	"bytes"
+	"context"
 	"fmt"
 	"strconv"
 	"strings"
@@ -109,6 +110,14 @@ func (r *Relay) Check(name string, args [][]byte) error {
 	prefix := r.cfg.KeyPrefix
 	if prefix == "" {
 		return nil
+	}
+	if r.specs.Load() == nil {
+		// The key positions come with the first connection's handshake;
+		// dial one now (or fail fast in a backoff) rather than check every
+		// argument as a key.
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DialTimeout)
+		_, _ = r.shared[0].get(ctx, 0)
+		cancel()
 	}
 	var bad []byte
 	r.keys(name, args, func(k []byte) bool {

@@ -1,0 +1,209 @@
+package clients
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+func proxyClient(t *testing.T, e *env, proto int) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: e.proxy, Protocol: proto, MaxRetries: -1,
+		DialTimeout: 5 * time.Second, ReadTimeout: 10 * time.Second, PoolSize: 2})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestRelayRefusals: keyspace isolation (single and multi-key commands,
+// container subcommands, scripts, KEYS and SCAN results) and denied
+// commands, with the connection working after each refusal.
+func TestRelayRefusals(t *testing.T) {
+	e := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	up := e.up.Client(t)
+	if err := up.MSet(ctx, "lockproxy:secret", "1", "plain", "2").Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, proto := range []int{2, 3} {
+		c := proxyClient(t, e, proto)
+		for _, tc := range []struct {
+			args []any
+			want string // in the error; "" = relayed
+		}{
+			{[]any{"GET", "lockproxy:secret"}, "reserved for lockproxy's locks"},
+			{[]any{"MSET", "a", "1", "lockproxy:b", "2"}, "reserved"},
+			{[]any{"DEL", "x", "lockproxy:y"}, "reserved"},
+			{[]any{"RENAME", "plain", "lockproxy:z"}, "reserved"},
+			{[]any{"OBJECT", "ENCODING", "lockproxy:secret"}, "reserved"},
+			{[]any{"EVAL", "return 1", 2, "a", "lockproxy:k"}, "reserved"},
+			{[]any{"EVAL", "return redis.call('get', 'lockproxy:secret')", 0}, "script names the key prefix"},
+			{[]any{"ZUNIONSTORE", "dst", 2, "a", "lockproxy:z"}, "reserved"},
+			{[]any{"XREAD", "COUNT", 1, "STREAMS", "s", "lockproxy:s", "0", "0"}, "reserved"},
+			{[]any{"SET", "plain", "lockproxy:value"}, ""}, // a value is not a key
+			{[]any{"CONFIG", "GET", "maxmemory"}, "'config' is denied"},
+			{[]any{"FLUSHDB"}, "'flushdb' is denied"},
+			{[]any{"CLIENT", "KILL", "ID", "1"}, "'client|kill' is denied"},
+			{[]any{"SCRIPT", "FLUSH"}, "'script|flush' is denied"},
+			{[]any{"SHUTDOWN"}, "'shutdown' is denied"},
+		} {
+			err := c.Do(ctx, tc.args...).Err()
+			if errors.Is(err, redis.Nil) {
+				err = nil
+			}
+			switch {
+			case tc.want == "" && err != nil:
+				t.Errorf("RESP%d %v = %v; want it relayed", proto, tc.args, err)
+			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+				t.Errorf("RESP%d %v = %v; want an error with %q", proto, tc.args, err, tc.want)
+			}
+		}
+		keys, err := c.Keys(ctx, "*").Result()
+		if err != nil || len(keys) != 1 || keys[0] != "plain" {
+			t.Errorf("RESP%d KEYS * = %q, %v; want only [plain]", proto, keys, err)
+		}
+		scanned, _, err := c.Scan(ctx, 0, "*", 100).Result()
+		if err != nil || len(scanned) != 1 || scanned[0] != "plain" {
+			t.Errorf("RESP%d SCAN 0 = %q, %v; want only [plain]", proto, scanned, err)
+		}
+		if v, err := up.Get(ctx, "lockproxy:secret").Result(); err != nil || v != "1" {
+			t.Errorf("the reserved key upstream = %q, %v; want it untouched", v, err)
+		}
+	}
+}
+
+// TestRelayOrder: replies keep the order of the commands when a pipeline
+// mixes relayed commands, lockproxy's own and refusals.
+func TestRelayOrder(t *testing.T) {
+	e := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, proto := range []int{2, 3} {
+		c := proxyClient(t, e, proto)
+		for round := range 20 {
+			p := c.Pipeline()
+			var cmds []*redis.Cmd
+			var want []string
+			for i := range 12 {
+				k := fmt.Sprintf("o%d", i)
+				switch i % 4 {
+				case 0:
+					cmds = append(cmds, p.Do(ctx, "SET", k, fmt.Sprint(round*100+i)))
+					want = append(want, "OK")
+				case 1:
+					cmds = append(cmds, p.Do(ctx, "ECHO", k)) // lockproxy's own
+					want = append(want, k)
+				case 2:
+					cmds = append(cmds, p.Do(ctx, "GET", fmt.Sprintf("o%d", i-2)))
+					want = append(want, fmt.Sprint(round*100+i-2))
+				case 3:
+					cmds = append(cmds, p.Do(ctx, "GET", "lockproxy:x")) // refused
+					want = append(want, "ERR")
+				}
+			}
+			_, _ = p.Exec(ctx)
+			for i, cmd := range cmds {
+				got := fmt.Sprint(cmd.Val())
+				if cmd.Err() != nil {
+					got = cmd.Err().Error()
+				}
+				if !strings.HasPrefix(got, want[i]) {
+					t.Fatalf("RESP%d round %d: reply %d = %q; want %q", proto, round, i, got, want[i])
+				}
+			}
+		}
+	}
+}
+
+// TestRelayUpstreamDown: with the upstream gone, relayed commands get a
+// clear error at once and lock commands keep working; once it is back,
+// relaying resumes.
+func TestRelayUpstreamDown(t *testing.T) {
+	e := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := proxyClient(t, e, 2)
+	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	e.up.Kill()
+	start := time.Now()
+	err := c.Get(ctx, "k").Err()
+	if err == nil || !strings.Contains(err.Error(), "upstream unavailable") {
+		t.Fatalf("GET with the upstream down = %v; want upstream unavailable", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("GET with the upstream down took %v", d)
+	}
+	if _, err := c.Do(ctx, "LOCK", "down", "PX", 2000).Result(); err != nil {
+		t.Fatalf("LOCK with the upstream down = %v; want granted", err)
+	}
+	e.up.Restart()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		err := c.Set(ctx, "k2", "v2", 0).Err()
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("SET after the upstream came back: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// TestRelaySelectAndTransactions: SELECT pins the client to its own
+// connection on that database; a transaction with a refused command aborts
+// as Redis's does.
+func TestRelaySelectAndTransactions(t *testing.T) {
+	e := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := proxyClient(t, e, 3)
+	conn := c.Conn()
+	defer conn.Close()
+	if err := conn.Select(ctx, 3).Err(); err != nil {
+		t.Fatalf("SELECT 3: %v", err)
+	}
+	if err := conn.Set(ctx, "in3", "x", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	up := e.up.Client(t)
+	if n, _ := up.Exists(ctx, "in3").Result(); n != 0 {
+		t.Errorf("key set after SELECT 3 is in database 0")
+	}
+	up3 := redis.NewClient(&redis.Options{Addr: e.up.Addr, DB: 3})
+	defer up3.Close()
+	if v, err := up3.Get(ctx, "in3").Result(); err != nil || v != "x" {
+		t.Errorf("database 3 GET in3 = %q, %v; want x", v, err)
+	}
+	if err := conn.Select(ctx, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if n, _ := conn.Exists(ctx, "in3").Result(); n != 0 {
+		t.Errorf("after SELECT 0 the key of database 3 is still seen")
+	}
+
+	cmds, err := conn.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "t1", "1", 0)
+		p.Get(ctx, "lockproxy:x")
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "EXECABORT") {
+		t.Errorf("transaction with a refused command = %v; want EXECABORT", err)
+	}
+	if len(cmds) == 2 && (cmds[1].Err() == nil || !strings.Contains(cmds[1].Err().Error(), "reserved")) {
+		t.Errorf("refused command in MULTI = %v; want the refusal", cmds[1].Err())
+	}
+	if n, _ := up.Exists(ctx, "t1").Result(); n != 0 {
+		t.Errorf("the aborted transaction's SET ran")
+	}
+	if err := conn.Ping(ctx).Err(); err != nil {
+		t.Errorf("PING after the aborted transaction: %v", err)
+	}
+}
