@@ -207,8 +207,8 @@ var blocking = map[string]bool{
 func (h *Handler) relay(s *resp.Session, args [][]byte) {
 	rs := h.relayState(s)
 	var buf [32]byte
-	name := string(resp.Lower(buf[:], args[0]))
-	if err := h.up.Check(name, args); err != nil {
+	lname := resp.Lower(buf[:], args[0])
+	if err := h.up.Check(lname, args); err != nil {
 		if rs.multi {
 			rs.dirty = true
 		}
@@ -217,6 +217,7 @@ func (h *Handler) relay(s *resp.Session, args [][]byte) {
 		return
 	}
 	h.rm.relayed.Inc()
+	name := string(lname) // compared below, not kept: no allocation
 	switch {
 	case name == "multi":
 		if !h.pin(s, rs) {
@@ -321,7 +322,7 @@ func (h *Handler) relayBlocking(s *resp.Session, rs *relayConn, args [][]byte) {
 // replies come that way too. After an UNSUBSCRIBE the connection asks the
 // upstream whether any subscription is left.
 func (h *Handler) relayTunnel(s *resp.Session, rs *relayConn, name string, args [][]byte) {
-	if err := h.up.Check(name, args); err != nil {
+	if err := h.up.Check([]byte(name), args); err != nil {
 		relayError(s, err.Error())
 		return
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -99,6 +100,11 @@ func (c *upConn) send(req []byte, cl *call, timed bool) error {
 		return nil
 	}
 	c.writing = true
+	// Let the clients about to queue join this write: one write for many
+	// clients' requests costs the upstream one read instead of many.
+	c.mu.Unlock()
+	runtime.Gosched()
+	c.mu.Lock()
 	for len(c.wbuf) > 0 {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]

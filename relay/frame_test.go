@@ -136,7 +136,7 @@ func TestCheck(t *testing.T) {
 		for _, a := range args {
 			b = append(b, []byte(a))
 		}
-		err := r.Check(lower(args[0]), b)
+		err := r.Check([]byte(lower(args[0])), b)
 		got := ""
 		switch e := err.(type) {
 		case *DeniedError:

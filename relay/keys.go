@@ -94,21 +94,19 @@ func clip(s string) string {
 }
 
 // Check returns a *DeniedError or *ReservedError when args may not be
-// relayed, else nil. name and sub are the lower-case command and
-// "command|subcommand" names.
-func (r *Relay) Check(name string, args [][]byte) error {
-	if len(r.deny) > 0 {
-		if r.deny[name] {
-			return &DeniedError{Name: name}
-		}
-		if len(args) > 1 {
-			if sub := name + "|" + lower(string(args[1])); r.deny[sub] {
-				return &DeniedError{Name: sub}
-			}
+// relayed, else nil. name is the lower-case command name. It allocates
+// nothing for a command that passes (the relay's hot path).
+func (r *Relay) Check(name []byte, args [][]byte) error {
+	if r.deny[string(name)] {
+		return &DeniedError{Name: string(name)}
+	}
+	if subs := r.denySub[string(name)]; subs != nil && len(args) > 1 {
+		var buf [32]byte
+		if sub := lowerInto(buf[:0], args[1]); subs[string(sub)] {
+			return &DeniedError{Name: string(name) + "|" + string(sub)}
 		}
 	}
-	prefix := r.cfg.KeyPrefix
-	if prefix == "" {
+	if len(r.prefix) == 0 {
 		return nil
 	}
 	if r.specs.Load() == nil {
@@ -119,21 +117,23 @@ func (r *Relay) Check(name string, args [][]byte) error {
 		_, _ = r.shared[0].get(ctx, 0)
 		cancel()
 	}
-	var bad []byte
-	r.keys(name, args, func(k []byte) bool {
-		if bytes.HasPrefix(k, []byte(prefix)) {
-			bad = k
-			return false
-		}
-		return true
-	})
-	if bad != nil {
-		return &ReservedError{Key: string(bad), Prefix: prefix}
+	if bad := r.reservedKey(string(name), args); bad != nil {
+		return &ReservedError{Key: string(bad), Prefix: r.cfg.KeyPrefix}
 	}
-	if body := scriptBody(name, args); body != nil && bytes.Contains(body, []byte(prefix)) {
-		return &ReservedError{Prefix: prefix, Script: true}
+	if body := scriptBody(string(name), args); body != nil && bytes.Contains(body, r.prefix) {
+		return &ReservedError{Prefix: r.cfg.KeyPrefix, Script: true}
 	}
 	return nil
+}
+
+func lowerInto(b []byte, s []byte) []byte {
+	for _, c := range s {
+		if c >= 'A' && c <= 'Z' {
+			c += 32
+		}
+		b = append(b, c)
+	}
+	return b
 }
 
 // scriptBody is the Lua or function source a command carries.
@@ -151,24 +151,18 @@ func scriptBody(name string, args [][]byte) []byte {
 	return nil
 }
 
-// keys calls fn with each key of the command until fn returns false. An
-// unknown command, or one whose keys move and that is not special-cased
-// here, has every argument checked: a false alarm on a value beats a
-// missed key.
-func (r *Relay) keys(name string, args [][]byte, fn func([]byte) bool) {
-	all := func(from int) {
-		for _, a := range args[min(from, len(args)):] {
-			if !fn(a) {
-				return
-			}
-		}
-	}
-	span := func(from, n int) {
+// reservedKey returns the first key of the command under the lock prefix,
+// or nil. An unknown command, or one whose keys move and that is not
+// special-cased here, has every argument checked: a false alarm on a value
+// beats a missed key.
+func (r *Relay) reservedKey(name string, args [][]byte) []byte {
+	span := func(from, n int) []byte {
 		for i := from; i < from+n && i < len(args); i++ {
-			if !fn(args[i]) {
-				return
+			if bytes.HasPrefix(args[i], r.prefix) {
+				return args[i]
 			}
 		}
+		return nil
 	}
 	numkeys := func(at int) int {
 		if at >= len(args) {
@@ -180,87 +174,83 @@ func (r *Relay) keys(name string, args [][]byte, fn func([]byte) bool) {
 		}
 		return n
 	}
-	after := func(word string) {
+	after := func(word string) []byte {
 		for i := 1; i+1 < len(args); i++ {
-			if bytes.EqualFold(args[i], []byte(word)) && !fn(args[i+1]) {
-				return
+			if bytes.EqualFold(args[i], []byte(word)) && bytes.HasPrefix(args[i+1], r.prefix) {
+				return args[i+1]
 			}
 		}
+		return nil
+	}
+	first := func(b ...[]byte) []byte {
+		for _, k := range b {
+			if k != nil {
+				return k
+			}
+		}
+		return nil
 	}
 	switch name {
 	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
-		span(3, numkeys(2))
-		return
+		return span(3, numkeys(2))
 	case "zunionstore", "zinterstore", "zdiffstore":
-		span(1, 1)
-		span(3, numkeys(2))
-		return
+		return first(span(1, 1), span(3, numkeys(2)))
 	case "zunion", "zinter", "zdiff", "zintercard", "sintercard", "lmpop", "zmpop":
-		span(2, numkeys(1))
-		return
+		return span(2, numkeys(1))
 	case "blmpop", "bzmpop":
-		span(3, numkeys(2))
-		return
+		return span(3, numkeys(2))
 	case "xread", "xreadgroup":
 		for i := 1; i < len(args); i++ {
 			if bytes.EqualFold(args[i], []byte("streams")) {
 				rest := len(args) - i - 1
-				span(i+1, rest/2+rest%2)
-				return
+				return span(i+1, rest/2+rest%2)
 			}
 		}
-		return
+		return nil
 	case "sort", "sort_ro":
-		span(1, 1)
-		after("store")
-		return
+		return first(span(1, 1), after("store"))
 	case "georadius", "georadiusbymember":
-		span(1, 1)
-		after("store")
-		after("storedist")
-		return
+		return first(span(1, 1), after("store"), after("storedist"))
 	case "migrate":
-		if len(args) > 3 && len(args[3]) > 0 {
-			span(3, 1)
-		}
-		for i := 1; i < len(args); i++ {
+		k := span(3, 1)
+		for i := 1; i < len(args) && k == nil; i++ {
 			if bytes.EqualFold(args[i], []byte("keys")) {
-				all(i + 1)
-				return
+				k = span(i+1, len(args))
 			}
 		}
-		return
+		return k
 	}
+	all := func() []byte { return span(1, len(args)) }
 	specs := r.specs.Load()
 	if specs == nil {
-		all(1)
-		return
+		return all()
 	}
 	s, ok := (*specs)[name]
 	if ok && s.first == 0 && !s.movable && len(args) > 1 {
 		// A container (OBJECT, XINFO, …): its subcommand knows the keys.
-		if sub, ok2 := (*specs)[name+"|"+lower(string(args[1]))]; ok2 {
-			s = sub
+		var buf [64]byte
+		sub := append(append(append(buf[:0], name...), '|'), lowerInto(nil, args[1])...)
+		if sp, ok2 := (*specs)[string(sub)]; ok2 {
+			s = sp
 		}
 	}
 	switch {
-	case !ok:
-		all(1)
-	case s.movable:
-		all(1)
+	case !ok, s.movable:
+		return all()
 	case s.first <= 0:
-	default:
-		last := s.last
-		if last < 0 {
-			last = len(args) + last
-		}
-		step := max(s.step, 1)
-		for i := s.first; i <= last && i < len(args); i += step {
-			if !fn(args[i]) {
-				return
-			}
+		return nil
+	}
+	last := s.last
+	if last < 0 {
+		last = len(args) + last
+	}
+	step := max(s.step, 1)
+	for i := s.first; i <= last && i < len(args); i += step {
+		if bytes.HasPrefix(args[i], r.prefix) {
+			return args[i]
 		}
 	}
+	return nil
 }
 
 // FilterKeys removes lock keys from a KEYS reply (an array of names) or a

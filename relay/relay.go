@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,11 +39,13 @@ type Config struct {
 
 // Relay relays commands to one upstream Redis.
 type Relay struct {
-	cfg    Config
-	log    *zap.Logger
-	shared [2]*pool // RESP2, RESP3
-	specs  atomic.Pointer[keySpecs]
-	deny   map[string]bool
+	cfg     Config
+	log     *zap.Logger
+	shared  [2]*pool // RESP2, RESP3
+	specs   atomic.Pointer[keySpecs]
+	deny    map[string]bool            // commands
+	denySub map[string]map[string]bool // command → subcommands
+	prefix  []byte
 
 	mu     sync.Mutex
 	idle   [2][]*upConn // clean connections kept for pinning
@@ -61,9 +64,17 @@ func New(cfg Config) *Relay {
 	if cfg.DialTimeout <= 0 {
 		cfg.DialTimeout = time.Second
 	}
-	r := &Relay{cfg: cfg, log: cfg.Logger, deny: map[string]bool{}, pinned: map[*upConn]struct{}{}}
+	r := &Relay{cfg: cfg, log: cfg.Logger, deny: map[string]bool{}, denySub: map[string]map[string]bool{},
+		pinned: map[*upConn]struct{}{}, prefix: []byte(cfg.KeyPrefix)}
 	for _, d := range cfg.Deny {
-		r.deny[lower(d)] = true
+		if name, sub, ok := strings.Cut(lower(d), "|"); ok {
+			if r.denySub[name] == nil {
+				r.denySub[name] = map[string]bool{}
+			}
+			r.denySub[name][sub] = true
+		} else {
+			r.deny[name] = true
+		}
 	}
 	for i := range r.shared {
 		r.shared[i] = &pool{r: r, proto: i + 2, slots: make([]slot, cfg.PoolSize)}
