@@ -228,3 +228,10 @@ func appendError(b []byte, msg string) []byte {
 	}
 	return append(b, '\r', '\n')
 }
+
+// Split splits an aggregate reply into its type and element frames (a
+// map's keys and values alternate); ok is false for any other reply.
+func Split(f []byte) (t byte, elems [][]byte, ok bool) { return elements(f) }
+
+// Text returns the text of a simple, bulk or verbatim string reply.
+func Text(f []byte) ([]byte, bool) { return str(f) }

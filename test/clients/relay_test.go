@@ -78,13 +78,15 @@ func TestRelayRefusals(t *testing.T) {
 }
 
 // TestRelayOrder: replies keep the order of the commands when a pipeline
-// mixes relayed commands, lockproxy's own and refusals.
+// mixes relayed commands, lockproxy's own and refusals; COMMAND merges the
+// upstream's table with lockproxy's.
 func TestRelayOrder(t *testing.T) {
 	e := start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	for _, proto := range []int{2, 3} {
 		c := proxyClient(t, e, proto)
+		checkCommandTable(ctx, t, c)
 		for round := range 20 {
 			p := c.Pipeline()
 			var cmds []*redis.Cmd
@@ -205,5 +207,27 @@ func TestRelaySelectAndTransactions(t *testing.T) {
 	}
 	if err := conn.Ping(ctx).Err(); err != nil {
 		t.Errorf("PING after the aborted transaction: %v", err)
+	}
+}
+
+// checkCommandTable: COMMAND merges the upstream's table with lockproxy's.
+func checkCommandTable(ctx context.Context, t *testing.T, c *redis.Client) {
+	t.Helper()
+	n, err := c.Do(ctx, "COMMAND", "COUNT").Int64()
+	if err != nil || n < 200 {
+		t.Errorf("COMMAND COUNT = %d, %v; want the upstream's commands and lockproxy's", n, err)
+	}
+	info, err := c.Do(ctx, "COMMAND", "INFO", "get", "lock").Slice()
+	if err != nil || len(info) != 2 || info[0] == nil || info[1] == nil {
+		t.Errorf("COMMAND INFO get lock = %v, %v; want both", info, err)
+	}
+	docs, err := c.Do(ctx, "COMMAND", "DOCS").Result()
+	text := fmt.Sprint(docs)
+	if err != nil || !strings.Contains(text, "lock") || !strings.Contains(text, "hset") {
+		t.Errorf("COMMAND DOCS: %v; want lock and hset among them", err)
+	}
+	keys, err := c.Do(ctx, "COMMAND", "GETKEYS", "MSET", "a", "1", "b", "2").StringSlice()
+	if err != nil || len(keys) != 2 {
+		t.Errorf("COMMAND GETKEYS MSET a 1 b 2 = %v, %v; want [a b]", keys, err)
 	}
 }
