@@ -28,12 +28,21 @@ type env struct {
 
 func start(t *testing.T, extra ...string) *env {
 	t.Helper()
+	return startWith(t, harness.RedisOptions{}, nil, extra...)
+}
+
+// startWith starts the upstream with opts and lockproxy with environ added
+// to its environment.
+func startWith(t *testing.T, opts harness.RedisOptions, environ []string, extra ...string) *env {
+	t.Helper()
 	harness.RequireBinary(t, "redis-server", "redis-server")
-	up := harness.StartRedis(t, harness.RedisOptions{})
+	up := harness.StartRedis(t, opts)
 	bin := harness.BuildLockproxy(t)
 	addr := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
 	args := append([]string{"--dev", "--listen", addr, "--admin", "", "--upstream", up.Addr}, extra...)
-	p := harness.StartProc(t, bin, args...)
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(os.Environ(), environ...)
+	p := harness.StartCmd(t, cmd)
 	if err := harness.WaitTCP(addr, 20*time.Second); err != nil {
 		t.Fatalf("lockproxy did not listen: %v\n%s", err, p.Output())
 	}

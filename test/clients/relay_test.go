@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 func proxyClient(t *testing.T, e *env, proto int) *redis.Client {
@@ -229,5 +232,87 @@ func checkCommandTable(ctx context.Context, t *testing.T, c *redis.Client) {
 	keys, err := c.Do(ctx, "COMMAND", "GETKEYS", "MSET", "a", "1", "b", "2").StringSlice()
 	if err != nil || len(keys) != 2 {
 		t.Errorf("COMMAND GETKEYS MSET a 1 b 2 = %v, %v; want [a b]", keys, err)
+	}
+}
+
+// TestRelayUpstreamAuth: lockproxy authenticates to a password-protected
+// upstream with upstream.password; a wrong one is reported per command.
+func TestRelayUpstreamAuth(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	for _, tc := range []struct {
+		name, password, want string
+	}{
+		{"right password", "s3cret", ""},
+		{"wrong password", "nope", "upstream unavailable"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := startWith(t, harness.RedisOptions{Password: "s3cret"}, []string{"LOCKPROXY_UPSTREAM_PASSWORD=" + tc.password})
+			for _, proto := range []int{2, 3} {
+				c := proxyClient(t, e, proto)
+				err := c.Set(ctx, "k", "v", 0).Err()
+				switch {
+				case tc.want == "" && err != nil:
+					t.Errorf("RESP%d SET through lockproxy: %v", proto, err)
+				case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+					t.Errorf("RESP%d SET with a wrong upstream password = %v; want %q", proto, err, tc.want)
+				}
+			}
+			if strings.Contains(e.lp.Output(), tc.password) {
+				t.Errorf("lockproxy logged the upstream password")
+			}
+		})
+	}
+}
+
+// TestRelayBlockingClientGone: a client that disconnects while its BLPOP
+// waits does not leave the BLPOP behind to take the next element.
+func TestRelayBlockingClientGone(t *testing.T) {
+	e := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nc, err := net.DialTimeout("tcp", e.proxy, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := nc.Write([]byte("*3\r\n$5\r\nBLPOP\r\n$2\r\nbq\r\n$1\r\n0\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	up := e.up.Client(t)
+	// Wait until the BLPOP blocks upstream, then leave.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		info, _ := up.Info(ctx, "clients").Result()
+		if strings.Contains(info, "blocked_clients:1") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the BLPOP never blocked upstream:\n%s", info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	nc.Close()
+	// Wait until the upstream shows no blocked client, then push.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		info, _ := up.Info(ctx, "clients").Result()
+		if strings.Contains(info, "blocked_clients:0") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the upstream still has a blocked client after the client left:\n%s", info)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := up.RPush(ctx, "bq", "x").Err(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	if n, err := up.LLen(ctx, "bq").Result(); err != nil || n != 1 {
+		t.Errorf("LLEN bq after the push = %d, %v; want 1 (the element kept)", n, err)
+	}
+	// The proxy still relays blocking commands for others.
+	c2 := proxyClient(t, e, 2)
+	if v, err := c2.BLPop(ctx, time.Second, "bq").Result(); err != nil || len(v) != 2 || v[1] != "x" {
+		t.Errorf("BLPOP bq = %v, %v; want [bq x]", v, err)
 	}
 }
