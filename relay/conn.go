@@ -32,8 +32,9 @@ type upConn struct {
 	db          int
 	readTimeout time.Duration
 	// push receives out-of-band frames (RESP3 pushes, and every frame in
-	// tunnel mode) on a pinned connection; nil on shared ones.
-	push func([]byte)
+	// tunnel mode) on a pinned connection; nil on shared ones. It changes
+	// when a pinned connection changes hands, while the reader runs.
+	push atomic.Pointer[func([]byte)]
 
 	mu      sync.Mutex
 	wbuf    []byte
@@ -204,8 +205,8 @@ func (c *upConn) readLoop() {
 			continue
 		}
 		if f[0] == '>' {
-			if c.push != nil {
-				c.push(bytes.Clone(f))
+			if push := c.push.Load(); push != nil {
+				(*push)(bytes.Clone(f))
 			}
 			continue
 		}
@@ -312,7 +313,7 @@ func (c *upConn) tunnelFrame(f []byte) {
 			}
 		}
 	}
-	if c.push != nil {
-		c.push(bytes.Clone(f))
+	if push := c.push.Load(); push != nil {
+		(*push)(bytes.Clone(f))
 	}
 }

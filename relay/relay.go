@@ -187,7 +187,7 @@ func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte)) (*up
 		_ = tc.SetNoDelay(true)
 	}
 	c := newUpConn(nc, proto, db, r.cfg.ReadTimeout)
-	c.push = push
+	c.setPush(push)
 	var hs [][][]byte
 	switch {
 	case proto == 3 && r.cfg.Password != "":
@@ -244,6 +244,14 @@ func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte)) (*up
 	return c, nil
 }
 
+func (c *upConn) setPush(push func([]byte)) {
+	if push == nil {
+		c.push.Store(nil)
+		return
+	}
+	c.push.Store(&push)
+}
+
 // takePinned returns a connection of the client's own: an idle clean one,
 // or a new one.
 func (r *Relay) takePinned(ctx context.Context, proto, db int, push func([]byte)) (*upConn, error) {
@@ -259,9 +267,7 @@ func (r *Relay) takePinned(ctx context.Context, proto, db int, push func([]byte)
 			l = l[:len(l)-1]
 			if c.failed() == nil {
 				r.idle[proto-2] = l
-				c.mu.Lock()
-				c.push = push
-				c.mu.Unlock()
+				c.setPush(push)
 				r.pinned[c] = struct{}{}
 				r.mu.Unlock()
 				return c, nil
@@ -292,9 +298,7 @@ func (r *Relay) release(c *upConn, clean bool) {
 	keep := clean && !r.closed && c.db == 0 && !c.tunnel.Load() && c.failed() == nil &&
 		len(r.idle[c.proto-2]) < r.cfg.PoolSize
 	if keep {
-		c.mu.Lock()
-		c.push = nil
-		c.mu.Unlock()
+		c.setPush(nil)
 		r.idle[c.proto-2] = append(r.idle[c.proto-2], c)
 	}
 	r.mu.Unlock()
