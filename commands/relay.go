@@ -275,6 +275,11 @@ func (h *Handler) relay(s *resp.Session, args [][]byte) {
 			s.W.Raw(head)
 			s.W.Raw(filtered)
 		}
+	case name == "client" && len(args) > 1 && resp.EqualFold(args[1], "reply"):
+		// A connection that stops replying would leave the other clients
+		// sharing it without their replies.
+		h.rm.refused.Inc()
+		relayError(s, "ERR CLIENT REPLY is not supported through lockproxy")
 	case name == "client" && len(args) > 2 && resp.EqualFold(args[1], "tracking"):
 		if !h.pin(s, rs) {
 			return

@@ -54,6 +54,7 @@ func TestRelayRefusals(t *testing.T) {
 			{[]any{"CLIENT", "KILL", "ID", "1"}, "'client|kill' is denied"},
 			{[]any{"SCRIPT", "FLUSH"}, "'script|flush' is denied"},
 			{[]any{"SHUTDOWN"}, "'shutdown' is denied"},
+			{[]any{"CLIENT", "REPLY", "OFF"}, "CLIENT REPLY is not supported"},
 		} {
 			err := c.Do(ctx, tc.args...).Err()
 			if errors.Is(err, redis.Nil) {
