@@ -275,18 +275,18 @@ func (h *Handler) relay(s *resp.Session, args [][]byte) {
 			s.W.Raw(head)
 			s.W.Raw(filtered)
 		}
-	case name == "client" && len(args) > 1 && resp.EqualFold(args[1], "reply"):
+	case name == "client" && len(args) > 1 && resp.EqualFold(args[1], "REPLY"):
 		// A connection that stops replying would leave the other clients
 		// sharing it without their replies.
 		h.rm.refused.Inc()
 		relayError(s, "ERR CLIENT REPLY is not supported through lockproxy")
-	case name == "client" && len(args) > 2 && resp.EqualFold(args[1], "tracking"):
+	case name == "client" && len(args) > 2 && resp.EqualFold(args[1], "TRACKING"):
 		if !h.pin(s, rs) {
 			return
 		}
-		rs.tracking = rs.tracking || resp.EqualFold(args[2], "on")
+		rs.tracking = rs.tracking || resp.EqualFold(args[2], "ON")
 		h.relayAdd(s, rs, args)
-	case blocking[name] || (name == "xread" || name == "xreadgroup") && hasWord(args, "block"):
+	case blocking[name] || (name == "xread" || name == "xreadgroup") && hasWord(args, "BLOCK"):
 		h.relayBlocking(s, rs, args)
 	default:
 		h.relayAdd(s, rs, args)

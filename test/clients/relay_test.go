@@ -317,3 +317,70 @@ func TestRelayBlockingClientGone(t *testing.T) {
 		t.Errorf("BLPOP bq = %v, %v; want [bq x]", v, err)
 	}
 }
+
+// TestRelayTrackingAndStreams: CLIENT TRACKING under RESP3 pins the client,
+// which then gets the upstream's invalidation pushes; XREAD … BLOCK waits
+// on a connection of the client's own.
+func TestRelayTrackingAndStreams(t *testing.T) {
+	e := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	nc, err := net.DialTimeout("tcp", e.proxy, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	_ = nc.SetDeadline(time.Now().Add(20 * time.Second))
+	send := func(args ...string) {
+		b := fmt.Sprintf("*%d\r\n", len(args))
+		for _, a := range args {
+			b += fmt.Sprintf("$%d\r\n%s\r\n", len(a), a)
+		}
+		if _, err := nc.Write([]byte(b)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got strings.Builder
+	readUntil := func(want string) {
+		buf := make([]byte, 4096)
+		for !strings.Contains(got.String(), want) {
+			n, err := nc.Read(buf)
+			if err != nil {
+				t.Fatalf("waiting for %q: %v; got %q", want, err, got.String())
+			}
+			got.Write(buf[:n])
+		}
+	}
+	send("HELLO", "3")
+	readUntil("proto")
+	send("CLIENT", "TRACKING", "ON")
+	send("GET", "tracked")
+	send("PING", "ready")
+	readUntil("ready")
+	other := proxyClient(t, e, 2)
+	if err := other.Set(ctx, "tracked", "changed", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	readUntil("invalidate")
+	if !strings.Contains(got.String(), ">2\r\n$10\r\ninvalidate\r\n") {
+		t.Errorf("tracking connection got %q; want an invalidate push", got.String())
+	}
+
+	c := proxyClient(t, e, 3)
+	start := time.Now()
+	res, err := c.XRead(ctx, &redis.XReadArgs{Streams: []string{"st", "$"}, Block: 300 * time.Millisecond}).Result()
+	if !errors.Is(err, redis.Nil) || len(res) != 0 {
+		t.Errorf("XREAD BLOCK 300 on an idle stream = %v, %v; want nil", res, err)
+	}
+	if d := time.Since(start); d < 250*time.Millisecond {
+		t.Errorf("XREAD BLOCK 300 returned after %v; want it to wait", d)
+	}
+	go func() {
+		time.Sleep(200 * time.Millisecond)
+		other.XAdd(ctx, &redis.XAddArgs{Stream: "st", Values: []string{"f", "v"}})
+	}()
+	res, err = c.XRead(ctx, &redis.XReadArgs{Streams: []string{"st", "$"}, Block: 5 * time.Second}).Result()
+	if err != nil || len(res) != 1 || len(res[0].Messages) != 1 {
+		t.Errorf("XREAD BLOCK woken by XADD = %v, %v; want one message", res, err)
+	}
+}
