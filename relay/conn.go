@@ -44,6 +44,11 @@ type upConn struct {
 	head    int
 	err     error // set once the connection failed
 	timed   bool  // a read deadline is armed for an outstanding call
+	// armed is when the read deadline was last set: it is moved at most
+	// every rearmEvery, not on every request (timer updates cost on the
+	// hot path), so a reply may time out up to rearmEvery early.
+	armed     time.Time
+	wdeadline time.Time // the write deadline set last
 
 	// tunnel: every frame goes to push (pub/sub, MONITOR), until a
 	// marker reply finds no subscription left.
@@ -88,8 +93,10 @@ func (c *upConn) send(req []byte, cl *call, timed bool) error {
 		c.calls = append(c.calls, cl)
 		switch {
 		case timed && c.readTimeout > 0:
-			c.timed = true
-			_ = c.nc.SetReadDeadline(time.Now().Add(c.readTimeout))
+			if now := time.Now(); !c.timed || now.Sub(c.armed) > rearmEvery(c.readTimeout) {
+				c.timed, c.armed = true, now
+				_ = c.nc.SetReadDeadline(now.Add(c.readTimeout))
+			}
 		case !timed && c.timed:
 			// A blocking command may wait as long as it says.
 			c.timed = false
@@ -110,7 +117,10 @@ func (c *upConn) send(req []byte, cl *call, timed bool) error {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]
 		c.mu.Unlock()
-		_ = c.nc.SetWriteDeadline(time.Now().Add(writeTimeout))
+		if now := time.Now(); c.wdeadline.Sub(now) < writeTimeout-time.Second {
+			c.wdeadline = now.Add(writeTimeout)
+			_ = c.nc.SetWriteDeadline(c.wdeadline)
+		}
 		_, err := c.nc.Write(buf)
 		c.mu.Lock()
 		if cap(buf) <= 1<<20 {
@@ -129,6 +139,10 @@ func (c *upConn) send(req []byte, cl *call, timed bool) error {
 	c.mu.Unlock()
 	return nil
 }
+
+// rearmEvery is how stale a read deadline may get: a tenth of the timeout,
+// at most a second.
+func rearmEvery(timeout time.Duration) time.Duration { return min(timeout/10, time.Second) }
 
 // writeTimeout bounds one write to the upstream; a Redis that accepts no
 // input for this long is treated as down.
