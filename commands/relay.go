@@ -264,6 +264,12 @@ func (h *Handler) relay(s *resp.Session, args [][]byte) {
 		if err := rs.pipe.Tunnel(args); err != nil {
 			relayError(s, "ERR upstream unavailable: "+err.Error())
 		}
+	case name == "unsubscribe" || name == "punsubscribe" || name == "sunsubscribe":
+		// Not subscribed (a subscribed connection is in tunnel mode): Redis
+		// answers one frame per channel, which on a shared connection
+		// would be taken for other commands' replies. Answered here the
+		// way Redis would.
+		relayUnsubscribed(s, name, args[1:])
 	case name == "keys" || name == "scan":
 		h.relayAdd(s, rs, args)
 		at := rs.at
@@ -290,6 +296,25 @@ func (h *Handler) relay(s *resp.Session, args [][]byte) {
 		h.relayBlocking(s, rs, args)
 	default:
 		h.relayAdd(s, rs, args)
+	}
+}
+
+// relayUnsubscribed answers an UNSUBSCRIBE of a connection with no
+// subscription: one ["unsubscribe", channel, 0] per channel, or one with a
+// null channel when none is named (a push in RESP3).
+func relayUnsubscribed(s *resp.Session, name string, channels [][]byte) {
+	if len(channels) == 0 {
+		s.W.Push(3)
+		s.W.BulkString(name)
+		s.W.Null()
+		s.W.Int(0)
+		return
+	}
+	for _, ch := range channels {
+		s.W.Push(3)
+		s.W.BulkString(name)
+		s.W.Bulk(ch)
+		s.W.Int(0)
 	}
 }
 

@@ -384,3 +384,45 @@ func TestRelayTrackingAndStreams(t *testing.T) {
 		t.Errorf("XREAD BLOCK woken by XADD = %v, %v; want one message", res, err)
 	}
 }
+
+// TestRelayUnsubscribeUnsubscribed: UNSUBSCRIBE on a connection with no
+// subscription answers as Redis does (one frame per channel) and leaves
+// the shared upstream connection in step.
+func TestRelayUnsubscribeUnsubscribed(t *testing.T) {
+	e := start(t)
+	raw := func(addr string, proto int) string {
+		nc, err := net.DialTimeout("tcp", addr, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		_ = nc.SetDeadline(time.Now().Add(15 * time.Second))
+		req := "SET k v\r\nUNSUBSCRIBE a b\r\nPUNSUBSCRIBE\r\nGET k\r\nPING done\r\n"
+		if proto == 3 {
+			req = "HELLO 3\r\n" + req
+		}
+		if _, err := nc.Write([]byte(req)); err != nil {
+			t.Fatal(err)
+		}
+		var got []byte
+		buf := make([]byte, 4096)
+		for !strings.Contains(string(got), "done\r\n") {
+			n, err := nc.Read(buf)
+			if err != nil {
+				t.Fatalf("%s: %v after %q", addr, err, got)
+			}
+			got = append(got, buf[:n]...)
+		}
+		s := string(got)
+		if proto == 3 {
+			s = s[strings.Index(s, "+OK"):] // HELLO's reply differs (server, version, id)
+		}
+		return s
+	}
+	for _, proto := range []int{2, 3} {
+		direct, proxied := raw(e.up.Addr, proto), raw(e.proxy, proto)
+		if direct != proxied {
+			t.Errorf("RESP%d: directly %q; through lockproxy %q", proto, direct, proxied)
+		}
+	}
+}
