@@ -38,7 +38,11 @@ type relayConn struct {
 func (h *Handler) relayState(s *resp.Session) *relayConn {
 	c := state(s)
 	if c.rl == nil {
-		c.rl = &relayConn{pipe: h.up.NewPipe(s.ID(), func(f []byte) { h.relayPush(s, f) })}
+		// A lost pinned connection closes the client's, as Redis closing
+		// it would: the client's library reconnects and, for example,
+		// subscribes again, instead of waiting for messages that no
+		// longer come.
+		c.rl = &relayConn{pipe: h.up.NewPipe(s.ID(), func(f []byte) { h.relayPush(s, f) }, s.Close)}
 	}
 	return c.rl
 }

@@ -35,6 +35,9 @@ type upConn struct {
 	// tunnel mode) on a pinned connection; nil on shared ones. It changes
 	// when a pinned connection changes hands, while the reader runs.
 	push atomic.Pointer[func([]byte)]
+	// lost runs when a pinned connection fails by itself (not closed by
+	// lockproxy): the client's state on it is gone.
+	lost atomic.Pointer[func()]
 
 	mu      sync.Mutex
 	wbuf    []byte
@@ -161,6 +164,9 @@ func (c *upConn) fail(err error) {
 	c.calls, c.head = nil, 0
 	c.mu.Unlock()
 	_ = c.nc.Close()
+	if lost := c.lost.Load(); lost != nil && err != errClosed {
+		defer (*lost)()
+	}
 	msg := unavailable(err)
 	for _, cl := range calls {
 		for ; cl.n > 0; cl.n-- {

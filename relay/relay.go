@@ -164,7 +164,7 @@ func (p *pool) get(ctx context.Context, i int) (*upConn, error) {
 	if s.lastErr != nil && now.Before(s.retryAt) {
 		return nil, s.lastErr
 	}
-	c, err := p.r.dial(ctx, p.proto, 0, nil)
+	c, err := p.r.dial(ctx, p.proto, 0, nil, nil)
 	if err != nil {
 		s.backoff = min(max(2*s.backoff, minBackoff), maxBackoff)
 		s.retryAt = now.Add(s.backoff)
@@ -177,7 +177,7 @@ func (p *pool) get(ctx context.Context, i int) (*upConn, error) {
 
 // dial opens an upstream connection in protocol proto, authenticated and
 // with database db selected, and starts its reader.
-func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte)) (*upConn, error) {
+func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
 	d := net.Dialer{Timeout: r.cfg.DialTimeout}
 	nc, err := d.DialContext(ctx, "tcp", r.cfg.Addr)
 	if err != nil {
@@ -187,7 +187,7 @@ func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte)) (*up
 		_ = tc.SetNoDelay(true)
 	}
 	c := newUpConn(nc, proto, db, r.cfg.ReadTimeout)
-	c.setPush(push)
+	c.setHooks(push, lost)
 	var hs [][][]byte
 	switch {
 	case proto == 3 && r.cfg.Password != "":
@@ -244,17 +244,24 @@ func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte)) (*up
 	return c, nil
 }
 
-func (c *upConn) setPush(push func([]byte)) {
+// setHooks sets what a pinned connection does with out-of-band frames and
+// when it fails; nil, nil for an idle one.
+func (c *upConn) setHooks(push func([]byte), lost func()) {
 	if push == nil {
 		c.push.Store(nil)
-		return
+	} else {
+		c.push.Store(&push)
 	}
-	c.push.Store(&push)
+	if lost == nil {
+		c.lost.Store(nil)
+	} else {
+		c.lost.Store(&lost)
+	}
 }
 
 // takePinned returns a connection of the client's own: an idle clean one,
 // or a new one.
-func (r *Relay) takePinned(ctx context.Context, proto, db int, push func([]byte)) (*upConn, error) {
+func (r *Relay) takePinned(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -267,7 +274,7 @@ func (r *Relay) takePinned(ctx context.Context, proto, db int, push func([]byte)
 			l = l[:len(l)-1]
 			if c.failed() == nil {
 				r.idle[proto-2] = l
-				c.setPush(push)
+				c.setHooks(push, lost)
 				r.pinned[c] = struct{}{}
 				r.mu.Unlock()
 				return c, nil
@@ -276,7 +283,7 @@ func (r *Relay) takePinned(ctx context.Context, proto, db int, push func([]byte)
 		r.idle[proto-2] = l
 	}
 	r.mu.Unlock()
-	c, err := r.dial(ctx, proto, db, push)
+	c, err := r.dial(ctx, proto, db, push, lost)
 	if err != nil {
 		return nil, err
 	}
@@ -298,7 +305,7 @@ func (r *Relay) release(c *upConn, clean bool) {
 	keep := clean && !r.closed && c.db == 0 && !c.tunnel.Load() && c.failed() == nil &&
 		len(r.idle[c.proto-2]) < r.cfg.PoolSize
 	if keep {
-		c.setPush(nil)
+		c.setHooks(nil, nil)
 		r.idle[c.proto-2] = append(r.idle[c.proto-2], c)
 	}
 	r.mu.Unlock()
@@ -314,19 +321,21 @@ type Pipe struct {
 	r     *Relay
 	id    int
 	push  func([]byte)
+	lost  func()
 	out   []byte
 	n     int
 	cl    *call
 	pin   *upConn
 	proto int // of the pinned connection
-	lost  bool
+	gone  bool
 }
 
 // NewPipe returns a Pipe for a client; id spreads clients over the shared
 // connections; push writes out-of-band frames (pub/sub messages, RESP3
-// pushes) to the client.
-func (r *Relay) NewPipe(id int64, push func([]byte)) *Pipe {
-	return &Pipe{r: r, id: int(id % int64(r.cfg.PoolSize)), push: push, cl: newCall()}
+// pushes) to the client; lost runs, on another goroutine, when a pinned
+// connection fails and the client's state on it with it.
+func (r *Relay) NewPipe(id int64, push func([]byte), lost func()) *Pipe {
+	return &Pipe{r: r, id: int(id % int64(r.cfg.PoolSize)), push: push, lost: lost, cl: newCall()}
 }
 
 // Add queues one command for the next Collect.
@@ -389,15 +398,15 @@ func (p *Pipe) Collect(ctx context.Context, proto int, timed bool) ([]byte, erro
 func (p *Pipe) checkPin() {
 	if p.pin != nil && p.pin.failed() != nil {
 		p.Unpin(false)
-		p.lost = true
+		p.gone = true
 	}
 }
 
 // Lost reports, once, that the pinned connection failed since the last
 // call, and with it the state the client had upstream.
 func (p *Pipe) Lost() bool {
-	l := p.lost
-	p.lost = false
+	l := p.gone
+	p.gone = false
 	return l
 }
 
@@ -408,7 +417,7 @@ func (p *Pipe) Pin(ctx context.Context, proto, db int) error {
 	if p.pin != nil {
 		return nil
 	}
-	c, err := p.r.takePinned(ctx, proto, db, p.push)
+	c, err := p.r.takePinned(ctx, proto, db, p.push, p.lost)
 	if err != nil {
 		return err
 	}

@@ -127,8 +127,8 @@ func TestRelayOrder(t *testing.T) {
 }
 
 // TestRelayUpstreamDown: with the upstream gone, relayed commands get a
-// clear error at once and lock commands keep working; once it is back,
-// relaying resumes.
+// clear error at once, a subscriber's connection is closed, and lock
+// commands keep working; once it is back, relaying resumes.
 func TestRelayUpstreamDown(t *testing.T) {
 	e := start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -137,9 +137,29 @@ func TestRelayUpstreamDown(t *testing.T) {
 	if err := c.Set(ctx, "k", "v", 0).Err(); err != nil {
 		t.Fatal(err)
 	}
+	// A subscriber: its connection is closed when the upstream one that
+	// holds its subscription is lost, so its library can subscribe again.
+	sub, err := net.DialTimeout("tcp", e.proxy, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	_ = sub.SetDeadline(time.Now().Add(15 * time.Second))
+	if _, err := sub.Write([]byte("SUBSCRIBE ch\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 256)
+	if n, err := sub.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "subscribe") {
+		t.Fatalf("SUBSCRIBE ch = %q, %v", buf[:n], err)
+	}
 	e.up.Kill()
+	if n, err := sub.Read(buf); err == nil {
+		t.Errorf("subscriber read %q after the upstream died; want its connection closed", buf[:n])
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Errorf("subscriber connection still open 15 s after the upstream died")
+	}
 	start := time.Now()
-	err := c.Get(ctx, "k").Err()
+	err = c.Get(ctx, "k").Err()
 	if err == nil || !strings.Contains(err.Error(), "upstream unavailable") {
 		t.Fatalf("GET with the upstream down = %v; want upstream unavailable", err)
 	}
