@@ -202,8 +202,9 @@ func (h *Handler) count(c *Command, s *resp.Session, before int) {
 }
 
 // Closed implements resp.Handler. It runs after the session's context was
-// canceled; it does no network I/O. That cancellation is the only signal
-// the connection's KEEPALIVE watchdogs need: each releases its own lock.
+// canceled; it does no network I/O beyond closing the client's pinned
+// upstream connection, if any. That cancellation is the only signal the
+// connection's KEEPALIVE watchdogs need: each releases its own lock.
 func (h *Handler) Closed(s *resp.Session) {
 	if h.up != nil {
 		h.relayClosed(s)

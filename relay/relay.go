@@ -436,14 +436,6 @@ func (p *Pipe) Unpin(clean bool) {
 	p.r.release(c, clean)
 }
 
-// PinnedDB is the database the pinned connection has selected.
-func (p *Pipe) PinnedDB() int {
-	if p.pin == nil {
-		return 0
-	}
-	return p.pin.db
-}
-
 // SetPinnedDB records a SELECT that succeeded on the pinned connection.
 func (p *Pipe) SetPinnedDB(db int) {
 	if p.pin != nil {
