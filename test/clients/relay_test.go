@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -446,3 +448,31 @@ func TestRelayUnsubscribeUnsubscribed(t *testing.T) {
 		}
 	}
 }
+
+// TestRelayInteractiveCLI: an interactive redis-cli through the relay reads
+// the merged COMMAND DOCS at start, so help and hints cover the upstream's
+// commands and lockproxy's, and both kinds run.
+func TestRelayInteractiveCLI(t *testing.T) {
+	e := start(t)
+	_, port, _ := strings.Cut(e.proxy, ":")
+	for _, proto := range []string{"2", "3"} {
+		t.Run("RESP"+proto, func(t *testing.T) {
+			p := harness.StartProc(t, "/usr/bin/python3", filepath.Join(here(), "py", "drive_redis_cli.py"), port, proto,
+				"help SET", "help LOCK", "SET cli v", "GET cli", "quit")
+			code, err := p.Wait(30 * time.Second)
+			out := p.Output()
+			if err != nil || code != 0 {
+				t.Fatalf("pty driver: exit %d, %v; output:\n%s", code, err, out)
+			}
+			plain := ansiEscape.ReplaceAllString(out, "")
+			for _, want := range []string{"SET key value", "group: string", "LOCK key [PX milliseconds|EX seconds]", "group: lock", "OK", "\"v\"", "REDIS-CLI EXIT 0"} {
+				if !strings.Contains(plain, want) {
+					t.Errorf("interactive redis-cli -%s output lacks %q:\n%s", proto, want, plain)
+				}
+			}
+		})
+	}
+}
+
+// ansiEscape matches terminal escape sequences.
+var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
