@@ -5,7 +5,7 @@ LDFLAGS   := -X main.version=$(VERSION)
 BIN       := bin/lockproxy
 FUZZTIME  ?= 10s
 
-.PHONY: all build run test test-race soak test-unit test-e2e deps bench fuzz vet fmt clean
+.PHONY: all build run test test-race soak test-unit test-e2e deps bench bench-passthrough fuzz vet fmt clean
 
 all: build
 
@@ -42,9 +42,14 @@ test-e2e: deps
 soak: deps
 	LOCKPROXY_SOAK=1 $(GO) test -count=1 -v -timeout 80m ./test/fault/
 
-## bench: LOCK+UNLOCK cycles through lockproxy vs redsync on the same real nodes.
+## bench: LOCK+UNLOCK cycles through lockproxy vs redsync on the same real nodes, and the
+## passthrough table (redis-benchmark directly, through lockproxy, through twemproxy).
 bench: deps
-	$(GO) test -run '^$$' -bench . -benchtime 3s -timeout 20m ./test/bench/
+	$(GO) test -run '^$$' -bench . -benchtime 3s -timeout 30m ./test/bench/
+
+## bench-passthrough: only the passthrough table.
+bench-passthrough: deps
+	$(GO) test -run '^$$' -bench Passthrough -benchtime 1x -timeout 20m ./test/bench/
 
 ## fuzz: run each fuzz target for FUZZTIME.
 fuzz:

@@ -11,6 +11,12 @@
 // by the client's progress; a client that PINGs from a healthy thread
 // while its lock-holding work is stuck keeps the lock.
 //
+// With an upstream configured (Options.Relay), commands it does not serve
+// are relayed (relay.go): a connection's relayed commands of one batch are
+// sent together and their replies put where their commands were; state
+// that belongs to one connection (MULTI, WATCH, pub/sub, blocking
+// commands, SELECT) pins it to an upstream connection of its own.
+//
 // It knows nothing of how a backend stores a lock. Errors reach clients
 // through one function, replyError, with the texts PROTOCOL.md gives.
 package commands

@@ -15,6 +15,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/relay"
 	"github.com/lockproxy/lockproxy/resp"
 )
 
@@ -76,6 +77,9 @@ type Options struct {
 	DriftFor func(ttl time.Duration) time.Duration
 	// LockPatterns are the key globs served in transparent mode.
 	LockPatterns []string
+	// Relay, when set, serves the commands lockproxy does not know by
+	// relaying them to the upstream Redis (relay.go).
+	Relay *relay.Relay
 }
 
 // Handler serves lockproxy's own commands on every connection.
@@ -95,6 +99,9 @@ type Handler struct {
 	patterns []string        // transparent mode's lock patterns
 	fanout   backends.Fanout // nil when the backend has no nodes to run commands on
 	scripts  scriptCache     // for EVALSHA on lock keys
+
+	up *relay.Relay
+	rm *relayMetrics
 }
 
 // NewHandler returns a Handler; Close it to stop its background work.
@@ -118,6 +125,10 @@ func NewHandler(o Options) *Handler {
 		held:    newHeldLocks(m),
 
 		patterns: o.LockPatterns,
+		up:       o.Relay,
+	}
+	if h.up != nil {
+		h.rm = newRelayMetrics(o.Registry)
 	}
 	h.fanout, _ = o.Backend.(backends.Fanout)
 	h.keepalive = newKeepalives(o.Backend, h.held, o.Logger, o.Limits.KeepaliveIdle, o.Registry)
@@ -144,6 +155,7 @@ type conn struct {
 	libVer  string
 	lastCmd string
 	ka      *connKeepalive // nil until the first KEEPALIVE lock
+	rl      *relayConn     // nil until the first relayed command
 }
 
 func state(s *resp.Session) *conn {
@@ -160,9 +172,22 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 	if len(args) == 0 {
 		return
 	}
+	if h.up != nil && h.relayRoute(s, args) {
+		return
+	}
 	c := lookup(args[0])
 	if c == nil {
+		// Transparent mode first: a command on a lock key is served by
+		// the lock nodes, never by the upstream. Replies of relayed
+		// commands before it go out first.
+		if h.up != nil && h.onLockKeys(args) {
+			h.relayFlush(s)
+		}
 		if h.transparent(s, args) {
+			return
+		}
+		if h.up != nil {
+			h.relay(s, args)
 			return
 		}
 		h.metrics.commands.WithLabelValues("unknown", "error").Inc()
@@ -181,6 +206,10 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 			before := s.W.Len()
 			sc.run(h, s, args)
 			h.count(sc, s, before)
+			return
+		}
+		if h.up != nil {
+			h.relay(s, args)
 			return
 		}
 		h.metrics.commands.WithLabelValues(c.Metric, "error").Inc()
@@ -217,9 +246,14 @@ func (h *Handler) count(c *Command, s *resp.Session, before int) {
 }
 
 // Closed implements resp.Handler. It runs after the session's context was
-// canceled; it does no network I/O. That cancellation is the only signal
-// the connection's KEEPALIVE watchdogs need: each releases its own lock.
-func (h *Handler) Closed(s *resp.Session) {}
+// canceled; it does no network I/O beyond closing the client's pinned
+// upstream connection, if any. That cancellation is the only signal the
+// connection's KEEPALIVE watchdogs need: each releases its own lock.
+func (h *Handler) Closed(s *resp.Session) {
+	if h.up != nil {
+		h.relayClosed(s)
+	}
+}
 
 func unknownCommand(args [][]byte) string {
 	var b strings.Builder

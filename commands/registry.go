@@ -86,7 +86,9 @@ func init() {
 			{Name: "password", Type: "string"}}, run: (*Handler).auth}))
 	register(conn(&Command{Name: "select", Arity: 2, Flags: []string{"loading", "stale", "fast"}, Since: "1.0.0",
 		Summary: "Changes the selected database; lockproxy serves database 0 only.",
-		Args:    []Arg{{Name: "index", Type: "integer"}}, run: (*Handler).selectDB}))
+		Args:    []Arg{{Name: "index", Type: "integer"}}, run: (*Handler).selectCmd}))
+	register(conn(&Command{Name: "reset", Arity: 1, Flags: []string{"noscript", "loading", "stale", "fast", "no_auth"}, Since: "6.2.0",
+		Summary: "Resets the connection: protocol, name, transaction, subscriptions and upstream state.", run: (*Handler).reset}))
 	register(conn(&Command{Name: "hello", Arity: -1, Flags: []string{"noscript", "loading", "stale", "fast", "no_auth"}, Since: "6.0.0",
 		Summary: "Handshakes with the server: picks RESP2 or RESP3, optionally authenticates and names the connection.",
 		Args: []Arg{{Name: "arguments", Type: "block", Flags: []string{"optional"}, Args: []Arg{
@@ -131,7 +133,7 @@ func init() {
 
 	cmd := &Command{Name: "command", Arity: -1, Flags: []string{"loading", "stale"}, Group: "server", Since: "2.8.13",
 		Categories: []string{"@slow", "@connection"}, Complexity: "O(N) where N is the number of commands.",
-		Summary: "Returns detailed information about all commands.", run: (*Handler).command}
+		Summary: "Returns detailed information about all commands.", run: (*Handler).commandAll}
 	srv := func(c *Command) *Command {
 		c.Group, c.Categories, c.Flags = "server", []string{"@slow", "@connection"}, []string{"loading", "stale"}
 		if c.Complexity == "" {
@@ -141,20 +143,20 @@ func init() {
 	}
 	cmd.
 		sub(srv(&Command{Name: "count", Arity: 2, Since: "2.8.13", Complexity: "O(1)",
-			Summary: "Returns a count of commands.", run: (*Handler).commandCount})).
+			Summary: "Returns a count of commands.", run: (*Handler).commandCountMerged})).
 		sub(srv(&Command{Name: "list", Arity: -2, Since: "7.0.0",
-			Summary: "Returns a list of command names.", run: (*Handler).commandList})).
+			Summary: "Returns a list of command names.", run: (*Handler).commandListMerged})).
 		sub(srv(&Command{Name: "info", Arity: -2, Since: "2.8.13",
 			Summary: "Returns information about one, multiple or all commands.",
 			Args:    []Arg{{Name: "command-name", Type: "string", Flags: []string{"optional", "multiple"}}},
-			run:     (*Handler).commandInfo})).
+			run:     (*Handler).commandInfoMerged})).
 		sub(srv(&Command{Name: "docs", Arity: -2, Since: "7.0.0",
 			Summary: "Returns documentary information about one, multiple or all commands.",
 			Args:    []Arg{{Name: "command-name", Type: "string", Flags: []string{"optional", "multiple"}}},
-			run:     (*Handler).commandDocs})).
+			run:     (*Handler).commandDocsMerged})).
 		sub(srv(&Command{Name: "getkeys", Arity: -3, Since: "2.8.13",
 			Summary: "Extracts the key names from an arbitrary command.",
 			Args:    []Arg{{Name: "command", Type: "string"}, {Name: "arg", Type: "string", Flags: []string{"optional", "multiple"}}},
-			run:     (*Handler).commandGetKeys}))
+			run:     (*Handler).commandGetKeysMerged}))
 	register(cmd)
 }

@@ -912,3 +912,44 @@ func matchClass(pattern string, p int, b byte) (int, bool) {
 	}
 	return i + 1, matched != neg
 }
+
+// onLockKeys reports whether transparent mode would serve args (a command
+// on lock keys), without serving it: the relay uses it to collect the
+// replies of relayed commands before a transparent reply is written, and
+// to refuse lock-key commands inside MULTI (they run on the lock nodes,
+// not in the upstream's transaction).
+func (h *Handler) onLockKeys(args [][]byte) bool {
+	if len(h.patterns) == 0 || len(args) < 2 {
+		return false
+	}
+	var buf [16]byte
+	switch name := string(resp.Lower(buf[:], args[0])); name {
+	case "script":
+		return true
+	case "eval", "evalsha", "eval_ro", "evalsha_ro":
+		if len(args) < 3 {
+			return false
+		}
+		nk, ok := resp.ParseInt(args[2])
+		if !ok || nk < 0 || nk > int64(len(args)-3) {
+			return false
+		}
+		for _, k := range args[3 : 3+nk] {
+			if h.isLockKey(k) {
+				return true
+			}
+		}
+		return false
+	case "exists", "del", "unlink":
+		for _, k := range args[1:] {
+			if h.isLockKey(k) {
+				return true
+			}
+		}
+		return false
+	case "set", "get", "pttl", "ttl", "pexpire", "expire":
+		return h.isLockKey(args[1])
+	default:
+		return unsupportedOnLockKeys[name] && h.isLockKey(args[1])
+	}
+}

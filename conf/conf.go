@@ -29,13 +29,34 @@ type Config struct {
 	Admin        string    `yaml:"admin"`         // HTTP /metrics /healthz /readyz; "" disables
 	Backend      string    `yaml:"backend"`       // BackendRedlock or BackendZookeeper
 	Dev          bool      `yaml:"dev"`           // embedded in-process nodes, for trying out only
-	Upstream     string    `yaml:"upstream"`      // host:port of the Redis relayed commands go to; "" = none
+	Upstream     Upstream  `yaml:"upstream"`      // the Redis other commands are relayed to; "upstream: host:port" sets only its address
 	LockPatterns []string  `yaml:"lock_patterns"` // key globs served as locks in transparent mode
 	Log          Log       `yaml:"log"`
 	Redlock      Redlock   `yaml:"redlock"`
 	Locks        Locks     `yaml:"locks"`
 	Zookeeper    Zookeeper `yaml:"zookeeper"`
 	Limits       Limits    `yaml:"limits"`
+}
+
+// Upstream configures the relay to the Redis that serves every command
+// lockproxy does not serve itself.
+type Upstream struct {
+	Address     string        `yaml:"address"` // host:port; "" = no relay
+	Username    string        `yaml:"username"`
+	Password    string        `yaml:"password" secret:"true"`
+	PoolSize    int           `yaml:"pool_size"` // shared connections per protocol
+	DialTimeout time.Duration `yaml:"dial_timeout"`
+	ReadTimeout time.Duration `yaml:"read_timeout"` // 0: none; blocking commands never time out
+	// DenyCommands are refused instead of relayed: "flushall", or
+	// "client|kill" for a subcommand. Setting it replaces the default list.
+	DenyCommands []string `yaml:"deny_commands"`
+}
+
+// DefaultDenyCommands reconfigure, wipe or stop the shared upstream, or
+// watch every client's traffic.
+var DefaultDenyCommands = []string{
+	"config", "debug", "flushall", "flushdb", "shutdown", "monitor", "acl", "module",
+	"replicaof", "slaveof", "sync", "psync", "failover", "script|flush", "function|flush", "client|kill",
 }
 
 // Log configures the zap logger.
@@ -166,6 +187,17 @@ func Default() Config {
 		Admin: "127.0.0.1:9380",
 		// RedLock needs nothing but Redis nodes.
 		Backend: BackendRedlock,
+		Upstream: Upstream{
+			// Few connections make big batches: each carries many
+			// clients' pipelined requests (test/bench passthrough table).
+			PoolSize: 4,
+			// Loopback and LAN dials take milliseconds.
+			DialTimeout: time.Second,
+			// Longer than any ordinary command; a Redis silent for this
+			// long is treated as down and its connection dropped.
+			ReadTimeout:  10 * time.Second,
+			DenyCommands: append([]string(nil), DefaultDenyCommands...),
+		},
 		Log: Log{
 			Level:  "info", // zap's production level: no per-command noise
 			Format: "json", // zap's production encoder, for log collectors
@@ -297,8 +329,18 @@ func (c Config) Validate() error {
 	default:
 		v.add("backend", "must be %s or %s, got %q", BackendRedlock, BackendZookeeper, c.Backend)
 	}
-	if c.Upstream != "" {
-		v.addr("upstream", c.Upstream, true)
+	if u := c.Upstream; u.Address != "" {
+		v.addr("upstream.address", u.Address, true)
+		v.between("upstream.pool_size", u.PoolSize, 1, 256)
+		v.positive("upstream.dial_timeout", u.DialTimeout)
+		if u.ReadTimeout < 0 {
+			v.add("upstream.read_timeout", "must not be negative, got %v", u.ReadTimeout)
+		}
+		for i, d := range u.DenyCommands {
+			if d == "" || strings.ContainsAny(d, " \t\r\n") {
+				v.add(fmt.Sprintf("upstream.deny_commands[%d]", i), "want a command name such as flushall or client|kill, got %q", d)
+			}
+		}
 	}
 	for i, p := range c.LockPatterns {
 		key := fmt.Sprintf("lock_patterns[%d]", i)

@@ -75,12 +75,12 @@ func TestValidate(t *testing.T) {
 		{"addresses", func(c *Config) {
 			c.Listen = "7380"
 			c.Admin = ":0"
-			c.Upstream = ":6379"
+			c.Upstream.Address = ":6379"
 			c.Redlock.Nodes = []string{"a:6379", "b:http", "a:6379", "c:70000"}
 		}, []string{
 			`listen: want host:port, got "7380" (missing port in address)`,
 			`admin: port must be a number in 1..65535, got "0"`,
-			`upstream: want host:port, got ":6379" (missing host)`,
+			`upstream.address: want host:port, got ":6379" (missing host)`,
 			`redlock.nodes[1]: port must be a number in 1..65535, got "http"`,
 			`redlock.nodes[2]: duplicate of redlock.nodes[0] (a:6379)`,
 			`redlock.nodes[3]: port must be a number in 1..65535, got "70000"`,
@@ -362,7 +362,7 @@ locks:
 		}, expect(map[string]any{
 			"listen": "127.0.0.1:1002", "admin": "", "dev": true,
 			"redlock.nodes": []string{"env1:1", "env2:2"}, "redlock.drift_factor": 0.04,
-			"locks.default_ttl": 2 * time.Second, "locks.max_ttl": time.Minute, "upstream": "up:6379",
+			"locks.default_ttl": 2 * time.Second, "locks.max_ttl": time.Minute, "upstream.address": "up:6379",
 			"locks.keepalive_idle": 1500 * time.Millisecond,
 		})},
 		{"flags over env", []string{
@@ -381,7 +381,7 @@ locks:
 			"zookeeper.servers": []string{"z:2181"}, "backend": "zookeeper", "admin": "127.0.0.1:2001",
 		})},
 		{"positional between flags", []string{"--dev", "FILE", "--upstream", "u:1"}, nil, expect(map[string]any{
-			"dev": true, "upstream": "u:1", "listen": "127.0.0.1:1001",
+			"dev": true, "upstream.address": "u:1", "listen": "127.0.0.1:1001",
 		})},
 		{"LOCKPROXY_CONFIG", nil, []string{"LOCKPROXY_CONFIG=FILE"}, expect(map[string]any{"listen": "127.0.0.1:1001"})},
 		{"no file", []string{"--dev"}, []string{"PATH=/bin", "LOCKPROXY_LOG_FORMAT=console"}, expect(map[string]any{
@@ -684,4 +684,53 @@ func FuzzLoad(f *testing.F) {
 			t.Fatalf("String() not stable:\n%s\nthen\n%s", out, out2)
 		}
 	})
+}
+
+// TestUpstream: the short form "upstream: host:port", the full mapping,
+// LOCKPROXY_UPSTREAM and its _ADDRESS variant, and the checks.
+func TestUpstream(t *testing.T) {
+	for _, tc := range []struct {
+		name, file string
+		env        []string
+		want       Upstream
+		problem    string // in the error; "" = valid
+	}{
+		{"short form", "upstream: up:6379\n", nil,
+			Upstream{Address: "up:6379", PoolSize: 4, DialTimeout: time.Second, ReadTimeout: 10 * time.Second, DenyCommands: DefaultDenyCommands}, ""},
+		{"mapping", "upstream:\n  address: up:1\n  username: app\n  password: pw\n  pool_size: 2\n  read_timeout: 0s\n  deny_commands: [flushall]\n", nil,
+			Upstream{Address: "up:1", Username: "app", Password: "pw", PoolSize: 2, DialTimeout: time.Second, DenyCommands: []string{"flushall"}}, ""},
+		{"nothing denied", "upstream:\n  address: up:1\n  deny_commands: []\n", nil,
+			Upstream{Address: "up:1", PoolSize: 4, DialTimeout: time.Second, ReadTimeout: 10 * time.Second, DenyCommands: []string{}}, ""},
+		{"env short form", "", []string{"LOCKPROXY_UPSTREAM=env:1"},
+			Upstream{Address: "env:1", PoolSize: 4, DialTimeout: time.Second, ReadTimeout: 10 * time.Second, DenyCommands: DefaultDenyCommands}, ""},
+		{"env address wins", "", []string{"LOCKPROXY_UPSTREAM=env:1", "LOCKPROXY_UPSTREAM_ADDRESS=env:2", "LOCKPROXY_UPSTREAM_POOL_SIZE=8"},
+			Upstream{Address: "env:2", PoolSize: 8, DialTimeout: time.Second, ReadTimeout: 10 * time.Second, DenyCommands: DefaultDenyCommands}, ""},
+		{"unknown key", "upstream:\n  adress: up:1\n", nil, Upstream{}, "upstream.adress: unknown key"},
+		{"bad pool", "upstream:\n  address: up:1\n  pool_size: 0\n", nil, Upstream{}, "upstream.pool_size"},
+		{"bad deny entry", "upstream:\n  address: up:1\n  deny_commands: ['client kill']\n", nil, Upstream{}, "upstream.deny_commands[0]"},
+		{"bad address", "upstream: nowhere\n", nil, Upstream{}, "upstream.address"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := writeFile(t, "c.yaml", "dev: true\n"+tc.file)
+			c, err := FromArgs([]string{p}, tc.env)
+			if err == nil {
+				err = c.Validate()
+			}
+			if tc.problem != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.problem) {
+					t.Fatalf("load %q = %v; want a problem with %q", tc.file, err, tc.problem)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("load %q: %v", tc.file, err)
+			}
+			if !reflect.DeepEqual(c.Upstream, tc.want) {
+				t.Errorf("upstream = %+v; want %+v", c.Upstream, tc.want)
+			}
+			if s := c.String(); tc.want.Password != "" && strings.Contains(s, tc.want.Password) {
+				t.Errorf("String() shows the upstream password:\n%s", s)
+			}
+		})
+	}
 }

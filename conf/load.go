@@ -165,6 +165,11 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, key string) {
 	for n.Kind == yaml.AliasNode {
 		n = n.Alias
 	}
+	if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str" && v.Type() == reflect.TypeFor[Upstream]() {
+		// "upstream: host:port", the short form of upstream.address.
+		v.FieldByName("Address").SetString(n.Value)
+		return
+	}
 	if v.Kind() != reflect.Struct {
 		if err := n.Decode(v.Addr().Interface()); err != nil {
 			d.add(key, n.Line, "%s", yamlErrorText(err, v.Type()))
@@ -436,6 +441,11 @@ func splitList(s string) []string {
 func applyEnv(c *Config, env map[string]string) []string {
 	var problems []string
 	v := reflect.ValueOf(c).Elem()
+	if raw, ok := env[envPrefix+"UPSTREAM"]; ok {
+		// The short form, like "upstream: host:port" in a file;
+		// LOCKPROXY_UPSTREAM_ADDRESS, applied below, wins.
+		c.Upstream.Address = raw
+	}
 	for _, l := range leaves() {
 		raw, ok := env[l.env]
 		if !ok {
@@ -466,7 +476,7 @@ var flagSpecs = []flagSpec{
 	{"admin", "admin", "`host:port` for HTTP /metrics, /healthz, /readyz (\"\" disables)", false},
 	{"backend", "backend", "lock backend: `redlock|zookeeper`", false},
 	{"nodes", "redlock.nodes", "RedLock nodes, `host:port,...` (repeatable)", true},
-	{"upstream", "upstream", "`host:port` of the Redis that other commands are relayed to", false},
+	{"upstream", "upstream.address", "`host:port` of the Redis that other commands are relayed to", false},
 	{"zk", "zookeeper.servers", "ZooKeeper servers, `host:port,...` (repeatable)", true},
 	{"lock-pattern", "lock_patterns", "key `glob` served as a lock in transparent mode (repeatable)", false},
 	{"dev", "dev", "run embedded in-process nodes, for trying out only", false},

@@ -24,6 +24,13 @@ type Handler interface {
 	Closed(s *Session)
 }
 
+// BatchHandler is a Handler that is told when it has served a batch of
+// pipelined commands, before their replies are flushed: the relay collects
+// the replies of the commands it sent upstream there.
+type BatchHandler interface {
+	EndBatch(s *Session)
+}
+
 // Server accepts RESP connections. It runs its own connection loop and
 // command reader rather than tidwall/redcon's, for what redcon does not
 // do: replies to the commands before a protocol error, Redis's input
@@ -156,6 +163,7 @@ func (s *Server) serveConn(sess *Session) {
 	// One goroutine reads and runs the connection's commands: no hand-off
 	// per batch on the hot path. A command that blocks asks the session to
 	// watch for the peer going away meanwhile (Session.WatchClose).
+	bh, _ := s.Handler.(BatchHandler)
 	for {
 		cmds, err := sess.rd.ReadBatch()
 		// Commands that arrived before a protocol error are served first,
@@ -166,6 +174,9 @@ func (s *Server) serveConn(sess *Session) {
 			if sess.closeAfter {
 				break
 			}
+		}
+		if bh != nil && len(cmds) > 0 {
+			bh.EndBatch(sess)
 		}
 		if err != nil && !sess.closeAfter {
 			if IsProtocolError(err) {

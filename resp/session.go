@@ -91,6 +91,16 @@ func (s *Session) Flush() error {
 	return nil
 }
 
+// Close closes the connection from any goroutine; the connection's loop
+// ends when its next read or write fails, and the session's context is
+// canceled. The relay uses it when the upstream connection that held the
+// client's state (a subscription, a transaction) is lost, as Redis would
+// have closed it.
+func (s *Session) Close() {
+	s.cancel()
+	_ = s.conn.Close()
+}
+
 // CloseAfterReply closes the connection once the current reply is written
 // (QUIT).
 func (s *Session) CloseAfterReply() { s.closeAfter = true }

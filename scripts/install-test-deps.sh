@@ -2,7 +2,8 @@
 # Installs what the tests need when it is missing, from Debian's packages:
 # redis-server and redis-tools; zookeeper (which brings Java) for the
 # ZooKeeper backend's tests; python3-redis (redis-py, used through Debian's
-# /usr/bin/python3) and nodejs/npm for the client tests; then the npm
+# /usr/bin/python3), nodejs/npm for the client tests and nutcracker
+# (twemproxy) for the passthrough benchmark; then the npm
 # packages of the test directories that have a package-lock.json (npm ci).
 # Needs root for apt-get; without root it says what to install and fails.
 set -euo pipefail
@@ -17,6 +18,7 @@ command -v redis-cli >/dev/null 2>&1 || need+=(redis-tools)
 if ! { [ -x /usr/bin/python3 ] && /usr/bin/python3 -c 'import redis' >/dev/null 2>&1; }; then
 	need+=(python3 python3-redis)
 fi
+command -v nutcracker >/dev/null 2>&1 || need+=(nutcracker)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
 

@@ -37,6 +37,7 @@ import (
 	"github.com/lockproxy/lockproxy/commands"
 	"github.com/lockproxy/lockproxy/conf"
 	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/relay"
 	"github.com/lockproxy/lockproxy/resp"
 )
 
@@ -107,10 +108,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, w := range cfg.Warnings() {
 		log.Warn("config: " + w)
 	}
-	if err := notYet(cfg); err != nil {
-		log.Error("unsupported configuration", zap.Error(err))
-		return 2
-	}
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
@@ -119,17 +116,6 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	return 0
-}
-
-// notYet refuses settings whose feature this version does not have, rather
-// than run without them: a lock pattern that silently does nothing would
-// leave an application on single-node locks while it believes otherwise.
-func notYet(cfg conf.Config) error {
-	switch {
-	case cfg.Upstream != "":
-		return errors.New("upstream: relaying other commands is not available in this version")
-	}
-	return nil
 }
 
 func checkConfig(args []string, stdout, stderr io.Writer) int {
@@ -235,6 +221,17 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	if ta, ok := ln.Addr().(*net.TCPAddr); ok {
 		port = ta.Port
 	}
+	var up *relay.Relay
+	if u := cfg.Upstream; u.Address != "" {
+		up = relay.New(relay.Config{
+			Addr: u.Address, Username: u.Username, Password: u.Password, PoolSize: u.PoolSize,
+			DialTimeout: u.DialTimeout, ReadTimeout: u.ReadTimeout, Deny: u.DenyCommands,
+			KeyPrefix: cfg.Redlock.KeyPrefix, Logger: log,
+		})
+		// Closed after the client connections drained (defers run in
+		// reverse): a command in flight still gets its reply.
+		defer up.Close()
+	}
 	srv := &resp.Server{Logger: log, MaxClients: cfg.Limits.MaxClients}
 	handler := commands.NewHandler(commands.Options{
 		Backend: backend,
@@ -250,6 +247,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		Logger:   log,
 		Registry: reg,
 		Clients:  srv.Sessions,
+		Relay:    up,
 
 		LockPatterns: cfg.LockPatterns,
 	})
@@ -268,6 +266,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	serveErr := make(chan error, 1)
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("lockproxy listening", zap.String("addr", ln.Addr().String()), zap.Strings("nodes", nodes),
+		zap.String("upstream", cfg.Upstream.Address),
 		zap.String("admin", cfg.Admin), zap.String("version", version), zap.Bool("dev", cfg.Dev))
 	if cfg.Dev {
 		fmt.Fprintf(banner, "\nlockproxy %s --dev: three embedded in-process lock nodes (for trying out only).\n"+

@@ -38,7 +38,7 @@ func TestCommandLine(t *testing.T) {
 		{"check-config missing file", []string{"check-config", filepath.Join(dir, "none.yaml")}, 1, []string{"none.yaml"}},
 		{"invalid flags refused", []string{"--listen", "nowhere", "--nodes", "127.0.0.1:1"}, 2, []string{"listen"}},
 		{"no nodes without --dev", []string{"--listen", "127.0.0.1:0"}, 2, []string{"redlock.nodes"}},
-		{"unsupported feature refused", []string{"--dev", "--upstream", "127.0.0.1:6379"}, 2, []string{"upstream"}},
+		{"bad lock pattern refused", []string{"--dev", "--lock-pattern", "lock:["}, 2, []string{"lock_patterns"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := harness.StartProc(t, bin, tc.args...)

@@ -1,0 +1,458 @@
+package commands
+
+import (
+	"bytes"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/relay"
+	"github.com/lockproxy/lockproxy/resp"
+)
+
+// The relay: commands lockproxy does not serve itself go to the upstream
+// Redis (package relay). Replies to relayed commands of one batch are
+// collected together at the end of the batch (EndBatch), before a local
+// command, or before a command that needs them first; they are spliced into
+// the reply buffer where they belong, so that replies keep the order of the
+// commands even when a local reply was written meanwhile.
+
+// maxPending bounds the relayed commands one client may have queued before
+// lockproxy collects their replies: memory per connection stays bounded
+// however long the pipeline.
+const maxPending = 1024
+
+// relayConn is a connection's relay state, in conn.rl.
+type relayConn struct {
+	pipe *relay.Pipe
+	at   int // where in s.W the replies of the pending commands go
+	// State that keeps the connection pinned to its own upstream one.
+	multi    bool
+	dirty    bool // a command was refused inside MULTI: EXEC aborts
+	watch    bool
+	db       int
+	tracking bool
+}
+
+func (h *Handler) relayState(s *resp.Session) *relayConn {
+	c := state(s)
+	if c.rl == nil {
+		// A lost pinned connection closes the client's, as Redis closing
+		// it would: the client's library reconnects and, for example,
+		// subscribes again, instead of waiting for messages that no
+		// longer come.
+		c.rl = &relayConn{pipe: h.up.NewPipe(s.ID(), func(f []byte) { h.relayPush(s, f) }, s.Close)}
+	}
+	return c.rl
+}
+
+// relayPush writes an out-of-band frame (a pub/sub message, a RESP3 push)
+// to the client from the upstream connection's reader. A client that does
+// not read for pushWait loses frames, as Redis drops a subscriber that
+// exceeds its output buffer limit.
+func (h *Handler) relayPush(s *resp.Session, f []byte) {
+	deadline := time.Now().Add(pushWait)
+	for !s.Push(f) {
+		if s.Context().Err() != nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.rm.dropped.Inc()
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+const pushWait = 5 * time.Second
+
+// relayRoute runs before the command table for connections in a state that
+// changes where commands go: in a transaction or pub/sub mode everything is
+// relayed (lock commands refused in MULTI), and a local command first
+// collects the replies of relayed commands before it. It reports whether it
+// served the command.
+func (h *Handler) relayRoute(s *resp.Session, args [][]byte) bool {
+	c, _ := s.Data.(*conn)
+	if c == nil || c.rl == nil {
+		return false
+	}
+	rs := c.rl
+	var buf [32]byte
+	name := resp.Lower(buf[:], args[0])
+	cmd := table[string(name)]
+	local := cmd != nil
+	if local && cmd.Subs != nil {
+		var sbuf [32]byte
+		local = len(args) >= 2 && cmd.Subs[string(resp.Lower(sbuf[:], args[1]))] != nil
+	}
+	isReset := string(name) == "quit" || string(name) == "reset"
+	switch {
+	case rs.pipe.Tunneling() && !isReset:
+		h.relayTunnel(s, rs, string(name), args)
+		return true
+	case rs.multi && !isReset:
+		if cmd == nil && h.onLockKeys(args) {
+			rs.dirty = true
+			s.W.Error("ERR '" + clip(string(args[0])) + "' on a lock key is not allowed inside MULTI: lock keys (lock_patterns) are served by the lock nodes, not in the upstream's transaction")
+			return true
+		}
+		if cmd != nil && cmd.Group == groupLock {
+			rs.dirty = true
+			s.W.Error("ERR '" + cmd.Name + "' is not allowed inside MULTI: lock commands run on the lock nodes, not in the upstream's transaction")
+			return true
+		}
+		h.relay(s, args)
+		return true
+	}
+	if local && rs.pipe.Pending() > 0 {
+		h.relayCollect(s, rs, true)
+	}
+	return false
+}
+
+// relayFlush collects the replies of s's relayed commands still pending,
+// so that a reply written now comes after them.
+func (h *Handler) relayFlush(s *resp.Session) {
+	if c, ok := s.Data.(*conn); ok && c.rl != nil && c.rl.pipe.Pending() > 0 {
+		h.relayCollect(s, c.rl, true)
+	}
+}
+
+// EndBatch implements resp.BatchHandler: the replies of the batch's relayed
+// commands are collected before the batch's replies are flushed.
+func (h *Handler) EndBatch(s *resp.Session) {
+	if c, ok := s.Data.(*conn); ok && c.rl != nil && c.rl.pipe.Pending() > 0 {
+		h.relayCollect(s, c.rl, true)
+	}
+}
+
+func (h *Handler) relayClosed(s *resp.Session) {
+	if c, ok := s.Data.(*conn); ok && c.rl != nil {
+		c.rl.pipe.Close()
+	}
+}
+
+// relayAdd queues args for the upstream.
+func (h *Handler) relayAdd(s *resp.Session, rs *relayConn, args [][]byte) {
+	p := rs.pipe
+	if p.Pending() > 0 && s.W.Len() != rs.at {
+		// A local reply was written after the pending commands: theirs go
+		// before it, and this command's after.
+		h.relayCollect(s, rs, true)
+	}
+	if p.Pending() == 0 {
+		rs.at = s.W.Len()
+	}
+	p.Add(args)
+	if p.Pending() >= maxPending {
+		h.relayCollect(s, rs, true)
+	}
+}
+
+// relayCollect waits for the replies of the pending commands and puts them
+// where they belong in s.W.
+func (h *Handler) relayCollect(s *resp.Session, rs *relayConn, timed bool) {
+	n := rs.pipe.Pending()
+	if n == 0 {
+		return
+	}
+	out, err := rs.pipe.Collect(s.Context(), s.W.Proto(), timed)
+	if err != nil {
+		var b []byte
+		for range n {
+			b = append(b, "-ERR command canceled: connection closing or server shutting down\r\n"...)
+		}
+		out = b
+	}
+	splice(s.W, rs.at, out)
+	if rs.pipe.Lost() {
+		// The pinned connection failed, and its transaction, watches and
+		// database with it.
+		rs.multi, rs.dirty, rs.watch, rs.db, rs.tracking = false, false, false, 0, false
+	}
+}
+
+// splice inserts data into w at offset at, before what was written since.
+func splice(w *resp.Writer, at int, data []byte) {
+	if w.Len() == at {
+		w.Raw(data)
+		return
+	}
+	b := w.Bytes()
+	tail := bytes.Clone(b[at:])
+	head := b[:at]
+	w.Reset()
+	w.Raw(head)
+	w.Raw(data)
+	w.Raw(tail)
+}
+
+// relayLocal writes a reply lockproxy makes itself for a relayed command.
+func relayError(s *resp.Session, msg string) { s.W.Error(msg) }
+
+// pin gives the connection an upstream connection of its own, after the
+// replies pending on the shared one. It reports false after writing an
+// error reply when none could be had.
+func (h *Handler) pin(s *resp.Session, rs *relayConn) bool {
+	if rs.pipe.Pinned() {
+		return true
+	}
+	h.relayCollect(s, rs, true)
+	if err := rs.pipe.Pin(s.Context(), s.W.Proto(), 0); err != nil {
+		relayError(s, "ERR upstream unavailable: "+err.Error())
+		return false
+	}
+	return true
+}
+
+// maybeUnpin gives the pinned connection back once no state needs it.
+func (h *Handler) maybeUnpin(rs *relayConn) {
+	if rs.pipe.Pinned() && rs.pipe.Pending() == 0 && !rs.multi && !rs.watch && rs.db == 0 &&
+		!rs.tracking && !rs.pipe.Tunneling() {
+		rs.pipe.Unpin(true)
+	}
+}
+
+// blocking names the commands that may block the upstream connection.
+var blocking = map[string]bool{
+	"blpop": true, "brpop": true, "brpoplpush": true, "blmove": true, "blmpop": true,
+	"bzpopmin": true, "bzpopmax": true, "bzmpop": true, "wait": true, "waitaof": true,
+}
+
+// relay serves a command lockproxy does not know by relaying it.
+func (h *Handler) relay(s *resp.Session, args [][]byte) {
+	rs := h.relayState(s)
+	var buf [32]byte
+	lname := resp.Lower(buf[:], args[0])
+	if err := h.up.Check(lname, args); err != nil {
+		if rs.multi {
+			rs.dirty = true
+		}
+		h.rm.refused.Inc()
+		relayError(s, err.Error())
+		return
+	}
+	h.rm.relayed.Inc()
+	name := string(lname) // compared below, not kept: no allocation
+	switch {
+	case name == "multi":
+		if !h.pin(s, rs) {
+			return
+		}
+		rs.multi = true
+		h.relayAdd(s, rs, args)
+	case (name == "exec" || name == "discard") && rs.multi:
+		if rs.dirty && name == "exec" {
+			h.relayAdd(s, rs, [][]byte{[]byte("DISCARD")})
+			h.relayCollect(s, rs, true)
+			b := s.W.Bytes()
+			if i := bytes.LastIndex(b, []byte("+OK\r\n")); i >= rs.at && i == len(b)-5 {
+				w := bytes.Clone(b[:i])
+				s.W.Reset()
+				s.W.Raw(w)
+			}
+			s.W.Error("EXECABORT Transaction discarded because of previous errors.")
+		} else {
+			h.relayAdd(s, rs, args)
+			h.relayCollect(s, rs, true)
+		}
+		rs.multi, rs.dirty, rs.watch = false, false, false
+		h.maybeUnpin(rs)
+	case name == "watch" && !rs.multi:
+		if !h.pin(s, rs) {
+			return
+		}
+		rs.watch = true
+		h.relayAdd(s, rs, args)
+	case name == "unwatch" && !rs.multi:
+		h.relayAdd(s, rs, args)
+		h.relayCollect(s, rs, true)
+		rs.watch = false
+		h.maybeUnpin(rs)
+	case rs.multi:
+		h.relayAdd(s, rs, args)
+	case name == "subscribe" || name == "psubscribe" || name == "ssubscribe" || name == "monitor":
+		if !h.pin(s, rs) {
+			return
+		}
+		h.relayCollect(s, rs, true)
+		_ = s.Flush() // replies before it go out before the first message
+		if err := rs.pipe.Tunnel(args); err != nil {
+			relayError(s, "ERR upstream unavailable: "+err.Error())
+		}
+	case name == "unsubscribe" || name == "punsubscribe" || name == "sunsubscribe":
+		// Not subscribed (a subscribed connection is in tunnel mode): Redis
+		// answers one frame per channel, which on a shared connection
+		// would be taken for other commands' replies. Answered here the
+		// way Redis would.
+		relayUnsubscribed(s, name, args[1:])
+	case name == "keys" || name == "scan":
+		h.relayAdd(s, rs, args)
+		at := rs.at
+		h.relayCollect(s, rs, true)
+		b := s.W.Bytes()
+		if filtered := h.up.FilterKeys(b[at:], name == "scan"); len(filtered) != len(b)-at {
+			head := bytes.Clone(b[:at])
+			s.W.Reset()
+			s.W.Raw(head)
+			s.W.Raw(filtered)
+		}
+	case name == "client" && len(args) > 1 && resp.EqualFold(args[1], "REPLY"):
+		// A connection that stops replying would leave the other clients
+		// sharing it without their replies.
+		h.rm.refused.Inc()
+		relayError(s, "ERR CLIENT REPLY is not supported through lockproxy")
+	case name == "client" && len(args) > 2 && resp.EqualFold(args[1], "TRACKING"):
+		if !h.pin(s, rs) {
+			return
+		}
+		rs.tracking = rs.tracking || resp.EqualFold(args[2], "ON")
+		h.relayAdd(s, rs, args)
+	case blocking[name] || (name == "xread" || name == "xreadgroup") && hasWord(args, "BLOCK"):
+		h.relayBlocking(s, rs, args)
+	default:
+		h.relayAdd(s, rs, args)
+	}
+}
+
+// relayUnsubscribed answers an UNSUBSCRIBE of a connection with no
+// subscription: one ["unsubscribe", channel, 0] per channel, or one with a
+// null channel when none is named (a push in RESP3).
+func relayUnsubscribed(s *resp.Session, name string, channels [][]byte) {
+	if len(channels) == 0 {
+		s.W.Push(3)
+		s.W.BulkString(name)
+		s.W.Null()
+		s.W.Int(0)
+		return
+	}
+	for _, ch := range channels {
+		s.W.Push(3)
+		s.W.BulkString(name)
+		s.W.Bulk(ch)
+		s.W.Int(0)
+	}
+}
+
+func hasWord(args [][]byte, w string) bool {
+	for _, a := range args[1:] {
+		if resp.EqualFold(a, w) {
+			return true
+		}
+	}
+	return false
+}
+
+// relayBlocking runs a blocking command on a connection of the client's
+// own, with no read timeout, watching the client: if it goes away the
+// upstream connection is closed, so that a BLPOP left behind cannot take
+// an element that no one will receive.
+func (h *Handler) relayBlocking(s *resp.Session, rs *relayConn, args [][]byte) {
+	wasPinned := rs.pipe.Pinned()
+	if !h.pin(s, rs) {
+		return
+	}
+	h.relayAdd(s, rs, args)
+	_ = s.Flush()
+	rs.at = s.W.Len()
+	stop := s.WatchClose()
+	h.relayCollect(s, rs, false)
+	stop()
+	if !wasPinned {
+		h.maybeUnpin(rs)
+	}
+}
+
+// relayTunnel relays a command of a connection in pub/sub (or MONITOR)
+// mode: every frame the upstream sends goes to the client in order, so the
+// replies come that way too. After an UNSUBSCRIBE the connection asks the
+// upstream whether any subscription is left.
+func (h *Handler) relayTunnel(s *resp.Session, rs *relayConn, name string, args [][]byte) {
+	if err := h.up.Check([]byte(name), args); err != nil {
+		relayError(s, err.Error())
+		return
+	}
+	_ = s.Flush()
+	if err := rs.pipe.Tunnel(args); err != nil {
+		relayError(s, "ERR upstream unavailable: "+err.Error())
+		rs.pipe.Close()
+		return
+	}
+	switch name {
+	case "unsubscribe", "punsubscribe", "sunsubscribe":
+		ended, err := rs.pipe.EndTunnel(s.Context())
+		if err != nil {
+			h.log.Debug("relay: leaving pub/sub mode failed", zap.Error(err))
+			rs.pipe.Close()
+			return
+		}
+		if ended {
+			h.maybeUnpin(rs)
+		}
+	}
+}
+
+// selectCmd is SELECT: database 0 only without an upstream; with one, any
+// database the upstream has, on a connection of the client's own.
+func (h *Handler) selectCmd(s *resp.Session, args [][]byte) {
+	if h.up == nil {
+		h.selectDB(s, args)
+		return
+	}
+	n, ok := resp.ParseInt(args[1])
+	if !ok {
+		s.W.Error(errNotInteger.Error())
+		return
+	}
+	rs := h.relayState(s)
+	if int(n) == rs.db {
+		s.W.Simple("OK")
+		return
+	}
+	if !h.pin(s, rs) {
+		return
+	}
+	h.relayAdd(s, rs, args)
+	at := rs.at
+	h.relayCollect(s, rs, true)
+	if bytes.HasPrefix(s.W.Bytes()[at:], []byte("+OK")) {
+		rs.db = int(n)
+		rs.pipe.SetPinnedDB(rs.db)
+	}
+	h.maybeUnpin(rs)
+}
+
+// reset is RESET: the connection's state back to a new one's, an upstream
+// connection of its own dropped with everything on it.
+func (h *Handler) reset(s *resp.Session, args [][]byte) {
+	c := state(s)
+	if c.rl != nil {
+		c.rl.pipe.Close()
+		c.rl.multi, c.rl.dirty, c.rl.watch, c.rl.db, c.rl.tracking = false, false, false, 0, false
+	}
+	c.name = ""
+	s.W.SetProto(2)
+	if c.ka != nil {
+		c.ka.proto.Store(2)
+	}
+	s.W.Simple("RESET")
+}
+
+// relayMetrics count what the relay does.
+type relayMetrics struct {
+	relayed, refused, dropped prometheus.Counter
+}
+
+func newRelayMetrics(reg prometheus.Registerer) *relayMetrics {
+	m := &relayMetrics{
+		relayed: prometheus.NewCounter(prometheus.CounterOpts{Name: "lockproxy_relay_commands_total",
+			Help: "Commands relayed to the upstream Redis."}),
+		refused: prometheus.NewCounter(prometheus.CounterOpts{Name: "lockproxy_relay_refused_total",
+			Help: "Commands refused instead of relayed: denied, or touching the lock key prefix."}),
+		dropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "lockproxy_relay_pushes_dropped_total",
+			Help: "Pub/sub messages and pushes dropped for a client that did not read them."}),
+	}
+	reg.MustRegister(m.relayed, m.refused, m.dropped)
+	return m
+}

@@ -1,0 +1,207 @@
+package commands
+
+import (
+	"bytes"
+	"sort"
+	"strings"
+
+	"github.com/lockproxy/lockproxy/relay"
+	"github.com/lockproxy/lockproxy/resp"
+)
+
+// COMMAND with an upstream: the upstream's table merged with lockproxy's,
+// lockproxy's entries winning for the commands it serves itself, so that
+// redis-cli's hints and client libraries see every command that works.
+// Without an upstream, or when it cannot answer, lockproxy's table alone.
+
+// upstreamReply relays args on its own and returns the reply, taking it
+// back out of s.W; false when it is an error.
+func (h *Handler) upstreamReply(s *resp.Session, args ...string) ([]byte, bool) {
+	rs := h.relayState(s)
+	h.relayCollect(s, rs, true)
+	b := make([][]byte, len(args))
+	for i, a := range args {
+		b[i] = []byte(a)
+	}
+	h.relayAdd(s, rs, b)
+	at := rs.at
+	h.relayCollect(s, rs, true)
+	all := s.W.Bytes()
+	reply := bytes.Clone(all[at:])
+	head := bytes.Clone(all[:at])
+	s.W.Reset()
+	s.W.Raw(head)
+	return reply, len(reply) > 0 && reply[0] != '-' && reply[0] != '!'
+}
+
+// entryName is the lower-case name of a COMMAND INFO entry.
+func entryName(e []byte) string {
+	if _, el, ok := relay.Split(e); ok && len(el) > 0 {
+		if n, ok := relay.Text(el[0]); ok {
+			return strings.ToLower(string(n))
+		}
+	}
+	return ""
+}
+
+func (h *Handler) commandAll(s *resp.Session, args [][]byte) {
+	if h.up == nil {
+		h.command(s, args)
+		return
+	}
+	up, ok := h.upstreamReply(s, "COMMAND")
+	_, el, ok2 := relay.Split(up)
+	if !ok || !ok2 {
+		h.command(s, args)
+		return
+	}
+	var kept [][]byte
+	for _, e := range el {
+		if table[entryName(e)] == nil {
+			kept = append(kept, e)
+		}
+	}
+	names := sortedNames()
+	s.W.Array(len(kept) + len(names))
+	for _, e := range kept {
+		s.W.Raw(e)
+	}
+	for _, n := range names {
+		writeInfo(s.W, nil, table[n])
+	}
+}
+
+// mergedNames is the union of the upstream's command names and lockproxy's.
+func (h *Handler) mergedNames(s *resp.Session) []string {
+	set := map[string]bool{}
+	for n := range table {
+		set[n] = true
+	}
+	if up, ok := h.upstreamReply(s, "COMMAND", "LIST"); ok {
+		if _, el, ok := relay.Split(up); ok {
+			for _, e := range el {
+				if n, ok := relay.Text(e); ok && !bytes.ContainsRune(n, '|') {
+					set[strings.ToLower(string(n))] = true
+				}
+			}
+		}
+	}
+	out := make([]string, 0, len(set))
+	for n := range set {
+		out = append(out, n)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func (h *Handler) commandCountMerged(s *resp.Session, args [][]byte) {
+	if h.up == nil {
+		h.commandCount(s, args)
+		return
+	}
+	s.W.Int(int64(len(h.mergedNames(s))))
+}
+
+func (h *Handler) commandListMerged(s *resp.Session, args [][]byte) {
+	if h.up == nil || len(args) > 2 {
+		h.commandList(s, args) // FILTERBY: lockproxy's own commands
+		return
+	}
+	names := h.mergedNames(s)
+	s.W.Array(len(names))
+	for _, n := range names {
+		s.W.BulkString(n)
+	}
+}
+
+// localOnly tells whether every name asked for is lockproxy's own.
+func localOnly(names [][]byte) bool {
+	for _, a := range names {
+		if _, c := find(string(a)); c == nil {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *Handler) commandInfoMerged(s *resp.Session, args [][]byte) {
+	if h.up != nil && len(args) == 2 {
+		h.commandAll(s, args)
+		return
+	}
+	if h.up == nil || localOnly(args[2:]) {
+		h.commandInfo(s, args)
+		return
+	}
+	req := []string{"COMMAND", "INFO"}
+	for _, a := range args[2:] {
+		req = append(req, string(a))
+	}
+	up, ok := h.upstreamReply(s, req...)
+	_, el, ok2 := relay.Split(up)
+	if !ok || !ok2 || len(el) != len(args)-2 {
+		h.commandInfo(s, args)
+		return
+	}
+	s.W.Array(len(el))
+	for i, a := range args[2:] {
+		if p, c := find(string(a)); c != nil {
+			writeInfo(s.W, p, c)
+		} else {
+			s.W.Raw(el[i])
+		}
+	}
+}
+
+func (h *Handler) commandDocsMerged(s *resp.Session, args [][]byte) {
+	if h.up == nil || len(args) > 2 && localOnly(args[2:]) {
+		h.commandDocs(s, args)
+		return
+	}
+	req := []string{"COMMAND", "DOCS"}
+	for _, a := range args[2:] {
+		req = append(req, string(a))
+	}
+	up, ok := h.upstreamReply(s, req...)
+	_, el, ok2 := relay.Split(up)
+	if !ok || !ok2 || len(el)%2 != 0 {
+		h.commandDocs(s, args)
+		return
+	}
+	var kept [][]byte
+	for i := 0; i+1 < len(el); i += 2 {
+		n, _ := relay.Text(el[i])
+		if _, c := find(string(n)); c == nil {
+			kept = append(kept, el[i], el[i+1])
+		}
+	}
+	type entry struct{ parent, c *Command }
+	var local []entry
+	if len(args) == 2 {
+		for _, n := range sortedNames() {
+			local = append(local, entry{nil, table[n]})
+		}
+	} else {
+		for _, a := range args[2:] {
+			if p, c := find(string(a)); c != nil {
+				local = append(local, entry{p, c})
+			}
+		}
+	}
+	s.W.Map(len(kept)/2 + len(local))
+	for _, e := range kept {
+		s.W.Raw(e)
+	}
+	for _, e := range local {
+		s.W.BulkString(fullName(e.parent, e.c))
+		writeDoc(s.W, e.c)
+	}
+}
+
+func (h *Handler) commandGetKeysMerged(s *resp.Session, args [][]byte) {
+	if h.up == nil || lookup(args[2]) != nil {
+		h.commandGetKeys(s, args)
+		return
+	}
+	h.relay(s, args)
+}

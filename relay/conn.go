@@ -1,0 +1,339 @@
+package relay
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// call collects the replies to one client's batch of requests. Only the
+// connection's reader appends to buf until it closes done.
+type call struct {
+	buf  []byte
+	n    int // replies still to come
+	done chan struct{}
+}
+
+func newCall() *call { return &call{done: make(chan struct{}, 1)} }
+
+// upConn is one upstream connection. Writers append requests under mu and
+// the first of them writes for everyone who queued meanwhile (one write per
+// batch, no goroutine hand-off); one reader goroutine cuts the reply stream
+// into frames and hands each to the call waiting for it, in order.
+type upConn struct {
+	nc          net.Conn
+	proto       int
+	db          int
+	readTimeout time.Duration
+	// push receives out-of-band frames (RESP3 pushes, and every frame in
+	// tunnel mode) on a pinned connection; nil on shared ones. It changes
+	// when a pinned connection changes hands, while the reader runs.
+	push atomic.Pointer[func([]byte)]
+	// lost runs when a pinned connection fails by itself (not closed by
+	// lockproxy): the client's state on it is gone.
+	lost atomic.Pointer[func()]
+
+	mu      sync.Mutex
+	wbuf    []byte
+	spare   []byte
+	writing bool
+	calls   []*call
+	head    int
+	err     error // set once the connection failed
+	timed   bool  // a read deadline is armed for an outstanding call
+	// armed is when the read deadline was last set: it is moved at most
+	// every rearmEvery, not on every request (timer updates cost on the
+	// hot path), so a reply may time out up to rearmEvery early.
+	armed     time.Time
+	wdeadline time.Time // the write deadline set last
+
+	// tunnel: every frame goes to push (pub/sub, MONITOR), until a
+	// marker reply finds no subscription left.
+	tunnel     atomic.Bool
+	marker     []byte
+	markerDone chan bool
+	subs       int64 // channels + patterns, from the last (un)subscribe frame
+	shardSubs  int64
+
+	rbuf       []byte
+	start, end int
+	closed     chan struct{}
+}
+
+func newUpConn(nc net.Conn, proto, db int, readTimeout time.Duration) *upConn {
+	return &upConn{
+		nc: nc, proto: proto, db: db, readTimeout: readTimeout,
+		rbuf:       make([]byte, 16<<10),
+		closed:     make(chan struct{}),
+		markerDone: make(chan bool, 1),
+	}
+}
+
+// failed returns the error the connection died of, or nil.
+func (c *upConn) failed() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// send queues req; cl (nil in tunnel mode) gets the replies. timed arms the
+// read timeout for them (not for blocking commands).
+func (c *upConn) send(req []byte, cl *call, timed bool) error {
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return err
+	}
+	c.wbuf = append(c.wbuf, req...)
+	if cl != nil {
+		c.calls = append(c.calls, cl)
+		switch {
+		case timed && c.readTimeout > 0:
+			if now := time.Now(); !c.timed || now.Sub(c.armed) > rearmEvery(c.readTimeout) {
+				c.timed, c.armed = true, now
+				_ = c.nc.SetReadDeadline(now.Add(c.readTimeout))
+			}
+		case !timed && c.timed:
+			// A blocking command may wait as long as it says.
+			c.timed = false
+			_ = c.nc.SetReadDeadline(time.Time{})
+		}
+	}
+	if c.writing {
+		c.mu.Unlock()
+		return nil
+	}
+	c.writing = true
+	// Let the clients about to queue join this write: one write for many
+	// clients' requests costs the upstream one read instead of many.
+	c.mu.Unlock()
+	runtime.Gosched()
+	c.mu.Lock()
+	for len(c.wbuf) > 0 {
+		buf := c.wbuf
+		c.wbuf = c.spare[:0]
+		c.mu.Unlock()
+		if now := time.Now(); c.wdeadline.Sub(now) < writeTimeout-time.Second {
+			c.wdeadline = now.Add(writeTimeout)
+			_ = c.nc.SetWriteDeadline(c.wdeadline)
+		}
+		_, err := c.nc.Write(buf)
+		c.mu.Lock()
+		if cap(buf) <= 1<<20 {
+			c.spare = buf[:0]
+		} else {
+			c.spare = nil
+		}
+		if err != nil {
+			c.writing = false
+			c.mu.Unlock()
+			c.fail(fmt.Errorf("write: %w", err))
+			return nil // the calls queued got the error
+		}
+	}
+	c.writing = false
+	c.mu.Unlock()
+	return nil
+}
+
+// rearmEvery is how stale a read deadline may get: a tenth of the timeout,
+// at most a second.
+func rearmEvery(timeout time.Duration) time.Duration { return min(timeout/10, time.Second) }
+
+// writeTimeout bounds one write to the upstream; a Redis that accepts no
+// input for this long is treated as down.
+const writeTimeout = 10 * time.Second
+
+// fail ends the connection: every call still waiting gets err as the reply
+// to each of its outstanding requests, in order.
+func (c *upConn) fail(err error) {
+	c.mu.Lock()
+	if c.err != nil {
+		c.mu.Unlock()
+		return
+	}
+	c.err = err
+	calls := c.calls[c.head:]
+	c.calls, c.head = nil, 0
+	c.mu.Unlock()
+	_ = c.nc.Close()
+	if lost := c.lost.Load(); lost != nil && err != errClosed {
+		defer (*lost)()
+	}
+	msg := unavailable(err)
+	for _, cl := range calls {
+		for ; cl.n > 0; cl.n-- {
+			cl.buf = appendError(cl.buf, msg)
+		}
+		cl.done <- struct{}{}
+	}
+	select {
+	case c.markerDone <- false:
+	default:
+	}
+}
+
+func unavailable(err error) string {
+	return "ERR upstream unavailable: " + err.Error()
+}
+
+// close drops the connection; waiting calls get an error.
+func (c *upConn) close() { c.fail(errClosed) }
+
+var errClosed = errors.New("connection closed by lockproxy")
+
+// readLoop delivers every reply frame until the connection fails.
+func (c *upConn) readLoop() {
+	defer close(c.closed)
+	var cur *call
+	for {
+		f, err := c.next()
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			c.mu.Lock()
+			if cur == nil && c.head == len(c.calls) {
+				// Nothing waits: the deadline was armed for replies that
+				// came since. Disarm it under mu, so that a new call's
+				// deadline is not lost.
+				c.timed = false
+				_ = c.nc.SetReadDeadline(time.Time{})
+				c.mu.Unlock()
+				continue
+			}
+			c.mu.Unlock()
+			err = errors.New("read timeout")
+		}
+		if err != nil {
+			if cur != nil {
+				// cur was popped already: fail it here, the rest in fail.
+				c.mu.Lock()
+				c.calls = append([]*call{cur}, c.calls[c.head:]...)
+				c.head = 0
+				c.mu.Unlock()
+			}
+			c.fail(err)
+			return
+		}
+		if c.tunnel.Load() {
+			c.tunnelFrame(f)
+			continue
+		}
+		if f[0] == '>' {
+			if push := c.push.Load(); push != nil {
+				(*push)(bytes.Clone(f))
+			}
+			continue
+		}
+		if cur == nil {
+			c.mu.Lock()
+			if c.head < len(c.calls) {
+				cur = c.calls[c.head]
+				c.calls[c.head] = nil
+				c.head++
+				if c.head == len(c.calls) {
+					c.calls, c.head = c.calls[:0], 0
+				}
+			}
+			c.mu.Unlock()
+			if cur == nil {
+				c.fail(errors.New("reply with no request waiting for it"))
+				return
+			}
+		}
+		cur.buf = append(cur.buf, f...)
+		cur.n--
+		if cur.n == 0 {
+			cur.done <- struct{}{}
+			cur = nil
+		}
+	}
+}
+
+// next returns the next complete frame, valid until the following call.
+func (c *upConn) next() ([]byte, error) {
+	for {
+		if c.end > c.start {
+			n, err := frameEnd(c.rbuf[c.start:c.end])
+			if err != nil {
+				return nil, err
+			}
+			if n > 0 {
+				f := c.rbuf[c.start : c.start+n]
+				c.start += n
+				return f, nil
+			}
+		}
+		if c.start > 0 {
+			copy(c.rbuf, c.rbuf[c.start:c.end])
+			c.end -= c.start
+			c.start = 0
+		}
+		if c.end == 0 && len(c.rbuf) > 1<<20 {
+			c.rbuf = make([]byte, 16<<10)
+		}
+		if c.end == len(c.rbuf) {
+			nb := make([]byte, 2*len(c.rbuf))
+			copy(nb, c.rbuf[:c.end])
+			c.rbuf = nb
+		}
+		n, err := c.nc.Read(c.rbuf[c.end:])
+		c.end += n
+		if n > 0 {
+			continue
+		}
+		if err == nil {
+			continue
+		}
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			return nil, err
+		}
+		return nil, fmt.Errorf("read: %w", err)
+	}
+}
+
+// pubsubKinds are the frames whose third element is the connection's
+// subscription count.
+var pubsubKinds = map[string]bool{
+	"subscribe": true, "unsubscribe": true, "psubscribe": true, "punsubscribe": true,
+	"ssubscribe": true, "sunsubscribe": true,
+}
+
+// tunnelFrame forwards a frame of a connection in pub/sub or MONITOR mode,
+// keeping count of its subscriptions, and answers the marker PING that asks
+// whether the mode has ended.
+func (c *upConn) tunnelFrame(f []byte) {
+	c.mu.Lock()
+	marker := c.marker
+	c.mu.Unlock()
+	if marker != nil && len(f) < 128 && bytes.Contains(f, marker) {
+		ended := c.subs == 0 && c.shardSubs == 0
+		if ended {
+			c.tunnel.Store(false)
+		}
+		c.mu.Lock()
+		c.marker = nil
+		c.mu.Unlock()
+		c.markerDone <- ended
+		return
+	}
+	if t, el, ok := elements(f); ok && (t == '*' || t == '>') && len(el) == 3 {
+		if kind, ok := str(el[0]); ok && pubsubKinds[string(kind)] {
+			if n, ok := integer(el[2]); ok {
+				if kind[0] == 's' {
+					c.shardSubs = n
+				} else {
+					c.subs = n
+				}
+			}
+		}
+	}
+	if push := c.push.Load(); push != nil {
+		(*push)(bytes.Clone(f))
+	}
+}

@@ -1,0 +1,154 @@
+package relay
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestFrameEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name, in string
+		want     int // length of the first frame; 0 incomplete; -1 malformed
+	}{
+		{"status", "+OK\r\n+NEXT\r\n", 5},
+		{"error", "-ERR no\r\n", 9},
+		{"integer", ":42\r\n", 5},
+		{"bulk", "$5\r\nhello\r\n", 11},
+		{"bulk with CRLF inside", "$4\r\na\r\nb\r\n", 10},
+		{"null bulk", "$-1\r\n", 5},
+		{"array", "*2\r\n$1\r\na\r\n:1\r\n", 15},
+		{"null array", "*-1\r\n", 5},
+		{"empty array", "*0\r\n", 4},
+		{"nested", "*2\r\n*1\r\n+a\r\n*0\r\n", 16},
+		{"RESP3 null", "_\r\n", 3},
+		{"RESP3 bool", "#t\r\n", 4},
+		{"RESP3 double", ",1.5\r\n", 6},
+		{"RESP3 big number", "(123\r\n", 6},
+		{"RESP3 map", "%1\r\n+k\r\n:1\r\n", 12},
+		{"RESP3 set", "~2\r\n+a\r\n+b\r\n", 12},
+		{"RESP3 verbatim", "=8\r\ntxt:abcd\r\n", 14},
+		{"RESP3 blob error", "!3\r\nERR\r\n", 9},
+		{"RESP3 push", ">3\r\n+message\r\n+ch\r\n+hi\r\n", 24},
+		{"attribute with its value", "|1\r\n+ttl\r\n:3\r\n+v\r\n", 18},
+		{"partial header", "*2\r", 0},
+		{"partial bulk", "$5\r\nhel", 0},
+		{"partial array", "*2\r\n+a\r\n", 0},
+		{"partial map", "%1\r\n+k\r\n", 0},
+		{"unknown type", "?x\r\n", -1},
+		{"bad length", "$x\r\n", -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			n, err := frameEnd([]byte(tc.in))
+			got := n
+			if err != nil {
+				got = -1
+			}
+			if got != tc.want {
+				t.Errorf("frameEnd(%q) = %d, %v; want %d", tc.in, n, err, tc.want)
+			}
+		})
+	}
+}
+
+func TestFrameEndLongLine(t *testing.T) {
+	if _, err := frameEnd([]byte("+" + strings.Repeat("a", maxLine+10))); err == nil {
+		t.Errorf("a status line over %d bytes without CRLF: no error", maxLine)
+	}
+}
+
+func FuzzFrameEnd(f *testing.F) {
+	for _, s := range []string{"+OK\r\n", "*2\r\n$1\r\na\r\n:1\r\n", "%1\r\n+k\r\n:1\r\n", "|1\r\n+a\r\n+b\r\n+c\r\n", ">2\r\n+a\r\n+b\r\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		n, err := frameEnd(b)
+		if err == nil && (n < 0 || n > len(b)) {
+			t.Fatalf("frameEnd(%q) = %d", b, n)
+		}
+		if err == nil && n > 0 {
+			elements(b[:n]) // must not panic
+		}
+	})
+}
+
+func TestFilterKeys(t *testing.T) {
+	r := New(Config{KeyPrefix: "lockproxy:"})
+	for _, tc := range []struct {
+		name string
+		in   string
+		scan bool
+		want string
+	}{
+		{"keys", "*3\r\n$1\r\na\r\n$11\r\nlockproxy:x\r\n$1\r\nb\r\n", false, "*2\r\n$1\r\na\r\n$1\r\nb\r\n"},
+		{"keys nothing to drop", "*1\r\n$1\r\na\r\n", false, "*1\r\n$1\r\na\r\n"},
+		{"scan", "*2\r\n$1\r\n0\r\n*2\r\n$11\r\nlockproxy:x\r\n$1\r\nb\r\n", true, "*2\r\n$1\r\n0\r\n*1\r\n$1\r\nb\r\n"},
+		{"error", "-ERR x\r\n", false, "-ERR x\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := string(r.FilterKeys([]byte(tc.in), tc.scan)); got != tc.want {
+				t.Errorf("FilterKeys(%q) = %q; want %q", tc.in, got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCheck(t *testing.T) {
+	r := New(Config{KeyPrefix: "lp:", Deny: []string{"flushall", "client|kill"}})
+	ks := keySpecs{
+		"set": {first: 1, last: 1, step: 1}, "mset": {first: 1, last: -1, step: 2},
+		"object": {}, "object|encoding": {first: 2, last: 2, step: 1}, "publish": {},
+		"sort": {first: 1, last: 1, step: 1, movable: true}, "somemodule": {first: 1, last: 1, step: 1, movable: true},
+	}
+	r.specs.Store(&ks)
+	for _, tc := range []struct {
+		args string
+		want string // "" allowed, "deny", "key", "script"
+	}{
+		{"SET a lp:value", ""},
+		{"SET lp:a v", "key"},
+		{"MSET a 1 lp:b 2", "key"},
+		{"MSET a lp:1 b lp:2", ""},
+		{"OBJECT ENCODING lp:a", "key"},
+		{"OBJECT ENCODING a", ""},
+		{"PUBLISH lp:chan m", ""},
+		{"EVAL return 2 a lp:b", "key"},
+		{"EVAL return 1 a lp:b", ""},
+		{"EVAL redis.call('del','lp:x') 0", "script"},
+		{"SCRIPT LOAD redis.call('del','lp:x')", "script"},
+		{"SORT a STORE lp:d", "key"},
+		{"XREADGROUP GROUP g c STREAMS s lp:s 0 0", "key"},
+		{"XREADGROUP GROUP g c STREAMS s t 0 lp:0", ""},
+		{"SOMEMODULE x lp:y", "key"},
+		{"UNKNOWNCMD lp:x", "key"},
+		{"FLUSHALL", "deny"},
+		{"CLIENT KILL ID 1", "deny"},
+		{"client kill id 1", "deny"},
+		{"CLIENT LIST", ""},
+	} {
+		args := strings.Fields(tc.args)
+		if strings.HasPrefix(tc.args, "EVAL redis") || strings.HasPrefix(tc.args, "SCRIPT LOAD") {
+			i := strings.Index(tc.args, "redis.call")
+			j := strings.LastIndex(tc.args, ")") + 1
+			args = append(strings.Fields(tc.args[:i]), tc.args[i:j])
+			args = append(args, strings.Fields(tc.args[j:])...)
+		}
+		var b [][]byte
+		for _, a := range args {
+			b = append(b, []byte(a))
+		}
+		err := r.Check([]byte(lower(args[0])), b)
+		got := ""
+		switch e := err.(type) {
+		case *DeniedError:
+			got = "deny"
+		case *ReservedError:
+			got = "key"
+			if e.Script {
+				got = "script"
+			}
+		}
+		if got != tc.want {
+			t.Errorf("Check(%s) = %v; want %q", tc.args, err, tc.want)
+		}
+	}
+}

@@ -1,0 +1,301 @@
+package relay
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// keySpec is where a command's keys are, from the upstream's COMMAND.
+type keySpec struct {
+	first, last, step int
+	movable           bool
+}
+
+type keySpecs map[string]keySpec
+
+// parseSpecs reads the reply to COMMAND; nil when it is not one.
+func parseSpecs(f []byte) *keySpecs {
+	_, entries, ok := elements(f)
+	if !ok || len(entries) == 0 {
+		return nil
+	}
+	ks := keySpecs{}
+	var add func(e []byte)
+	add = func(e []byte) {
+		_, el, ok := elements(e)
+		if !ok || len(el) < 6 {
+			return
+		}
+		name, ok := str(el[0])
+		if !ok {
+			return
+		}
+		var s keySpec
+		if _, flags, ok := elements(el[2]); ok {
+			for _, fl := range flags {
+				if v, _ := str(fl); string(v) == "movablekeys" {
+					s.movable = true
+				}
+			}
+		}
+		a, _ := integer(el[3])
+		b, _ := integer(el[4])
+		c, _ := integer(el[5])
+		s.first, s.last, s.step = int(a), int(b), int(c)
+		ks[lower(string(name))] = s
+		if len(el) >= 10 {
+			if _, subs, ok := elements(el[9]); ok {
+				for _, sub := range subs {
+					add(sub)
+				}
+			}
+		}
+	}
+	for _, e := range entries {
+		add(e)
+	}
+	return &ks
+}
+
+// DeniedError is a command refused by upstream.deny_commands.
+type DeniedError struct{ Name string }
+
+func (e *DeniedError) Error() string {
+	return fmt.Sprintf("ERR '%s' is denied by lockproxy (upstream.deny_commands)", e.Name)
+}
+
+// ReservedError is a command that would touch lockproxy's lock keys.
+type ReservedError struct {
+	Key    string
+	Prefix string
+	Script bool
+}
+
+func (e *ReservedError) Error() string {
+	if e.Script {
+		return fmt.Sprintf("ERR script names the key prefix '%s', which is reserved for lockproxy's locks", e.Prefix)
+	}
+	return fmt.Sprintf("ERR key '%s' is reserved for lockproxy's locks (prefix '%s'); relayed commands may not touch it", clip(e.Key), e.Prefix)
+}
+
+func clip(s string) string {
+	if len(s) > 128 {
+		s = s[:128] + "..."
+	}
+	return strings.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' {
+			return ' '
+		}
+		return r
+	}, s)
+}
+
+// Check returns a *DeniedError or *ReservedError when args may not be
+// relayed, else nil. name is the lower-case command name. It allocates
+// nothing for a command that passes (the relay's hot path).
+func (r *Relay) Check(name []byte, args [][]byte) error {
+	if r.deny[string(name)] {
+		return &DeniedError{Name: string(name)}
+	}
+	if subs := r.denySub[string(name)]; subs != nil && len(args) > 1 {
+		var buf [32]byte
+		if sub := lowerInto(buf[:0], args[1]); subs[string(sub)] {
+			return &DeniedError{Name: string(name) + "|" + string(sub)}
+		}
+	}
+	if len(r.prefix) == 0 {
+		return nil
+	}
+	if r.specs.Load() == nil {
+		// The key positions come with the first connection's handshake;
+		// dial one now (or fail fast in a backoff) rather than check every
+		// argument as a key.
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DialTimeout)
+		_, _ = r.shared[0].get(ctx, 0)
+		cancel()
+	}
+	if bad := r.reservedKey(string(name), args); bad != nil {
+		return &ReservedError{Key: string(bad), Prefix: r.cfg.KeyPrefix}
+	}
+	if body := scriptBody(string(name), args); body != nil && bytes.Contains(body, r.prefix) {
+		return &ReservedError{Prefix: r.cfg.KeyPrefix, Script: true}
+	}
+	return nil
+}
+
+func lowerInto(b []byte, s []byte) []byte {
+	for _, c := range s {
+		if c >= 'A' && c <= 'Z' {
+			c += 32
+		}
+		b = append(b, c)
+	}
+	return b
+}
+
+// scriptBody is the Lua or function source a command carries.
+func scriptBody(name string, args [][]byte) []byte {
+	switch name {
+	case "eval", "eval_ro":
+		if len(args) > 1 {
+			return args[1]
+		}
+	case "script", "function":
+		if len(args) > 2 && (bytes.EqualFold(args[1], []byte("load"))) {
+			return args[len(args)-1]
+		}
+	}
+	return nil
+}
+
+// reservedKey returns the first key of the command under the lock prefix,
+// or nil. An unknown command, or one whose keys move and that is not
+// special-cased here, has every argument checked: a false alarm on a value
+// beats a missed key.
+func (r *Relay) reservedKey(name string, args [][]byte) []byte {
+	span := func(from, n int) []byte {
+		for i := from; i < from+n && i < len(args); i++ {
+			if bytes.HasPrefix(args[i], r.prefix) {
+				return args[i]
+			}
+		}
+		return nil
+	}
+	numkeys := func(at int) int {
+		if at >= len(args) {
+			return 0
+		}
+		n, err := strconv.Atoi(string(args[at]))
+		if err != nil || n < 0 {
+			return len(args)
+		}
+		return n
+	}
+	after := func(word string) []byte {
+		for i := 1; i+1 < len(args); i++ {
+			if bytes.EqualFold(args[i], []byte(word)) && bytes.HasPrefix(args[i+1], r.prefix) {
+				return args[i+1]
+			}
+		}
+		return nil
+	}
+	first := func(b ...[]byte) []byte {
+		for _, k := range b {
+			if k != nil {
+				return k
+			}
+		}
+		return nil
+	}
+	switch name {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+		return span(3, numkeys(2))
+	case "zunionstore", "zinterstore", "zdiffstore":
+		return first(span(1, 1), span(3, numkeys(2)))
+	case "zunion", "zinter", "zdiff", "zintercard", "sintercard", "lmpop", "zmpop":
+		return span(2, numkeys(1))
+	case "blmpop", "bzmpop":
+		return span(3, numkeys(2))
+	case "xread", "xreadgroup":
+		for i := 1; i < len(args); i++ {
+			if bytes.EqualFold(args[i], []byte("streams")) {
+				rest := len(args) - i - 1
+				return span(i+1, rest/2+rest%2)
+			}
+		}
+		return nil
+	case "sort", "sort_ro":
+		return first(span(1, 1), after("store"))
+	case "georadius", "georadiusbymember":
+		return first(span(1, 1), after("store"), after("storedist"))
+	case "migrate":
+		k := span(3, 1)
+		for i := 1; i < len(args) && k == nil; i++ {
+			if bytes.EqualFold(args[i], []byte("keys")) {
+				k = span(i+1, len(args))
+			}
+		}
+		return k
+	}
+	all := func() []byte { return span(1, len(args)) }
+	specs := r.specs.Load()
+	if specs == nil {
+		return all()
+	}
+	s, ok := (*specs)[name]
+	if ok && s.first == 0 && !s.movable && len(args) > 1 {
+		// A container (OBJECT, XINFO, …): its subcommand knows the keys.
+		var buf [64]byte
+		sub := append(append(append(buf[:0], name...), '|'), lowerInto(nil, args[1])...)
+		if sp, ok2 := (*specs)[string(sub)]; ok2 {
+			s = sp
+		}
+	}
+	switch {
+	case !ok, s.movable:
+		return all()
+	case s.first <= 0:
+		return nil
+	}
+	last := s.last
+	if last < 0 {
+		last = len(args) + last
+	}
+	step := max(s.step, 1)
+	for i := s.first; i <= last && i < len(args); i += step {
+		if bytes.HasPrefix(args[i], r.prefix) {
+			return args[i]
+		}
+	}
+	return nil
+}
+
+// FilterKeys removes lock keys from a KEYS reply (an array of names) or a
+// SCAN reply ([cursor, names]). Other replies (errors) pass unchanged.
+func (r *Relay) FilterKeys(reply []byte, scan bool) []byte {
+	prefix := []byte(r.cfg.KeyPrefix)
+	if len(prefix) == 0 {
+		return reply
+	}
+	t, el, ok := elements(reply)
+	if !ok {
+		return reply
+	}
+	names := el
+	var head []byte
+	if scan {
+		if len(el) != 2 {
+			return reply
+		}
+		head = el[0]
+		var ok2 bool
+		if t, names, ok2 = elements(el[1]); !ok2 {
+			return reply
+		}
+	}
+	kept := names[:0:0]
+	for _, n := range names {
+		if s, ok := str(n); ok && bytes.HasPrefix(s, prefix) {
+			continue
+		}
+		kept = append(kept, n)
+	}
+	if len(kept) == len(names) {
+		return reply
+	}
+	var out []byte
+	if scan {
+		out = append(out, '*', '2', '\r', '\n')
+		out = append(out, head...)
+	}
+	out = append(out, t)
+	out = strconv.AppendInt(out, int64(len(kept)), 10)
+	out = append(out, '\r', '\n')
+	for _, k := range kept {
+		out = append(out, k...)
+	}
+	return out
+}

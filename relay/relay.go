@@ -1,0 +1,509 @@
+package relay
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+)
+
+// Config configures the relay.
+type Config struct {
+	Addr     string // host:port of the upstream Redis
+	Username string // ACL user; "" with a Password means AUTH password
+	Password string
+	// PoolSize is the number of shared connections per protocol, and the
+	// most idle connections kept for pinning.
+	PoolSize    int
+	DialTimeout time.Duration
+	// ReadTimeout bounds the wait for a reply (blocking commands aside);
+	// the connection is dropped when it passes. 0: no bound.
+	ReadTimeout time.Duration
+	// Deny lists commands ("flushall") and subcommands ("client|kill")
+	// refused with an error instead of relayed.
+	Deny []string
+	// KeyPrefix is the lock key prefix: relayed commands may not touch keys
+	// that start with it. "" disables the check.
+	KeyPrefix string
+	Logger    *zap.Logger
+}
+
+// Relay relays commands to one upstream Redis.
+type Relay struct {
+	cfg     Config
+	log     *zap.Logger
+	shared  [2]*pool // RESP2, RESP3
+	specs   atomic.Pointer[keySpecs]
+	deny    map[string]bool            // commands
+	denySub map[string]map[string]bool // command → subcommands
+	prefix  []byte
+
+	mu     sync.Mutex
+	idle   [2][]*upConn // clean connections kept for pinning
+	closed bool
+	pinned map[*upConn]struct{}
+}
+
+// New returns a Relay; it dials lazily, on the first command.
+func New(cfg Config) *Relay {
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	if cfg.PoolSize <= 0 {
+		cfg.PoolSize = 4
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = time.Second
+	}
+	r := &Relay{cfg: cfg, log: cfg.Logger, deny: map[string]bool{}, denySub: map[string]map[string]bool{},
+		pinned: map[*upConn]struct{}{}, prefix: []byte(cfg.KeyPrefix)}
+	for _, d := range cfg.Deny {
+		if name, sub, ok := strings.Cut(lower(d), "|"); ok {
+			if r.denySub[name] == nil {
+				r.denySub[name] = map[string]bool{}
+			}
+			r.denySub[name][sub] = true
+		} else {
+			r.deny[name] = true
+		}
+	}
+	for i := range r.shared {
+		r.shared[i] = &pool{r: r, proto: i + 2, slots: make([]slot, cfg.PoolSize)}
+	}
+	return r
+}
+
+// Addr is the upstream's address.
+func (r *Relay) Addr() string { return r.cfg.Addr }
+
+// Close drops every upstream connection; calls still waiting get an error.
+func (r *Relay) Close() {
+	r.mu.Lock()
+	r.closed = true
+	var all []*upConn
+	for i := range r.idle {
+		all = append(all, r.idle[i]...)
+		r.idle[i] = nil
+	}
+	for c := range r.pinned {
+		all = append(all, c)
+	}
+	r.mu.Unlock()
+	for _, p := range r.shared {
+		all = append(all, p.drain()...)
+	}
+	for _, c := range all {
+		c.close()
+	}
+}
+
+func (r *Relay) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+// Backoff bounds between reconnection attempts to a failed upstream; while
+// one runs, commands fail at once with the last dial error.
+const (
+	minBackoff = 50 * time.Millisecond
+	maxBackoff = 2 * time.Second
+)
+
+type pool struct {
+	r     *Relay
+	proto int
+	slots []slot
+}
+
+type slot struct {
+	mu       sync.Mutex
+	c        *upConn
+	lastErr  error
+	backoff  time.Duration
+	retryAt  time.Time
+	dialling bool
+}
+
+func (p *pool) drain() []*upConn {
+	var out []*upConn
+	for i := range p.slots {
+		s := &p.slots[i]
+		s.mu.Lock()
+		if s.c != nil {
+			out = append(out, s.c)
+			s.c = nil
+		}
+		s.mu.Unlock()
+	}
+	return out
+}
+
+// get returns slot i's connection, dialing it when there is none or it
+// failed, unless a backoff after a failed dial is running.
+func (p *pool) get(ctx context.Context, i int) (*upConn, error) {
+	s := &p.slots[i%len(p.slots)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.c != nil && s.c.failed() == nil {
+		return s.c, nil
+	}
+	if p.r.isClosed() {
+		return nil, errClosed
+	}
+	now := time.Now()
+	if s.lastErr != nil && now.Before(s.retryAt) {
+		return nil, s.lastErr
+	}
+	c, err := p.r.dial(ctx, p.proto, 0, nil, nil)
+	if err != nil {
+		s.backoff = min(max(2*s.backoff, minBackoff), maxBackoff)
+		s.retryAt = now.Add(s.backoff)
+		s.lastErr = err
+		return nil, err
+	}
+	s.c, s.lastErr, s.backoff = c, nil, 0
+	return c, nil
+}
+
+// dial opens an upstream connection in protocol proto, authenticated and
+// with database db selected, and starts its reader.
+func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
+	d := net.Dialer{Timeout: r.cfg.DialTimeout}
+	nc, err := d.DialContext(ctx, "tcp", r.cfg.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", r.cfg.Addr, err)
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		_ = tc.SetNoDelay(true)
+	}
+	c := newUpConn(nc, proto, db, r.cfg.ReadTimeout)
+	c.setHooks(push, lost)
+	var hs [][][]byte
+	switch {
+	case proto == 3 && r.cfg.Password != "":
+		user := r.cfg.Username
+		if user == "" {
+			user = "default"
+		}
+		hs = append(hs, [][]byte{[]byte("HELLO"), []byte("3"), []byte("AUTH"), []byte(user), []byte(r.cfg.Password)})
+	case proto == 3:
+		hs = append(hs, [][]byte{[]byte("HELLO"), []byte("3")})
+	case r.cfg.Username != "":
+		hs = append(hs, [][]byte{[]byte("AUTH"), []byte(r.cfg.Username), []byte(r.cfg.Password)})
+	case r.cfg.Password != "":
+		hs = append(hs, [][]byte{[]byte("AUTH"), []byte(r.cfg.Password)})
+	}
+	if db != 0 {
+		hs = append(hs, [][]byte{[]byte("SELECT"), []byte(strconv.Itoa(db))})
+	}
+	loadSpecs := r.specs.Load() == nil
+	if loadSpecs {
+		hs = append(hs, [][]byte{[]byte("COMMAND")})
+	}
+	if len(hs) > 0 {
+		var req []byte
+		for _, a := range hs {
+			req = appendCommand(req, a)
+		}
+		deadline := time.Now().Add(max(r.cfg.DialTimeout, 5*time.Second))
+		_ = nc.SetDeadline(deadline)
+		if _, err := nc.Write(req); err != nil {
+			nc.Close()
+			return nil, fmt.Errorf("handshake with %s: %w", r.cfg.Addr, err)
+		}
+		for i := range hs {
+			f, err := c.next()
+			if err != nil {
+				nc.Close()
+				return nil, fmt.Errorf("handshake with %s: %w", r.cfg.Addr, err)
+			}
+			if f[0] == '-' {
+				nc.Close()
+				msg, _ := str(f)
+				return nil, fmt.Errorf("%s %s: %s", r.cfg.Addr, lower(string(hs[i][0])), msg)
+			}
+			if loadSpecs && i == len(hs)-1 {
+				if ks := parseSpecs(f); ks != nil {
+					r.specs.CompareAndSwap(nil, ks)
+				}
+			}
+		}
+		_ = nc.SetDeadline(time.Time{})
+	}
+	go c.readLoop()
+	return c, nil
+}
+
+// setHooks sets what a pinned connection does with out-of-band frames and
+// when it fails; nil, nil for an idle one.
+func (c *upConn) setHooks(push func([]byte), lost func()) {
+	if push == nil {
+		c.push.Store(nil)
+	} else {
+		c.push.Store(&push)
+	}
+	if lost == nil {
+		c.lost.Store(nil)
+	} else {
+		c.lost.Store(&lost)
+	}
+}
+
+// takePinned returns a connection of the client's own: an idle clean one,
+// or a new one.
+func (r *Relay) takePinned(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		return nil, errClosed
+	}
+	if db == 0 {
+		l := r.idle[proto-2]
+		for len(l) > 0 {
+			c := l[len(l)-1]
+			l = l[:len(l)-1]
+			if c.failed() == nil {
+				r.idle[proto-2] = l
+				c.setHooks(push, lost)
+				r.pinned[c] = struct{}{}
+				r.mu.Unlock()
+				return c, nil
+			}
+		}
+		r.idle[proto-2] = l
+	}
+	r.mu.Unlock()
+	c, err := r.dial(ctx, proto, db, push, lost)
+	if err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		c.close()
+		return nil, errClosed
+	}
+	r.pinned[c] = struct{}{}
+	return c, nil
+}
+
+// release takes back a pinned connection: kept for the next client when its
+// state is clean, else closed.
+func (r *Relay) release(c *upConn, clean bool) {
+	r.mu.Lock()
+	delete(r.pinned, c)
+	keep := clean && !r.closed && c.db == 0 && !c.tunnel.Load() && c.failed() == nil &&
+		len(r.idle[c.proto-2]) < r.cfg.PoolSize
+	if keep {
+		c.setHooks(nil, nil)
+		r.idle[c.proto-2] = append(r.idle[c.proto-2], c)
+	}
+	r.mu.Unlock()
+	if !keep {
+		c.close()
+	}
+}
+
+// Pipe is one client connection's way to the upstream: requests added
+// during a batch go out together on Collect, on the client's shared
+// connection or on its pinned one. A Pipe belongs to one goroutine.
+type Pipe struct {
+	r     *Relay
+	id    int
+	push  func([]byte)
+	lost  func()
+	out   []byte
+	n     int
+	cl    *call
+	pin   *upConn
+	proto int // of the pinned connection
+	gone  bool
+}
+
+// NewPipe returns a Pipe for a client; id spreads clients over the shared
+// connections; push writes out-of-band frames (pub/sub messages, RESP3
+// pushes) to the client; lost runs, on another goroutine, when a pinned
+// connection fails and the client's state on it with it.
+func (r *Relay) NewPipe(id int64, push func([]byte), lost func()) *Pipe {
+	return &Pipe{r: r, id: int(id % int64(r.cfg.PoolSize)), push: push, lost: lost, cl: newCall()}
+}
+
+// Add queues one command for the next Collect.
+func (p *Pipe) Add(args [][]byte) {
+	p.out = appendCommand(p.out, args)
+	p.n++
+}
+
+// Pending is the number of commands added since the last Collect.
+func (p *Pipe) Pending() int { return p.n }
+
+// Pinned tells whether the client has a connection of its own.
+func (p *Pipe) Pinned() bool { return p.pin != nil }
+
+// Collect sends the queued commands and returns their replies, one frame
+// each, in order; a command that could not be relayed gets an
+// "-ERR upstream unavailable" reply in its place. The bytes are valid until
+// the next call. timed is false for blocking commands: no read timeout.
+// When ctx ends first, the replies are abandoned (a pinned connection is
+// closed, since its state is unknown) and ctx's error is returned.
+func (p *Pipe) Collect(ctx context.Context, proto int, timed bool) ([]byte, error) {
+	n := p.n
+	if n == 0 {
+		return nil, nil
+	}
+	req := p.out
+	p.out, p.n = p.out[:0], 0
+	cl := p.cl
+	cl.buf, cl.n = cl.buf[:0], n
+	c := p.pin
+	var err error
+	if c == nil {
+		c, err = p.r.shared[proto-2].get(ctx, p.id)
+	}
+	if err == nil {
+		err = c.send(req, cl, timed)
+	}
+	if err != nil {
+		for ; cl.n > 0; cl.n-- {
+			cl.buf = appendError(cl.buf, unavailable(err))
+		}
+		p.checkPin()
+		return cl.buf, nil
+	}
+	select {
+	case <-cl.done:
+		p.checkPin()
+		return cl.buf, nil
+	case <-ctx.Done():
+		p.cl = newCall() // the reader may still fill the old one
+		if p.pin != nil {
+			p.Unpin(false)
+		}
+		return nil, ctx.Err()
+	}
+}
+
+// checkPin lets go of a pinned connection that failed: its state (a
+// transaction, subscriptions) is gone with it.
+func (p *Pipe) checkPin() {
+	if p.pin != nil && p.pin.failed() != nil {
+		p.Unpin(false)
+		p.gone = true
+	}
+}
+
+// Lost reports, once, that the pinned connection failed since the last
+// call, and with it the state the client had upstream.
+func (p *Pipe) Lost() bool {
+	l := p.gone
+	p.gone = false
+	return l
+}
+
+// Pin gives the client a connection of its own in protocol proto with
+// database db selected. Collect first: queued commands go to the
+// connection they were meant for.
+func (p *Pipe) Pin(ctx context.Context, proto, db int) error {
+	if p.pin != nil {
+		return nil
+	}
+	c, err := p.r.takePinned(ctx, proto, db, p.push, p.lost)
+	if err != nil {
+		return err
+	}
+	p.pin, p.proto = c, proto
+	return nil
+}
+
+// Unpin gives the pinned connection back; clean says its state is as new
+// (no transaction, watch, subscription or database other than 0).
+func (p *Pipe) Unpin(clean bool) {
+	if p.pin == nil {
+		return
+	}
+	c := p.pin
+	p.pin = nil
+	p.r.release(c, clean)
+}
+
+// SetPinnedDB records a SELECT that succeeded on the pinned connection.
+func (p *Pipe) SetPinnedDB(db int) {
+	if p.pin != nil {
+		p.pin.db = db
+	}
+}
+
+// Tunnel sends one command on the pinned connection in tunnel mode: every
+// frame the connection receives from now on goes to the client's push
+// function, in order, until EndTunnel finds the mode over.
+func (p *Pipe) Tunnel(args [][]byte) error {
+	if p.pin == nil {
+		return errors.New("relay: tunnel needs a pinned connection")
+	}
+	p.pin.tunnel.Store(true)
+	return p.pin.send(appendCommand(nil, args), nil, false)
+}
+
+// Tunneling tells whether the pinned connection is in tunnel mode.
+func (p *Pipe) Tunneling() bool { return p.pin != nil && p.pin.tunnel.Load() }
+
+// EndTunnel asks, after an UNSUBSCRIBE, whether any subscription is left:
+// a PING carrying a random marker follows the commands sent, and its reply
+// comes after theirs. It reports whether the connection left tunnel mode.
+func (p *Pipe) EndTunnel(ctx context.Context) (bool, error) {
+	c := p.pin
+	if c == nil || !c.tunnel.Load() {
+		return true, nil
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	marker := []byte("lockproxy-marker-" + hex.EncodeToString(b[:]))
+	c.mu.Lock()
+	c.marker = marker
+	c.mu.Unlock()
+	select {
+	case <-c.markerDone: // a stale answer from a connection that failed
+	default:
+	}
+	if err := c.send(appendCommand(nil, [][]byte{[]byte("PING"), marker}), nil, false); err != nil {
+		return false, err
+	}
+	t := time.NewTimer(max(p.r.cfg.ReadTimeout, 5*time.Second))
+	defer t.Stop()
+	select {
+	case ended := <-c.markerDone:
+		if err := c.failed(); err != nil {
+			return false, err
+		}
+		return ended, nil
+	case <-t.C:
+		p.Unpin(false)
+		return false, errors.New("relay: no answer to the marker PING")
+	case <-ctx.Done():
+		p.Unpin(false)
+		return false, ctx.Err()
+	}
+}
+
+// Close gives up the client's pinned connection, closing it.
+func (p *Pipe) Close() { p.Unpin(false) }
+
+func lower(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c >= 'A' && c <= 'Z' {
+			b[i] = c + 32
+		}
+	}
+	return string(b)
+}
