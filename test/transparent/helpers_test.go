@@ -33,7 +33,7 @@ type env struct {
 	proc   *harness.Proc
 }
 
-func start(t testing.TB) *env {
+func start(t testing.TB, extraArgs ...string) *env {
 	t.Helper()
 	e := &env{nodes: harness.StartRedisN(t, 3, harness.RedisOptions{})}
 	for _, n := range e.nodes {
@@ -45,6 +45,7 @@ func start(t testing.TB) *env {
 	for _, p := range patterns {
 		args = append(args, "--lock-pattern", p)
 	}
+	args = append(args, extraArgs...)
 	cmd := exec.Command(bin, args...)
 	// Node timeouts of up to 1 s (default: TTL × 0.05, at most 250 ms): the
 	// test machine has two shared cores, often at a load average above

@@ -1,0 +1,71 @@
+package transparent
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// TestWithUpstream: transparent mode and the drop-in relay together. Lock
+// keys go to the nodes and never to the upstream, other keys to the
+// upstream and never to the nodes; in one pipeline mixing both, every
+// reply comes back in order; inside MULTI a lock-key command is refused
+// and the transaction aborts, as Redis does for a bad command.
+func TestWithUpstream(t *testing.T) {
+	t.Parallel()
+	up := harness.StartRedis(t, harness.RedisOptions{})
+	e := start(t, "--upstream", up.Addr)
+	c := e.client(t)
+	upc := up.Client(t)
+	ctx := ctxFor(t, 30*time.Second)
+
+	cmds, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "plain:a", "1", 0)
+		p.SetNX(ctx, "lock:x", "tok", 5*time.Second)
+		p.Get(ctx, "plain:a")
+		p.Get(ctx, "lock:x")
+		p.Incr(ctx, "plain:n")
+		p.Del(ctx, "lock:x")
+		return nil
+	})
+	if err != nil {
+		t.Fatalf("pipeline: %v", err)
+	}
+	var got []string
+	for _, cmd := range cmds {
+		got = append(got, cmd.String())
+	}
+	want := []string{"set plain:a 1: OK", "set lock:x tok ex 5 nx: true", "get plain:a: 1", "get lock:x: tok", "incr plain:n: 1", "del lock:x: 1"}
+	for i := range want {
+		if i >= len(got) || got[i] != want[i] {
+			t.Fatalf("pipeline replies %q; want %q", got, want)
+		}
+	}
+	if n, _ := upc.Exists(ctx, "lock:x", keyPrefix+"lock:lock:x").Result(); n != 0 {
+		t.Errorf("the upstream has %d lock keys; want none", n)
+	}
+	for i, d := range e.direct {
+		if n, _ := d.Exists(ctx, "plain:a", "plain:n").Result(); n != 0 {
+			t.Errorf("node %d has %d plain keys; want none", i, n)
+		}
+	}
+	if v, _ := upc.Get(ctx, "plain:a").Result(); v != "1" {
+		t.Errorf("upstream plain:a = %q; want 1", v)
+	}
+
+	_, err = c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "plain:b", "1", 0)
+		p.SetNX(ctx, "lock:y", "tok", 5*time.Second)
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "EXECABORT") && !strings.Contains(err.Error(), "not allowed inside MULTI") {
+		t.Errorf("MULTI with a lock-key SET = %v; want the lock-key command refused and EXECABORT", err)
+	}
+	if n, _ := upc.Exists(ctx, "plain:b").Result(); n != 0 {
+		t.Errorf("the aborted transaction's plain:b exists on the upstream")
+	}
+}
