@@ -39,6 +39,11 @@ type Fanout interface {
 	// corresponding one of values (compare-and-delete): the roll-back of a
 	// write that did not reach a majority.
 	Undo(ctx context.Context, node int, keys, values []string) error
+	// Fence gives an acquisition made by a script a fence, as LOCK's
+	// grants have: the key slot's counter is incremented on the nodes
+	// that granted, and the highest is stored with the hold on each of
+	// them (while token still holds key there). It returns that fence.
+	Fence(ctx context.Context, nodes []int, key, token string) (uint64, error)
 	// Drift is the clock-drift allowance for a lease of ttl.
 	Drift(ttl time.Duration) time.Duration
 }

@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"go.uber.org/zap"
+
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
 	"github.com/lockproxy/lockproxy/resp"
@@ -427,6 +429,15 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		if len(d.undo) > 0 {
 			h.undo(s.Context(), ks, d.undo)
 		}
+		// A script that acquired gets a fence, as a LOCK would: LOCKINFO
+		// shows it, and the next grant of the key gets a higher one.
+		for j, v := range d.written {
+			if v != nil && len(d.holders) > 0 {
+				if _, err := h.fanout.Fence(context.WithoutCancel(s.Context()), d.holders, ks[j], *v); err != nil {
+					h.log.Warn("transparent mode: fencing a script's acquisition failed", zap.Error(err))
+				}
+			}
+		}
 		h.tReply(s, name, d.reply, d.err)
 	})
 	return true
@@ -676,6 +687,10 @@ type scriptDecision struct {
 	// undo lists, per node, the value to compare-and-delete for each key
 	// ("" for none).
 	undo map[int][]string
+	// holders and written, for an acquisition that stands: the nodes that
+	// hold it and, per key, the value the script wrote (nil: none).
+	holders []int
+	written []*string
 }
 
 // decideScript applies the acquisition rule to a script's replies (see the
@@ -744,7 +759,7 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 		}
 		v, err := agree(hr, total)
 		if err == nil && validLease(leases, need, elapsed, drift) {
-			return scriptDecision{reply: v}
+			return scriptDecision{reply: v, holders: holders, written: written}
 		}
 	}
 	// Not acquired: roll back every write of this script, and on the

@@ -164,6 +164,7 @@ func (b *fanoutBackend) RunScript(_ context.Context, body string, keys, argv []s
 	return b.replies
 }
 func (b *fanoutBackend) Undo(context.Context, int, []string, []string) error { return nil }
+func (b *fanoutBackend) Fence(context.Context, []int, string, string) (uint64, error) { return 1, nil }
 func (b *fanoutBackend) Drift(time.Duration) time.Duration                   { return 0 }
 
 // TestTransparentDispatch: which commands transparent mode takes, what

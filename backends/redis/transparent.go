@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strconv"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -143,6 +145,46 @@ func (b *Backend) Undo(ctx context.Context, node int, keys, values []string) err
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// Fence implements backends.Fanout.
+func (b *Backend) Fence(ctx context.Context, nodes []int, key, token string) (uint64, error) {
+	ctx, cancel := context.WithTimeout(ctx, b.fanoutTimeout())
+	defer cancel()
+	field := strconv.Itoa(int(slot(key)))
+	counters := make([]int64, len(nodes))
+	errs := make([]error, len(nodes))
+	var wg sync.WaitGroup
+	for i, idx := range nodes {
+		if idx < 0 || idx >= len(b.nodes) {
+			return 0, fmt.Errorf("redis: no node %d", idx)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			n := b.nodes[idx]
+			counters[i], errs[i] = n.client.HIncrBy(ctx, n.fenceKey, field, 1).Result()
+		}()
+	}
+	wg.Wait()
+	var fence int64
+	for i, c := range counters {
+		if errs[i] == nil {
+			fence = max(fence, c)
+		}
+	}
+	if fence == 0 {
+		return 0, fmt.Errorf("redis: fence for a script acquisition: %w", errors.Join(errs...))
+	}
+	for i, idx := range nodes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, errs[i] = b.nodes[idx].RaiseFence(ctx, key, token, uint64(fence))
+		}()
+	}
+	wg.Wait()
+	return uint64(fence), errors.Join(errs...)
 }
 
 // each runs do on every node at once and waits for all of them, each
