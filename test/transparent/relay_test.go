@@ -69,3 +69,52 @@ func TestWithUpstream(t *testing.T) {
 		t.Errorf("the aborted transaction's plain:b exists on the upstream")
 	}
 }
+
+// TestFenceThroughLockInfo: acquisitions in transparent mode get fences
+// like LOCK's, shown by LOCKINFO: SET NX PX and a script that sets the key
+// (as bsm/redislock's obtain does), each above the grant before.
+func TestFenceThroughLockInfo(t *testing.T) {
+	t.Parallel()
+	e := start(t)
+	c := redis.NewClient(&redis.Options{Addr: e.addr, Protocol: 2}) // LOCKINFO as a flat array
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := ctxFor(t, 30*time.Second)
+	fence := func(key, tok string) int64 {
+		t.Helper()
+		v, err := c.Do(ctx, "LOCKINFO", key, "TOKEN", tok).Slice()
+		if err != nil {
+			t.Fatalf("LOCKINFO %s: %v", key, err)
+		}
+		for i := 0; i+1 < len(v); i += 2 {
+			if v[i] == "fence" {
+				f, _ := v[i+1].(int64)
+				return f
+			}
+		}
+		t.Fatalf("LOCKINFO %s = %v: no fence", key, v)
+		return 0
+	}
+	g, err := c.Do(ctx, "LOCK", "lock:f", "PX", 100).Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := g[5].(int64)
+	time.Sleep(200 * time.Millisecond)
+	if ok, err := c.SetNX(ctx, "lock:f", "a", 5*time.Second).Result(); !ok || err != nil {
+		t.Fatalf("SET NX PX = %v, %v", ok, err)
+	}
+	second := fence("lock:f", "a")
+	if second <= first {
+		t.Errorf("SET NX PX's fence %d; want above the LOCK's %d", second, first)
+	}
+	if n, _ := c.Del(ctx, "lock:f").Result(); n != 1 {
+		t.Fatalf("DEL = %d", n)
+	}
+	script := "return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', 5000)"
+	if v, err := c.Eval(ctx, script, []string{"lock:f"}, "b").Result(); err != nil || v != "OK" {
+		t.Fatalf("script acquisition = %v, %v", v, err)
+	}
+	if third := fence("lock:f", "b"); third <= second {
+		t.Errorf("script acquisition's fence %d; want above SET NX PX's %d", third, second)
+	}
+}
