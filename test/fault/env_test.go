@@ -50,7 +50,10 @@ func ctxFor(t testing.TB, d time.Duration) context.Context {
 type proxy struct {
 	t    *testing.T
 	addr string
-	args []string
+	// admin is the HTTP admin listener (/metrics, /debug/pprof/), on
+	// which the rows read goroutine counts and memory.
+	admin string
+	args  []string
 	// environ, if set, is added to lockproxy's environment.
 	environ []string
 
@@ -58,14 +61,15 @@ type proxy struct {
 	procs []*harness.Proc
 }
 
-// startProxy starts lockproxy in front of nodes on a free port (no admin
-// listener, warnings only) and waits until it accepts connections;
-// environ (LOCKPROXY_…=…) is added to its environment.
+// startProxy starts lockproxy in front of nodes on a free port (admin
+// listener on another, warnings only) and waits until it accepts
+// connections; environ (LOCKPROXY_…=…) is added to its environment.
 func startProxy(t *testing.T, nodes []string, environ ...string) *proxy {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
-	p := &proxy{t: t, addr: addr, environ: environ, args: []string{
-		"--listen", addr, "--admin", "", "--nodes", strings.Join(nodes, ","), "--log-level", "warn",
+	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	p := &proxy{t: t, addr: addr, admin: admin, environ: environ, args: []string{
+		"--listen", addr, "--admin", admin, "--nodes", strings.Join(nodes, ","), "--log-level", "warn",
 	}}
 	p.start()
 	return p

@@ -95,19 +95,12 @@ const (
 // linkRow is one network-fault row.
 type linkRow struct {
 	name string
-	keys int
 	// environ for the lockproxy instances.
 	environ []string
 	// fault injects, waits, runs its own scenarios, and returns the fault
 	// events; the runner heals every link afterwards.
-	fault func(t *testing.T, e *linkEnv, out *rowNotes) int
-	// progress: a majority stays reachable, so clients (of every instance
-	// but cutOff) must get grants during the fault.
-	progress bool
-	cutOff   int // instance cut off from the majority, or -1
-	// overlapExpected: the row breaks RedLock's assumptions on purpose
-	// (documents them); violations are logged, not failed.
-	overlapExpected bool
+	fault  func(t *testing.T, e *linkEnv, out *rowNotes) int
+	expect expect
 	// after runs extra checks once the workload ended.
 	after func(t *testing.T, e *linkEnv, windows []faultWindow, gs []Grant)
 }
@@ -118,6 +111,9 @@ type rowNotes struct {
 	notes []string
 	// cutAt is when a fault that started late in its row began.
 	cutAt time.Duration
+	// windows, if set, are the row's fault windows (it healed between
+	// them), instead of one from cutAt or the row's start to its end.
+	windows []faultWindow
 }
 
 // faultWindow is when one injection of a row's fault was on.
@@ -162,23 +158,19 @@ func sleepFault(e *linkEnv, from time.Duration) {
 var linkRows = []linkRow{
 	{
 		name: "minority-partitioned",
-		keys: 2,
 		fault: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
 			n := e.on(nil, []int{3, 4}, (*faultproxy.Proxy).Blackhole)
 			time.Sleep(faultFor)
 			return n
 		},
-		progress: true,
-		cutOff:   -1,
+		expect: expect{progress: true, blocked: -1},
 	},
 	{
 		name: "instance-cut-off-from-majority",
-		keys: 2,
 		fault: func(t *testing.T, e *linkEnv, notes *rowNotes) int {
 			return cutOffInstance(t, e, notes)
 		},
-		progress: true,
-		cutOff:   1,
+		expect: expect{progress: true, blocked: 1},
 		after: func(t *testing.T, e *linkEnv, windows []faultWindow, gs []Grant) {
 			n, cut := 0, time.Duration(0)
 			for _, w := range windows {
@@ -198,7 +190,6 @@ var linkRows = []linkRow{
 	},
 	{
 		name: "slow-2-nodes-75ms",
-		keys: 2,
 		fault: func(t *testing.T, e *linkEnv, notes *rowNotes) int {
 			from := e.hist.Now()
 			n := e.on(nil, []int{3, 4}, func(p *faultproxy.Proxy) { p.SetLatency(75*time.Millisecond, 50*time.Millisecond) })
@@ -206,21 +197,19 @@ var linkRows = []linkRow{
 			sleepFault(e, from)
 			return n
 		},
-		progress: true,
-		cutOff:   -1,
+		expect: expect{progress: true, blocked: -1},
 		after: func(t *testing.T, e *linkEnv, windows []faultWindow, gs []Grant) {
 			checkValidity(t, gs)
 		},
 	},
 	{
 		name: "slow-3-nodes-1500ms",
-		keys: 2,
 		fault: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
 			n := e.on(nil, []int{0, 1, 2}, func(p *faultproxy.Proxy) { p.SetLatency(1500*time.Millisecond, 0) })
 			time.Sleep(faultFor)
 			return n
 		},
-		cutOff: -1,
+		expect: expect{blocked: -1},
 		after: func(t *testing.T, e *linkEnv, windows []faultWindow, gs []Grant) {
 			checkValidity(t, gs)
 			// Commands already delayed by 1.5 s reach the nodes after the
@@ -237,13 +226,11 @@ var linkRows = []linkRow{
 	fastClockRow(3),
 	{
 		name:    "half-open-keepalive-client",
-		keys:    2,
 		environ: []string{"LOCKPROXY_LOCKS_KEEPALIVE_IDLE=500ms"},
 		fault: func(t *testing.T, e *linkEnv, notes *rowNotes) int {
 			return halfOpenClient(t, e, notes)
 		},
-		progress: true,
-		cutOff:   -1,
+		expect: expect{progress: true, blocked: -1},
 	},
 }
 
@@ -257,19 +244,11 @@ func TestLinkFaults(t *testing.T) {
 	}
 }
 
-// linkSizes returns the clients, grants per client, how many times the
-// fault may be injected, and the wall-clock limit of a network-fault row.
-func linkSizes() (clients, grants, cycles int, limit time.Duration) {
-	if soak() {
-		return 20, 500, 100, 10 * time.Minute
-	}
-	return 10, 20, 1, time.Minute
-}
-
 func runLinkRow(t *testing.T, row linkRow) {
-	clients, grants, cycles, limit := linkSizes()
+	clients, grants, cycles, limit := rowSize()
 	e := newLinkEnv(t, 5, 2, row.environ...)
-	w := workload{clients: clients, grants: grants, keys: row.keys, limit: limit}
+	res := watchResources(t, e.proxies)
+	w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit}
 	healed := make(chan struct{})
 	start := time.Now()
 	c, wait := w.run(t, e.env, healed)
@@ -279,71 +258,33 @@ func runLinkRow(t *testing.T, row linkRow) {
 	time.Sleep(300 * time.Millisecond)
 	notes := &rowNotes{}
 	var windows []faultWindow
-	events := 0
+	events, attemptsDuring := 0, int64(0)
 	for cycle := 0; cycle < cycles && (cycle == 0 || c.grants.Load() < int64(clients*grants)); cycle++ {
 		if cycle > 0 {
 			time.Sleep(time.Second)
 		}
-		notes.cutAt = 0
-		from := e.hist.Now()
+		notes.cutAt, notes.windows = 0, nil
+		from, sent := e.hist.Now(), c.attempts()
 		events += row.fault(t, e, notes)
 		to := e.hist.Now()
+		attemptsDuring += c.attempts() - sent
 		if notes.cutAt > 0 {
 			from = notes.cutAt // the row ran a scenario before its fault began
 		}
 		e.healAll()
-		windows = append(windows, faultWindow{from, to})
+		if notes.windows != nil {
+			windows = append(windows, notes.windows...) // the row healed between its own windows
+		} else {
+			windows = append(windows, faultWindow{from, to})
+		}
 	}
 	close(healed)
 	wait()
-	took := time.Since(start)
-
-	gs := e.hist.Grants()
-	r := Check(gs)
-	accepted, rejected := e.ledger.Counts()
-	lost := e.ledger.LostTotal()
-	var faultTime time.Duration
-	for _, w := range windows {
-		faultTime += w.to - w.from
-	}
-	during, byProxy := grantsDuring(gs, windows)
-	t.Logf("%s: %d grants in %v (%d during %d fault windows of %v in all, by client %v), %d link faults, %d overlaps, %d fence regressions, "+
-		"%d late uses, %d stale writes rejected (%d accepted), %d lost updates; %d nil, %d NOQUORUM, %d other errors, "+
-		"%d UNLOCK 0, %d UNLOCK errors; %s",
-		row.name, r.Grants, took.Round(time.Millisecond), during, len(windows), faultTime.Round(time.Millisecond), byProxy, events,
-		r.OverlapCount, r.FenceRegressionCount, r.LateUseCount, rejected, accepted, lost,
-		c.nils.Load(), c.noQuorum.Load(), c.errs.Load(), c.unlockZero.Load(), c.unlockErrs.Load(), notes)
-
-	if row.overlapExpected {
-		if r.OverlapCount+r.LateUseCount == 0 {
-			t.Logf("%s: assumption broken on purpose, but no overlap or late use showed up in this run (%d grants); nothing proven either way", row.name, r.Grants)
-		} else {
-			t.Logf("%s: EXPECTED — the checker found %d overlaps and %d late uses once a majority of node clocks ran fast: %v",
-				row.name, r.OverlapCount, r.LateUseCount, r)
-		}
-	} else {
-		if r.Violations() > 0 {
-			t.Errorf("history check: %v", r)
-		}
-		if lost != 0 {
-			t.Errorf("lost acknowledged updates: %v", e.ledger.Lost())
-		}
-	}
-	if want := clients * grants; r.Grants < want {
-		t.Errorf("%d grants; want at least %d", r.Grants, want)
-	}
-	if row.progress {
-		for i := range e.proxies {
-			if p := fmt.Sprintf("p%d", i); i != row.cutOff && byProxy[p] == 0 {
-				t.Errorf("no grant through instance %s while the fault was on; a majority was reachable", p)
-			}
-		}
-	}
+	run := rowRun{name: row.name, clients: clients, grants: grants, windows: windows, events: events,
+		attemptsDuring: attemptsDuring, c: c, took: time.Since(start), res: res.finish(t), notes: notes.String()}
+	judge(t, e.env, run, row.expect)
 	if row.after != nil {
-		row.after(t, e, windows, gs)
-	}
-	for _, p := range e.proxies {
-		p.checkNoPanic(t)
+		row.after(t, e, windows, e.hist.Grants())
 	}
 }
 
@@ -427,7 +368,6 @@ func fastClockRow(n int) linkRow {
 	}
 	return linkRow{
 		name: fmt.Sprintf("fast-clock-1.5x-on-%d-nodes", n),
-		keys: 2,
 		fault: func(t *testing.T, e *linkEnv, notes *rowNotes) int {
 			from := e.hist.Now()
 			events := e.on(nil, nodes, func(p *faultproxy.Proxy) { p.FastClock(1.5) })
@@ -435,9 +375,7 @@ func fastClockRow(n int) linkRow {
 			sleepFault(e, from)
 			return events
 		},
-		progress:        true,
-		cutOff:          -1,
-		overlapExpected: n >= 3,
+		expect: expect{progress: true, blocked: -1, unsafe: n >= 3},
 	}
 }
 
