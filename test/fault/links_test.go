@@ -172,22 +172,10 @@ var linkRows = []linkRow{
 		},
 		expect: expect{progress: true, blocked: 1},
 		after: func(t *testing.T, e *linkEnv, windows []faultWindow, gs []Grant) {
-			n, cut := 0, time.Duration(0)
-			for _, w := range windows {
-				cut += w.to - w.from
-				for _, g := range gs {
-					if strings.HasPrefix(g.Client, "p1.") && g.Enter > w.from && g.Enter < w.to {
-						n++
-					}
-					if strings.HasPrefix(g.Client, "p1.") && g.Enter > w.from+cutGrace && g.Enter < w.to {
-						t.Errorf("instance p1 granted %v while cut off from the majority", g)
-					}
-				}
-			}
-			t.Logf("instance p1: %d grants in %v of cuts (any only within %v of a cut's start, from replies sent before it)",
-				n, cut.Round(time.Millisecond), cutGrace)
+			noGrantsWhileCut(t, 1, windows, gs)
 		},
 	},
+	renewCutRow,
 	{
 		name: "slow-2-nodes-75ms",
 		fault: func(t *testing.T, e *linkEnv, notes *rowNotes) int {

@@ -42,7 +42,7 @@ type rowRun struct {
 	clients, grants int
 	windows         []faultWindow
 	events          int
-	// attemptsDuring counts the workload's LOCKs sent from each
+	// attemptsDuring counts the workload's LOCKs answered from each
 	// injection to its heal (a little wider than the windows): in rows
 	// whose fault blocks grants by design it shows the clients kept
 	// trying and were answered.
