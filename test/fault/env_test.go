@@ -203,3 +203,64 @@ func tryLock(ctx context.Context, c *redis.Client, key string, args ...any) (rep
 func isNoQuorum(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOQUORUM")
 }
+
+// nodeStates reads each node's state (ok, quarantined, down, clock) from
+// the instance's INFO lines lockproxy_node<i>:addr=…,state=…, in the order
+// of --nodes.
+func (p *proxy) nodeStates(ctx context.Context) ([]string, error) {
+	cl := newClient(p.addr)
+	defer func() { _ = cl.Close() }()
+	info, err := cl.Do(ctx, "INFO").Text()
+	if err != nil {
+		return nil, fmt.Errorf("INFO from %s: %w", p.addr, err)
+	}
+	var states []string
+	for _, line := range strings.Split(info, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "lockproxy_node") || strings.HasPrefix(name, "lockproxy_nodes") ||
+			strings.HasPrefix(name, "lockproxy_node_") {
+			continue
+		}
+		st := "?"
+		for _, kv := range strings.Split(fields, ",") {
+			if v, ok := strings.CutPrefix(kv, "state="); ok {
+				st = v
+			}
+		}
+		states = append(states, st)
+	}
+	return states, nil
+}
+
+// waitNodeStates polls every instance's INFO until each node listed in want
+// shows the wanted state, or the timeout passes; it returns how long that
+// took, or an error describing the states last seen.
+func waitNodeStates(e *env, want map[int]string, timeout time.Duration) (time.Duration, error) {
+	start := time.Now()
+	var last [][]string
+	for {
+		last = last[:0]
+		all := true
+		for _, p := range e.proxies {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			states, err := p.nodeStates(ctx)
+			cancel()
+			if err != nil {
+				return 0, err
+			}
+			last = append(last, states)
+			for i, st := range want {
+				if i >= len(states) || states[i] != st {
+					all = false
+				}
+			}
+		}
+		if all {
+			return time.Since(start), nil
+		}
+		if time.Since(start) > timeout {
+			return 0, fmt.Errorf("node states %v after %v; want %v", last, timeout, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

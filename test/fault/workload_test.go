@@ -35,7 +35,7 @@ type env struct {
 }
 
 // newEnv starts n nodes and p lockproxy instances in front of them.
-func newEnv(t *testing.T, n, p int) *env {
+func newEnv(t *testing.T, n, p int, environ ...string) *env {
 	t.Helper()
 	e := &env{
 		nodes:  harness.StartRedisN(t, n, harness.RedisOptions{}),
@@ -43,7 +43,7 @@ func newEnv(t *testing.T, n, p int) *env {
 		ledger: NewLedger(true, false),
 	}
 	for range p {
-		e.proxies = append(e.proxies, startProxy(t, harness.Addrs(e.nodes)))
+		e.proxies = append(e.proxies, startProxy(t, harness.Addrs(e.nodes), environ...))
 	}
 	return e
 }
@@ -196,7 +196,9 @@ type fault struct {
 	name   string
 	inject func(t *testing.T, e *env) int
 	heal   func(t *testing.T, e *env)
-	expect expect
+	// environ for the lockproxy instances.
+	environ []string
+	expect  expect
 }
 
 // pastTTL is how long a killed node stays down before it is restarted
@@ -206,6 +208,20 @@ type fault struct {
 // lets every lock the node held run out first, which is what RedLock's
 // "delayed restart" asks of operators today.
 const pastTTL = ttlMS*time.Millisecond + 500*time.Millisecond
+
+// lockKeys counts the lock keys on a node, read directly.
+func lockKeys(t *testing.T, node *harness.Redis) int {
+	t.Helper()
+	keys, err := node.Client(t).Keys(ctxFor(t, 3*time.Second), "lockproxy:lock:*").Result()
+	if err != nil {
+		t.Errorf("KEYS on %s: %v", node.Addr, err)
+	}
+	return len(keys)
+}
+
+// quarantineMaxTTL is locks.max_ttl in the row that restarts nodes empty
+// under load: how long lockproxy keeps a restarted node out.
+const quarantineMaxTTL = 3 * time.Second
 
 var faults = []fault{
 	{
@@ -228,6 +244,43 @@ var faults = []fault{
 			e.nodes[1].Restart()
 			time.Sleep(500 * time.Millisecond)
 		},
+		expect: expect{progress: true, blocked: -1},
+	},
+	{
+		// Restart quarantine under load: two nodes are killed and
+		// restarted empty at once, 300 ms apart, while the clients hold
+		// locks on them. Each must stay out of quorums for max TTL +
+		// drift (max TTL 3 s here, so the row ends in seconds) and get
+		// its fence counters back from a majority before it votes; the
+		// three others keep granting meanwhile.
+		name: "restart-2-nodes-empty-while-held",
+		inject: func(t *testing.T, e *env) int {
+			restarted := time.Now()
+			held := lockKeys(t, e.nodes[0])
+			e.nodes[0].Restart()
+			time.Sleep(300 * time.Millisecond)
+			held += lockKeys(t, e.nodes[1])
+			e.nodes[1].Restart()
+			// Both instances must have noticed (the row would pass on
+			// luck otherwise: few grants happen to need a restarted node).
+			if d, err := waitNodeStates(e, map[int]string{0: "quarantined", 1: "quarantined"}, 2*time.Second); err != nil {
+				t.Errorf("restarted nodes not quarantined: %v", err)
+			} else {
+				t.Logf("nodes 0 and 1 held %d lock keys when they were restarted empty; both instances showed them quarantined %v after the second restart",
+					held, d.Round(time.Millisecond))
+			}
+			if d := quarantineMaxTTL + 500*time.Millisecond - time.Since(restarted); d > 0 {
+				time.Sleep(d)
+			}
+			return 2
+		},
+		heal: func(t *testing.T, e *env) {
+			if _, err := waitNodeStates(e, map[int]string{0: "ok", 1: "ok"}, 5*time.Second); err != nil {
+				t.Errorf("restarted nodes not back after the quarantine: %v", err)
+			}
+		},
+		environ: []string{fmt.Sprintf("LOCKPROXY_LOCKS_MAX_TTL=%dms", quarantineMaxTTL.Milliseconds()),
+			fmt.Sprintf("LOCKPROXY_LOCKS_DEFAULT_TTL=%dms", ttlMS)},
 		expect: expect{progress: true, blocked: -1},
 	},
 	{
@@ -356,7 +409,7 @@ func TestFaults(t *testing.T) {
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
 			clients, grants, cycles, limit := rowSize()
-			e := newEnv(t, 5, 2)
+			e := newEnv(t, 5, 2, f.environ...)
 			res := watchResources(t, e.proxies)
 			w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit}
 			healed := make(chan struct{})
