@@ -3,10 +3,13 @@ package fault
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/lockproxy/lockproxy/test/faultproxy"
 	"github.com/lockproxy/lockproxy/test/harness"
@@ -294,15 +297,23 @@ func checkValidity(t *testing.T, gs []Grant) {
 }
 
 // probeValidity sends single LOCKs (no WAIT, fresh keys) through instance
-// 0 while the fault is on and checks validity_ms ≤ TTL − elapsed − drift,
-// with elapsed measured around the call (a little more than lockproxy's
-// own elapsed, so the drift absorbs the difference: validity + elapsed ≤
-// TTL must hold).
+// 0 while the fault is on. Each grant's validity must be in (0, TTL −
+// drift], and, counted from before the LOCK was sent (as a RedLock client
+// counts it), must end before the key expires on a majority of nodes, read
+// directly with PTTL: the lease on the nodes outlives the promise. Both
+// checks hold however late the client or lockproxy is scheduled. The
+// client's own elapsed time is only logged: on a loaded host it includes
+// queueing lockproxy cannot see, so validity + elapsed ≤ TTL is no
+// assertion.
 func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 	t.Helper()
 	cl := newClient(e.proxies[0].addr)
 	defer func() { _ = cl.Close() }()
-	n, maxSum, maxElapsed := 0, time.Duration(0), time.Duration(0)
+	nodes := make([]*redis.Client, len(e.nodes))
+	for i, node := range e.nodes {
+		nodes[i] = node.Client(t)
+	}
+	n, maxSum, maxElapsed, minMargin := 0, time.Duration(0), time.Duration(0), time.Duration(1<<62)
 	for i := range 20 {
 		key := fmt.Sprintf("probe-%d", i)
 		sent := time.Now()
@@ -314,14 +325,33 @@ func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 		n++
 		validity := time.Duration(r.ValidityMS) * time.Millisecond
 		maxSum, maxElapsed = max(maxSum, validity+elapsed), max(maxElapsed, elapsed)
-		if r.ValidityMS <= 0 || r.ValidityMS > ttlMS-driftMS || validity+elapsed > ttlMS*time.Millisecond {
-			t.Errorf("probe %s: validity %d ms after %v; want 0 < validity ≤ %d − elapsed − %d ms",
-				key, r.ValidityMS, elapsed, ttlMS, driftMS)
+		if r.ValidityMS <= 0 || r.ValidityMS > ttlMS-driftMS {
+			t.Errorf("probe %s: validity %d ms; want 0 < validity ≤ %d − %d ms", key, r.ValidityMS, ttlMS, driftMS)
+		}
+		// The key's expiry on each node, underestimated (stamped before
+		// the read), against the promise counted from the send.
+		promise := sent.Add(validity)
+		var margins []time.Duration
+		for _, nc := range nodes {
+			at := time.Now()
+			pttl, err := nc.PTTL(ctxFor(t, 3*time.Second), "lockproxy:lock:"+key).Result()
+			if err == nil && pttl > 0 && !at.Add(pttl).Before(promise) {
+				margins = append(margins, at.Add(pttl).Sub(promise))
+			}
+		}
+		if len(margins) <= len(nodes)/2 {
+			t.Errorf("probe %s: validity %v from the send outlasts the key on all but %d of %d nodes; want a majority",
+				key, validity, len(margins), len(nodes))
+		} else {
+			slices.Sort(margins)
+			// The majority whose keys last longest: its shortest margin.
+			minMargin = min(minMargin, margins[len(margins)-(len(nodes)/2+1)])
 		}
 		_ = cl.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
 		time.Sleep(50 * time.Millisecond)
 	}
-	notes.add("%d/20 validity probes granted, max validity+elapsed %v (≤ %d ms), max elapsed %v", n, maxSum, ttlMS, maxElapsed)
+	notes.add("%d/20 validity probes granted, the key outlived validity on a majority by ≥ %v; max validity + client-side elapsed %v, max elapsed %v",
+		n, minMargin.Round(time.Millisecond), maxSum.Round(time.Millisecond), maxElapsed.Round(time.Millisecond))
 	if n == 0 {
 		t.Errorf("no validity probe was granted with 3 of 5 nodes fast")
 	}

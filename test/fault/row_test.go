@@ -137,10 +137,10 @@ func rowSize() (clients, grants, cycles int, limit time.Duration) {
 	return 20, 500, 1, 2 * time.Minute
 }
 
-// rowKeys is how many keys a row's clients spread over: 20 clients on 8
-// keys keep 2–3 clients contending for each key, while the row makes its
+// rowKeys is how many keys a row's clients spread over: 20 clients on 12
+// keys keep 1–2 clients contending for each key, while the row makes its
 // 10,000 grants in seconds rather than the minute one key would take.
-const rowKeys = 8
+const rowKeys = 12
 
 // clientsOf names the instances' clients in a grant's Client field.
 func clientsOf(g Grant, instance int) bool {
