@@ -231,7 +231,10 @@ func TestLinkFaults(t *testing.T) {
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	harness.BuildLockproxy(t)
 	for _, row := range linkRows {
-		t.Run(row.name, func(t *testing.T) { runLinkRow(t, row) })
+		t.Run(row.name, func(t *testing.T) {
+			rowSlot(t)
+			runLinkRow(t, row)
+		})
 	}
 }
 

@@ -66,7 +66,14 @@ func renewCutOff(t *testing.T, e *linkEnv, notes *rowNotes) int {
 		// deadline the holder goes by.
 		for i := range 2 {
 			time.Sleep(300 * time.Millisecond)
+			// On a busy host a node can miss its 100 ms: a NOQUORUM here
+			// leaves the deadline where the last renewal put it, and the
+			// holder tries again while that lease lasts.
 			v, err := holder.Do(ctxFor(t, 5*time.Second), "RENEW", key, r.Token, "PX", ttlMS).Int64()
+			for try := 0; try < 5 && isNoQuorum(err) && e.hist.Now() < hg.Deadline-500*time.Millisecond; try++ {
+				time.Sleep(50 * time.Millisecond)
+				v, err = holder.Do(ctxFor(t, 5*time.Second), "RENEW", key, r.Token, "PX", ttlMS).Int64()
+			}
 			at := e.hist.Now()
 			if err != nil || v <= 0 {
 				t.Errorf("round %d (%s): healthy RENEW %d = %v, %v; want a validity", round, m.name, i, v, err)

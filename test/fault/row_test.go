@@ -146,3 +146,19 @@ const rowKeys = 12
 func clientsOf(g Grant, instance int) bool {
 	return strings.HasPrefix(g.Client, fmt.Sprintf("p%d.", instance))
 }
+
+// rowsAtOnce is how many rows of one table run at the same time. Each row
+// has its own nodes, instances and links, so rows do not see each other's
+// faults; two at once keep both cores busy while one row's fault holds its
+// clients back (a node down past the TTL, an instance cut off).
+const rowsAtOnce = 2
+
+var rowSlots = make(chan struct{}, rowsAtOnce)
+
+// rowSlot marks the row parallel with the table's other rows and waits for
+// one of the rowsAtOnce slots, which it gives back when the row ends.
+func rowSlot(t *testing.T) {
+	t.Parallel()
+	rowSlots <- struct{}{}
+	t.Cleanup(func() { <-rowSlots })
+}

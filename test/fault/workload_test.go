@@ -408,6 +408,7 @@ func TestFaults(t *testing.T) {
 	harness.BuildLockproxy(t)
 	for _, f := range faults {
 		t.Run(f.name, func(t *testing.T) {
+			rowSlot(t)
 			clients, grants, cycles, limit := rowSize()
 			e := newEnv(t, 5, 2, f.environ...)
 			res := watchResources(t, e.proxies)
