@@ -86,8 +86,10 @@ func (p *proxy) start() {
 	p.mu.Lock()
 	p.procs = append(p.procs, proc)
 	p.mu.Unlock()
-	if err := harness.WaitTCP(p.addr, 15*time.Second); err != nil {
-		p.t.Fatalf("lockproxy %v did not listen: %v\noutput:\n%s", p.args, err, proc.Output())
+	for _, addr := range []string{p.addr, p.admin} {
+		if err := harness.WaitTCP(addr, 15*time.Second); err != nil {
+			p.t.Fatalf("lockproxy %v did not listen on %s: %v\noutput:\n%s", p.args, addr, err, proc.Output())
+		}
 	}
 }
 

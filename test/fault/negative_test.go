@@ -3,6 +3,8 @@ package fault
 import (
 	"context"
 	"fmt"
+	"io"
+	"strings"
 	"testing"
 	"time"
 
@@ -177,4 +179,60 @@ func TestNegativeValidityIgnored(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The resource checks must fail when lockproxy does hold on to goroutines
+// or memory: here 20 connections stay open (a goroutine each) and 8 more
+// each send 10 MB of a bulk string they never finish (buffered as it
+// arrives), which the row checks must report as a leak and as memory over
+// the bound.
+func TestNegativeResourceChecks(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	nodes := harness.StartRedisN(t, 3, harness.RedisOptions{})
+	p := startProxy(t, harness.Addrs(nodes))
+	w := watchResources(t, []*proxy{p})
+
+	for i := range 20 {
+		cl := newClient(p.addr)
+		defer func() { _ = cl.Close() }()
+		if err := cl.Do(ctxFor(t, 5*time.Second), "PING").Err(); err != nil {
+			t.Fatalf("client %d: PING: %v", i, err)
+		}
+	}
+	const chunk = 1 << 20
+	junk := strings.Repeat("x", chunk)
+	for i := range 8 {
+		c, err := dialRaw(p.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = c.Close() }()
+		_ = c.c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		if _, err := io.WriteString(c.c, "*1\r\n$100000000\r\n"); err != nil {
+			t.Fatalf("conn %d: %v", i, err)
+		}
+		for range 10 {
+			if _, err := io.WriteString(c.c, junk); err != nil {
+				t.Fatalf("conn %d: %v", i, err)
+			}
+		}
+	}
+	// Let the sampler see the buffered bulk strings.
+	time.Sleep(time.Second)
+
+	r, problems := w.measure(2*time.Second, maxHeapInuse, maxRSS)
+	t.Logf("with 28 connections open, 80 MB of unfinished bulk strings: %v; the checks reported %d problems", r, len(problems))
+	var leak, mem bool
+	for _, p := range problems {
+		leak = leak || strings.Contains(p, "leak?")
+		mem = mem || strings.Contains(p, "memory")
+	}
+	if !leak {
+		t.Errorf("goroutine check passed with 28 connections open (%v → %v); want it to report a leak", r.base, r.after)
+	}
+	if !mem {
+		t.Errorf("memory check passed with 80 MB buffered (max heap %.1f MiB, RSS %.1f MiB); want it to report the bound broken",
+			r.maxHeap/(1<<20), r.maxRSS/(1<<20))
+	}
+	p.checkNoPanic(t)
 }

@@ -186,9 +186,21 @@ func (r resourceReport) String() string {
 // (waiting up to goroutineSettle), its memory within the bounds.
 func (w *resourceWatch) finish(t *testing.T) resourceReport {
 	t.Helper()
+	r, problems := w.measure(goroutineSettle, maxHeapInuse, maxRSS)
+	for _, p := range problems {
+		t.Error(p)
+	}
+	return r
+}
+
+// measure stops sampling and returns what it found and every bound broken:
+// goroutines still above baseline + goroutineSlack after settle, memory
+// above maxHeap or maxRSS.
+func (w *resourceWatch) measure(settle time.Duration, maxHeap, maxRSS float64) (resourceReport, []string) {
 	close(w.stop)
 	<-w.done
 	w.sample()
+	var problems []string
 	w.mu.Lock()
 	r := resourceReport{base: w.base, samples: w.samples}
 	for i := range w.proxies {
@@ -197,18 +209,20 @@ func (w *resourceWatch) finish(t *testing.T) resourceReport {
 	}
 	w.mu.Unlock()
 	if r.samples == 0 {
-		t.Errorf("no memory sample of any lockproxy instance")
+		problems = append(problems, "no memory sample of any lockproxy instance")
 	}
-	if r.maxHeap > maxHeapInuse || r.maxRSS > maxRSS {
-		t.Errorf("lockproxy memory: max heap in use %.1f MiB, max RSS %.1f MiB; want ≤ %d MiB and ≤ %d MiB",
-			r.maxHeap/(1<<20), r.maxRSS/(1<<20), maxHeapInuse>>20, maxRSS>>20)
+	if r.maxHeap > maxHeap || r.maxRSS > maxRSS {
+		problems = append(problems, fmt.Sprintf("lockproxy memory: max heap in use %.1f MiB, max RSS %.1f MiB; want ≤ %.0f MiB and ≤ %.0f MiB",
+			r.maxHeap/(1<<20), r.maxRSS/(1<<20), maxHeap/(1<<20), maxRSS/(1<<20)))
 	}
 	for i, p := range w.proxies {
 		var n int
 		var prof string
 		var err error
-		for end := time.Now().Add(goroutineSettle); ; {
-			n, prof, err = p.goroutines(ctxFor(t, 5*time.Second))
+		for end := time.Now().Add(settle); ; {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			n, prof, err = p.goroutines(ctx)
+			cancel()
 			if (err == nil && n <= w.base[i]+goroutineSlack) || time.Now().After(end) {
 				break
 			}
@@ -217,11 +231,11 @@ func (w *resourceWatch) finish(t *testing.T) resourceReport {
 		r.after = append(r.after, n)
 		switch {
 		case err != nil:
-			t.Errorf("instance %s: goroutine count after the row: %v", p.addr, err)
+			problems = append(problems, fmt.Sprintf("instance %s: goroutine count after the row: %v", p.addr, err))
 		case n > w.base[i]+goroutineSlack:
-			t.Errorf("instance %s: %d goroutines %v after the row; baseline %d (+%d allowed): leak?\n%s",
-				p.addr, n, goroutineSettle, w.base[i], goroutineSlack, prof)
+			problems = append(problems, fmt.Sprintf("instance %s: %d goroutines %v after the row; baseline %d (+%d allowed): leak?\n%s",
+				p.addr, n, settle, w.base[i], goroutineSlack, prof))
 		}
 	}
-	return r
+	return r, problems
 }
