@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/anishathalye/porcupine"
+
 	"github.com/lockproxy/lockproxy/test/harness"
 )
 
@@ -32,10 +34,16 @@ func TestNegativeQuorumBroken(t *testing.T) {
 
 	r := Check(e.hist.Grants())
 	accepted, rejected := e.ledger.Counts()
-	t.Logf("quorum broken: %d grants, %d overlaps, %d fence regressions, %d stale writes rejected (%d accepted), %d lost updates, %d errors",
-		r.Grants, r.OverlapCount, r.FenceRegressionCount, rejected, accepted, e.ledger.LostTotal(), c.errs.Load()+c.noQuorum.Load())
+	lin, ops := linearizable(e.hist.Grants(), linTimeout)
+	t.Logf("quorum broken: %d grants, %d overlaps, %d fence regressions, %d stale writes rejected (%d accepted), %d lost updates, %d errors; porcupine: %s over %d operations",
+		r.Grants, r.OverlapCount, r.FenceRegressionCount, rejected, accepted, e.ledger.LostTotal(), c.errs.Load()+c.noQuorum.Load(), lin, ops)
 	if r.OverlapCount == 0 {
 		t.Errorf("two instances on disjoint single nodes: the checker found no overlap in %d grants; want > 0", r.Grants)
+	}
+	// Overlapping sections that both wrote lose an update unless the
+	// ledger's fence check happened to refuse one of them.
+	if lost := e.ledger.LostTotal(); lost > 0 && lin != porcupine.Illegal {
+		t.Errorf("porcupine: %s with %d updates lost; want Illegal", lin, lost)
 	}
 	for _, p := range e.proxies {
 		p.checkNoPanic(t)
@@ -56,6 +64,8 @@ func TestNegativePausedHolder(t *testing.T) {
 	e := newEnv(t, 5, 2)
 	unfenced := NewLedger(false, true)
 	fenced := e.ledger
+	// The same grants as the unfenced ledger saw them, for porcupine.
+	unfencedHist := NewHistory()
 	holder := newClient(e.proxies[0].addr)
 	defer holder.Close()
 	other := newClient(e.proxies[1].addr)
@@ -93,11 +103,14 @@ func TestNegativePausedHolder(t *testing.T) {
 			b := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "other",
 				Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
 			vF, vU := fenced.Read(key), unfenced.Read(key)
-			b.Use = e.hist.Now()
+			b.Use, b.Read = e.hist.Now(), vF
 			b.Rejected = !fenced.Write(key, b.Fence, vF+1)
 			unfenced.Write(key, b.Fence, vU+1)
 			b.Exit = e.hist.Now()
 			e.hist.Add(b)
+			bu := b
+			bu.Read, bu.Rejected = vU, false
+			unfencedHist.Add(bu)
 			done <- other.Do(ctx, "UNLOCK", key, r.Token).Err()
 		}()
 
@@ -110,11 +123,14 @@ func TestNegativePausedHolder(t *testing.T) {
 		case <-time.After(15 * time.Second):
 			t.Fatalf("round %d: the other client never finished", round)
 		}
-		a.Use = e.hist.Now()
+		a.Use, a.Read = e.hist.Now(), readF
 		a.Rejected = !fenced.Write(key, a.Fence, readF+1)
 		unfenced.Write(key, a.Fence, readU+1)
 		a.Exit = e.hist.Now()
 		e.hist.Add(a)
+		au := a
+		au.Read, au.Rejected = readU, false
+		unfencedHist.Add(au)
 		released, err := holder.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Int64()
 		if err != nil || released != 0 {
 			t.Errorf("round %d: UNLOCK by the paused holder = %d, %v; want 0 (its lock ran out)", round, released, err)
@@ -132,6 +148,12 @@ func TestNegativePausedHolder(t *testing.T) {
 	}
 	if rejU != 0 || unfenced.LostTotal() != rounds {
 		t.Errorf("unfenced ledger: %d rejects, %d lost; want 0 rejects and %d lost (the stale writes were accepted)", rejU, unfenced.LostTotal(), rounds)
+	}
+	linF, _ := linearizable(e.hist.Grants(), linTimeout)
+	linU, _ := linearizable(unfencedHist.Grants(), linTimeout)
+	t.Logf("porcupine: fenced ledger history %s, unfenced %s", linF, linU)
+	if linF != porcupine.Ok || linU != porcupine.Illegal {
+		t.Errorf("porcupine: fenced %s, unfenced %s; want Ok and Illegal", linF, linU)
 	}
 	if r.LateUseCount != rounds || r.Violations() != 0 {
 		t.Errorf("checker: %v; want %d late uses and no violation (lockproxy kept its promise; the holder did not)", r, rounds)

@@ -5,15 +5,22 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/anishathalye/porcupine"
 )
+
+// linTimeout bounds porcupine's search in a row (it is linear in practice:
+// the critical sections of a key hardly overlap).
+const linTimeout = 30 * time.Second
 
 // A row's pass criteria, shared by TestFaults and TestLinkFaults. Every
 // row must show, and judge checks each:
 //   - size: at least clients × grants acknowledged grants (each client its
 //     share, checked by the workload);
 //   - safety: 0 overlaps within validity, fences strictly increasing per
-//     key, no live write rejected, no acknowledged ledger update lost
-//     (rows that break RedLock's assumptions on purpose log these instead);
+//     key, no live write rejected, no acknowledged ledger update lost, and
+//     the ledger history linearizable (porcupine, linearize_test.go); rows
+//     that break RedLock's assumptions on purpose log these instead;
 //   - availability: with a majority up and reachable, grants during the
 //     fault windows through every instance that is not down or cut off by
 //     design;
@@ -67,16 +74,20 @@ func judge(t *testing.T, e *env, run rowRun, x expect) {
 		faultTime += w.to - w.from
 	}
 	during, byProxy := grantsDuring(gs, run.windows)
+	linStart := time.Now()
+	lin, linOps := linearizable(gs, linTimeout)
+	linTook := time.Since(linStart)
 	c := run.c
 	attempts := c.attempts()
 	t.Logf("ROW %s: %d grants in %v (%d during %d fault windows of %v, by client %v; %d attempts from injection to heal); %d faults injected; "+
 		"%d overlaps, %d fence regressions, %d live writes rejected, %d lost updates; "+
 		"%d late uses, %d stale writes rejected (%d accepted); %d attempts: %d nil, %d NOQUORUM, %d other errors; "+
-		"%d UNLOCK 0, %d UNLOCK errors, %d vanished; %v%s",
+		"%d UNLOCK 0, %d UNLOCK errors, %d vanished; porcupine: %s over %d ledger operations in %v; %v%s",
 		run.name, r.Grants, run.took.Round(time.Millisecond), during, len(run.windows), faultTime.Round(time.Millisecond), byProxy, run.attemptsDuring, run.events,
 		r.OverlapCount, r.FenceRegressionCount, r.RejectedLiveCount, lost,
 		r.LateUseCount, rejected, accepted, attempts, c.nils.Load(), c.noQuorum.Load(), c.errs.Load(),
-		c.unlockZero.Load(), c.unlockErrs.Load(), c.vanished.Load(), run.res, prefixed("; ", run.notes))
+		c.unlockZero.Load(), c.unlockErrs.Load(), c.vanished.Load(), lin, linOps, linTook.Round(time.Millisecond),
+		run.res, prefixed("; ", run.notes))
 
 	if x.unsafe {
 		if r.OverlapCount+r.LateUseCount == 0 {
@@ -91,6 +102,11 @@ func judge(t *testing.T, e *env, run rowRun, x expect) {
 		}
 		if lost != 0 {
 			t.Errorf("lost acknowledged updates: %v", e.ledger.Lost())
+		}
+		// Unknown (timed out) proves nothing either way and is only
+		// logged.
+		if lin == porcupine.Illegal {
+			t.Errorf("porcupine: the ledger history of %d operations is not linearizable", linOps)
 		}
 	}
 	if want := run.clients * run.grants; r.Grants < want {

@@ -65,6 +65,7 @@ func (e *env) takeVanish() bool {
 // sleep up to maxSleep, write it back plus one with the grant's fence.
 func (e *env) critical(key string, g *Grant) {
 	v := e.ledger.Read(key)
+	g.Read = v
 	time.Sleep(rand.N(maxSleep + 1))
 	g.Use = e.hist.Now()
 	g.Rejected = !e.ledger.Write(key, g.Fence, v+1)
