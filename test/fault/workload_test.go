@@ -203,11 +203,10 @@ type fault struct {
 }
 
 // pastTTL is how long a killed node stays down before it is restarted
-// empty. lockproxy does not yet quarantine a node that comes back empty
-// (restart quarantine is a separate feature): a node that lost the keys of
-// live grants could then vote for a second holder. Waiting past the TTL
-// lets every lock the node held run out first, which is what RedLock's
-// "delayed restart" asks of operators today.
+// empty in the kill row: past the TTL every lock it held has run out (the
+// "delayed restart" RedLock asks of operators). Restarts while locks are
+// still held, which lockproxy's restart quarantine must catch, are the
+// restart-2-nodes-empty-while-held row.
 const pastTTL = ttlMS*time.Millisecond + 500*time.Millisecond
 
 // lockKeys counts the lock keys on a node, read directly.
