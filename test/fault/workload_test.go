@@ -77,7 +77,7 @@ type counts struct {
 	lastErr                                                        atomic.Value // string
 }
 
-// attempts is how many LOCKs the clients sent so far.
+// attempts is how many LOCKs the clients got an answer to so far.
 func (c *counts) attempts() int64 {
 	return c.grants.Load() + c.nils.Load() + c.noQuorum.Load() + c.errs.Load()
 }
