@@ -266,3 +266,35 @@ func waitNodeStates(e *env, want map[int]string, timeout time.Duration) (time.Du
 		time.Sleep(50 * time.Millisecond)
 	}
 }
+
+// setupLock is tryLock for a scenario's own setup LOCK, which a busy host
+// can make miss the quorum (each node gets 5 % of the TTL to answer): a
+// NOQUORUM is tried again, a few times, 100 ms apart. The scenarios test
+// what happens after the grant.
+func setupLock(t testing.TB, c *redis.Client, key string, args ...any) (reply, bool, error) {
+	t.Helper()
+	r, ok, err := tryLock(ctxFor(t, 10*time.Second), c, key, args...)
+	for try := 0; try < 5 && isNoQuorum(err); try++ {
+		time.Sleep(100 * time.Millisecond)
+		r, ok, err = tryLock(ctxFor(t, 10*time.Second), c, key, args...)
+	}
+	return r, ok, err
+}
+
+// setupLockRaw is setupLock on a raw connection; it returns the grant or
+// the error (an error reply included).
+func setupLockRaw(c *rawConn, timeout time.Duration, args ...string) (reply, error) {
+	try := func() (reply, error) {
+		v, _, err := c.do(timeout, append([]string{"LOCK"}, args...)...)
+		if err != nil {
+			return reply{}, err
+		}
+		return rawGrant(v)
+	}
+	r, err := try()
+	for n := 0; n < 5 && isNoQuorum(err); n++ {
+		time.Sleep(100 * time.Millisecond)
+		r, err = try()
+	}
+	return r, err
+}

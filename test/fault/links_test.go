@@ -412,7 +412,7 @@ func longHolds(t *testing.T, e *linkEnv, notes *rowNotes, rounds int) {
 	defer func() { _ = holder.Close(); _ = waiter.Close() }()
 	early := 0
 	for round := range rounds {
-		r, ok, err := tryLock(ctxFor(t, 10*time.Second), holder, key, "PX", ttlMS, "WAIT", waitMS)
+		r, ok, err := setupLock(t, holder, key, "PX", ttlMS, "WAIT", waitMS)
 		enter := e.hist.Now()
 		if err != nil || !ok {
 			t.Errorf("round %d: holder LOCK %s = %v, %v; want a grant", round, key, ok, err)
@@ -476,12 +476,8 @@ func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
 	if _, _, err := holder.do(2*time.Second, "HELLO", "3"); err != nil {
 		t.Fatalf("HELLO 3: %v", err)
 	}
-	v, _, err := holder.do(10*time.Second, "LOCK", key, "PX", fmt.Sprint(ttlMS), "WAIT", fmt.Sprint(waitMS), "KEEPALIVE")
+	r, err := setupLockRaw(holder, 10*time.Second, key, "PX", fmt.Sprint(ttlMS), "WAIT", fmt.Sprint(waitMS), "KEEPALIVE")
 	enter := e.hist.Now()
-	if err != nil {
-		t.Fatalf("LOCK %s KEEPALIVE: %v", key, err)
-	}
-	r, err := rawGrant(v)
 	if err != nil {
 		t.Fatalf("LOCK %s KEEPALIVE: %v", key, err)
 	}
@@ -490,7 +486,7 @@ func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
 	const key2 = "keepalive-cut-resp2"
 	holder2 := newClient(e.proxies[1].addr)
 	defer func() { _ = holder2.Close() }()
-	r2, ok, err := tryLock(ctxFor(t, 10*time.Second), holder2, key2, "PX", ttlMS, "WAIT", waitMS, "KEEPALIVE")
+	r2, ok, err := setupLock(t, holder2, key2, "PX", ttlMS, "WAIT", waitMS, "KEEPALIVE")
 	enter2 := e.hist.Now()
 	if err != nil || !ok {
 		t.Fatalf("LOCK %s KEEPALIVE (RESP2) = %v, %v", key2, ok, err)
@@ -631,11 +627,10 @@ func halfOpenClient(t *testing.T, e *linkEnv, notes *rowNotes) int {
 		t.Fatal(err)
 	}
 	defer func() { _ = holder.Close() }()
-	v, _, err := holder.do(5*time.Second, "LOCK", key, "PX", fmt.Sprint(leaseMS), "KEEPALIVE")
+	r, err := setupLockRaw(holder, 5*time.Second, key, "PX", fmt.Sprint(leaseMS), "KEEPALIVE")
 	enter := e.hist.Now()
-	r, gerr := rawGrant(v)
-	if err != nil || gerr != nil {
-		t.Fatalf("LOCK %s PX %d KEEPALIVE = %v, %v, %v", key, leaseMS, v, err, gerr)
+	if err != nil {
+		t.Fatalf("LOCK %s PX %d KEEPALIVE: %v", key, leaseMS, err)
 	}
 	e.hist.Add(Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "half-open-holder",
 		Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond, Exit: -1})

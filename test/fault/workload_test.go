@@ -343,7 +343,7 @@ func keepaliveVanish(t *testing.T, e *env, rounds int) int {
 	}()
 	for round := range rounds {
 		holder := newClient(e.proxies[0].addr)
-		r, ok, err := tryLock(ctxFor(t, 10*time.Second), holder, key, "KEEPALIVE")
+		r, ok, err := setupLock(t, holder, key, "KEEPALIVE")
 		enter := e.hist.Now()
 		if err != nil || !ok {
 			_ = holder.Close()
