@@ -302,12 +302,13 @@ func checkValidity(t *testing.T, gs []Grant) {
 // probeValidity sends single LOCKs (no WAIT, fresh keys) through instance
 // 0 while the fault is on. Each grant's validity must be in (0, TTL −
 // drift], and, counted from before the LOCK was sent (as a RedLock client
-// counts it), must end before the key expires on a majority of nodes, read
-// directly with PTTL: the lease on the nodes outlives the promise. Both
-// checks hold however late the client or lockproxy is scheduled. The
-// client's own elapsed time is only logged: on a loaded host it includes
-// queueing lockproxy cannot see, so validity + elapsed ≤ TTL is no
-// assertion.
+// counts it), must end before the key expires on a majority of nodes: the
+// lease on the nodes outlives the promise. The expiry is read directly
+// from each node as an absolute time (PEXPIRETIME, Unix ms on the node's
+// clock, which is this host's clock), so the check holds however late the
+// client, lockproxy or the read is scheduled. The client's own elapsed
+// time is only logged: on a loaded host it includes queueing lockproxy
+// cannot see, so validity + elapsed ≤ TTL is no assertion.
 func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 	t.Helper()
 	cl := newClient(e.proxies[0].addr)
@@ -320,6 +321,7 @@ func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 	for i := range 20 {
 		key := fmt.Sprintf("probe-%d", i)
 		sent := time.Now()
+		sentMS := sent.UnixMilli() // rounded down: the promise only gets earlier
 		r, ok, err := tryLock(ctxFor(t, 5*time.Second), cl, key, "PX", ttlMS)
 		elapsed := time.Since(sent)
 		if err != nil || !ok {
@@ -331,20 +333,19 @@ func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 		if r.ValidityMS <= 0 || r.ValidityMS > ttlMS-driftMS {
 			t.Errorf("probe %s: validity %d ms; want 0 < validity ≤ %d − %d ms", key, r.ValidityMS, ttlMS, driftMS)
 		}
-		// The key's expiry on each node, underestimated (stamped before
-		// the read), against the promise counted from the send.
-		promise := sent.Add(validity)
+		promiseMS := sentMS + r.ValidityMS
 		var margins []time.Duration
+		var seen []int64
 		for _, nc := range nodes {
-			at := time.Now()
-			pttl, err := nc.PTTL(ctxFor(t, 3*time.Second), "lockproxy:lock:"+key).Result()
-			if err == nil && pttl > 0 && !at.Add(pttl).Before(promise) {
-				margins = append(margins, at.Add(pttl).Sub(promise))
+			at, err := nc.Do(ctxFor(t, 3*time.Second), "PEXPIRETIME", "lockproxy:lock:"+key).Int64()
+			seen = append(seen, at)
+			if err == nil && at > 0 && at >= promiseMS {
+				margins = append(margins, time.Duration(at-promiseMS)*time.Millisecond)
 			}
 		}
 		if len(margins) <= len(nodes)/2 {
-			t.Errorf("probe %s: validity %v from the send outlasts the key on all but %d of %d nodes; want a majority",
-				key, validity, len(margins), len(nodes))
+			t.Errorf("probe %s: validity %v from the send (promise %d) outlasts the key on all but %d of %d nodes (expiry times %v); want a majority",
+				key, validity, promiseMS, len(margins), len(nodes), seen)
 		} else {
 			slices.Sort(margins)
 			// The majority whose keys last longest: its shortest margin.
