@@ -103,18 +103,33 @@ func (w workload) run(t *testing.T, e *env, healed <-chan struct{}) (*counts, fu
 	t.Helper()
 	c := &counts{}
 	deadline := time.Now().Add(w.limit)
+	// stop ends the clients early when the row itself ended early (a
+	// Fatalf in its fault): they must not outlive it, nor log after it.
+	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var short atomic.Int64
 	for i := range w.clients {
 		p := e.proxies[i%len(e.proxies)]
 		name := fmt.Sprintf("p%d.c%d", i%len(e.proxies), i)
 		wg.Go(func() {
-			if n := e.client(name, p.addr, w, healed, deadline, c); n < w.grants {
+			n := e.client(name, p.addr, w, healed, stop, deadline, c)
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if n < w.grants {
 				short.Add(1)
 				t.Errorf("client %s made %d grants by the %v limit; want %d", name, n, w.limit, w.grants)
 			}
 		})
 	}
+	// Registered after the env's cleanups, so it runs before them: the
+	// clients are gone before their nodes and instances are stopped.
+	t.Cleanup(func() {
+		close(stop)
+		wg.Wait()
+	})
 	return c, func() {
 		wg.Wait()
 		if short.Load() > 0 {
@@ -124,11 +139,16 @@ func (w workload) run(t *testing.T, e *env, healed <-chan struct{}) (*counts, fu
 }
 
 // client is one workload client; it returns how many grants it made.
-func (e *env) client(name, addr string, w workload, healed <-chan struct{}, deadline time.Time, c *counts) int {
+func (e *env) client(name, addr string, w workload, healed, stop <-chan struct{}, deadline time.Time, c *counts) int {
 	cl := newClient(addr)
 	defer func() { _ = cl.Close() }()
 	n, atHeal := 0, -1
 	for time.Now().Before(deadline) && n < 20*w.grants {
+		select {
+		case <-stop:
+			return n
+		default:
+		}
 		if atHeal < 0 {
 			select {
 			case <-healed:
