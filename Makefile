@@ -40,7 +40,7 @@ test-e2e: deps
 
 ## soak: the fault suite at full size: 20 clients × 10,000 grants in every row, faults repeated until done (CI: 20 × 500).
 soak: deps
-	LOCKPROXY_SOAK=1 $(GO) test -count=1 -v -timeout 80m ./test/fault/
+	LOCKPROXY_SOAK=1 $(GO) test -count=1 -p 1 -v -timeout 120m ./test/fault/
 
 ## bench: LOCK+UNLOCK cycles through lockproxy vs redsync on the same real nodes.
 bench: deps
