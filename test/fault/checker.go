@@ -31,6 +31,9 @@ type Grant struct {
 	// refused that write.
 	Use      time.Duration
 	Rejected bool
+	// Read is the ledger value the client read in its critical section
+	// (for the linearizability check).
+	Read int64
 }
 
 // exit is Exit, or Deadline when the exit is unknown.

@@ -1,26 +1,33 @@
-// Package fault runs lockproxy under named faults — node kills, empty
-// restarts after the lease, node pauses, lockproxy kills, clients that
-// vanish while holding — against real redis-server nodes, and checks every
-// run's history: no two grants of a key overlap within their validity,
-// fences strictly increase, and a fenced ledger loses no acknowledged
-// update. Negative controls show that each check can fail.
+// Package fault runs lockproxy under named faults — node kills, nodes
+// restarted empty while their locks are held, node pauses, lockproxy
+// kills, clients that vanish while holding — against real redis-server
+// nodes, and checks every run's history: no two grants of a key overlap
+// within their validity, fences strictly increase, and a fenced ledger
+// loses no acknowledged update. Negative controls show that each check can
+// fail.
 //
 // TestLinkFaults puts a test/faultproxy proxy on every link from every
 // lockproxy instance to every node and runs network rows through them: a
 // partitioned minority, one instance cut off from the majority (its
-// KEEPALIVE holders must be told lock-lost first), slow nodes, node
-// clocks running 1.5× fast on 1, 2 and 3 nodes (the last breaks RedLock's
+// KEEPALIVE holders must be told lock-lost first), a RENEW that misses the
+// majority (blackholed or slow links: it must answer NOQUORUM within the
+// lease, and nobody else may get the lock before), slow nodes, node clocks
+// running 1.5× fast on 1, 2 and 3 nodes (the last breaks RedLock's
 // assumption and is expected to overlap: it is logged, not failed), and a
 // half-open KEEPALIVE client.
 //
+// Every row runs 20 clients through two instances, at least 500 grants
+// each, and is judged on one list of criteria (row_test.go): size, safety,
+// availability while a majority is up, no panic, goroutines back to their
+// baseline and bounded memory (resources_test.go). Rows of one table run
+// two at a time, each on its own nodes and instances.
+//
 // It owns the history checker (checker.go) and the workload; it must not
 // know lockproxy's internals: it talks RESP to the binary that
-// test/harness builds.
+// test/harness builds, and reads its INFO and admin endpoints.
 //
 // Caveats: validity deadlines are stamped on the client's side after the
-// reply (a little late, which makes the overlap check stricter); nodes are
-// restarted empty only after the lease has run out, because restart
-// quarantine does not exist yet. `go test ./test/fault -soak` (or
-// LOCKPROXY_SOAK=1) runs the full sizes: 20 clients × 500 grants per fault
-// and 20 × 10,000 without faults.
+// reply (a little late, which makes the overlap check stricter).
+// `go test ./test/fault -soak` (or LOCKPROXY_SOAK=1, `make soak`) runs
+// 20 clients × 10,000 grants in every row, repeating its fault until done.
 package fault

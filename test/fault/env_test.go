@@ -50,7 +50,10 @@ func ctxFor(t testing.TB, d time.Duration) context.Context {
 type proxy struct {
 	t    *testing.T
 	addr string
-	args []string
+	// admin is the HTTP admin listener (/metrics, /debug/pprof/), on
+	// which the rows read goroutine counts and memory.
+	admin string
+	args  []string
 	// environ, if set, is added to lockproxy's environment.
 	environ []string
 
@@ -58,14 +61,15 @@ type proxy struct {
 	procs []*harness.Proc
 }
 
-// startProxy starts lockproxy in front of nodes on a free port (no admin
-// listener, warnings only) and waits until it accepts connections;
-// environ (LOCKPROXY_…=…) is added to its environment.
+// startProxy starts lockproxy in front of nodes on a free port (admin
+// listener on another, warnings only) and waits until it accepts
+// connections; environ (LOCKPROXY_…=…) is added to its environment.
 func startProxy(t *testing.T, nodes []string, environ ...string) *proxy {
 	t.Helper()
 	addr := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
-	p := &proxy{t: t, addr: addr, environ: environ, args: []string{
-		"--listen", addr, "--admin", "", "--nodes", strings.Join(nodes, ","), "--log-level", "warn",
+	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	p := &proxy{t: t, addr: addr, admin: admin, environ: environ, args: []string{
+		"--listen", addr, "--admin", admin, "--nodes", strings.Join(nodes, ","), "--log-level", "warn",
 	}}
 	p.start()
 	return p
@@ -82,8 +86,10 @@ func (p *proxy) start() {
 	p.mu.Lock()
 	p.procs = append(p.procs, proc)
 	p.mu.Unlock()
-	if err := harness.WaitTCP(p.addr, 15*time.Second); err != nil {
-		p.t.Fatalf("lockproxy %v did not listen: %v\noutput:\n%s", p.args, err, proc.Output())
+	for _, addr := range []string{p.addr, p.admin} {
+		if err := harness.WaitTCP(addr, 15*time.Second); err != nil {
+			p.t.Fatalf("lockproxy %v did not listen on %s: %v\noutput:\n%s", p.args, addr, err, proc.Output())
+		}
 	}
 }
 
@@ -198,4 +204,97 @@ func tryLock(ctx context.Context, c *redis.Client, key string, args ...any) (rep
 // isNoQuorum reports a -NOQUORUM error reply.
 func isNoQuorum(err error) bool {
 	return err != nil && strings.HasPrefix(err.Error(), "NOQUORUM")
+}
+
+// nodeStates reads each node's state (ok, quarantined, down, clock) from
+// the instance's INFO lines lockproxy_node<i>:addr=…,state=…, in the order
+// of --nodes.
+func (p *proxy) nodeStates(ctx context.Context) ([]string, error) {
+	cl := newClient(p.addr)
+	defer func() { _ = cl.Close() }()
+	info, err := cl.Do(ctx, "INFO").Text()
+	if err != nil {
+		return nil, fmt.Errorf("INFO from %s: %w", p.addr, err)
+	}
+	var states []string
+	for _, line := range strings.Split(info, "\n") {
+		name, fields, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "lockproxy_node") || strings.HasPrefix(name, "lockproxy_nodes") ||
+			strings.HasPrefix(name, "lockproxy_node_") {
+			continue
+		}
+		st := "?"
+		for _, kv := range strings.Split(fields, ",") {
+			if v, ok := strings.CutPrefix(kv, "state="); ok {
+				st = v
+			}
+		}
+		states = append(states, st)
+	}
+	return states, nil
+}
+
+// waitNodeStates polls every instance's INFO until each node listed in want
+// shows the wanted state, or the timeout passes; it returns how long that
+// took, or an error describing the states last seen.
+func waitNodeStates(e *env, want map[int]string, timeout time.Duration) (time.Duration, error) {
+	start := time.Now()
+	var last [][]string
+	for {
+		last = last[:0]
+		all := true
+		for _, p := range e.proxies {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			states, err := p.nodeStates(ctx)
+			cancel()
+			if err != nil {
+				return 0, err
+			}
+			last = append(last, states)
+			for i, st := range want {
+				if i >= len(states) || states[i] != st {
+					all = false
+				}
+			}
+		}
+		if all {
+			return time.Since(start), nil
+		}
+		if time.Since(start) > timeout {
+			return 0, fmt.Errorf("node states %v after %v; want %v", last, timeout, want)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// setupLock is tryLock for a scenario's own setup LOCK, which a busy host
+// can make miss the quorum (each node gets 5 % of the TTL to answer): a
+// NOQUORUM is tried again, a few times, 100 ms apart. The scenarios test
+// what happens after the grant.
+func setupLock(t testing.TB, c *redis.Client, key string, args ...any) (reply, bool, error) {
+	t.Helper()
+	r, ok, err := tryLock(ctxFor(t, 10*time.Second), c, key, args...)
+	for try := 0; try < 5 && isNoQuorum(err); try++ {
+		time.Sleep(100 * time.Millisecond)
+		r, ok, err = tryLock(ctxFor(t, 10*time.Second), c, key, args...)
+	}
+	return r, ok, err
+}
+
+// setupLockRaw is setupLock on a raw connection; it returns the grant or
+// the error (an error reply included).
+func setupLockRaw(c *rawConn, timeout time.Duration, args ...string) (reply, error) {
+	try := func() (reply, error) {
+		v, _, err := c.do(timeout, append([]string{"LOCK"}, args...)...)
+		if err != nil {
+			return reply{}, err
+		}
+		return rawGrant(v)
+	}
+	r, err := try()
+	for n := 0; n < 5 && isNoQuorum(err); n++ {
+		time.Sleep(100 * time.Millisecond)
+		r, err = try()
+	}
+	return r, err
 }

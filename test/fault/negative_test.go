@@ -3,8 +3,12 @@ package fault
 import (
 	"context"
 	"fmt"
+	"io"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/anishathalye/porcupine"
 
 	"github.com/lockproxy/lockproxy/test/harness"
 )
@@ -30,10 +34,16 @@ func TestNegativeQuorumBroken(t *testing.T) {
 
 	r := Check(e.hist.Grants())
 	accepted, rejected := e.ledger.Counts()
-	t.Logf("quorum broken: %d grants, %d overlaps, %d fence regressions, %d stale writes rejected (%d accepted), %d lost updates, %d errors",
-		r.Grants, r.OverlapCount, r.FenceRegressionCount, rejected, accepted, e.ledger.LostTotal(), c.errs.Load()+c.noQuorum.Load())
+	lin, ops := linearizable(e.hist.Grants(), linTimeout)
+	t.Logf("quorum broken: %d grants, %d overlaps, %d fence regressions, %d stale writes rejected (%d accepted), %d lost updates, %d errors; porcupine: %s over %d operations",
+		r.Grants, r.OverlapCount, r.FenceRegressionCount, rejected, accepted, e.ledger.LostTotal(), c.errs.Load()+c.noQuorum.Load(), lin, ops)
 	if r.OverlapCount == 0 {
 		t.Errorf("two instances on disjoint single nodes: the checker found no overlap in %d grants; want > 0", r.Grants)
+	}
+	// Overlapping sections that both wrote lose an update unless the
+	// ledger's fence check happened to refuse one of them.
+	if lost := e.ledger.LostTotal(); lost > 0 && lin != porcupine.Illegal {
+		t.Errorf("porcupine: %s with %d updates lost; want Illegal", lin, lost)
 	}
 	for _, p := range e.proxies {
 		p.checkNoPanic(t)
@@ -54,6 +64,8 @@ func TestNegativePausedHolder(t *testing.T) {
 	e := newEnv(t, 5, 2)
 	unfenced := NewLedger(false, true)
 	fenced := e.ledger
+	// The same grants as the unfenced ledger saw them, for porcupine.
+	unfencedHist := NewHistory()
 	holder := newClient(e.proxies[0].addr)
 	defer holder.Close()
 	other := newClient(e.proxies[1].addr)
@@ -91,11 +103,14 @@ func TestNegativePausedHolder(t *testing.T) {
 			b := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "other",
 				Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
 			vF, vU := fenced.Read(key), unfenced.Read(key)
-			b.Use = e.hist.Now()
+			b.Use, b.Read = e.hist.Now(), vF
 			b.Rejected = !fenced.Write(key, b.Fence, vF+1)
 			unfenced.Write(key, b.Fence, vU+1)
 			b.Exit = e.hist.Now()
 			e.hist.Add(b)
+			bu := b
+			bu.Read, bu.Rejected = vU, false
+			unfencedHist.Add(bu)
 			done <- other.Do(ctx, "UNLOCK", key, r.Token).Err()
 		}()
 
@@ -108,11 +123,14 @@ func TestNegativePausedHolder(t *testing.T) {
 		case <-time.After(15 * time.Second):
 			t.Fatalf("round %d: the other client never finished", round)
 		}
-		a.Use = e.hist.Now()
+		a.Use, a.Read = e.hist.Now(), readF
 		a.Rejected = !fenced.Write(key, a.Fence, readF+1)
 		unfenced.Write(key, a.Fence, readU+1)
 		a.Exit = e.hist.Now()
 		e.hist.Add(a)
+		au := a
+		au.Read, au.Rejected = readU, false
+		unfencedHist.Add(au)
 		released, err := holder.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Int64()
 		if err != nil || released != 0 {
 			t.Errorf("round %d: UNLOCK by the paused holder = %d, %v; want 0 (its lock ran out)", round, released, err)
@@ -130,6 +148,12 @@ func TestNegativePausedHolder(t *testing.T) {
 	}
 	if rejU != 0 || unfenced.LostTotal() != rounds {
 		t.Errorf("unfenced ledger: %d rejects, %d lost; want 0 rejects and %d lost (the stale writes were accepted)", rejU, unfenced.LostTotal(), rounds)
+	}
+	linF, _ := linearizable(e.hist.Grants(), linTimeout)
+	linU, _ := linearizable(unfencedHist.Grants(), linTimeout)
+	t.Logf("porcupine: fenced ledger history %s, unfenced %s", linF, linU)
+	if linF != porcupine.Ok || linU != porcupine.Illegal {
+		t.Errorf("porcupine: fenced %s, unfenced %s; want Ok and Illegal", linF, linU)
 	}
 	if r.LateUseCount != rounds || r.Violations() != 0 {
 		t.Errorf("checker: %v; want %d late uses and no violation (lockproxy kept its promise; the holder did not)", r, rounds)
@@ -177,4 +201,60 @@ func TestNegativeValidityIgnored(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The resource checks must fail when lockproxy does hold on to goroutines
+// or memory: here 20 connections stay open (a goroutine each) and 8 more
+// each send 10 MB of a bulk string they never finish (buffered as it
+// arrives), which the row checks must report as a leak and as memory over
+// the bound.
+func TestNegativeResourceChecks(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	nodes := harness.StartRedisN(t, 3, harness.RedisOptions{})
+	p := startProxy(t, harness.Addrs(nodes))
+	w := watchResources(t, []*proxy{p})
+
+	for i := range 20 {
+		cl := newClient(p.addr)
+		defer func() { _ = cl.Close() }()
+		if err := cl.Do(ctxFor(t, 5*time.Second), "PING").Err(); err != nil {
+			t.Fatalf("client %d: PING: %v", i, err)
+		}
+	}
+	const chunk = 1 << 20
+	junk := strings.Repeat("x", chunk)
+	for i := range 8 {
+		c, err := dialRaw(p.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer func() { _ = c.Close() }()
+		_ = c.c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		if _, err := io.WriteString(c.c, "*1\r\n$100000000\r\n"); err != nil {
+			t.Fatalf("conn %d: %v", i, err)
+		}
+		for range 10 {
+			if _, err := io.WriteString(c.c, junk); err != nil {
+				t.Fatalf("conn %d: %v", i, err)
+			}
+		}
+	}
+	// Let the sampler see the buffered bulk strings.
+	time.Sleep(time.Second)
+
+	r, problems := w.measure(2*time.Second, maxHeapInuse, maxRSS)
+	t.Logf("with 28 connections open, 80 MB of unfinished bulk strings: %v; the checks reported %d problems", r, len(problems))
+	var leak, mem bool
+	for _, p := range problems {
+		leak = leak || strings.Contains(p, "leak?")
+		mem = mem || strings.Contains(p, "memory")
+	}
+	if !leak {
+		t.Errorf("goroutine check passed with 28 connections open (%v → %v); want it to report a leak", r.base, r.after)
+	}
+	if !mem {
+		t.Errorf("memory check passed with 80 MB buffered (max heap %.1f MiB, RSS %.1f MiB); want it to report the bound broken",
+			r.maxHeap/(1<<20), r.maxRSS/(1<<20))
+	}
+	p.checkNoPanic(t)
 }

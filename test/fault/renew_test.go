@@ -1,0 +1,172 @@
+package fault
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/test/faultproxy"
+)
+
+// The renewal deadline: a RENEW that cannot reach a majority in time must
+// end the lease, not extend it, and say so before the lease the holder
+// still has runs out. The holder then stops; nobody else may get the lock
+// while it still believed it held.
+
+// renewCutRow is the network row that checks it.
+var renewCutRow = linkRow{
+	name: "renew-cut-off-from-majority",
+	fault: func(t *testing.T, e *linkEnv, notes *rowNotes) int {
+		return renewCutOff(t, e, notes)
+	},
+	expect: expect{progress: true, blocked: 1},
+	after: func(t *testing.T, e *linkEnv, windows []faultWindow, gs []Grant) {
+		noGrantsWhileCut(t, 1, windows, gs)
+	},
+}
+
+// renewCutOff runs one round per way of missing the majority: instance 1's
+// links to nodes 0–2 blackholed, then 400 ms slow (four times the 100 ms
+// node timeout of a 2 s lease). Each round: a client of instance 1 takes
+// the lock and renews it twice with RENEW; a client of instance 0 queues
+// for it; the links fail; the holder's next RENEW must answer 0,
+// -NOQUORUM or -LOCKLOST before the holder's lease ends, and the holder
+// stops at that answer. The waiter must get the lock, and not before the
+// holder was told. Both grants go into the history. It records the
+// rounds' fault windows in notes (the links are healed between rounds).
+func renewCutOff(t *testing.T, e *linkEnv, notes *rowNotes) int {
+	t.Helper()
+	const key = "renew-cut"
+	modes := []struct {
+		name  string
+		apply func(*faultproxy.Proxy)
+	}{
+		{"blackholed", (*faultproxy.Proxy).Blackhole},
+		{"400ms slow", func(p *faultproxy.Proxy) { p.SetLatency(400*time.Millisecond, 0) }},
+	}
+	holder := newClient(e.proxies[1].addr)
+	defer func() { _ = holder.Close() }()
+	events := 0
+	for round, m := range modes {
+		r, ok, err := setupLock(t, holder, key, "PX", ttlMS, "WAIT", waitMS)
+		enter := e.hist.Now()
+		if err != nil || !ok {
+			t.Errorf("round %d (%s): holder LOCK %s = %v, %v; want a grant", round, m.name, key, ok, err)
+			return events
+		}
+		hg := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "renew-holder",
+			Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+		e.critical(key, &hg)
+		// Renewed while the links are healthy: each renewal moves the
+		// deadline the holder goes by.
+		for i := range 2 {
+			time.Sleep(300 * time.Millisecond)
+			// On a busy host a node can miss its 100 ms: a NOQUORUM here
+			// leaves the deadline where the last renewal put it, and the
+			// holder tries again while that lease lasts.
+			v, err := holder.Do(ctxFor(t, 5*time.Second), "RENEW", key, r.Token, "PX", ttlMS).Int64()
+			for try := 0; try < 5 && isNoQuorum(err) && e.hist.Now() < hg.Deadline-500*time.Millisecond; try++ {
+				time.Sleep(50 * time.Millisecond)
+				v, err = holder.Do(ctxFor(t, 5*time.Second), "RENEW", key, r.Token, "PX", ttlMS).Int64()
+			}
+			at := e.hist.Now()
+			if err != nil || v <= 0 {
+				t.Errorf("round %d (%s): healthy RENEW %d = %v, %v; want a validity", round, m.name, i, v, err)
+				continue
+			}
+			hg.Deadline = at + time.Duration(v)*time.Millisecond
+		}
+
+		type result struct {
+			ok  bool
+			err error
+			g   Grant
+		}
+		got := make(chan result, 1)
+		go func() {
+			cl := newClient(e.proxies[0].addr)
+			defer func() { _ = cl.Close() }()
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			defer cancel()
+			r, ok, err := tryLock(ctx, cl, key, "PX", ttlMS, "WAIT", 3*ttlMS)
+			res := result{ok: ok, err: err, g: Grant{Key: key, Token: r.Token, Fence: r.Fence,
+				Client: "renew-waiter", Enter: e.hist.Now()}}
+			if ok {
+				res.g.Deadline = res.g.Enter + time.Duration(r.ValidityMS)*time.Millisecond
+				e.critical(key, &res.g)
+				res.g.Exit = e.hist.Now()
+				_ = cl.Do(ctx, "UNLOCK", key, r.Token).Err()
+			}
+			got <- res
+		}()
+		time.Sleep(100 * time.Millisecond) // the waiter is queued
+
+		from := e.hist.Now()
+		events += e.on([]int{1}, []int{0, 1, 2}, m.apply)
+		v, err := holder.Do(ctxFor(t, 5*time.Second), "RENEW", key, r.Token, "PX", ttlMS).Int64()
+		told := e.hist.Now()
+		answer := "0"
+		switch {
+		case err == nil && v > 0:
+			t.Errorf("round %d (%s): RENEW without a majority = %d; want 0, -NOQUORUM or -LOCKLOST", round, m.name, v)
+			answer = "a renewal"
+		case err != nil && !isNoQuorum(err) && !strings.HasPrefix(err.Error(), "LOCKLOST"):
+			t.Errorf("round %d (%s): RENEW without a majority = %v; want 0, -NOQUORUM or -LOCKLOST", round, m.name, err)
+			answer = err.Error()
+		case err != nil:
+			answer = strings.Fields(err.Error())[0]
+		}
+		if told > hg.Deadline {
+			t.Errorf("round %d (%s): RENEW answered %v after the cut, %v after the holder's lease ended; want before",
+				round, m.name, told-from, told-hg.Deadline)
+		}
+		// The holder stops at the answer.
+		hg.Exit = told
+		e.hist.Add(hg)
+
+		var res result
+		select {
+		case res = <-got:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("round %d (%s): the waiter never answered", round, m.name)
+		}
+		to := e.hist.Now()
+		e.on([]int{1}, []int{0, 1, 2}, (*faultproxy.Proxy).PassThrough)
+		notes.windows = append(notes.windows, faultWindow{from, to})
+		if res.err != nil || !res.ok {
+			t.Errorf("round %d (%s): waiter on p0: LOCK %s = %v, %v; want a grant once the holder's lease ran out", round, m.name, key, res.ok, res.err)
+			continue
+		}
+		e.hist.Add(res.g)
+		if res.g.Enter < told {
+			t.Errorf("round %d (%s): waiter granted %v after the cut, before the holder was told at %v", round, m.name, res.g.Enter-from, told-from)
+		}
+		notes.add("%s: RENEW answered %s %v after the cut, %v before the lease's end; the waiter on p0 got the lock %v after the cut",
+			m.name, answer, (told - from).Round(time.Millisecond), (hg.Deadline - told).Round(time.Millisecond), (res.g.Enter - from).Round(time.Millisecond))
+		time.Sleep(300 * time.Millisecond) // instance 1 reconnects
+	}
+	return events
+}
+
+// noGrantsWhileCut fails on any grant through the instance inside a fault
+// window, but for cutGrace at its start (replies the nodes sent before the
+// cut), and logs how many there were.
+func noGrantsWhileCut(t *testing.T, instance int, windows []faultWindow, gs []Grant) {
+	t.Helper()
+	n, cut := 0, time.Duration(0)
+	for _, w := range windows {
+		cut += w.to - w.from
+		for _, g := range gs {
+			if !clientsOf(g, instance) || g.Enter <= w.from || g.Enter >= w.to {
+				continue
+			}
+			n++
+			if g.Enter > w.from+cutGrace {
+				t.Errorf("instance p%d granted %v while cut off from the majority", instance, g)
+			}
+		}
+	}
+	t.Logf("instance p%d: %d grants in %v of cuts (any only within %v of a cut's start, from replies sent before it)",
+		instance, n, cut.Round(time.Millisecond), cutGrace)
+}

@@ -1,0 +1,180 @@
+package fault
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+// linTimeout bounds porcupine's search in a row (it is linear in practice:
+// the critical sections of a key hardly overlap).
+const linTimeout = 30 * time.Second
+
+// A row's pass criteria, shared by TestFaults and TestLinkFaults. Every
+// row must show, and judge checks each:
+//   - size: at least clients × grants acknowledged grants (each client its
+//     share, checked by the workload);
+//   - safety: 0 overlaps within validity, fences strictly increasing per
+//     key, no live write rejected, no acknowledged ledger update lost, and
+//     the ledger history linearizable (porcupine, linearize_test.go); rows
+//     that break RedLock's assumptions on purpose log these instead;
+//   - availability: with a majority up and reachable, grants during the
+//     fault windows through every instance that is not down or cut off by
+//     design;
+//   - no panic, fatal error or data race in any lockproxy's output;
+//   - no goroutine leak and bounded memory (resources_test.go).
+
+// expect is what a row must show besides safety.
+type expect struct {
+	// progress: a majority stays up and reachable, so the clients of
+	// every instance but blocked must get grants during the fault.
+	progress bool
+	// blocked is an instance that cannot grant during the fault by design
+	// (down, or cut off from the majority), or -1.
+	blocked int
+	// unsafe: the row breaks RedLock's assumptions on purpose; overlaps
+	// and lost updates are logged, not failed.
+	unsafe bool
+	// clean: a row without faults: no NOQUORUM beyond a busy host's odd
+	// timeout, no other error.
+	clean bool
+}
+
+// rowRun is what a row did.
+type rowRun struct {
+	name            string
+	clients, grants int
+	windows         []faultWindow
+	events          int
+	// attemptsDuring counts the workload's LOCKs answered from each
+	// injection to its heal (a little wider than the windows): in rows
+	// whose fault blocks grants by design it shows the clients kept
+	// trying and were answered.
+	attemptsDuring int64
+	c              *counts
+	took           time.Duration
+	res            resourceReport
+	notes          string
+}
+
+// judge checks a finished row's history and ledger against every
+// criterion and logs one summary line (the README's numbers come from
+// these lines).
+func judge(t *testing.T, e *env, run rowRun, x expect) {
+	t.Helper()
+	gs := e.hist.Grants()
+	r := Check(gs)
+	accepted, rejected := e.ledger.Counts()
+	lost := e.ledger.LostTotal()
+	var faultTime time.Duration
+	for _, w := range run.windows {
+		faultTime += w.to - w.from
+	}
+	during, byProxy := grantsDuring(gs, run.windows)
+	linStart := time.Now()
+	lin, linOps := linearizable(gs, linTimeout)
+	linTook := time.Since(linStart)
+	c := run.c
+	attempts := c.attempts()
+	t.Logf("ROW %s: %d grants in %v (%d during %d fault windows of %v, by client %v; %d attempts from injection to heal); %d faults injected; "+
+		"%d overlaps, %d fence regressions, %d live writes rejected, %d lost updates; "+
+		"%d late uses, %d stale writes rejected (%d accepted); %d attempts: %d nil, %d NOQUORUM, %d other errors; "+
+		"%d UNLOCK 0, %d UNLOCK errors, %d vanished; porcupine: %s over %d ledger operations in %v; %v%s",
+		run.name, r.Grants, run.took.Round(time.Millisecond), during, len(run.windows), faultTime.Round(time.Millisecond), byProxy, run.attemptsDuring, run.events,
+		r.OverlapCount, r.FenceRegressionCount, r.RejectedLiveCount, lost,
+		r.LateUseCount, rejected, accepted, attempts, c.nils.Load(), c.noQuorum.Load(), c.errs.Load(),
+		c.unlockZero.Load(), c.unlockErrs.Load(), c.vanished.Load(), lin, linOps, linTook.Round(time.Millisecond),
+		run.res, prefixed("; ", run.notes))
+
+	if x.unsafe {
+		if r.OverlapCount+r.LateUseCount == 0 {
+			t.Logf("%s: assumption broken on purpose, but no overlap or late use showed up in this run (%d grants); nothing proven either way", run.name, r.Grants)
+		} else {
+			t.Logf("%s: EXPECTED — the checker found %d overlaps and %d late uses with the assumption broken: %v",
+				run.name, r.OverlapCount, r.LateUseCount, r)
+		}
+	} else {
+		if r.Violations() > 0 {
+			t.Errorf("history check: %v", r)
+		}
+		if lost != 0 {
+			t.Errorf("lost acknowledged updates: %v", e.ledger.Lost())
+		}
+		// Unknown (timed out) proves nothing either way and is only
+		// logged.
+		if lin == porcupine.Illegal {
+			t.Errorf("porcupine: the ledger history of %d operations is not linearizable", linOps)
+		}
+	}
+	if want := run.clients * run.grants; r.Grants < want {
+		t.Errorf("%d grants; want at least %d", r.Grants, want)
+	}
+	if x.progress {
+		if during == 0 {
+			t.Errorf("no grant while the fault was on; a majority was up")
+		}
+		for i := range e.proxies {
+			if p := fmt.Sprintf("p%d", i); i != x.blocked && byProxy[p] == 0 {
+				t.Errorf("no grant through instance %s while the fault was on; a majority was up and reachable", p)
+			}
+		}
+	}
+	if x.clean {
+		// A 100 ms node timeout can pass on a loaded shared host; a few
+		// NOQUORUM answers (retried) are that, not a fault.
+		if c.errs.Load() > 0 || c.noQuorum.Load()*100 > attempts {
+			t.Errorf("without faults: %d NOQUORUM in %d attempts, %d other errors (last: %v); want no errors and NOQUORUM under 1 %%",
+				c.noQuorum.Load(), attempts, c.errs.Load(), c.lastErr.Load())
+		}
+	}
+	for _, p := range e.proxies {
+		p.checkNoPanic(t)
+	}
+}
+
+func prefixed(prefix, s string) string {
+	if s == "" {
+		return ""
+	}
+	return prefix + s
+}
+
+// rowSize returns the clients, grants per client, how many times the
+// fault may be injected, and the wall-clock limit of a row: CI size by
+// default, the soak size with -soak or LOCKPROXY_SOAK=1 (the fault then
+// repeats, a second apart, until the clients made their grants).
+func rowSize() (clients, grants, cycles int, limit time.Duration) {
+	if soak() {
+		return 20, 10000, 1000, 30 * time.Minute
+	}
+	return 20, 500, 1, 2 * time.Minute
+}
+
+// rowKeys is how many keys a row's clients spread over: 20 clients on 12
+// keys keep 1–2 clients contending for each key, while the row makes its
+// 10,000 grants in seconds rather than the minute one key would take.
+const rowKeys = 12
+
+// clientsOf names the instances' clients in a grant's Client field.
+func clientsOf(g Grant, instance int) bool {
+	return strings.HasPrefix(g.Client, fmt.Sprintf("p%d.", instance))
+}
+
+// rowsAtOnce is how many rows of one table run at the same time. Each row
+// has its own nodes, instances and links, so rows do not see each other's
+// faults; two at once keep both cores busy while one row's fault holds its
+// clients back (a node down past the TTL, an instance cut off).
+const rowsAtOnce = 2
+
+var rowSlots = make(chan struct{}, rowsAtOnce)
+
+// rowSlot marks the row parallel with the table's other rows and waits for
+// one of the rowsAtOnce slots, which it gives back when the row ends.
+func rowSlot(t *testing.T) {
+	t.Parallel()
+	rowSlots <- struct{}{}
+	t.Cleanup(func() { <-rowSlots })
+}
