@@ -383,6 +383,14 @@ func checkNoLockKeys(t *testing.T, e *linkEnv) {
 // validity while a client of the other instance waits for it: with a
 // majority of fast nodes the lock runs out on them after TTL/1.5, and the
 // waiter gets it while the holder still holds it.
+//
+// The proxy scales TTLs only, not TIME replies, so lockproxy's clock-rate
+// detector never sees these clocks: every row runs RedLock with its clock
+// bound broken on n nodes, and is marked unsafe (overlaps logged, not
+// failed). Even one fast node can do it: two majorities may share only
+// fast nodes (holder on F1, F2, N1 while the previous holder's release is
+// still on its way to N2 and N3; the waiter, after TTL/1.5, on F1, F2, N2).
+// Measured: overlaps in every 3-node run, in some 2-node runs.
 func fastClockRow(n int) linkRow {
 	nodes := make([]int, n)
 	for i := range nodes {
@@ -397,7 +405,7 @@ func fastClockRow(n int) linkRow {
 			sleepFault(e, from)
 			return events
 		},
-		expect: expect{progress: true, blocked: -1, unsafe: n >= 3},
+		expect: expect{progress: true, blocked: -1, unsafe: true},
 	}
 }
 
