@@ -203,6 +203,11 @@ var linkRows = []linkRow{
 		expect: expect{blocked: -1},
 		after: func(t *testing.T, e *linkEnv, windows []faultWindow, gs []Grant) {
 			checkValidity(t, gs)
+			// A majority cannot answer within the node timeout: only
+			// LOCKs answered before the latency began may enter.
+			for i := range e.proxies {
+				noGrantsWhileCut(t, i, windows, gs)
+			}
 			// Commands already delayed by 1.5 s reach the nodes after the
 			// heal; then every grant was released and every failed attempt
 			// cleaned up, so no lock key may be left.
