@@ -16,7 +16,8 @@ build:
 run: build
 	./$(BIN) --dev --log-format console
 
-## deps: install redis-server and redis-tools when missing (apt-get, as root).
+## deps: install what the tests need when missing (redis-server, redis-tools, zookeeper, python3-redis,
+## nodejs, npm, nutcracker from Debian's packages with apt-get as root; the tests' npm packages).
 deps:
 	./scripts/install-test-deps.sh
 
@@ -57,6 +58,9 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzParseInt -fuzztime $(FUZZTIME) ./resp/
 	$(GO) test -run '^$$' -fuzz FuzzParseLock -fuzztime $(FUZZTIME) ./commands/
 	$(GO) test -run '^$$' -fuzz FuzzLoad -fuzztime $(FUZZTIME) ./conf/
+	$(GO) test -run '^$$' -fuzz FuzzFrameEnd -fuzztime $(FUZZTIME) ./relay/
+	$(GO) test -run '^$$' -fuzz FuzzParseChild -fuzztime $(FUZZTIME) ./backends/zookeeper/
+	$(GO) test -run '^$$' -fuzz FuzzDecodeData -fuzztime $(FUZZTIME) ./backends/zookeeper/
 
 vet:
 	$(GO) vet ./...
