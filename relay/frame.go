@@ -235,3 +235,8 @@ func Split(f []byte) (t byte, elems [][]byte, ok bool) { return elements(f) }
 
 // Text returns the text of a simple, bulk or verbatim string reply.
 func Text(f []byte) ([]byte, bool) { return str(f) }
+
+// FrameEnd is frameEnd for tools that split RESP reply streams (the test
+// fault proxy): the length of the complete frame at the start of b, 0 when
+// b holds only part of it, or an error for a stream that is not RESP.
+func FrameEnd(b []byte) (int, error) { return frameEnd(b) }

@@ -59,6 +59,7 @@ type state struct {
 	mode          Mode
 	delay, jitter time.Duration
 	rate          float64
+	since         time.Time // when FastClock began: TIME replies run rate× fast from here
 }
 
 // Proxy is a TCP proxy in front of one upstream. All methods are safe for
@@ -126,16 +127,17 @@ func (p *Proxy) Reset() {
 	}
 }
 
-// FastClock makes the upstream's keys expire rate times sooner (rate > 1)
-// by rewriting client→server commands: SET … PX ms / EX s, PSETEX, SETEX,
-// PEXPIRE, EXPIRE, and lockproxy's extend script (EVALSHA by its SHA, or
-// EVAL of its source), whose last argument is the TTL in ms. Every TTL
-// becomes ttl/rate ms (at least 1). Replies are not changed.
+// FastClock makes the upstream's clock seem to run rate times fast (rate >
+// 1): keys expire rate times sooner, by rewriting client→server commands
+// (SET … PX ms / EX s, PSETEX, SETEX, PEXPIRE, EXPIRE, and the lease of
+// lockproxy's lock scripts: every TTL becomes ttl/rate ms, at least 1), and
+// TIME replies run rate times fast from now on, so that a client measuring
+// the node's clock rate sees it too.
 func (p *Proxy) FastClock(rate float64) {
 	if rate < 1 {
 		rate = 1
 	}
-	p.set(state{mode: FastClock, rate: rate})
+	p.set(state{mode: FastClock, rate: rate, since: time.Now()})
 }
 
 func (p *Proxy) set(st state) {
@@ -213,6 +215,13 @@ func rst(c net.Conn) {
 // link is one proxied connection: client ⇄ proxy ⇄ upstream.
 type link struct {
 	client, server net.Conn
+
+	// times has an entry per command sent on the link whose reply has not
+	// come back yet, true for TIME: the reply side finds TIME's replies by
+	// it. untracked is set once the command stream is not RESP we parse.
+	tmu       sync.Mutex
+	times     []bool
+	untracked bool
 
 	mu     sync.Mutex
 	hole   bool // bytes were dropped by Blackhole
@@ -319,8 +328,11 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, toServer bool) {
 	}()
 
 	var framer *respFramer
+	var replies *replyFramer
 	if toServer {
-		framer = &respFramer{}
+		framer = &respFramer{onCommand: l.sent}
+	} else {
+		replies = &replyFramer{l: l}
 	}
 	var lastDue time.Time
 	buf := make([]byte, 32*1024)
@@ -335,6 +347,9 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, toServer bool) {
 					rate = st.rate
 				}
 				b = framer.feed(b, rate)
+			}
+			if replies != nil {
+				b = replies.feed(b, st)
 			}
 			switch st.mode {
 			case Blackhole:

@@ -31,6 +31,36 @@ func dial(t *testing.T, addr string) *conn {
 	return &conn{c: c, r: bufio.NewReader(c)}
 }
 
+// doArray sends args and reads an array reply of bulk strings.
+func (c *conn) doArray(timeout time.Duration, args ...string) ([]string, error) {
+	_ = c.c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.c.Write(appendCommand(nil, toBytes(args))); err != nil {
+		return nil, err
+	}
+	line, err := c.r.ReadString('\n')
+	if err != nil {
+		return nil, err
+	}
+	if !strings.HasPrefix(line, "*") {
+		return nil, errors.New("not an array: " + line)
+	}
+	n, _ := strconv.Atoi(strings.TrimRight(line[1:], "\r\n"))
+	out := make([]string, 0, n)
+	for range n {
+		hdr, err := c.r.ReadString('\n')
+		if err != nil {
+			return nil, err
+		}
+		l, _ := strconv.Atoi(strings.TrimRight(hdr[1:], "\r\n"))
+		b := make([]byte, l+2)
+		if _, err := io.ReadFull(c.r, b); err != nil {
+			return nil, err
+		}
+		out = append(out, string(b[:l]))
+	}
+	return out, nil
+}
+
 // do sends args and reads one reply (simple, error, integer or bulk
 // string) within timeout.
 func (c *conn) do(timeout time.Duration, args ...string) (string, error) {
@@ -215,6 +245,18 @@ func TestProxy(t *testing.T) {
 				if err != nil || pttl <= 0 || pttl > s.limit {
 					t.Errorf("%q: PTTL %s on the node = %q, %v; want in (0, %d]", s.args, s.key, v, err, s.limit)
 				}
+			}
+			// TIME runs rate× fast since FastClock: after ~300 ms more, the
+			// proxied clock is ahead of the node's by about that much again.
+			time.Sleep(300 * time.Millisecond)
+			viaProxy, err1 := c.doArray(time.Second, "TIME")
+			atNode, err2 := direct.doArray(time.Second, "TIME")
+			if err1 != nil || err2 != nil || len(viaProxy) != 2 || len(atNode) != 2 {
+				t.Fatalf("TIME = %q, %v / %q, %v", viaProxy, err1, atNode, err2)
+			}
+			us := func(v []string) int64 { return atoi(v[0])*1_000_000 + atoi(v[1]) }
+			if ahead := us(viaProxy) - us(atNode); ahead < 250_000 {
+				t.Errorf("TIME through the fast-clock proxy is %d µs ahead of the node's; want ≥ 250 ms (rate 2 for 300+ ms)", ahead)
 			}
 			p.PassThrough()
 			if _, err := c.do(time.Second, "SET", "fc5", "v", "PX", "1000"); err != nil {

@@ -5,8 +5,10 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"time"
 
 	lpredis "github.com/lockproxy/lockproxy/backends/redis"
+	"github.com/lockproxy/lockproxy/relay"
 )
 
 // leaseScripts maps the SHA1s (lower case) and sources of lockproxy's lock
@@ -26,6 +28,9 @@ var leaseScripts = func() map[string]bool {
 type respFramer struct {
 	pending []byte
 	raw     bool
+	// onCommand, when set, hears of each command framed (time: it is
+	// TIME), or of the stream turning raw (raw).
+	onCommand func(time, raw bool)
 }
 
 // feed appends b and returns the bytes to forward now: every whole
@@ -42,6 +47,9 @@ func (f *respFramer) feed(b []byte, rate float64) []byte {
 		if !ok {
 			// Not RESP we understand: give up parsing for this stream.
 			f.raw = true
+			if f.onCommand != nil {
+				f.onCommand(false, true)
+			}
 			out = append(out, f.pending...)
 			f.pending = nil
 			return out
@@ -50,6 +58,9 @@ func (f *respFramer) feed(b []byte, rate float64) []byte {
 			break // incomplete
 		}
 		frame := f.pending[:n]
+		if f.onCommand != nil {
+			f.onCommand(len(args) == 1 && strings.EqualFold(string(args[0]), "TIME"), false)
+		}
 		if args != nil && rate > 1 && rewrite(args, rate) {
 			out = appendCommand(out, args)
 		} else {
@@ -213,4 +224,93 @@ func rewrite(args [][]byte, rate float64) bool {
 		}
 	}
 	return changed
+}
+
+// sent notes a command sent to the server (see link.times).
+func (l *link) sent(isTime, raw bool) {
+	l.tmu.Lock()
+	defer l.tmu.Unlock()
+	if raw {
+		l.untracked = true
+		l.times = nil
+		return
+	}
+	if !l.untracked {
+		l.times = append(l.times, isTime)
+	}
+}
+
+// replied pops the oldest command sent and reports whether it was TIME.
+// A reply with no command (a pub/sub message) pops nothing.
+func (l *link) replied() bool {
+	l.tmu.Lock()
+	defer l.tmu.Unlock()
+	if l.untracked || len(l.times) == 0 {
+		return false
+	}
+	t := l.times[0]
+	l.times = l.times[1:]
+	return t
+}
+
+// replyFramer splits the server→client stream into replies and, under
+// FastClock, rewrites TIME's.
+type replyFramer struct {
+	l       *link
+	pending []byte
+	raw     bool
+}
+
+func (f *replyFramer) feed(b []byte, st state) []byte {
+	if f.raw {
+		return b
+	}
+	f.pending = append(f.pending, b...)
+	var out []byte
+	for len(f.pending) > 0 {
+		n, err := relay.FrameEnd(f.pending)
+		if err != nil {
+			f.raw = true
+			out = append(out, f.pending...)
+			f.pending = nil
+			return out
+		}
+		if n == 0 {
+			break
+		}
+		frame := f.pending[:n]
+		if f.l.replied() && st.mode == FastClock && st.rate > 1 {
+			if t, ok := fastTime(frame, st); ok {
+				frame = t
+			}
+		}
+		out = append(out, frame...)
+		f.pending = f.pending[n:]
+	}
+	f.pending = append([]byte(nil), f.pending...)
+	return out
+}
+
+// fastTime rewrites a TIME reply (*2 of seconds and microseconds) to run
+// st.rate times fast since st.since.
+func fastTime(frame []byte, st state) ([]byte, bool) {
+	_, elems, ok := relay.Split(frame)
+	if !ok || len(elems) != 2 {
+		return nil, false
+	}
+	secs, ok1 := relay.Text(elems[0])
+	usecs, ok2 := relay.Text(elems[1])
+	if !ok1 || !ok2 {
+		return nil, false
+	}
+	s, err1 := strconv.ParseInt(string(secs), 10, 64)
+	us, err2 := strconv.ParseInt(string(usecs), 10, 64)
+	if err1 != nil || err2 != nil {
+		return nil, false
+	}
+	t := s*1_000_000 + us + int64(float64(time.Since(st.since).Microseconds())*(st.rate-1))
+	return appendCommand(nil, [][]byte{
+		[]byte(strconv.FormatInt(t/1_000_000, 10)),
+		[]byte(strconv.FormatInt(t%1_000_000, 10)),
+	}), true
 }
