@@ -70,6 +70,9 @@ type NodeGrant struct {
 	// Upgrade is set on a refusal because the token holds the key for
 	// reading on this node and asked for it exclusively.
 	Upgrade bool
+	// Counter, for a reentrant grant, is the key's fence counter on the
+	// node: at least the hold's fence, for when Fence is 0 (not stored).
+	Counter uint64
 }
 
 // Node is one independent lock store. Every method must return by the time
@@ -499,10 +502,12 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 // the highest counter of all.
 func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantResult, need int, fresh bool) (uint64, error) {
 	var fence uint64
-	for _, g := range granted {
-		if g.grant.Fence > fence && (fresh || g.grant.Holds > 1) {
-			fence = g.grant.Fence
+	if fresh {
+		for _, g := range granted {
+			fence = max(fence, g.grant.Fence)
 		}
+	} else {
+		fence = reentryFence(granted, need)
 	}
 	atFence := 0
 	for _, g := range granted {
@@ -549,6 +554,36 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 		return fence, nil
 	}
 	return 0, q.noQuorum(atFence, failures)
+}
+
+// reentryFence is the fence of the hold a reentrant grant joins. A node
+// whose answer to the hold's grant was lost stored none (0), so the fence a
+// majority of nodes stored is taken: those nodes held the key for the
+// token since that grant, so no other holder can have been granted it
+// meanwhile. Without such a majority, the highest stored fence (or, with
+// none stored, the highest counter), which is at least that of any grant
+// the token's nodes have seen.
+func reentryFence(granted []grantResult, need int) uint64 {
+	votes := map[uint64]int{}
+	var counter, highest uint64
+	for _, g := range granted {
+		if g.grant.Holds > 1 {
+			counter = max(counter, g.grant.Counter)
+			if g.grant.Fence > 0 {
+				votes[g.grant.Fence]++
+				highest = max(highest, g.grant.Fence)
+			}
+		}
+	}
+	for f, n := range votes {
+		if n >= need {
+			return f
+		}
+	}
+	if highest > 0 {
+		return highest
+	}
+	return counter
 }
 
 // releaseAll releases req on every node, bounded by the node timeout, and

@@ -51,13 +51,14 @@ type call struct {
 type fakeNode struct {
 	name string
 
-	delay  time.Duration // every call waits this long first, or until ctx is done
-	gate   chan struct{} // Acquire waits for it to close, ignoring ctx: an answer already on its way
-	err    error         // Acquire fails with it
-	refuse bool          // Acquire answers that another holder has the key
-	fence  uint64        // the fence Acquire returns
-	holds  int64         // the hold count Acquire returns
-	upgrad bool          // with refuse: the token holds the key for reading
+	delay   time.Duration // every call waits this long first, or until ctx is done
+	gate    chan struct{} // Acquire waits for it to close, ignoring ctx: an answer already on its way
+	err     error         // Acquire fails with it
+	refuse  bool          // Acquire answers that another holder has the key
+	fence   uint64        // the fence Acquire returns
+	holds   int64         // the hold count Acquire returns
+	counter uint64        // the counter a reentrant Acquire returns
+	upgrad  bool          // with refuse: the token holds the key for reading
 
 	raise raiseBehaviour
 
@@ -125,7 +126,7 @@ func (n *fakeNode) Acquire(ctx context.Context, req quorum.Request) (quorum.Node
 	if n.err != nil {
 		return quorum.NodeGrant{}, n.err
 	}
-	return quorum.NodeGrant{Acquired: !n.refuse, Fence: n.fence, Holds: n.holds, Upgrade: n.refuse && n.upgrad}, nil
+	return quorum.NodeGrant{Acquired: !n.refuse, Fence: n.fence, Holds: n.holds, Upgrade: n.refuse && n.upgrad, Counter: n.counter}, nil
 }
 
 func (n *fakeNode) RaiseFence(ctx context.Context, key, token string, fence uint64) (bool, error) {
@@ -1382,6 +1383,21 @@ func TestAcquireModes(t *testing.T) {
 		}
 		if r := nodes[0].ops("raise"); len(r) != 1 || r[0].fence != 5 {
 			t.Errorf("the afresh node got raises %+v; want one to 5", r)
+		}
+	})
+	t.Run("a node that lost the hold's fence", func(t *testing.T) {
+		// All three join the hold; n1 never stored its fence (its answer
+		// to the first grant was lost) and offers its counter.
+		nodes := makeNodes(t, 3, func(i int, nd *fakeNode) {
+			nd.fence, nd.holds, nd.raise = 4, 2, raiseOK
+			if i == 0 {
+				nd.fence, nd.counter = 0, 9
+			}
+		})
+		q := newQuorum(t, defaultConfig(), nodes)
+		lease, err := q.Acquire(context.Background(), quorum.Request{Key: "k", Token: "t", TTL: time.Second})
+		if err != nil || lease.Fence != 4 {
+			t.Fatalf("Acquire = %+v, %v; want the fence the other two stored, 4", lease, err)
 		}
 	})
 	t.Run("upgrade refused", func(t *testing.T) {

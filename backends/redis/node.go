@@ -69,9 +69,10 @@ var opNames = [numOps]string{"acquire", "raise_fence", "release", "extend"}
 // the fence (or acquireRefused, acquireUpgrade) for an acquire, whose hold
 // count is in holds.
 type opResult struct {
-	n     int64
-	holds int64
-	err   error
+	n       int64
+	holds   int64
+	counter int64 // a reentrant acquire's slot counter
+	err     error
 }
 
 // Acquire answers other than a fence.
@@ -301,7 +302,7 @@ func acquireGrant(r opResult) (quorum.NodeGrant, error) {
 	case r.n < 0:
 		return quorum.NodeGrant{}, nil
 	}
-	return quorum.NodeGrant{Acquired: true, Fence: uint64(r.n), Holds: r.holds}, nil
+	return quorum.NodeGrant{Acquired: true, Fence: uint64(r.n), Holds: r.holds, Counter: uint64(r.counter)}, nil
 }
 
 // RaiseFence implements quorum.Node.
@@ -517,8 +518,20 @@ func (n *Node) exec(batch []*op) {
 	var deadline time.Time
 	for _, o := range batch {
 		if !o.deadline.After(now) {
-			n.finish(o, opResult{err: unsent(context.DeadlineExceeded)})
-			continue
+			if o.kind == opRelease {
+				// The caller has stopped waiting, but the release still
+				// goes out (its answer dropped): it may be the roll-back
+				// of an acquire already on its way to this node, which
+				// would otherwise hold the key here until its TTL.
+				late := &op{kind: opRelease, key: o.key, base: o.base, token: o.token, channel: o.channel,
+					hold: o.hold, start: now, deadline: now.Add(n.timeout), res: make(chan opResult, 1),
+					done: func(opResult) {}}
+				n.finish(o, opResult{err: context.DeadlineExceeded})
+				o = late
+			} else {
+				n.finish(o, opResult{err: unsent(context.DeadlineExceeded)})
+				continue
+			}
 		}
 		if o.deadline.After(deadline) {
 			deadline = o.deadline
@@ -768,11 +781,16 @@ func acquireResult(c *goredis.Cmd) opResult {
 		}
 		return opResult{n: acquireRefused}
 	case []any:
-		if len(v) == 2 {
+		if len(v) == 2 || len(v) == 3 {
 			f, ok1 := v[0].(int64)
 			h, ok2 := v[1].(int64)
-			if ok1 && ok2 && f >= 0 && h > 0 {
-				return opResult{n: f, holds: h}
+			var c int64
+			ok3 := true
+			if len(v) == 3 {
+				c, ok3 = v[2].(int64)
+			}
+			if ok1 && ok2 && ok3 && f >= 0 && h > 0 && c >= 0 {
+				return opResult{n: f, holds: h, counter: c}
 			}
 		}
 	}

@@ -79,8 +79,9 @@ end
 // KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms,
 // ARGV[3] slot, ARGV[4] writer-wait ms or 0, ARGV[5] readMarker, ARGV[6]
 // 1 to refuse reentry (SET NX's rule) or 0.
-// Returns {fence, holds} when granted (a reentrant grant when the token
-// already holds it: one more hold, the lease reset, the stored fence), 0
+// Returns {fence, holds} when granted, or {stored fence or 0, holds, slot
+// counter} for a reentrant grant (the token already holds it: one more
+// hold, the lease reset), 0
 // when held by another, -1 when the token holds it for reading (upgrade).
 // A refused writer that will wait marks itself on the node (lockw) so new
 // readers stop joining.
@@ -94,15 +95,13 @@ end
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] and ARGV[6] ~= '1' then
   local f, h, r = meta(redis.call('GET', KEYS[2]))
-  if f == 0 then
-    -- The hold's fence is not stored (its write failed): the slot's
-    -- counter is at least the hold's fence, and safe to use.
-    f = tonumber(redis.call('HGET', KEYS[6], ARGV[3]) or '0')
-  end
   h = h + 1
   redis.call('SET', KEYS[2], fmtmeta(f, h, r), 'PX', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  return {f, h + 1}
+  -- f is 0 when the hold's fence was never stored here (the grant's
+  -- answer from this node was lost): the quorum takes the other nodes'
+  -- fence, or this slot counter, which is at least the hold's fence.
+  return {f, h + 1, tonumber(redis.call('HGET', KEYS[6], ARGV[3]) or '0')}
 end
 if ARGV[4] ~= '0' then redis.call('SET', KEYS[5], '1', 'PX', ARGV[4]) end
 if v == ARGV[5] then
