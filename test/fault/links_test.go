@@ -209,9 +209,11 @@ var linkRows = []linkRow{
 				noGrantsWhileCut(t, i, windows, gs)
 			}
 			// Commands already delayed by 1.5 s reach the nodes after the
-			// heal; then every grant was released and every failed attempt
-			// cleaned up, so no lock key may be left.
-			if d := windows[len(windows)-1].to + 1600*time.Millisecond - e.hist.Now(); d > 0 {
+			// heal. A late acquire can still land after its roll-back (a
+			// reconnect puts them on different connections), so what is
+			// checked is that no lock key outlives its lease: one TTL
+			// after the delayed commands landed, none may be left.
+			if d := windows[len(windows)-1].to + 1600*time.Millisecond + ttlMS*time.Millisecond - e.hist.Now(); d > 0 {
 				time.Sleep(d)
 			}
 			checkNoLockKeys(t, e)
