@@ -77,6 +77,9 @@ type Options struct {
 	DriftFor func(ttl time.Duration) time.Duration
 	// LockPatterns are the key globs served in transparent mode.
 	LockPatterns []string
+	// Password, when set, must be given with AUTH (or HELLO … AUTH)
+	// before any other command (auth.password).
+	Password string
 	// Relay, when set, serves the commands lockproxy does not know by
 	// relaying them to the upstream Redis (relay.go).
 	Relay *relay.Relay
@@ -102,6 +105,8 @@ type Handler struct {
 
 	up *relay.Relay
 	rm *relayMetrics
+
+	password string
 }
 
 // NewHandler returns a Handler; Close it to stop its background work.
@@ -126,6 +131,7 @@ func NewHandler(o Options) *Handler {
 
 		patterns: o.LockPatterns,
 		up:       o.Relay,
+		password: o.Password,
 	}
 	if h.up != nil {
 		h.rm = newRelayMetrics(o.Registry)
@@ -154,6 +160,7 @@ type conn struct {
 	libName string
 	libVer  string
 	lastCmd string
+	authed  bool           // gave the password (auth.password), when one is set
 	ka      *connKeepalive // nil until the first KEEPALIVE lock
 	rl      *relayConn     // nil until the first relayed command
 }
@@ -170,6 +177,11 @@ func state(s *resp.Session) *conn {
 // ServeRESP implements resp.Handler.
 func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 	if len(args) == 0 {
+		return
+	}
+	if h.password != "" && !state(s).authed && !noAuthNeeded(args[0]) {
+		h.metrics.commands.WithLabelValues("unknown", "error").Inc()
+		s.W.Error("NOAUTH Authentication required.")
 		return
 	}
 	if h.up != nil && h.relayRoute(s, args) {

@@ -432,6 +432,7 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 		c.rl.multi, c.rl.dirty, c.rl.watch, c.rl.db, c.rl.tracking = false, false, false, 0, false
 	}
 	c.name = ""
+	c.authed = false // RESET signs the connection out, as in Redis
 	s.W.SetProto(2)
 	if c.ka != nil {
 		c.ka.proto.Store(2)

@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"os"
@@ -37,8 +38,53 @@ func (h *Handler) quit(s *resp.Session, args [][]byte) {
 	s.CloseAfterReply()
 }
 
+// auth: AUTH [username] password. With auth.password set, the default
+// user's password; without, the error Redis gives.
 func (h *Handler) auth(s *resp.Session, args [][]byte) {
-	s.W.Error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?")
+	if h.password == "" {
+		s.W.Error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?")
+		return
+	}
+	user, pass := []byte("default"), args[len(args)-1]
+	if len(args) == 3 {
+		user = args[1]
+	}
+	if !h.passwordOK(user, pass) {
+		state(s).authed = false
+		s.W.Error(errWrongPass)
+		return
+	}
+	state(s).authed = true
+	s.W.Simple("OK")
+}
+
+const errWrongPass = "WRONGPASS invalid username-password pair or user is disabled."
+
+// passwordOK compares in constant time: a client must not learn the
+// password a byte at a time from how long the answer takes.
+func (h *Handler) passwordOK(user, pass []byte) bool {
+	okUser := subtle.ConstantTimeCompare(user, []byte("default")) == 1
+	okPass := subtle.ConstantTimeCompare(pass, []byte(h.password)) == 1
+	return okUser && okPass
+}
+
+func helloHasAuth(args [][]byte) bool {
+	for i := 2; i+2 < len(args); i++ {
+		if resp.EqualFold(args[i], "AUTH") {
+			return true
+		}
+	}
+	return false
+}
+
+// noAuthNeeded are the commands Redis serves before AUTH.
+func noAuthNeeded(cmd []byte) bool {
+	for _, c := range []string{"AUTH", "HELLO", "QUIT", "RESET"} {
+		if resp.EqualFold(cmd, c) {
+			return true
+		}
+	}
+	return false
 }
 
 func (h *Handler) selectDB(s *resp.Session, args [][]byte) {
@@ -56,6 +102,10 @@ func (h *Handler) selectDB(s *resp.Session, args [][]byte) {
 // hello: HELLO [protover [AUTH username password] [SETNAME clientname]]
 func (h *Handler) hello(s *resp.Session, args [][]byte) {
 	proto := s.W.Proto()
+	if h.password != "" && !state(s).authed && !helloHasAuth(args) {
+		s.W.Error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time")
+		return
+	}
 	if len(args) >= 2 {
 		v, ok := resp.ParseInt(args[1])
 		if !ok {
@@ -72,8 +122,15 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 	for i := 2; i < len(args); i++ {
 		switch {
 		case resp.EqualFold(args[i], "AUTH") && i+2 < len(args):
-			// No front-side authentication is configured: like Redis's
-			// default user with nopass, any credentials are accepted.
+			// Without auth.password, like Redis's default user with
+			// nopass, any credentials are accepted.
+			if h.password != "" {
+				if !h.passwordOK(args[i+1], args[i+2]) {
+					s.W.Error(errWrongPass)
+					return
+				}
+				state(s).authed = true
+			}
 			i += 2
 		case resp.EqualFold(args[i], "SETNAME") && i+1 < len(args):
 			name = args[i+1]

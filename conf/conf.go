@@ -36,6 +36,13 @@ type Config struct {
 	Locks        Locks     `yaml:"locks"`
 	Zookeeper    Zookeeper `yaml:"zookeeper"`
 	Limits       Limits    `yaml:"limits"`
+	Auth         Auth      `yaml:"auth"`
+}
+
+// Auth is the password lockproxy's own clients must give (AUTH, or HELLO …
+// AUTH default <password>), like Redis's requirepass. Empty: none.
+type Auth struct {
+	Password string `yaml:"password" secret:"true"`
 }
 
 // Upstream configures the relay to the Redis that serves every command

@@ -250,6 +250,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		Relay:    up,
 
 		LockPatterns: cfg.LockPatterns,
+		Password:     cfg.Auth.Password,
 	})
 	defer handler.Close()
 	srv.Handler = handler
