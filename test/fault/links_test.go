@@ -210,12 +210,13 @@ var linkRows = []linkRow{
 			}
 			// Commands already delayed by 1.5 s reach the nodes after the
 			// heal. A late acquire can still land after its roll-back (a
-			// reconnect puts them on different connections), so what is
-			// checked is that no lock key outlives its lease: one TTL
-			// after the delayed commands landed, none may be left.
-			if d := windows[len(windows)-1].to + 1600*time.Millisecond + ttlMS*time.Millisecond - e.hist.Now(); d > 0 {
-				time.Sleep(d)
-			}
+			// reconnect puts them on different connections), and an UNLOCK
+			// that timed out leaves its key to the TTL, so what is checked
+			// is that no lock key outlives its lease: one TTL after the
+			// delayed commands landed and the workload stopped, none may
+			// be left.
+			d := windows[len(windows)-1].to + 1600*time.Millisecond - e.hist.Now()
+			time.Sleep(max(d, 0) + ttlMS*time.Millisecond)
 			checkNoLockKeys(t, e)
 		},
 	},
