@@ -240,3 +240,8 @@ func Text(f []byte) ([]byte, bool) { return str(f) }
 // fault proxy): the length of the complete frame at the start of b, 0 when
 // b holds only part of it, or an error for a stream that is not RESP.
 func FrameEnd(b []byte) (int, error) { return frameEnd(b) }
+
+// AppendCommand appends args as a RESP array of bulk strings (a command,
+// or a reply of that shape), for tools that write RESP (the test fault
+// proxy).
+func AppendCommand(b []byte, args [][]byte) []byte { return appendCommand(b, args) }

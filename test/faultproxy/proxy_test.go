@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"errors"
 	lpredis "github.com/lockproxy/lockproxy/backends/redis"
+	"github.com/lockproxy/lockproxy/relay"
 	"io"
 	"net"
 	"strconv"
@@ -34,7 +35,7 @@ func dial(t *testing.T, addr string) *conn {
 // doArray sends args and reads an array reply of bulk strings.
 func (c *conn) doArray(timeout time.Duration, args ...string) ([]string, error) {
 	_ = c.c.SetDeadline(time.Now().Add(timeout))
-	if _, err := c.c.Write(appendCommand(nil, toBytes(args))); err != nil {
+	if _, err := c.c.Write(relay.AppendCommand(nil, toBytes(args))); err != nil {
 		return nil, err
 	}
 	line, err := c.r.ReadString('\n')
@@ -65,7 +66,7 @@ func (c *conn) doArray(timeout time.Duration, args ...string) ([]string, error) 
 // string) within timeout.
 func (c *conn) do(timeout time.Duration, args ...string) (string, error) {
 	_ = c.c.SetDeadline(time.Now().Add(timeout))
-	if _, err := c.c.Write(appendCommand(nil, toBytes(args))); err != nil {
+	if _, err := c.c.Write(relay.AppendCommand(nil, toBytes(args))); err != nil {
 		return "", err
 	}
 	line, err := c.r.ReadString('\n')
@@ -277,7 +278,7 @@ func TestProxy(t *testing.T) {
 // TestFramer feeds commands to the RESP framer split at every byte and
 // checks what comes out.
 func TestFramer(t *testing.T) {
-	cmd := func(args ...string) string { return string(appendCommand(nil, toBytes(args))) }
+	cmd := func(args ...string) string { return string(relay.AppendCommand(nil, toBytes(args))) }
 	tests := []struct {
 		name string
 		in   string

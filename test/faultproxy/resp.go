@@ -62,7 +62,7 @@ func (f *respFramer) feed(b []byte, rate float64) []byte {
 			f.onCommand(len(args) == 1 && strings.EqualFold(string(args[0]), "TIME"), false)
 		}
 		if args != nil && rate > 1 && rewrite(args, rate) {
-			out = appendCommand(out, args)
+			out = relay.AppendCommand(out, args)
 		} else {
 			out = append(out, frame...)
 		}
@@ -135,21 +135,6 @@ func parseLen(b []byte, i int) (int64, int, bool) {
 		return 0, 0, false
 	}
 	return v, i + j + 2, true
-}
-
-// appendCommand encodes args as a RESP array of bulk strings.
-func appendCommand(out []byte, args [][]byte) []byte {
-	out = append(out, '*')
-	out = strconv.AppendInt(out, int64(len(args)), 10)
-	out = append(out, '\r', '\n')
-	for _, a := range args {
-		out = append(out, '$')
-		out = strconv.AppendInt(out, int64(len(a)), 10)
-		out = append(out, '\r', '\n')
-		out = append(out, a...)
-		out = append(out, '\r', '\n')
-	}
-	return out
 }
 
 // scaleMS returns ms/rate, rounded down, at least 1, as RESP text; ok is
@@ -309,7 +294,7 @@ func fastTime(frame []byte, st state) ([]byte, bool) {
 		return nil, false
 	}
 	t := s*1_000_000 + us + int64(float64(time.Since(st.since).Microseconds())*(st.rate-1))
-	return appendCommand(nil, [][]byte{
+	return relay.AppendCommand(nil, [][]byte{
 		[]byte(strconv.FormatInt(t/1_000_000, 10)),
 		[]byte(strconv.FormatInt(t%1_000_000, 10)),
 	}), true
