@@ -587,7 +587,7 @@ func (n *Node) exec(batch []*op) {
 		n.finish(o, res[i])
 	}
 	if len(writes) > 0 && !restarted {
-		n.storeFences(writes)
+		n.storeFences(writes, deadline)
 	}
 }
 
@@ -742,11 +742,14 @@ func evalCmd(ctx context.Context, pipe goredis.Pipeliner, s script, sha bool, ke
 	return pipe.Eval(ctx, s.src, keys, args...)
 }
 
-// storeFences sends the fence writes of a batch's fresh grants. Their
-// answers do not matter: a write that fails leaves reentrant grants and
-// LOCKINFO to read the slot counter instead (see acquireScript).
-func (n *Node) storeFences(writes []fenceWrite) {
-	ctx, cancel := context.WithTimeout(context.Background(), n.timeout)
+// storeFences sends the fence writes of a batch's fresh grants, within
+// what is left of the batch's deadline: on a node that stopped answering
+// the writer must not stall longer than the batch itself could, or every
+// operation queued behind it is late. Their answers do not matter: a
+// write that fails leaves reentrant grants to take the other nodes' fence
+// or the slot counter, and LOCKINFO the slot counter (see the scripts).
+func (n *Node) storeFences(writes []fenceWrite, deadline time.Time) {
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	pipe := n.client.Pipeline()
 	for _, w := range writes {
