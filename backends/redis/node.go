@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -111,19 +110,22 @@ var opPool = sync.Pool{New: func() any { return &op{res: make(chan opResult, 1)}
 // commands, which is where a proxy beats a library that talks to each node
 // from each client.
 type Node struct {
-	name     string
-	client   *goredis.Client
-	prefix   string
-	fenceKey string
-	timeout  time.Duration
-	maxBatch int
-	queues   []chan *op
-	stop     chan struct{}
-	wg       sync.WaitGroup
-	metrics  *Metrics
-	closeMu  sync.Once
-	closing  sync.RWMutex
-	closed   bool
+	name   string
+	client *goredis.Client
+	// For the writers' own connections (nodeConn).
+	username, password string
+	dialTimeout        time.Duration
+	prefix             string
+	fenceKey           string
+	timeout            time.Duration
+	maxBatch           int
+	queues             []chan *op
+	stop               chan struct{}
+	wg                 sync.WaitGroup
+	metrics            *Metrics
+	closeMu            sync.Once
+	closing            sync.RWMutex
+	closed             bool
 	// Per-node metric children, resolved once: a label lookup per
 	// operation costs more than the observation.
 	durations [numOps]prometheus.Observer
@@ -168,17 +170,20 @@ func NewNode(cfg NodeConfig) *Node {
 		cfg.Logger = zap.NewNop()
 	}
 	n := &Node{
-		name:     cfg.Addr,
-		prefix:   cfg.KeyPrefix,
-		fenceKey: cfg.KeyPrefix + "fence",
-		timeout:  cfg.Timeout,
-		maxBatch: cfg.MaxBatch,
-		queues:   make([]chan *op, cfg.Workers),
-		stop:     make(chan struct{}),
-		metrics:  cfg.Metrics,
-		health:   newHealth(cfg.Quarantine, clockFunc(cfg.Clock)),
-		log:      cfg.Logger.With(zap.String("node", cfg.Addr)),
-		clock:    newNodeClock(),
+		name:        cfg.Addr,
+		username:    cfg.Username,
+		password:    cfg.Password,
+		prefix:      cfg.KeyPrefix,
+		dialTimeout: cfg.DialTimeout,
+		fenceKey:    cfg.KeyPrefix + "fence",
+		timeout:     cfg.Timeout,
+		maxBatch:    cfg.MaxBatch,
+		queues:      make([]chan *op, cfg.Workers),
+		stop:        make(chan struct{}),
+		metrics:     cfg.Metrics,
+		health:      newHealth(cfg.Quarantine, clockFunc(cfg.Clock)),
+		log:         cfg.Logger.With(zap.String("node", cfg.Addr)),
+		clock:       newNodeClock(),
 
 		maxRateError: cfg.MaxClockRateError,
 	}
@@ -471,14 +476,36 @@ func (n *Node) observe(kind opKind, start time.Time, err error) {
 
 // work is one writer: it takes whatever operations are queued (up to
 // maxBatch) and sends them in one pipelined write.
+//
+// The fence writes of a batch's fresh grants (see send) ride at the head
+// of the next batch's pipeline when more operations are already queued:
+// that saves the node and the proxy a round trip per batch, and whatever
+// comes later on the key (it goes through this writer: keys stay on their
+// writer) still finds them stored. With nothing queued they go out at once
+// on their own.
 func (n *Node) work(q chan *op) {
 	defer n.wg.Done()
+	w := &writer{}
+	defer w.drop()
 	batch := make([]*op, 0, n.maxBatch)
+	var carry fenceWrites
 	for {
+		if len(carry.w) > 0 && len(q) == 0 {
+			// Give the callers just answered a moment to queue their
+			// next operation before the writes go out alone.
+			runtime.Gosched()
+			if len(q) == 0 {
+				n.storeFences(w, carry)
+				carry = fenceWrites{}
+			}
+		}
 		select {
 		case o := <-q:
 			batch = append(batch[:0], o)
 		case <-n.stop:
+			if len(carry.w) > 0 {
+				n.storeFences(w, carry)
+			}
 			n.drain(q)
 			return
 		}
@@ -486,17 +513,55 @@ func (n *Node) work(q chan *op) {
 		// yield makes batches several times larger under load, and each
 		// batch costs a write and a read on the socket.
 		runtime.Gosched()
-	fill:
-		for len(batch) < n.maxBatch {
-			select {
-			case o := <-q:
-				batch = append(batch, o)
-			default:
-				break fill
-			}
-		}
-		n.exec(batch)
+		batch = n.fill(q, batch)
+		carry = n.exec(w, batch, carry)
 	}
+}
+
+// writer is one batching writer's state: its own connection to the node
+// (see nodeConn), dialed when first needed and dropped after any
+// transport error, when its state is unknown.
+type writer struct {
+	conn *nodeConn
+}
+
+// get returns the writer's connection, dialing one when there is none or
+// the one it has was closed by the node meanwhile.
+func (w *writer) get(ctx context.Context, n *Node) (*nodeConn, error) {
+	if w.conn != nil {
+		_ = w.conn.nc.SetDeadline(time.Time{})
+		if alive(w.conn.nc) != nil {
+			w.drop()
+		}
+	}
+	if w.conn == nil {
+		c, err := n.connect(ctx)
+		if err != nil {
+			return nil, err
+		}
+		w.conn = c
+	}
+	return w.conn, nil
+}
+
+func (w *writer) drop() {
+	if w.conn != nil {
+		w.conn.close()
+		w.conn = nil
+	}
+}
+
+// fill adds what is queued to batch, up to maxBatch, without waiting.
+func (n *Node) fill(q chan *op, batch []*op) []*op {
+	for len(batch) < n.maxBatch {
+		select {
+		case o := <-q:
+			batch = append(batch, o)
+		default:
+			return batch
+		}
+	}
+	return batch
 }
 
 func (n *Node) drain(q chan *op) {
@@ -510,9 +575,10 @@ func (n *Node) drain(q chan *op) {
 	}
 }
 
-// exec sends one batch. Operations whose caller has given up already are
-// answered without being sent.
-func (n *Node) exec(batch []*op) {
+// exec sends one batch, with the fence writes carried from the previous
+// one at its head, and returns the batch's own fence writes. Operations
+// whose caller has given up already are answered without being sent.
+func (n *Node) exec(w *writer, batch []*op, carry fenceWrites) fenceWrites {
 	now := time.Now()
 	live := batch[:0]
 	var deadline time.Time
@@ -538,24 +604,30 @@ func (n *Node) exec(batch []*op) {
 		}
 		live = append(live, o)
 	}
-	if len(live) == 0 {
-		return
-	}
-	if n.metrics != nil {
+	if len(live) > 0 && n.metrics != nil {
 		n.batches.Observe(float64(len(live)))
 	}
-	if err := n.health.refuse(); err != nil {
-		// Queued before the node was taken out: only releases go out.
-		live = n.failVotes(live, err)
-		if len(live) == 0 {
-			return
+	if len(live) > 0 {
+		if err := n.health.refuse(); err != nil {
+			// Queued before the node was taken out: only releases go out.
+			live = n.failVotes(live, err)
 		}
+	}
+	gen := n.health.gen.Load()
+	if carry.gen != gen {
+		// The node restarted since those grants: their keys are gone.
+		carry = fenceWrites{}
+	}
+	if len(live) == 0 {
+		if len(carry.w) > 0 {
+			n.storeFences(w, carry)
+		}
+		return fenceWrites{}
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 
-	gen := n.health.gen.Load()
-	res, writes := n.send(ctx, live, true)
+	res, writes := n.send(ctx, w, live, true, carry.w)
 	var retry []int
 	for i, r := range res {
 		if r.err != nil && strings.HasPrefix(r.err.Error(), "NOSCRIPT") {
@@ -569,7 +641,7 @@ func (n *Node) exec(batch []*op) {
 		for j, i := range retry {
 			again[j] = live[i]
 		}
-		res2, writes2 := n.send(ctx, again, false)
+		res2, writes2 := n.send(ctx, w, again, false, nil)
 		for j, r := range res2 {
 			res[retry[j]] = r
 		}
@@ -586,9 +658,10 @@ func (n *Node) exec(batch []*op) {
 		}
 		n.finish(o, res[i])
 	}
-	if len(writes) > 0 && !restarted {
-		n.storeFences(writes, deadline)
+	if len(writes) == 0 || restarted {
+		return fenceWrites{}
 	}
+	return fenceWrites{w: writes, gen: gen, deadline: deadline}
 }
 
 // failVotes answers every op of batch but the releases with err (the
@@ -628,7 +701,16 @@ type fenceWrite struct {
 	mark  string // lockw:<key> to clear: a waiting writer was granted
 }
 
-// send writes ops as one pipeline and reads their answers.
+// fenceWrites are one batch's fence writes, waiting to go out: gen is the
+// node's restart generation when they were made, deadline the batch's.
+type fenceWrites struct {
+	w        []fenceWrite
+	gen      uint64
+	deadline time.Time
+}
+
+// send writes ops as one pipeline, after the fence writes carried from
+// the previous batch, and reads their answers.
 //
 // An exclusive acquire goes first as two plain commands, SET NX PX and
 // HINCRBY of the slot's fence counter: on a free key that is the whole
@@ -646,119 +728,393 @@ type fenceWrite struct {
 //
 // A fresh grant's fence is stored with the hold (lockf) for reentrant
 // grants and LOCKINFO, and a waiting writer's mark is cleared once it is
-// granted; these writes are sent by exec after the answers, before the
-// next batch, so anything later on the key finds them.
+// granted; these writes are returned, and go out at the head of the next
+// batch or on their own (see work), before anything later on the key.
+//
+// The releases of keys that nothing else in the batch touches share one
+// script call (up to maxReleasesPerCall); a release whose key another
+// operation of the batch touches keeps its place among them.
 // Everything else is a script.
-func (n *Node) send(ctx context.Context, ops []*op, sha bool) ([]opResult, []fenceWrite) {
-	pipe := n.client.Pipeline()
-	cmds := make([]*goredis.Cmd, len(ops))
-	incrs := make([]*goredis.IntCmd, len(ops))
+func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried []fenceWrite) ([]opResult, []fenceWrite) {
+	out := make([]opResult, len(ops))
+	c, err := w.get(ctx, n)
+	if err != nil {
+		// Nothing reached the node.
+		for i := range out {
+			out[i].err = unsent(err)
+		}
+		return out, nil
+	}
+	if d, ok := ctx.Deadline(); ok {
+		_ = c.nc.SetDeadline(d)
+	}
+	for _, fw := range carried {
+		addFenceWrite(c, fw)
+	}
+	// What each op's replies are: kinds[i] tells how to read them.
+	shared := n.sharedReleases(ops)
+	var calls [][]int // the shared release calls: the ops each answers
 	for i, o := range ops {
-		var s script
-		var keys []string
-		var args []any
 		switch o.kind {
 		case opAcquire:
 			if o.mode != quorum.Shared {
-				cmds[i] = pipe.Do(ctx, "set", o.key, o.token, "nx", "px", o.ms)
-				incrs[i] = pipe.HIncrBy(ctx, n.fenceKey, strconv.Itoa(int(o.slot)), 1)
+				c.begin(6)
+				c.bulk("SET")
+				c.bulk(o.key)
+				c.bulk(o.token)
+				c.bulk("NX")
+				c.bulk("PX")
+				c.bulkInt(o.ms)
+				c.begin(4)
+				c.bulk("HINCRBY")
+				c.bulk(n.fenceKey)
+				c.bulkInt(int64(o.slot))
+				c.bulk("1")
 				continue
 			}
-			s = scriptRead
-			keys = n.lockKeys(o.key, o.base, numLockKeys)
-			args = []any{o.token, o.ms, o.slot, readMarker}
+			n.addScript(c, scriptRead, sha, o, numLockKeys, 4)
+			c.bulk(o.token)
+			c.bulkInt(o.ms)
+			c.bulkInt(int64(o.slot))
+			c.bulk(readMarker)
 		case opRaiseFence:
-			s = scriptRaiseFence
-			keys = []string{o.key, n.fenceKey, n.prefix + "lockf:" + o.base}
-			args = []any{o.token, o.slot, strconv.FormatUint(o.fence, 10)}
+			c.begin(3 + 3 + 3)
+			c.bulk(evalName(sha))
+			c.bulk(scriptSource(scriptRaiseFence, sha))
+			c.bulk("3")
+			c.bulk(o.key)
+			c.bulk(n.fenceKey)
+			c.bulk(n.prefix + "lockf:" + o.base)
+			c.bulk(o.token)
+			c.bulkInt(int64(o.slot))
+			c.bulkInt(int64(o.fence))
 		case opRelease:
-			s = scriptRelease
-			keys = n.lockKeys(o.key, o.base, keyWriterWaits)
-			args = []any{o.token, o.channel, readMarker, releaseHoldArg[o.hold]}
+			if shared != nil && shared[i] {
+				continue
+			}
+			n.addScript(c, scriptRelease, sha, o, keyWriterWaits, 4)
+			n.addReleaseArgs(c, o)
 		case opExtend:
-			s = scriptExtend
-			keys = n.lockKeys(o.key, o.base, keyWriterWaits)
-			args = []any{o.token, o.ms, readMarker}
+			n.addScript(c, scriptExtend, sha, o, keyWriterWaits, 3)
+			c.bulk(o.token)
+			c.bulkInt(o.ms)
+			c.bulk(readMarker)
 		}
-		cmds[i] = evalCmd(ctx, pipe, s, sha, keys, args)
 	}
-	_, _ = pipe.Exec(ctx) // per-command errors are read from cmds
-	out := make([]opResult, len(ops))
+	// The shared releases, in calls of at most maxReleasesPerCall.
+	if shared != nil {
+		var idx []int
+		for i := range ops {
+			if shared[i] {
+				idx = append(idx, i)
+			}
+		}
+		for len(idx) > 0 {
+			part := idx[:min(len(idx), maxReleasesPerCall)]
+			idx = idx[len(part):]
+			c.begin(3 + 8*len(part))
+			c.bulk(evalName(sha))
+			c.bulk(scriptSource(scriptRelease, sha))
+			c.bulkInt(int64(4 * len(part)))
+			for _, i := range part {
+				o := ops[i]
+				c.bulk(o.key)
+				c.bulk(n.prefix + "lockf:" + o.base)
+				c.bulk(n.prefix + "lockr:" + o.base)
+				c.bulk(n.prefix + "lockrh:" + o.base)
+			}
+			for _, i := range part {
+				n.addReleaseArgs(c, ops[i])
+			}
+			calls = append(calls, part)
+		}
+	}
+	fail := func(err error) ([]opResult, []fenceWrite) {
+		w.drop()
+		for i := range out {
+			if out[i].err == nil {
+				out[i] = opResult{err: err}
+			}
+		}
+		return out, nil
+	}
+	if err := c.flush(); err != nil {
+		return fail(err)
+	}
+	var r reply
+	for range fenceWriteCommands(carried) {
+		// Their answers do not matter (see storeFences).
+		if err := c.read(&r); err != nil {
+			return fail(err)
+		}
+	}
 	var held []int // exclusive acquires whose SET found the key held
 	var writes []fenceWrite
-	for i, c := range cmds {
-		o := ops[i]
+	for i, o := range ops {
 		switch {
-		case incrs[i] != nil:
-			switch v, err := c.Result(); {
-			case errors.Is(err, goredis.Nil):
+		case o.kind == opAcquire && o.mode != quorum.Shared:
+			if err := c.read(&r); err != nil {
+				return fail(err)
+			}
+			// The SET's answer is judged before the HINCRBY's is read
+			// (a simple string's bytes live in the read buffer).
+			var setErr error
+			setNull := r.kind == '$' && r.null
+			switch {
+			case r.err != nil:
+				setErr = r.err
+			case !setNull && (r.kind != '+' || string(r.s) != "OK"):
+				// Whatever answers here is not a Redis we can trust with locks.
+				setErr = fmt.Errorf("unexpected reply to SET: %q %.40q", r.kind, r.s)
+			}
+			if err := c.read(&r); err != nil {
+				return fail(err)
+			}
+			switch {
+			case setErr != nil:
+				out[i].err = setErr
+			case setNull:
 				if o.noReentry && o.waitMs == 0 {
 					out[i].n = acquireRefused
 				} else {
 					held = append(held, i)
 				}
-			case err != nil:
-				out[i].err = err
-			case v != "OK":
-				// Whatever answers here is not a Redis we can trust with locks.
-				out[i].err = fmt.Errorf("unexpected reply to SET: %.40v", v)
+			case r.err != nil:
+				out[i].err = r.err
+			case r.kind != ':':
+				out[i].err = fmt.Errorf("unexpected reply to HINCRBY: %q", r.kind)
 			default:
-				f, err := incrs[i].Result()
-				out[i] = opResult{n: f, holds: 1, err: err}
-				if err == nil {
-					w := fenceWrite{key: n.prefix + "lockf:" + o.base, fence: f, ms: o.ms}
-					if o.waitMs > 0 {
-						w.mark = n.prefix + "lockw:" + o.base
-					}
-					writes = append(writes, w)
+				out[i] = opResult{n: r.n, holds: 1}
+				fw := fenceWrite{key: n.prefix + "lockf:" + o.base, fence: r.n, ms: o.ms}
+				if o.waitMs > 0 {
+					fw.mark = n.prefix + "lockw:" + o.base
 				}
+				writes = append(writes, fw)
 			}
-		case o.kind == opAcquire:
-			out[i] = acquireResult(c)
+		case o.kind == opRelease && shared != nil && shared[i]:
+			// Answered with its call, below.
 		default:
-			out[i].n, out[i].err = c.Int64()
+			if err := c.read(&r); err != nil {
+				return fail(err)
+			}
+			switch o.kind {
+			case opAcquire:
+				out[i] = acquireResult(&r)
+			case opRelease:
+				if rs, err := releaseResults(&r, 1); err != nil {
+					out[i].err = err
+				} else {
+					out[i].n = rs[0]
+				}
+			default:
+				out[i] = intResult(&r)
+			}
+		}
+	}
+	for _, part := range calls {
+		if err := c.read(&r); err != nil {
+			return fail(err)
+		}
+		rs, err := releaseResults(&r, len(part))
+		for j, i := range part {
+			if err != nil {
+				out[i].err = err
+			} else {
+				out[i].n = rs[j]
+			}
 		}
 	}
 	if len(held) > 0 {
-		pipe := n.client.Pipeline()
-		again := make([]*goredis.Cmd, len(held))
-		for j, i := range held {
+		for _, i := range held {
 			o := ops[i]
-			again[j] = evalCmd(ctx, pipe, scriptAcquire, sha, n.lockKeys(o.key, o.base, numLockKeys),
-				[]any{o.token, o.ms, o.slot, o.waitMs, readMarker, boolArg(o.noReentry)})
+			n.addScript(c, scriptAcquire, sha, o, numLockKeys, 6)
+			c.bulk(o.token)
+			c.bulkInt(o.ms)
+			c.bulkInt(int64(o.slot))
+			c.bulkInt(o.waitMs)
+			c.bulk(readMarker)
+			c.bulk(boolArg(o.noReentry))
 		}
-		_, _ = pipe.Exec(ctx)
-		for j, i := range held {
-			out[i] = acquireResult(again[j])
+		if err := c.flush(); err != nil {
+			return fail(err)
+		}
+		for _, i := range held {
+			if err := c.read(&r); err != nil {
+				return fail(err)
+			}
+			out[i] = acquireResult(&r)
 		}
 	}
 	return out, writes
 }
 
-func evalCmd(ctx context.Context, pipe goredis.Pipeliner, s script, sha bool, keys []string, args []any) *goredis.Cmd {
-	if sha {
-		return pipe.EvalSha(ctx, s.sha, keys, args...)
+// addScript begins an EVALSHA (or EVAL) of s with o's first k lock keys;
+// the caller adds the argc arguments.
+func (n *Node) addScript(c *nodeConn, s script, sha bool, o *op, k, argc int) {
+	c.begin(3 + k + argc)
+	c.bulk(evalName(sha))
+	c.bulk(scriptSource(s, sha))
+	c.bulkInt(int64(k))
+	c.bulk(o.key)
+	names := [...]string{keyMeta: "lockf:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
+	for i := keyMeta; i < k && i < keyFenceHash; i++ {
+		c.bulk(n.prefix + names[i] + o.base)
 	}
-	return pipe.Eval(ctx, s.src, keys, args...)
+	if k > keyFenceHash {
+		c.bulk(n.fenceKey)
+	}
 }
 
-// storeFences sends the fence writes of a batch's fresh grants, within
-// what is left of the batch's deadline: on a node that stopped answering
-// the writer must not stall longer than the batch itself could, or every
+// addReleaseArgs adds o's four release script arguments.
+func (n *Node) addReleaseArgs(c *nodeConn, o *op) {
+	c.bulk(o.token)
+	c.bulk(o.channel)
+	c.bulk(readMarker)
+	c.bulk(releaseHoldArg[o.hold])
+}
+
+func addFenceWrite(c *nodeConn, fw fenceWrite) {
+	c.begin(5)
+	c.bulk("SET")
+	c.bulk(fw.key)
+	c.bulkInt(fw.fence)
+	c.bulk("PX")
+	c.bulkInt(fw.ms)
+	if fw.mark != "" {
+		c.begin(2)
+		c.bulk("DEL")
+		c.bulk(fw.mark)
+	}
+}
+
+// fenceWriteCommands is how many commands addFenceWrite sends for ws.
+func fenceWriteCommands(ws []fenceWrite) int {
+	k := len(ws)
+	for _, w := range ws {
+		if w.mark != "" {
+			k++
+		}
+	}
+	return k
+}
+
+func evalName(sha bool) string {
+	if sha {
+		return "EVALSHA"
+	}
+	return "EVAL"
+}
+
+func scriptSource(s script, sha bool) string {
+	if sha {
+		return s.sha
+	}
+	return s.src
+}
+
+// intResult reads a 0/1 script answer.
+func intResult(r *reply) opResult {
+	switch {
+	case r.err != nil:
+		return opResult{err: r.err}
+	case r.kind == ':':
+		return opResult{n: r.n}
+	}
+	return opResult{err: fmt.Errorf("unexpected reply %q to a lock script", r.kind)}
+}
+
+// maxReleasesPerCall bounds the releases one script call carries: the
+// node runs nothing else for the call's length.
+const maxReleasesPerCall = 64
+
+// sharedReleases marks the releases of ops whose key no other op of the
+// batch touches; they may share a script call. nil when fewer than two.
+func (n *Node) sharedReleases(ops []*op) []bool {
+	releases := 0
+	for _, o := range ops {
+		if o.kind == opRelease {
+			releases++
+		}
+	}
+	if releases < 2 {
+		return nil
+	}
+	seen := make(map[string]int, len(ops))
+	for _, o := range ops {
+		seen[o.key]++
+	}
+	shared := make([]bool, len(ops))
+	count := 0
+	for i, o := range ops {
+		if o.kind == opRelease && seen[o.key] == 1 {
+			shared[i] = true
+			count++
+		}
+	}
+	if count < 2 {
+		return nil
+	}
+	return shared
+}
+
+// releaseResults reads a release script's answers, one 0 or 1 per release.
+func releaseResults(r *reply, want int) ([]int64, error) {
+	if r.err != nil {
+		return nil, r.err
+	}
+	if r.kind == '*' && !r.null && len(r.arr) == want {
+		out := make([]int64, want)
+		ok := true
+		for i := range r.arr {
+			e := &r.arr[i]
+			if e.kind != ':' || (e.n != 0 && e.n != 1) {
+				ok = false
+				break
+			}
+			out[i] = e.n
+		}
+		if ok {
+			return out, nil
+		}
+	}
+	// Whatever answers here is not a node we can trust with locks.
+	return nil, fmt.Errorf("unexpected reply to the release script (%q, %d elements)", r.kind, len(r.arr))
+}
+
+// storeFences sends fence writes on their own (see work), within what is
+// left of their batch's deadline: on a node that stopped answering the
+// writer must not stall longer than the batch itself could, or every
 // operation queued behind it is late. Their answers do not matter: a
 // write that fails leaves reentrant grants to take the other nodes' fence
 // or the slot counter, and LOCKINFO the slot counter (see the scripts).
-func (n *Node) storeFences(writes []fenceWrite, deadline time.Time) {
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	pipe := n.client.Pipeline()
-	for _, w := range writes {
-		pipe.Set(ctx, w.key, w.fence, time.Duration(w.ms)*time.Millisecond)
-		if w.mark != "" {
-			pipe.Del(ctx, w.mark)
-		}
+func (n *Node) storeFences(w *writer, fw fenceWrites) {
+	if fw.gen != n.health.gen.Load() {
+		return // the node restarted since those grants: their keys are gone
 	}
-	_, _ = pipe.Exec(ctx)
+	if !fw.deadline.After(time.Now()) {
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), fw.deadline)
+	defer cancel()
+	c, err := w.get(ctx, n)
+	if err != nil {
+		return
+	}
+	_ = c.nc.SetDeadline(fw.deadline)
+	for _, f := range fw.w {
+		addFenceWrite(c, f)
+	}
+	var r reply
+	err = c.flush()
+	for range fenceWriteCommands(fw.w) {
+		if err != nil {
+			break
+		}
+		err = c.read(&r)
+	}
+	if err != nil {
+		w.drop()
+	}
 }
 
 func boolArg(b bool) string {
@@ -771,34 +1127,33 @@ func boolArg(b bool) string {
 // releaseHoldArg is the release script's ARGV[4] for each quorum.Hold.
 var releaseHoldArg = [...]string{quorum.AnyHold: "", quorum.WriteHold: "w", quorum.ReadHold: "r"}
 
-// acquireResult reads an acquire script's answer: {fence, holds}, 0 or -1.
-func acquireResult(c *goredis.Cmd) opResult {
-	v, err := c.Result()
-	if err != nil {
-		return opResult{err: err}
-	}
-	switch v := v.(type) {
-	case int64:
-		if v == -1 {
+// acquireResult reads an acquire script's answer: {fence, holds} or
+// {fence, holds, slot counter}, 0 or -1.
+func acquireResult(r *reply) opResult {
+	switch {
+	case r.err != nil:
+		return opResult{err: r.err}
+	case r.kind == ':':
+		if r.n == -1 {
 			return opResult{n: acquireUpgrade}
 		}
 		return opResult{n: acquireRefused}
-	case []any:
-		if len(v) == 2 || len(v) == 3 {
-			f, ok1 := v[0].(int64)
-			h, ok2 := v[1].(int64)
-			var c int64
-			ok3 := true
-			if len(v) == 3 {
-				c, ok3 = v[2].(int64)
+	case r.kind == '*' && !r.null && (len(r.arr) == 2 || len(r.arr) == 3):
+		var v [3]int64
+		ok := true
+		for i := range r.arr {
+			if r.arr[i].kind != ':' {
+				ok = false
+				break
 			}
-			if ok1 && ok2 && ok3 && f >= 0 && h > 0 && c >= 0 {
-				return opResult{n: f, holds: h, counter: c}
-			}
+			v[i] = r.arr[i].n
+		}
+		if ok && v[0] >= 0 && v[1] > 0 && v[2] >= 0 {
+			return opResult{n: v[0], holds: v[1], counter: v[2]}
 		}
 	}
 	// Whatever answers here is not a node we can trust with locks.
-	return opResult{err: fmt.Errorf("unexpected reply to the acquire script: %.60v", v)}
+	return opResult{err: fmt.Errorf("unexpected reply to the acquire script (%q, %d elements)", r.kind, len(r.arr))}
 }
 
 // reasonLabel maps an error to a closed set of metric label values.

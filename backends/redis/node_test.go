@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -280,4 +282,126 @@ func TestNodeGarbage(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNodeSharedReleases starts many releases at once, over keys in every
+// state a release meets, so that they share script calls (see
+// Node.send), and checks each answer and what is left on the node: the
+// shared call must give each release what a call of its own would.
+func TestNodeSharedReleases(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	n := newTestNode(t, r)
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	const long = time.Minute
+
+	type rel struct {
+		key, token string
+		hold       quorum.Hold
+		want       bool
+		left       string // the lock key's value afterwards; "" gone
+	}
+	var rels []rel
+	acquire := func(key, tok string, mode quorum.Mode) {
+		t.Helper()
+		g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: tok, TTL: long, Mode: mode})
+		if err != nil || !g.Acquired {
+			t.Fatalf("acquire %s by %s: %+v, %v", key, tok, g, err)
+		}
+	}
+	for i := 0; i < 40; i++ {
+		k := fmt.Sprintf("plain%d", i)
+		acquire(k, "t"+k, quorum.Exclusive)
+		rels = append(rels, rel{k, "t" + k, quorum.AnyHold, true, ""})
+	}
+	for i := 0; i < 10; i++ {
+		k := fmt.Sprintf("reentrant%d", i)
+		acquire(k, "t"+k, quorum.Exclusive)
+		acquire(k, "t"+k, quorum.Exclusive)
+		rels = append(rels, rel{k, "t" + k, quorum.AnyHold, true, "t" + k})
+	}
+	for i := 0; i < 10; i++ {
+		k := fmt.Sprintf("other%d", i)
+		acquire(k, "owner", quorum.Exclusive)
+		rels = append(rels, rel{k, "stranger", quorum.AnyHold, false, "owner"})
+	}
+	for i := 0; i < 10; i++ {
+		k := fmt.Sprintf("readers%d", i)
+		acquire(k, "r1", quorum.Shared)
+		acquire(k, "r2", quorum.Shared)
+		rels = append(rels, rel{k, "r1", quorum.AnyHold, true, readMarker})
+	}
+	for i := 0; i < 10; i++ {
+		k := fmt.Sprintf("lastreader%d", i)
+		acquire(k, "r1", quorum.Shared)
+		rels = append(rels, rel{k, "r1", quorum.ReadHold, true, ""})
+	}
+	for i := 0; i < 10; i++ {
+		// A roll-back of a write hold finds only a read hold: refused.
+		k := fmt.Sprintf("wrongkind%d", i)
+		acquire(k, "r1", quorum.Shared)
+		rels = append(rels, rel{k, "r1", quorum.WriteHold, false, readMarker})
+	}
+	for i := 0; i < 10; i++ {
+		k := fmt.Sprintf("downgraded%d", i)
+		acquire(k, "w", quorum.Exclusive)
+		acquire(k, "w", quorum.Shared)
+		rels = append(rels, rel{k, "w", quorum.AnyHold, true, readMarker})
+	}
+	for i := 0; i < 10; i++ {
+		rels = append(rels, rel{fmt.Sprintf("free%d", i), "nobody", quorum.AnyHold, false, ""})
+	}
+	if err := direct.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+
+	type answer struct {
+		ok  bool
+		err error
+	}
+	answers := make([]chan answer, len(rels))
+	for i, rl := range rels {
+		answers[i] = make(chan answer, 1)
+		n.StartRelease(ctx, rl.key, rl.token, rl.hold, func(ok bool, err error) { answers[i] <- answer{ok, err} })
+	}
+	for i, rl := range rels {
+		a := <-answers[i]
+		if a.err != nil || a.ok != rl.want {
+			t.Errorf("release %s by %s (hold %v) = %v, %v; want %v", rl.key, rl.token, rl.hold, a.ok, a.err, rl.want)
+		}
+		v, err := direct.Get(ctx, "lp:lock:"+rl.key).Result()
+		if err != nil {
+			v = ""
+		}
+		if v != rl.left {
+			t.Errorf("after releasing %s: lock key %q; want %q", rl.key, v, rl.left)
+		}
+	}
+	// The plain releases freed their keys and the hold's fence with them.
+	for i := 0; i < 40; i++ {
+		if n := direct.Exists(ctx, fmt.Sprintf("lp:lockf:plain%d", i)).Val(); n != 0 {
+			t.Errorf("lockf of plain%d left behind", i)
+		}
+	}
+	stats := direct.Info(ctx, "commandstats").Val()
+	calls := statCalls(stats, "evalsha") + statCalls(stats, "eval")
+	t.Logf("%d releases in %d script calls", len(rels), calls)
+	if calls >= int64(len(rels)) {
+		t.Errorf("%d releases took %d script calls; want them to share calls", len(rels), calls)
+	}
+}
+
+// statCalls reads calls= of cmdstat_<cmd> from INFO commandstats.
+func statCalls(info, cmd string) int64 {
+	for _, line := range strings.Split(info, "\n") {
+		rest, ok := strings.CutPrefix(strings.TrimSpace(line), "cmdstat_"+cmd+":calls=")
+		if !ok {
+			continue
+		}
+		num, _, _ := strings.Cut(rest, ",")
+		v, _ := strconv.ParseInt(num, 10, 64)
+		return v
+	}
+	return 0
 }

@@ -167,14 +167,17 @@ end
 return 0
 `
 
-// releaseScript: KEYS the lock keys (first four); ARGV[1] token, ARGV[2]
-// release channel, ARGV[3] readMarker, ARGV[4] which holds: empty for any
-// (write holds first), 'w' write only, 'r' read only (the roll-back of a
-// failed attempt takes only the kind of hold the attempt could have
-// added). Removes one hold of the token; returns 1 when a hold was
-// released, 0 when the token held none.
+// releaseScript releases any number of holds in one call: a script call
+// costs the node a fixed overhead several times a plain command's, so a
+// batch's releases share one. For release i (from 0), KEYS[4i+1..4i+4] are
+// the lock's first four keys and ARGV[4i+1..4i+4] are token, release
+// channel, readMarker and which holds: empty for any (write holds first),
+// 'w' write only, 'r' read only (the roll-back of a failed attempt takes
+// only the kind of hold the attempt could have added). Each release
+// removes one hold of its token. Returns one answer per release: 1 when a
+// hold was released, 0 when the token held none.
 //
-// An UNLOCK (empty ARGV[4]) that makes the key free for someone else (the
+// An UNLOCK (empty which) that makes the key free for someone else (the
 // last write hold, the last reader) announces it on the channel in the
 // same call, so that waiters on every lockproxy instance learn of it
 // without a round trip of their own. A roll-back announces nothing: it
@@ -184,47 +187,72 @@ return 0
 // waiters find it by their retry. The announcement is a pcall: a node user
 // whose ACL denies the channel still releases, and waiters fall back to
 // their retry.
+//
+// The releases of one call are for distinct keys (Node.send sees to it),
+// so their order within the call does not matter.
 const releaseScript = luaMeta + `
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-if v == ARGV[1] and ARGV[4] ~= 'r' then
-  local f, h, r = meta(redis.call('GET', KEYS[2]))
-  if h > 0 then
-    redis.call('SET', KEYS[2], fmtmeta(f, h - 1, r), 'KEEPTTL')
+local function prune(rk, rhk, now)
+  local gone = redis.call('ZRANGEBYSCORE', rk, '-inf', now)
+  if #gone > 0 then
+    redis.call('ZREMRANGEBYSCORE', rk, '-inf', now)
+    for _, r in ipairs(gone) do redis.call('HDEL', rhk, r) end
+  end
+end
+local function nodeNow()
+  local t = redis.call('TIME')
+  return t[1] * 1000 + math.floor(t[2] / 1000)
+end
+local function release(k, mk, rk, rhk, tok, ch, marker, which)
+  local v = redis.call('GET', k)
+  if not v then return 0 end
+  if v == tok and which ~= 'r' then
+    local f, h, r = meta(redis.call('GET', mk))
+    if h > 0 then
+      redis.call('SET', mk, fmtmeta(f, h - 1, r), 'KEEPTTL')
+      return 1
+    end
+    if r == 'r' then
+      local now = nodeNow()
+      prune(rk, rhk, now)
+      redis.call('DEL', mk)
+      local top = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
+      if #top > 0 then
+        redis.call('SET', k, marker, 'PX', tonumber(top[2]) - now)
+      else
+        redis.call('DEL', k, rk, rhk)
+      end
+    else
+      redis.call('DEL', k, mk)
+    end
+    if which == '' then redis.pcall('PUBLISH', ch, '') end
     return 1
   end
-  if r == 'r' then` + luaNow + luaPrune + `
-    redis.call('DEL', KEYS[2])
-    local top = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-    if #top > 0 then
-      redis.call('SET', KEYS[1], ARGV[3], 'PX', tonumber(top[2]) - now)
-    else
-      redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
-    end
-  else
-    redis.call('DEL', KEYS[1], KEYS[2])
+  if which == 'w' or (v ~= marker and v ~= tok) then return 0 end
+  local now = nodeNow()
+  prune(rk, rhk, now)
+  if not redis.call('ZSCORE', rk, tok) then return 0 end
+  if redis.call('HINCRBY', rhk, tok, -1) > 0 then return 1 end
+  redis.call('ZREM', rk, tok)
+  redis.call('HDEL', rhk, tok)
+  if v == tok then
+    local f, h = meta(redis.call('GET', mk))
+    redis.call('SET', mk, fmtmeta(f, h, ''), 'KEEPTTL')
+    return 1
   end
-  if ARGV[4] == '' then redis.pcall('PUBLISH', ARGV[2], '') end
+  local top = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
+  if #top == 0 then
+    redis.call('DEL', k, rk, rhk)
+    if which == '' then redis.pcall('PUBLISH', ch, '') end
+  else
+    redis.call('PEXPIRE', k, tonumber(top[2]) - now)
+  end
   return 1
 end
-if ARGV[4] == 'w' or (v ~= ARGV[3] and v ~= ARGV[1]) then return 0 end` + luaNow + luaPrune + `
-if not redis.call('ZSCORE', KEYS[3], ARGV[1]) then return 0 end
-if redis.call('HINCRBY', KEYS[4], ARGV[1], -1) > 0 then return 1 end
-redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('HDEL', KEYS[4], ARGV[1])
-if v == ARGV[1] then
-  local f, h = meta(redis.call('GET', KEYS[2]))
-  redis.call('SET', KEYS[2], fmtmeta(f, h, ''), 'KEEPTTL')
-  return 1
+local out = {}
+for i = 1, #KEYS, 4 do
+  out[#out + 1] = release(KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
 end
-local top = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-if #top == 0 then
-  redis.call('DEL', KEYS[1], KEYS[3], KEYS[4])
-  if ARGV[4] == '' then redis.pcall('PUBLISH', ARGV[2], '') end
-else
-  redis.call('PEXPIRE', KEYS[1], tonumber(top[2]) - now)
-end
-return 1
+return out
 `
 
 // extendScript: KEYS the lock keys (first four); ARGV[1] token, ARGV[2]
