@@ -60,7 +60,7 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzLoad -fuzztime $(FUZZTIME) ./conf/
 	$(GO) test -run '^$$' -fuzz FuzzFrameEnd -fuzztime $(FUZZTIME) ./relay/
 	$(GO) test -run '^$$' -fuzz FuzzParseChild -fuzztime $(FUZZTIME) ./backends/zookeeper/
-	$(GO) test -run '^$$$$' -fuzz FuzzReadReply -fuzztime $(FUZZTIME) ./backends/redis/
+	$(GO) test -run '^$$' -fuzz FuzzReadReply -fuzztime $(FUZZTIME) ./backends/redis/
 	$(GO) test -run '^$$' -fuzz FuzzDecodeData -fuzztime $(FUZZTIME) ./backends/zookeeper/
 
 vet:
