@@ -68,6 +68,9 @@ func BenchmarkLockCycle(b *testing.B) {
 							runCycles(b, c, impl, clients)
 						})
 					}
+					b.Run("interleaved", func(b *testing.B) {
+						runInterleaved(b, c, clients)
+					})
 				})
 			}
 		})
@@ -263,9 +266,69 @@ func runCycles(b *testing.B, c *cluster, im impl, clients int) {
 	record(len(c.nodes), clients, im.name, res)
 }
 
+// Interleaved rounds: the machine is shared, and load from elsewhere that
+// falls on one implementation's whole run and not the other's skews a
+// ratio of two back-to-back runs. Short rounds that alternate the two, with
+// the median of the per-round ratios, are far steadier.
+const (
+	interleavedRounds = 7
+	roundLength       = time.Second
+)
+
+// runInterleaved measures lockproxy and redsync in alternating rounds of
+// roundLength and records the per-round ratios. It runs once per point,
+// whatever b.N is.
+func runInterleaved(b *testing.B, c *cluster, clients int) {
+	c.mu.Lock()
+	done := c.warmed[b.Name()]
+	c.warmed[b.Name()] = true
+	c.mu.Unlock()
+	if done || len(c.impls) != 2 {
+		return
+	}
+	var ratios []float64
+	for round := 0; round < interleavedRounds; round++ {
+		var rates [2]float64
+		for i, im := range c.impls {
+			// Alternate which goes first, so neither always follows the
+			// other's leftovers (keys expiring, sockets closing).
+			if round%2 == 1 {
+				im = c.impls[1-i]
+			}
+			r := cyclesFor(c, im, clients, 0, time.Now().Add(roundLength))
+			if r.failures > 0 && float64(r.failures) > maxFailRatio*float64(r.cycles) {
+				b.Fatalf("%s: %d of %d cycles failed; first: %v", im.name, r.failures, r.cycles, r.firstErr)
+			}
+			rate := float64(len(r.latencies)) / r.elapsed.Seconds()
+			if im.name == "lockproxy" {
+				rates[0] = rate
+			} else {
+				rates[1] = rate
+			}
+		}
+		if rates[1] > 0 {
+			ratios = append(ratios, rates[0]/rates[1])
+		}
+	}
+	if len(ratios) == 0 {
+		b.Fatal("no interleaved round completed")
+	}
+	slices.Sort(ratios)
+	med := ratios[len(ratios)/2]
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(med, "median-ratio")
+	recordInterleaved(len(c.nodes), clients, ratios)
+}
+
 // cycles runs total cycles on clients goroutines, each with its own key,
 // taking work from a shared counter so b.N need not divide evenly.
 func cycles(c *cluster, im impl, clients, total int) run {
+	return cyclesFor(c, im, clients, total, time.Time{})
+}
+
+// cyclesFor runs cycles until total are done (total > 0) or until the
+// clock passes until (until not zero), whichever comes first.
+func cyclesFor(c *cluster, im impl, clients, total int, until time.Time) run {
 	runID := c.runs.Add(1)
 	var next atomic.Int64
 	type share struct {
@@ -281,7 +344,10 @@ func cycles(c *cluster, im impl, clients, total int) run {
 			sh := &shares[g]
 			sh.lat = make([]time.Duration, 0, total/clients+1)
 			key := fmt.Sprintf("bench:%s:r%d:g%d", im.name, runID, g)
-			for next.Add(1) <= int64(total) {
+			for total <= 0 || next.Add(1) <= int64(total) {
+				if !until.IsZero() && time.Now().After(until) {
+					break
+				}
 				ctx, cancel := context.WithTimeout(context.Background(), opTimeout)
 				t0 := time.Now()
 				err := im.cycle(ctx, key)
@@ -303,6 +369,11 @@ func cycles(c *cluster, im impl, clients, total int) run {
 	}
 	wg.Wait()
 	r := run{cycles: total, elapsed: time.Since(start)}
+	if total <= 0 {
+		for _, sh := range shares {
+			r.cycles += len(sh.lat) + sh.failures
+		}
+	}
 	var errs []error
 	for _, sh := range shares {
 		r.latencies = append(r.latencies, sh.lat...)

@@ -19,6 +19,16 @@ type result struct {
 
 type rowKey struct{ nodes, clients int }
 
+// interleaved holds, per point, the lockproxy/redsync ratios of the
+// alternating rounds, sorted.
+var interleaved = map[rowKey][]float64{}
+
+func recordInterleaved(nodes, clients int, ratios []float64) {
+	results.mu.Lock()
+	defer results.mu.Unlock()
+	interleaved[rowKey{nodes, clients}] = ratios
+}
+
 // row pairs the two implementations measured at one nodes × clients point.
 type row struct {
 	rowKey
@@ -78,6 +88,17 @@ func printResults(w io.Writer) {
 			ratio = fmt.Sprintf("%.2f", rw.lockproxy.cyclesPerSec/rw.redsync.cyclesPerSec)
 		}
 		fmt.Fprintf(w, "| %d | %d | %s | %s | %s |\n", rw.nodes, rw.clients, cell(rw.lockproxy), cell(rw.redsync), ratio)
+	}
+
+	if len(interleaved) > 0 {
+		fmt.Fprintf(w, "\nlockproxy/redsync cycles/s in %d alternating rounds of %v (median, and the range):\n\n", interleavedRounds, roundLength)
+		fmt.Fprintln(w, "| nodes | clients | median ratio | lowest | highest |")
+		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|")
+		for _, rw := range results.rows {
+			if rs := interleaved[rw.rowKey]; len(rs) > 0 {
+				fmt.Fprintf(w, "| %d | %d | %.2f | %.2f | %.2f |\n", rw.nodes, rw.clients, rs[len(rs)/2], rs[0], rs[len(rs)-1])
+			}
+		}
 	}
 
 	cpu := func(r *result, proxy bool) string {
