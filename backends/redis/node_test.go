@@ -302,55 +302,44 @@ func TestNodeSharedReleases(t *testing.T) {
 		want       bool
 		left       string // the lock key's value afterwards; "" gone
 	}
-	var rels []rel
-	acquire := func(key, tok string, mode quorum.Mode) {
-		t.Helper()
-		g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: tok, TTL: long, Mode: mode})
-		if err != nil || !g.Acquired {
-			t.Fatalf("acquire %s by %s: %+v, %v", key, tok, g, err)
-		}
+	type hold struct {
+		token string
+		mode  quorum.Mode
 	}
-	for i := 0; i < 40; i++ {
-		k := fmt.Sprintf("plain%d", i)
-		acquire(k, "t"+k, quorum.Exclusive)
-		rels = append(rels, rel{k, "t" + k, quorum.AnyHold, true, ""})
-	}
-	for i := 0; i < 10; i++ {
-		k := fmt.Sprintf("reentrant%d", i)
-		acquire(k, "t"+k, quorum.Exclusive)
-		acquire(k, "t"+k, quorum.Exclusive)
-		rels = append(rels, rel{k, "t" + k, quorum.AnyHold, true, "t" + k})
-	}
-	for i := 0; i < 10; i++ {
-		k := fmt.Sprintf("other%d", i)
-		acquire(k, "owner", quorum.Exclusive)
-		rels = append(rels, rel{k, "stranger", quorum.AnyHold, false, "owner"})
-	}
-	for i := 0; i < 10; i++ {
-		k := fmt.Sprintf("readers%d", i)
-		acquire(k, "r1", quorum.Shared)
-		acquire(k, "r2", quorum.Shared)
-		rels = append(rels, rel{k, "r1", quorum.AnyHold, true, readMarker})
-	}
-	for i := 0; i < 10; i++ {
-		k := fmt.Sprintf("lastreader%d", i)
-		acquire(k, "r1", quorum.Shared)
-		rels = append(rels, rel{k, "r1", quorum.ReadHold, true, ""})
-	}
-	for i := 0; i < 10; i++ {
+	ex, sh := quorum.Exclusive, quorum.Shared
+	// Each state is set up on count keys named after it; then one release
+	// of token (hold kind) runs on each.
+	states := []struct {
+		name  string
+		count int
+		holds []hold
+		token string
+		hold  quorum.Hold
+		want  bool
+		left  string
+	}{
+		{"plain", 40, []hold{{"a", ex}}, "a", quorum.AnyHold, true, ""},
+		{"reentrant", 10, []hold{{"a", ex}, {"a", ex}}, "a", quorum.AnyHold, true, "a"},
+		{"other", 10, []hold{{"owner", ex}}, "stranger", quorum.AnyHold, false, "owner"},
+		{"readers", 10, []hold{{"r1", sh}, {"r2", sh}}, "r1", quorum.AnyHold, true, readMarker},
+		{"lastreader", 10, []hold{{"r1", sh}}, "r1", quorum.ReadHold, true, ""},
 		// A roll-back of a write hold finds only a read hold: refused.
-		k := fmt.Sprintf("wrongkind%d", i)
-		acquire(k, "r1", quorum.Shared)
-		rels = append(rels, rel{k, "r1", quorum.WriteHold, false, readMarker})
+		{"wrongkind", 10, []hold{{"r1", sh}}, "r1", quorum.WriteHold, false, readMarker},
+		{"downgraded", 10, []hold{{"a", ex}, {"a", sh}}, "a", quorum.AnyHold, true, readMarker},
+		{"free", 10, nil, "nobody", quorum.AnyHold, false, ""},
 	}
-	for i := 0; i < 10; i++ {
-		k := fmt.Sprintf("downgraded%d", i)
-		acquire(k, "w", quorum.Exclusive)
-		acquire(k, "w", quorum.Shared)
-		rels = append(rels, rel{k, "w", quorum.AnyHold, true, readMarker})
-	}
-	for i := 0; i < 10; i++ {
-		rels = append(rels, rel{fmt.Sprintf("free%d", i), "nobody", quorum.AnyHold, false, ""})
+	var rels []rel
+	for _, st := range states {
+		for i := 0; i < st.count; i++ {
+			k := fmt.Sprintf("%s%d", st.name, i)
+			for _, h := range st.holds {
+				g, err := n.Acquire(ctx, quorum.Request{Key: k, Token: h.token, TTL: long, Mode: h.mode})
+				if err != nil || !g.Acquired {
+					t.Fatalf("acquire %s by %s: %+v, %v", k, h.token, g, err)
+				}
+			}
+			rels = append(rels, rel{k, st.token, st.hold, st.want, st.left})
+		}
 	}
 	if err := direct.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
