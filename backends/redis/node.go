@@ -523,6 +523,10 @@ func (n *Node) work(q chan *op) {
 // transport error, when its state is unknown.
 type writer struct {
 	conn *nodeConn
+	// Reused from batch to batch.
+	seen   map[string]int
+	shared []bool
+	r      reply
 }
 
 // get returns the writer's connection, dialing one when there is none or
@@ -752,7 +756,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 		addFenceWrite(c, fw)
 	}
 	// What each op's replies are: kinds[i] tells how to read them.
-	shared := n.sharedReleases(ops)
+	shared := w.sharedReleases(ops)
 	var calls [][]int // the shared release calls: the ops each answers
 	for i, o := range ops {
 		switch o.kind {
@@ -784,7 +788,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 			c.bulk("3")
 			c.bulk(o.key)
 			c.bulk(n.fenceKey)
-			c.bulk(n.prefix + "lockf:" + o.base)
+			c.bulk3(n.prefix, "lockf:", o.base)
 			c.bulk(o.token)
 			c.bulkInt(int64(o.slot))
 			c.bulkInt(int64(o.fence))
@@ -819,9 +823,9 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 			for _, i := range part {
 				o := ops[i]
 				c.bulk(o.key)
-				c.bulk(n.prefix + "lockf:" + o.base)
-				c.bulk(n.prefix + "lockr:" + o.base)
-				c.bulk(n.prefix + "lockrh:" + o.base)
+				c.bulk3(n.prefix, "lockf:", o.base)
+				c.bulk3(n.prefix, "lockr:", o.base)
+				c.bulk3(n.prefix, "lockrh:", o.base)
 			}
 			for _, i := range part {
 				n.addReleaseArgs(c, ops[i])
@@ -841,10 +845,10 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 	if err := c.flush(); err != nil {
 		return fail(err)
 	}
-	var r reply
+	r := &w.r
 	for range fenceWriteCommands(carried) {
 		// Their answers do not matter (see storeFences).
-		if err := c.read(&r); err != nil {
+		if err := c.read(r); err != nil {
 			return fail(err)
 		}
 	}
@@ -853,7 +857,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 	for i, o := range ops {
 		switch {
 		case o.kind == opAcquire && o.mode != quorum.Shared:
-			if err := c.read(&r); err != nil {
+			if err := c.read(r); err != nil {
 				return fail(err)
 			}
 			// The SET's answer is judged before the HINCRBY's is read
@@ -867,7 +871,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 				// Whatever answers here is not a Redis we can trust with locks.
 				setErr = fmt.Errorf("unexpected reply to SET: %q %.40q", r.kind, r.s)
 			}
-			if err := c.read(&r); err != nil {
+			if err := c.read(r); err != nil {
 				return fail(err)
 			}
 			switch {
@@ -894,28 +898,28 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 		case o.kind == opRelease && shared != nil && shared[i]:
 			// Answered with its call, below.
 		default:
-			if err := c.read(&r); err != nil {
+			if err := c.read(r); err != nil {
 				return fail(err)
 			}
 			switch o.kind {
 			case opAcquire:
-				out[i] = acquireResult(&r)
+				out[i] = acquireResult(r)
 			case opRelease:
-				if rs, err := releaseResults(&r, 1); err != nil {
+				if rs, err := releaseResults(r, 1); err != nil {
 					out[i].err = err
 				} else {
 					out[i].n = rs[0]
 				}
 			default:
-				out[i] = intResult(&r)
+				out[i] = intResult(r)
 			}
 		}
 	}
 	for _, part := range calls {
-		if err := c.read(&r); err != nil {
+		if err := c.read(r); err != nil {
 			return fail(err)
 		}
-		rs, err := releaseResults(&r, len(part))
+		rs, err := releaseResults(r, len(part))
 		for j, i := range part {
 			if err != nil {
 				out[i].err = err
@@ -939,10 +943,10 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 			return fail(err)
 		}
 		for _, i := range held {
-			if err := c.read(&r); err != nil {
+			if err := c.read(r); err != nil {
 				return fail(err)
 			}
-			out[i] = acquireResult(&r)
+			out[i] = acquireResult(r)
 		}
 	}
 	return out, writes
@@ -956,14 +960,17 @@ func (n *Node) addScript(c *nodeConn, s script, sha bool, o *op, k, argc int) {
 	c.bulk(scriptSource(s, sha))
 	c.bulkInt(int64(k))
 	c.bulk(o.key)
-	names := [...]string{keyMeta: "lockf:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
 	for i := keyMeta; i < k && i < keyFenceHash; i++ {
-		c.bulk(n.prefix + names[i] + o.base)
+		c.bulk3(n.prefix, keyNames[i], o.base)
 	}
 	if k > keyFenceHash {
 		c.bulk(n.fenceKey)
 	}
 }
+
+// keyNames are the lock's key names after the prefix, before the client's
+// key (see scripts.go).
+var keyNames = [...]string{keyMeta: "lockf:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
 
 // addReleaseArgs adds o's four release script arguments.
 func (n *Node) addReleaseArgs(c *nodeConn, o *op) {
@@ -1029,7 +1036,7 @@ const maxReleasesPerCall = 64
 
 // sharedReleases marks the releases of ops whose key no other op of the
 // batch touches; they may share a script call. nil when fewer than two.
-func (n *Node) sharedReleases(ops []*op) []bool {
+func (w *writer) sharedReleases(ops []*op) []bool {
 	releases := 0
 	for _, o := range ops {
 		if o.kind == opRelease {
@@ -1039,11 +1046,16 @@ func (n *Node) sharedReleases(ops []*op) []bool {
 	if releases < 2 {
 		return nil
 	}
-	seen := make(map[string]int, len(ops))
+	if w.seen == nil {
+		w.seen = make(map[string]int, len(ops))
+	}
+	seen := w.seen
+	clear(seen)
 	for _, o := range ops {
 		seen[o.key]++
 	}
-	shared := make([]bool, len(ops))
+	shared := append(w.shared[:0], make([]bool, len(ops))...)
+	w.shared = shared
 	count := 0
 	for i, o := range ops {
 		if o.kind == opRelease && seen[o.key] == 1 {

@@ -149,6 +149,17 @@ func (c *nodeConn) bulk(s string) {
 	c.wbuf = append(c.wbuf, '\r', '\n')
 }
 
+// bulk3 writes a+b+c as one bulk string without building it first.
+func (c *nodeConn) bulk3(a, b, d string) {
+	c.wbuf = append(c.wbuf, '$')
+	c.wbuf = strconv.AppendInt(c.wbuf, int64(len(a)+len(b)+len(d)), 10)
+	c.wbuf = append(c.wbuf, '\r', '\n')
+	c.wbuf = append(c.wbuf, a...)
+	c.wbuf = append(c.wbuf, b...)
+	c.wbuf = append(c.wbuf, d...)
+	c.wbuf = append(c.wbuf, '\r', '\n')
+}
+
 func (c *nodeConn) bulkInt(v int64) {
 	var b [20]byte
 	d := strconv.AppendInt(b[:0], v, 10)
