@@ -82,13 +82,11 @@ const (
 
 type op struct {
 	kind      opKind
-	key       string // the key as stored on the node, prefix included
-	base      string // the client's key
+	base      string // the client's key (on the node: prefix "lock:" base)
 	mode      quorum.Mode
 	noReentry bool
 	hold      quorum.Hold // which holds a release may remove
 	waitMs    int64       // writer-waiting mark to leave when refused, ms
-	channel   string      // where a release is announced
 	token     string
 	ms        int64 // TTL in ms
 	slot      uint16
@@ -326,7 +324,6 @@ func (n *Node) RaiseFence(ctx context.Context, key, token string, fence uint64) 
 func (n *Node) Release(ctx context.Context, key, token string, hold quorum.Hold) (bool, error) {
 	o := n.newOp(opRelease, key, token)
 	o.hold = hold
-	o.channel = n.ReleaseChannel(key)
 	r := n.do(ctx, o)
 	return r.n == 1, r.err
 }
@@ -371,7 +368,6 @@ func (n *Node) StartRaiseFence(ctx context.Context, key, token string, fence uin
 func (n *Node) StartRelease(ctx context.Context, key, token string, hold quorum.Hold, done func(bool, error)) {
 	o := n.newOp(opRelease, key, token)
 	o.hold = hold
-	o.channel = n.ReleaseChannel(key)
 	n.startBool(ctx, o, done)
 }
 
@@ -419,7 +415,7 @@ func (n *Node) enqueue(ctx context.Context, o *op) {
 	}
 }
 
-func (n *Node) queue(o *op) chan *op { return n.queues[int(slot(o.key))%len(n.queues)] }
+func (n *Node) queue(o *op) chan *op { return n.queues[int(slot(o.base))%len(n.queues)] }
 
 // finish answers o. An op answered through done goes back to the pool here;
 // one answered through res is recycled by its waiter.
@@ -437,7 +433,7 @@ func (n *Node) finish(o *op, r opResult) {
 
 func (n *Node) newOp(kind opKind, key, token string) *op {
 	o := opPool.Get().(*op)
-	o.kind, o.key, o.base, o.token = kind, n.LockKey(key), key, token
+	o.kind, o.base, o.token = kind, key, token
 	return o
 }
 
@@ -593,7 +589,7 @@ func (n *Node) exec(w *writer, batch []*op, carry fenceWrites) fenceWrites {
 				// goes out (its answer dropped): it may be the roll-back
 				// of an acquire already on its way to this node, which
 				// would otherwise hold the key here until its TTL.
-				late := &op{kind: opRelease, key: o.key, base: o.base, token: o.token, channel: o.channel,
+				late := &op{kind: opRelease, base: o.base, token: o.token,
 					hold: o.hold, start: now, deadline: now.Add(n.timeout), res: make(chan opResult, 1),
 					done: func(opResult) {}}
 				n.finish(o, opResult{err: context.DeadlineExceeded})
@@ -764,7 +760,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 			if o.mode != quorum.Shared {
 				c.begin(6)
 				c.bulk("SET")
-				c.bulk(o.key)
+				c.bulk3(n.prefix, "lock:", o.base)
 				c.bulk(o.token)
 				c.bulk("NX")
 				c.bulk("PX")
@@ -786,7 +782,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 			c.bulk(evalName(sha))
 			c.bulk(scriptSource(scriptRaiseFence, sha))
 			c.bulk("3")
-			c.bulk(o.key)
+			c.bulk3(n.prefix, "lock:", o.base)
 			c.bulk(n.fenceKey)
 			c.bulk3(n.prefix, "lockf:", o.base)
 			c.bulk(o.token)
@@ -822,7 +818,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 			c.bulkInt(int64(4 * len(part)))
 			for _, i := range part {
 				o := ops[i]
-				c.bulk(o.key)
+				c.bulk3(n.prefix, "lock:", o.base)
 				c.bulk3(n.prefix, "lockf:", o.base)
 				c.bulk3(n.prefix, "lockr:", o.base)
 				c.bulk3(n.prefix, "lockrh:", o.base)
@@ -959,7 +955,7 @@ func (n *Node) addScript(c *nodeConn, s script, sha bool, o *op, k, argc int) {
 	c.bulk(evalName(sha))
 	c.bulk(scriptSource(s, sha))
 	c.bulkInt(int64(k))
-	c.bulk(o.key)
+	c.bulk3(n.prefix, "lock:", o.base)
 	for i := keyMeta; i < k && i < keyFenceHash; i++ {
 		c.bulk3(n.prefix, keyNames[i], o.base)
 	}
@@ -975,7 +971,7 @@ var keyNames = [...]string{keyMeta: "lockf:", keyReaders: "lockr:", keyReaderHol
 // addReleaseArgs adds o's four release script arguments.
 func (n *Node) addReleaseArgs(c *nodeConn, o *op) {
 	c.bulk(o.token)
-	c.bulk(o.channel)
+	c.bulk3(n.prefix, "released:", o.base)
 	c.bulk(readMarker)
 	c.bulk(releaseHoldArg[o.hold])
 }
@@ -1052,13 +1048,13 @@ func (w *writer) sharedReleases(ops []*op) []bool {
 	seen := w.seen
 	clear(seen)
 	for _, o := range ops {
-		seen[o.key]++
+		seen[o.base]++
 	}
 	shared := append(w.shared[:0], make([]bool, len(ops))...)
 	w.shared = shared
 	count := 0
 	for i, o := range ops {
-		if o.kind == opRelease && seen[o.key] == 1 {
+		if o.kind == opRelease && seen[o.base] == 1 {
 			shared[i] = true
 			count++
 		}
