@@ -80,6 +80,9 @@ type Options struct {
 	// Password, when set, must be given with AUTH (or HELLO … AUTH)
 	// before any other command (auth.password).
 	Password string
+	// Users are named users' passwords by name (auth.users); with any,
+	// authentication is required too.
+	Users map[string]string
 	// Relay, when set, serves the commands lockproxy does not know by
 	// relaying them to the upstream Redis (relay.go).
 	Relay *relay.Relay
@@ -107,6 +110,7 @@ type Handler struct {
 	rm *relayMetrics
 
 	password string
+	users    map[string]string // auth.users: name → password
 }
 
 // NewHandler returns a Handler; Close it to stop its background work.
@@ -132,6 +136,7 @@ func NewHandler(o Options) *Handler {
 		patterns: o.LockPatterns,
 		up:       o.Relay,
 		password: o.Password,
+		users:    o.Users,
 	}
 	if h.up != nil {
 		h.rm = newRelayMetrics(o.Registry)
@@ -160,7 +165,8 @@ type conn struct {
 	libName string
 	libVer  string
 	lastCmd string
-	authed  bool           // gave the password (auth.password), when one is set
+	authed  bool           // authenticated, when auth.password or auth.users require it
+	user    string         // the user it authenticated as, while authed
 	ka      *connKeepalive // nil until the first KEEPALIVE lock
 	rl      *relayConn     // nil until the first relayed command
 }
@@ -179,7 +185,7 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 	if len(args) == 0 {
 		return
 	}
-	if h.password != "" && !state(s).authed && !noAuthNeeded(args[0]) {
+	if h.authRequired() && !state(s).authed && !noAuthNeeded(args[0]) {
 		h.metrics.commands.WithLabelValues("unknown", "error").Inc()
 		s.W.Error("NOAUTH Authentication required.")
 		return

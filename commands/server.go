@@ -38,10 +38,15 @@ func (h *Handler) quit(s *resp.Session, args [][]byte) {
 	s.CloseAfterReply()
 }
 
-// auth: AUTH [username] password. With auth.password set, the default
-// user's password; without, the error Redis gives.
+// auth: AUTH [username] password. The default user's password is
+// auth.password, named users are auth.users; AUTH password without either
+// configured gets the error Redis gives.
 func (h *Handler) auth(s *resp.Session, args [][]byte) {
-	if h.password == "" {
+	if len(args) > 3 {
+		s.W.Error("ERR syntax error")
+		return
+	}
+	if len(args) == 2 && h.password == "" {
 		s.W.Error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?")
 		return
 	}
@@ -49,23 +54,59 @@ func (h *Handler) auth(s *resp.Session, args [][]byte) {
 	if len(args) == 3 {
 		user = args[1]
 	}
+	if !h.authRequired() {
+		// Like Redis's default user with nopass: any password does for
+		// it, and there is no other user.
+		if string(user) != "default" {
+			s.W.Error(errWrongPass)
+			return
+		}
+		s.W.Simple("OK")
+		return
+	}
 	if !h.passwordOK(user, pass) {
-		state(s).authed = false
+		// As in Redis, a failed AUTH leaves the connection as it was.
 		s.W.Error(errWrongPass)
 		return
 	}
-	state(s).authed = true
+	h.signIn(s, user)
 	s.W.Simple("OK")
+}
+
+// authRequired tells whether clients must authenticate (auth.password or
+// auth.users is set).
+func (h *Handler) authRequired() bool { return h.password != "" || len(h.users) > 0 }
+
+func (h *Handler) signIn(s *resp.Session, user []byte) {
+	c := state(s)
+	c.authed = true
+	c.user = string(user)
+}
+
+// userName is the user the connection acts as, for CLIENT INFO and LIST.
+func userName(c *conn) string {
+	if c.authed && c.user != "" {
+		return c.user
+	}
+	return "default"
 }
 
 const errWrongPass = "WRONGPASS invalid username-password pair or user is disabled."
 
-// passwordOK compares in constant time: a client must not learn the
-// password a byte at a time from how long the answer takes.
+// passwordOK compares the password in constant time: a client must not
+// learn it a byte at a time from how long the answer takes. The default
+// user has a password only when auth.password is set.
 func (h *Handler) passwordOK(user, pass []byte) bool {
-	okUser := subtle.ConstantTimeCompare(user, []byte("default")) == 1
-	okPass := subtle.ConstantTimeCompare(pass, []byte(h.password)) == 1
-	return okUser && okPass
+	want, ok := h.password, h.password != ""
+	if string(user) != "default" {
+		want, ok = h.users[string(user)]
+	}
+	if !ok {
+		// Compare anyway, so that an unknown user takes as long.
+		_ = subtle.ConstantTimeCompare(pass, pass)
+		return false
+	}
+	return subtle.ConstantTimeCompare(pass, []byte(want)) == 1
 }
 
 func helloHasAuth(args [][]byte) bool {
@@ -102,7 +143,7 @@ func (h *Handler) selectDB(s *resp.Session, args [][]byte) {
 // hello: HELLO [protover [AUTH username password] [SETNAME clientname]]
 func (h *Handler) hello(s *resp.Session, args [][]byte) {
 	proto := s.W.Proto()
-	if h.password != "" && !state(s).authed && !helloHasAuth(args) {
+	if h.authRequired() && !state(s).authed && !helloHasAuth(args) {
 		s.W.Error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time")
 		return
 	}
@@ -122,14 +163,14 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 	for i := 2; i < len(args); i++ {
 		switch {
 		case resp.EqualFold(args[i], "AUTH") && i+2 < len(args):
-			// Without auth.password, like Redis's default user with
-			// nopass, any credentials are accepted.
-			if h.password != "" {
+			// Without auth.password or auth.users, like Redis's default
+			// user with nopass, any credentials are accepted.
+			if h.authRequired() {
 				if !h.passwordOK(args[i+1], args[i+2]) {
 					s.W.Error(errWrongPass)
 					return
 				}
-				state(s).authed = true
+				h.signIn(s, args[i+1])
 			}
 			i += 2
 		case resp.EqualFold(args[i], "SETNAME") && i+1 < len(args):
@@ -220,10 +261,10 @@ func (h *Handler) clientSetInfo(s *resp.Session, args [][]byte) {
 
 func clientLine(s *resp.Session, now time.Time) string {
 	c := state(s)
-	return fmt.Sprintf("id=%d addr=%s laddr=%s name=%s age=%d idle=%d db=0 cmd=%s resp=%d lib-name=%s lib-ver=%s",
+	return fmt.Sprintf("id=%d addr=%s laddr=%s name=%s age=%d idle=%d db=0 cmd=%s user=%s resp=%d lib-name=%s lib-ver=%s",
 		s.ID(), s.RemoteAddr(), s.LocalAddr(), c.name,
 		int64(now.Sub(s.Created()).Seconds()), int64(now.Sub(s.LastActive()).Seconds()),
-		c.lastCmd, s.W.Proto(), c.libName, c.libVer)
+		c.lastCmd, userName(c), s.W.Proto(), c.libName, c.libVer)
 }
 
 func (h *Handler) clientInfo(s *resp.Session, args [][]byte) {

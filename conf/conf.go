@@ -39,10 +39,29 @@ type Config struct {
 	Auth         Auth      `yaml:"auth"`
 }
 
-// Auth is the password lockproxy's own clients must give (AUTH, or HELLO …
-// AUTH default <password>), like Redis's requirepass. Empty: none.
+// Auth is what lockproxy's own clients must give before other commands:
+// the default user's password (AUTH <password>, or HELLO … AUTH default
+// <password>), like Redis's requirepass, and named users (AUTH <user>
+// <password>), like Redis ACL users with a password and every permission.
+// Nothing set: no authentication.
 type Auth struct {
 	Password string `yaml:"password" secret:"true"`
+	// Users are "name:password" entries (the password may contain ':').
+	Users []string `yaml:"users,omitempty" secret:"true"`
+}
+
+// UserPasswords returns the named users' passwords by name; Validate has
+// checked the entries.
+func (a Auth) UserPasswords() map[string]string {
+	if len(a.Users) == 0 {
+		return nil
+	}
+	out := make(map[string]string, len(a.Users))
+	for _, u := range a.Users {
+		name, pass, _ := strings.Cut(u, ":")
+		out[name] = pass
+	}
+	return out
 }
 
 // Upstream configures the relay to the Redis that serves every command
@@ -349,6 +368,23 @@ func (c Config) Validate() error {
 			}
 		}
 	}
+	seenUsers := map[string]bool{}
+	for i, u := range c.Auth.Users {
+		// The entry holds a password: problems name it by index only.
+		key := fmt.Sprintf("auth.users[%d]", i)
+		name, pass, ok := strings.Cut(u, ":")
+		switch {
+		case !ok || name == "" || pass == "":
+			v.add(key, `want "name:password" with both parts non-empty`)
+		case strings.ContainsAny(name, " \t\r\n"):
+			v.add(key, "the user name must not contain spaces")
+		case name == "default":
+			v.add(key, "the default user's password is auth.password")
+		case seenUsers[name]:
+			v.add(key, "user %q is listed twice", name)
+		}
+		seenUsers[name] = true
+	}
 	for i, p := range c.LockPatterns {
 		key := fmt.Sprintf("lock_patterns[%d]", i)
 		if p == "" {
@@ -468,8 +504,15 @@ func (c Config) Warnings() []string {
 func (c Config) String() string {
 	v := reflect.ValueOf(&c).Elem()
 	for _, l := range leaves() {
-		if f := v.FieldByIndex(l.index); l.secret && f.String() != "" {
+		f := v.FieldByIndex(l.index)
+		switch {
+		case !l.secret:
+		case f.Kind() == reflect.String && f.String() != "":
 			f.SetString(redacted)
+		case f.Kind() == reflect.Slice && f.Len() > 0:
+			// A list of secrets (auth.users): one mark for the list, so
+			// not even the number of entries shows.
+			f.Set(reflect.ValueOf([]string{redacted}).Convert(f.Type()))
 		}
 	}
 	var b bytes.Buffer

@@ -86,6 +86,16 @@ func TestValidate(t *testing.T) {
 			`redlock.nodes[3]: port must be a number in 1..65535, got "70000"`,
 		}},
 		{"admin empty disables", func(c *Config) { c.Admin = "" }, nil},
+		{"users", func(c *Config) {
+			c.Auth.Users = []string{"alice:pw", "bob:a:b", "nopass", ":pw", "alice:other", "default:pw", "a b:pw", "carol:"}
+		}, []string{
+			`auth.users[2]: want "name:password" with both parts non-empty`,
+			`auth.users[3]: want "name:password" with both parts non-empty`,
+			`auth.users[4]: user "alice" is listed twice`,
+			`auth.users[5]: the default user's password is auth.password`,
+			`auth.users[6]: the user name must not contain spaces`,
+			`auth.users[7]: want "name:password" with both parts non-empty`,
+		}},
 		{"listen on all interfaces", func(c *Config) { c.Listen = ":7380" }, nil},
 		{"ipv6", func(c *Config) { c.Redlock.Nodes = []string{"[::1]:6379"} }, nil},
 		{"enums", func(c *Config) {
@@ -569,11 +579,20 @@ func TestString(t *testing.T) {
 	}{
 		{"redacted", "hunter2", []string{"password: <redacted>", "drift_min: 2ms", "default_ttl: 30s", "listen: 127.0.0.1:7380"}, []string{"hunter2"}},
 		{"empty stays empty", "", []string{`password: ""`}, []string{"<redacted>"}},
+		{"users redacted", "", []string{"users:\n    - <redacted>\n"}, []string{"alice", "pw1", "bob"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			c := Default()
 			c.Redlock.Password = tt.password
+			if tt.name == "users redacted" {
+				c.Auth.Users = []string{"alice:pw1", "bob:pw2"}
+				defer func() {
+					if c.Auth.Users[0] != "alice:pw1" {
+						t.Errorf("String() changed auth.users to %q", c.Auth.Users)
+					}
+				}()
+			}
 			s := c.String()
 			for _, w := range tt.want {
 				if !strings.Contains(s, w) {

@@ -251,6 +251,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 
 		LockPatterns: cfg.LockPatterns,
 		Password:     cfg.Auth.Password,
+		Users:        cfg.Auth.UserPasswords(),
 	})
 	defer handler.Close()
 	srv.Handler = handler

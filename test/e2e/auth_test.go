@@ -1,6 +1,8 @@
 package e2e
 
 import (
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -60,5 +62,70 @@ func TestAuthPassword(t *testing.T) {
 			t.Errorf("RESP%d with a wrong password: PING = %v; want WRONGPASS", proto, err)
 		}
 		_ = bad.Close()
+	}
+}
+
+// TestAuthUsers: named users from auth.users (a YAML file here) next to
+// the default user's password. Each signs in with AUTH user password or
+// HELLO 3 AUTH user password, CLIENT INFO names the user, a wrong or
+// unknown pair is refused alike, and go-redis with a username works under
+// RESP2 and RESP3.
+func TestAuthUsers(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	cfg := filepath.Join(t.TempDir(), "lockproxy.yaml")
+	if err := os.WriteFile(cfg, []byte("auth:\n  password: root-pw\n  users:\n    - \"alice:a:pw\"\n    - \"bob:b-pw\"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	in := startInstance(t, cl.addrs(), "--config", cfg)
+
+	rc := dialRaw(t, in.addr)
+	for _, step := range []struct {
+		args []string
+		want string // prefix of the reply, Kind included
+	}{
+		{[]string{"PING"}, "-NOAUTH"},
+		{[]string{"AUTH", "alice", "wrong"}, "-WRONGPASS"},
+		{[]string{"AUTH", "mallory", "a:pw"}, "-WRONGPASS"},
+		{[]string{"AUTH", "bob", "a:pw"}, "-WRONGPASS"},
+		{[]string{"AUTH", "alice", "a:pw"}, "+OK"},
+		{[]string{"PING"}, "+PONG"},
+		{[]string{"CLIENT", "INFO"}, "$"},
+		{[]string{"AUTH", "bob", "nope"}, "-WRONGPASS"},
+		{[]string{"PING"}, "+PONG"}, // a failed AUTH leaves alice signed in, as in Redis
+		{[]string{"HELLO", "3", "AUTH", "bob", "b-pw"}, "%"},
+		{[]string{"AUTH", "root-pw"}, "+OK"},
+		{[]string{"PING"}, "+PONG"},
+	} {
+		r := rc.do(step.args...)
+		got := string(r.Kind) + r.Str
+		if !strings.HasPrefix(got, step.want) {
+			t.Fatalf("%v = %v; want %s…", step.args, r, step.want)
+		}
+		if step.args[0] == "CLIENT" && !strings.Contains(r.Str, " user=alice ") {
+			t.Errorf("CLIENT INFO after AUTH alice = %q; want user=alice", r.Str)
+		}
+	}
+
+	for _, proto := range []int{2, 3} {
+		c := redis.NewClient(&redis.Options{
+			Addr: in.addr, Protocol: proto, Username: "bob", Password: "b-pw", MaxRetries: -1, DisableIdentity: true,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		})
+		g, ok, err := tryLock(ctxFor(t, 10*time.Second), c, "users-"+randID(), "PX", 5000)
+		if err != nil || !ok || g.Fence == 0 {
+			t.Errorf("RESP%d as bob: LOCK = %+v, %v, %v; want a grant", proto, g, ok, err)
+		}
+		if info, err := c.Do(ctxFor(t, 10*time.Second), "CLIENT", "INFO").Text(); err != nil || !strings.Contains(info, " user=bob ") {
+			t.Errorf("RESP%d as bob: CLIENT INFO = %q, %v; want user=bob", proto, info, err)
+		}
+		_ = c.Close()
+	}
+	// The configuration as logged names no user and no password.
+	out := in.proc.Output()
+	for _, secret := range []string{"alice", "a:pw", "b-pw", "root-pw"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("lockproxy's output contains %q", secret)
+		}
 	}
 }
