@@ -30,23 +30,43 @@ import (
 // (checks run every 10 ms to 5 s, a quarter of locks.max_ttl at most, so
 // short TTLs must not shrink the window's span below minSpan) and never
 // more than ten minutes of history, so a node whose clock was corrected is
-// trusted again within that time. An
-// estimate needs a span of 10 s: a sample's error is at most half its round
-// trip (under sampleMaxRTT/2 = 10 ms), which over 10 s bounds the rate
-// error of the fit well below the 1 % drift factor's scale.
+// trusted again within that time.
+//
+// How soon an estimate may be trusted follows from the samples themselves:
+// the moment a node read its clock is known to within half the round trip
+// of its TIME, so the fitted rate is off by at most about three times the
+// largest half round trip divided by the span the samples cover (a least-
+// squares slope through points each off by at most u moves by under
+// 3u/span). An estimate counts once that bound is under
+// sampleMaxUncertainty (0.1 %, a tenth of the default drift factor) over
+// at least sampleFastSpan — on a LAN, with round trips well under a
+// millisecond, that is two seconds after the first sample, where a fixed
+// span made every node wait ten — and in any case once the samples span
+// sampleMinSpan (10 s; with half round trips under sampleMaxRTT/2 = 10 ms
+// the bound is then 0.3 %).
 const (
-	sampleWindow     = 60
-	sampleMinGap     = time.Second
-	sampleMaxAge     = 10 * time.Minute
-	sampleMaxRTT     = 20 * time.Millisecond
-	sampleMinSpan    = 10 * time.Second
-	sampleMinSamples = 5
+	sampleWindow         = 60
+	sampleMinGap         = time.Second
+	sampleMaxAge         = 10 * time.Minute
+	sampleMaxRTT         = 20 * time.Millisecond
+	sampleMinSpan        = 10 * time.Second
+	sampleFastSpan       = 2 * time.Second
+	sampleMaxUncertainty = 0.001
+	sampleMinSamples     = 3
+	// recentMaxUncertainty bounds the latest samples' fit (see
+	// recentRate): it only ever raises the error reported, so it may be
+	// looser; a fifth of the default max_clock_rate_error lets a node
+	// whose clock turned fast be taken out within a few samples even when
+	// round trips are long, and no node within 4 % of the right rate is
+	// taken out by it.
+	recentMaxUncertainty = 0.01
 )
 
 // clockSample is one TIME reading.
 type clockSample struct {
-	local time.Time // the proxy's clock halfway through the round trip
-	node  int64     // the node's clock, µs since the epoch
+	local time.Time     // the proxy's clock halfway through the round trip
+	node  int64         // the node's clock, µs since the epoch
+	half  time.Duration // half the round trip: how far off local may be
 }
 
 // rateEstimator estimates a node's clock rate relative to the proxy's
@@ -56,7 +76,10 @@ type rateEstimator struct {
 	maxAge     time.Duration
 	maxRTT     time.Duration
 	minGap     time.Duration // between kept samples
-	minSpan    time.Duration
+	minSpan    time.Duration // a span that always suffices
+	fastSpan   time.Duration // the least span, with small round trips
+	maxUncert  float64       // the rate error the samples may leave
+	recentMax  float64       // the same for the latest samples' fit
 	minSamples int
 	samples    []clockSample
 }
@@ -64,7 +87,8 @@ type rateEstimator struct {
 func newRateEstimator() *rateEstimator {
 	return &rateEstimator{
 		window: sampleWindow, maxAge: sampleMaxAge, maxRTT: sampleMaxRTT, minGap: sampleMinGap,
-		minSpan: sampleMinSpan, minSamples: sampleMinSamples,
+		minSpan: sampleMinSpan, fastSpan: sampleFastSpan, maxUncert: sampleMaxUncertainty, recentMax: recentMaxUncertainty,
+		minSamples: sampleMinSamples,
 	}
 }
 
@@ -85,7 +109,7 @@ func (e *rateEstimator) add(sent, received time.Time, nodeMicros int64) bool {
 			return false // the proxy's clock did not move, or too little
 		}
 	}
-	e.samples = append(e.samples, clockSample{local: mid, node: nodeMicros})
+	e.samples = append(e.samples, clockSample{local: mid, node: nodeMicros, half: rtt / 2})
 	drop := 0
 	if over := len(e.samples) - e.window; over > 0 {
 		drop = over
@@ -103,28 +127,52 @@ func (e *rateEstimator) add(sent, received time.Time, nodeMicros int64) bool {
 // another one.
 func (e *rateEstimator) reset() { e.samples = e.samples[:0] }
 
-// rate is the least-squares slope of node time against proxy time: 1 for a
-// node whose clock runs at the proxy's rate. ok is false until the window
-// holds minSamples samples spanning minSpan.
-func (e *rateEstimator) rate() (rate float64, ok bool) {
+// rate is the least-squares slope of node time against proxy time over
+// the whole window: 1 for a node whose clock runs at the proxy's rate. ok
+// is false until the window holds minSamples samples whose span bounds the
+// rate's error (see the estimator bounds).
+func (e *rateEstimator) rate() (rate float64, ok bool) { return e.fit(e.samples, e.maxUncert) }
+
+// recentRate is the slope over the fewest latest samples that make an
+// estimate on their own. The whole window's fit takes a while to follow a
+// clock whose rate changed (its older samples pull it back); the recent
+// one follows within seconds.
+func (e *rateEstimator) recentRate() (rate float64, ok bool) {
 	n := len(e.samples)
+	for i := n - e.minSamples; i >= 0; i-- {
+		if r, ok := e.fit(e.samples[i:], e.recentMax); ok {
+			return r, true
+		}
+		if e.samples[n-1].local.Sub(e.samples[i].local) >= e.minSpan {
+			break // a longer suffix is the window's business
+		}
+	}
+	return 0, false
+}
+
+// fit is the least-squares slope through samples, when they make an
+// estimate whose error from the round trips is at most maxUncert (or they
+// span minSpan).
+func (e *rateEstimator) fit(samples []clockSample, maxUncert float64) (rate float64, ok bool) {
+	n := len(samples)
 	if n < e.minSamples || n < 2 {
 		return 0, false
 	}
-	first := e.samples[0]
-	if e.samples[n-1].local.Sub(first.local) < e.minSpan {
+	first := samples[0]
+	span := samples[n-1].local.Sub(first.local)
+	if span < e.minSpan && (span < e.fastSpan || uncertainty(samples, span) > maxUncert) {
 		return 0, false
 	}
 	// Offsets from the first sample keep the sums small and exact enough
 	// in float64 (µs over ten minutes).
 	var sx, sy float64
-	for _, s := range e.samples {
+	for _, s := range samples {
 		sx += s.local.Sub(first.local).Seconds()
 		sy += float64(s.node-first.node) / 1e6
 	}
 	mx, my := sx/float64(n), sy/float64(n)
 	var sxy, sxx float64
-	for _, s := range e.samples {
+	for _, s := range samples {
 		dx := s.local.Sub(first.local).Seconds() - mx
 		dy := float64(s.node-first.node)/1e6 - my
 		sxy += dx * dy
@@ -136,13 +184,33 @@ func (e *rateEstimator) rate() (rate float64, ok bool) {
 	return sxy / sxx, true
 }
 
-// rateError is |rate − 1|, or ok false without an estimate.
+// uncertainty bounds how far the rate fitted through samples may be off
+// from their round trips alone, over span.
+func uncertainty(samples []clockSample, span time.Duration) float64 {
+	var worst time.Duration
+	for _, s := range samples {
+		worst = max(worst, s.half)
+	}
+	// A clock read is known to the microsecond at best (TIME's unit).
+	worst = max(worst, time.Microsecond)
+	return 3 * worst.Seconds() / span.Seconds()
+}
+
+// rateError is the larger of |rate − 1| over the whole window and over
+// the latest samples (see recentRate), or ok false without an estimate:
+// the larger error is the one the drift rule and the vote must allow for.
 func (e *rateEstimator) rateError() (float64, bool) {
 	r, ok := e.rate()
-	if !ok {
-		return 0, false
+	rr, rok := e.recentRate()
+	switch {
+	case ok && rok:
+		return max(math.Abs(r-1), math.Abs(rr-1)), true
+	case ok:
+		return math.Abs(r - 1), true
+	case rok:
+		return math.Abs(rr - 1), true
 	}
-	return math.Abs(r - 1), true
+	return 0, false
 }
 
 // rateUnknown is stored as a node's rate error while it has no estimate.

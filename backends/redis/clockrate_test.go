@@ -40,6 +40,14 @@ func steady(n int, start, step time.Duration, rate float64, noise ...time.Durati
 	return out
 }
 
+// withRTT gives every reading the round trip rtt.
+func withRTT(rs []reading, rtt time.Duration) []reading {
+	for i := range rs {
+		rs[i].rtt = rtt
+	}
+	return rs
+}
+
 func feed(e *rateEstimator, rs []reading) (kept int) {
 	for _, r := range rs {
 		sent := clockBase.Add(r.at - r.rtt/2)
@@ -79,8 +87,14 @@ func TestRateEstimator(t *testing.T) {
 		{"noise of a few ms", steady(60, 0, time.Second, 1.02,
 			3*time.Millisecond, -2*time.Millisecond, 0, 4*time.Millisecond, -5*time.Millisecond, time.Millisecond),
 			false, true, 1.02, 2e-4, -1, -1},
-		{"too few samples", steady(4, 0, 5*time.Second, 1), false, false, 0, 0, -1, -1},
-		{"span too short", steady(30, 0, 300*time.Millisecond, 1), false, false, 0, 0, -1, -1},
+		{"too few samples", steady(2, 0, 5*time.Second, 1), false, false, 0, 0, -1, -1},
+		{"span too short", steady(6, 0, 300*time.Millisecond, 1), false, false, 0, 0, -1, -1},
+		{"short round trips: an estimate after 2 s", withRTT(steady(3, 0, time.Second, 1.03), 200*time.Microsecond),
+			false, true, 1.03, 1e-9, -1, -1},
+		{"long round trips: none after 4 s", withRTT(steady(5, 0, time.Second, 1.03), 19*time.Millisecond),
+			false, false, 0, 0, -1, -1},
+		{"long round trips: one after 10 s", withRTT(steady(11, 0, time.Second, 1.03), 19*time.Millisecond),
+			false, true, 1.03, 1e-9, -1, -1},
 		{"large round trips ignored", cat(steady(12, 0, 2*time.Second, 1), slow), false, true, 1, 1e-9, 12, -1},
 		{"clock standing still gives nothing", steady(10, 0, 0, 1), false, false, 0, 0, 1, -1},
 		{"fast checks thinned to a sample a second", steady(200, 0, 250*time.Millisecond, 1.04), false, true, 1.04, 1e-9, 50, 50},
@@ -388,5 +402,35 @@ func BenchmarkDrift(b *testing.B) {
 			}
 			_ = sink
 		})
+	}
+}
+
+// TestRateChangeSeenSoon: a node whose clock turns fast after a minute at
+// the right rate. The whole window's fit follows slowly; the error the
+// estimator reports (the larger of it and the latest samples' fit) shows
+// the new rate within three samples, two seconds.
+func TestRateChangeSeenSoon(t *testing.T) {
+	e := newRateEstimator()
+	before := withRTT(steady(60, 0, time.Second, 1), 200*time.Microsecond)
+	feed(e, before)
+	if re, ok := e.rateError(); !ok || re > 1e-6 {
+		t.Fatalf("rateError before the change = %g, %v; want about 0", re, ok)
+	}
+	// From 60 s on the node's clock runs 1.5× fast, continuing from where
+	// it was.
+	last := before[len(before)-1]
+	for i := 1; i <= 3; i++ {
+		at := last.at + time.Duration(i)*time.Second
+		node := last.node + time.Duration(float64(at-last.at)*1.5)
+		feed(e, []reading{{at: at, node: node, rtt: 200 * time.Microsecond}})
+		re, ok := e.rateError()
+		full, _ := e.rate()
+		t.Logf("%d s after the change: window fit %.4f, reported error %.4f", i, full, re)
+		if i == 1 && ok && re > 0.3 {
+			t.Errorf("one sample after the change the error is already %.3f; the recent fit needs two seconds", re)
+		}
+		if i >= 2 && (!ok || math.Abs(re-0.5) > 1e-3) {
+			t.Errorf("%d s after the change: rateError = %g, %v; want 0.5", i, re, ok)
+		}
 	}
 }
