@@ -7,6 +7,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 func TestAdminEndpoints(t *testing.T) {
@@ -14,7 +16,7 @@ func TestAdminEndpoints(t *testing.T) {
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
 		in := startInstance(t, cl.addrs())
-		c := newClient(t, in.addr, 2)
+		c := lc.NewClient(t, in.addr, 2)
 		base := "http://" + in.admin
 
 		for _, path := range []string{"/healthz", "/readyz"} {
@@ -24,12 +26,12 @@ func TestAdminEndpoints(t *testing.T) {
 		}
 
 		// Locks whose key and token must not show up in the metrics.
-		key := "secret-key-" + randID()
-		tok := "secret-token-" + randID()
-		mustLock(t, c, key, "PX", 10000, "TOKEN", tok)
-		g := mustLock(t, c, key+"-gen", "PX", 10000)
-		lock(t, c, key, "PX", 10000) // not acquired
-		if got := unlock(t, c, key, "wrong-"+randID()); got != 0 {
+		key := "secret-key-" + lockclient.RandID()
+		tok := "secret-token-" + lockclient.RandID()
+		lc.MustLock(t, c, key, "PX", 10000, "TOKEN", tok)
+		g := lc.MustLock(t, c, key+"-gen", "PX", 10000)
+		lc.Lock(t, c, key, "PX", 10000) // not acquired
+		if got := lc.Unlock(t, c, key, "wrong-"+lockclient.RandID()); got != 0 {
 			t.Errorf("UNLOCK with a wrong token = %d; want 0", got)
 		}
 
@@ -84,12 +86,12 @@ func TestSIGTERMGracefulShutdown(t *testing.T) {
 		in := startInstance(t, cl.addrs())
 
 		// An idle connection and one that holds a lock stay open.
-		idle := dialRaw(t, in.addr)
-		if r := idle.do("PING"); r.Str != "PONG" {
+		idle := lc.DialRaw(t, in.addr)
+		if r := idle.Do("PING"); r.Str != "PONG" {
 			t.Fatalf("PING = %v", r)
 		}
-		c := newClient(t, in.addr, 3)
-		mustLock(t, c, "shutdown-"+randID(), "PX", 10000)
+		c := lc.NewClient(t, in.addr, 3)
+		lc.MustLock(t, c, "shutdown-"+lockclient.RandID(), "PX", 10000)
 
 		start := time.Now()
 		if err := in.proc.Signal(syscall.SIGTERM); err != nil {

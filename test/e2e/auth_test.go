@@ -9,6 +9,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // TestAuthPassword: with auth.password set, a connection must AUTH (or
@@ -20,7 +22,7 @@ func TestAuthPassword(t *testing.T) {
 	cl := startCluster(t, 3)
 	in := startInstanceEnv(t, cl.addrs(), []string{"LOCKPROXY_AUTH_PASSWORD=s3cret"})
 
-	rc := dialRaw(t, in.addr)
+	rc := lc.DialRaw(t, in.addr)
 	for _, step := range []struct {
 		args []string
 		want string // prefix of the reply, Kind included
@@ -37,7 +39,7 @@ func TestAuthPassword(t *testing.T) {
 		{[]string{"AUTH", "default", "s3cret"}, "+OK"},
 		{[]string{"PING"}, "+PONG"},
 	} {
-		r := rc.do(step.args...)
+		r := rc.Do(step.args...)
 		got := string(r.Kind) + r.Str
 		if !strings.HasPrefix(got, step.want) {
 			t.Fatalf("%v = %v; want %s…", step.args, r, step.want)
@@ -49,7 +51,7 @@ func TestAuthPassword(t *testing.T) {
 			Addr: in.addr, Protocol: proto, Password: "s3cret", MaxRetries: -1, DisableIdentity: true,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		})
-		g, ok, err := tryLock(ctxFor(t, 10*time.Second), c, "auth-"+randID(), "PX", 5000)
+		g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), c, "auth-"+lockclient.RandID(), "PX", 5000)
 		if err != nil || !ok || g.Fence == 0 {
 			t.Errorf("RESP%d with the password: LOCK = %+v, %v, %v; want a grant", proto, g, ok, err)
 		}
@@ -58,7 +60,7 @@ func TestAuthPassword(t *testing.T) {
 			Addr: in.addr, Protocol: proto, Password: "nope", MaxRetries: -1, DisableIdentity: true,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		})
-		if err := bad.Ping(ctxFor(t, 10*time.Second)).Err(); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
+		if err := bad.Ping(lockclient.CtxFor(t, 10*time.Second)).Err(); err == nil || !strings.Contains(err.Error(), "WRONGPASS") {
 			t.Errorf("RESP%d with a wrong password: PING = %v; want WRONGPASS", proto, err)
 		}
 		_ = bad.Close()

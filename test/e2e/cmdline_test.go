@@ -68,24 +68,24 @@ func TestDevMode(t *testing.T) {
 	if err := harness.WaitTCP(addr, 15*time.Second); err != nil {
 		t.Fatalf("lockproxy --dev did not listen: %v\n%s", err, p.Output())
 	}
-	c := newClient(t, addr, 2)
-	g := mustLock(t, c, "demo", "PX", 10000)
+	c := lc.NewClient(t, addr, 2)
+	g := lc.MustLock(t, c, "demo", "PX", 10000)
 	if g.ValidityMS <= 0 || g.ValidityMS > maxValidityMS(10000) {
 		t.Fatalf("LOCK demo PX 10000 validity %d; want in (0, %d]", g.ValidityMS, maxValidityMS(10000))
 	}
-	if _, ok := lock(t, c, "demo", "PX", 10000); ok {
+	if _, ok := lc.Lock(t, c, "demo", "PX", 10000); ok {
 		t.Fatal("second LOCK demo granted; want nil")
 	}
-	if n := unlock(t, c, "demo", g.Token); n != 1 {
+	if n := lc.Unlock(t, c, "demo", g.Token); n != 1 {
 		t.Fatalf("UNLOCK = %d; want 1", n)
 	}
-	if n := unlock(t, c, "demo", g.Token); n != 0 {
+	if n := lc.Unlock(t, c, "demo", g.Token); n != 0 {
 		t.Fatalf("second UNLOCK = %d; want 0", n)
 	}
 	// Leases expire on the embedded nodes too.
-	mustLock(t, c, "short", "PX", 200)
+	lc.MustLock(t, c, "short", "PX", 200)
 	err := eventually(40, 50*time.Millisecond, func() error {
-		if _, ok := lock(t, c, "short", "PX", 200); !ok {
+		if _, ok := lc.Lock(t, c, "short", "PX", 200); !ok {
 			return fmt.Errorf("still held")
 		}
 		return nil

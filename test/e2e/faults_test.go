@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 func TestNodeFailures(t *testing.T) {
@@ -16,22 +18,22 @@ func TestNodeFailures(t *testing.T) {
 		// RedLock requires. This test is about reconnecting; restart_test.go
 		// covers the quarantine.
 		in := startInstanceEnv(t, cl.addrs(), []string{"LOCKPROXY_REDLOCK_QUARANTINE=false"})
-		c := newClient(t, in.addr, 2)
+		c := lc.NewClient(t, in.addr, 2)
 		majority := n/2 + 1
 
 		// One node down: a majority still grants, renews and releases.
 		cl.nodes[0].Kill()
 		for i := 0; i < 3; i++ {
-			key := fmt.Sprintf("onedown-%d-%s", i, randID())
+			key := fmt.Sprintf("onedown-%d-%s", i, lockclient.RandID())
 			start := time.Now()
-			g := mustLock(t, c, key, "PX", 10000)
+			g := lc.MustLock(t, c, key, "PX", 10000)
 			lockTook := time.Since(start)
 			checkGrant(t, "LOCK with one node down", g, 10000)
-			if got := intCmd(t, c, "RENEW", key, g.Token, "PX", 10000); got <= 0 {
+			if got := lc.IntCmd(t, c, "RENEW", key, g.Token, "PX", 10000); got <= 0 {
 				t.Errorf("RENEW with one node down = %d; want > 0", got)
 			}
 			start = time.Now()
-			if got := unlock(t, c, key, g.Token); got != 1 {
+			if got := lc.Unlock(t, c, key, g.Token); got != 1 {
 				t.Errorf("UNLOCK with one node down = %d; want 1", got)
 			}
 			unlockTook := time.Since(start)
@@ -47,9 +49,9 @@ func TestNodeFailures(t *testing.T) {
 			nd.Kill()
 		}
 		for i := 0; i < 3; i++ {
-			key := "nomajority-" + randID()
+			key := "nomajority-" + lockclient.RandID()
 			start := time.Now()
-			g, ok, err := tryLock(ctxFor(t, 10*time.Second), c, key, "PX", 10000)
+			g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), c, key, "PX", 10000)
 			took := time.Since(start)
 			if err == nil {
 				t.Fatalf("LOCK %q with %d/%d nodes down = %+v, %v; want a NOQUORUM error", key, majority, n, g, ok)
@@ -71,7 +73,7 @@ func TestNodeFailures(t *testing.T) {
 			}
 			// UNLOCK and RENEW cannot decide either.
 			for _, args := range [][]any{{"UNLOCK", key, "tok"}, {"RENEW", key, "tok", "PX", 10000}} {
-				err := c.Do(ctxFor(t, 10*time.Second), args...).Err()
+				err := c.Do(lockclient.CtxFor(t, 10*time.Second), args...).Err()
 				if err == nil || !strings.HasPrefix(err.Error(), "NOQUORUM") {
 					t.Errorf("%v with a majority down: %v; want a NOQUORUM error", args, err)
 				}
@@ -82,12 +84,12 @@ func TestNodeFailures(t *testing.T) {
 		for _, nd := range dead {
 			nd.Restart()
 		}
-		key := "backup-" + randID()
-		var g grant
+		key := "backup-" + lockclient.RandID()
+		var g lockclient.Grant
 		err := eventually(50, 100*time.Millisecond, func() error {
 			var ok bool
 			var err error
-			g, ok, err = tryLock(ctxFor(t, 10*time.Second), c, key, "PX", 10000)
+			g, ok, err = lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), c, key, "PX", 10000)
 			if err == nil && !ok {
 				return fmt.Errorf("LOCK %q = nil", key)
 			}
@@ -97,19 +99,19 @@ func TestNodeFailures(t *testing.T) {
 			t.Fatalf("LOCK after restarting the nodes never succeeded: %v", err)
 		}
 		checkGrant(t, "LOCK after restart", g, 10000)
-		if got := unlock(t, c, key, g.Token); got != 1 {
+		if got := lc.Unlock(t, c, key, g.Token); got != 1 {
 			t.Errorf("UNLOCK after restart = %d; want 1", got)
 		}
 
 		// Within a few seconds every node takes part again (go-redis probes
 		// a node whose dials kept failing about once a second).
 		err = eventually(50, 100*time.Millisecond, func() error {
-			key := "allback-" + randID()
-			g, ok, err := tryLock(ctxFor(t, 10*time.Second), c, key, "PX", 10000)
+			key := "allback-" + lockclient.RandID()
+			g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), c, key, "PX", 10000)
 			if err != nil || !ok {
 				return fmt.Errorf("LOCK %q = %v, %v", key, ok, err)
 			}
-			defer unlock(t, c, key, g.Token)
+			defer lc.Unlock(t, c, key, g.Token)
 			for i := range cl.nodes {
 				if v, ok := cl.lockValue(t, i, key); !ok || v != g.Token {
 					return fmt.Errorf("node %d (%s): GET lock key = %q, %v; want %q", i, cl.nodes[i].Addr, v, ok, g.Token)
@@ -131,7 +133,7 @@ func TestMinorityGrantLeavesNoKey(t *testing.T) {
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
 		addr, _ := startProxy(t, cl.addrs())
-		c := newClient(t, addr, 2)
+		c := lc.NewClient(t, addr, 2)
 
 		// Nodes [0, n/2) hold the key for someone else, node n/2 is dead,
 		// the rest (a minority) grant.
@@ -139,15 +141,15 @@ func TestMinorityGrantLeavesNoKey(t *testing.T) {
 		down := holders
 		cl.nodes[down].Kill()
 		for round := 0; round < rounds; round++ {
-			key := fmt.Sprintf("minority-%d-%s", round, randID())
-			other := "other-holder-" + randID()
+			key := fmt.Sprintf("minority-%d-%s", round, lockclient.RandID())
+			other := "other-holder-" + lockclient.RandID()
 			for i := 0; i < holders; i++ {
-				if err := cl.clients[i].Set(ctxFor(t, 5*time.Second), keyPrefix+"lock:"+key, other, 60*time.Second).Err(); err != nil {
+				if err := cl.clients[i].Set(lockclient.CtxFor(t, 5*time.Second), keyPrefix+"lock:"+key, other, 60*time.Second).Err(); err != nil {
 					t.Fatalf("node %d: SET: %v", i, err)
 				}
 			}
-			tok := "attempt-" + randID()
-			g, ok, err := tryLock(ctxFor(t, 10*time.Second), c, key, "PX", 10000, "TOKEN", tok)
+			tok := "attempt-" + lockclient.RandID()
+			g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), c, key, "PX", 10000, "TOKEN", tok)
 			switch {
 			case ok:
 				t.Fatalf("round %d: LOCK %q with %d holders of another token and 1 node down = %+v; want nil or NOQUORUM", round, key, holders, g)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // badInput are commands lockproxy must refuse with an error reply, leaving
@@ -66,15 +68,15 @@ func TestBadInput(t *testing.T) {
 		addr, _ := startProxy(t, cl.addrs())
 
 		t.Run("raw", func(t *testing.T) {
-			rc := dialRaw(t, addr)
+			rc := lc.DialRaw(t, addr)
 			for _, tc := range badInput {
-				r := rc.do(tc.args...)
+				r := rc.Do(tc.args...)
 				if r.Kind != '-' {
 					t.Errorf("%s: raw %q = %v; want an error reply", tc.name, tc.args, r)
 				} else {
 					checkBadReply(t, tc.name+": raw", tc.args, r.Str, tc.want, tc.exact)
 				}
-				if p := rc.do("PING"); p.Kind != '+' || p.Str != "PONG" {
+				if p := rc.Do("PING"); p.Kind != '+' || p.Str != "PONG" {
 					t.Fatalf("%s: PING on the same connection = %v; want +PONG", tc.name, p)
 				}
 			}
@@ -82,10 +84,10 @@ func TestBadInput(t *testing.T) {
 
 		t.Run("go-redis", func(t *testing.T) {
 			for _, proto := range []int{2, 3} {
-				c := newClient(t, addr, proto)
+				c := lc.NewClient(t, addr, proto)
 				conn := c.Conn()
 				t.Cleanup(func() { _ = conn.Close() })
-				ctx := ctxFor(t, 30*time.Second)
+				ctx := lockclient.CtxFor(t, 30*time.Second)
 				id, err := conn.Do(ctx, "CLIENT", "ID").Int64()
 				if err != nil {
 					t.Fatalf("RESP%d: CLIENT ID: %v", proto, err)
@@ -112,9 +114,9 @@ func TestBadInput(t *testing.T) {
 		})
 
 		// None of the refused commands took a lock.
-		c := newClient(t, addr, 2)
-		g := mustLock(t, c, "k", "PX", 10000)
-		if got := unlock(t, c, "k", g.Token); got != 1 {
+		c := lc.NewClient(t, addr, 2)
+		g := lc.MustLock(t, c, "k", "PX", 10000)
+		if got := lc.Unlock(t, c, "k", g.Token); got != 1 {
 			t.Errorf("UNLOCK k = %d; want 1", got)
 		}
 	})
@@ -140,15 +142,15 @@ func TestGarbageRESP(t *testing.T) {
 		addr, _ := startProxy(t, cl.addrs())
 		for _, tc := range cases {
 			t.Run(tc.name, func(t *testing.T) {
-				rc := dialRaw(t, addr)
-				rc.write(tc.input)
+				rc := lc.DialRaw(t, addr)
+				rc.Write(tc.input)
 				for _, b := range tc.before {
-					r, err := rc.read()
+					r, err := rc.Read()
 					if err != nil || string(r.Kind)+r.Str != b {
 						t.Fatalf("%q: reply = %v, %v; want %s", tc.input, r, err, b)
 					}
 				}
-				r, err := rc.read()
+				r, err := rc.Read()
 				if err != nil {
 					t.Fatalf("%q: reading the reply: %v; want -ERR Protocol error", tc.input, err)
 				}
@@ -156,8 +158,8 @@ func TestGarbageRESP(t *testing.T) {
 					t.Fatalf("%q: reply %v; want -ERR Protocol error…", tc.input, r)
 				}
 				// Then the server closes the connection.
-				_ = rc.c.SetReadDeadline(time.Now().Add(5 * time.Second))
-				extra, err := rc.br.ReadByte()
+				_ = rc.Conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+				extra, err := rc.BR.ReadByte()
 				var ne net.Error
 				switch {
 				case errors.Is(err, io.EOF):
@@ -167,7 +169,7 @@ func TestGarbageRESP(t *testing.T) {
 					t.Errorf("%q: more data after the protocol error: %q", tc.input, extra)
 				}
 				// And still serves new connections.
-				if p := dialRaw(t, addr).do("PING"); p.Kind != '+' || p.Str != "PONG" {
+				if p := lc.DialRaw(t, addr).Do("PING"); p.Kind != '+' || p.Str != "PONG" {
 					t.Errorf("PING on a new connection = %v; want +PONG", p)
 				}
 			})

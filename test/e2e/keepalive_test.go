@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // startInstanceEnv is startInstance with extra environment variables for
@@ -35,10 +36,10 @@ func startInstanceEnv(t *testing.T, nodes []string, env []string) *instance {
 
 // rawGrant sends LOCK args on rc and returns the token, failing the test
 // unless the reply is a grant.
-func rawGrant(t *testing.T, rc *rawConn, args ...string) string {
+func rawGrant(t *testing.T, rc *lockclient.RawConn, args ...string) string {
 	t.Helper()
-	r := rc.do(append([]string{"LOCK"}, args...)...)
-	tok := r.pairs()["token"]
+	r := rc.Do(append([]string{"LOCK"}, args...)...)
+	tok := r.Pairs()["token"]
 	if (r.Kind != '*' && r.Kind != '%') || tok.Str == "" {
 		t.Fatalf("LOCK %q = %v; want a grant", args, r)
 	}
@@ -82,9 +83,9 @@ func TestKeepaliveSurvivesWhileActive(t *testing.T) {
 		in := startInstanceEnv(t, cl.addrs(), []string{
 			"LOCKPROXY_REDLOCK_NODE_TIMEOUT_FACTOR=0.3", "LOCKPROXY_REDLOCK_NODE_TIMEOUT_MAX=1s"})
 		addr := in.addr
-		holder := dialRaw(t, addr)
-		other := newClient(t, addr, 2)
-		key := "keepalive-" + randID()
+		holder := lc.DialRaw(t, addr)
+		other := lc.NewClient(t, addr, 2)
+		key := "keepalive-" + lockclient.RandID()
 
 		tok := rawGrant(t, holder, key, "PX", fmt.Sprint(ttlMS), "KEEPALIVE")
 		start := time.Now()
@@ -92,11 +93,11 @@ func TestKeepaliveSurvivesWhileActive(t *testing.T) {
 			if i > 200 {
 				t.Fatalf("more than 200 rounds in %v", time.Since(start))
 			}
-			if r := holder.do("PING"); r.Str != "PONG" {
+			if r := holder.Do("PING"); r.Str != "PONG" {
 				t.Fatalf("PING = %v; want PONG", r)
 			}
 			if i%5 == 0 {
-				if g, ok := lock(t, other, key, "PX", ttlMS); ok {
+				if g, ok := lc.Lock(t, other, key, "PX", ttlMS); ok {
 					t.Fatalf("after %v: another client's LOCK = %+v; want nil while kept alive", time.Since(start), g)
 				}
 			}
@@ -107,21 +108,21 @@ func TestKeepaliveSurvivesWhileActive(t *testing.T) {
 			t.Errorf("after %v the lock is on %d of %d nodes; want a majority", held, h, n)
 		}
 		for i, c := range cl.clients {
-			if pttl, err := c.PTTL(ctxFor(t, 5*time.Second), keyPrefix+"lock:"+key).Result(); err == nil && pttl > ttlMS*time.Millisecond {
+			if pttl, err := c.PTTL(lockclient.CtxFor(t, 5*time.Second), keyPrefix+"lock:"+key).Result(); err == nil && pttl > ttlMS*time.Millisecond {
 				t.Errorf("node %d: PTTL %v; want at most the %d ms lease", i, pttl, ttlMS)
 			}
 		}
 		t.Logf("held %v (%.1f leases of %d ms) while PINGing", held, float64(held)/float64(ttlMS*time.Millisecond), ttlMS)
 
-		if r := holder.do("UNLOCK", key, tok); r.Kind != ':' || r.Int != 1 {
+		if r := holder.Do("UNLOCK", key, tok); r.Kind != ':' || r.Int != 1 {
 			t.Fatalf("UNLOCK = %v; want :1", r)
 		}
-		g := mustLock(t, other, key, "PX", 10000)
+		g := lc.MustLock(t, other, key, "PX", 10000)
 		time.Sleep(2 * ttlMS * time.Millisecond) // a watchdog left running would be seen now
 		if h := cl.holders(t, key, g.Token); h < n/2+1 {
 			t.Errorf("the next holder's lock is on %d of %d nodes; want a majority", h, n)
 		}
-		if r := holder.do("PING"); r.Str != "PONG" {
+		if r := holder.Do("PING"); r.Str != "PONG" {
 			t.Errorf("PING after UNLOCK = %v; want PONG and no push", r)
 		}
 	})
@@ -134,9 +135,9 @@ func TestKeepaliveEndsWhenSilent(t *testing.T) {
 	const ttlMS, idleMS = 600, 300
 	cl := startCluster(t, 3)
 	in := startInstanceEnv(t, cl.addrs(), []string{fmt.Sprintf("LOCKPROXY_LOCKS_KEEPALIVE_IDLE=%dms", idleMS)})
-	holder := dialRaw(t, in.addr)
-	other := newClient(t, in.addr, 2)
-	key := "silent-" + randID()
+	holder := lc.DialRaw(t, in.addr)
+	other := lc.NewClient(t, in.addr, 2)
+	key := "silent-" + lockclient.RandID()
 
 	rawGrant(t, holder, key, "PX", fmt.Sprint(ttlMS), "KEEPALIVE")
 	silent := time.Now()
@@ -145,7 +146,7 @@ func TestKeepaliveEndsWhenSilent(t *testing.T) {
 		if i == 200 {
 			t.Fatalf("the lock of a silent holder was still held after %v", time.Since(silent))
 		}
-		if _, ok := lock(t, other, key, "PX", 10000); ok {
+		if _, ok := lc.Lock(t, other, key, "PX", 10000); ok {
 			took = time.Since(silent)
 			break
 		}
@@ -158,11 +159,11 @@ func TestKeepaliveEndsWhenSilent(t *testing.T) {
 	if took < idleMS*time.Millisecond || took > bound {
 		t.Errorf("free %v after the holder went silent; want between the %d ms idle window and %v", took, idleMS, bound)
 	}
-	r := holder.do("LOCK", key, "PX", fmt.Sprint(ttlMS))
+	r := holder.Do("LOCK", key, "PX", fmt.Sprint(ttlMS))
 	if want := "LOCKLOST lock on '" + key + "' was lost: the connection sent no command for 300ms (locks.keepalive_idle)"; r.Kind != '-' || r.Str != want {
 		t.Errorf("the holder's next LOCK = %v; want -%s", r, want)
 	}
-	if r := holder.do("LOCK", key, "PX", fmt.Sprint(ttlMS)); !r.Null {
+	if r := holder.Do("LOCK", key, "PX", fmt.Sprint(ttlMS)); !r.Null {
 		t.Errorf("LOCK after the LOCKLOST = %v; want nil (held by the other client)", r)
 	}
 	if v := metricValue(t, in, `lockproxy_lock_lost_total{reason="idle"}`); v != "1" {
@@ -179,20 +180,20 @@ func TestKeepaliveReleasedOnClose(t *testing.T) {
 		addr, _ := startProxy(t, cl.addrs())
 		var worst time.Duration
 		for round := 0; round < 3; round++ {
-			key := fmt.Sprintf("close-%d-%s", round, randID())
-			holder := dialRaw(t, addr)
+			key := fmt.Sprintf("close-%d-%s", round, lockclient.RandID())
+			holder := lc.DialRaw(t, addr)
 			tok := rawGrant(t, holder, key)
-			waiter := dialRaw(t, addr)
-			waiter.write(encode("LOCK", key, "PX", "10000", "WAIT", "5000"))
+			waiter := lc.DialRaw(t, addr)
+			waiter.Write(lockclient.Encode("LOCK", key, "PX", "10000", "WAIT", "5000"))
 			time.Sleep(300 * time.Millisecond) // the waiter is waiting now
 			start := time.Now()
-			_ = holder.c.Close()
-			r, err := waiter.read()
+			_ = holder.Conn.Close()
+			r, err := waiter.Read()
 			took := time.Since(start)
 			if err != nil {
 				t.Fatalf("round %d: reading the waiter's reply: %v", round, err)
 			}
-			g := r.pairs()["token"]
+			g := r.Pairs()["token"]
 			if g.Str == "" || g.Str == tok {
 				t.Fatalf("round %d: the waiter's LOCK = %v; want a grant with a new token", round, r)
 			}
@@ -211,9 +212,9 @@ func TestKeepaliveMaxHold(t *testing.T) {
 	const ttlMS, maxHoldMS = 600, 1800
 	cl := startCluster(t, 3)
 	addr, _ := startProxy(t, cl.addrs())
-	holder := dialRaw(t, addr)
-	other := newClient(t, addr, 2)
-	key := "maxhold-" + randID()
+	holder := lc.DialRaw(t, addr)
+	other := lc.NewClient(t, addr, 2)
+	key := "maxhold-" + lockclient.RandID()
 
 	rawGrant(t, holder, key, "PX", fmt.Sprint(ttlMS), "KEEPALIVE", "MAXHOLD", fmt.Sprint(maxHoldMS))
 	start := time.Now()
@@ -222,10 +223,10 @@ func TestKeepaliveMaxHold(t *testing.T) {
 		if i == 200 {
 			t.Fatalf("still held %v after LOCK … MAXHOLD %d", time.Since(start), maxHoldMS)
 		}
-		if r := holder.do("PING"); r.Str != "PONG" {
+		if r := holder.Do("PING"); r.Str != "PONG" {
 			t.Fatalf("PING = %v; want PONG", r)
 		}
-		if _, ok := lock(t, other, key, "PX", 10000); ok {
+		if _, ok := lc.Lock(t, other, key, "PX", 10000); ok {
 			took = time.Since(start)
 			break
 		}
@@ -238,9 +239,9 @@ func TestKeepaliveMaxHold(t *testing.T) {
 	// The notice is due at the deadline, which the other client may beat by
 	// a little; until then RENEW runs (and answers 0).
 	want := "LOCKLOST lock on '" + key + "' was lost: MAXHOLD of 1800 ms reached"
-	var r reply
+	var r lockclient.Reply
 	for i := 0; i < 50; i++ {
-		if r = holder.do("RENEW", key, "t", "PX", "100"); r.Kind == '-' {
+		if r = holder.Do("RENEW", key, "t", "PX", "100"); r.Kind == '-' {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
@@ -258,18 +259,18 @@ func TestKeepaliveLostPush(t *testing.T) {
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
 		in := startInstance(t, cl.addrs())
-		holder := dialRaw(t, in.addr)
-		if r := holder.do("HELLO", "3"); r.Kind != '%' {
+		holder := lc.DialRaw(t, in.addr)
+		if r := holder.Do("HELLO", "3"); r.Kind != '%' {
 			t.Fatalf("HELLO 3 = %v; want a map", r)
 		}
-		key := "lost-" + randID()
+		key := "lost-" + lockclient.RandID()
 		tok := rawGrant(t, holder, key, "PX", fmt.Sprint(ttlMS), "KEEPALIVE")
 
 		for _, nd := range cl.nodes[:n/2+1] {
 			nd.Kill()
 		}
 		killed := time.Now()
-		r, err := holder.read()
+		r, err := holder.Read()
 		took := time.Since(killed)
 		if err != nil {
 			t.Fatalf("no push within 10 s of killing a majority: %v", err)
@@ -283,11 +284,11 @@ func TestKeepaliveLostPush(t *testing.T) {
 			t.Errorf("lock-lost pushed %v after a majority was killed; want within a lease or so", took)
 		}
 
-		r = holder.do("LOCK", key, "PX", fmt.Sprint(ttlMS))
+		r = holder.Do("LOCK", key, "PX", fmt.Sprint(ttlMS))
 		if wantErr := "LOCKLOST lock on '" + key + "' was lost: a renewal did not reach a quorum of nodes"; r.Kind != '-' || r.Str != wantErr {
 			t.Errorf("the holder's next LOCK = %v; want -%s", r, wantErr)
 		}
-		if r := holder.do("LOCK", key, "PX", fmt.Sprint(ttlMS)); r.Kind != '-' || !strings.HasPrefix(r.Str, "NOQUORUM") {
+		if r := holder.Do("LOCK", key, "PX", fmt.Sprint(ttlMS)); r.Kind != '-' || !strings.HasPrefix(r.Str, "NOQUORUM") {
 			t.Errorf("the LOCK after that = %v; want NOQUORUM (it behaves normally again)", r)
 		}
 		if v := metricValue(t, in, `lockproxy_lock_lost_total{reason="renew_failed"}`); v != "1" {
@@ -302,10 +303,10 @@ func TestKeepaliveReleasedAtShutdown(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
 	in := startInstance(t, cl.addrs())
-	holder := dialRaw(t, in.addr)
+	holder := lc.DialRaw(t, in.addr)
 	var keys, toks []string
 	for i := 0; i < 5; i++ {
-		key := fmt.Sprintf("shutdown-ka-%d-%s", i, randID())
+		key := fmt.Sprintf("shutdown-ka-%d-%s", i, lockclient.RandID())
 		keys = append(keys, key)
 		toks = append(toks, rawGrant(t, holder, key)) // 30 s default lease, KEEPALIVE
 	}
@@ -325,15 +326,15 @@ func TestKeepaliveReleasedAtShutdown(t *testing.T) {
 	// A release answers once a majority released, and the node clients
 	// close right after, so a minority may keep its copy until the lease
 	// ends; the lock is free all the same.
-	other := newClient(t, startInstance(t, cl.addrs()).addr, 2)
+	other := lc.NewClient(t, startInstance(t, cl.addrs()).addr, 2)
 	for i, key := range keys {
 		if h := cl.holders(t, key, toks[i]); h > len(cl.nodes)/2 {
 			t.Errorf("%q still held on %d of %d nodes after shutdown; want released on a majority", key, h, len(cl.nodes))
 		}
-		if g, ok := lock(t, other, key, "PX", 10000); !ok {
+		if g, ok := lc.Lock(t, other, key, "PX", 10000); !ok {
 			t.Errorf("LOCK %q through another instance after shutdown = nil; want a grant", key)
 		} else {
-			unlock(t, other, key, g.Token)
+			lc.Unlock(t, other, key, g.Token)
 		}
 	}
 }
@@ -347,28 +348,28 @@ func TestLockDelay(t *testing.T) {
 	const delay = 1500 * time.Millisecond
 	cl := startCluster(t, 3)
 	in := startInstanceEnv(t, cl.addrs(), []string{"LOCKPROXY_LOCKS_LOCK_DELAY=delayed:*=1500ms"})
-	waiter := newClient(t, in.addr, 2)
+	waiter := lc.NewClient(t, in.addr, 2)
 	for _, tc := range []struct {
 		name      string
 		key       string
 		unlock    bool // the holder UNLOCKs before it goes
 		wantDelay bool
 	}{
-		{"dropped connection, matching key", "delayed:" + randID(), false, true},
-		{"dropped connection, other key", "plain:" + randID(), false, false},
-		{"UNLOCK, matching key", "delayed:" + randID(), true, false},
+		{"dropped connection, matching key", "delayed:" + lockclient.RandID(), false, true},
+		{"dropped connection, other key", "plain:" + lockclient.RandID(), false, false},
+		{"UNLOCK, matching key", "delayed:" + lockclient.RandID(), true, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			holder := dialRaw(t, in.addr)
+			holder := lc.DialRaw(t, in.addr)
 			tok := rawGrant(t, holder, tc.key, "PX", "1000", "KEEPALIVE")
 			if tc.unlock {
-				if r := holder.do("UNLOCK", tc.key, tok); r.Int != 1 {
+				if r := holder.Do("UNLOCK", tc.key, tok); r.Int != 1 {
 					t.Fatalf("UNLOCK = %v; want :1", r)
 				}
 			}
 			gone := time.Now()
-			_ = holder.c.Close()
-			g, ok := lock(t, waiter, tc.key, "PX", 1000, "WAIT", 5000)
+			_ = holder.Conn.Close()
+			g, ok := lc.Lock(t, waiter, tc.key, "PX", 1000, "WAIT", 5000)
 			took := time.Since(gone)
 			if !ok {
 				t.Fatalf("LOCK … WAIT 5000 = nil %v after the holder left; want a grant", took)
@@ -380,7 +381,7 @@ func TestLockDelay(t *testing.T) {
 			case !tc.wantDelay && took >= delay-100*time.Millisecond:
 				t.Errorf("granted %v after the holder left; want well before the %v lock-delay, which does not apply", took, delay)
 			}
-			unlock(t, waiter, tc.key, g.Token)
+			lc.Unlock(t, waiter, tc.key, g.Token)
 		})
 	}
 	if m := metricValue(t, in, "lockproxy_lock_delays_total"); m != "1" {

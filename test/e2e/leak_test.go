@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // goroutines reads lockproxy's goroutine count from its admin port.
@@ -34,9 +36,9 @@ func TestNoGoroutineLeak(t *testing.T) {
 	cl := startCluster(t, 3)
 	in := startInstance(t, cl.addrs())
 	// Warm up: node connections and pools exist before the baseline.
-	warm := newClient(t, in.addr, 2)
-	g := mustLock(t, warm, "warm", "PX", 1000)
-	unlock(t, warm, "warm", g.Token)
+	warm := lc.NewClient(t, in.addr, 2)
+	g := lc.MustLock(t, warm, "warm", "PX", 1000)
+	lc.Unlock(t, warm, "warm", g.Token)
 	warm.Close()
 	time.Sleep(200 * time.Millisecond)
 	base := goroutines(t, in)
@@ -57,7 +59,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 				if err != nil || v == nil {
 					continue
 				}
-				if gr, err := parseGrant(v); err == nil {
+				if gr, err := lockclient.ParseGrant(v); err == nil {
 					c.Do(ctx, "UNLOCK", key, gr.Token)
 				}
 			}

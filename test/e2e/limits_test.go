@@ -65,7 +65,7 @@ func TestHugeHeadersDoNotAllocate(t *testing.T) {
 		t.Fatalf("RSS grew by %d KB for %d huge headers; want < 64 MB", after-before, conns)
 	}
 	// Still serving.
-	c := newClient(t, in.addr, 2)
-	g := mustLock(t, c, "after-huge", "PX", 5000)
-	unlock(t, c, "after-huge", g.Token)
+	c := lc.NewClient(t, in.addr, 2)
+	g := lc.MustLock(t, c, "after-huge", "PX", 5000)
+	lc.Unlock(t, c, "after-huge", g.Token)
 }

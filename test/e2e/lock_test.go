@@ -7,12 +7,14 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 var hexToken = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 // checkGrant checks the shape of a fresh grant of a lease of ttlMS.
-func checkGrant(t *testing.T, what string, g grant, ttlMS int64) {
+func checkGrant(t *testing.T, what string, g lockclient.Grant, ttlMS int64) {
 	t.Helper()
 	if g.ValidityMS <= 0 || g.ValidityMS > maxValidityMS(ttlMS) {
 		t.Errorf("%s: validity_ms = %d; want in (0, %d]", what, g.ValidityMS, maxValidityMS(ttlMS))
@@ -30,9 +32,9 @@ func TestLockContendUnlockRenew(t *testing.T) {
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
 		addr, _ := startProxy(t, cl.addrs())
-		c1 := newClient(t, addr, 2)
-		c2 := newClient(t, addr, 2)
-		key := "semantics-" + randID()
+		c1 := lc.NewClient(t, addr, 2)
+		c2 := lc.NewClient(t, addr, 2)
+		key := "semantics-" + lockclient.RandID()
 
 		g := cl.lockOnAllNodes(t, c1, key, "PX", 10000)
 		checkGrant(t, "LOCK PX 10000", g, 10000)
@@ -41,8 +43,8 @@ func TestLockContendUnlockRenew(t *testing.T) {
 		}
 
 		// Contention, from another connection and from the same one.
-		for _, c := range []doer{c2, c1} {
-			if g2, ok := lock(t, c, key, "PX", 10000); ok {
+		for _, c := range []lockclient.Doer{c2, c1} {
+			if g2, ok := lc.Lock(t, c, key, "PX", 10000); ok {
 				t.Errorf("second LOCK %q = %+v; want nil while held", key, g2)
 			}
 		}
@@ -65,7 +67,7 @@ func TestLockContendUnlockRenew(t *testing.T) {
 				func(v int64) bool { return v == 0 }, "0"},
 		}
 		for _, s := range steps {
-			if got := intCmd(t, c1, s.args...); !s.want(got) {
+			if got := lc.IntCmd(t, c1, s.args...); !s.want(got) {
 				t.Errorf("%s: %v = %d; want %s", s.name, s.args, got, s.desc)
 			}
 		}
@@ -76,48 +78,48 @@ func TestLockContendUnlockRenew(t *testing.T) {
 		}
 
 		// Free again: the other client gets it, with a higher fence.
-		g2 := mustLock(t, c2, key, "PX", 10000)
+		g2 := lc.MustLock(t, c2, key, "PX", 10000)
 		if g2.Fence <= g.Fence {
 			t.Errorf("fence after re-LOCK = %d; want > %d", g2.Fence, g.Fence)
 		}
-		if got := unlock(t, c2, key, g2.Token); got != 1 {
+		if got := lc.Unlock(t, c2, key, g2.Token); got != 1 {
 			t.Errorf("UNLOCK = %d; want 1", got)
 		}
 
 		// TOKEN: the client's token is used, on every node.
-		tok := "client-token-" + randID()
+		tok := "client-token-" + lockclient.RandID()
 		g3 := cl.lockOnAllNodes(t, c1, key, "PX", 10000, "TOKEN", tok)
 		if g3.Token != tok {
 			t.Errorf("LOCK %q TOKEN %q: token = %q; want %q", key, tok, g3.Token, tok)
 		}
-		if got := unlock(t, c1, key, tok); got != 1 {
+		if got := lc.Unlock(t, c1, key, tok); got != 1 {
 			t.Errorf("UNLOCK %q %q = %d; want 1", key, tok, got)
 		}
 
 		// The default lease (30 s) when neither PX nor EX is given.
-		g4 := mustLock(t, c1, key)
+		g4 := lc.MustLock(t, c1, key)
 		checkGrant(t, "LOCK without PX", g4, 30000)
 		if g4.ValidityMS <= 10000 {
 			t.Errorf("LOCK without PX: validity_ms = %d; want the 30 s default lease", g4.ValidityMS)
 		}
-		if got := unlock(t, c1, key, g4.Token); got != 1 {
+		if got := lc.Unlock(t, c1, key, g4.Token); got != 1 {
 			t.Errorf("UNLOCK = %d; want 1", got)
 		}
 
 		// RENEW after expiry.
 		short := key + "-short"
-		gs := mustLock(t, c1, short, "PX", 200)
+		gs := lc.MustLock(t, c1, short, "PX", 200)
 		checkGrant(t, "LOCK PX 200", gs, 200)
 		time.Sleep(450 * time.Millisecond)
-		if got := intCmd(t, c1, "RENEW", short, gs.Token, "PX", 10000); got != 0 {
+		if got := lc.IntCmd(t, c1, "RENEW", short, gs.Token, "PX", 10000); got != 0 {
 			t.Errorf("RENEW %q after expiry = %d; want 0", short, got)
 		}
-		if got := unlock(t, c1, short, gs.Token); got != 0 {
+		if got := lc.Unlock(t, c1, short, gs.Token); got != 0 {
 			t.Errorf("UNLOCK %q after expiry = %d; want 0", short, got)
 		}
 		// And it is free for someone else.
-		ge := mustLock(t, c2, short, "PX", 10000)
-		if got := unlock(t, c2, short, ge.Token); got != 1 {
+		ge := lc.MustLock(t, c2, short, "PX", 10000)
+		if got := lc.Unlock(t, c2, short, ge.Token); got != 1 {
 			t.Errorf("UNLOCK = %d; want 1", got)
 		}
 	})
@@ -128,23 +130,23 @@ func TestUnlockWrongTokenKeepsHolder(t *testing.T) {
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
 		addr, _ := startProxy(t, cl.addrs())
-		c := newClient(t, addr, 2)
-		key := "wrongtoken-" + randID()
+		c := lc.NewClient(t, addr, 2)
+		key := "wrongtoken-" + lockclient.RandID()
 		g := cl.lockOnAllNodes(t, c, key, "PX", 10000)
 
-		other := mustLock(t, c, key+"-other", "PX", 10000)
+		other := lc.MustLock(t, c, key+"-other", "PX", 10000)
 		wrong := []struct{ name, token string }{
-			{"random", "wrong-" + randID()},
+			{"random", "wrong-" + lockclient.RandID()},
 			{"prefix of the token", g.Token[:len(g.Token)-1]},
 			{"token with a suffix", g.Token + "x"},
 			{"upper-cased token", "X" + g.Token[1:]},
 			{"another lock's token", other.Token},
 		}
 		for _, w := range wrong {
-			if got := unlock(t, c, key, w.token); got != 0 {
+			if got := lc.Unlock(t, c, key, w.token); got != 0 {
 				t.Errorf("UNLOCK %q with %s = %d; want 0", key, w.name, got)
 			}
-			if got := intCmd(t, c, "RENEW", key, w.token, "PX", 10000); got != 0 {
+			if got := lc.IntCmd(t, c, "RENEW", key, w.token, "PX", 10000); got != 0 {
 				t.Errorf("RENEW %q with %s = %d; want 0", key, w.name, got)
 			}
 		}
@@ -154,10 +156,10 @@ func TestUnlockWrongTokenKeepsHolder(t *testing.T) {
 					i, cl.nodes[i].Addr, keyPrefix, key, v, ok, g.Token)
 			}
 		}
-		if _, ok := lock(t, c, key, "PX", 10000); ok {
+		if _, ok := lc.Lock(t, c, key, "PX", 10000); ok {
 			t.Errorf("LOCK %q after wrong UNLOCKs was granted; want nil", key)
 		}
-		if got := unlock(t, c, key, g.Token); got != 1 {
+		if got := lc.Unlock(t, c, key, g.Token); got != 1 {
 			t.Errorf("UNLOCK %q with the holder's token = %d; want 1", key, got)
 		}
 	})
@@ -170,8 +172,8 @@ func TestFencesIncreaseAcrossInstances(t *testing.T) {
 		cl := startCluster(t, n)
 		addrA, _ := startProxy(t, cl.addrs())
 		addrB, _ := startProxy(t, cl.addrs())
-		clients := []doer{newClient(t, addrA, 2), newClient(t, addrB, 2)}
-		key := "fence-" + randID()
+		clients := []lockclient.Doer{lc.NewClient(t, addrA, 2), lc.NewClient(t, addrB, 2)}
+		key := "fence-" + lockclient.RandID()
 
 		deadline := time.Now().Add(60 * time.Second)
 		var prev int64
@@ -181,12 +183,12 @@ func TestFencesIncreaseAcrossInstances(t *testing.T) {
 				t.Fatalf("only %d of %d grants within 60 s", i, grants)
 			}
 			c := clients[i%2]
-			g := mustLock(t, c, key, "PX", 10000)
+			g := lc.MustLock(t, c, key, "PX", 10000)
 			if g.Fence <= prev {
 				t.Fatalf("grant %d (instance %c): fence %d; want > %d (the previous grant's)", i, "AB"[i%2], g.Fence, prev)
 			}
 			prev = g.Fence
-			if got := unlock(t, c, key, g.Token); got != 1 {
+			if got := lc.Unlock(t, c, key, g.Token); got != 1 {
 				t.Fatalf("grant %d: UNLOCK = %d; want 1", i, got)
 			}
 		}
@@ -208,17 +210,17 @@ func TestUnlockRightAfterLockLeavesNoKey(t *testing.T) {
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
 		addr, _ := startProxy(t, cl.addrs())
-		c := newClient(t, addr, 2)
+		c := lc.NewClient(t, addr, 2)
 		keys := make([]string, clients)
 		tokens := make([]map[string]int, clients)
 		errs := make(chan error, clients)
-		ctx := ctxFor(t, 60*time.Second)
+		ctx := lockclient.CtxFor(t, 60*time.Second)
 		for w := range keys {
-			keys[w] = fmt.Sprintf("lockunlock-%d-%s", w, randID())
+			keys[w] = fmt.Sprintf("lockunlock-%d-%s", w, lockclient.RandID())
 			tokens[w] = map[string]int{}
 			go func(w int) {
 				for i := 0; i < rounds; i++ {
-					g, ok, err := tryLock(ctx, c, keys[w], "PX", 10000)
+					g, ok, err := lockclient.TryLock(ctx, c, keys[w], "PX", 10000)
 					if err != nil || !ok {
 						errs <- fmt.Errorf("client %d round %d: LOCK %q = %v, %v; want a grant", w, i, keys[w], ok, err)
 						return
@@ -255,22 +257,22 @@ func TestWait(t *testing.T) {
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
 		addr, _ := startProxy(t, cl.addrs())
-		c1 := newClient(t, addr, 2)
-		c2 := newClient(t, addr, 2)
+		c1 := lc.NewClient(t, addr, 2)
+		c2 := lc.NewClient(t, addr, 2)
 
 		t.Run("woken by UNLOCK", func(t *testing.T) {
-			key := "wait-" + randID()
-			g1 := mustLock(t, c1, key, "PX", 10000)
+			key := "wait-" + lockclient.RandID()
+			g1 := lc.MustLock(t, c1, key, "PX", 10000)
 
 			type result struct {
-				g   grant
+				g   lockclient.Grant
 				ok  bool
 				err error
 				at  time.Time
 			}
 			done := make(chan result, 1)
 			go func() {
-				g, ok, err := tryLock(ctxFor(t, 15*time.Second), c2, key, "PX", 10000, "WAIT", 5000)
+				g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 15*time.Second), c2, key, "PX", 10000, "WAIT", 5000)
 				done <- result{g, ok, err, time.Now()}
 			}()
 			// Let client 2 try once and start waiting.
@@ -279,7 +281,7 @@ func TestWait(t *testing.T) {
 				t.Fatalf("LOCK %q WAIT 5000 returned while held: %+v", key, r)
 			case <-time.After(400 * time.Millisecond):
 			}
-			if got := unlock(t, c1, key, g1.Token); got != 1 {
+			if got := lc.Unlock(t, c1, key, g1.Token); got != 1 {
 				t.Fatalf("UNLOCK = %d; want 1", got)
 			}
 			unlocked := time.Now()
@@ -301,7 +303,7 @@ func TestWait(t *testing.T) {
 			if r.g.Fence <= g1.Fence {
 				t.Errorf("waiter's fence %d; want > %d", r.g.Fence, g1.Fence)
 			}
-			if got := unlock(t, c2, key, r.g.Token); got != 1 {
+			if got := lc.Unlock(t, c2, key, r.g.Token); got != 1 {
 				t.Errorf("UNLOCK = %d; want 1", got)
 			}
 		})
@@ -310,22 +312,22 @@ func TestWait(t *testing.T) {
 		// also by releases made through another instance.
 		t.Run("woken by UNLOCK through another instance", func(t *testing.T) {
 			addrB, _ := startProxy(t, cl.addrs())
-			cb := newClient(t, addrB, 2)
+			cb := lc.NewClient(t, addrB, 2)
 			const trials = 7
 			var delays []time.Duration
 			for i := 0; i < trials; i++ {
-				key := fmt.Sprintf("waitx-%d-%s", i, randID())
-				g1 := mustLock(t, cb, key, "PX", 10000)
+				key := fmt.Sprintf("waitx-%d-%s", i, lockclient.RandID())
+				g1 := lc.MustLock(t, cb, key, "PX", 10000)
 				done := make(chan time.Time, 1)
 				go func() {
-					g, ok, err := tryLock(ctxFor(t, 15*time.Second), c2, key, "PX", 10000, "WAIT", 5000)
+					g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 15*time.Second), c2, key, "PX", 10000, "WAIT", 5000)
 					if err != nil || !ok {
 						t.Errorf("LOCK %q WAIT 5000 = %+v, %v, %v; want a grant", key, g, ok, err)
 					}
 					done <- time.Now()
 				}()
 				time.Sleep(200 * time.Millisecond)
-				if got := unlock(t, cb, key, g1.Token); got != 1 {
+				if got := lc.Unlock(t, cb, key, g1.Token); got != 1 {
 					t.Fatalf("UNLOCK on the other instance = %d; want 1", got)
 				}
 				unlocked := time.Now()
@@ -347,13 +349,13 @@ func TestWait(t *testing.T) {
 		// A blocking LOCK must not hold back the replies to the commands
 		// pipelined before it.
 		t.Run("pipelined replies before a WAIT", func(t *testing.T) {
-			key := "waitpipe-" + randID()
-			g1 := mustLock(t, c1, key, "PX", 10000)
-			rc := dialRaw(t, addr)
+			key := "waitpipe-" + lockclient.RandID()
+			g1 := lc.MustLock(t, c1, key, "PX", 10000)
+			rc := lc.DialRaw(t, addr)
 			start := time.Now()
-			rc.write(encode("PING") + encode("ECHO", "before") + encode("LOCK", key, "PX", "10000", "WAIT", "1500"))
+			rc.Write(lockclient.Encode("PING") + lockclient.Encode("ECHO", "before") + lockclient.Encode("LOCK", key, "PX", "10000", "WAIT", "1500"))
 			for _, want := range []string{"PONG", "before"} {
-				r, err := rc.read()
+				r, err := rc.Read()
 				if err != nil || r.Str != want {
 					t.Fatalf("pipelined reply = %v, %v; want %q", r, err, want)
 				}
@@ -361,44 +363,44 @@ func TestWait(t *testing.T) {
 			if took := time.Since(start); took > 700*time.Millisecond {
 				t.Errorf("replies before LOCK … WAIT 1500 arrived after %v; want them at once (< 700ms)", took)
 			}
-			r, err := rc.read()
+			r, err := rc.Read()
 			if err != nil || !r.Null {
 				t.Errorf("LOCK … WAIT 1500 on a held key = %v, %v; want nil", r, err)
 			}
-			if got := unlock(t, c1, key, g1.Token); got != 1 {
+			if got := lc.Unlock(t, c1, key, g1.Token); got != 1 {
 				t.Errorf("UNLOCK = %d; want 1", got)
 			}
 		})
 
 		// A waiter that hung up must not be granted the lock afterwards.
 		t.Run("waiter disconnects", func(t *testing.T) {
-			key := "waitgone-" + randID()
-			g1 := mustLock(t, c1, key, "PX", 10000)
-			rc := dialRaw(t, addr)
-			rc.write(encode("LOCK", key, "PX", "10000", "WAIT", "5000"))
+			key := "waitgone-" + lockclient.RandID()
+			g1 := lc.MustLock(t, c1, key, "PX", 10000)
+			rc := lc.DialRaw(t, addr)
+			rc.Write(lockclient.Encode("LOCK", key, "PX", "10000", "WAIT", "5000"))
 			time.Sleep(200 * time.Millisecond)
-			_ = rc.c.Close()
+			_ = rc.Conn.Close()
 			time.Sleep(200 * time.Millisecond)
-			if got := unlock(t, c1, key, g1.Token); got != 1 {
+			if got := lc.Unlock(t, c1, key, g1.Token); got != 1 {
 				t.Fatalf("UNLOCK = %d; want 1", got)
 			}
 			// Give a leaked waiter time to take it.
 			time.Sleep(300 * time.Millisecond)
-			g2, ok := lock(t, c2, key, "PX", 10000)
+			g2, ok := lc.Lock(t, c2, key, "PX", 10000)
 			if !ok {
 				t.Fatalf("LOCK %q after the only waiter hung up = nil; want a grant (the gone waiter took it)", key)
 			}
-			if got := unlock(t, c2, key, g2.Token); got != 1 {
+			if got := lc.Unlock(t, c2, key, g2.Token); got != 1 {
 				t.Errorf("UNLOCK = %d; want 1", got)
 			}
 		})
 
 		t.Run("runs out", func(t *testing.T) {
-			key := "waitout-" + randID()
-			g1 := mustLock(t, c1, key, "PX", 10000)
+			key := "waitout-" + lockclient.RandID()
+			g1 := lc.MustLock(t, c1, key, "PX", 10000)
 			const wait = 600 * time.Millisecond
 			start := time.Now()
-			g, ok := lock(t, c2, key, "PX", 10000, "WAIT", wait.Milliseconds())
+			g, ok := lc.Lock(t, c2, key, "PX", 10000, "WAIT", wait.Milliseconds())
 			took := time.Since(start)
 			t.Logf("LOCK … WAIT %d answered after %v", wait.Milliseconds(), took)
 			if ok {
@@ -407,7 +409,7 @@ func TestWait(t *testing.T) {
 			if took < wait || took > wait+time.Second {
 				t.Errorf("nil after %v; want in [%v, %v)", took, wait, wait+time.Second)
 			}
-			if got := unlock(t, c1, key, g1.Token); got != 1 {
+			if got := lc.Unlock(t, c1, key, g1.Token); got != 1 {
 				t.Errorf("holder's UNLOCK = %d; want 1", got)
 			}
 		})
@@ -427,19 +429,19 @@ func TestBinarySafeKeysAndTokens(t *testing.T) {
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
 		addr, _ := startProxy(t, cl.addrs())
-		c := newClient(t, addr, 3)
+		c := lc.NewClient(t, addr, 3)
 		for _, tc := range cases {
 			g := cl.lockOnAllNodes(t, c, tc.key, "PX", 10000, "TOKEN", tc.token)
 			if g.Token != tc.token {
 				t.Errorf("%s: LOCK %q TOKEN %q: token = %q", tc.name, tc.key, tc.token, g.Token)
 			}
-			if _, ok := lock(t, c, tc.key, "PX", 10000); ok {
+			if _, ok := lc.Lock(t, c, tc.key, "PX", 10000); ok {
 				t.Errorf("%s: second LOCK %q granted; want nil", tc.name, tc.key)
 			}
-			if got := intCmd(t, c, "RENEW", tc.key, tc.token, "PX", 10000); got <= 0 {
+			if got := lc.IntCmd(t, c, "RENEW", tc.key, tc.token, "PX", 10000); got <= 0 {
 				t.Errorf("%s: RENEW = %d; want > 0", tc.name, got)
 			}
-			if got := unlock(t, c, tc.key, tc.token); got != 1 {
+			if got := lc.Unlock(t, c, tc.key, tc.token); got != 1 {
 				t.Errorf("%s: UNLOCK %q %q = %d; want 1", tc.name, tc.key, tc.token, got)
 			}
 		}

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // PROTOCOL.md, LOCKINFO key [TOKEN t]: a map of mode (write/read),
@@ -25,22 +27,22 @@ func TestLockInfoShape(t *testing.T) {
 	for _, proto := range []int{2, 3} {
 		t.Run(fmt.Sprintf("resp%d", proto), func(t *testing.T) {
 			t.Parallel()
-			rc := dialRaw(t, in.addr)
+			rc := lc.DialRaw(t, in.addr)
 			mapKind, null := byte('*'), "$-1 or *-1"
 			if proto == 3 {
-				if r := rc.do("HELLO", "3"); r.Kind != '%' {
+				if r := rc.Do("HELLO", "3"); r.Kind != '%' {
 					t.Fatalf("HELLO 3 = %v; want a map", r)
 				}
 				mapKind, null = '%', "_"
 			}
-			key, tok := "info-shape-"+randID(), "tok-"+randID()
-			if r := rc.do("LOCKINFO", key); !r.Null || (proto == 3 && r.Kind != '_') {
+			key, tok := "info-shape-"+lockclient.RandID(), "tok-"+lockclient.RandID()
+			if r := rc.Do("LOCKINFO", key); !r.Null || (proto == 3 && r.Kind != '_') {
 				t.Errorf("LOCKINFO of a free key = %v; want the RESP%d null (%s)", r, proto, null)
 			}
 			rawGrant(t, rc, key, "PX", "5000", "TOKEN", tok)
 			rawGrant(t, rc, key, "PX", "5000", "TOKEN", tok)
 
-			r := rc.do("LOCKINFO", key, "TOKEN", tok)
+			r := rc.Do("LOCKINFO", key, "TOKEN", tok)
 			if r.Kind != mapKind || len(r.Elems) != 10 {
 				t.Fatalf("LOCKINFO = %v; want %c with 5 key/value pairs", r, mapKind)
 			}
@@ -54,7 +56,7 @@ func TestLockInfoShape(t *testing.T) {
 					t.Errorf("LOCKINFO field %d = %v: %v; want %q of type %c", i, k, v, w.key, w.kind)
 				}
 			}
-			f := r.pairs()
+			f := r.Pairs()
 			if f["mode"].Str != "write" || f["waiters"].Int != 0 || f["ttl_ms"].Int <= 0 || f["ttl_ms"].Int > 5000 || f["fence"].Int <= 0 {
 				t.Errorf("LOCKINFO = %v; want mode write, ttl_ms in (0, 5000], a fence, 0 waiters", r)
 			}
@@ -67,7 +69,7 @@ func TestLockInfoShape(t *testing.T) {
 					t.Errorf("holder field %d = %v; want %q", i, k, w)
 				}
 			}
-			h := hs[0].pairs()
+			h := hs[0].Pairs()
 			if h["token"].Kind != '$' || h["token"].Str != tok || h["holds"].Int != 2 || h["ttl_ms"].Int <= 0 || h["ttl_ms"].Int > 5000 {
 				t.Errorf("LOCKINFO holder = %v; want token %q, holds 2, ttl_ms in (0, 5000]", hs[0], tok)
 			}
@@ -85,17 +87,17 @@ func TestLockInfoHolders(t *testing.T) {
 	for _, proto := range []int{2, 3} {
 		t.Run(fmt.Sprintf("resp%d", proto), func(t *testing.T) {
 			t.Parallel()
-			c := newClient(t, in.addr, proto)
-			key, tok := "info-"+randID(), "writer-"+randID()
+			c := lc.NewClient(t, in.addr, proto)
+			key, tok := "info-"+lockclient.RandID(), "writer-"+lockclient.RandID()
 			if li, held := lockInfoOf(t, c, key, ""); held {
 				t.Fatalf("LOCKINFO of a free key = %+v; want nil", li)
 			}
 
 			// Write mode, three holds.
 			const ttl = 3000
-			g := mustLock(t, c, key, "PX", ttl, "TOKEN", tok)
-			mustLock(t, c, key, "PX", ttl, "TOKEN", tok)
-			mustLock(t, c, key, "PX", ttl, "TOKEN", tok)
+			g := lc.MustLock(t, c, key, "PX", ttl, "TOKEN", tok)
+			lc.MustLock(t, c, key, "PX", ttl, "TOKEN", tok)
+			lc.MustLock(t, c, key, "PX", ttl, "TOKEN", tok)
 			views := []struct {
 				name, token, shown string
 			}{
@@ -121,15 +123,15 @@ func TestLockInfoHolders(t *testing.T) {
 				}
 			}
 			for i := 0; i < 3; i++ {
-				unlock(t, c, key, tok)
+				lc.Unlock(t, c, key, tok)
 			}
 
 			// Read mode: two readers with their own leases; ttl_ms is the
 			// shorter one.
-			r1, r2 := "reader-1-"+randID(), "reader-2-"+randID()
-			mustRLock(t, c, key, "PX", 2000, "TOKEN", r1)
-			mustRLock(t, c, key, "PX", 8000, "TOKEN", r2)
-			mustRLock(t, c, key, "PX", 8000, "TOKEN", r2)
+			r1, r2 := "reader-1-"+lockclient.RandID(), "reader-2-"+lockclient.RandID()
+			lc.MustRLock(t, c, key, "PX", 2000, "TOKEN", r1)
+			lc.MustRLock(t, c, key, "PX", 8000, "TOKEN", r2)
+			lc.MustRLock(t, c, key, "PX", 8000, "TOKEN", r2)
 			li := mustLockInfo(t, c, key, r1)
 			h1, ok1 := li.holder(r1)
 			h2, ok2 := li.holder(hiddenToken(r2))
@@ -145,9 +147,9 @@ func TestLockInfoHolders(t *testing.T) {
 			case li.Fence < g.Fence:
 				t.Errorf("LOCKINFO fence in read mode = %d; want ≥ %d, the last write's", li.Fence, g.Fence)
 			}
-			unlock(t, c, key, r1)
-			unlock(t, c, key, r2)
-			unlock(t, c, key, r2)
+			lc.Unlock(t, c, key, r1)
+			lc.Unlock(t, c, key, r2)
+			lc.Unlock(t, c, key, r2)
 			if li, held := lockInfoOf(t, c, key, ""); held {
 				t.Errorf("LOCKINFO after every UNLOCK = %+v; want nil", li)
 			}
@@ -163,10 +165,10 @@ func TestLockInfoWaiters(t *testing.T) {
 	cl := startCluster(t, 3)
 	inA := startSemInstance(t, cl)
 	inB := startSemInstance(t, cl)
-	a := newClient(t, inA.addr, 3)
-	b := newClient(t, inB.addr, 2)
-	key := "info-waiters-" + randID()
-	g := mustLock(t, a, key, "PX", 20000)
+	a := lc.NewClient(t, inA.addr, 3)
+	b := lc.NewClient(t, inB.addr, 2)
+	key := "info-waiters-" + lockclient.RandID()
+	g := lc.MustLock(t, a, key, "PX", 20000)
 
 	// block sends cmd key … WAIT on a new connection to addr and leaves
 	// it blocked.
@@ -176,12 +178,12 @@ func TestLockInfoWaiters(t *testing.T) {
 			t.Fatalf("dial %s: %v", addr, err)
 		}
 		t.Cleanup(func() { _ = c.Close() })
-		if _, err := c.Write([]byte(encode(cmd, key, "PX", "5000", "WAIT", "30000"))); err != nil {
+		if _, err := c.Write([]byte(lockclient.Encode(cmd, key, "PX", "5000", "WAIT", "30000"))); err != nil {
 			t.Fatalf("write %s: %v", cmd, err)
 		}
 		return c
 	}
-	waitWaiters := func(c doer, where string, want int64) {
+	waitWaiters := func(c lockclient.Doer, where string, want int64) {
 		t.Helper()
 		var li lockInfo
 		err := eventually(200, 25*time.Millisecond, func() error {
@@ -214,7 +216,7 @@ func TestLockInfoWaiters(t *testing.T) {
 	}
 	waitWaiters(a, "A", 0)
 	waitWaiters(b, "B", 0)
-	if got := unlock(t, a, key, g.Token); got != 1 {
+	if got := lc.Unlock(t, a, key, g.Token); got != 1 {
 		t.Fatalf("UNLOCK = %d; want 1", got)
 	}
 	if li, held := lockInfoOf(t, b, key, ""); held {
@@ -228,7 +230,7 @@ func TestLockInfoBadInput(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
 	in := startSemInstance(t, cl)
-	rc := dialRaw(t, in.addr)
+	rc := lc.DialRaw(t, in.addr)
 	cases := []struct {
 		args []string
 		want string
@@ -240,11 +242,11 @@ func TestLockInfoBadInput(t *testing.T) {
 		{[]string{"LOCKINFO", "k", "TOKEN", "t", "extra"}, "ERR syntax error"},
 	}
 	for _, tc := range cases {
-		r := rc.do(tc.args...)
+		r := rc.Do(tc.args...)
 		if r.Kind != '-' || !strings.HasPrefix(r.Str, tc.want) {
 			t.Errorf("%q = %v; want -%s…", tc.args, r, tc.want)
 		}
-		if p := rc.do("PING"); p.Kind != '+' || p.Str != "PONG" {
+		if p := rc.Do("PING"); p.Kind != '+' || p.Str != "PONG" {
 			t.Fatalf("PING after %q = %v; want +PONG", tc.args, p)
 		}
 	}

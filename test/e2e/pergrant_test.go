@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // What a grant costs the nodes, read from INFO commandstats on every node
@@ -74,7 +76,7 @@ func TestCommandsPerGrant(t *testing.T) {
 	cl := startCluster(t, nodes)
 	inA := startSemInstance(t, cl)
 	inB := startSemInstance(t, cl)
-	c := newClient(t, inA.addr, 2)
+	c := lc.NewClient(t, inA.addr, 2)
 
 	uncontended := []struct {
 		name   string
@@ -83,24 +85,24 @@ func TestCommandsPerGrant(t *testing.T) {
 		limit  float64                        // node calls per node per grant
 	}{
 		{name: "LOCK+UNLOCK", limit: 3, cycle: func(t *testing.T, key string) {
-			unlock(t, c, key, mustLock(t, c, key, "PX", 10000).Token)
+			lc.Unlock(t, c, key, lc.MustLock(t, c, key, "PX", 10000).Token)
 		}},
 		{name: "LOCK WAIT+UNLOCK", limit: 3, cycle: func(t *testing.T, key string) {
-			unlock(t, c, key, mustLock(t, c, key, "PX", 10000, "WAIT", 5000).Token)
+			lc.Unlock(t, c, key, lc.MustLock(t, c, key, "PX", 10000, "WAIT", 5000).Token)
 		}},
 		{name: "RLOCK+UNLOCK", limit: 3, cycle: func(t *testing.T, key string) {
-			unlock(t, c, key, mustRLock(t, c, key, "PX", 10000).Token)
+			lc.Unlock(t, c, key, lc.MustRLock(t, c, key, "PX", 10000).Token)
 		}},
 		{name: "reentrant LOCK+UNLOCK (second hold)", limit: 3,
-			before: func(t *testing.T, key string) { mustLock(t, c, key, "PX", 60000, "TOKEN", "first-hold") },
+			before: func(t *testing.T, key string) { lc.MustLock(t, c, key, "PX", 60000, "TOKEN", "first-hold") },
 			cycle: func(t *testing.T, key string) {
-				mustLock(t, c, key, "PX", 60000, "TOKEN", "first-hold")
-				unlock(t, c, key, "first-hold")
+				lc.MustLock(t, c, key, "PX", 60000, "TOKEN", "first-hold")
+				lc.Unlock(t, c, key, "first-hold")
 			}},
 	}
 	const cycles = 200
 	for _, u := range uncontended {
-		key := "cost-" + randID()
+		key := "cost-" + lockclient.RandID()
 		if u.before != nil {
 			u.before(t, key)
 		}
@@ -134,8 +136,8 @@ func TestCommandsPerGrant(t *testing.T) {
 	}
 	for _, tc := range contended {
 		const waiters = 50
-		key := "cost-contended-" + randID()
-		first := mustLock(t, c, key, "PX", 30000)
+		key := "cost-contended-" + lockclient.RandID()
+		first := lc.MustLock(t, c, key, "PX", 30000)
 		before := nodeCommandCalls(t, cl)
 		var (
 			grants  atomic.Int64
@@ -154,7 +156,7 @@ func TestCommandsPerGrant(t *testing.T) {
 				t.Fatalf("dial waiter %d: %v", i, err)
 			}
 			t.Cleanup(func() { _ = conn.Close() })
-			if _, err := conn.Write([]byte(encode("LOCK", key, "PX", "3000", "WAIT", "40000"))); err != nil {
+			if _, err := conn.Write([]byte(lockclient.Encode("LOCK", key, "PX", "3000", "WAIT", "40000"))); err != nil {
 				t.Fatalf("waiter %d: write LOCK: %v", i, err)
 			}
 			wg.Add(1)
@@ -166,7 +168,7 @@ func TestCommandsPerGrant(t *testing.T) {
 		// Every waiter is queued before the lock is released.
 		for _, in := range tc.split {
 			want := int64(waiters / len(tc.split))
-			ic := newClient(t, in.addr, 2)
+			ic := lc.NewClient(t, in.addr, 2)
 			if err := eventually(400, 25*time.Millisecond, func() error {
 				if li := mustLockInfo(t, ic, key, ""); li.Waiters != want {
 					return fmt.Errorf("LOCKINFO on %s = %+v; want %d waiters", in.addr, li, want)
@@ -176,7 +178,7 @@ func TestCommandsPerGrant(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		unlock(t, c, key, first.Token)
+		lc.Unlock(t, c, key, first.Token)
 		done := make(chan struct{})
 		go func() { wg.Wait(); close(done) }()
 		select {
@@ -211,11 +213,11 @@ func TestCommandsPerGrant(t *testing.T) {
 func takeAndRelease(c net.Conn, key string, deadline time.Time, grants *atomic.Int64, holding *atomic.Bool, undecided *atomic.Int64) error {
 	br := bufio.NewReader(c)
 	_ = c.SetDeadline(deadline)
-	r, err := readReply(br, 0)
+	r, err := lockclient.ReadReply(br)
 	if err != nil {
 		return fmt.Errorf("reading the LOCK reply: %w", err)
 	}
-	g, err := parseGrant(toAny(r))
+	g, err := lockclient.ParseGrant(toAny(r))
 	if err != nil {
 		return fmt.Errorf("LOCK reply %v: %w", r, err)
 	}
@@ -225,10 +227,10 @@ func takeAndRelease(c net.Conn, key string, deadline time.Time, grants *atomic.I
 	grants.Add(1)
 	time.Sleep(100 * time.Microsecond)
 	holding.Store(false)
-	if _, err := c.Write([]byte(encode("UNLOCK", key, g.Token))); err != nil {
+	if _, err := c.Write([]byte(lockclient.Encode("UNLOCK", key, g.Token))); err != nil {
 		return fmt.Errorf("write UNLOCK: %w", err)
 	}
-	r, err = readReply(br, 0)
+	r, err = lockclient.ReadReply(br)
 	switch {
 	case err != nil:
 		return fmt.Errorf("reading the UNLOCK reply: %w", err)
@@ -281,27 +283,27 @@ func TestPerGrantWaiterDoesNotSpinOnRollbacks(t *testing.T) {
 			t.Parallel()
 			cl := startCluster(t, 3)
 			in := startSemInstance(t, cl)
-			c := newClient(t, in.addr, 2)
-			key := "spin-" + randID()
+			c := lc.NewClient(t, in.addr, 2)
+			key := "spin-" + lockclient.RandID()
 			lockKey := keyPrefix + "lock:" + key
 			if !tc.missNode0 {
 				h := cl.lockOnAllNodes(t, c, key, "PX", 30000)
 				countWaiterCalls(t, cl, c, cmd, key, waitMS, limit)
-				unlock(t, c, key, h.Token)
+				lc.Unlock(t, c, key, h.Token)
 				return
 			}
-			if err := cl.clients[0].Set(ctxFor(t, 5*time.Second), lockKey, "blocker", 10*time.Second).Err(); err != nil {
+			if err := cl.clients[0].Set(lockclient.CtxFor(t, 5*time.Second), lockKey, "blocker", 10*time.Second).Err(); err != nil {
 				t.Fatalf("node 0: SET blocker: %v", err)
 			}
-			h := mustLock(t, c, key, "PX", 30000)
+			h := lc.MustLock(t, c, key, "PX", 30000)
 			if n := cl.holders(t, key, h.Token); n != 2 {
 				t.Fatalf("the holder is on %d nodes; want nodes 1 and 2", n)
 			}
-			if err := cl.clients[0].Del(ctxFor(t, 5*time.Second), lockKey).Err(); err != nil {
+			if err := cl.clients[0].Del(lockclient.CtxFor(t, 5*time.Second), lockKey).Err(); err != nil {
 				t.Fatalf("node 0: DEL blocker: %v", err)
 			}
 			countWaiterCalls(t, cl, c, cmd, key, waitMS, limit)
-			if got := unlock(t, c, key, h.Token); got != 1 {
+			if got := lc.Unlock(t, c, key, h.Token); got != 1 {
 				t.Errorf("UNLOCK by the holder = %d; want 1", got)
 			}
 		})
@@ -310,11 +312,11 @@ func TestPerGrantWaiterDoesNotSpinOnRollbacks(t *testing.T) {
 
 // countWaiterCalls runs one cmd … WAIT waitMS on key, which must stay
 // held, and checks the EVALSHA calls it cost the nodes against limit.
-func countWaiterCalls(t *testing.T, cl *cluster, c doer, cmd, key string, waitMS, limit int64) {
+func countWaiterCalls(t *testing.T, cl *cluster, c lockclient.Doer, cmd, key string, waitMS, limit int64) {
 	t.Helper()
 
 	before := nodeCommandCalls(t, cl)
-	if _, ok, err := tryAcquire(ctxFor(t, 20*time.Second), c, cmd, key, "PX", 5000, "WAIT", waitMS); err != nil || ok {
+	if _, ok, err := lockclient.TryAcquire(lockclient.CtxFor(t, 20*time.Second), c, cmd, key, "PX", 5000, "WAIT", waitMS); err != nil || ok {
 		t.Fatalf("%s … WAIT %d while held = %v, %v; want nil", cmd, waitMS, ok, err)
 	}
 	after := nodeCommandCalls(t, cl)

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 func TestGoRedisRESP2AndRESP3(t *testing.T) {
@@ -20,9 +22,9 @@ func TestGoRedisRESP2AndRESP3(t *testing.T) {
 			{2, "[]interface {}"},
 			{3, "map[interface {}]interface {}"},
 		} {
-			c := newClient(t, addr, tc.proto)
-			ctx := ctxFor(t, 20*time.Second)
-			key := "proto-" + randID()
+			c := lc.NewClient(t, addr, tc.proto)
+			ctx := lockclient.CtxFor(t, 20*time.Second)
+			key := "proto-" + lockclient.RandID()
 			v, err := c.Do(ctx, "LOCK", key, "PX", 10000).Result()
 			if err != nil {
 				t.Fatalf("RESP%d: LOCK %q: %v", tc.proto, key, err)
@@ -42,7 +44,7 @@ func TestGoRedisRESP2AndRESP3(t *testing.T) {
 			default:
 				t.Errorf("RESP%d: LOCK reply %v is %T; want %s", tc.proto, v, v, tc.shape)
 			}
-			g, err := parseGrant(v)
+			g, err := lockclient.ParseGrant(v)
 			if err != nil {
 				t.Fatalf("RESP%d: %v", tc.proto, err)
 			}
@@ -50,10 +52,10 @@ func TestGoRedisRESP2AndRESP3(t *testing.T) {
 			if err := c.Do(ctx, "LOCK", key, "PX", 10000).Err(); !errors.Is(err, redis.Nil) {
 				t.Errorf("RESP%d: second LOCK %q: err = %v; want redis.Nil", tc.proto, key, err)
 			}
-			if got := intCmd(t, c, "RENEW", key, g.Token, "PX", 10000); got <= 0 {
+			if got := lc.IntCmd(t, c, "RENEW", key, g.Token, "PX", 10000); got <= 0 {
 				t.Errorf("RESP%d: RENEW = %d; want > 0", tc.proto, got)
 			}
-			if got := unlock(t, c, key, g.Token); got != 1 {
+			if got := lc.Unlock(t, c, key, g.Token); got != 1 {
 				t.Errorf("RESP%d: UNLOCK = %d; want 1", tc.proto, got)
 			}
 		}
@@ -65,8 +67,8 @@ func TestRawHELLO(t *testing.T) {
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
 		addr, _ := startProxy(t, cl.addrs())
-		rc := dialRaw(t, addr)
-		key := "hello-" + randID()
+		rc := lc.DialRaw(t, addr)
+		key := "hello-" + lockclient.RandID()
 
 		steps := []struct {
 			name  string
@@ -84,19 +86,19 @@ func TestRawHELLO(t *testing.T) {
 			{"LOCK after HELLO 2 is a flat array", []string{"LOCK", key + "-3", "PX", "10000"}, '*', 6, false},
 		}
 		for _, s := range steps {
-			r := rc.do(s.args...)
+			r := rc.Do(s.args...)
 			if r.Kind != s.kind || r.Null != s.null || len(r.Elems) != s.count {
 				t.Errorf("%s: %q = %v; want type %q, %d elements, null %v", s.name, s.args, r, s.kind, s.count, s.null)
 				continue
 			}
 			if s.args[0] == "LOCK" && !s.null {
-				m := r.pairs()
+				m := r.Pairs()
 				if m["token"].Kind != '$' || m["validity_ms"].Kind != ':' || m["fence"].Kind != ':' {
 					t.Errorf("%s: %q = %v; want token bulk, validity_ms and fence integers", s.name, s.args, r)
 				}
 			}
 			if s.args[0] == "HELLO" {
-				if m := r.pairs(); m["proto"].Int != int64(s.args[1][0]-'0') {
+				if m := r.Pairs(); m["proto"].Int != int64(s.args[1][0]-'0') {
 					t.Errorf("%s: proto = %v; want %s", s.name, m["proto"], s.args[1])
 				}
 			}

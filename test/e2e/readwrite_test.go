@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // Issue 3's acceptance test: readers and writers over two lockproxy
@@ -131,7 +133,7 @@ func TestReadWriteAcceptance(t *testing.T) {
 	)
 	cl := startCluster(t, 3)
 	ins := []*instance{startSemInstance(t, cl), startSemInstance(t, cl)}
-	key := "acceptance-" + randID()
+	key := "acceptance-" + lockclient.RandID()
 
 	base := time.Now()
 	clock := func() time.Duration { return time.Since(base) } // monotonic
@@ -153,7 +155,7 @@ func TestReadWriteAcceptance(t *testing.T) {
 		mu.Unlock()
 		halt()
 	}
-	worker := func(who string, write bool, c doer) {
+	worker := func(who string, write bool, c lockclient.Doer) {
 		defer wg.Done()
 		cmd := "RLOCK"
 		if write {
@@ -167,9 +169,9 @@ func TestReadWriteAcceptance(t *testing.T) {
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			sent := clock()
-			g, ok, err := tryAcquire(ctx, c, cmd, key, "PX", ttlMS, "WAIT", waitMS)
+			g, ok, err := lockclient.TryAcquire(ctx, c, cmd, key, "PX", ttlMS, "WAIT", waitMS)
 			enter := clock()
-			if err != nil && isNoQuorum(err) {
+			if err != nil && lockclient.IsNoQuorum(err) {
 				// Nodes slower than the node timeout on a loaded machine:
 				// not granted, try again.
 				cancel()
@@ -199,7 +201,7 @@ func TestReadWriteAcceptance(t *testing.T) {
 			r := holdRecord{who: who, write: write, sent: sent, enter: enter, exit: exit,
 				validity: time.Duration(g.ValidityMS) * time.Millisecond, fence: g.Fence}
 			switch {
-			case err != nil && isNoQuorum(err):
+			case err != nil && lockclient.IsNoQuorum(err):
 				// Undecided: the lease runs out instead. The holder
 				// stopped believing at exit all the same.
 				noQuorum.Add(1)
@@ -225,7 +227,7 @@ func TestReadWriteAcceptance(t *testing.T) {
 		if write {
 			who = fmt.Sprintf("writer %d via %c", i-readers, 'A'+in)
 		}
-		c := newClient(t, ins[in].addr, 2+i%2)
+		c := lc.NewClient(t, ins[in].addr, 2+i%2)
 		wg.Add(1)
 		go worker(who, write, c)
 	}

@@ -5,6 +5,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // PROTOCOL.md, reentrancy: LOCK with the TOKEN of the current exclusive
@@ -28,17 +30,17 @@ func TestReentrantLock(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			cl := startCluster(t, 3)
-			var clients []doer
+			var clients []lockclient.Doer
 			for i := 0; i < tc.instances; i++ {
 				in := startSemInstance(t, cl)
-				clients = append(clients, newClient(t, in.addr, 2))
+				clients = append(clients, lc.NewClient(t, in.addr, 2))
 			}
 			// via(i) is the client of hold i: they alternate between the
 			// instances.
-			via := func(i int) doer { return clients[i%len(clients)] }
-			other := newClient(t, startSemInstance(t, cl).addr, 3)
-			key := "reentrant-" + randID()
-			tok := "reentrant-token-" + randID()
+			via := func(i int) lockclient.Doer { return clients[i%len(clients)] }
+			other := lc.NewClient(t, startSemInstance(t, cl).addr, 3)
+			key := "reentrant-" + lockclient.RandID()
+			tok := "reentrant-token-" + lockclient.RandID()
 			const ttl = 4000
 
 			first := cl.lockOnAllNodes(t, via(0), key, "PX", ttl, "TOKEN", tok)
@@ -47,7 +49,7 @@ func TestReentrantLock(t *testing.T) {
 				// Let the lease run down a little, so that the refresh shows.
 				time.Sleep(400 * time.Millisecond)
 				before := cl.nodePTTLs(t, key)
-				g := mustLock(t, via(hold-1), key, "PX", ttl, "TOKEN", tok)
+				g := lc.MustLock(t, via(hold-1), key, "PX", ttl, "TOKEN", tok)
 				after := cl.nodePTTLs(t, key)
 				checkGrant(t, "reentrant hold", g, ttl)
 				if g.Token != tok || g.Fence != first.Fence {
@@ -63,13 +65,13 @@ func TestReentrantLock(t *testing.T) {
 				if h, ok := li.holder(tok); li.Mode != "write" || len(li.Holders) != 1 || !ok || h.Holds != int64(hold) || li.Fence != first.Fence {
 					t.Errorf("hold %d: LOCKINFO = %+v; want mode write, one holder %q with %d holds, fence %d", hold, li, tok, hold, first.Fence)
 				}
-				refused(t, other, "LOCK", key, "PX", ttl)
-				refused(t, other, "RLOCK", key, "PX", ttl)
+				lc.Refused(t, other, "LOCK", key, "PX", ttl)
+				lc.Refused(t, other, "RLOCK", key, "PX", ttl)
 			}
 
 			// Each UNLOCK removes one hold; the lock stays held until the last.
 			for left := 2; left >= 0; left-- {
-				if got := unlock(t, via(left+1), key, tok); got != 1 {
+				if got := lc.Unlock(t, via(left+1), key, tok); got != 1 {
 					t.Fatalf("UNLOCK with %d holds left after it = %d; want 1", left, got)
 				}
 				li, held := lockInfoOf(t, other, key, tok)
@@ -77,12 +79,12 @@ func TestReentrantLock(t *testing.T) {
 				case left > 0 && (!held || len(li.Holders) != 1 || li.Holders[0].Holds != int64(left)):
 					t.Errorf("after an UNLOCK, LOCKINFO = %+v (held %v); want %d holds left", li, held, left)
 				case left > 0:
-					refused(t, other, "LOCK", key, "PX", ttl)
+					lc.Refused(t, other, "LOCK", key, "PX", ttl)
 				case held:
 					t.Errorf("after the last UNLOCK, LOCKINFO = %+v; want nil (free)", li)
 				}
 			}
-			if got := unlock(t, via(0), key, tok); got != 0 {
+			if got := lc.Unlock(t, via(0), key, tok); got != 0 {
 				t.Errorf("UNLOCK after the last hold = %d; want 0", got)
 			}
 			for i := range cl.nodes {
@@ -90,11 +92,11 @@ func TestReentrantLock(t *testing.T) {
 					t.Errorf("node %d: lock key holds %q after the last UNLOCK", i, v)
 				}
 			}
-			next := mustLock(t, other, key, "PX", ttl)
+			next := lc.MustLock(t, other, key, "PX", ttl)
 			if next.Fence <= first.Fence {
 				t.Errorf("next holder's fence %d; want > %d", next.Fence, first.Fence)
 			}
-			if got := unlock(t, other, key, next.Token); got != 1 {
+			if got := lc.Unlock(t, other, key, next.Token); got != 1 {
 				t.Errorf("UNLOCK by the next holder = %d; want 1", got)
 			}
 		})
@@ -107,12 +109,12 @@ func TestReentrantLock(t *testing.T) {
 func TestReentrantAcrossRestart(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
-	key := "reentrant-restart-" + randID()
-	tok := "restart-token-" + randID()
+	key := "reentrant-restart-" + lockclient.RandID()
+	tok := "restart-token-" + lockclient.RandID()
 	const ttl = 20000
 
 	in1 := startSemInstance(t, cl)
-	first := cl.lockOnAllNodes(t, newClient(t, in1.addr, 2), key, "PX", ttl, "TOKEN", tok)
+	first := cl.lockOnAllNodes(t, lc.NewClient(t, in1.addr, 2), key, "PX", ttl, "TOKEN", tok)
 	if err := in1.proc.Signal(syscall.SIGTERM); err != nil {
 		t.Fatalf("SIGTERM lockproxy: %v", err)
 	}
@@ -121,9 +123,9 @@ func TestReentrantAcrossRestart(t *testing.T) {
 	}
 
 	in2 := startSemInstance(t, cl)
-	c := newClient(t, in2.addr, 3)
-	other := newClient(t, in2.addr, 2)
-	g := mustLock(t, c, key, "PX", ttl, "TOKEN", tok)
+	c := lc.NewClient(t, in2.addr, 3)
+	other := lc.NewClient(t, in2.addr, 2)
+	g := lc.MustLock(t, c, key, "PX", ttl, "TOKEN", tok)
 	if g.Fence != first.Fence {
 		t.Errorf("hold after the restart: fence %d; want %d, the first hold's", g.Fence, first.Fence)
 	}
@@ -131,17 +133,17 @@ func TestReentrantAcrossRestart(t *testing.T) {
 		t.Errorf("LOCKINFO after the restart = %+v; want one holder with 2 holds", li)
 	}
 	for left := 1; left >= 0; left-- {
-		if got := unlock(t, c, key, tok); got != 1 {
+		if got := lc.Unlock(t, c, key, tok); got != 1 {
 			t.Fatalf("UNLOCK (%d holds left after it) = %d; want 1", left, got)
 		}
 		if left > 0 {
-			refused(t, other, "LOCK", key, "PX", ttl)
+			lc.Refused(t, other, "LOCK", key, "PX", ttl)
 		}
 	}
 	if li, held := lockInfoOf(t, c, key, ""); held {
 		t.Errorf("LOCKINFO after the last UNLOCK = %+v; want nil", li)
 	}
-	next := mustLock(t, other, key, "PX", ttl)
+	next := lc.MustLock(t, other, key, "PX", ttl)
 	if next.Fence <= first.Fence {
 		t.Errorf("next holder's fence %d; want > %d", next.Fence, first.Fence)
 	}
@@ -182,26 +184,26 @@ func TestReentrantFenceWhenANodeMissedTheFirstHold(t *testing.T) {
 			t.Parallel()
 			cl := startCluster(t, 3)
 			in := startSemInstance(t, cl)
-			c := newClient(t, in.addr, 2)
-			key := "reentrant-minority-" + randID()
-			tok := "holder-" + randID()
+			c := lc.NewClient(t, in.addr, 2)
+			key := "reentrant-minority-" + lockclient.RandID()
+			tok := "holder-" + lockclient.RandID()
 			lockKey := keyPrefix + "lock:" + key
 
-			if err := cl.clients[0].Set(ctxFor(t, 5*time.Second), lockKey, "blocker", 10*time.Second).Err(); err != nil {
+			if err := cl.clients[0].Set(lockclient.CtxFor(t, 5*time.Second), lockKey, "blocker", 10*time.Second).Err(); err != nil {
 				t.Fatalf("node 0: SET blocker: %v", err)
 			}
-			first := mustLock(t, c, key, "PX", 20000, "TOKEN", tok)
+			first := lc.MustLock(t, c, key, "PX", 20000, "TOKEN", tok)
 			if v, _ := cl.lockValue(t, 0, key); v != "blocker" {
 				t.Fatalf("node 0 has %q; want the blocker (the first hold must miss node 0)", v)
 			}
 			if n := cl.holders(t, key, tok); n != 2 {
 				t.Fatalf("the first hold is on %d nodes; want nodes 1 and 2", n)
 			}
-			if err := cl.clients[0].Del(ctxFor(t, 5*time.Second), lockKey).Err(); err != nil {
+			if err := cl.clients[0].Del(lockclient.CtxFor(t, 5*time.Second), lockKey).Err(); err != nil {
 				t.Fatalf("node 0: DEL blocker: %v", err)
 			}
 			for i := 0; i < 3; i++ {
-				refused(t, c, "LOCK", key, "PX", 5000)
+				lc.Refused(t, c, "LOCK", key, "PX", 5000)
 			}
 
 			resumed := !tc.pause
@@ -215,7 +217,7 @@ func TestReentrantFenceWhenANodeMissedTheFirstHold(t *testing.T) {
 				cl.nodes[1].Pause()
 				t.Cleanup(resume)
 			}
-			again, ok, err := tryAcquire(ctxFor(t, 20*time.Second), c, "LOCK", key, "PX", 20000, "TOKEN", tok)
+			again, ok, err := lockclient.TryAcquire(lockclient.CtxFor(t, 20*time.Second), c, "LOCK", key, "PX", 20000, "TOKEN", tok)
 			resume()
 			if err != nil || !ok {
 				t.Fatalf("reentrant LOCK = %+v, %v, %v; want a grant", again, ok, err)
@@ -232,26 +234,26 @@ func TestReentrantFenceWhenANodeMissedTheFirstHold(t *testing.T) {
 					t.Errorf("the hold is on %d nodes after the reentrant LOCK; want all 3", n)
 				}
 				for i := 0; i < 2; i++ {
-					if got := unlock(t, c, key, tok); got != 1 {
+					if got := lc.Unlock(t, c, key, tok); got != 1 {
 						t.Errorf("UNLOCK %d = %d; want 1", i+1, got)
 					}
 				}
 			} else {
 				// The nodes disagree on the hold count (node 2: two, the
 				// others one): UNLOCK until the lock is gone.
-				for i := 0; unlock(t, c, key, tok) == 1; i++ {
+				for i := 0; lc.Unlock(t, c, key, tok) == 1; i++ {
 					if i == 3 {
 						t.Fatal("still held after 3 UNLOCKs")
 					}
 				}
 				for i := range cl.nodes {
-					_ = cl.clients[i].Del(ctxFor(t, 5*time.Second), lockKey, keyPrefix+"lockh:"+key).Err()
+					_ = cl.clients[i].Del(lockclient.CtxFor(t, 5*time.Second), lockKey, keyPrefix+"lockh:"+key).Err()
 				}
 			}
-			if got := unlock(t, c, key, tok); got != 0 {
+			if got := lc.Unlock(t, c, key, tok); got != 0 {
 				t.Errorf("UNLOCK after the last hold = %d; want 0", got)
 			}
-			next := mustLock(t, c, key, "PX", 5000)
+			next := lc.MustLock(t, c, key, "PX", 5000)
 			if next.Fence <= max(first.Fence, again.Fence) {
 				t.Errorf("next holder's fence %d; want > %d", next.Fence, max(first.Fence, again.Fence))
 			}
@@ -266,20 +268,20 @@ func TestReentrantKeepalive(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
 	in := startSemInstance(t, cl)
-	c := newClient(t, in.addr, 3)
-	key := "reentrant-keepalive-" + randID()
-	tok := "ka-" + randID()
+	c := lc.NewClient(t, in.addr, 3)
+	key := "reentrant-keepalive-" + lockclient.RandID()
+	tok := "ka-" + lockclient.RandID()
 	const ttl = 600
 
-	rc := dialRaw(t, in.addr)
+	rc := lc.DialRaw(t, in.addr)
 	for i := 0; i < 2; i++ {
 		rawGrant(t, rc, key, "PX", fmt.Sprint(ttl), "KEEPALIVE", "TOKEN", tok)
 	}
-	if r := rc.do("UNLOCK", key, tok); r.Kind != ':' || r.Int != 1 {
+	if r := rc.Do("UNLOCK", key, tok); r.Kind != ':' || r.Int != 1 {
 		t.Fatalf("first UNLOCK = %v; want :1", r)
 	}
 	for end := time.Now().Add(4 * ttl * time.Millisecond); time.Now().Before(end); {
-		if p := rc.do("PING"); p.Str != "PONG" {
+		if p := rc.Do("PING"); p.Str != "PONG" {
 			t.Fatalf("PING = %v", p)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -288,8 +290,8 @@ func TestReentrantKeepalive(t *testing.T) {
 	if !held || len(li.Holders) != 1 || li.Holders[0].Holds != 1 {
 		t.Fatalf("LOCKINFO four leases after one UNLOCK of two keepalive holds = %+v (held %v); want the last hold kept alive", li, held)
 	}
-	refused(t, c, "LOCK", key, "PX", 5000)
-	_ = rc.c.Close()
+	lc.Refused(t, c, "LOCK", key, "PX", 5000)
+	_ = rc.Conn.Close()
 	if err := eventually(200, 25*time.Millisecond, func() error {
 		if li, held := lockInfoOf(t, c, key, ""); held {
 			return fmt.Errorf("LOCKINFO after the holder's connection closed = %+v; want nil", li)
@@ -298,5 +300,5 @@ func TestReentrantKeepalive(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	mustLock(t, c, key, "PX", 5000)
+	lc.MustLock(t, c, key, "PX", 5000)
 }

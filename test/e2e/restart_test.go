@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // Restart without persistence (REFERENCE.md section 3, row 4). A holds a
@@ -72,14 +74,14 @@ func runRestartScenario(t *testing.T, quarantine bool) restartOutcome {
 	env := restartEnv(quarantine)
 	in1 := startInstanceEnv(t, cl.addrs(), env)
 	in2 := startInstanceEnv(t, cl.addrs(), env)
-	c1 := newClient(t, in1.addr, 2)
-	c2 := newClient(t, in2.addr, 2)
-	key := "restart-" + randID()
+	c1 := lc.NewClient(t, in1.addr, 2)
+	c2 := lc.NewClient(t, in2.addr, 2)
+	key := "restart-" + lockclient.RandID()
 	lockKey := keyPrefix + "lock:" + key
 	var out restartOutcome
 
 	var lastFence int64
-	fence := func(who string, g grant) {
+	fence := func(who string, g lockclient.Grant) {
 		t.Helper()
 		if g.Fence <= lastFence {
 			out.fenceNotUp++
@@ -98,7 +100,7 @@ func runRestartScenario(t *testing.T, quarantine bool) restartOutcome {
 	for i := 0; i < 3; i++ {
 		g := cl.lockOnAllNodes(t, c1, key, "PX", restartTTLMS)
 		fence("warm-up", g)
-		if got := unlock(t, c1, key, g.Token); got != 1 {
+		if got := lc.Unlock(t, c1, key, g.Token); got != 1 {
 			t.Fatalf("UNLOCK %q = %d; want 1", key, got)
 		}
 		waitKeyGone(t, cl, key)
@@ -111,12 +113,12 @@ func runRestartScenario(t *testing.T, quarantine bool) restartOutcome {
 		others := []int{(victim + 3) % restartNodes, (victim + 4) % restartNodes}
 
 		for _, i := range others {
-			if err := cl.clients[i].Set(ctxFor(t, 5*time.Second), lockKey, "blocker", 10*time.Second).Err(); err != nil {
+			if err := cl.clients[i].Set(lockclient.CtxFor(t, 5*time.Second), lockKey, "blocker", 10*time.Second).Err(); err != nil {
 				t.Fatalf("node %d: SET blocker: %v", i, err)
 			}
 		}
 		sent := time.Now()
-		a := mustLock(t, c1, key, "PX", restartTTLMS)
+		a := lc.MustLock(t, c1, key, "PX", restartTTLMS)
 		aEnd := sent.Add(time.Duration(a.ValidityMS) * time.Millisecond) // no later than A's real end
 		fence(fmt.Sprintf("round %d: A", round), a)
 		for _, i := range holders {
@@ -125,7 +127,7 @@ func runRestartScenario(t *testing.T, quarantine bool) restartOutcome {
 			}
 		}
 		for _, i := range others {
-			if err := cl.clients[i].Del(ctxFor(t, 5*time.Second), lockKey).Err(); err != nil {
+			if err := cl.clients[i].Del(lockclient.CtxFor(t, 5*time.Second), lockKey).Err(); err != nil {
 				t.Fatalf("node %d: DEL blocker: %v", i, err)
 			}
 		}
@@ -140,7 +142,7 @@ func runRestartScenario(t *testing.T, quarantine bool) restartOutcome {
 		granted := false
 		for i := 0; i < 200 && time.Until(aEnd) > 100*time.Millisecond; i++ {
 			out.bAttempts++
-			b, ok, err := tryLock(ctxFor(t, 5*time.Second), c2, key, "PX", restartTTLMS)
+			b, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 5*time.Second), c2, key, "PX", restartTTLMS)
 			if err != nil {
 				t.Logf("round %d: B's LOCK: %v", round, err)
 			}
@@ -149,7 +151,7 @@ func runRestartScenario(t *testing.T, quarantine bool) restartOutcome {
 				granted = true
 				fence(fmt.Sprintf("round %d: B (while A held the lock)", round), b)
 				t.Logf("round %d: B granted %v before A's validity ended (A's fence %d, B's %d)", round, time.Until(aEnd), a.Fence, b.Fence)
-				unlock(t, c2, key, b.Token)
+				lc.Unlock(t, c2, key, b.Token)
 				waitKeyGone(t, cl, key, holders...)
 				break
 			}
@@ -184,7 +186,7 @@ func runRestartScenario(t *testing.T, quarantine bool) restartOutcome {
 
 		// A later grant has a higher fence and, with the quarantine, the
 		// restarted node takes part in it again.
-		c := mustLock(t, c2, key, "PX", restartTTLMS)
+		c := lc.MustLock(t, c2, key, "PX", restartTTLMS)
 		fence(fmt.Sprintf("round %d: C (after A)", round), c)
 		if quarantine {
 			var v string
@@ -199,7 +201,7 @@ func runRestartScenario(t *testing.T, quarantine bool) restartOutcome {
 				t.Errorf("round %d: the restarted node %d has %q, %v after the quarantine; want C's grant", round, victim, v, ok)
 			}
 		}
-		if got := unlock(t, c2, key, c.Token); got != 1 {
+		if got := lc.Unlock(t, c2, key, c.Token); got != 1 {
 			t.Fatalf("round %d: UNLOCK %q = %d; want 1", round, key, got)
 		}
 		// UNLOCK answers once a majority released; the next round's LOCK
@@ -238,7 +240,7 @@ func waitKeyGone(t *testing.T, cl *cluster, key string, except ...int) {
 func checkReseeded(t *testing.T, cl *cluster, victim int) {
 	t.Helper()
 	fenceKey := keyPrefix + "fence"
-	mine, err := cl.clients[victim].HGetAll(ctxFor(t, 5*time.Second), fenceKey).Result()
+	mine, err := cl.clients[victim].HGetAll(lockclient.CtxFor(t, 5*time.Second), fenceKey).Result()
 	if err != nil {
 		t.Fatalf("node %d: HGETALL %s: %v", victim, fenceKey, err)
 	}
@@ -246,7 +248,7 @@ func checkReseeded(t *testing.T, cl *cluster, victim int) {
 		if i == victim {
 			continue
 		}
-		theirs, err := cl.clients[i].HGetAll(ctxFor(t, 5*time.Second), fenceKey).Result()
+		theirs, err := cl.clients[i].HGetAll(lockclient.CtxFor(t, 5*time.Second), fenceKey).Result()
 		if err != nil {
 			t.Fatalf("node %d: HGETALL %s: %v", i, fenceKey, err)
 		}
@@ -273,9 +275,9 @@ type nodeState struct {
 // nodeStates reads the per-node lines of INFO lockproxy.
 func nodeStates(t *testing.T, in *instance) []nodeState {
 	t.Helper()
-	c := newClient(t, in.addr, 2)
+	c := lc.NewClient(t, in.addr, 2)
 	defer c.Close()
-	info, err := c.Info(ctxFor(t, 5*time.Second), "lockproxy").Result()
+	info, err := c.Info(lockclient.CtxFor(t, 5*time.Second), "lockproxy").Result()
 	if err != nil {
 		t.Fatalf("INFO lockproxy: %v", err)
 	}

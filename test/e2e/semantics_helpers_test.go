@@ -1,70 +1,20 @@
 package e2e
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // Helpers of the lock-semantics tests (reentrancy, RLOCK, LOCKINFO,
 // writer preference, commands per grant).
-
-// tryAcquire sends cmd (LOCK or RLOCK) key opts... It returns the grant and
-// true, false for a nil reply, or the error reply.
-func tryAcquire(ctx context.Context, c doer, cmd, key string, opts ...any) (grant, bool, error) {
-	args := append([]any{cmd, key}, opts...)
-	v, err := c.Do(ctx, args...).Result()
-	if errors.Is(err, redis.Nil) {
-		return grant{}, false, nil
-	}
-	if err != nil {
-		return grant{}, false, err
-	}
-	g, err := parseGrant(v)
-	if err != nil {
-		return grant{}, false, fmt.Errorf("%s %q %v: %w", cmd, key, opts, err)
-	}
-	return g, true, nil
-}
-
-// rlock sends RLOCK key opts... and fails the test on an error reply.
-func rlock(t *testing.T, c doer, key string, opts ...any) (grant, bool) {
-	t.Helper()
-	g, ok, err := tryAcquire(ctxFor(t, 20*time.Second), c, "RLOCK", key, opts...)
-	if err != nil {
-		t.Fatalf("RLOCK %q %v: %v", key, opts, err)
-	}
-	return g, ok
-}
-
-// mustRLock is rlock that also fails the test when the lock is not granted.
-func mustRLock(t *testing.T, c doer, key string, opts ...any) grant {
-	t.Helper()
-	g, ok := rlock(t, c, key, opts...)
-	if !ok {
-		t.Fatalf("RLOCK %q %v = nil; want a grant", key, opts)
-	}
-	return g
-}
-
-// refused checks that cmd key opts... answers nil (held by someone else).
-func refused(t *testing.T, c doer, cmd, key string, opts ...any) {
-	t.Helper()
-	g, ok, err := tryAcquire(ctxFor(t, 20*time.Second), c, cmd, key, opts...)
-	if err != nil {
-		t.Fatalf("%s %q %v: %v; want nil", cmd, key, opts, err)
-	}
-	if ok {
-		t.Fatalf("%s %q %v = %+v; want nil (held by another)", cmd, key, opts, g)
-	}
-}
 
 // lockInfo is a parsed LOCKINFO reply.
 type lockInfo struct {
@@ -172,13 +122,13 @@ func parseLockInfo(v any) (lockInfo, error) {
 
 // lockInfoOf sends LOCKINFO key (with TOKEN token unless token is empty);
 // false when the reply is nil (free).
-func lockInfoOf(t *testing.T, c doer, key, token string) (lockInfo, bool) {
+func lockInfoOf(t *testing.T, c lockclient.Doer, key, token string) (lockInfo, bool) {
 	t.Helper()
 	args := []any{"LOCKINFO", key}
 	if token != "" {
 		args = append(args, "TOKEN", token)
 	}
-	v, err := c.Do(ctxFor(t, 10*time.Second), args...).Result()
+	v, err := c.Do(lockclient.CtxFor(t, 10*time.Second), args...).Result()
 	if errors.Is(err, redis.Nil) {
 		return lockInfo{}, false
 	}
@@ -193,7 +143,7 @@ func lockInfoOf(t *testing.T, c doer, key, token string) (lockInfo, bool) {
 }
 
 // mustLockInfo is lockInfoOf that fails the test when the key is free.
-func mustLockInfo(t *testing.T, c doer, key, token string) lockInfo {
+func mustLockInfo(t *testing.T, c lockclient.Doer, key, token string) lockInfo {
 	t.Helper()
 	li, ok := lockInfoOf(t, c, key, token)
 	if !ok {
@@ -215,7 +165,7 @@ func (c *cluster) nodePTTLs(t *testing.T, key string) []int64 {
 	t.Helper()
 	out := make([]int64, len(c.clients))
 	for i, nc := range c.clients {
-		d, err := nc.PTTL(ctxFor(t, 5*time.Second), keyPrefix+"lock:"+key).Result()
+		d, err := nc.PTTL(lockclient.CtxFor(t, 5*time.Second), keyPrefix+"lock:"+key).Result()
 		if err != nil {
 			t.Fatalf("node %d: PTTL: %v", i, err)
 		}
@@ -241,7 +191,7 @@ func majorityAbove(xs []int64, min int64) bool {
 // checkReadGrant checks the shape of a fresh read grant of a lease of
 // ttlMS. Unlike a write grant's, its fence may be 0: it is the key's
 // current fence, and a key never written has none.
-func checkReadGrant(t *testing.T, what string, g grant, ttlMS int64) {
+func checkReadGrant(t *testing.T, what string, g lockclient.Grant, ttlMS int64) {
 	t.Helper()
 	if g.ValidityMS <= 0 || g.ValidityMS > maxValidityMS(ttlMS) {
 		t.Errorf("%s: validity_ms = %d; want in (0, %d]", what, g.ValidityMS, maxValidityMS(ttlMS))
@@ -249,12 +199,6 @@ func checkReadGrant(t *testing.T, what string, g grant, ttlMS int64) {
 	if g.Fence < 0 || g.Token == "" {
 		t.Errorf("%s: fence %d, token %q; want a fence ≥ 0 and a token", what, g.Fence, g.Token)
 	}
-}
-
-// isNoQuorum reports whether err is a -NOQUORUM reply: too few nodes
-// answered within the node timeout, which a loaded test machine can cause.
-func isNoQuorum(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOQUORUM")
 }
 
 // startSemInstance starts lockproxy in front of c's nodes with a node

@@ -18,6 +18,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // PROTOCOL.md, WAIT: waiters on one instance are served first-come
@@ -32,24 +33,24 @@ func TestWaitWokenAcrossInstances(t *testing.T) {
 		cl := startCluster(t, n)
 		a := startInstance(t, cl.addrs())
 		b := startInstance(t, cl.addrs())
-		ca := newClient(t, a.addr, 2)
-		cb := newClient(t, b.addr, 2)
-		infoB := newClient(t, b.addr, 2)
+		ca := lc.NewClient(t, a.addr, 2)
+		cb := lc.NewClient(t, b.addr, 2)
+		infoB := lc.NewClient(t, b.addr, 2)
 
 		const trials = 9
 		var delays []time.Duration
 		for i := 0; i < trials; i++ {
-			key := fmt.Sprintf("wakex-%d-%s", i, randID())
-			g1 := mustLock(t, ca, key, "PX", 10000)
+			key := fmt.Sprintf("wakex-%d-%s", i, lockclient.RandID())
+			g1 := lc.MustLock(t, ca, key, "PX", 10000)
 			type result struct {
-				g   grant
+				g   lockclient.Grant
 				ok  bool
 				err error
 				at  time.Time
 			}
 			done := make(chan result, 1)
 			go func() {
-				g, ok, err := tryLock(ctxFor(t, 15*time.Second), cb, key, "PX", 10000, "WAIT", 5000)
+				g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 15*time.Second), cb, key, "PX", 10000, "WAIT", 5000)
 				done <- result{g, ok, err, time.Now()}
 			}()
 			waitBlocked(t, infoB, 1)
@@ -59,7 +60,7 @@ func TestWaitWokenAcrossInstances(t *testing.T) {
 			// Measured from before the UNLOCK is sent: the grant on B may
 			// well arrive before A's reply does.
 			unlocked := time.Now()
-			if got := unlock(t, ca, key, g1.Token); got != 1 {
+			if got := lc.Unlock(t, ca, key, g1.Token); got != 1 {
 				t.Fatalf("UNLOCK %q through A = %d; want 1", key, got)
 			}
 			var r result
@@ -75,7 +76,7 @@ func TestWaitWokenAcrossInstances(t *testing.T) {
 				t.Errorf("fence on B %d; want > %d", r.g.Fence, g1.Fence)
 			}
 			delays = append(delays, r.at.Sub(unlocked))
-			if got := unlock(t, cb, key, r.g.Token); got != 1 {
+			if got := lc.Unlock(t, cb, key, r.g.Token); got != 1 {
 				t.Fatalf("UNLOCK %q through B = %d; want 1", key, got)
 			}
 		}
@@ -102,11 +103,11 @@ func TestWaitFIFOThousand(t *testing.T) {
 	)
 	cl := startCluster(t, nodes)
 	in := startInstance(t, cl.addrs())
-	ctl := newClient(t, in.addr, 2)
-	key := "fifo-" + randID()
+	ctl := lc.NewClient(t, in.addr, 2)
+	key := "fifo-" + lockclient.RandID()
 
 	// Hold the lock while the queue fills.
-	first := mustLock(t, ctl, key, "PX", 60000)
+	first := lc.MustLock(t, ctl, key, "PX", 60000)
 	before := nodeCommandCalls(t, cl)
 
 	var (
@@ -129,7 +130,7 @@ func TestWaitFIFOThousand(t *testing.T) {
 	for i, c := range conns {
 		// Waiter i is started only once waiter i-1 is queued, so the
 		// arrival order is the start order.
-		if _, err := c.Write([]byte(encode("LOCK", key, "PX", "10000", "WAIT", "60000"))); err != nil {
+		if _, err := c.Write([]byte(lockclient.Encode("LOCK", key, "PX", "10000", "WAIT", "60000"))); err != nil {
 			t.Fatalf("waiter %d: write LOCK: %v", i, err)
 		}
 		wg.Add(1)
@@ -140,7 +141,7 @@ func TestWaitFIFOThousand(t *testing.T) {
 		waitBlocked(t, ctl, i+1)
 	}
 	queued := time.Since(start)
-	if got := unlock(t, ctl, key, first.Token); got != 1 {
+	if got := lc.Unlock(t, ctl, key, first.Token); got != 1 {
 		t.Fatalf("UNLOCK %q by the first holder = %d; want 1", key, got)
 	}
 	released := time.Now()
@@ -215,36 +216,36 @@ func TestWaitDisconnectLeavesQueue(t *testing.T) {
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
 		in := startInstance(t, cl.addrs())
-		ctl := newClient(t, in.addr, 2)
-		key := "gone-" + randID()
-		holder := mustLock(t, ctl, key, "PX", 30000)
+		ctl := lc.NewClient(t, in.addr, 2)
+		key := "gone-" + lockclient.RandID()
+		holder := lc.MustLock(t, ctl, key, "PX", 30000)
 
-		gone := dialRaw(t, in.addr)
-		gone.write(encode("LOCK", key, "PX", "30000", "WAIT", "20000", "TOKEN", "gone-"+randID()))
+		gone := lc.DialRaw(t, in.addr)
+		gone.Write(lockclient.Encode("LOCK", key, "PX", "30000", "WAIT", "20000", "TOKEN", "gone-"+lockclient.RandID()))
 		waitBlocked(t, ctl, 1)
-		next := dialRaw(t, in.addr)
-		nextToken := "next-" + randID()
-		next.write(encode("LOCK", key, "PX", "30000", "WAIT", "20000", "TOKEN", nextToken))
+		next := lc.DialRaw(t, in.addr)
+		nextToken := "next-" + lockclient.RandID()
+		next.Write(lockclient.Encode("LOCK", key, "PX", "30000", "WAIT", "20000", "TOKEN", nextToken))
 		waitBlocked(t, ctl, 2)
 
-		_ = gone.c.Close()
+		_ = gone.Conn.Close()
 		waitBlocked(t, ctl, 1)
 
-		if got := unlock(t, ctl, key, holder.Token); got != 1 {
+		if got := lc.Unlock(t, ctl, key, holder.Token); got != 1 {
 			t.Fatalf("UNLOCK %q = %d; want 1", key, got)
 		}
-		r, err := next.read()
+		r, err := next.Read()
 		if err != nil {
 			t.Fatalf("LOCK %q WAIT 20000 of the waiter behind: %v", key, err)
 		}
-		g, err := parseGrant(toAny(r))
+		g, err := lockclient.ParseGrant(toAny(r))
 		if err != nil {
 			t.Fatalf("LOCK %q WAIT 20000 of the waiter behind = %v; want a grant (%v)", key, r, err)
 		}
 		if g.Token != nextToken {
 			t.Fatalf("grant token %q; want %q", g.Token, nextToken)
 		}
-		if got := next.do("UNLOCK", key, nextToken); got.Kind != ':' || got.Int != 1 {
+		if got := next.Do("UNLOCK", key, nextToken); got.Kind != ':' || got.Int != 1 {
 			t.Fatalf("UNLOCK %q = %v; want :1", key, got)
 		}
 		// The waiter that went away must not take the free lock: give a
@@ -267,35 +268,35 @@ func TestWaitExpiryAfterHandover(t *testing.T) {
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
 		in := startInstance(t, cl.addrs())
-		ctl := newClient(t, in.addr, 2)
-		key := "expire-" + randID()
-		holder := mustLock(t, ctl, key, "PX", 30000)
+		ctl := lc.NewClient(t, in.addr, 2)
+		key := "expire-" + lockclient.RandID()
+		holder := lc.MustLock(t, ctl, key, "PX", 30000)
 
 		// The first waiter takes a short lease and never releases it.
-		first := dialRaw(t, in.addr)
-		first.write(encode("LOCK", key, "PX", "300", "WAIT", "10000"))
+		first := lc.DialRaw(t, in.addr)
+		first.Write(lockclient.Encode("LOCK", key, "PX", "300", "WAIT", "10000"))
 		waitBlocked(t, ctl, 1)
-		second := dialRaw(t, in.addr)
-		second.write(encode("LOCK", key, "PX", "10000", "WAIT", "10000"))
+		second := lc.DialRaw(t, in.addr)
+		second.Write(lockclient.Encode("LOCK", key, "PX", "10000", "WAIT", "10000"))
 		waitBlocked(t, ctl, 2)
 
-		if got := unlock(t, ctl, key, holder.Token); got != 1 {
+		if got := lc.Unlock(t, ctl, key, holder.Token); got != 1 {
 			t.Fatalf("UNLOCK %q = %d; want 1", key, got)
 		}
-		r, err := first.read()
+		r, err := first.Read()
 		if err != nil {
 			t.Fatalf("LOCK %q PX 300 WAIT 10000: %v", key, err)
 		}
-		g1, err := parseGrant(toAny(r))
+		g1, err := lockclient.ParseGrant(toAny(r))
 		if err != nil {
 			t.Fatalf("LOCK %q PX 300 WAIT 10000 = %v; want a grant (%v)", key, r, err)
 		}
 		granted := time.Now()
-		r, err = second.read()
+		r, err = second.Read()
 		if err != nil {
 			t.Fatalf("LOCK %q WAIT 10000 behind an expiring grant: %v", key, err)
 		}
-		g2, err := parseGrant(toAny(r))
+		g2, err := lockclient.ParseGrant(toAny(r))
 		if err != nil {
 			t.Fatalf("LOCK %q WAIT 10000 behind an expiring grant = %v; want a grant (%v)", key, r, err)
 		}
@@ -324,23 +325,23 @@ func TestWaitWithoutChannelPermission(t *testing.T) {
 		t.Fatal(err)
 	}
 	in := startInstance(t, harness.Addrs(nodes), cfg)
-	ctl := newClient(t, in.addr, 2)
-	waiter := newClient(t, in.addr, 2)
-	key := "noperm-" + randID()
-	holder := mustLock(t, ctl, key, "PX", 30000)
+	ctl := lc.NewClient(t, in.addr, 2)
+	waiter := lc.NewClient(t, in.addr, 2)
+	key := "noperm-" + lockclient.RandID()
+	holder := lc.MustLock(t, ctl, key, "PX", 30000)
 
 	type result struct {
-		g   grant
+		g   lockclient.Grant
 		ok  bool
 		err error
 	}
 	done := make(chan result, 1)
 	go func() {
-		g, ok, err := tryLock(ctxFor(t, 15*time.Second), waiter, key, "PX", 10000, "WAIT", 5000)
+		g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 15*time.Second), waiter, key, "PX", 10000, "WAIT", 5000)
 		done <- result{g, ok, err}
 	}()
 	waitBlocked(t, ctl, 1)
-	if got := unlock(t, ctl, key, holder.Token); got != 1 {
+	if got := lc.Unlock(t, ctl, key, holder.Token); got != 1 {
 		t.Fatalf("UNLOCK %q with PUBLISH denied = %d; want 1", key, got)
 	}
 	unlocked := time.Now()
@@ -354,7 +355,7 @@ func TestWaitWithoutChannelPermission(t *testing.T) {
 		t.Fatalf("LOCK %q WAIT 5000 = %+v, %v, %v; want a grant", key, r.g, r.ok, r.err)
 	}
 	t.Logf("granted %v after the unannounced release", time.Since(unlocked))
-	if got := unlock(t, waiter, key, r.g.Token); got != 1 {
+	if got := lc.Unlock(t, waiter, key, r.g.Token); got != 1 {
 		t.Errorf("UNLOCK %q = %d; want 1", key, got)
 	}
 }
@@ -370,17 +371,17 @@ func TestWaitUncontendedNoSubscription(t *testing.T) {
 	)
 	cl := startCluster(t, nodes)
 	in := startInstance(t, cl.addrs())
-	c := newClient(t, in.addr, 2)
+	c := lc.NewClient(t, in.addr, 2)
 	// The first release loads the script with EVAL: do that first.
-	warm := "warm-" + randID()
-	if got := unlock(t, c, warm, mustLock(t, c, warm, "PX", 10000).Token); got != 1 {
+	warm := "warm-" + lockclient.RandID()
+	if got := lc.Unlock(t, c, warm, lc.MustLock(t, c, warm, "PX", 10000).Token); got != 1 {
 		t.Fatalf("UNLOCK %q = %d; want 1", warm, got)
 	}
 	before := nodeCommandCalls(t, cl)
 	for i := 0; i < rounds; i++ {
-		key := fmt.Sprintf("alone-%d-%s", i, randID())
-		g := mustLock(t, c, key, "PX", 10000, "WAIT", 5000)
-		if got := unlock(t, c, key, g.Token); got != 1 {
+		key := fmt.Sprintf("alone-%d-%s", i, lockclient.RandID())
+		g := lc.MustLock(t, c, key, "PX", 10000, "WAIT", 5000)
+		if got := lc.Unlock(t, c, key, g.Token); got != 1 {
 			t.Fatalf("UNLOCK %q = %d; want 1", key, got)
 		}
 	}
@@ -409,12 +410,12 @@ type waitOutcome struct {
 func waitAndUnlock(c net.Conn, key string, deadline time.Time, grants *atomic.Int64, holding *atomic.Bool) (o waitOutcome) {
 	br := bufio.NewReader(c)
 	_ = c.SetDeadline(deadline)
-	r, err := readReply(br, 0)
+	r, err := lockclient.ReadReply(br)
 	if err != nil {
 		o.err = fmt.Errorf("reading the LOCK reply: %w", err)
 		return o
 	}
-	g, err := parseGrant(toAny(r))
+	g, err := lockclient.ParseGrant(toAny(r))
 	if err != nil {
 		o.err = fmt.Errorf("LOCK reply %v: %w", r, err)
 		return o
@@ -426,18 +427,18 @@ func waitAndUnlock(c net.Conn, key string, deadline time.Time, grants *atomic.In
 	// Hold it briefly.
 	time.Sleep(100 * time.Microsecond)
 	holding.Store(false)
-	if _, err := c.Write([]byte(encode("UNLOCK", key, g.Token))); err != nil {
+	if _, err := c.Write([]byte(lockclient.Encode("UNLOCK", key, g.Token))); err != nil {
 		o.err = fmt.Errorf("write UNLOCK: %w", err)
 		return o
 	}
-	if r, err = readReply(br, 0); err != nil || r.Kind != ':' || r.Int != 1 {
+	if r, err = lockclient.ReadReply(br); err != nil || r.Kind != ':' || r.Int != 1 {
 		o.err = fmt.Errorf("UNLOCK = %v, %v; want :1", r, err)
 	}
 	return o
 }
 
 // toAny turns a raw reply into what go-redis would return, for parseGrant.
-func toAny(r reply) any {
+func toAny(r lockclient.Reply) any {
 	switch {
 	case r.Null:
 		return nil
@@ -477,7 +478,7 @@ func waitBlocked(t *testing.T, c *redis.Client, want int) {
 
 func blockedClients(t *testing.T, c *redis.Client) int {
 	t.Helper()
-	info, err := c.Info(ctxFor(t, 5*time.Second), "clients").Result()
+	info, err := c.Info(lockclient.CtxFor(t, 5*time.Second), "clients").Result()
 	if err != nil {
 		t.Fatalf("INFO clients: %v", err)
 	}

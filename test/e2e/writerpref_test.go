@@ -8,6 +8,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // PROTOCOL.md, WAIT: writers are not starved by a stream of readers. A
@@ -33,7 +35,7 @@ func TestWriterPreference(t *testing.T) {
 	cl := startCluster(t, 3)
 	inA := startSemInstance(t, cl)
 	inB := startSemInstance(t, cl)
-	key := "writer-pref-" + randID()
+	key := "writer-pref-" + lockclient.RandID()
 
 	base := time.Now()
 	clock := func() time.Duration { return time.Since(base) }
@@ -48,7 +50,7 @@ func TestWriterPreference(t *testing.T) {
 		wg       sync.WaitGroup
 	)
 	for i := 0; i < readers; i++ {
-		c := newClient(t, inA.addr, 2+i%2)
+		c := lc.NewClient(t, inA.addr, 2+i%2)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -61,9 +63,9 @@ func TestWriterPreference(t *testing.T) {
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				sent := clock()
-				g, ok, err := tryAcquire(ctx, c, "RLOCK", key, "PX", readTTL)
+				g, ok, err := lockclient.TryAcquire(ctx, c, "RLOCK", key, "PX", readTTL)
 				enter := clock()
-				if err != nil && isNoQuorum(err) {
+				if err != nil && lockclient.IsNoQuorum(err) {
 					// A loaded machine's nodes may miss the node timeout;
 					// that reader just tries again.
 					noQuorum.Add(1)
@@ -85,7 +87,7 @@ func TestWriterPreference(t *testing.T) {
 				n, err := c.Do(ctx, "UNLOCK", key, g.Token).Int64()
 				cancel()
 				switch {
-				case err != nil && isNoQuorum(err):
+				case err != nil && lockclient.IsNoQuorum(err):
 					noQuorum.Add(1) // the lease runs out instead
 				case err != nil || n != 1:
 					mu.Lock()
@@ -123,16 +125,16 @@ func TestWriterPreference(t *testing.T) {
 	// Without WAIT a writer leaves no mark, and the readers' stream keeps
 	// the lock held. This is logged, not asserted: a gap in the stream on
 	// a loaded machine would let one through.
-	wc := newClient(t, inB.addr, 3)
+	wc := lc.NewClient(t, inB.addr, 3)
 	plain, plainGranted := 0, 0
 	for end := time.Now().Add(time.Second); time.Now().Before(end); plain++ {
-		g, ok, err := tryAcquire(ctxFor(t, 10*time.Second), wc, "LOCK", key, "PX", 5000)
-		if err != nil && !isNoQuorum(err) {
+		g, ok, err := lockclient.TryAcquire(lockclient.CtxFor(t, 10*time.Second), wc, "LOCK", key, "PX", 5000)
+		if err != nil && !lockclient.IsNoQuorum(err) {
 			t.Fatalf("plain LOCK while readers stream: %v", err)
 		}
 		if ok {
 			plainGranted++
-			unlock(t, wc, key, g.Token)
+			lc.Unlock(t, wc, key, g.Token)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -141,7 +143,7 @@ func TestWriterPreference(t *testing.T) {
 	// With WAIT the writer marks itself, new readers are refused, and it
 	// gets the lock once the readers holding it are done.
 	type result struct {
-		g   grant
+		g   lockclient.Grant
 		ok  bool
 		err error
 		at  time.Duration
@@ -149,7 +151,7 @@ func TestWriterPreference(t *testing.T) {
 	res := make(chan result, 1)
 	asked := clock()
 	go func() {
-		g, ok, err := tryAcquire(context.Background(), wc, "LOCK", key, "PX", 5000, "WAIT", 10000)
+		g, ok, err := lockclient.TryAcquire(context.Background(), wc, "LOCK", key, "PX", 5000, "WAIT", 10000)
 		res <- result{g, ok, err, clock()}
 	}()
 	// While it waits, the mark is on the nodes.
@@ -181,7 +183,7 @@ wait:
 	}
 	time.Sleep(300 * time.Millisecond) // while the readers keep trying
 	left := clock()
-	if n := unlock(t, wc, key, w.Token); n != 1 {
+	if n := lc.Unlock(t, wc, key, w.Token); n != 1 {
 		t.Fatalf("writer UNLOCK = %d; want 1", n)
 	}
 	released := clock()
@@ -221,7 +223,7 @@ func (c *cluster) markedNodes(t *testing.T, key string) int {
 	t.Helper()
 	n := 0
 	for i, nc := range c.clients {
-		e, err := nc.Exists(ctxFor(t, 5*time.Second), keyPrefix+"lockw:"+key).Result()
+		e, err := nc.Exists(lockclient.CtxFor(t, 5*time.Second), keyPrefix+"lockw:"+key).Result()
 		if err != nil {
 			t.Fatalf("node %d: EXISTS: %v", i, err)
 		}

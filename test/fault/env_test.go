@@ -2,7 +2,6 @@ package fault
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -16,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 var soakFlag = flag.Bool("soak", false, "run the full sizes: 20 clients × 500 grants per fault, 20 × 10,000 without faults (also LOCKPROXY_SOAK=1)")
@@ -32,14 +32,6 @@ func (quietLogger) Printf(context.Context, string, ...any) {}
 
 // soak reports whether the full (nightly) sizes were asked for.
 func soak() bool { return *soakFlag || os.Getenv("LOCKPROXY_SOAK") == "1" }
-
-// ctxFor returns a context that ends after d or with the test.
-func ctxFor(t testing.TB, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
 
 // ---------------------------------------------------------------------------
 // lockproxy instances
@@ -148,64 +140,6 @@ func newClient(addr string) *redis.Client {
 	})
 }
 
-// reply is a parsed LOCK grant.
-type reply struct {
-	Token      string
-	ValidityMS int64
-	Fence      int64
-}
-
-// parseGrant reads a LOCK reply under RESP2: a flat array token,
-// validity_ms, fence.
-func parseGrant(v any) (reply, error) {
-	arr, ok := v.([]any)
-	if !ok || len(arr) != 6 {
-		return reply{}, fmt.Errorf("LOCK reply %#v; want a flat array of 3 pairs", v)
-	}
-	var r reply
-	seen := 0
-	for i := 0; i < len(arr); i += 2 {
-		k, _ := arr[i].(string)
-		switch k {
-		case "token":
-			r.Token, ok = arr[i+1].(string)
-		case "validity_ms":
-			r.ValidityMS, ok = arr[i+1].(int64)
-		case "fence":
-			r.Fence, ok = arr[i+1].(int64)
-		default:
-			ok = false
-		}
-		if !ok {
-			return reply{}, fmt.Errorf("LOCK reply %#v: bad field %d", v, i)
-		}
-		seen++
-	}
-	if seen != 3 || r.Token == "" {
-		return reply{}, fmt.Errorf("LOCK reply %#v: missing fields", v)
-	}
-	return r, nil
-}
-
-// tryLock sends LOCK key args...: a grant and true, false for nil, or the
-// error.
-func tryLock(ctx context.Context, c *redis.Client, key string, args ...any) (reply, bool, error) {
-	v, err := c.Do(ctx, append([]any{"LOCK", key}, args...)...).Result()
-	if errors.Is(err, redis.Nil) {
-		return reply{}, false, nil
-	}
-	if err != nil {
-		return reply{}, false, err
-	}
-	r, err := parseGrant(v)
-	return r, err == nil, err
-}
-
-// isNoQuorum reports a -NOQUORUM error reply.
-func isNoQuorum(err error) bool {
-	return err != nil && strings.HasPrefix(err.Error(), "NOQUORUM")
-}
-
 // nodeStates reads each node's state (ok, quarantined, down, clock) from
 // the instance's INFO lines lockproxy_node<i>:addr=…,state=…, in the order
 // of --nodes.
@@ -271,28 +205,28 @@ func waitNodeStates(e *env, want map[int]string, timeout time.Duration) (time.Du
 // can make miss the quorum (each node gets 5 % of the TTL to answer): a
 // NOQUORUM is tried again, a few times, 100 ms apart. The scenarios test
 // what happens after the grant.
-func setupLock(t testing.TB, c *redis.Client, key string, args ...any) (reply, bool, error) {
+func setupLock(t testing.TB, c *redis.Client, key string, args ...any) (lockclient.Grant, bool, error) {
 	t.Helper()
-	r, ok, err := tryLock(ctxFor(t, 10*time.Second), c, key, args...)
-	for try := 0; try < 5 && isNoQuorum(err); try++ {
+	r, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), c, key, args...)
+	for try := 0; try < 5 && lockclient.IsNoQuorum(err); try++ {
 		time.Sleep(100 * time.Millisecond)
-		r, ok, err = tryLock(ctxFor(t, 10*time.Second), c, key, args...)
+		r, ok, err = lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), c, key, args...)
 	}
 	return r, ok, err
 }
 
 // setupLockRaw is setupLock on a raw connection; it returns the grant or
 // the error (an error reply included).
-func setupLockRaw(c *rawConn, timeout time.Duration, args ...string) (reply, error) {
-	try := func() (reply, error) {
+func setupLockRaw(c *rawConn, timeout time.Duration, args ...string) (lockclient.Grant, error) {
+	try := func() (lockclient.Grant, error) {
 		v, _, err := c.do(timeout, append([]string{"LOCK"}, args...)...)
 		if err != nil {
-			return reply{}, err
+			return lockclient.Grant{}, err
 		}
 		return rawGrant(v)
 	}
 	r, err := try()
-	for n := 0; n < 5 && isNoQuorum(err); n++ {
+	for n := 0; n < 5 && lockclient.IsNoQuorum(err); n++ {
 		time.Sleep(100 * time.Millisecond)
 		r, err = try()
 	}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/test/faultproxy"
 	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // Network faults: every lockproxy instance reaches every node through its
@@ -330,7 +331,7 @@ func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 		key := fmt.Sprintf("probe-%d", i)
 		sent := time.Now()
 		sentMS := sent.UnixMilli() // rounded down: the promise only gets earlier
-		r, ok, err := tryLock(ctxFor(t, 5*time.Second), cl, key, "PX", ttlMS)
+		r, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 5*time.Second), cl, key, "PX", ttlMS)
 		elapsed := time.Since(sent)
 		if err != nil || !ok {
 			continue // a slow moment: no grant is fine
@@ -345,7 +346,7 @@ func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 		var margins []time.Duration
 		var seen []int64
 		for _, nc := range nodes {
-			at, err := nc.Do(ctxFor(t, 3*time.Second), "PEXPIRETIME", "lockproxy:lock:"+key).Int64()
+			at, err := nc.Do(lockclient.CtxFor(t, 3*time.Second), "PEXPIRETIME", "lockproxy:lock:"+key).Int64()
 			seen = append(seen, at)
 			if err == nil && at > 0 && at >= promiseMS {
 				margins = append(margins, time.Duration(at-promiseMS)*time.Millisecond)
@@ -359,7 +360,7 @@ func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 			// The majority whose keys last longest: its shortest margin.
 			minMargin = min(minMargin, margins[len(margins)-(len(nodes)/2+1)])
 		}
-		_ = cl.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
+		_ = cl.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
 		time.Sleep(50 * time.Millisecond)
 	}
 	notes.add("%d/20 validity probes granted, the key outlived validity on a majority by ≥ %v; max validity + client-side elapsed %v, max elapsed %v",
@@ -374,13 +375,13 @@ func checkNoLockKeys(t *testing.T, e *linkEnv) {
 	t.Helper()
 	for i, node := range e.nodes {
 		cl := node.Client(t)
-		keys, err := cl.Keys(ctxFor(t, 3*time.Second), "lockproxy:lock:*").Result()
+		keys, err := cl.Keys(lockclient.CtxFor(t, 3*time.Second), "lockproxy:lock:*").Result()
 		if err != nil {
 			t.Errorf("node %d: KEYS: %v", i, err)
 			continue
 		}
 		for _, k := range keys {
-			pttl, _ := cl.PTTL(ctxFor(t, 3*time.Second), k).Result()
+			pttl, _ := cl.PTTL(lockclient.CtxFor(t, 3*time.Second), k).Result()
 			t.Errorf("node %d still holds %s (PTTL %v) after the run", i, k, pttl)
 		}
 	}
@@ -433,7 +434,7 @@ func waitClockOut(t *testing.T, e *linkEnv, nodes []int, notes *rowNotes) {
 	for _, p := range e.proxies {
 		c := newClient(p.addr)
 		for {
-			info, _ := c.Info(ctxFor(t, 5*time.Second), "lockproxy").Result()
+			info, _ := c.Info(lockclient.CtxFor(t, 5*time.Second), "lockproxy").Result()
 			out := 0
 			for _, i := range nodes {
 				tag := fmt.Sprintf("lockproxy_node%d:", i)
@@ -488,7 +489,7 @@ func longHolds(t *testing.T, e *linkEnv, notes *rowNotes, rounds int) {
 			// The waiter does its update as soon as it is granted.
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			r, ok, err := tryLock(ctx, waiter, key, "PX", ttlMS, "WAIT", 2*ttlMS)
+			r, ok, err := lockclient.TryLock(ctx, waiter, key, "PX", ttlMS, "WAIT", 2*ttlMS)
 			res := result{ok: ok, err: err, g: Grant{Key: key, Token: r.Token, Fence: r.Fence,
 				Client: "long-waiter", Enter: e.hist.Now()}}
 			if ok {
@@ -503,7 +504,7 @@ func longHolds(t *testing.T, e *linkEnv, notes *rowNotes, rounds int) {
 		e.critical(key, &hg)
 		hg.Exit = e.hist.Now()
 		e.hist.Add(hg)
-		_ = holder.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
+		_ = holder.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
 		res := <-got
 		if res.err != nil || !res.ok {
 			t.Logf("round %d: waiter LOCK %s = %v, %v", round, key, res.ok, res.err)
@@ -557,7 +558,7 @@ func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
 	notes.cutAt = from
 
 	type result struct {
-		r   reply
+		r   lockclient.Grant
 		ok  bool
 		err error
 		g   Grant
@@ -568,7 +569,7 @@ func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
 		defer func() { _ = cl.Close() }()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		r, ok, err := tryLock(ctx, cl, key, "PX", ttlMS, "WAIT", 2*waitMS)
+		r, ok, err := lockclient.TryLock(ctx, cl, key, "PX", ttlMS, "WAIT", 2*waitMS)
 		res := result{r: r, ok: ok, err: err, g: Grant{Key: key, Token: r.Token, Fence: r.Fence,
 			Client: "keepalive-cut-waiter", Enter: e.hist.Now()}}
 		if ok {
@@ -629,7 +630,7 @@ func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
 	if d := askAt - e.hist.Now(); d > 0 {
 		time.Sleep(d)
 	}
-	_, ok2, err2 := tryLock(ctxFor(t, 5*time.Second), holder2, key2, "PX", ttlMS)
+	_, ok2, err2 := lockclient.TryLock(lockclient.CtxFor(t, 5*time.Second), holder2, key2, "PX", ttlMS)
 	told := e.hist.Now()
 	g2 := Grant{Key: key2, Token: r2.Token, Fence: r2.Fence, Client: "keepalive-cut-resp2-holder", Enter: enter2}
 	if err2 == nil || !strings.HasPrefix(err2.Error(), "LOCKLOST") {
@@ -659,7 +660,7 @@ func nodesHolding(t *testing.T, e *linkEnv, key, token string) int {
 	t.Helper()
 	n := 0
 	for _, node := range e.nodes {
-		if v, err := node.Client(t).Get(ctxFor(t, time.Second), "lockproxy:lock:"+key).Result(); err == nil && v == token {
+		if v, err := node.Client(t).Get(lockclient.CtxFor(t, time.Second), "lockproxy:lock:"+key).Result(); err == nil && v == token {
 			n++
 		}
 	}
@@ -697,7 +698,7 @@ func halfOpenClient(t *testing.T, e *linkEnv, notes *rowNotes) int {
 
 	cl := newClient(e.proxies[1].addr)
 	defer func() { _ = cl.Close() }()
-	wr, ok, err := tryLock(ctxFor(t, 10*time.Second), cl, key, "PX", ttlMS, "WAIT", fmt.Sprint(bound.Milliseconds()))
+	wr, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), cl, key, "PX", ttlMS, "WAIT", fmt.Sprint(bound.Milliseconds()))
 	at := e.hist.Now()
 	if err != nil || !ok {
 		t.Errorf("waiter: LOCK %s WAIT %v = %v, %v; want the half-open holder's lock within about idle + lease", key, bound, ok, err)
@@ -705,7 +706,7 @@ func halfOpenClient(t *testing.T, e *linkEnv, notes *rowNotes) int {
 	}
 	e.hist.Add(Grant{Key: key, Token: wr.Token, Fence: wr.Fence, Client: "half-open-waiter",
 		Enter: at, Deadline: at + time.Duration(wr.ValidityMS)*time.Millisecond, Exit: at})
-	_ = cl.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, wr.Token).Err()
+	_ = cl.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, wr.Token).Err()
 	notes.add("half-open KEEPALIVE holder's lock went to a waiter %v after its link went silent (idle %v, lease %d ms, bound %v)",
 		(at - from).Round(time.Millisecond), idle, leaseMS, bound)
 	if at-from > bound {

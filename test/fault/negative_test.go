@@ -11,6 +11,7 @@ import (
 	"github.com/anishathalye/porcupine"
 
 	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // Negative controls: each check must fail on a history that breaks what it
@@ -73,13 +74,13 @@ func TestNegativePausedHolder(t *testing.T) {
 
 	for round := range rounds {
 		key := fmt.Sprintf("paused-%d", round)
-		r, ok, err := tryLock(ctxFor(t, 10*time.Second), holder, key, "PX", holdTTL)
+		r, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), holder, key, "PX", holdTTL)
 		// The short lease gives each node only a 25 ms timeout: on a busy
 		// host a try can miss the quorum, which is not what this test is
 		// about. Try again a few times.
-		for try := 0; try < 5 && isNoQuorum(err); try++ {
+		for try := 0; try < 5 && lockclient.IsNoQuorum(err); try++ {
 			time.Sleep(50 * time.Millisecond)
-			r, ok, err = tryLock(ctxFor(t, 10*time.Second), holder, key, "PX", holdTTL)
+			r, ok, err = lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), holder, key, "PX", holdTTL)
 		}
 		enter := e.hist.Now()
 		if err != nil || !ok {
@@ -94,7 +95,7 @@ func TestNegativePausedHolder(t *testing.T) {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			r, ok, err := tryLock(ctx, other, key, "PX", ttlMS, "WAIT", waitMS)
+			r, ok, err := lockclient.TryLock(ctx, other, key, "PX", ttlMS, "WAIT", waitMS)
 			enter := e.hist.Now()
 			if err != nil || !ok {
 				done <- fmt.Errorf("waiting LOCK %s = %v, %v; want a grant once the paused lease ran out", key, ok, err)
@@ -131,7 +132,7 @@ func TestNegativePausedHolder(t *testing.T) {
 		au := a
 		au.Read, au.Rejected = readU, false
 		unfencedHist.Add(au)
-		released, err := holder.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Int64()
+		released, err := holder.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Int64()
 		if err != nil || released != 0 {
 			t.Errorf("round %d: UNLOCK by the paused holder = %d, %v; want 0 (its lock ran out)", round, released, err)
 		}
@@ -217,7 +218,7 @@ func TestNegativeResourceChecks(t *testing.T) {
 	for i := range 20 {
 		cl := newClient(p.addr)
 		defer func() { _ = cl.Close() }()
-		if err := cl.Do(ctxFor(t, 5*time.Second), "PING").Err(); err != nil {
+		if err := cl.Do(lockclient.CtxFor(t, 5*time.Second), "PING").Err(); err != nil {
 			t.Fatalf("client %d: PING: %v", i, err)
 		}
 	}

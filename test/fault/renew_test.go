@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/test/faultproxy"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // The renewal deadline: a RENEW that cannot reach a majority in time must
@@ -53,7 +54,7 @@ func renewCutOff(t *testing.T, e *linkEnv, notes *rowNotes) int {
 		// RENEW can miss its quorum too (each node gets 100 ms); the
 		// holder then treats the lease as over, lets go, and starts the
 		// set-up again, up to three times.
-		var r reply
+		var r lockclient.Grant
 		var hg Grant
 		renewed := false
 		for attempt := 0; attempt < 3 && !renewed; attempt++ {
@@ -73,13 +74,13 @@ func renewCutOff(t *testing.T, e *linkEnv, notes *rowNotes) int {
 			renewed = true
 			for i := 0; i < 2 && renewed; i++ {
 				time.Sleep(300 * time.Millisecond)
-				v, err := holder.Do(ctxFor(t, 5*time.Second), "RENEW", key, r.Token, "PX", ttlMS).Int64()
+				v, err := holder.Do(lockclient.CtxFor(t, 5*time.Second), "RENEW", key, r.Token, "PX", ttlMS).Int64()
 				at := e.hist.Now()
 				if err != nil || v <= 0 {
 					t.Logf("round %d (%s), set-up %d: healthy RENEW = %v, %v; the holder lets go and starts again", round, m.name, attempt, v, err)
 					hg.Exit = at
 					e.hist.Add(hg)
-					_ = holder.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
+					_ = holder.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
 					renewed = false
 					continue
 				}
@@ -102,7 +103,7 @@ func renewCutOff(t *testing.T, e *linkEnv, notes *rowNotes) int {
 			defer func() { _ = cl.Close() }()
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 			defer cancel()
-			r, ok, err := tryLock(ctx, cl, key, "PX", ttlMS, "WAIT", 3*ttlMS)
+			r, ok, err := lockclient.TryLock(ctx, cl, key, "PX", ttlMS, "WAIT", 3*ttlMS)
 			res := result{ok: ok, err: err, g: Grant{Key: key, Token: r.Token, Fence: r.Fence,
 				Client: "renew-waiter", Enter: e.hist.Now()}}
 			if ok {
@@ -117,14 +118,14 @@ func renewCutOff(t *testing.T, e *linkEnv, notes *rowNotes) int {
 
 		from := e.hist.Now()
 		events += e.on([]int{1}, []int{0, 1, 2}, m.apply)
-		v, err := holder.Do(ctxFor(t, 5*time.Second), "RENEW", key, r.Token, "PX", ttlMS).Int64()
+		v, err := holder.Do(lockclient.CtxFor(t, 5*time.Second), "RENEW", key, r.Token, "PX", ttlMS).Int64()
 		told := e.hist.Now()
 		answer := "0"
 		switch {
 		case err == nil && v > 0:
 			t.Errorf("round %d (%s): RENEW without a majority = %d; want 0, -NOQUORUM or -LOCKLOST", round, m.name, v)
 			answer = "a renewal"
-		case err != nil && !isNoQuorum(err) && !strings.HasPrefix(err.Error(), "LOCKLOST"):
+		case err != nil && !lockclient.IsNoQuorum(err) && !strings.HasPrefix(err.Error(), "LOCKLOST"):
 			t.Errorf("round %d (%s): RENEW without a majority = %v; want 0, -NOQUORUM or -LOCKLOST", round, m.name, err)
 			answer = err.Error()
 		case err != nil:

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // Resource checks of a row: every lockproxy instance must end the row with
@@ -131,7 +133,7 @@ func watchResources(t *testing.T, proxies []*proxy) *resourceWatch {
 	w := &resourceWatch{proxies: proxies, stop: make(chan struct{}), done: make(chan struct{}),
 		firstHeap: make([]float64, len(proxies)), maxHeap: make([]float64, len(proxies)), maxRSS: make([]float64, len(proxies))}
 	for _, p := range proxies {
-		n, _, err := p.goroutines(ctxFor(t, 10*time.Second))
+		n, _, err := p.goroutines(lockclient.CtxFor(t, 10*time.Second))
 		if err != nil {
 			t.Fatalf("goroutine baseline: %v", err)
 		}

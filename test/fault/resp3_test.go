@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // rawConn is a bare RESP connection to lockproxy, for what go-redis does
@@ -166,16 +168,16 @@ func readBulk(r *bufio.Reader, lenText string) (string, error) {
 
 // rawGrant turns a LOCK reply (RESP3 map or RESP2 flat array) into a
 // reply.
-func rawGrant(v any) (reply, error) {
+func rawGrant(v any) (lockclient.Grant, error) {
 	switch x := v.(type) {
 	case map[string]any:
 		flat := make([]any, 0, 6)
 		for _, k := range []string{"token", "validity_ms", "fence"} {
 			flat = append(flat, k, x[k])
 		}
-		return parseGrant(flat)
+		return lockclient.ParseGrant(flat)
 	case respError:
-		return reply{}, x
+		return lockclient.Grant{}, x
 	}
-	return parseGrant(v)
+	return lockclient.ParseGrant(v)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // Workload settings. The TTL is Jepsen's 2 s; WAIT is longer than the TTL
@@ -161,11 +162,11 @@ func (e *env) client(name, addr string, w workload, healed, stop <-chan struct{}
 		}
 		key := fmt.Sprintf("k%d", rand.N(w.keys))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, ok, err := tryLock(ctx, cl, key, "PX", ttlMS, "WAIT", waitMS)
+		r, ok, err := lockclient.TryLock(ctx, cl, key, "PX", ttlMS, "WAIT", waitMS)
 		cancel()
 		enter := e.hist.Now()
 		switch {
-		case isNoQuorum(err):
+		case lockclient.IsNoQuorum(err):
 			c.noQuorum.Add(1)
 			time.Sleep(time.Duration(10+rand.N(40)) * time.Millisecond)
 			continue
@@ -232,7 +233,7 @@ const pastTTL = ttlMS*time.Millisecond + 500*time.Millisecond
 // lockKeys counts the lock keys on a node, read directly.
 func lockKeys(t *testing.T, node *harness.Redis) int {
 	t.Helper()
-	keys, err := node.Client(t).Keys(ctxFor(t, 3*time.Second), "lockproxy:lock:*").Result()
+	keys, err := node.Client(t).Keys(lockclient.CtxFor(t, 3*time.Second), "lockproxy:lock:*").Result()
 	if err != nil {
 		t.Errorf("KEYS on %s: %v", node.Addr, err)
 	}
@@ -375,7 +376,7 @@ func keepaliveVanish(t *testing.T, e *env, rounds int) int {
 		e.critical(key, &hg)
 
 		type result struct {
-			r     reply
+			r     lockclient.Grant
 			ok    bool
 			err   error
 			enter time.Duration
@@ -385,7 +386,7 @@ func keepaliveVanish(t *testing.T, e *env, rounds int) int {
 		go func() {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			r, ok, err := tryLock(ctx, waiter, key, "PX", ttlMS, "WAIT", waitMS)
+			r, ok, err := lockclient.TryLock(ctx, waiter, key, "PX", ttlMS, "WAIT", waitMS)
 			got <- result{r, ok, err, e.hist.Now()}
 		}()
 		time.Sleep(200 * time.Millisecond) // the waiter is queued
@@ -414,7 +415,7 @@ func keepaliveVanish(t *testing.T, e *env, rounds int) int {
 		e.critical(key, &wg)
 		wg.Exit = e.hist.Now()
 		e.hist.Add(wg)
-		if err := waiter.Do(ctxFor(t, 5*time.Second), "UNLOCK", key, res.r.Token).Err(); err != nil {
+		if err := waiter.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, res.r.Token).Err(); err != nil {
 			t.Errorf("round %d: UNLOCK: %v", round, err)
 		}
 		_ = waiter.Close()

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // acquireScript is a lock acquisition written as a script, as some
@@ -23,7 +25,7 @@ func TestTransparentCommands(t *testing.T) {
 	t.Parallel()
 	e := start(t)
 	c := e.client(t)
-	ctx := ctxFor(t, 60*time.Second)
+	ctx := lockclient.CtxFor(t, 60*time.Second)
 	do := func(args ...any) (any, error) { return c.Do(ctx, args...).Result() }
 	wantErr := func(what, contains string, args ...any) {
 		t.Helper()

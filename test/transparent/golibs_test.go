@@ -14,6 +14,8 @@ import (
 	"github.com/go-redsync/redsync/v4"
 	redsyncgoredis "github.com/go-redsync/redsync/v4/redis/goredis/v9"
 	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // held is a lock a Go library obtained.
@@ -134,7 +136,7 @@ func TestGoLibraries(t *testing.T) {
 			t.Parallel()
 			e := start(t)
 			a, b := e.client(t), e.client(t)
-			ctx := ctxFor(t, 60*time.Second)
+			ctx := lockclient.CtxFor(t, 60*time.Second)
 			key := "lock:" + lib.name
 
 			h := mustObtain(t, lib, a, key, 5*time.Second)

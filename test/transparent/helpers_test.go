@@ -1,7 +1,6 @@
 package transparent
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -14,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // keyPrefix is lockproxy's default key prefix on the nodes: the lock key of
@@ -83,13 +83,6 @@ func (e *env) client(t testing.TB) *redis.Client {
 	return c
 }
 
-func ctxFor(t *testing.T, d time.Duration) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // holding counts the running nodes whose lock key for key holds value.
 func (e *env) holding(t *testing.T, key, value string) int {
 	t.Helper()
@@ -98,7 +91,7 @@ func (e *env) holding(t *testing.T, key, value string) int {
 		if !e.nodes[i].Running() {
 			continue
 		}
-		v, err := c.Get(ctxFor(t, 5*time.Second), keyPrefix+"lock:"+key).Result()
+		v, err := c.Get(lockclient.CtxFor(t, 5*time.Second), keyPrefix+"lock:"+key).Result()
 		if err != nil && !errors.Is(err, redis.Nil) {
 			t.Fatalf("node %d: GET: %v", i, err)
 		}
@@ -117,7 +110,7 @@ func (e *env) present(t *testing.T, key string) int {
 		if !e.nodes[i].Running() {
 			continue
 		}
-		k, err := c.Exists(ctxFor(t, 5*time.Second), keyPrefix+"lock:"+key).Result()
+		k, err := c.Exists(lockclient.CtxFor(t, 5*time.Second), keyPrefix+"lock:"+key).Result()
 		if err != nil {
 			t.Fatalf("node %d: EXISTS: %v", i, err)
 		}

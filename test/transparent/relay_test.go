@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // TestWithUpstream: transparent mode and the drop-in relay together. Lock
@@ -21,7 +22,7 @@ func TestWithUpstream(t *testing.T) {
 	e := start(t, "--upstream", up.Addr)
 	c := e.client(t)
 	upc := up.Client(t)
-	ctx := ctxFor(t, 30*time.Second)
+	ctx := lockclient.CtxFor(t, 30*time.Second)
 
 	cmds, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Set(ctx, "plain:a", "1", 0)
@@ -78,7 +79,7 @@ func TestFenceThroughLockInfo(t *testing.T) {
 	e := start(t)
 	c := redis.NewClient(&redis.Options{Addr: e.addr, Protocol: 2}) // LOCKINFO as a flat array
 	t.Cleanup(func() { _ = c.Close() })
-	ctx := ctxFor(t, 30*time.Second)
+	ctx := lockclient.CtxFor(t, 30*time.Second)
 	fence := func(key, tok string) int64 {
 		t.Helper()
 		v, err := c.Do(ctx, "LOCKINFO", key, "TOKEN", tok).Slice()

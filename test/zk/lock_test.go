@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 func base64URL(s string) string { return base64.RawURLEncoding.EncodeToString([]byte(s)) }
@@ -21,7 +22,7 @@ func base64URL(s string) string { return base64.RawURLEncoding.EncodeToString([]
 var hexToken = regexp.MustCompile(`^[0-9a-f]{32}$`)
 
 // checkGrant checks a fresh grant of a lease of ttlMS.
-func checkGrant(t *testing.T, what string, g grant, ttlMS int64) {
+func checkGrant(t *testing.T, what string, g lockclient.Grant, ttlMS int64) {
 	t.Helper()
 	if g.ValidityMS <= 0 || g.ValidityMS > maxValidityMS(ttlMS) {
 		t.Errorf("%s: validity_ms = %d; want in (0, %d]", what, g.ValidityMS, maxValidityMS(ttlMS))
@@ -36,7 +37,7 @@ func checkGrant(t *testing.T, what string, g grant, ttlMS int64) {
 func TestLockContendUnlockRenew(t *testing.T) {
 	in := startInstance(t, zkServers(), newRoot(t))
 	zc := zkConn(t)
-	info, err := newClient(t, in.addr, 2).Info(ctxFor(t, 10*time.Second), "lockproxy").Result()
+	info, err := lc.NewClient(t, in.addr, 2).Info(lockclient.CtxFor(t, 10*time.Second), "lockproxy").Result()
 	if err != nil {
 		t.Fatalf("INFO: %v", err)
 	}
@@ -47,11 +48,11 @@ func TestLockContendUnlockRenew(t *testing.T) {
 	}
 	for _, proto := range []int{2, 3} {
 		t.Run(fmt.Sprintf("RESP%d", proto), func(t *testing.T) {
-			c1 := newClient(t, in.addr, proto)
-			c2 := newClient(t, in.addr, proto)
-			key := "semantics-" + randID()
+			c1 := lc.NewClient(t, in.addr, proto)
+			c2 := lc.NewClient(t, in.addr, proto)
+			key := "semantics-" + lockclient.RandID()
 
-			g := mustLock(t, c1, key, "PX", 10000)
+			g := lc.MustLock(t, c1, key, "PX", 10000)
 			checkGrant(t, "LOCK PX 10000", g, 10000)
 			if !hexToken.MatchString(g.Token) {
 				t.Errorf("token = %q; want 32 hex digits", g.Token)
@@ -59,8 +60,8 @@ func TestLockContendUnlockRenew(t *testing.T) {
 			if n := lockNodes(t, zc, in.root, key); n != 1 {
 				t.Errorf("%d lock nodes; want 1", n)
 			}
-			for _, c := range []doer{c2, c1} {
-				if g2, ok := lock(t, c, key, "PX", 10000); ok {
+			for _, c := range []lockclient.Doer{c2, c1} {
+				if g2, ok := lc.Lock(t, c, key, "PX", 10000); ok {
 					t.Errorf("second LOCK = %+v; want nil while held", g2)
 				}
 			}
@@ -84,54 +85,54 @@ func TestLockContendUnlockRenew(t *testing.T) {
 					func(v int64) bool { return v == 0 }, "0"},
 			}
 			for _, s := range steps {
-				if got := intCmd(t, c1, s.args...); !s.want(got) {
+				if got := lc.IntCmd(t, c1, s.args...); !s.want(got) {
 					t.Errorf("%s: %v = %d; want %s", s.name, s.args, got, s.desc)
 				}
 			}
 			if n := lockNodes(t, zc, in.root, key); n != 0 {
 				t.Errorf("%d lock nodes after UNLOCK; want 0", n)
 			}
-			g2 := mustLock(t, c2, key, "PX", 10000)
+			g2 := lc.MustLock(t, c2, key, "PX", 10000)
 			if g2.Fence <= g.Fence {
 				t.Errorf("fence after re-LOCK = %d; want > %d", g2.Fence, g.Fence)
 			}
-			intCmd(t, c2, "UNLOCK", key, g2.Token)
+			lc.IntCmd(t, c2, "UNLOCK", key, g2.Token)
 
-			tok := "client-token-" + randID()
-			if g3 := mustLock(t, c1, key, "PX", 10000, "TOKEN", tok); g3.Token != tok {
+			tok := "client-token-" + lockclient.RandID()
+			if g3 := lc.MustLock(t, c1, key, "PX", 10000, "TOKEN", tok); g3.Token != tok {
 				t.Errorf("TOKEN %q: token = %q", tok, g3.Token)
 			}
 			// Reentrant: the same token adds a hold, with the same fence.
-			g3 := mustLock(t, c2, key, "PX", 10000, "TOKEN", tok)
-			if got := intCmd(t, c1, "UNLOCK", key, tok); got != 1 {
+			g3 := lc.MustLock(t, c2, key, "PX", 10000, "TOKEN", tok)
+			if got := lc.IntCmd(t, c1, "UNLOCK", key, tok); got != 1 {
 				t.Errorf("UNLOCK of the first hold = %d; want 1", got)
 			}
-			if _, ok := lock(t, c2, key, "PX", 1000); ok {
+			if _, ok := lc.Lock(t, c2, key, "PX", 1000); ok {
 				t.Error("LOCK by another granted while one reentrant hold remains")
 			}
-			if got := intCmd(t, c1, "UNLOCK", key, tok); got != 1 {
+			if got := lc.IntCmd(t, c1, "UNLOCK", key, tok); got != 1 {
 				t.Errorf("UNLOCK of the second hold = %d; want 1", got)
 			}
 			_ = g3
 
 			// The default lease when no PX is given (capped by the session).
-			g4 := mustLock(t, c1, key)
+			g4 := lc.MustLock(t, c1, key)
 			checkGrant(t, "LOCK without PX", g4, 30000)
-			intCmd(t, c1, "UNLOCK", key, g4.Token)
+			lc.IntCmd(t, c1, "UNLOCK", key, g4.Token)
 
 			// The lease is enforced by lockproxy: RENEW after it ends is 0.
 			short := key + "-short"
-			gs := mustLock(t, c1, short, "PX", 200)
+			gs := lc.MustLock(t, c1, short, "PX", 200)
 			checkGrant(t, "LOCK PX 200", gs, 200)
 			time.Sleep(600 * time.Millisecond)
-			if got := intCmd(t, c1, "RENEW", short, gs.Token, "PX", 10000); got != 0 {
+			if got := lc.IntCmd(t, c1, "RENEW", short, gs.Token, "PX", 10000); got != 0 {
 				t.Errorf("RENEW after the lease = %d; want 0", got)
 			}
-			if got := intCmd(t, c1, "UNLOCK", short, gs.Token); got != 0 {
+			if got := lc.IntCmd(t, c1, "UNLOCK", short, gs.Token); got != 0 {
 				t.Errorf("UNLOCK after the lease = %d; want 0", got)
 			}
-			ge := mustLock(t, c2, short, "PX", 10000)
-			intCmd(t, c2, "UNLOCK", short, ge.Token)
+			ge := lc.MustLock(t, c2, short, "PX", 10000)
+			lc.IntCmd(t, c2, "UNLOCK", short, ge.Token)
 		})
 	}
 }
@@ -140,18 +141,18 @@ func TestLockContendUnlockRenew(t *testing.T) {
 // paths or to RESP round-trip and stay apart.
 func TestBinaryKeysAndTokens(t *testing.T) {
 	in := startInstance(t, zkServers(), newRoot(t))
-	c := newClient(t, in.addr, 2)
+	c := lc.NewClient(t, in.addr, 2)
 	keys := []string{"a/b", "a", "/", "..", "\x00\r\n", "\xff\xfe", strings.Repeat("k", 8192)}
 	toks := map[string]string{}
 	for i, k := range keys {
 		tok := fmt.Sprintf("tok-\x00\r\n-%d", i)
-		if g := mustLock(t, c, k, "PX", 10000, "TOKEN", tok); g.Token != tok {
+		if g := lc.MustLock(t, c, k, "PX", 10000, "TOKEN", tok); g.Token != tok {
 			t.Errorf("LOCK %.20q: token %q; want %q", k, g.Token, tok)
 		}
 		toks[k] = tok
 	}
 	for _, k := range keys {
-		if got := intCmd(t, c, "UNLOCK", k, toks[k]); got != 1 {
+		if got := lc.IntCmd(t, c, "UNLOCK", k, toks[k]); got != 1 {
 			t.Errorf("UNLOCK %.20q = %d; want 1", k, got)
 		}
 	}
@@ -165,9 +166,9 @@ func TestWaitFIFOHundred(t *testing.T) {
 	root := newRoot(t)
 	ins := []*instance{startInstance(t, zkServers(), root), startInstance(t, zkServers(), root)}
 	zc := zkConn(t)
-	key := "fifo-" + randID()
-	holder := newClient(t, ins[0].addr, 2)
-	h := mustLock(t, holder, key, "PX", 60000)
+	key := "fifo-" + lockclient.RandID()
+	holder := lc.NewClient(t, ins[0].addr, 2)
+	h := lc.MustLock(t, holder, key, "PX", 60000)
 
 	var mu sync.Mutex
 	var order []int
@@ -175,12 +176,12 @@ func TestWaitFIFOHundred(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, n)
 	for i := range n {
-		c := newClient(t, ins[i%2].addr, 2)
+		c := lc.NewClient(t, ins[i%2].addr, 2)
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			ctx := ctxFor(t, 120*time.Second)
-			g, ok, err := tryLock(ctx, c, key, "PX", 30000, "WAIT", 100000)
+			ctx := lockclient.CtxFor(t, 120*time.Second)
+			g, ok, err := lockclient.TryLock(ctx, c, key, "PX", 30000, "WAIT", 100000)
 			if err != nil || !ok {
 				errs <- fmt.Errorf("waiter %d: LOCK = %v, %v", i, ok, err)
 				return
@@ -201,7 +202,7 @@ func TestWaitFIFOHundred(t *testing.T) {
 			time.Sleep(5 * time.Millisecond)
 		}
 	}
-	intCmd(t, holder, "UNLOCK", key, h.Token)
+	lc.IntCmd(t, holder, "UNLOCK", key, h.Token)
 	wg.Wait()
 	close(errs)
 	for err := range errs {
@@ -235,32 +236,32 @@ func TestWaitFIFOHundred(t *testing.T) {
 // talks, and goes as soon as the connection closes.
 func TestKeepalive(t *testing.T) {
 	in := startInstance(t, zkServers(), newRoot(t))
-	key := "ka-" + randID()
-	holder := dialRaw(t, in.addr)
-	r := holder.do("LOCK", key, "PX", "600", "KEEPALIVE")
-	if r.Kind != '*' || r.pairs()["token"].Str == "" {
+	key := "ka-" + lockclient.RandID()
+	holder := lc.DialRaw(t, in.addr)
+	r := holder.Do("LOCK", key, "PX", "600", "KEEPALIVE")
+	if r.Kind != '*' || r.Pairs()["token"].Str == "" {
 		t.Fatalf("LOCK KEEPALIVE = %v", r)
 	}
-	other := newClient(t, in.addr, 2)
+	other := lc.NewClient(t, in.addr, 2)
 	for range 6 {
 		time.Sleep(300 * time.Millisecond)
-		if r := holder.do("PING"); r.Str != "PONG" {
+		if r := holder.Do("PING"); r.Str != "PONG" {
 			t.Fatalf("PING = %v", r)
 		}
 	}
-	if _, ok := lock(t, other, key, "PX", 1000); ok {
+	if _, ok := lc.Lock(t, other, key, "PX", 1000); ok {
 		t.Fatal("lock granted to another while its KEEPALIVE holder was active past its lease")
 	}
 	got := make(chan time.Time, 1)
 	go func() {
-		if _, ok, err := tryLock(ctxFor(t, 60*time.Second), other, key, "PX", 1000, "WAIT", 30000); ok && err == nil {
+		if _, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 60*time.Second), other, key, "PX", 1000, "WAIT", 30000); ok && err == nil {
 			got <- time.Now()
 		}
 		close(got)
 	}()
 	time.Sleep(200 * time.Millisecond)
 	closed := time.Now()
-	holder.c.Close()
+	holder.Conn.Close()
 	at, ok := <-got
 	if !ok {
 		t.Fatal("waiter not granted after the holder's connection closed")
@@ -279,22 +280,22 @@ func TestSessionExpiryLostBeforeRival(t *testing.T) {
 	link := harness.StartLink(t, ensemble[0].Addr)
 	a := startInstance(t, []string{link.Addr()}, root, fmt.Sprintf("LOCKPROXY_ZOOKEEPER_SESSION_TIMEOUT=%dms", sessMS))
 	b := startInstance(t, zkServers(), root)
-	key := "expiry-" + randID()
+	key := "expiry-" + lockclient.RandID()
 
-	holder := dialRaw(t, a.addr)
-	if r := holder.do("HELLO", "3"); r.Kind != '%' {
+	holder := lc.DialRaw(t, a.addr)
+	if r := holder.Do("HELLO", "3"); r.Kind != '%' {
 		t.Fatalf("HELLO 3 = %v", r)
 	}
-	r := holder.do("LOCK", key, "PX", "1500", "KEEPALIVE")
-	tok := r.pairs()["token"].Str
+	r := holder.Do("LOCK", key, "PX", "1500", "KEEPALIVE")
+	tok := r.Pairs()["token"].Str
 	if r.Kind != '%' || tok == "" {
 		t.Fatalf("LOCK = %v", r)
 	}
-	rival := newClient(t, b.addr, 2)
+	rival := lc.NewClient(t, b.addr, 2)
 	granted := make(chan time.Time, 1)
 	go func() {
 		defer close(granted)
-		if _, ok, err := tryLock(ctxFor(t, 90*time.Second), rival, key, "PX", 5000, "WAIT", 60000); ok && err == nil {
+		if _, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 90*time.Second), rival, key, "PX", 5000, "WAIT", 60000); ok && err == nil {
 			granted <- time.Now()
 		}
 	}()
@@ -302,7 +303,7 @@ func TestSessionExpiryLostBeforeRival(t *testing.T) {
 	link.Cut()
 	cut := time.Now()
 
-	push, err := holder.readWithin(60 * time.Second)
+	push, err := holder.ReadWithin(60 * time.Second)
 	pushed := time.Now()
 	if err != nil {
 		t.Fatalf("no lock-lost push within 60 s of the cut: %v", err)
@@ -323,7 +324,7 @@ func TestSessionExpiryLostBeforeRival(t *testing.T) {
 		t.Errorf("/readyz of the cut-off instance = %d; want 503", code)
 	}
 	link.Heal()
-	if r := holder.do("LOCK", key, "PX", "1000"); r.Kind != '-' || !strings.HasPrefix(r.Str, "LOCKLOST") {
+	if r := holder.Do("LOCK", key, "PX", "1000"); r.Kind != '-' || !strings.HasPrefix(r.Str, "LOCKLOST") {
 		t.Errorf("the holder's next LOCK = %v; want -LOCKLOST", r)
 	}
 	deadline := time.Now().Add(60 * time.Second)
@@ -374,14 +375,14 @@ func metric(t *testing.T, in *instance, sample string) string {
 func TestOneServerOfThreeKilled(t *testing.T) {
 	root := newRoot(t)
 	ins := []*instance{startInstance(t, zkServers(), root), startInstance(t, zkServers(), root)}
-	cs := []doer{newClient(t, ins[0].addr, 2), newClient(t, ins[1].addr, 2)}
-	key := "ens-" + randID()
+	cs := []lockclient.Doer{lc.NewClient(t, ins[0].addr, 2), lc.NewClient(t, ins[1].addr, 2)}
+	key := "ens-" + lockclient.RandID()
 	var last int64
 	round := func(phase string, n int) {
 		t.Helper()
 		for i := range n {
 			c := cs[i%2]
-			g, ok, err := tryLock(ctxFor(t, 60*time.Second), c, key, "PX", 5000, "WAIT", 30000)
+			g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 60*time.Second), c, key, "PX", 5000, "WAIT", 30000)
 			if err != nil || !ok {
 				t.Fatalf("%s: grant %d: %v, %v", phase, i, ok, err)
 			}
@@ -389,7 +390,7 @@ func TestOneServerOfThreeKilled(t *testing.T) {
 				t.Fatalf("%s: fence %d after %d", phase, g.Fence, last)
 			}
 			last = g.Fence
-			if got := intCmd(t, c, "UNLOCK", key, g.Token); got != 1 {
+			if got := lc.IntCmd(t, c, "UNLOCK", key, g.Token); got != 1 {
 				t.Fatalf("%s: UNLOCK = %d", phase, got)
 			}
 		}
@@ -413,13 +414,13 @@ func TestOneServerOfThreeKilled(t *testing.T) {
 	// Commands may fail while a new leader is elected; then they work.
 	deadline := time.Now().Add(60 * time.Second)
 	for {
-		g, ok, err := tryLock(ctxFor(t, 30*time.Second), cs[0], key, "PX", 5000, "WAIT", 5000)
+		g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 30*time.Second), cs[0], key, "PX", 5000, "WAIT", 5000)
 		if err == nil && ok {
 			if g.Fence <= last {
 				t.Fatalf("fence %d after %d", g.Fence, last)
 			}
 			last = g.Fence
-			intCmd(t, cs[0], "UNLOCK", key, g.Token)
+			lc.IntCmd(t, cs[0], "UNLOCK", key, g.Token)
 			break
 		}
 		if time.Now().After(deadline) {
@@ -437,21 +438,21 @@ func TestShutdownReleases(t *testing.T) {
 	root := newRoot(t)
 	a := startInstance(t, zkServers(), root)
 	b := startInstance(t, zkServers(), root)
-	ca := newClient(t, a.addr, 2)
-	key1, key2 := "sd1-"+randID(), "sd2-"+randID()
-	mustLock(t, ca, key1, "PX", 60000, "KEEPALIVE")
-	mustLock(t, ca, key2, "PX", 60000) // no keepalive: goes with the session
-	cb := newClient(t, b.addr, 2)
+	ca := lc.NewClient(t, a.addr, 2)
+	key1, key2 := "sd1-"+lockclient.RandID(), "sd2-"+lockclient.RandID()
+	lc.MustLock(t, ca, key1, "PX", 60000, "KEEPALIVE")
+	lc.MustLock(t, ca, key2, "PX", 60000) // no keepalive: goes with the session
+	cb := lc.NewClient(t, b.addr, 2)
 	start := time.Now()
 	if err := a.proc.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
 	for _, k := range []string{key1, key2} {
-		g, ok, err := tryLock(ctxFor(t, 60*time.Second), cb, k, "PX", 1000, "WAIT", 30000)
+		g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 60*time.Second), cb, k, "PX", 1000, "WAIT", 30000)
 		if err != nil || !ok {
 			t.Fatalf("LOCK %s after the holder's lockproxy stopped = %v, %v", k, ok, err)
 		}
-		intCmd(t, cb, "UNLOCK", k, g.Token)
+		lc.IntCmd(t, cb, "UNLOCK", k, g.Token)
 	}
 	if el := time.Since(start); el > 20*time.Second {
 		t.Errorf("locks freed %v after SIGTERM; want well before their 60 s leases", el)
