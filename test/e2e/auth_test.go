@@ -81,7 +81,7 @@ func TestAuthUsers(t *testing.T) {
 	}
 	in := startInstance(t, cl.addrs(), "--config", cfg)
 
-	rc := dialRaw(t, in.addr)
+	rc := lc.DialRaw(t, in.addr)
 	for _, step := range []struct {
 		args []string
 		want string // prefix of the reply, Kind included
@@ -99,7 +99,7 @@ func TestAuthUsers(t *testing.T) {
 		{[]string{"AUTH", "root-pw"}, "+OK"},
 		{[]string{"PING"}, "+PONG"},
 	} {
-		r := rc.do(step.args...)
+		r := rc.Do(step.args...)
 		got := string(r.Kind) + r.Str
 		if !strings.HasPrefix(got, step.want) {
 			t.Fatalf("%v = %v; want %s…", step.args, r, step.want)
@@ -114,11 +114,11 @@ func TestAuthUsers(t *testing.T) {
 			Addr: in.addr, Protocol: proto, Username: "bob", Password: "b-pw", MaxRetries: -1, DisableIdentity: true,
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 		})
-		g, ok, err := tryLock(ctxFor(t, 10*time.Second), c, "users-"+randID(), "PX", 5000)
+		g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), c, "users-"+lockclient.RandID(), "PX", 5000)
 		if err != nil || !ok || g.Fence == 0 {
 			t.Errorf("RESP%d as bob: LOCK = %+v, %v, %v; want a grant", proto, g, ok, err)
 		}
-		if info, err := c.Do(ctxFor(t, 10*time.Second), "CLIENT", "INFO").Text(); err != nil || !strings.Contains(info, " user=bob ") {
+		if info, err := c.Do(lockclient.CtxFor(t, 10*time.Second), "CLIENT", "INFO").Text(); err != nil || !strings.Contains(info, " user=bob ") {
 			t.Errorf("RESP%d as bob: CLIENT INFO = %q, %v; want user=bob", proto, info, err)
 		}
 		_ = c.Close()
