@@ -71,16 +71,14 @@ const pushWait = 5 * time.Second
 // changes where commands go: in a transaction or pub/sub mode everything is
 // relayed (lock commands refused in MULTI), and a local command first
 // collects the replies of relayed commands before it. It reports whether it
-// served the command.
-func (h *Handler) relayRoute(s *resp.Session, args [][]byte) bool {
+// served the command. name is args[0] in lower case, cmd its table entry
+// (nil when lockproxy does not serve it).
+func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *Command) bool {
 	c, _ := s.Data.(*conn)
 	if c == nil || c.rl == nil {
 		return false
 	}
 	rs := c.rl
-	var buf [32]byte
-	name := resp.Lower(buf[:], args[0])
-	cmd := table[string(name)]
 	local := cmd != nil
 	if local && cmd.Subs != nil {
 		var sbuf [32]byte
@@ -102,7 +100,7 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte) bool {
 			s.W.Error("ERR '" + cmd.Name + "' is not allowed inside MULTI: lock commands run on the lock nodes, not in the upstream's transaction")
 			return true
 		}
-		h.relay(s, args)
+		h.relayNamed(s, args, name)
 		return true
 	}
 	if local && rs.pipe.Pending() > 0 {
@@ -222,9 +220,13 @@ var blocking = map[string]bool{
 
 // relay serves a command lockproxy does not know by relaying it.
 func (h *Handler) relay(s *resp.Session, args [][]byte) {
-	rs := h.relayState(s)
 	var buf [32]byte
-	lname := resp.Lower(buf[:], args[0])
+	h.relayNamed(s, args, resp.Lower(buf[:], args[0]))
+}
+
+// relayNamed is relay with the command's name already in lower case.
+func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
+	rs := h.relayState(s)
 	if err := h.up.Check(lname, args); err != nil {
 		if rs.multi {
 			rs.dirty = true

@@ -32,8 +32,19 @@ type Session struct {
 	// writeMu orders whole writes to the connection: a batch of replies
 	// from the connection's goroutine, push frames from others.
 	writeMu sync.Mutex
-	pushes  chan []byte
+	// wdeadline is the write deadline set last (under writeMu). Replies
+	// move it only when it is more than a second old: setting a deadline
+	// costs timer work on every request otherwise.
+	wdeadline time.Time
+	pushes    chan []byte
 }
+
+// replyWriteTimeout bounds one write of replies to a client that does not
+// read; pushWriteTimeout one push frame, written from other goroutines.
+const (
+	replyWriteTimeout = 30 * time.Second
+	pushWriteTimeout  = 5 * time.Second
+)
 
 func newSession(base context.Context, id int64, c net.Conn) *Session {
 	ctx, cancel := context.WithCancel(base)
@@ -77,7 +88,10 @@ func (s *Session) Flush() error {
 		return nil
 	}
 	s.writeMu.Lock()
-	_ = s.conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	if now := time.Now(); s.wdeadline.Sub(now) < replyWriteTimeout-time.Second {
+		s.wdeadline = now.Add(replyWriteTimeout)
+		_ = s.conn.SetWriteDeadline(s.wdeadline)
+	}
 	_, err := s.conn.Write(s.W.Bytes())
 	s.writeMu.Unlock()
 	s.W.Reset()
@@ -131,7 +145,8 @@ func (s *Session) drainPushes() {
 		for done := false; !done; {
 			select {
 			case p := <-s.pushes:
-				_ = s.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+				s.wdeadline = time.Now().Add(pushWriteTimeout)
+				_ = s.conn.SetWriteDeadline(s.wdeadline)
 				if _, err := s.conn.Write(p); err != nil {
 					s.cancel()
 				}
@@ -160,5 +175,8 @@ func (s *Session) WatchClose() (stop func()) {
 		_ = s.conn.SetReadDeadline(time.Now()) // ends the watcher's read
 		<-done
 		_ = s.conn.SetReadDeadline(time.Time{})
+		// The server loop notes activity once per batch; a command that
+		// blocked for long would leave it stale for the rest of the batch.
+		s.lastActive.Store(time.Now().UnixNano())
 	}
 }
