@@ -118,11 +118,24 @@ func (h *Handler) relayFlush(s *resp.Session) {
 }
 
 // EndBatch implements resp.BatchHandler: the replies of the batch's relayed
-// commands are collected before the batch's replies are flushed.
+// commands are collected before the batch's replies are flushed. When they
+// are all the batch's replies (the common case: a client relaying through
+// a shared connection), the upstream connection's reader writes them to the
+// client itself and this goroutine goes back to reading at once: no
+// goroutine hand-off per reply, and the client's next batch is read while
+// the upstream answers.
 func (h *Handler) EndBatch(s *resp.Session) {
-	if c, ok := s.Data.(*conn); ok && c.rl != nil && c.rl.pipe.Pending() > 0 {
-		h.relayCollect(s, c.rl, true)
+	c, ok := s.Data.(*conn)
+	if !ok || c.rl == nil || c.rl.pipe.Pending() == 0 {
+		return
 	}
+	rs := c.rl
+	if rs.at == 0 && s.W.Len() == 0 && !rs.pipe.Pinned() {
+		if write, ok := s.BeginAsync(); ok && rs.pipe.CollectAsync(s.Context(), s.W.Proto(), write) {
+			return
+		}
+	}
+	h.relayCollect(s, rs, true)
 }
 
 func (h *Handler) relayClosed(s *resp.Session) {
@@ -151,6 +164,9 @@ func (h *Handler) relayAdd(s *resp.Session, rs *relayConn, args [][]byte) {
 // relayCollect waits for the replies of the pending commands and puts them
 // where they belong in s.W.
 func (h *Handler) relayCollect(s *resp.Session, rs *relayConn, timed bool) {
+	// Replies another goroutine still writes (EndBatch) come first, and
+	// the pipe's call is free again once they are written.
+	s.WaitAsync()
 	n := rs.pipe.Pending()
 	if n == 0 {
 		return

@@ -152,6 +152,9 @@ func (s *Server) Sessions() []*Session {
 func (s *Server) serveConn(sess *Session) {
 	defer s.wg.Done()
 	defer func() {
+		// Replies another goroutine still writes (BeginAsync) go out
+		// before the connection closes, as they would have from here.
+		sess.WaitAsync()
 		sess.cancel()
 		sess.conn.Close()
 		s.mu.Lock()
