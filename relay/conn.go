@@ -225,6 +225,16 @@ func (c *upConn) readLoop() {
 			if cur != nil {
 				// cur was popped already: fail it here, the rest in fail.
 				c.mu.Lock()
+				if failed := c.err; failed != nil {
+					// A write failed first, and its fail did not see cur.
+					c.mu.Unlock()
+					msg := unavailable(failed)
+					for ; cur.n > 0; cur.n-- {
+						cur.buf = appendError(cur.buf, msg)
+					}
+					cur.finish()
+					return
+				}
 				c.calls = append([]*call{cur}, c.calls[c.head:]...)
 				c.head = 0
 				c.mu.Unlock()
