@@ -234,6 +234,12 @@ var blocking = map[string]bool{
 	"bzpopmin": true, "bzpopmax": true, "bzmpop": true, "wait": true, "waitaof": true,
 }
 
+// isBlocking tells whether name is in blocking, without a map lookup for
+// the commands (GET, SET…) that cannot be.
+func isBlocking(name string) bool {
+	return name != "" && (name[0] == 'b' || name[0] == 'w') && blocking[name]
+}
+
 // relay serves a command lockproxy does not know by relaying it.
 func (h *Handler) relay(s *resp.Session, args [][]byte) {
 	var buf [32]byte
@@ -327,7 +333,7 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		}
 		rs.tracking = rs.tracking || resp.EqualFold(args[2], "ON")
 		h.relayAdd(s, rs, args)
-	case blocking[name] || (name == "xread" || name == "xreadgroup") && hasWord(args, "BLOCK"):
+	case isBlocking(name) || (name == "xread" || name == "xreadgroup") && hasWord(args, "BLOCK"):
 		h.relayBlocking(s, rs, args)
 	default:
 		h.relayAdd(s, rs, args)

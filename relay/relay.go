@@ -42,7 +42,7 @@ type Relay struct {
 	cfg     Config
 	log     *zap.Logger
 	shared  [2]*pool // RESP2, RESP3
-	specs   atomic.Pointer[keySpecs]
+	specs   atomic.Pointer[specTable]
 	deny    map[string]bool            // commands
 	denySub map[string]map[string]bool // command → subcommands
 	prefix  []byte
@@ -234,7 +234,7 @@ func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte), lost
 			}
 			if loadSpecs && i == len(hs)-1 {
 				if ks := parseSpecs(f); ks != nil {
-					r.specs.CompareAndSwap(nil, ks)
+					r.setSpecs(ks)
 				}
 			}
 		}
