@@ -166,9 +166,20 @@ func (h *Handler) relayAdd(s *resp.Session, rs *relayConn, args [][]byte) {
 func (h *Handler) relayCollect(s *resp.Session, rs *relayConn, timed bool) {
 	// Replies another goroutine still writes (EndBatch) come first, and
 	// the pipe's call is free again once they are written.
-	s.WaitAsync()
+	written := s.WaitAsync()
 	n := rs.pipe.Pending()
 	if n == 0 {
+		return
+	}
+	if !written {
+		// The client is gone while the upstream's replies to its last
+		// batch are still on their way: nothing more is sent for it.
+		rs.pipe.Discard()
+		var b []byte
+		for range n {
+			b = append(b, "-ERR command canceled: connection closing or server shutting down\r\n"...)
+		}
+		splice(s.W, rs.at, b)
 		return
 	}
 	out, err := rs.pipe.Collect(s.Context(), s.W.Proto(), timed)

@@ -344,6 +344,9 @@ func (p *Pipe) Add(args [][]byte) {
 	p.n++
 }
 
+// Discard drops the commands added since the last Collect, unsent.
+func (p *Pipe) Discard() { p.out, p.n = p.out[:0], 0 }
+
 // Pending is the number of commands added since the last Collect.
 func (p *Pipe) Pending() int { return p.n }
 

@@ -99,8 +99,7 @@ func newSession(base context.Context, id int64, c net.Conn) *Session {
 // written by a goroutine of its own). Until it is done, Flush, and
 // BeginAsync itself, wait for it, so replies keep their order.
 func (s *Session) BeginAsync() (write func([]byte), ok bool) {
-	s.WaitAsync()
-	if s.asyncBusy || s.raw == nil || s.W.Len() > 0 || s.ctx.Err() != nil {
+	if !s.WaitAsync() || s.raw == nil || s.W.Len() > 0 || s.ctx.Err() != nil {
 		return nil, false
 	}
 	s.asyncBusy = true
@@ -108,17 +107,22 @@ func (s *Session) BeginAsync() (write func([]byte), ok bool) {
 }
 
 // WaitAsync waits until the replies handed to another goroutine by
-// BeginAsync are written, or the connection's context ends.
-func (s *Session) WaitAsync() {
+// BeginAsync are written, or the connection's context ends. It reports
+// whether they are written (or there were none): false means the
+// connection is going away with a write still in flight, after which no
+// further reply may be written or prepared in the memory it uses.
+func (s *Session) WaitAsync() bool {
 	if !s.asyncBusy {
-		return
+		return true
 	}
 	select {
 	case <-s.asyncDone:
 		s.asyncBusy = false
+		return true
 	case <-s.ctx.Done():
-		// The connection is going away; asyncBusy stays set, so no
-		// further reply is written after one that may still be in flight.
+		// asyncBusy stays set, so no further reply is written after one
+		// that may still be in flight.
+		return false
 	}
 }
 
@@ -190,12 +194,9 @@ func (s *Session) Flush() error {
 	if s.W.Len() == 0 {
 		return nil
 	}
-	if s.asyncBusy {
-		s.WaitAsync()
-		if s.asyncBusy {
-			s.W.Reset()
-			return s.ctx.Err()
-		}
+	if !s.WaitAsync() {
+		s.W.Reset()
+		return s.ctx.Err()
 	}
 	s.writeMu.Lock()
 	if now := time.Now(); s.wdeadline.Sub(now) < replyWriteTimeout-time.Second {
