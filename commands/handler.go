@@ -190,10 +190,14 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 		s.W.Error("NOAUTH Authentication required.")
 		return
 	}
-	if h.up != nil && h.relayRoute(s, args) {
+	// The name is lowered and looked up once, and both are handed on: on
+	// the relay's hot path every command passes here.
+	var nbuf [32]byte
+	name := resp.Lower(nbuf[:], args[0])
+	c := table[string(name)]
+	if h.up != nil && h.relayRoute(s, args, name, c) {
 		return
 	}
-	c := lookup(args[0])
 	if c == nil {
 		// Transparent mode first: a command on a lock key is served by
 		// the lock nodes, never by the upstream. Replies of relayed
@@ -205,7 +209,7 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 			return
 		}
 		if h.up != nil {
-			h.relay(s, args)
+			h.relayNamed(s, args, name)
 			return
 		}
 		h.metrics.commands.WithLabelValues("unknown", "error").Inc()
@@ -227,7 +231,7 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 			return
 		}
 		if h.up != nil {
-			h.relay(s, args)
+			h.relayNamed(s, args, name)
 			return
 		}
 		h.metrics.commands.WithLabelValues(c.Metric, "error").Inc()

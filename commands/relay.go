@@ -71,16 +71,14 @@ const pushWait = 5 * time.Second
 // changes where commands go: in a transaction or pub/sub mode everything is
 // relayed (lock commands refused in MULTI), and a local command first
 // collects the replies of relayed commands before it. It reports whether it
-// served the command.
-func (h *Handler) relayRoute(s *resp.Session, args [][]byte) bool {
+// served the command. name is args[0] in lower case, cmd its table entry
+// (nil when lockproxy does not serve it).
+func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *Command) bool {
 	c, _ := s.Data.(*conn)
 	if c == nil || c.rl == nil {
 		return false
 	}
 	rs := c.rl
-	var buf [32]byte
-	name := resp.Lower(buf[:], args[0])
-	cmd := table[string(name)]
 	local := cmd != nil
 	if local && cmd.Subs != nil {
 		var sbuf [32]byte
@@ -102,7 +100,7 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte) bool {
 			s.W.Error("ERR '" + cmd.Name + "' is not allowed inside MULTI: lock commands run on the lock nodes, not in the upstream's transaction")
 			return true
 		}
-		h.relay(s, args)
+		h.relayNamed(s, args, name)
 		return true
 	}
 	if local && rs.pipe.Pending() > 0 {
@@ -120,11 +118,24 @@ func (h *Handler) relayFlush(s *resp.Session) {
 }
 
 // EndBatch implements resp.BatchHandler: the replies of the batch's relayed
-// commands are collected before the batch's replies are flushed.
+// commands are collected before the batch's replies are flushed. When they
+// are all the batch's replies (the common case: a client relaying through
+// a shared connection), the upstream connection's reader writes them to the
+// client itself and this goroutine goes back to reading at once: no
+// goroutine hand-off per reply, and the client's next batch is read while
+// the upstream answers.
 func (h *Handler) EndBatch(s *resp.Session) {
-	if c, ok := s.Data.(*conn); ok && c.rl != nil && c.rl.pipe.Pending() > 0 {
-		h.relayCollect(s, c.rl, true)
+	c, ok := s.Data.(*conn)
+	if !ok || c.rl == nil || c.rl.pipe.Pending() == 0 {
+		return
 	}
+	rs := c.rl
+	if rs.at == 0 && s.W.Len() == 0 && !rs.pipe.Pinned() {
+		if write, ok := s.BeginAsync(); ok && rs.pipe.CollectAsync(s.Context(), s.W.Proto(), write) {
+			return
+		}
+	}
+	h.relayCollect(s, rs, true)
 }
 
 func (h *Handler) relayClosed(s *resp.Session) {
@@ -153,8 +164,22 @@ func (h *Handler) relayAdd(s *resp.Session, rs *relayConn, args [][]byte) {
 // relayCollect waits for the replies of the pending commands and puts them
 // where they belong in s.W.
 func (h *Handler) relayCollect(s *resp.Session, rs *relayConn, timed bool) {
+	// Replies another goroutine still writes (EndBatch) come first, and
+	// the pipe's call is free again once they are written.
+	written := s.WaitAsync()
 	n := rs.pipe.Pending()
 	if n == 0 {
+		return
+	}
+	if !written {
+		// The client is gone while the upstream's replies to its last
+		// batch are still on their way: nothing more is sent for it.
+		rs.pipe.Discard()
+		var b []byte
+		for range n {
+			b = append(b, "-ERR command canceled: connection closing or server shutting down\r\n"...)
+		}
+		splice(s.W, rs.at, b)
 		return
 	}
 	out, err := rs.pipe.Collect(s.Context(), s.W.Proto(), timed)
@@ -220,11 +245,21 @@ var blocking = map[string]bool{
 	"bzpopmin": true, "bzpopmax": true, "bzmpop": true, "wait": true, "waitaof": true,
 }
 
+// isBlocking tells whether name is in blocking, without a map lookup for
+// the commands (GET, SET…) that cannot be.
+func isBlocking(name string) bool {
+	return name != "" && (name[0] == 'b' || name[0] == 'w') && blocking[name]
+}
+
 // relay serves a command lockproxy does not know by relaying it.
 func (h *Handler) relay(s *resp.Session, args [][]byte) {
-	rs := h.relayState(s)
 	var buf [32]byte
-	lname := resp.Lower(buf[:], args[0])
+	h.relayNamed(s, args, resp.Lower(buf[:], args[0]))
+}
+
+// relayNamed is relay with the command's name already in lower case.
+func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
+	rs := h.relayState(s)
 	if err := h.up.Check(lname, args); err != nil {
 		if rs.multi {
 			rs.dirty = true
@@ -309,7 +344,7 @@ func (h *Handler) relay(s *resp.Session, args [][]byte) {
 		}
 		rs.tracking = rs.tracking || resp.EqualFold(args[2], "ON")
 		h.relayAdd(s, rs, args)
-	case blocking[name] || (name == "xread" || name == "xreadgroup") && hasWord(args, "BLOCK"):
+	case isBlocking(name) || (name == "xread" || name == "xreadgroup") && hasWord(args, "BLOCK"):
 		h.relayBlocking(s, rs, args)
 	default:
 		h.relayAdd(s, rs, args)

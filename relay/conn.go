@@ -13,11 +13,23 @@ import (
 )
 
 // call collects the replies to one client's batch of requests. Only the
-// connection's reader appends to buf until it closes done.
+// connection's reader appends to buf until it signals done, or hands buf
+// to deliver when that is set (CollectAsync).
 type call struct {
-	buf  []byte
-	n    int // replies still to come
-	done chan struct{}
+	buf     []byte
+	n       int // replies still to come
+	done    chan struct{}
+	deliver func([]byte)
+}
+
+// finish hands the complete replies on: to deliver, on the goroutine that
+// completed them, or to the client goroutine waiting on done.
+func (cl *call) finish() {
+	if cl.deliver != nil {
+		cl.deliver(cl.buf)
+		return
+	}
+	cl.done <- struct{}{}
 }
 
 func newCall() *call { return &call{done: make(chan struct{}, 1)} }
@@ -172,7 +184,7 @@ func (c *upConn) fail(err error) {
 		for ; cl.n > 0; cl.n-- {
 			cl.buf = appendError(cl.buf, msg)
 		}
-		cl.done <- struct{}{}
+		cl.finish()
 	}
 	select {
 	case c.markerDone <- false:
@@ -213,6 +225,16 @@ func (c *upConn) readLoop() {
 			if cur != nil {
 				// cur was popped already: fail it here, the rest in fail.
 				c.mu.Lock()
+				if failed := c.err; failed != nil {
+					// A write failed first, and its fail did not see cur.
+					c.mu.Unlock()
+					msg := unavailable(failed)
+					for ; cur.n > 0; cur.n-- {
+						cur.buf = appendError(cur.buf, msg)
+					}
+					cur.finish()
+					return
+				}
 				c.calls = append([]*call{cur}, c.calls[c.head:]...)
 				c.head = 0
 				c.mu.Unlock()
@@ -249,7 +271,7 @@ func (c *upConn) readLoop() {
 		cur.buf = append(cur.buf, f...)
 		cur.n--
 		if cur.n == 0 {
-			cur.done <- struct{}{}
+			cur.finish()
 			cur = nil
 		}
 	}

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -99,7 +100,13 @@ func TestCheck(t *testing.T) {
 		"object": {}, "object|encoding": {first: 2, last: 2, step: 1}, "publish": {},
 		"sort": {first: 1, last: 1, step: 1, movable: true}, "somemodule": {first: 1, last: 1, step: 1, movable: true},
 	}
-	r.specs.Store(&ks)
+	r.setSpecs(ks)
+	if _, ok := r.specs.Load().simple["set"]; !ok {
+		t.Fatal("SET is not on the one-lookup path")
+	}
+	// The same answers without the one-lookup path.
+	slow := New(Config{KeyPrefix: "lp:", Deny: []string{"flushall", "client|kill"}})
+	slow.specs.Store(&specTable{all: ks})
 	for _, tc := range []struct {
 		args string
 		want string // "" allowed, "deny", "key", "script"
@@ -149,6 +156,9 @@ func TestCheck(t *testing.T) {
 		}
 		if got != tc.want {
 			t.Errorf("Check(%s) = %v; want %q", tc.args, err, tc.want)
+		}
+		if serr := slow.Check([]byte(lower(args[0])), b); fmt.Sprint(serr) != fmt.Sprint(err) {
+			t.Errorf("Check(%s) = %v, but %v without the one-lookup path", tc.args, err, serr)
 		}
 	}
 }

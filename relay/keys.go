@@ -16,8 +16,56 @@ type keySpec struct {
 
 type keySpecs map[string]keySpec
 
+// specTable is the upstream's key positions, and those of its commands
+// that Check can settle with one lookup: keys at fixed positions, not
+// denied in whole or by subcommand, not special-cased by name in
+// reservedKey, carrying no script.
+type specTable struct {
+	all    keySpecs
+	simple keySpecs
+}
+
+// byName are the commands reservedKey and scriptBody handle by name.
+var byName = map[string]bool{
+	"eval": true, "evalsha": true, "eval_ro": true, "evalsha_ro": true, "fcall": true, "fcall_ro": true,
+	"zunionstore": true, "zinterstore": true, "zdiffstore": true, "zunion": true, "zinter": true,
+	"zdiff": true, "zintercard": true, "sintercard": true, "lmpop": true, "zmpop": true,
+	"blmpop": true, "bzmpop": true, "xread": true, "xreadgroup": true, "sort": true, "sort_ro": true,
+	"georadius": true, "georadiusbymember": true, "migrate": true, "script": true, "function": true,
+}
+
+// setSpecs installs the key positions read from the upstream, unless some
+// are installed already.
+func (r *Relay) setSpecs(ks keySpecs) {
+	t := &specTable{all: ks, simple: keySpecs{}}
+	for name, s := range ks {
+		if s.first <= 0 || s.movable || byName[name] || r.deny[name] || r.denySub[name] != nil ||
+			strings.Contains(name, "|") {
+			continue
+		}
+		t.simple[name] = s
+	}
+	r.specs.CompareAndSwap(nil, t)
+}
+
+// keyAt returns the first of args at s's key positions that starts with
+// prefix, or nil.
+func (s keySpec) keyAt(args [][]byte, prefix []byte) []byte {
+	last := s.last
+	if last < 0 {
+		last = len(args) + last
+	}
+	step := max(s.step, 1)
+	for i := s.first; i <= last && i < len(args); i += step {
+		if bytes.HasPrefix(args[i], prefix) {
+			return args[i]
+		}
+	}
+	return nil
+}
+
 // parseSpecs reads the reply to COMMAND; nil when it is not one.
-func parseSpecs(f []byte) *keySpecs {
+func parseSpecs(f []byte) keySpecs {
 	_, entries, ok := elements(f)
 	if !ok || len(entries) == 0 {
 		return nil
@@ -57,7 +105,7 @@ func parseSpecs(f []byte) *keySpecs {
 	for _, e := range entries {
 		add(e)
 	}
-	return &ks
+	return ks
 }
 
 // DeniedError is a command refused by upstream.deny_commands.
@@ -97,6 +145,15 @@ func clip(s string) string {
 // relayed, else nil. name is the lower-case command name. It allocates
 // nothing for a command that passes (the relay's hot path).
 func (r *Relay) Check(name []byte, args [][]byte) error {
+	if t := r.specs.Load(); t != nil && len(r.prefix) > 0 {
+		// Most commands (GET, SET, HSET…): one lookup.
+		if s, ok := t.simple[string(name)]; ok {
+			if bad := s.keyAt(args, r.prefix); bad != nil {
+				return &ReservedError{Key: string(bad), Prefix: r.cfg.KeyPrefix}
+			}
+			return nil
+		}
+	}
 	if r.deny[string(name)] {
 		return &DeniedError{Name: string(name)}
 	}
@@ -221,16 +278,17 @@ func (r *Relay) reservedKey(name string, args [][]byte) []byte {
 		return k
 	}
 	all := func() []byte { return span(1, len(args)) }
-	specs := r.specs.Load()
-	if specs == nil {
+	t := r.specs.Load()
+	if t == nil {
 		return all()
 	}
-	s, ok := (*specs)[name]
+	specs := t.all
+	s, ok := specs[name]
 	if ok && s.first == 0 && !s.movable && len(args) > 1 {
 		// A container (OBJECT, XINFO, …): its subcommand knows the keys.
 		var buf [64]byte
 		sub := append(append(append(buf[:0], name...), '|'), lowerInto(nil, args[1])...)
-		if sp, ok2 := (*specs)[string(sub)]; ok2 {
+		if sp, ok2 := specs[string(sub)]; ok2 {
 			s = sp
 		}
 	}
@@ -240,17 +298,7 @@ func (r *Relay) reservedKey(name string, args [][]byte) []byte {
 	case s.first <= 0:
 		return nil
 	}
-	last := s.last
-	if last < 0 {
-		last = len(args) + last
-	}
-	step := max(s.step, 1)
-	for i := s.first; i <= last && i < len(args); i += step {
-		if bytes.HasPrefix(args[i], r.prefix) {
-			return args[i]
-		}
-	}
-	return nil
+	return s.keyAt(args, r.prefix)
 }
 
 // FilterKeys removes lock keys from a KEYS reply (an array of names) or a

@@ -42,7 +42,7 @@ type Relay struct {
 	cfg     Config
 	log     *zap.Logger
 	shared  [2]*pool // RESP2, RESP3
-	specs   atomic.Pointer[keySpecs]
+	specs   atomic.Pointer[specTable]
 	deny    map[string]bool            // commands
 	denySub map[string]map[string]bool // command → subcommands
 	prefix  []byte
@@ -234,7 +234,7 @@ func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte), lost
 			}
 			if loadSpecs && i == len(hs)-1 {
 				if ks := parseSpecs(f); ks != nil {
-					r.specs.CompareAndSwap(nil, ks)
+					r.setSpecs(ks)
 				}
 			}
 		}
@@ -344,6 +344,9 @@ func (p *Pipe) Add(args [][]byte) {
 	p.n++
 }
 
+// Discard drops the commands added since the last Collect, unsent.
+func (p *Pipe) Discard() { p.out, p.n = p.out[:0], 0 }
+
 // Pending is the number of commands added since the last Collect.
 func (p *Pipe) Pending() int { return p.n }
 
@@ -364,7 +367,7 @@ func (p *Pipe) Collect(ctx context.Context, proto int, timed bool) ([]byte, erro
 	req := p.out
 	p.out, p.n = p.out[:0], 0
 	cl := p.cl
-	cl.buf, cl.n = cl.buf[:0], n
+	cl.buf, cl.n, cl.deliver = cl.buf[:0], n, nil
 	c := p.pin
 	var err error
 	if c == nil {
@@ -391,6 +394,40 @@ func (p *Pipe) Collect(ctx context.Context, proto int, timed bool) ([]byte, erro
 		}
 		return nil, ctx.Err()
 	}
+}
+
+// CollectAsync sends the queued commands like Collect but does not wait for
+// their replies: deliver gets them all at once, in order, on the upstream
+// connection's reader goroutine (or on this one when they cannot be sent),
+// so it must not block. The client goroutine is then free to read its
+// next requests, and no goroutine hand-off is needed per reply. Only for
+// commands on a shared connection (it reports false, sending nothing, when
+// the client is pinned), and only one at a time: the caller waits until
+// deliver ran before it calls Collect or CollectAsync again.
+func (p *Pipe) CollectAsync(ctx context.Context, proto int, deliver func([]byte)) bool {
+	if p.pin != nil {
+		return false
+	}
+	n := p.n
+	if n == 0 {
+		return true
+	}
+	req := p.out
+	p.out, p.n = p.out[:0], 0
+	cl := p.cl
+	cl.buf, cl.n, cl.deliver = cl.buf[:0], n, deliver
+	c, err := p.r.shared[proto-2].get(ctx, p.id)
+	if err == nil {
+		err = c.send(req, cl, true)
+	}
+	if err != nil {
+		// Not queued: no reader will deliver.
+		for ; cl.n > 0; cl.n-- {
+			cl.buf = appendError(cl.buf, unavailable(err))
+		}
+		deliver(cl.buf)
+	}
+	return true
 }
 
 // checkPin lets go of a pinned connection that failed: its state (a

@@ -152,6 +152,9 @@ func (s *Server) Sessions() []*Session {
 func (s *Server) serveConn(sess *Session) {
 	defer s.wg.Done()
 	defer func() {
+		// Replies another goroutine still writes (BeginAsync) go out
+		// before the connection closes, as they would have from here.
+		sess.WaitAsync()
 		sess.cancel()
 		sess.conn.Close()
 		s.mu.Lock()
@@ -168,8 +171,13 @@ func (s *Server) serveConn(sess *Session) {
 		cmds, err := sess.rd.ReadBatch()
 		// Commands that arrived before a protocol error are served first,
 		// as Redis does.
-		for _, args := range cmds {
+		if len(cmds) > 0 {
+			// Once per batch, not per command: the clock costs on the
+			// pipelined hot path, and a command that blocks moves it
+			// again when it is done (WatchClose).
 			sess.lastActive.Store(time.Now().UnixNano())
+		}
+		for _, args := range cmds {
 			s.Handler.ServeRESP(sess, args)
 			if sess.closeAfter {
 				break

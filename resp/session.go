@@ -7,6 +7,7 @@ import (
 	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 )
 
@@ -32,8 +33,33 @@ type Session struct {
 	// writeMu orders whole writes to the connection: a batch of replies
 	// from the connection's goroutine, push frames from others.
 	writeMu sync.Mutex
-	pushes  chan []byte
+	// wdeadline is the write deadline set last (under writeMu). Replies
+	// move it only when it is more than a second old: setting a deadline
+	// costs timer work on every request otherwise.
+	wdeadline time.Time
+	pushes    chan []byte
+
+	// Replies written by another goroutine (BeginAsync). asyncBusy is
+	// owned by the connection's goroutine; asyncDone gets a token when
+	// the outstanding write is done.
+	asyncBusy  bool
+	asyncDone  chan struct{}
+	asyncWrite func([]byte)
+	raw        syscall.RawConn // nil when the connection has no file descriptor
+	// The one write attempt of an async write, under writeMu: fields
+	// rather than a closure's captures, so that it allocates nothing.
+	rawBuf  []byte
+	rawN    int
+	rawErr  error
+	rawFunc func(fd uintptr) bool
 }
+
+// replyWriteTimeout bounds one write of replies to a client that does not
+// read; pushWriteTimeout one push frame, written from other goroutines.
+const (
+	replyWriteTimeout = 30 * time.Second
+	pushWriteTimeout  = 5 * time.Second
+)
 
 func newSession(base context.Context, id int64, c net.Conn) *Session {
 	ctx, cancel := context.WithCancel(base)
@@ -46,9 +72,101 @@ func newSession(base context.Context, id int64, c net.Conn) *Session {
 		created: time.Now(),
 		pushes:  make(chan []byte, 16),
 		rd:      NewReader(c),
+
+		asyncDone: make(chan struct{}, 1),
 	}
 	s.lastActive.Store(s.created.UnixNano())
+	s.asyncWrite = s.writeAsync
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			s.raw = rc
+			s.rawFunc = func(fd uintptr) bool {
+				s.rawN, s.rawErr = syscall.Write(int(fd), s.rawBuf)
+				return true // one attempt: never wait for the socket
+			}
+		}
+	}
 	return s
+}
+
+// BeginAsync lets another goroutine write the replies to the commands
+// served so far, so that the connection's goroutine can go on reading the
+// client's next requests: the relay hands a batch's replies to the client
+// from the upstream connection's reader, without waking this goroutine
+// per reply. It is only possible while no reply is buffered in W. The
+// returned write must be called exactly once with the replies; it never
+// blocks (when the socket does not take everything at once, the rest is
+// written by a goroutine of its own). Until it is done, Flush, and
+// BeginAsync itself, wait for it, so replies keep their order.
+func (s *Session) BeginAsync() (write func([]byte), ok bool) {
+	if !s.WaitAsync() || s.raw == nil || s.W.Len() > 0 || s.ctx.Err() != nil {
+		return nil, false
+	}
+	s.asyncBusy = true
+	return s.asyncWrite, true
+}
+
+// WaitAsync waits until the replies handed to another goroutine by
+// BeginAsync are written, or the connection's context ends. It reports
+// whether they are written (or there were none): false means the
+// connection is going away with a write still in flight, after which no
+// further reply may be written or prepared in the memory it uses.
+func (s *Session) WaitAsync() bool {
+	if !s.asyncBusy {
+		return true
+	}
+	select {
+	case <-s.asyncDone:
+		s.asyncBusy = false
+		return true
+	case <-s.ctx.Done():
+		// asyncBusy stays set, so no further reply is written after one
+		// that may still be in flight.
+		return false
+	}
+}
+
+// writeAsync is BeginAsync's write.
+func (s *Session) writeAsync(b []byte) {
+	if s.writeMu.TryLock() {
+		s.rawBuf = b
+		err := s.raw.Write(s.rawFunc)
+		n, werr := s.rawN, s.rawErr
+		s.rawBuf = nil
+		s.writeMu.Unlock()
+		switch {
+		case err == nil && werr == nil && n == len(b):
+			if len(s.pushes) > 0 {
+				go s.drainPushes()
+			}
+			s.asyncDone <- struct{}{}
+			return
+		case err == nil && werr != nil && werr != syscall.EAGAIN && werr != syscall.EINTR:
+			s.cancel() // the client is gone
+			s.asyncDone <- struct{}{}
+			return
+		case err == nil && n > 0:
+			b = b[n:]
+		}
+		// Otherwise (a full socket buffer, a deadline passed on an idle
+		// connection) the blocking write below sorts it out.
+	}
+	go func() {
+		s.writeMu.Lock()
+		if now := time.Now(); s.wdeadline.Sub(now) < replyWriteTimeout-time.Second {
+			s.wdeadline = now.Add(replyWriteTimeout)
+			_ = s.conn.SetWriteDeadline(s.wdeadline)
+		}
+		_, err := s.conn.Write(b)
+		s.writeMu.Unlock()
+		if err != nil {
+			s.cancel()
+		}
+		if len(s.pushes) > 0 {
+			s.drainPushes()
+		}
+		s.asyncDone <- struct{}{}
+	}()
 }
 
 // ID is the connection's unique number (CLIENT ID).
@@ -76,8 +194,15 @@ func (s *Session) Flush() error {
 	if s.W.Len() == 0 {
 		return nil
 	}
+	if !s.WaitAsync() {
+		s.W.Reset()
+		return s.ctx.Err()
+	}
 	s.writeMu.Lock()
-	_ = s.conn.SetWriteDeadline(time.Now().Add(30 * time.Second))
+	if now := time.Now(); s.wdeadline.Sub(now) < replyWriteTimeout-time.Second {
+		s.wdeadline = now.Add(replyWriteTimeout)
+		_ = s.conn.SetWriteDeadline(s.wdeadline)
+	}
 	_, err := s.conn.Write(s.W.Bytes())
 	s.writeMu.Unlock()
 	s.W.Reset()
@@ -131,7 +256,8 @@ func (s *Session) drainPushes() {
 		for done := false; !done; {
 			select {
 			case p := <-s.pushes:
-				_ = s.conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+				s.wdeadline = time.Now().Add(pushWriteTimeout)
+				_ = s.conn.SetWriteDeadline(s.wdeadline)
 				if _, err := s.conn.Write(p); err != nil {
 					s.cancel()
 				}
@@ -160,5 +286,8 @@ func (s *Session) WatchClose() (stop func()) {
 		_ = s.conn.SetReadDeadline(time.Now()) // ends the watcher's read
 		<-done
 		_ = s.conn.SetReadDeadline(time.Time{})
+		// The server loop notes activity once per batch; a command that
+		// blocked for long would leave it stale for the rest of the batch.
+		s.lastActive.Store(time.Now().UnixNano())
 	}
 }

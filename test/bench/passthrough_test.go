@@ -45,31 +45,38 @@ func passthrough(b *testing.B) {
 	if err := harness.WaitTCP(lp, startTimeout); err != nil {
 		b.Fatalf("lockproxy did not listen: %v\n%s", err, p.Output())
 	}
-	tw := startTwemproxy(b, up.Addr)
+	tw, twp := startTwemproxy(b, up.Addr)
 
-	targets := []struct{ name, addr string }{{"direct", up.Addr}, {"lockproxy", lp}, {"twemproxy", tw}}
+	targets := []struct {
+		name, addr string
+		pid        int // the proxy's, whose cost per request is measured; 0 for direct
+	}{{"direct", up.Addr, 0}, {"lockproxy", lp, p.PID()}, {"twemproxy", tw, twp.PID()}}
 	type key struct {
 		target, test string
 		pipeline     int
 	}
 	rps := map[key][]float64{}
+	type costKey struct {
+		target   string
+		pipeline int
+	}
+	costs := map[costKey][]procCost{}
 	for round := 0; round < passRounds; round++ {
 		for _, pl := range []int{1, 16} {
 			for _, tg := range targets {
-				for test, v := range redisBenchmark(b, tg.addr, pl) {
+				before, okBefore := readProcCost(tg.pid)
+				res := redisBenchmark(b, tg.addr, pl)
+				after, okAfter := readProcCost(tg.pid)
+				for test, v := range res {
 					k := key{tg.name, test, pl}
 					rps[k] = append(rps[k], v)
 				}
+				if okBefore && okAfter {
+					ck := costKey{tg.name, pl}
+					costs[ck] = append(costs[ck], after.sub(before, 2*passRequests(pl)))
+				}
 			}
 		}
-	}
-	median := func(v []float64) float64 {
-		if len(v) == 0 {
-			return 0
-		}
-		s := slices.Clone(v)
-		slices.Sort(s)
-		return s[len(s)/2]
 	}
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "\npassthrough: redis-benchmark -t set,get -c %d, median of %d interleaved rounds (requests/s)\n\n", passClients, passRounds)
@@ -81,17 +88,108 @@ func passthrough(b *testing.B) {
 			fmt.Fprintf(&sb, "| %s | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |\n", test, pl, d, l, t, l/d, t/d, l/t)
 		}
 	}
+	// What the proxies cost per request (SET and GET together) is steadier
+	// on a shared machine than their throughput, and shows where the
+	// time goes: nearly all of it is system calls.
+	fmt.Fprintf(&sb, "\nproxy process cost per request (median round; CPU from /proc/PID/stat, system calls from /proc/PID/io)\n\n")
+	sb.WriteString("| pipeline | proxy | CPU µs/request | reads/request | writes/request |\n")
+	sb.WriteString("|---:|---|---:|---:|---:|\n")
+	for _, pl := range []int{1, 16} {
+		for _, tg := range []string{"lockproxy", "twemproxy"} {
+			c := costs[costKey{tg, pl}]
+			if len(c) == 0 {
+				continue
+			}
+			cpu, rd, wr := make([]float64, len(c)), make([]float64, len(c)), make([]float64, len(c))
+			for i, x := range c {
+				cpu[i], rd[i], wr[i] = x.cpuMicros, x.reads, x.writes
+			}
+			fmt.Fprintf(&sb, "| %d | %s | %.2f | %.2f | %.2f |\n", pl, tg, median(cpu), median(rd), median(wr))
+		}
+	}
 	fmt.Print(sb.String())
+}
+
+// procCost is a process's CPU time and read and write system calls, or
+// (after sub) their amounts per request.
+type procCost struct {
+	cpuMicros     float64
+	reads, writes float64
+}
+
+// clockTicks is Linux's USER_HZ, the unit of /proc/PID/stat's times.
+const clockTicks = 100
+
+// readProcCost reads pid's CPU time and system call counts; false for pid
+// 0 or when /proc cannot tell.
+func readProcCost(pid int) (procCost, bool) {
+	if pid == 0 {
+		return procCost{}, false
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return procCost{}, false
+	}
+	// Fields after the command name, which may hold spaces: state is the
+	// first, utime and stime the 12th and 13th.
+	i := strings.LastIndexByte(string(stat), ')')
+	f := strings.Fields(string(stat[i+1:]))
+	if i < 0 || len(f) < 13 {
+		return procCost{}, false
+	}
+	ut, err1 := strconv.ParseFloat(f[11], 64)
+	st, err2 := strconv.ParseFloat(f[12], 64)
+	io, err := os.ReadFile(fmt.Sprintf("/proc/%d/io", pid))
+	if err1 != nil || err2 != nil || err != nil {
+		return procCost{}, false
+	}
+	c := procCost{cpuMicros: (ut + st) * 1e6 / clockTicks}
+	for _, line := range strings.Split(string(io), "\n") {
+		name, v, _ := strings.Cut(line, ": ")
+		n, _ := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		switch name {
+		case "syscr":
+			c.reads = n
+		case "syscw":
+			c.writes = n
+		}
+	}
+	return c, true
+}
+
+// sub is the cost per request between before and c, over n requests.
+func (c procCost) sub(before procCost, n int) procCost {
+	return procCost{
+		cpuMicros: (c.cpuMicros - before.cpuMicros) / float64(n),
+		reads:     (c.reads - before.reads) / float64(n),
+		writes:    (c.writes - before.writes) / float64(n),
+	}
+}
+
+// passRequests is how many requests of each test one redis-benchmark run
+// sends.
+func passRequests(pipeline int) int {
+	if pipeline > 1 {
+		return 500000
+	}
+	return 100000
+}
+
+// median is the middle value (the upper one of an even count); 0 for none.
+func median(v []float64) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
 
 // redisBenchmark runs redis-benchmark against addr and returns requests/s
 // per test (SET, GET).
 func redisBenchmark(b *testing.B, addr string, pipeline int) map[string]float64 {
 	host, port, _ := strings.Cut(addr, ":")
-	n := 100000
-	if pipeline > 1 {
-		n = 500000
-	}
+	n := passRequests(pipeline)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "redis-benchmark", "-h", host, "-p", port, "-t", "set,get",
@@ -120,7 +218,7 @@ func redisBenchmark(b *testing.B, addr string, pipeline int) map[string]float64 
 }
 
 // startTwemproxy runs nutcracker in front of upstream on a free port.
-func startTwemproxy(b *testing.B, upstream string) string {
+func startTwemproxy(b *testing.B, upstream string) (string, *harness.Proc) {
 	dir := b.TempDir()
 	addr := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(b))
 	conf := fmt.Sprintf("alpha:\n  listen: %s\n  redis: true\n  hash: fnv1a_64\n  distribution: ketama\n"+
@@ -134,5 +232,5 @@ func startTwemproxy(b *testing.B, upstream string) string {
 	if err := harness.WaitTCP(addr, startTimeout); err != nil {
 		b.Fatalf("nutcracker did not listen: %v\n%s", err, p.Output())
 	}
-	return addr
+	return addr, p
 }
