@@ -9,6 +9,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/relay"
 )
 
 // asyncHandler answers "ASYNC size delay_ms" with a bulk string of size
@@ -73,17 +75,11 @@ func TestBeginAsync(t *testing.T) {
 	_ = c.SetDeadline(time.Now().Add(60 * time.Second))
 	rd := bufio.NewReader(c)
 	encode := func(b []byte, cmd ...string) []byte {
-		b = append(b, '*')
-		b = strconv.AppendInt(b, int64(len(cmd)), 10)
-		b = append(b, '\r', '\n')
-		for _, a := range cmd {
-			b = append(b, '$')
-			b = strconv.AppendInt(b, int64(len(a)), 10)
-			b = append(b, '\r', '\n')
-			b = append(b, a...)
-			b = append(b, '\r', '\n')
+		args := make([][]byte, len(cmd))
+		for i, a := range cmd {
+			args[i] = []byte(a)
 		}
-		return b
+		return relay.AppendCommand(b, args)
 	}
 	send := func(cmd ...string) {
 		t.Helper()
