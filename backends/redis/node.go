@@ -529,7 +529,6 @@ type writer struct {
 // the one it has was closed by the node meanwhile.
 func (w *writer) get(ctx context.Context, n *Node) (*nodeConn, error) {
 	if w.conn != nil {
-		_ = w.conn.nc.SetDeadline(time.Time{})
 		if alive(w.conn.nc) != nil {
 			w.drop()
 		}
