@@ -750,7 +750,6 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 	for _, fw := range carried {
 		addFenceWrite(c, fw)
 	}
-	// What each op's replies are: kinds[i] tells how to read them.
 	shared := w.sharedReleases(ops)
 	var calls [][]int // the shared release calls: the ops each answers
 	for i, o := range ops {
@@ -828,12 +827,14 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 			calls = append(calls, part)
 		}
 	}
+	// A transport failure withdraws every answer of the batch, even those
+	// read before it: that only errs on the safe side (the quorum rolls an
+	// acquire back, a release counts as not confirmed), and the batch's
+	// fence writes go with them.
 	fail := func(err error) ([]opResult, []fenceWrite) {
 		w.drop()
 		for i := range out {
-			if out[i].err == nil {
-				out[i] = opResult{err: err}
-			}
+			out[i] = opResult{err: err}
 		}
 		return out, nil
 	}
