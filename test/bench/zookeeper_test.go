@@ -126,21 +126,9 @@ func runBackend(b *testing.B, s *backendSetup, clients int) result {
 	r := cycles(s.c, im, clients, b.N)
 	b.StopTimer()
 	p1, s1 := cpu()
-	if r.failures > 0 && float64(r.failures) > maxFailRatio*float64(r.cycles) {
-		b.Fatalf("%d of %d cycles failed; first: %v", r.failures, r.cycles, r.firstErr)
-	}
-	if len(r.latencies) == 0 {
-		b.Fatalf("no successful cycle; first error: %v", r.firstErr)
-	}
-	res := result{
-		cyclesPerSec: float64(len(r.latencies)) / r.elapsed.Seconds(),
-		p50:          percentile(r.latencies, 50),
-		p99:          percentile(r.latencies, 99),
-		cycles:       r.cycles,
-		failures:     r.failures,
-		proxyCPU:     float64((p1 - p0).Microseconds()) / float64(r.cycles),
-		redisCPU:     float64((s1 - s0).Microseconds()) / float64(r.cycles),
-	}
+	res := summarize(b, r)
+	res.proxyCPU = float64((p1 - p0).Microseconds()) / float64(r.cycles)
+	res.redisCPU = float64((s1 - s0).Microseconds()) / float64(r.cycles)
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(res.cyclesPerSec, "cycles/s")
 	b.ReportMetric(ms(res.p50), "p50-ms")
