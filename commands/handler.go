@@ -235,7 +235,7 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 			return
 		}
 		h.metrics.commands.WithLabelValues(c.Metric, "error").Inc()
-		s.W.Error("ERR unknown subcommand '" + clip(string(args[1])) + "'. Try " + strings.ToUpper(c.Name) + " HELP.")
+		s.W.Error("ERR unknown subcommand '" + relay.Clip(string(args[1])) + "'. Try " + strings.ToUpper(c.Name) + " HELP.")
 		return
 	}
 	if !arityOK(c.Arity, len(args)) || c.run == nil {
@@ -280,30 +280,17 @@ func (h *Handler) Closed(s *resp.Session) {
 func unknownCommand(args [][]byte) string {
 	var b strings.Builder
 	b.WriteString("ERR unknown command '")
-	b.WriteString(clip(string(args[0])))
+	b.WriteString(relay.Clip(string(args[0])))
 	b.WriteString("', with args beginning with: ")
 	for i, a := range args[1:] {
 		if i == 8 {
 			break
 		}
 		b.WriteString("'")
-		b.WriteString(clip(string(a)))
+		b.WriteString(relay.Clip(string(a)))
 		b.WriteString("' ")
 	}
 	return b.String()
-}
-
-// clip shortens user text echoed in an error, as Redis does.
-func clip(s string) string {
-	if len(s) > 128 {
-		s = s[:128] + "..."
-	}
-	return strings.Map(func(r rune) rune {
-		if r == '\r' || r == '\n' {
-			return ' '
-		}
-		return r
-	}, s)
 }
 
 // replyError turns a backend error into the one error reply clients see.

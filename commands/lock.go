@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/relay"
 	"github.com/lockproxy/lockproxy/resp"
 )
 
@@ -230,7 +231,7 @@ func (h *Handler) lockLost(s *resp.Session, key []byte) bool {
 	if !lost {
 		return false
 	}
-	s.W.Error("LOCKLOST lock on '" + clip(string(key)) + "' was lost: " + why)
+	s.W.Error("LOCKLOST lock on '" + relay.Clip(string(key)) + "' was lost: " + why)
 	return true
 }
 
@@ -292,7 +293,7 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		s.W.Null()
 	case errors.Is(err, backends.ErrUpgrade):
 		h.metrics.notAcquired.Inc()
-		s.W.Error("ERR upgrade refused: this token holds a read lock on '" + clip(req.Key) +
+		s.W.Error("ERR upgrade refused: this token holds a read lock on '" + relay.Clip(req.Key) +
 			"'; UNLOCK it, then LOCK (two readers upgrading at once would wait for each other forever)")
 	default:
 		if isNoQuorum(err) {

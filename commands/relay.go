@@ -92,7 +92,7 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 	case rs.multi && !isReset:
 		if cmd == nil && h.onLockKeys(args) {
 			rs.dirty = true
-			s.W.Error("ERR '" + clip(string(args[0])) + "' on a lock key is not allowed inside MULTI: lock keys (lock_patterns) are served by the lock nodes, not in the upstream's transaction")
+			s.W.Error("ERR '" + relay.Clip(string(args[0])) + "' on a lock key is not allowed inside MULTI: lock keys (lock_patterns) are served by the lock nodes, not in the upstream's transaction")
 			return true
 		}
 		if cmd != nil && cmd.Group == groupLock {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/relay"
 	"github.com/lockproxy/lockproxy/resp"
 )
 
@@ -181,7 +182,7 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 			}
 			i++
 		default:
-			s.W.Error("ERR Syntax error in HELLO option '" + clip(string(args[i])) + "'")
+			s.W.Error("ERR Syntax error in HELLO option '" + relay.Clip(string(args[i])) + "'")
 			return
 		}
 	}
@@ -253,7 +254,7 @@ func (h *Handler) clientSetInfo(s *resp.Session, args [][]byte) {
 		}
 		c.libVer = string(args[3])
 	default:
-		s.W.Error("ERR Unrecognized option '" + clip(string(args[2])) + "'")
+		s.W.Error("ERR Unrecognized option '" + relay.Clip(string(args[2])) + "'")
 		return
 	}
 	s.W.Simple("OK")

@@ -16,6 +16,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/relay"
 	"github.com/lockproxy/lockproxy/resp"
 )
 
@@ -358,7 +359,7 @@ func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
 	if len(args) == 4 {
 		o := args[3]
 		if !resp.EqualFold(o, "NX") && !resp.EqualFold(o, "XX") && !resp.EqualFold(o, "GT") && !resp.EqualFold(o, "LT") {
-			s.W.Error("ERR Unsupported option " + clip(string(o)))
+			s.W.Error("ERR Unsupported option " + relay.Clip(string(o)))
 			return
 		}
 	}

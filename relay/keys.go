@@ -126,10 +126,12 @@ func (e *ReservedError) Error() string {
 	if e.Script {
 		return fmt.Sprintf("ERR script names the key prefix '%s', which is reserved for lockproxy's locks", e.Prefix)
 	}
-	return fmt.Sprintf("ERR key '%s' is reserved for lockproxy's locks (prefix '%s'); relayed commands may not touch it", clip(e.Key), e.Prefix)
+	return fmt.Sprintf("ERR key '%s' is reserved for lockproxy's locks (prefix '%s'); relayed commands may not touch it", Clip(e.Key), e.Prefix)
 }
 
-func clip(s string) string {
+// Clip shortens user text echoed in an error reply, as Redis does: at
+// most 128 bytes, with line breaks made spaces so the reply stays one line.
+func Clip(s string) string {
 	if len(s) > 128 {
 		s = s[:128] + "..."
 	}
