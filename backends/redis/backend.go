@@ -72,13 +72,14 @@ func New(cfg Config) (*Backend, error) {
 	if len(cfg.Nodes) == 0 {
 		return nil, errors.New("redis: no nodes configured")
 	}
-	b := &Backend{retryMin: cfg.RetryMin, retryMax: cfg.RetryMax, waiters: newWaitQueues(len(cfg.Nodes)/2 + 1)}
+	b := &Backend{retryMin: cfg.RetryMin, retryMax: cfg.RetryMax}
 	if b.retryMin <= 0 {
 		b.retryMin = 20 * time.Millisecond
 	}
 	if b.retryMax < b.retryMin {
 		b.retryMax = b.retryMin * 10
 	}
+	b.waiters = newWaitQueues(len(cfg.Nodes)/2+1, min(earlyWake, b.retryMin))
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
 	}
@@ -294,12 +295,23 @@ func (b *Backend) Quorum() *quorum.Quorum { return b.q }
 // Nodes returns the node clients.
 func (b *Backend) Nodes() []*Node { return b.nodes }
 
+// earlyWake is how long after a release's first announcement the head of
+// the key's queue tries even though fewer than a majority of nodes have
+// announced it. The nodes announce one release within about a millisecond
+// of each other on a LAN (it goes to all of them at once), so the rest are
+// not coming soon: their subscriptions are down or lag (a link that was
+// slow delivers them late for a while after it heals), and waiting for
+// them would leave every release to the waiters' retry timers.
+const earlyWake = 5 * time.Millisecond
+
 // Lock implements backends.Backend. Without Wait it tries once. With Wait
 // the caller joins the key's queue of waiters on this instance and tries
 // only at its head: at once when the waiter before it gave up or there was
-// none, whenever a node announces a release of the key (through whichever
-// instance it was made), and otherwise after a random delay in
-// [RetryMin, RetryMax], which covers expiries and missed announcements.
+// none, whenever a majority of nodes announced a release of the key
+// (through whichever instance it was made), earlyWake after a release was
+// announced by fewer (a node's subscription is down or lagging), and
+// otherwise after a random delay in [RetryMin, RetryMax], which covers
+// expiries and missed announcements.
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
 	qreq := quorum.Request{Key: req.Key, Token: req.Token, TTL: req.TTL, Mode: quorum.Exclusive, NoReentry: req.NoReentry}
 	if req.Mode == backends.Read {

@@ -3,6 +3,7 @@ package redis
 import (
 	"math/bits"
 	"sync"
+	"time"
 )
 
 // waitQueues holds, per key, this instance's LOCK … WAIT callers in the
@@ -22,7 +23,12 @@ type waitQueues struct {
 	// need is how many nodes' announcements make a release: a majority,
 	// since before that the key is still held on a majority and an
 	// attempt could not succeed.
-	need  int
+	need int
+	// soon is how long after the first announcement of a release the head
+	// tries even if the rest of the majority's never come: a node whose
+	// subscription is down, redialing or lagging (after slow links, say)
+	// must not leave every waiter to its retry timer. 0 turns it off.
+	soon  time.Duration
 	mu    sync.Mutex
 	keys  map[string]*waitQueue
 	total int // waiters over all keys
@@ -36,8 +42,19 @@ type waitQueue struct {
 	// others of the same release are ignored; a second one from the same
 	// node is a new release.
 	heard uint64
+	// early signals the head soon after a release's first announcement
+	// (see waitQueues.soon); stopped when the majority's came.
+	early *time.Timer
 	// watched is set once the key is contended, until the queue empties.
 	watched bool
+}
+
+// stopEarly stops the queue's early signal, if one is pending.
+func (q *waitQueue) stopEarly() {
+	if q.early != nil {
+		q.early.Stop()
+		q.early = nil
+	}
 }
 
 // waiter is one LOCK … WAIT in a queue.
@@ -59,8 +76,8 @@ type waiter struct {
 	read bool
 }
 
-func newWaitQueues(need int) *waitQueues {
-	return &waitQueues{need: max(need, 1), keys: map[string]*waitQueue{}}
+func newWaitQueues(need int, soon time.Duration) *waitQueues {
+	return &waitQueues{need: max(need, 1), soon: soon, keys: map[string]*waitQueue{}}
 }
 
 // join queues a waiter for key at the tail. A waiter that finds the queue
@@ -131,6 +148,7 @@ func (qs *waitQueues) leave(w *waiter, granted bool) (unwatch bool) {
 	}
 	w.prev, w.next = nil, nil
 	if q.head == nil {
+		q.stopEarly()
 		delete(qs.keys, w.key)
 		return q.watched
 	}
@@ -152,8 +170,9 @@ func (qs *waitQueues) leave(w *waiter, granted bool) (unwatch bool) {
 // the head of key's queue when a majority of nodes has announced it: the
 // first announcement comes as soon as one node released, and an attempt
 // then could still find the key held on the others (and, if nothing else
-// woke the waiter, leave it to its retry timer). It reports whether key
-// has waiters.
+// woke the waiter, leave it to its retry timer). When the majority's
+// announcements do not all come, the head is signaled qs.soon after the
+// first. It reports whether key has waiters.
 func (qs *waitQueues) wake(key string, node int) bool {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
@@ -170,10 +189,26 @@ func (qs *waitQueues) wake(key string, node int) bool {
 		q.heard = 0
 	}
 	q.heard |= bit
-	if bits.OnesCount64(q.heard) == qs.need {
+	switch heard := bits.OnesCount64(q.heard); {
+	case heard == qs.need:
+		q.stopEarly()
 		signal(q.head)
+	case heard == 1 && qs.soon > 0:
+		q.stopEarly()
+		q.early = time.AfterFunc(qs.soon, func() { qs.signalEarly(key, q) })
 	}
 	return true
+}
+
+// signalEarly signals the head of q, key's queue, unless the queue is gone.
+func (qs *waitQueues) signalEarly(key string, q *waitQueue) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	if qs.keys[key] != q || q.head == nil {
+		return
+	}
+	q.early = nil
+	signal(q.head)
 }
 
 // watched reports whether key has waiters and is contended.

@@ -140,7 +140,7 @@ func TestWaitQueues(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			qs := newWaitQueues(1)
+			qs := newWaitQueues(1, 0)
 			ws := map[string]*waiter{}
 			for i, s := range tc.steps {
 				var flag bool
@@ -209,7 +209,7 @@ func TestWaitQueuesFIFO(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			qs := newWaitQueues(1)
+			qs := newWaitQueues(1, 0)
 			// Each release is announced by three nodes.
 			announce := func() {
 				for node := range 3 {
@@ -293,7 +293,7 @@ func TestWaitQueuesFIFO(t *testing.T) {
 // TestWaitWakeOnMajority: with three nodes a release wakes the head when
 // the second node announces it (the key is then free on a majority), once.
 func TestWaitWakeOnMajority(t *testing.T) {
-	qs := newWaitQueues(2)
+	qs := newWaitQueues(2, 0)
 	a, _ := qs.join("k", false)
 	<-a.turn
 	signaled := func() bool {
@@ -315,5 +315,63 @@ func TestWaitWakeOnMajority(t *testing.T) {
 		if got := signaled(); got != step.want {
 			t.Errorf("step %d (node %d): signaled %v; want %v", i, step.node, got, step.want)
 		}
+	}
+}
+
+// TestWaitWakeEarly: a release announced by fewer than a majority of nodes
+// (the others' subscriptions down or lagging) still signals the head,
+// soon after the first announcement; one announced by a majority signals
+// it at once and only once; a queue that empties before the early signal
+// is left alone.
+func TestWaitWakeEarly(t *testing.T) {
+	const soon = 20 * time.Millisecond
+	qs := newWaitQueues(3, soon)
+	a, _ := qs.join("k", false)
+	<-a.turn
+
+	// Two of five nodes: no signal at once, one after soon.
+	qs.wake("k", 3)
+	qs.wake("k", 4)
+	select {
+	case <-a.turn:
+		t.Fatal("signaled before a majority announced or soon passed")
+	default:
+	}
+	select {
+	case <-a.turn:
+	case <-time.After(5 * time.Second):
+		t.Fatal("not signaled after a minority announced a release")
+	}
+
+	// A majority: at once, and the early signal is called off.
+	for _, n := range []int{0, 1, 2} {
+		qs.wake("k", n)
+	}
+	select {
+	case <-a.turn:
+	default:
+		t.Fatal("not signaled when a majority announced")
+	}
+	time.Sleep(10 * soon)
+	select {
+	case <-a.turn:
+		t.Fatal("signaled twice for one release")
+	default:
+	}
+
+	// The queue empties before the early signal is due.
+	qs.wake("k", 3) // a new release: node 3 was heard in the last one
+	qs.leave(a, true)
+	time.Sleep(10 * soon)
+	if qs.len() != 0 {
+		t.Fatalf("waiters = %d; want 0", qs.len())
+	}
+	b, _ := qs.join("k", false)
+	<-b.turn
+	time.Sleep(10 * soon)
+	select {
+	case <-b.turn:
+		t.Fatal("a new queue got the old queue's early signal")
+	default:
 	}
 }
