@@ -45,6 +45,9 @@ type waitQueue struct {
 	// early signals the head soon after a release's first announcement
 	// (see waitQueues.soon); stopped when the majority's came.
 	early *time.Timer
+	// earlyGen numbers the early signals armed, so that one whose timer
+	// fired while it was being stopped or replaced does nothing.
+	earlyGen uint64
 	// watched is set once the key is contended, until the queue empties.
 	watched bool
 }
@@ -195,16 +198,19 @@ func (qs *waitQueues) wake(key string, node int) bool {
 		signal(q.head)
 	case heard == 1 && qs.soon > 0:
 		q.stopEarly()
-		q.early = time.AfterFunc(qs.soon, func() { qs.signalEarly(key, q) })
+		q.earlyGen++
+		gen := q.earlyGen
+		q.early = time.AfterFunc(qs.soon, func() { qs.signalEarly(key, q, gen) })
 	}
 	return true
 }
 
-// signalEarly signals the head of q, key's queue, unless the queue is gone.
-func (qs *waitQueues) signalEarly(key string, q *waitQueue) {
+// signalEarly signals the head of q, key's queue, unless the queue is gone
+// or the early signal gen was stopped or replaced meanwhile.
+func (qs *waitQueues) signalEarly(key string, q *waitQueue, gen uint64) {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
-	if qs.keys[key] != q || q.head == nil {
+	if qs.keys[key] != q || q.head == nil || q.early == nil || q.earlyGen != gen {
 		return
 	}
 	q.early = nil
