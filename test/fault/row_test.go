@@ -153,6 +153,17 @@ func rowSize() (clients, grants, cycles int, limit time.Duration) {
 	return 20, 500, 1, 2 * time.Minute
 }
 
+// anotherCycle reports whether a row injects its fault again: the first
+// time always; after that while the clients still need grants and their
+// time limit (counted from the row's start) has not passed, as after it
+// they have stopped and a fault would find nobody to hinder.
+func anotherCycle(cycle, cycles int, made, want int64, start time.Time, limit time.Duration) bool {
+	if cycle == 0 {
+		return true
+	}
+	return cycle < cycles && made < want && time.Since(start) < limit
+}
+
 // rowKeys is how many keys a row's clients spread over: 20 clients on 12
 // keys keep 1–2 clients contending for each key, while the row makes its
 // 10,000 grants in seconds rather than the minute one key would take.

@@ -443,7 +443,7 @@ func TestFaults(t *testing.T) {
 			time.Sleep(300 * time.Millisecond)
 			var windows []faultWindow
 			events, attemptsDuring := 0, int64(0)
-			for cycle := 0; cycle < cycles && (cycle == 0 || c.grants.Load() < int64(clients*grants)); cycle++ {
+			for cycle := 0; anotherCycle(cycle, cycles, c.grants.Load(), int64(clients*grants), start, limit); cycle++ {
 				if cycle > 0 {
 					time.Sleep(time.Second)
 				}
