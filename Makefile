@@ -39,7 +39,7 @@ test-unit:
 test-e2e: deps
 	$(GO) test -count=1 -p 1 -timeout 9m ./test/...
 
-## soak: the fault suite at full size: 20 clients × 10,000 grants per row (2,000 in slow-3-nodes and 500 in fast-clock-1.5x-on-3-nodes, whose faults stop all grants), faults repeated until done or the row's 30 min (CI: 20 × 500).
+## soak: the fault suite at full size: 20 clients × 10,000 grants per row (2,000 in slow-3-nodes, which grants only between its faults; fast-clock-1.5x-on-3-nodes injects its fault once), faults repeated until done or the row's 30 min (CI: 20 × 500).
 soak: deps
 	LOCKPROXY_SOAK=1 $(GO) test -count=1 -p 1 -v -timeout 120m ./test/fault/
 
