@@ -10,6 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/lockproxy/lockproxy/internal/deadline"
 )
 
 // call collects the replies to one client's batch of requests. Only the
@@ -63,7 +65,7 @@ type upConn struct {
 	// every rearmEvery, not on every request (timer updates cost on the
 	// hot path), so a reply may time out up to rearmEvery early.
 	armed     time.Time
-	wdeadline time.Time // the write deadline set last
+	wdeadline deadline.Write
 
 	// tunnel: every frame goes to push (pub/sub, MONITOR), until a
 	// marker reply finds no subscription left.
@@ -132,10 +134,7 @@ func (c *upConn) send(req []byte, cl *call, timed bool) error {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]
 		c.mu.Unlock()
-		if now := time.Now(); c.wdeadline.Sub(now) < writeTimeout-time.Second {
-			c.wdeadline = now.Add(writeTimeout)
-			_ = c.nc.SetWriteDeadline(c.wdeadline)
-		}
+		c.wdeadline.Arm(c.nc, writeTimeout)
 		_, err := c.nc.Write(buf)
 		c.mu.Lock()
 		if cap(buf) <= 1<<20 {

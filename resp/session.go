@@ -9,6 +9,8 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/lockproxy/lockproxy/internal/deadline"
 )
 
 // Session is one client connection. It carries the connection's context,
@@ -33,10 +35,8 @@ type Session struct {
 	// writeMu orders whole writes to the connection: a batch of replies
 	// from the connection's goroutine, push frames from others.
 	writeMu sync.Mutex
-	// wdeadline is the write deadline set last (under writeMu). Replies
-	// move it only when it is more than a second old: setting a deadline
-	// costs timer work on every request otherwise.
-	wdeadline time.Time
+	// wdeadline is the connection's write deadline (under writeMu).
+	wdeadline deadline.Write
 	pushes    chan []byte
 
 	// Replies written by another goroutine (BeginAsync). asyncBusy is
@@ -153,10 +153,7 @@ func (s *Session) writeAsync(b []byte) {
 	}
 	go func() {
 		s.writeMu.Lock()
-		if now := time.Now(); s.wdeadline.Sub(now) < replyWriteTimeout-time.Second {
-			s.wdeadline = now.Add(replyWriteTimeout)
-			_ = s.conn.SetWriteDeadline(s.wdeadline)
-		}
+		s.wdeadline.Arm(s.conn, replyWriteTimeout)
 		_, err := s.conn.Write(b)
 		s.writeMu.Unlock()
 		if err != nil {
@@ -199,10 +196,7 @@ func (s *Session) Flush() error {
 		return s.ctx.Err()
 	}
 	s.writeMu.Lock()
-	if now := time.Now(); s.wdeadline.Sub(now) < replyWriteTimeout-time.Second {
-		s.wdeadline = now.Add(replyWriteTimeout)
-		_ = s.conn.SetWriteDeadline(s.wdeadline)
-	}
+	s.wdeadline.Arm(s.conn, replyWriteTimeout)
 	_, err := s.conn.Write(s.W.Bytes())
 	s.writeMu.Unlock()
 	s.W.Reset()
@@ -256,8 +250,7 @@ func (s *Session) drainPushes() {
 		for done := false; !done; {
 			select {
 			case p := <-s.pushes:
-				s.wdeadline = time.Now().Add(pushWriteTimeout)
-				_ = s.conn.SetWriteDeadline(s.wdeadline)
+				s.wdeadline.Set(s.conn, time.Now().Add(pushWriteTimeout))
 				if _, err := s.conn.Write(p); err != nil {
 					s.cancel()
 				}
