@@ -10,7 +10,6 @@ import (
 	"github.com/alicebob/miniredis/v2"
 
 	"github.com/lockproxy/lockproxy/quorum"
-	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // Now makes fakeClock a quorum.Clock.
@@ -339,9 +338,7 @@ func TestClockMeasuredOnChecks(t *testing.T) {
 // TestClockRateRealRedis samples a real redis-server's TIME (whose clock is
 // ours) at a fast interval and checks that the measured rate error is tiny.
 func TestClockRateRealRedis(t *testing.T) {
-	harness.RequireBinary(t, "redis-server", "redis-server")
-	r := harness.StartRedis(t, harness.RedisOptions{})
-	n := newTestNode(t, r)
+	n, _ := nodeOnRedis(t)
 	// Instead of 10 s and a sample a second, to fit a unit test.
 	n.clock.est.minSpan, n.clock.est.minGap = time.Second, 0
 	ctx := ctxTimeout(t, 10*time.Second)

@@ -33,6 +33,14 @@ func TestSlot(t *testing.T) {
 	}
 }
 
+// nodeOnRedis starts a redis-server for the test and a Node on it.
+func nodeOnRedis(t *testing.T) (*Node, *harness.Redis) {
+	t.Helper()
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	return newTestNode(t, r), r
+}
+
 func newTestNode(t *testing.T, r *harness.Redis) *Node {
 	t.Helper()
 	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second, Metrics: NewMetrics(nil)})
@@ -49,9 +57,7 @@ func ctxTimeout(t *testing.T, d time.Duration) context.Context {
 // TestNodeOperations runs each operation against a real redis-server and
 // checks the node's state directly.
 func TestNodeOperations(t *testing.T) {
-	harness.RequireBinary(t, "redis-server", "redis-server")
-	r := harness.StartRedis(t, harness.RedisOptions{})
-	n := newTestNode(t, r)
+	n, r := nodeOnRedis(t)
 	direct := r.Client(t)
 	ctx := ctxTimeout(t, 10*time.Second)
 	req := quorum.Request{Key: "k", Token: "t1", TTL: 5 * time.Second}
@@ -106,9 +112,7 @@ func TestNodeOperations(t *testing.T) {
 // TestNodeScriptCacheLost: after SCRIPT FLUSH (or a restart) the scripts
 // are loaded again by EVAL.
 func TestNodeScriptCacheLost(t *testing.T) {
-	harness.RequireBinary(t, "redis-server", "redis-server")
-	r := harness.StartRedis(t, harness.RedisOptions{})
-	n := newTestNode(t, r)
+	n, r := nodeOnRedis(t)
 	ctx := ctxTimeout(t, 10*time.Second)
 	if _, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "t", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
@@ -124,9 +128,7 @@ func TestNodeScriptCacheLost(t *testing.T) {
 // TestNodeBatchesKeepOrder: many concurrent operations, batched, each
 // answered correctly; operations on one key stay in order.
 func TestNodeBatchesKeepOrder(t *testing.T) {
-	harness.RequireBinary(t, "redis-server", "redis-server")
-	r := harness.StartRedis(t, harness.RedisOptions{})
-	n := newTestNode(t, r)
+	n, _ := nodeOnRedis(t)
 	ctx := ctxTimeout(t, 30*time.Second)
 	var wg sync.WaitGroup
 	errs := make(chan error, 64)
@@ -164,9 +166,7 @@ func TestNodeBatchesKeepOrder(t *testing.T) {
 // TestNodeDownAndPaused: a dead node answers with an error, a paused one
 // within the caller's deadline, and both work again once back.
 func TestNodeDownAndPaused(t *testing.T) {
-	harness.RequireBinary(t, "redis-server", "redis-server")
-	r := harness.StartRedis(t, harness.RedisOptions{})
-	n := newTestNode(t, r)
+	n, r := nodeOnRedis(t)
 	req := quorum.Request{Key: "k", Token: "t", TTL: time.Second}
 
 	r.Pause()
@@ -289,9 +289,7 @@ func TestNodeGarbage(t *testing.T) {
 // Node.send), and checks each answer and what is left on the node: the
 // shared call must give each release what a call of its own would.
 func TestNodeSharedReleases(t *testing.T) {
-	harness.RequireBinary(t, "redis-server", "redis-server")
-	r := harness.StartRedis(t, harness.RedisOptions{})
-	n := newTestNode(t, r)
+	n, r := nodeOnRedis(t)
 	direct := r.Client(t)
 	ctx := ctxTimeout(t, 30*time.Second)
 	const long = time.Minute

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/quorum"
-	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // TestLockScripts runs sequences of operations on one real redis-server
@@ -15,9 +14,7 @@ import (
 // reentrancy, read locks, downgrade, refused upgrade, writer marks, and
 // the roll-back releases that take only one kind of hold.
 func TestLockScripts(t *testing.T) {
-	harness.RequireBinary(t, "redis-server", "redis-server")
-	r := harness.StartRedis(t, harness.RedisOptions{})
-	n := newTestNode(t, r)
+	n, _ := nodeOnRedis(t)
 	ctx := ctxTimeout(t, 30*time.Second)
 
 	type step struct {
