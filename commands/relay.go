@@ -131,7 +131,7 @@ func (h *Handler) EndBatch(s *resp.Session) {
 	}
 	rs := c.rl
 	if rs.at == 0 && s.W.Len() == 0 && !rs.pipe.Pinned() {
-		if write, ok := s.BeginAsync(); ok && rs.pipe.CollectAsync(s.Context(), s.W.Proto(), write) {
+		if write, ok := s.BeginAsync(); ok && rs.pipe.CollectAsync(s.Context(), s.W.Proto(), write, s.Later()) {
 			return
 		}
 	}
@@ -270,6 +270,11 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 	}
 	h.rm.relayed.Inc()
 	name := string(lname) // compared below, not kept: no allocation
+	if !rs.multi && relayPlain(name, args) {
+		// The hot path, and the only one the event loop runs (LoopSafe).
+		h.relayAdd(s, rs, args)
+		return
+	}
 	switch {
 	case name == "multi":
 		if !h.pin(s, rs) {
@@ -349,6 +354,24 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 	default:
 		h.relayAdd(s, rs, args)
 	}
+}
+
+// relayPlain tells whether relayNamed relays name (lower case) on the
+// shared connection with nothing else to do, outside a transaction: not a
+// command that pins the connection, changes its state, blocks, or whose
+// reply is filtered or refused.
+func relayPlain(name string, args [][]byte) bool {
+	switch name {
+	case "multi", "exec", "discard", "watch", "unwatch",
+		"subscribe", "psubscribe", "ssubscribe", "monitor",
+		"unsubscribe", "punsubscribe", "sunsubscribe", "keys", "scan":
+		return false
+	case "client":
+		return len(args) < 2 || !resp.EqualFold(args[1], "REPLY") && !resp.EqualFold(args[1], "TRACKING")
+	case "xread", "xreadgroup":
+		return !hasWord(args, "BLOCK")
+	}
+	return !isBlocking(name)
 }
 
 // relayUnsubscribed answers an UNSUBSCRIBE of a connection with no

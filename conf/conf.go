@@ -76,6 +76,11 @@ type Upstream struct {
 	// DenyCommands are refused instead of relayed: "flushall", or
 	// "client|kill" for a subcommand. Setting it replaces the default list.
 	DenyCommands []string `yaml:"deny_commands"`
+	// EventLoop serves client connections on an epoll event loop (Linux)
+	// while they only relay plain commands; a connection moves to a
+	// goroutine of its own at its first lock command, transaction or
+	// blocking command. Off: every connection has a goroutine.
+	EventLoop bool `yaml:"event_loop"`
 }
 
 // DefaultDenyCommands reconfigure, wipe or stop the shared upstream, or
@@ -223,6 +228,8 @@ func Default() Config {
 			// long is treated as down and its connection dropped.
 			ReadTimeout:  10 * time.Second,
 			DenyCommands: append([]string(nil), DefaultDenyCommands...),
+			// A third less CPU per relayed request (test/bench passthrough).
+			EventLoop: true,
 		},
 		Log: Log{
 			Level:  "info", // zap's production level: no per-command noise

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/lockproxy/lockproxy/internal/deadline"
@@ -66,6 +67,7 @@ type upConn struct {
 	// hot path), so a reply may time out up to rearmEvery early.
 	armed     time.Time
 	wdeadline deadline.Write
+	raw       syscall.RawConn // nc's, for the event loop's non-blocking writes
 
 	// tunnel: every frame goes to push (pub/sub, MONITOR), until a
 	// marker reply finds no subscription left.
@@ -81,8 +83,12 @@ type upConn struct {
 }
 
 func newUpConn(nc net.Conn, proto, db int, readTimeout time.Duration) *upConn {
+	var raw syscall.RawConn
+	if sc, ok := nc.(syscall.Conn); ok {
+		raw, _ = sc.SyscallConn()
+	}
 	return &upConn{
-		nc: nc, proto: proto, db: db, readTimeout: readTimeout,
+		nc: nc, raw: raw, proto: proto, db: db, readTimeout: readTimeout,
 		rbuf:       make([]byte, 16<<10),
 		closed:     make(chan struct{}),
 		markerDone: make(chan bool, 1),
@@ -100,10 +106,105 @@ func (c *upConn) failed() error {
 // read timeout for them (not for blocking commands).
 func (c *upConn) send(req []byte, cl *call, timed bool) error {
 	c.mu.Lock()
-	if c.err != nil {
-		err := c.err
+	if err := c.enqueueLocked(req, cl, timed); err != nil {
 		c.mu.Unlock()
 		return err
+	}
+	if c.writing {
+		c.mu.Unlock()
+		return nil
+	}
+	c.writing = true
+	// Let the clients about to queue join this write: one write for many
+	// clients' requests costs the upstream one read instead of many.
+	c.mu.Unlock()
+	runtime.Gosched()
+	c.mu.Lock()
+	c.writeQueuedLocked()
+	return nil
+}
+
+// queue is send for the event loop, which must not wait for the upstream's
+// socket: req is queued, and when no write is under way the first queuer
+// has later run flushLoop once the loop has served every ready client, so
+// that their requests go out in one write.
+func (c *upConn) queue(req []byte, cl *call, later func(func())) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if err := c.enqueueLocked(req, cl, true); err != nil {
+		return err
+	}
+	if !c.writing {
+		c.writing = true
+		later(c.flushLoop)
+	}
+	return nil
+}
+
+// flushLoop writes what is queued with non-blocking writes, on the event
+// loop; what the socket does not take at once a goroutine writes.
+func (c *upConn) flushLoop() {
+	c.mu.Lock()
+	for len(c.wbuf) > 0 {
+		buf := c.wbuf
+		c.wbuf = c.spare[:0]
+		c.mu.Unlock()
+		n, err := c.writeOnce(buf)
+		c.mu.Lock()
+		if err != nil {
+			c.writing = false
+			c.mu.Unlock()
+			c.fail(fmt.Errorf("write: %w", err))
+			return
+		}
+		if n < len(buf) {
+			// The socket is full: the rest goes first, then whatever was
+			// queued meanwhile.
+			c.wbuf = append(buf[n:], c.wbuf...)
+			c.mu.Unlock()
+			go func() {
+				c.mu.Lock()
+				c.writeQueuedLocked()
+			}()
+			return
+		}
+		if cap(buf) <= 1<<20 {
+			c.spare = buf[:0]
+		}
+	}
+	c.writing = false
+	c.mu.Unlock()
+}
+
+// writeOnce is one non-blocking write attempt of b.
+func (c *upConn) writeOnce(b []byte) (int, error) {
+	if c.raw == nil {
+		return 0, nil
+	}
+	var n int
+	var werr error
+	// An old deadline would fail the attempt; this is the only writer.
+	c.wdeadline.Arm(c.nc, writeTimeout)
+	err := c.raw.Write(func(fd uintptr) bool {
+		n, werr = syscall.Write(int(fd), b)
+		return true
+	})
+	switch {
+	case err != nil:
+		return 0, err
+	case werr == syscall.EAGAIN || werr == syscall.EINTR:
+		return max(n, 0), nil
+	case werr != nil:
+		return 0, werr
+	}
+	return n, nil
+}
+
+// enqueueLocked adds req to the write buffer and cl to the calls waiting
+// for replies; under c.mu.
+func (c *upConn) enqueueLocked(req []byte, cl *call, timed bool) error {
+	if c.err != nil {
+		return c.err
 	}
 	c.wbuf = append(c.wbuf, req...)
 	if cl != nil {
@@ -120,16 +221,12 @@ func (c *upConn) send(req []byte, cl *call, timed bool) error {
 			_ = c.nc.SetReadDeadline(time.Time{})
 		}
 	}
-	if c.writing {
-		c.mu.Unlock()
-		return nil
-	}
-	c.writing = true
-	// Let the clients about to queue join this write: one write for many
-	// clients' requests costs the upstream one read instead of many.
-	c.mu.Unlock()
-	runtime.Gosched()
-	c.mu.Lock()
+	return nil
+}
+
+// writeQueuedLocked writes the buffer until it stays empty, then ends the
+// write under way; it is called with c.mu held, and returns without it.
+func (c *upConn) writeQueuedLocked() {
 	for len(c.wbuf) > 0 {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]
@@ -145,13 +242,12 @@ func (c *upConn) send(req []byte, cl *call, timed bool) error {
 		if err != nil {
 			c.writing = false
 			c.mu.Unlock()
-			c.fail(fmt.Errorf("write: %w", err))
-			return nil // the calls queued got the error
+			c.fail(fmt.Errorf("write: %w", err)) // the calls queued get the error
+			return
 		}
 	}
 	c.writing = false
 	c.mu.Unlock()
-	return nil
 }
 
 // rearmEvery is how stale a read deadline may get: a tenth of the timeout,

@@ -148,6 +148,17 @@ func (p *pool) drain() []*upConn {
 	return out
 }
 
+// live returns slot i's connection when it is up, without dialing.
+func (p *pool) live(i int) *upConn {
+	s := &p.slots[i%len(p.slots)]
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.c != nil && s.c.failed() == nil {
+		return s.c
+	}
+	return nil
+}
+
 // get returns slot i's connection, dialing it when there is none or it
 // failed, unless a backoff after a failed dial is running.
 func (p *pool) get(ctx context.Context, i int) (*upConn, error) {
@@ -404,7 +415,12 @@ func (p *Pipe) Collect(ctx context.Context, proto int, timed bool) ([]byte, erro
 // commands on a shared connection (it reports false, sending nothing, when
 // the client is pinned), and only one at a time: the caller waits until
 // deliver ran before it calls Collect or CollectAsync again.
-func (p *Pipe) CollectAsync(ctx context.Context, proto int, deliver func([]byte)) bool {
+//
+// later, when not nil, is the event loop's (resp.Session.Later): the
+// commands are queued without waiting for the upstream's socket, written
+// once the loop has served every ready client, and a connection that must
+// be dialed first is dialed on a goroutine of its own.
+func (p *Pipe) CollectAsync(ctx context.Context, proto int, deliver func([]byte), later func(func())) bool {
 	if p.pin != nil {
 		return false
 	}
@@ -416,18 +432,45 @@ func (p *Pipe) CollectAsync(ctx context.Context, proto int, deliver func([]byte)
 	p.out, p.n = p.out[:0], 0
 	cl := p.cl
 	cl.buf, cl.n, cl.deliver = cl.buf[:0], n, deliver
-	c, err := p.r.shared[proto-2].get(ctx, p.id)
-	if err == nil {
-		err = c.send(req, cl, true)
+	pool := p.r.shared[proto-2]
+	var err error
+	if later != nil {
+		c := pool.live(p.id)
+		if c == nil {
+			// The request is p.out's memory, reused by the next batch,
+			// which waits for deliver.
+			go func() {
+				c, err := pool.get(ctx, p.id)
+				if err == nil {
+					err = c.send(req, cl, true)
+				}
+				if err != nil {
+					failCall(cl, err)
+				}
+			}()
+			return true
+		}
+		err = c.queue(req, cl, later)
+	} else {
+		var c *upConn
+		c, err = pool.get(ctx, p.id)
+		if err == nil {
+			err = c.send(req, cl, true)
+		}
 	}
 	if err != nil {
-		// Not queued: no reader will deliver.
-		for ; cl.n > 0; cl.n-- {
-			cl.buf = appendError(cl.buf, unavailable(err))
-		}
-		deliver(cl.buf)
+		failCall(cl, err)
 	}
 	return true
+}
+
+// failCall answers every command of cl, which was not queued (no reader
+// will), with the upstream's failure.
+func failCall(cl *call, err error) {
+	for ; cl.n > 0; cl.n-- {
+		cl.buf = appendError(cl.buf, unavailable(err))
+	}
+	cl.deliver(cl.buf)
 }
 
 // checkPin lets go of a pinned connection that failed: its state (a

@@ -49,6 +49,8 @@ type Reader struct {
 	// argument counts.
 	offs   []int
 	counts []int
+	// need is what the last parseBuffered said the next command needs.
+	need int
 }
 
 // NewReader returns a Reader over rd.
@@ -70,6 +72,19 @@ func (r *Reader) ReadBatch() ([][][]byte, error) {
 			return nil, err
 		}
 	}
+}
+
+// Buffered is how many bytes are read and not yet handed out.
+func (r *Reader) Buffered() int { return r.end - r.start }
+
+// parseBuffered is ReadBatch without the read, for the event loop: the
+// commands complete in what was read so far (none when the next is not
+// complete yet), and a *ProtocolError after them when the input is
+// malformed.
+func (r *Reader) parseBuffered() ([][][]byte, error) {
+	need, err := r.parse()
+	r.need = need
+	return r.batch(), err
 }
 
 // maxWatchBuffer bounds what a client may pipeline behind a blocked

@@ -31,6 +31,16 @@ type BatchHandler interface {
 	EndBatch(s *Session)
 }
 
+// LoopHandler is a Handler some of whose batches can run on the server's
+// event loop (see loop_linux.go). LoopSafe reports whether ServeRESP, for
+// every command of cmds in turn, and then EndBatch, run on s without
+// blocking: no network round trip waited for, no lock taken that is held
+// across one. It must not change s. A batch it refuses moves the
+// connection to a goroutine of its own for the rest of its life.
+type LoopHandler interface {
+	LoopSafe(s *Session, cmds [][][]byte) bool
+}
+
 // Server accepts RESP connections. It runs its own connection loop and
 // command reader rather than tidwall/redcon's, for what redcon does not
 // do: replies to the commands before a protocol error, Redis's input
@@ -43,6 +53,9 @@ type Server struct {
 	Logger  *zap.Logger
 	// MaxClients caps open connections; more are refused with Redis's text.
 	MaxClients int
+	// EventLoop serves plain TCP connections on an event loop while their
+	// commands allow it (Linux, with a LoopHandler and BatchHandler).
+	EventLoop bool
 
 	baseCtx  context.Context
 	cancel   context.CancelFunc
@@ -53,6 +66,7 @@ type Server struct {
 	closing  bool
 	wg       sync.WaitGroup
 	once     sync.Once
+	loop     *eventLoop
 }
 
 func (s *Server) init() {
@@ -78,6 +92,17 @@ func (s *Server) Serve(ln net.Listener) error {
 		return ErrServerClosed
 	}
 	s.ln = ln
+	if s.EventLoop && s.loop == nil {
+		lh, ok1 := s.Handler.(LoopHandler)
+		bh, ok2 := s.Handler.(BatchHandler)
+		if ok1 && ok2 {
+			l, err := startLoop(s, lh, bh)
+			if err != nil {
+				s.Logger.Warn("no event loop; every connection gets a goroutine", zap.Error(err))
+			}
+			s.loop = l
+		}
+	}
 	s.mu.Unlock()
 	var backoff time.Duration
 	for {
@@ -125,8 +150,21 @@ func (s *Server) accept(c net.Conn) {
 	sess := newSession(s.baseCtx, s.nextID.Add(1), c)
 	s.sessions[sess] = struct{}{}
 	s.wg.Add(1)
+	loop := s.loop
 	s.mu.Unlock()
-	go s.serveConn(sess)
+	if tc, ok := c.(*net.TCPConn); ok && loop != nil {
+		if err := loop.add(sess, tc); err == nil {
+			return
+		}
+	}
+	go s.serveConn(sess, nil, nil)
+}
+
+// forget drops a session that has ended from the server's set.
+func (s *Server) forget(sess *Session) {
+	s.mu.Lock()
+	delete(s.sessions, sess)
+	s.mu.Unlock()
 }
 
 // Clients is the number of open connections.
@@ -149,7 +187,9 @@ func (s *Server) Sessions() []*Session {
 	return out
 }
 
-func (s *Server) serveConn(sess *Session) {
+// serveConn serves a connection on its own goroutine: first cmds and err,
+// a batch the event loop read but could not run, if any.
+func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 	defer s.wg.Done()
 	defer func() {
 		// Replies another goroutine still writes (BeginAsync) go out
@@ -157,9 +197,7 @@ func (s *Server) serveConn(sess *Session) {
 		sess.WaitAsync()
 		sess.cancel()
 		sess.conn.Close()
-		s.mu.Lock()
-		delete(s.sessions, sess)
-		s.mu.Unlock()
+		s.forget(sess)
 		s.Handler.Closed(sess)
 	}()
 
@@ -167,8 +205,10 @@ func (s *Server) serveConn(sess *Session) {
 	// per batch on the hot path. A command that blocks asks the session to
 	// watch for the peer going away meanwhile (Session.WatchClose).
 	bh, _ := s.Handler.(BatchHandler)
-	for {
-		cmds, err := sess.rd.ReadBatch()
+	for first := true; ; first = false {
+		if !first || (len(cmds) == 0 && err == nil) {
+			cmds, err = sess.rd.ReadBatch()
+		}
 		// Commands that arrived before a protocol error are served first,
 		// as Redis does.
 		if len(cmds) > 0 {
@@ -218,7 +258,11 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for sess := range s.sessions {
 		// Wakes a connection waiting for input; one running a command
 		// finishes it, then sees the server closing.
-		_ = sess.conn.SetReadDeadline(time.Now())
+		_ = sess.netConn().SetReadDeadline(time.Now())
+	}
+	if s.loop != nil {
+		// The loop closes its connections once their replies are out.
+		s.loop.stop()
 	}
 	s.mu.Unlock()
 
@@ -234,7 +278,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.cancel()
 		s.mu.Lock()
 		for sess := range s.sessions {
-			sess.conn.Close()
+			sess.netConn().Close()
 		}
 		s.mu.Unlock()
 		<-done

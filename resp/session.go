@@ -1,6 +1,7 @@
 package resp
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net"
@@ -24,8 +25,14 @@ type Session struct {
 	// Data is per-connection state owned by the command layer.
 	Data any
 
-	id         int64
+	id int64
+	// conn is the client's connection. It changes once at most, when the
+	// event loop hands the connection to a goroutine (setConn); other
+	// goroutines read it under connMu.
 	conn       net.Conn
+	connMu     sync.Mutex
+	localAddr  string
+	remoteAddr string
 	ctx        context.Context
 	cancel     context.CancelFunc
 	created    time.Time
@@ -52,6 +59,18 @@ type Session struct {
 	rawN    int
 	rawErr  error
 	rawFunc func(fd uintptr) bool
+
+	// On the event loop (loop_linux.go): loop is the loop serving the
+	// session, nil once it has a goroutine; home the loop it started on,
+	// which a finished reply write wakes when stalled is set. paused: out
+	// of the loop's epoll set until a reply write is done. fc is the
+	// loop's socket.
+	loop      *eventLoop
+	home      *eventLoop
+	loopWrite func([]byte) // BeginAsync's write on the loop: home.deliver
+	stalled   atomic.Bool
+	paused    bool
+	fc        *fdConn
 }
 
 // replyWriteTimeout bounds one write of replies to a client that does not
@@ -75,18 +94,66 @@ func newSession(base context.Context, id int64, c net.Conn) *Session {
 
 		asyncDone: make(chan struct{}, 1),
 	}
+	if a := c.LocalAddr(); a != nil {
+		s.localAddr = a.String()
+	}
+	if a := c.RemoteAddr(); a != nil {
+		s.remoteAddr = a.String()
+	}
 	s.lastActive.Store(s.created.UnixNano())
 	s.asyncWrite = s.writeAsync
+	s.rawFunc = func(fd uintptr) bool {
+		s.rawN, s.rawErr = syscall.Write(int(fd), s.rawBuf)
+		return true // one attempt: never wait for the socket
+	}
+	s.setConn(c, nil)
+	return s
+}
+
+// setConn makes c the session's connection (fc when it is the event
+// loop's socket). Only the goroutine that owns the session calls it, with
+// no reply write in flight.
+func (s *Session) setConn(c net.Conn, fc *fdConn) {
+	var raw syscall.RawConn
 	if sc, ok := c.(syscall.Conn); ok {
 		if rc, err := sc.SyscallConn(); err == nil {
-			s.raw = rc
-			s.rawFunc = func(fd uintptr) bool {
-				s.rawN, s.rawErr = syscall.Write(int(fd), s.rawBuf)
-				return true // one attempt: never wait for the socket
-			}
+			raw = rc
 		}
 	}
-	return s
+	s.writeMu.Lock()
+	s.connMu.Lock()
+	s.conn, s.raw, s.fc = c, raw, fc
+	s.rd.rd = c
+	s.wdeadline = deadline.Write{} // none is set on c yet
+	s.connMu.Unlock()
+	s.writeMu.Unlock()
+}
+
+// netConn is the connection, for other goroutines than the owner.
+func (s *Session) netConn() net.Conn {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	return s.conn
+}
+
+func (s *Session) fdc() *fdConn { return s.fc }
+
+// writeBuffered hands the replies in W to writeAsync, for the event loop,
+// which must not wait for a client's socket.
+func (s *Session) writeBuffered() {
+	b := bytes.Clone(s.W.Bytes())
+	s.W.Reset()
+	s.asyncBusy = true
+	s.writeAsync(b)
+}
+
+// asyncFinished tells the owner that the reply write is done, and wakes
+// the event loop when it waits for that.
+func (s *Session) asyncFinished() {
+	s.asyncDone <- struct{}{}
+	if s.stalled.Swap(false) {
+		s.home.wake(s)
+	}
 }
 
 // BeginAsync lets another goroutine write the replies to the commands
@@ -103,6 +170,9 @@ func (s *Session) BeginAsync() (write func([]byte), ok bool) {
 		return nil, false
 	}
 	s.asyncBusy = true
+	if s.loop != nil {
+		return s.loopWrite, true
+	}
 	return s.asyncWrite, true
 }
 
@@ -139,11 +209,11 @@ func (s *Session) writeAsync(b []byte) {
 			if len(s.pushes) > 0 {
 				go s.drainPushes()
 			}
-			s.asyncDone <- struct{}{}
+			s.asyncFinished()
 			return
 		case err == nil && werr != nil && werr != syscall.EAGAIN && werr != syscall.EINTR:
 			s.cancel() // the client is gone
-			s.asyncDone <- struct{}{}
+			s.asyncFinished()
 			return
 		case err == nil && n > 0:
 			b = b[n:]
@@ -162,7 +232,7 @@ func (s *Session) writeAsync(b []byte) {
 		if len(s.pushes) > 0 {
 			s.drainPushes()
 		}
-		s.asyncDone <- struct{}{}
+		s.asyncFinished()
 	}()
 }
 
@@ -173,10 +243,10 @@ func (s *Session) ID() int64 { return s.id }
 func (s *Session) Context() context.Context { return s.ctx }
 
 // RemoteAddr is the client's address.
-func (s *Session) RemoteAddr() string { return s.conn.RemoteAddr().String() }
+func (s *Session) RemoteAddr() string { return s.remoteAddr }
 
 // LocalAddr is the address the client connected to.
-func (s *Session) LocalAddr() string { return s.conn.LocalAddr().String() }
+func (s *Session) LocalAddr() string { return s.localAddr }
 
 // Created is when the connection was accepted.
 func (s *Session) Created() time.Time { return s.created }
@@ -217,7 +287,7 @@ func (s *Session) Flush() error {
 // have closed it.
 func (s *Session) Close() {
 	s.cancel()
-	_ = s.conn.Close()
+	_ = s.netConn().Close()
 }
 
 // CloseAfterReply closes the connection once the current reply is written

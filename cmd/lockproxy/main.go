@@ -232,7 +232,8 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		// reverse): a command in flight still gets its reply.
 		defer up.Close()
 	}
-	srv := &resp.Server{Logger: log, MaxClients: cfg.Limits.MaxClients}
+	srv := &resp.Server{Logger: log, MaxClients: cfg.Limits.MaxClients,
+		EventLoop: cfg.Upstream.Address != "" && cfg.Upstream.EventLoop}
 	handler := commands.NewHandler(commands.Options{
 		Backend: backend,
 		Limits: commands.Limits{

@@ -1,0 +1,93 @@
+package commands
+
+import (
+	"github.com/lockproxy/lockproxy/resp"
+)
+
+// LoopSafe implements resp.LoopHandler: the batches the server's event loop
+// may run. Two kinds qualify, so that ServeRESP and EndBatch never wait:
+//
+//   - every command relayed on the shared upstream connection as it is
+//     (relayPlain), with the replies written by the upstream's reader
+//     (EndBatch, CollectAsync): the hot path of a drop-in proxy;
+//   - every command one of the connection commands a client library sends
+//     when it connects (loopLocal), answered from memory.
+//
+// A mix of the two is not: a local reply between relayed ones makes the
+// relay wait for the replies before it. Nor is anything on a connection
+// with a transaction, a pinned upstream connection or relayed replies
+// pending, nor a command on lock keys (served by the lock nodes).
+func (h *Handler) LoopSafe(s *resp.Session, cmds [][][]byte) bool {
+	if len(cmds) == 0 || len(cmds) >= maxPending {
+		return false
+	}
+	authed := !h.authRequired()
+	if c, ok := s.Data.(*conn); ok {
+		authed = authed || c.authed
+		if c.rl != nil && (c.rl.multi || c.rl.pipe.Pinned() || c.rl.pipe.Pending() > 0) {
+			return false
+		}
+		if c.ka != nil {
+			return false // KEEPALIVE locks: the connection's goroutine tends them
+		}
+	}
+	var nbuf [32]byte
+	relayed, local := 0, 0
+	for _, args := range cmds {
+		if len(args) == 0 {
+			return false
+		}
+		name := resp.Lower(nbuf[:], args[0])
+		switch {
+		case loopLocal(string(name), args) && (authed || noAuthNeeded(args[0])):
+			local++
+		case authed && h.up != nil && table[string(name)] == nil && relayPlain(string(name), args) &&
+			!h.onLockKeys(args) && !h.lockKeyCommand(args) && h.up.Check(name, args) == nil:
+			relayed++
+		default:
+			return false
+		}
+	}
+	return relayed == 0 || local == 0
+}
+
+// loopLocal names the connection commands the event loop answers: those a
+// client library sends as it connects, answered from the connection's own
+// state. RESET, SELECT, QUIT and CLIENT LIST are not among them.
+func loopLocal(name string, args [][]byte) bool {
+	switch name {
+	case "ping", "echo", "hello", "auth":
+		return true
+	case "client":
+		if len(args) < 2 {
+			return false
+		}
+		for _, sub := range []string{"SETNAME", "GETNAME", "ID", "SETINFO", "INFO", "NO-EVICT", "NO-TOUCH"} {
+			if resp.EqualFold(args[1], sub) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// lockKeyCommand tells, erring towards yes, whether transparent mode may
+// serve args (a command on lock keys, or a script): any argument that
+// looks like a lock key will do. Such a command runs on the lock nodes,
+// which the event loop must not wait for.
+func (h *Handler) lockKeyCommand(args [][]byte) bool {
+	if len(h.patterns) == 0 || len(args) < 2 {
+		return false
+	}
+	var buf [16]byte
+	switch string(resp.Lower(buf[:], args[0])) {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "script", "fcall", "fcall_ro":
+		return true
+	}
+	for _, a := range args[1:] {
+		if h.isLockKey(a) {
+			return true
+		}
+	}
+	return false
+}

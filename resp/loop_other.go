@@ -1,0 +1,26 @@
+//go:build !linux
+
+package resp
+
+import (
+	"errors"
+	"net"
+)
+
+// The event loop is Linux's (epoll); elsewhere every connection has a
+// goroutine of its own.
+
+type eventLoop struct{}
+
+type fdConn struct{ net.Conn }
+
+func startLoop(*Server, LoopHandler, BatchHandler) (*eventLoop, error) {
+	return nil, errors.New("no event loop on this system")
+}
+
+func (l *eventLoop) add(*Session, *net.TCPConn) error { return errors.New("no event loop") }
+func (l *eventLoop) stop()                            {}
+func (l *eventLoop) wake(*Session)                    {}
+
+// Later is nil: no connection is served on an event loop.
+func (s *Session) Later() func(func()) { return nil }
