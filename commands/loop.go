@@ -18,24 +18,58 @@ import (
 // with a transaction, a pinned upstream connection or relayed replies
 // pending, nor a command on lock keys (served by the lock nodes).
 func (h *Handler) LoopSafe(s *resp.Session, cmds [][][]byte) bool {
-	if len(cmds) == 0 || len(cmds) >= maxPending {
+	return h.loopKind(s, cmds) != batchNone
+}
+
+// ServeLoop implements resp.LoopHandler: it serves the batches LoopSafe
+// admits. Relayed commands go straight to the relay: the checks ServeRESP
+// would make on the way are the ones loopKind just made.
+func (h *Handler) ServeLoop(s *resp.Session, cmds [][][]byte) bool {
+	switch h.loopKind(s, cmds) {
+	case batchRelay:
+		rs := h.relayState(s)
+		for _, args := range cmds {
+			h.rm.relayed.Inc()
+			h.relayAdd(s, rs, args)
+		}
+		h.EndBatch(s)
+	case batchLocal:
+		for _, args := range cmds {
+			h.ServeRESP(s, args)
+		}
+		h.EndBatch(s)
+	default:
 		return false
+	}
+	return true
+}
+
+// What kind of batch the event loop may run.
+const (
+	batchNone = iota
+	batchRelay
+	batchLocal
+)
+
+func (h *Handler) loopKind(s *resp.Session, cmds [][][]byte) int {
+	if len(cmds) == 0 || len(cmds) >= maxPending {
+		return batchNone
 	}
 	authed := !h.authRequired()
 	if c, ok := s.Data.(*conn); ok {
 		authed = authed || c.authed
 		if c.rl != nil && (c.rl.multi || c.rl.pipe.Pinned() || c.rl.pipe.Pending() > 0) {
-			return false
+			return batchNone
 		}
 		if c.ka != nil {
-			return false // KEEPALIVE locks: the connection's goroutine tends them
+			return batchNone // KEEPALIVE locks: the connection's goroutine tends them
 		}
 	}
 	var nbuf [32]byte
 	relayed, local := 0, 0
 	for _, args := range cmds {
 		if len(args) == 0 {
-			return false
+			return batchNone
 		}
 		name := resp.Lower(nbuf[:], args[0])
 		switch {
@@ -45,10 +79,16 @@ func (h *Handler) LoopSafe(s *resp.Session, cmds [][][]byte) bool {
 			!h.onLockKeys(args) && !h.lockKeyCommand(args) && h.up.Check(name, args) == nil:
 			relayed++
 		default:
-			return false
+			return batchNone
 		}
 	}
-	return relayed == 0 || local == 0
+	switch {
+	case local == 0:
+		return batchRelay
+	case relayed == 0:
+		return batchLocal
+	}
+	return batchNone
 }
 
 // loopLocal names the connection commands the event loop answers: those a

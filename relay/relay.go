@@ -435,12 +435,17 @@ func (p *Pipe) CollectAsync(ctx context.Context, proto int, deliver func([]byte)
 	pool := p.r.shared[proto-2]
 	var err error
 	if later != nil {
-		c := pool.live(p.id)
+		// The loop writes once per round per upstream connection: its
+		// clients share one, so that the round's requests go in one write.
+		// A client that moves to a goroutine later goes on in its own
+		// slot once these replies are in, so its commands stay in order.
+		const loopSlot = 0
+		c := pool.live(loopSlot)
 		if c == nil {
 			// The request is p.out's memory, reused by the next batch,
 			// which waits for deliver.
 			go func() {
-				c, err := pool.get(ctx, p.id)
+				c, err := pool.get(ctx, loopSlot)
 				if err == nil {
 					err = c.send(req, cl, true)
 				}

@@ -401,17 +401,11 @@ func (l *eventLoop) serve(sess *Session) {
 	if len(cmds) == 0 && perr == nil {
 		return // a command is not complete yet
 	}
-	if perr != nil || sess.ctx.Err() != nil || !l.h.LoopSafe(sess, cmds) {
+	if perr != nil || sess.ctx.Err() != nil || !l.h.ServeLoop(sess, cmds) {
 		l.handOff(sess, cmds, perr)
 		return
 	}
 	sess.lastActive.Store(time.Now().UnixNano())
-	for _, args := range cmds {
-		l.srv.Handler.ServeRESP(sess, args)
-	}
-	if l.bh != nil {
-		l.bh.EndBatch(sess)
-	}
 	if sess.W.Len() > 0 {
 		sess.writeBuffered()
 	}

@@ -56,7 +56,7 @@ func asyncReply(s *Session, size int) []byte {
 	return w.Bytes()
 }
 
-func (h *loopHandler) LoopSafe(s *Session, cmds [][][]byte) bool {
+func (h *loopHandler) ServeLoop(s *Session, cmds [][][]byte) bool {
 	async, local := 0, 0
 	for _, c := range cmds {
 		switch string(c[0]) {
@@ -68,7 +68,14 @@ func (h *loopHandler) LoopSafe(s *Session, cmds [][][]byte) bool {
 			return false
 		}
 	}
-	return async == 0 || local == 0
+	if async > 0 && local > 0 {
+		return false
+	}
+	for _, args := range cmds {
+		h.ServeRESP(s, args)
+	}
+	h.EndBatch(s)
+	return true
 }
 
 func (h *loopHandler) ServeRESP(s *Session, args [][]byte) {

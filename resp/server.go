@@ -32,13 +32,13 @@ type BatchHandler interface {
 }
 
 // LoopHandler is a Handler some of whose batches can run on the server's
-// event loop (see loop_linux.go). LoopSafe reports whether ServeRESP, for
-// every command of cmds in turn, and then EndBatch, run on s without
-// blocking: no network round trip waited for, no lock taken that is held
-// across one. It must not change s. A batch it refuses moves the
-// connection to a goroutine of its own for the rest of its life.
+// event loop (see loop_linux.go). ServeLoop serves cmds as ServeRESP for
+// each and then EndBatch would, when it can do so without blocking (no
+// network round trip waited for, no lock held across one), and reports
+// true; otherwise it changes nothing and reports false, and the connection
+// moves to a goroutine of its own for the rest of its life.
 type LoopHandler interface {
-	LoopSafe(s *Session, cmds [][][]byte) bool
+	ServeLoop(s *Session, cmds [][][]byte) bool
 }
 
 // Server accepts RESP connections. It runs its own connection loop and
