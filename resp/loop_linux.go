@@ -397,12 +397,12 @@ func (l *eventLoop) serve(sess *Session) {
 		sess.paused = false
 		_ = unix.EpollCtl(l.epfd, unix.EPOLL_CTL_MOD, sess.fdc().fd, loopEvent(sess, unix.EPOLLIN|unix.EPOLLRDHUP))
 	}
-	cmds, perr := sess.rd.parseBuffered()
+	cmds, perr := sess.rd.parseViews()
 	if len(cmds) == 0 && perr == nil {
 		return // a command is not complete yet
 	}
 	if perr != nil || sess.ctx.Err() != nil || !l.h.ServeLoop(sess, cmds) {
-		l.handOff(sess, cmds, perr)
+		l.handOff(sess, sess.rd.detach(), perr)
 		return
 	}
 	sess.lastActive.Store(time.Now().UnixNano())

@@ -49,8 +49,11 @@ type Reader struct {
 	// argument counts.
 	offs   []int
 	counts []int
-	// need is what the last parseBuffered said the next command needs.
+	// need is what the last parseViews said the next command needs.
 	need int
+	// the event loop's views of one batch, reused (parseViews)
+	vargs [][]byte
+	vcmds [][][]byte
 }
 
 // NewReader returns a Reader over rd.
@@ -77,15 +80,34 @@ func (r *Reader) ReadBatch() ([][][]byte, error) {
 // Buffered is how many bytes are read and not yet handed out.
 func (r *Reader) Buffered() int { return r.end - r.start }
 
-// parseBuffered is ReadBatch without the read, for the event loop: the
+// parseViews is ReadBatch without the read, for the event loop: the
 // commands complete in what was read so far (none when the next is not
 // complete yet), and a *ProtocolError after them when the input is
-// malformed.
-func (r *Reader) parseBuffered() ([][][]byte, error) {
+// malformed. The commands are views of the read buffer, valid until the
+// next read; detach copies them into memory of their own.
+func (r *Reader) parseViews() ([][][]byte, error) {
 	need, err := r.parse()
 	r.need = need
-	return r.batch(), err
+	if len(r.counts) == 0 {
+		return nil, err
+	}
+	r.vargs = r.vargs[:0]
+	for k := 0; k+1 < len(r.offs); k += 2 {
+		a, b := r.offs[k], r.offs[k+1]
+		r.vargs = append(r.vargs, r.buf[a:b:b])
+	}
+	r.vcmds = r.vcmds[:0]
+	k := 0
+	for _, n := range r.counts {
+		r.vcmds = append(r.vcmds, r.vargs[k:k+n:k+n])
+		k += n
+	}
+	return r.vcmds, err
 }
+
+// detach copies the commands of the last parseViews, for a batch that
+// outlives the next read.
+func (r *Reader) detach() [][][]byte { return r.batch() }
 
 // maxWatchBuffer bounds what a client may pipeline behind a blocked
 // command while the reader watches for it to go away.

@@ -37,6 +37,7 @@ type BatchHandler interface {
 // network round trip waited for, no lock held across one), and reports
 // true; otherwise it changes nothing and reports false, and the connection
 // moves to a goroutine of its own for the rest of its life.
+// The arguments are views of the read buffer: ServeLoop must not keep them.
 type LoopHandler interface {
 	ServeLoop(s *Session, cmds [][][]byte) bool
 }
