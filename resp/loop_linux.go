@@ -512,6 +512,11 @@ func (s *Server) adopt(sess *Session, cmds [][][]byte, perr error) {
 		return
 	}
 	sess.setConn(nc, nil)
+	if s.isClosing() {
+		// Shutdown's wake-up went to the loop's socket: the batch is
+		// served, and the connection then closed rather than read.
+		_ = nc.SetReadDeadline(time.Now())
+	}
 	s.serveConn(sess, cmds, perr)
 }
 
