@@ -73,6 +73,9 @@ type Options struct {
 	Registry prometheus.Registerer
 	// Clients, when set, returns the open sessions (for INFO, CLIENT LIST).
 	Clients func() []*resp.Session
+	// LoopStats, when set, tells the connections on the event loop and
+	// those handed off it (INFO).
+	LoopStats func() (clients, handoffs int64)
 	// DriftFor, when set, tells the drift a lease of ttl is allowed (INFO).
 	DriftFor func(ttl time.Duration) time.Duration
 	// LockPatterns are the key globs served in transparent mode.
@@ -96,6 +99,7 @@ type Handler struct {
 	log       *zap.Logger
 	metrics   *metrics
 	clients   func() []*resp.Session
+	loopStats func() (clients, handoffs int64)
 	started   time.Time
 	runID     string
 	held      *heldLocks
@@ -123,15 +127,16 @@ func NewHandler(o Options) *Handler {
 	}
 	m := newMetrics(o.Registry)
 	h := &Handler{
-		backend: o.Backend,
-		limits:  o.Limits,
-		info:    o.Info,
-		log:     o.Logger,
-		metrics: m,
-		clients: o.Clients,
-		started: time.Now(),
-		runID:   randomHex(20),
-		held:    newHeldLocks(m),
+		backend:   o.Backend,
+		limits:    o.Limits,
+		info:      o.Info,
+		log:       o.Logger,
+		metrics:   m,
+		clients:   o.Clients,
+		loopStats: o.LoopStats,
+		started:   time.Now(),
+		runID:     randomHex(20),
+		held:      newHeldLocks(m),
 
 		patterns: o.LockPatterns,
 		up:       o.Relay,

@@ -354,6 +354,11 @@ func (h *Handler) infoCmd(s *resp.Session, args [][]byte) {
 		kv("lockproxy_locks_held", h.held.count())
 		kv("lockproxy_keepalive_locks", h.keepalive.count())
 		kv("lockproxy_keepalive_idle_ms", h.keepalive.idle.Milliseconds())
+		if h.loopStats != nil {
+			on, off := h.loopStats()
+			kv("lockproxy_event_loop_clients", on)
+			kv("lockproxy_event_loop_handoffs", off)
+		}
 		if ns, ok := h.backend.(nodeStates); ok {
 			for i, st := range ns.NodeStates() {
 				kv("lockproxy_node"+strconv.Itoa(i), st)

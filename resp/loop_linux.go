@@ -140,6 +140,7 @@ func (l *eventLoop) add(sess *Session, tc *net.TCPConn) error {
 		// Give it to a goroutine after all.
 		return l.fail(sess, err)
 	}
+	l.srv.loopClients.Add(1)
 	return nil
 }
 
@@ -439,6 +440,7 @@ func (l *eventLoop) asyncIdle(sess *Session) bool {
 // handOff moves sess to a goroutine of its own, which serves cmds (and
 // perr) first.
 func (l *eventLoop) handOff(sess *Session, cmds [][][]byte, perr error) {
+	l.srv.loopHandoffs.Add(1)
 	l.detach(sess)
 	go l.srv.adopt(sess, cmds, perr)
 }
@@ -454,6 +456,7 @@ func (l *eventLoop) detach(sess *Session) {
 	l.mu.Lock()
 	delete(l.sessions, sess.id)
 	l.mu.Unlock()
+	l.srv.loopClients.Add(-1)
 	sess.loop = nil
 	sess.stalled.Store(false)
 }

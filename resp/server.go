@@ -68,6 +68,14 @@ type Server struct {
 	wg       sync.WaitGroup
 	once     sync.Once
 	loop     *eventLoop
+	// On the event loop now, and moved off it so far.
+	loopClients, loopHandoffs atomic.Int64
+}
+
+// LoopStats tells how many connections the event loop serves now, and how
+// many it has handed to goroutines of their own since the start.
+func (s *Server) LoopStats() (clients, handoffs int64) {
+	return s.loopClients.Load(), s.loopHandoffs.Load()
 }
 
 func (s *Server) init() {

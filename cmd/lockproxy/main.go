@@ -245,10 +245,11 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		Info: commands.Info{
 			Version: version, Commit: commit(), Backend: cfg.Backend, Nodes: nodes, Port: port, Dev: cfg.Dev,
 		},
-		Logger:   log,
-		Registry: reg,
-		Clients:  srv.Sessions,
-		Relay:    up,
+		Logger:    log,
+		Registry:  reg,
+		Clients:   srv.Sessions,
+		LoopStats: srv.LoopStats,
+		Relay:     up,
 
 		LockPatterns: cfg.LockPatterns,
 		Password:     cfg.Auth.Password,

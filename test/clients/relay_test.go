@@ -1,6 +1,7 @@
 package clients
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -476,3 +477,118 @@ func TestRelayInteractiveCLI(t *testing.T) {
 
 // ansiEscape matches terminal escape sequences.
 var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
+
+// TestRelayEventLoop: plain relayed traffic is served on the event loop.
+// A pipeline far bigger than the socket buffers, sent while the upstream
+// is stopped, gets every reply in order once it runs again (the loop's
+// upstream write goes on from a goroutine); a pipeline longer than one
+// relayed batch may be moves the connection to a goroutine of its own, as
+// does a lock command; INFO counts both.
+func TestRelayEventLoop(t *testing.T) {
+	e := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	dial := func() (net.Conn, *bufioReader) {
+		c, err := net.DialTimeout("tcp", e.proxy, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { c.Close() })
+		_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+		return c, newBufioReader(c)
+	}
+	loopStats := func() (on, off int) {
+		t.Helper()
+		info, err := proxyClient(t, e, 2).Info(ctx, "lockproxy").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range []struct {
+			name string
+			v    *int
+		}{{"lockproxy_event_loop_clients:", &on}, {"lockproxy_event_loop_handoffs:", &off}} {
+			i := strings.Index(info, f.name)
+			if i < 0 {
+				t.Fatalf("INFO lockproxy has no %s\n%s", f.name, info)
+			}
+			_, _ = fmt.Sscanf(info[i+len(f.name):], "%d", f.v)
+		}
+		return on, off
+	}
+
+	// The upstream stops reading while 16 MB of SETs come in.
+	big, bigRd := dial()
+	value := strings.Repeat("v", 256<<10)
+	var req []byte
+	for i := range 64 {
+		req = fmt.Appendf(req, "*3\r\n$3\r\nSET\r\n$%d\r\nloop%d\r\n$%d\r\n%s\r\n", len(fmt.Sprint("loop", i)), i, len(value), value)
+	}
+	e.up.Pause()
+	wrote := make(chan error, 1)
+	go func() { _, err := big.Write(req); wrote <- err }()
+	time.Sleep(300 * time.Millisecond)
+	e.up.Resume()
+	if err := <-wrote; err != nil {
+		t.Fatalf("writing the pipeline: %v", err)
+	}
+	for i := range 64 {
+		if line, err := bigRd.line(); err != nil || line != "+OK" {
+			t.Fatalf("SET %d = %q, %v", i, line, err)
+		}
+	}
+	// Replies in order on the same connection, still on the loop.
+	if _, err := big.Write([]byte("*2\r\n$3\r\nGET\r\n$6\r\nloop63\r\n*2\r\n$6\r\nSTRLEN\r\n$5\r\nloop0\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := bigRd.line(); err != nil || line != fmt.Sprintf("$%d", len(value)) {
+		t.Fatalf("GET loop63 = %q, %v", line, err)
+	}
+	if line, err := bigRd.line(); err != nil || line != value {
+		t.Fatalf("GET loop63: a value of %d bytes, %v", len(line), err)
+	}
+	if line, err := bigRd.line(); err != nil || line != fmt.Sprintf(":%d", len(value)) {
+		t.Fatalf("STRLEN loop0 = %q, %v", line, err)
+	}
+	on, off := loopStats()
+	if on < 1 {
+		t.Errorf("event_loop_clients = %d with a plain relaying client open; want it on the loop", on)
+	}
+
+	// 5,000 GETs in one write: more than the loop relays in one batch.
+	long, longRd := dial()
+	var gets []byte
+	for range 5000 {
+		gets = append(gets, "*2\r\n$3\r\nGET\r\n$6\r\nnokey1\r\n"...)
+	}
+	if _, err := long.Write(gets); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 5000 {
+		if line, err := longRd.line(); err != nil || line != "$-1" {
+			t.Fatalf("GET %d = %q, %v", i, line, err)
+		}
+	}
+
+	// A lock command moves its connection.
+	lk, lkRd := dial()
+	if _, err := lk.Write([]byte("*4\r\n$4\r\nLOCK\r\n$2\r\nlk\r\n$2\r\nPX\r\n$4\r\n5000\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if line, err := lkRd.line(); err != nil || line != "*6" {
+		t.Fatalf("LOCK = %q, %v", line, err)
+	}
+	_, off2 := loopStats()
+	if off2 < off+2 {
+		t.Errorf("event_loop_handoffs went from %d to %d; want the long pipeline and the lock command moved", off, off2)
+	}
+}
+
+// bufioReader reads RESP lines.
+type bufioReader struct{ r *bufio.Reader }
+
+func newBufioReader(c net.Conn) *bufioReader { return &bufioReader{bufio.NewReaderSize(c, 1<<20)} }
+
+func (b *bufioReader) line() (string, error) {
+	s, err := b.r.ReadString('\n')
+	return strings.TrimSuffix(s, "\r\n"), err
+}
