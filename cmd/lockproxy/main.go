@@ -234,6 +234,18 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	}
 	srv := &resp.Server{Logger: log, MaxClients: cfg.Limits.MaxClients,
 		EventLoop: cfg.Upstream.Address != "" && cfg.Upstream.EventLoop}
+	if srv.EventLoop {
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "lockproxy_event_loop_clients",
+				Help: "Client connections served on the event loop now.",
+			}, func() float64 { on, _ := srv.LoopStats(); return float64(on) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "lockproxy_event_loop_handoffs_total",
+				Help: "Client connections moved from the event loop to a goroutine of their own (a lock command, a transaction, a blocking command…).",
+			}, func() float64 { _, off := srv.LoopStats(); return float64(off) }),
+		)
+	}
 	handler := commands.NewHandler(commands.Options{
 		Backend: backend,
 		Limits: commands.Limits{
