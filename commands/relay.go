@@ -135,6 +135,12 @@ func (h *Handler) EndBatch(s *resp.Session) {
 			return
 		}
 	}
+	if s.Later() != nil {
+		// On the event loop, BeginAsync refuses only a connection that is
+		// going away, and the loop must not wait for the upstream.
+		relayCanceled(s, rs)
+		return
+	}
 	h.relayCollect(s, rs, true)
 }
 
@@ -161,6 +167,18 @@ func (h *Handler) relayAdd(s *resp.Session, rs *relayConn, args [][]byte) {
 	}
 }
 
+// relayCanceled answers the pending commands, unsent, as canceled: their
+// connection is going away.
+func relayCanceled(s *resp.Session, rs *relayConn) {
+	n := rs.pipe.Pending()
+	rs.pipe.Discard()
+	var b []byte
+	for range n {
+		b = append(b, "-ERR command canceled: connection closing or server shutting down\r\n"...)
+	}
+	splice(s.W, rs.at, b)
+}
+
 // relayCollect waits for the replies of the pending commands and puts them
 // where they belong in s.W.
 func (h *Handler) relayCollect(s *resp.Session, rs *relayConn, timed bool) {
@@ -174,12 +192,7 @@ func (h *Handler) relayCollect(s *resp.Session, rs *relayConn, timed bool) {
 	if !written {
 		// The client is gone while the upstream's replies to its last
 		// batch are still on their way: nothing more is sent for it.
-		rs.pipe.Discard()
-		var b []byte
-		for range n {
-			b = append(b, "-ERR command canceled: connection closing or server shutting down\r\n"...)
-		}
-		splice(s.W, rs.at, b)
+		relayCanceled(s, rs)
 		return
 	}
 	out, err := rs.pipe.Collect(s.Context(), s.W.Proto(), timed)

@@ -170,6 +170,8 @@ func (c *upConn) flushLoop() {
 		}
 		if cap(buf) <= 1<<20 {
 			c.spare = buf[:0]
+		} else {
+			c.spare = nil // c.wbuf may be the old spare: never both one array
 		}
 	}
 	c.writing = false

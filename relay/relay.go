@@ -151,7 +151,11 @@ func (p *pool) drain() []*upConn {
 // live returns slot i's connection when it is up, without dialing.
 func (p *pool) live(i int) *upConn {
 	s := &p.slots[i%len(p.slots)]
-	s.mu.Lock()
+	if !s.mu.TryLock() {
+		// A dial holds the slot (get): the caller, the event loop, must
+		// not wait for it; CollectAsync's goroutine does.
+		return nil
+	}
 	defer s.mu.Unlock()
 	if s.c != nil && s.c.failed() == nil {
 		return s.c

@@ -126,21 +126,21 @@ func (l *eventLoop) add(sess *Session, tc *net.TCPConn) error {
 	sess.loopWrite = func(b []byte) { l.deliver(sess, b) }
 	_ = tc.Close()
 
+	// Under l.mu, so that a shutdown (closeAll) either finds the session
+	// in the set or makes it go to a goroutine.
 	l.mu.Lock()
 	if l.stopping {
 		l.mu.Unlock()
 		return l.fail(sess, errors.New("server shutting down"))
 	}
-	l.sessions[sess.id] = sess
-	l.mu.Unlock()
 	if err := unix.EpollCtl(l.epfd, unix.EPOLL_CTL_ADD, fd, loopEvent(sess, unix.EPOLLIN|unix.EPOLLRDHUP)); err != nil {
-		l.mu.Lock()
-		delete(l.sessions, sess.id)
 		l.mu.Unlock()
 		// Give it to a goroutine after all.
 		return l.fail(sess, err)
 	}
+	l.sessions[sess.id] = sess
 	l.srv.loopClients.Add(1)
+	l.mu.Unlock()
 	return nil
 }
 
@@ -150,6 +150,10 @@ func (l *eventLoop) fail(sess *Session, err error) error {
 	sess.loop = nil
 	if nc, cerr := sess.fdc().netConn(); cerr == nil {
 		sess.setConn(nc, nil)
+		if l.srv.isClosing() {
+			// Shutdown's wake-up may have gone to the old socket.
+			_ = nc.SetReadDeadline(time.Now())
+		}
 	} else {
 		sess.fdc().destroy()
 	}
@@ -219,17 +223,13 @@ func (l *eventLoop) stop() {
 func (l *eventLoop) run() {
 	defer close(l.done)
 	defer func() {
+		// Also when the loop failed: its connections go on on goroutines,
+		// what it queued upstream is written, and no new connection joins
+		// it.
 		l.mu.Lock()
-		if !l.closed {
-			l.closed = true
-			_ = unix.Close(l.wakeFD)
-		}
-		writes := l.writes
-		l.writes = nil
+		shutdown := l.stopping
 		l.mu.Unlock()
-		for _, w := range writes {
-			w.sess.writeAsync(w.b)
-		}
+		l.closeAll(shutdown)
 		_ = l.poller.Close()
 	}()
 	rc, err := l.poller.SyscallConn()
@@ -303,8 +303,7 @@ func (l *eventLoop) run() {
 			writes[i] = loopWrite{}
 		}
 		if stopping {
-			l.closeAll()
-			return
+			return // the deferred closeAll ends the sessions
 		}
 		for _, sess := range ready {
 			if sess.loop == l { // not handed off earlier in this round
@@ -344,6 +343,9 @@ func (l *eventLoop) runLater() {
 	l.later = l.later[:0]
 }
 
+// wait returns once the loop has ended.
+func (l *eventLoop) wait() { <-l.done }
+
 func (l *eventLoop) owns(sess *Session) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -357,9 +359,11 @@ func (l *eventLoop) readable(sess *Session) {
 		l.close(sess)
 		return
 	}
-	if sess.rd.Buffered() >= maxWatchBuffer {
-		// Waiting for a reply write to finish, with a megabyte of requests
-		// read ahead: stop reading until it is done.
+	if sess.rd.Buffered() >= maxWatchBuffer && !l.asyncIdle(sess) {
+		// Waiting for a reply write to finish (asyncIdle marked it to be
+		// woken), with a megabyte of requests read ahead: stop reading
+		// until it is done. Without a write in flight, a big command is
+		// read on, as on a goroutine.
 		l.pause(sess)
 		return
 	}
@@ -461,31 +465,39 @@ func (l *eventLoop) detach(sess *Session) {
 	sess.stalled.Store(false)
 }
 
-// closeAll ends every session on the loop, at shutdown.
-func (l *eventLoop) closeAll() {
+// closeAll ends every session on the loop, when the loop ends. At
+// shutdown, a session with requests read and not yet served goes to a
+// goroutine, which serves them and then closes it, and the others are
+// closed once their replies in flight are out; when the loop failed, every
+// session goes on on a goroutine of its own.
+func (l *eventLoop) closeAll(shutdown bool) {
 	l.mu.Lock()
+	l.stopping = true
 	all := make([]*Session, 0, len(l.sessions))
 	for _, sess := range l.sessions {
 		all = append(all, sess)
 	}
 	l.mu.Unlock()
 	for _, sess := range all {
-		l.close(sess)
+		if !shutdown || sess.rd.Buffered() > 0 {
+			l.handOff(sess, nil, nil)
+		} else {
+			l.close(sess)
+		}
 	}
+	l.runLater()
 	// Replies handed in from now on are written by whoever hands them in.
 	l.mu.Lock()
 	writes := l.writes
 	l.writes = nil
-	l.closed = true
-	_ = unix.Close(l.wakeFD)
+	if !l.closed {
+		l.closed = true
+		_ = unix.Close(l.wakeFD)
+	}
 	l.mu.Unlock()
 	for _, w := range writes {
 		w.sess.writeAsync(w.b)
 	}
-	for _, f := range l.later {
-		f()
-	}
-	l.later = nil
 }
 
 // Later runs f after the loop has served every connection ready in this
@@ -511,6 +523,7 @@ func (s *Server) adopt(sess *Session, cmds [][][]byte, perr error) {
 		fc.destroy()
 		sess.cancel()
 		s.forget(sess)
+		s.Handler.Closed(sess)
 		s.wg.Done()
 		return
 	}

@@ -447,3 +447,33 @@ func TestLoopManyClients(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+// TestLoopBigCommand: one command bigger than what the loop reads ahead
+// for a stalled connection (1 MB) is read on and served, with and without
+// a reply in flight before it.
+func TestLoopBigCommand(t *testing.T) {
+	_, _, addr := loopServer(t)
+	big := strings.Repeat("x", 3<<20)
+	for _, tc := range []struct {
+		name   string
+		before []string
+	}{
+		{"alone", nil},
+		{"behind a slow reply", []string{"ASYNC 10 100"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialTest(t, addr)
+			if tc.before != nil {
+				c.send(tc.before...)
+				time.Sleep(5 * time.Millisecond)
+			}
+			c.send("LOCAL " + big)
+			if tc.before != nil {
+				c.want("loop")
+			}
+			if got := c.reply(); got != "loop:"+big {
+				t.Fatalf("reply of %d bytes; want the 3 MB argument back", len(got))
+			}
+		})
+	}
+}

@@ -20,6 +20,7 @@ func startLoop(*Server, LoopHandler, BatchHandler) (*eventLoop, error) {
 
 func (l *eventLoop) add(*Session, *net.TCPConn) error { return errors.New("no event loop") }
 func (l *eventLoop) stop()                            {}
+func (l *eventLoop) wait()                            {}
 func (l *eventLoop) wake(*Session)                    {}
 
 // Later is nil: no connection is served on an event loop.

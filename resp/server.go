@@ -269,14 +269,21 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		// finishes it, then sees the server closing.
 		_ = sess.netConn().SetReadDeadline(time.Now())
 	}
-	if s.loop != nil {
+	loop := s.loop
+	if loop != nil {
 		// The loop closes its connections once their replies are out.
-		s.loop.stop()
+		loop.stop()
 	}
 	s.mu.Unlock()
 
 	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
+	go func() {
+		s.wg.Wait()
+		if loop != nil {
+			loop.wait()
+		}
+		close(done)
+	}()
 	select {
 	case <-done:
 		s.cancel()
