@@ -91,12 +91,13 @@ func (h *Handler) loopKind(s *resp.Session, cmds [][][]byte) int {
 	return batchNone
 }
 
-// loopLocal names the connection commands the event loop answers: those a
-// client library sends as it connects, answered from the connection's own
-// state. RESET, SELECT, QUIT and CLIENT LIST are not among them.
+// loopLocal names the commands the event loop answers: those a client
+// library sends as it connects (ioredis's ready check is INFO), answered
+// from memory. RESET, SELECT, QUIT, COMMAND and CLIENT LIST are not among
+// them.
 func loopLocal(name string, args [][]byte) bool {
 	switch name {
-	case "ping", "echo", "hello", "auth":
+	case "ping", "echo", "hello", "auth", "info":
 		return true
 	case "client":
 		if len(args) < 2 {
