@@ -5,10 +5,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
+	"os"
 	"path/filepath"
 	"regexp"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -591,4 +596,152 @@ func newBufioReader(c net.Conn) *bufioReader { return &bufioReader{bufio.NewRead
 func (b *bufioReader) line() (string, error) {
 	s, err := b.r.ReadString('\n')
 	return strings.TrimSuffix(s, "\r\n"), err
+}
+
+// TestRelayEventLoopChurn: connections come and go on the event loop in
+// every way — relaying and leaving, leaving with replies in flight,
+// leaving in the middle of a command, moving to a goroutine for a lock
+// command — and afterwards lockproxy holds no more file descriptors or
+// goroutines than before.
+func TestRelayEventLoopChurn(t *testing.T) {
+	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	e := start(t, "--admin", admin)
+	if err := harness.WaitTCP(admin, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	fds := func() int {
+		ents, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", e.lp.PID()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(ents)
+	}
+	goroutines := func() int {
+		resp, err := http.Get("http://" + admin + "/debug/pprof/goroutine?debug=1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		first, err := bufio.NewReader(resp.Body).ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, err := strconv.Atoi(strings.TrimSpace(strings.TrimPrefix(first, "goroutine profile: total ")))
+		if err != nil {
+			t.Fatalf("goroutine profile header %q: %v", first, err)
+		}
+		return n
+	}
+	// Warm up: the shared upstream connections, and the lock nodes'
+	// connections that as many concurrent lock commands open, exist
+	// before the baseline.
+	warm := redis.NewClient(&redis.Options{Addr: e.proxy, Protocol: 2, PoolSize: 16, MaxRetries: -1})
+	if err := warm.Set(context.Background(), "warm", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	var warmWG sync.WaitGroup
+	for i := range 16 {
+		warmWG.Add(1)
+		go func() {
+			defer warmWG.Done()
+			for j := range 5 {
+				_ = warm.Do(context.Background(), "LOCK", fmt.Sprintf("warm:%d:%d", i, j), "PX", 500).Err()
+			}
+		}()
+	}
+	warmWG.Wait()
+	_ = warm.Close()
+	// Connections on goroutines relay on every shared connection of the
+	// pool (a mixed batch moves a connection off the loop).
+	for range 8 {
+		c, err := net.DialTimeout("tcp", e.proxy, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		if _, err := c.Write([]byte("*1\r\n$4\r\nPING\r\n*3\r\n$3\r\nSET\r\n$4\r\nwarm\r\n$1\r\n2\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		rd := bufio.NewReader(c)
+		for range 2 {
+			if _, err := rd.ReadString('\n'); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = c.Close()
+	}
+	time.Sleep(200 * time.Millisecond)
+	baseFDs, baseG := fds(), goroutines()
+
+	const workers, rounds = 16, 25
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for r := range rounds {
+				c, err := net.DialTimeout("tcp", e.proxy, 5*time.Second)
+				if err != nil {
+					errs <- err
+					return
+				}
+				_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+				rd := bufio.NewReader(c)
+				key := fmt.Sprintf("churn:%d:%d", w, r)
+				set := fmt.Sprintf("*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$1\r\nv\r\n", len(key), key)
+				switch (w + r) % 4 {
+				case 0: // relays and reads every reply
+					if _, err := c.Write([]byte(set + set + "*1\r\n$4\r\nPING\r\n")); err != nil {
+						errs <- err
+					}
+					for range 3 {
+						if _, err := rd.ReadString('\n'); err != nil {
+							errs <- fmt.Errorf("worker %d round %d: %w", w, r, err)
+							break
+						}
+					}
+				case 1: // leaves with replies in flight
+					_, _ = c.Write([]byte(set + set + set))
+				case 2: // leaves in the middle of a command
+					_, _ = c.Write([]byte(set + "*3\r\n$3\r\nSET\r\n$5\r\nchu"))
+				case 3: // moves to a goroutine for a lock command, then relays
+					lock := fmt.Sprintf("*4\r\n$4\r\nLOCK\r\n$%d\r\n%s\r\n$2\r\nPX\r\n$3\r\n500\r\n", len(key), key)
+					if _, err := c.Write([]byte(lock)); err != nil {
+						errs <- err
+					}
+					if line, err := rd.ReadString('\n'); err != nil || !strings.HasPrefix(line, "*6") {
+						errs <- fmt.Errorf("LOCK = %q, %v", line, err)
+					}
+				}
+				_ = c.Close()
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+
+	// Every connection gone: descriptors and goroutines back near where
+	// they were (a few may be an idle pinned upstream connection and
+	// their readers, and the admin request's).
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		f, g := fds(), goroutines()
+		if f <= baseFDs+2 && g <= baseG+4 {
+			break
+		}
+		if time.Now().After(deadline) {
+			resp, err := http.Get("http://" + admin + "/debug/pprof/goroutine?debug=1")
+			var stacks []byte
+			if err == nil {
+				stacks, _ = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			t.Fatalf("after the churn: %d file descriptors (%d before), %d goroutines (%d before)\n%s", f, baseFDs, g, baseG, stacks)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
