@@ -419,26 +419,17 @@ func (l *eventLoop) serve(sess *Session) {
 // asyncIdle reports whether no reply write of sess is in flight. When one
 // is, sess is marked to be woken when it is done.
 func (l *eventLoop) asyncIdle(sess *Session) bool {
-	if !sess.asyncBusy {
+	if sess.asyncPoll() {
 		return true
-	}
-	select {
-	case <-sess.asyncDone:
-		sess.asyncBusy = false
-		return true
-	default:
 	}
 	sess.stalled.Store(true)
 	// The write may have finished in between, before it saw the mark.
-	select {
-	case <-sess.asyncDone:
-		sess.asyncBusy = false
+	if sess.asyncPoll() {
 		// A wake may still come for it: serving twice is harmless.
 		sess.stalled.Store(false)
 		return true
-	default:
-		return false
 	}
+	return false
 }
 
 // handOff moves sess to a goroutine of its own, which serves cmds (and

@@ -127,18 +127,26 @@ func (h *loopHandler) EndBatch(s *Session) {
 
 func (h *loopHandler) Closed(*Session) { h.closed.Add(1) }
 
-// loopServer serves a loopHandler on an event loop; the cleanup shuts it
-// down and checks that every connection was closed once.
-func loopServer(t *testing.T) (*Server, *loopHandler, string) {
+// serveLoop serves a loopHandler on an event loop; done gets Serve's
+// error.
+func serveLoop(t *testing.T) (srv *Server, h *loopHandler, addr string, done chan error) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &loopHandler{}
-	srv := &Server{Handler: h, EventLoop: true}
-	done := make(chan error, 1)
+	h = &loopHandler{}
+	srv = &Server{Handler: h, EventLoop: true}
+	done = make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
+	return srv, h, ln.Addr().String(), done
+}
+
+// loopServer is serveLoop with a cleanup that shuts the server down and
+// checks that every connection was closed once.
+func loopServer(t *testing.T) (*Server, *loopHandler, string) {
+	t.Helper()
+	srv, h, addr, done := serveLoop(t)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -152,7 +160,7 @@ func loopServer(t *testing.T) (*Server, *loopHandler, string) {
 			t.Errorf("%d clients left after shutdown", n)
 		}
 	})
-	return srv, h, ln.Addr().String()
+	return srv, h, addr
 }
 
 // testClient speaks RESP to a server.
@@ -355,18 +363,11 @@ func TestLoopProtocolError(t *testing.T) {
 // TestLoopShutdown: shutting down lets a reply in flight out, closes idle
 // connections on the loop, and returns.
 func TestLoopShutdown(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := &loopHandler{}
-	srv := &Server{Handler: h, EventLoop: true}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	idle := dialTest(t, ln.Addr().String())
+	srv, h, addr, done := serveLoop(t)
+	idle := dialTest(t, addr)
 	idle.send("LOCAL hi")
 	idle.want("loop:hi")
-	busy := dialTest(t, ln.Addr().String())
+	busy := dialTest(t, addr)
 	busy.send("ASYNC 10 200")
 	time.Sleep(20 * time.Millisecond)
 

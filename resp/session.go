@@ -182,7 +182,7 @@ func (s *Session) BeginAsync() (write func([]byte), ok bool) {
 // connection is going away with a write still in flight, after which no
 // further reply may be written or prepared in the memory it uses.
 func (s *Session) WaitAsync() bool {
-	if !s.asyncBusy {
+	if s.asyncPoll() {
 		return true
 	}
 	select {
@@ -192,6 +192,21 @@ func (s *Session) WaitAsync() bool {
 	case <-s.ctx.Done():
 		// asyncBusy stays set, so no further reply is written after one
 		// that may still be in flight.
+		return false
+	}
+}
+
+// asyncPoll is WaitAsync without the wait: whether no reply write is in
+// flight any more.
+func (s *Session) asyncPoll() bool {
+	if !s.asyncBusy {
+		return true
+	}
+	select {
+	case <-s.asyncDone:
+		s.asyncBusy = false
+		return true
+	default:
 		return false
 	}
 }
