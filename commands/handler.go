@@ -73,9 +73,9 @@ type Options struct {
 	Registry prometheus.Registerer
 	// Clients, when set, returns the open sessions (for INFO, CLIENT LIST).
 	Clients func() []*resp.Session
-	// LoopStats, when set, tells the connections on the event loop and
-	// those handed off it (INFO).
-	LoopStats func() (clients, handoffs int64)
+	// LoopStats, when set, tells the connections on the event loop, and
+	// how many times one was handed off it and came back (INFO).
+	LoopStats func() (clients, handoffs, returns int64)
 	// DriftFor, when set, tells the drift a lease of ttl is allowed (INFO).
 	DriftFor func(ttl time.Duration) time.Duration
 	// LockPatterns are the key globs served in transparent mode.
@@ -99,7 +99,7 @@ type Handler struct {
 	log       *zap.Logger
 	metrics   *metrics
 	clients   func() []*resp.Session
-	loopStats func() (clients, handoffs int64)
+	loopStats func() (clients, handoffs, returns int64)
 	started   time.Time
 	runID     string
 	held      *heldLocks

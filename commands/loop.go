@@ -44,6 +44,21 @@ func (h *Handler) ServeLoop(s *resp.Session, cmds [][][]byte) bool {
 	return true
 }
 
+// LoopReady implements resp.LoopHandler: whether s's state lets the event
+// loop serve it: no transaction, pinned upstream connection or relayed
+// replies pending, and no KEEPALIVE lock (whose watchdog the connection's
+// goroutine tends).
+func (h *Handler) LoopReady(s *resp.Session) bool {
+	c, ok := s.Data.(*conn)
+	if !ok {
+		return true
+	}
+	if c.rl != nil && (c.rl.multi || c.rl.pipe.Pinned() || c.rl.pipe.Pending() > 0) {
+		return false
+	}
+	return c.ka == nil
+}
+
 // What kind of batch the event loop may run.
 const (
 	batchNone = iota
@@ -55,15 +70,12 @@ func (h *Handler) loopKind(s *resp.Session, cmds [][][]byte) int {
 	if len(cmds) == 0 || len(cmds) >= maxPending {
 		return batchNone
 	}
+	if !h.LoopReady(s) {
+		return batchNone
+	}
 	authed := !h.authRequired()
 	if c, ok := s.Data.(*conn); ok {
 		authed = authed || c.authed
-		if c.rl != nil && (c.rl.multi || c.rl.pipe.Pinned() || c.rl.pipe.Pending() > 0) {
-			return batchNone
-		}
-		if c.ka != nil {
-			return batchNone // KEEPALIVE locks: the connection's goroutine tends them
-		}
 	}
 	var nbuf [32]byte
 	relayed, local := 0, 0

@@ -355,9 +355,10 @@ func (h *Handler) infoCmd(s *resp.Session, args [][]byte) {
 		kv("lockproxy_keepalive_locks", h.keepalive.count())
 		kv("lockproxy_keepalive_idle_ms", h.keepalive.idle.Milliseconds())
 		if h.loopStats != nil {
-			on, off := h.loopStats()
+			on, off, back := h.loopStats()
 			kv("lockproxy_event_loop_clients", on)
 			kv("lockproxy_event_loop_handoffs", off)
+			kv("lockproxy_event_loop_returns", back)
 		}
 		if ns, ok := h.backend.(nodeStates); ok {
 			for i, st := range ns.NodeStates() {

@@ -527,6 +527,22 @@ func (s *Server) adopt(sess *Session, cmds [][][]byte, perr error) {
 	s.serveConn(sess, cmds, perr)
 }
 
+// returnToLoop gives a connection served on its goroutine back to the
+// loop, once its replies are out; it reports false when the connection
+// stays on the goroutine (the server is closing, or the loop refused it).
+func (s *Server) returnToLoop(l *eventLoop, sess *Session) bool {
+	tc, ok := sess.conn.(*net.TCPConn)
+	if !ok || s.isClosing() || !sess.WaitAsync() {
+		return false
+	}
+	if err := l.add(sess, tc); err != nil {
+		// add gave it back on a new net.Conn, served here as before.
+		return false
+	}
+	s.loopReturns.Add(1)
+	return true
+}
+
 // finishLoopSession ends a session whose connection the loop closed.
 func (s *Server) finishLoopSession(sess *Session) {
 	defer s.wg.Done()

@@ -56,7 +56,9 @@ func asyncReply(s *Session, size int) []byte {
 	return w.Bytes()
 }
 
-func (h *loopHandler) ServeLoop(s *Session, cmds [][][]byte) bool {
+func (h *loopHandler) LoopReady(*Session) bool { return true }
+
+func (h *loopHandler) LoopSafe(s *Session, cmds [][][]byte) bool {
 	async, local := 0, 0
 	for _, c := range cmds {
 		switch string(c[0]) {
@@ -68,7 +70,11 @@ func (h *loopHandler) ServeLoop(s *Session, cmds [][][]byte) bool {
 			return false
 		}
 	}
-	if async > 0 && local > 0 {
+	return async == 0 || local == 0
+}
+
+func (h *loopHandler) ServeLoop(s *Session, cmds [][][]byte) bool {
+	if !h.LoopSafe(s, cmds) {
 		return false
 	}
 	for _, args := range cmds {
@@ -476,5 +482,42 @@ func TestLoopBigCommand(t *testing.T) {
 				t.Fatalf("reply of %d bytes; want the 3 MB argument back", len(got))
 			}
 		})
+	}
+}
+
+// TestLoopReturns: a connection moved to a goroutine comes back to the
+// loop after 16 batches in a row that the loop could have served, and
+// one that keeps sending batches the loop cannot run stays where it is.
+func TestLoopReturns(t *testing.T) {
+	srv, _, addr := loopServer(t)
+	c := dialTest(t, addr)
+	c.send("BLOCK 0")
+	c.want("+blocked goroutine")
+	for i := range loopReturnAfter {
+		c.send("ASYNC 8 0")
+		if got := c.reply(); !strings.HasPrefix(got, "goroutine") {
+			t.Fatalf("batch %d after the move: %q; want it still on the goroutine", i, got)
+		}
+	}
+	c.send("ASYNC 8 0")
+	c.want("loop")
+	c.send("LOCAL back")
+	c.want("loop:back")
+	if _, _, back := srv.LoopStats(); back != 1 {
+		t.Errorf("returns = %d; want 1", back)
+	}
+
+	// Moving again works the same way, and a connection that blocks
+	// every few batches stays on its goroutine.
+	for i := range 3 * loopReturnAfter {
+		if i%8 == 0 {
+			c.send("BLOCK 0")
+			c.want("+blocked goroutine")
+		}
+		c.send("ASYNC 8 0")
+		c.want("goroutine")
+	}
+	if _, _, back := srv.LoopStats(); back != 1 {
+		t.Errorf("returns = %d after batches that kept blocking; want still 1", back)
 	}
 }

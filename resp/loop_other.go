@@ -23,5 +23,7 @@ func (l *eventLoop) stop()                            {}
 func (l *eventLoop) wait()                            {}
 func (l *eventLoop) wake(*Session)                    {}
 
+func (s *Server) returnToLoop(*eventLoop, *Session) bool { return false }
+
 // Later is nil: no connection is served on an event loop.
 func (s *Session) Later() func(func()) { return nil }

@@ -38,9 +38,21 @@ type BatchHandler interface {
 // true; otherwise it changes nothing and reports false, and the connection
 // moves to a goroutine of its own for the rest of its life.
 // The arguments are views of the read buffer: ServeLoop must not keep them.
+// LoopSafe tells, on the connection's goroutine and before the batch is
+// served, whether ServeLoop would have served it; LoopReady whether the
+// connection's state (no transaction, pinned connection, pending replies
+// or watchdog) lets it go back to the loop.
 type LoopHandler interface {
 	ServeLoop(s *Session, cmds [][][]byte) bool
+	LoopSafe(s *Session, cmds [][][]byte) bool
+	LoopReady(s *Session) bool
 }
+
+// loopReturnAfter is how many batches in a row a connection moved off the
+// event loop serves that the loop could have served before it goes back:
+// a pooled connection that took a lock once returns to the loop for its
+// ordinary traffic, and one that alternates does not move at every batch.
+const loopReturnAfter = 16
 
 // Server accepts RESP connections. It runs its own connection loop and
 // command reader rather than tidwall/redcon's, for what redcon does not
@@ -68,14 +80,15 @@ type Server struct {
 	wg       sync.WaitGroup
 	once     sync.Once
 	loop     *eventLoop
-	// On the event loop now, and moved off it so far.
-	loopClients, loopHandoffs atomic.Int64
+	// On the event loop now, moved off it so far, and back on it.
+	loopClients, loopHandoffs, loopReturns atomic.Int64
 }
 
-// LoopStats tells how many connections the event loop serves now, and how
-// many it has handed to goroutines of their own since the start.
-func (s *Server) LoopStats() (clients, handoffs int64) {
-	return s.loopClients.Load(), s.loopHandoffs.Load()
+// LoopStats tells how many connections the event loop serves now, how
+// many times one was handed to a goroutine of its own, and how many times
+// one came back, since the start.
+func (s *Server) LoopStats() (clients, handoffs, returns int64) {
+	return s.loopClients.Load(), s.loopHandoffs.Load(), s.loopReturns.Load()
 }
 
 func (s *Server) init() {
@@ -199,8 +212,11 @@ func (s *Server) Sessions() []*Session {
 // serveConn serves a connection on its own goroutine: first cmds and err,
 // a batch the event loop read but could not run, if any.
 func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
-	defer s.wg.Done()
+	returned := false // to the event loop, which owns the session now
 	defer func() {
+		if returned {
+			return
+		}
 		// Replies another goroutine still writes (BeginAsync) go out
 		// before the connection closes, as they would have from here.
 		sess.WaitAsync()
@@ -208,15 +224,38 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 		sess.conn.Close()
 		s.forget(sess)
 		s.Handler.Closed(sess)
+		s.wg.Done()
 	}()
 
 	// One goroutine reads and runs the connection's commands: no hand-off
 	// per batch on the hot path. A command that blocks asks the session to
 	// watch for the peer going away meanwhile (Session.WatchClose).
 	bh, _ := s.Handler.(BatchHandler)
+	s.mu.Lock()
+	loop := s.loop
+	s.mu.Unlock()
+	var lh LoopHandler
+	if loop != nil {
+		lh, _ = s.Handler.(LoopHandler)
+	}
+	streak := 0 // batches in a row the loop could have served
 	for first := true; ; first = false {
 		if !first || (len(cmds) == 0 && err == nil) {
+			if lh != nil && streak >= loopReturnAfter && sess.rd.Buffered() == 0 && lh.LoopReady(sess) {
+				if s.returnToLoop(loop, sess) {
+					returned = true
+					return
+				}
+				streak = 0
+			}
 			cmds, err = sess.rd.ReadBatch()
+		}
+		if lh != nil && len(cmds) > 0 {
+			if err == nil && lh.LoopSafe(sess, cmds) {
+				streak++
+			} else {
+				streak = 0
+			}
 		}
 		// Commands that arrived before a protocol error are served first,
 		// as Redis does.

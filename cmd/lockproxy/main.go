@@ -239,11 +239,15 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name: "lockproxy_event_loop_clients",
 				Help: "Client connections served on the event loop now.",
-			}, func() float64 { on, _ := srv.LoopStats(); return float64(on) }),
+			}, func() float64 { on, _, _ := srv.LoopStats(); return float64(on) }),
 			prometheus.NewCounterFunc(prometheus.CounterOpts{
 				Name: "lockproxy_event_loop_handoffs_total",
 				Help: "Client connections moved from the event loop to a goroutine of their own (a lock command, a transaction, a blocking command…).",
-			}, func() float64 { _, off := srv.LoopStats(); return float64(off) }),
+			}, func() float64 { _, off, _ := srv.LoopStats(); return float64(off) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "lockproxy_event_loop_returns_total",
+				Help: "Client connections that came back to the event loop after a run of plain batches on their goroutine.",
+			}, func() float64 { _, _, back := srv.LoopStats(); return float64(back) }),
 		)
 	}
 	handler := commands.NewHandler(commands.Options{

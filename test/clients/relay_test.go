@@ -488,7 +488,8 @@ var ansiEscape = regexp.MustCompile(`\x1b\[[0-9;?]*[A-Za-z]`)
 // is stopped, gets every reply in order once it runs again (the loop's
 // upstream write goes on from a goroutine); a pipeline longer than one
 // relayed batch may be moves the connection to a goroutine of its own, as
-// does a lock command; INFO counts both.
+// does a lock command, whose connection comes back after 16 plain batches;
+// INFO counts all three.
 func TestRelayEventLoop(t *testing.T) {
 	e := start(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -502,7 +503,7 @@ func TestRelayEventLoop(t *testing.T) {
 		_ = c.SetDeadline(time.Now().Add(60 * time.Second))
 		return c, newBufioReader(c)
 	}
-	loopStats := func() (on, off int) {
+	loopStats := func() (on, off, back int) {
 		t.Helper()
 		info, err := proxyClient(t, e, 2).Info(ctx, "lockproxy").Result()
 		if err != nil {
@@ -511,14 +512,14 @@ func TestRelayEventLoop(t *testing.T) {
 		for _, f := range []struct {
 			name string
 			v    *int
-		}{{"lockproxy_event_loop_clients:", &on}, {"lockproxy_event_loop_handoffs:", &off}} {
+		}{{"lockproxy_event_loop_clients:", &on}, {"lockproxy_event_loop_handoffs:", &off}, {"lockproxy_event_loop_returns:", &back}} {
 			i := strings.Index(info, f.name)
 			if i < 0 {
 				t.Fatalf("INFO lockproxy has no %s\n%s", f.name, info)
 			}
 			_, _ = fmt.Sscanf(info[i+len(f.name):], "%d", f.v)
 		}
-		return on, off
+		return on, off, back
 	}
 
 	// The upstream stops reading while 16 MB of SETs come in.
@@ -554,7 +555,7 @@ func TestRelayEventLoop(t *testing.T) {
 	if line, err := bigRd.line(); err != nil || line != fmt.Sprintf(":%d", len(value)) {
 		t.Fatalf("STRLEN loop0 = %q, %v", line, err)
 	}
-	on, off := loopStats()
+	on, off, _ := loopStats()
 	if on < 1 {
 		t.Errorf("event_loop_clients = %d with a plain relaying client open; want it on the loop", on)
 	}
@@ -582,9 +583,27 @@ func TestRelayEventLoop(t *testing.T) {
 	if line, err := lkRd.line(); err != nil || line != "*6" {
 		t.Fatalf("LOCK = %q, %v", line, err)
 	}
-	_, off2 := loopStats()
+	for range 10 { // token, validity_ms and fence: three bulk names, a bulk token, two integers
+		if _, err := lkRd.line(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, off2, _ := loopStats()
 	if off2 < off+2 {
 		t.Errorf("event_loop_handoffs went from %d to %d; want the long pipeline and the lock command moved", off, off2)
+	}
+
+	// Its ordinary traffic afterwards brings it back to the loop.
+	for i := range 20 {
+		if _, err := lk.Write([]byte("*2\r\n$3\r\nGET\r\n$6\r\nnokey2\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		if line, err := lkRd.line(); err != nil || line != "$-1" {
+			t.Fatalf("GET %d after the lock = %q, %v", i, line, err)
+		}
+	}
+	if _, _, back := loopStats(); back < 1 {
+		t.Errorf("event_loop_returns = %d after 20 plain batches; want the lock's connection back on the loop", back)
 	}
 }
 
