@@ -45,7 +45,6 @@ const loopEvents = 256
 type eventLoop struct {
 	srv    *Server
 	h      LoopHandler
-	bh     BatchHandler
 	epfd   int
 	poller *os.File // epfd in Go's poller: the loop parks like any goroutine
 	wakeFD int      // eventfd: other goroutines wake the loop
@@ -69,7 +68,7 @@ type eventLoop struct {
 
 // startLoop starts the event loop for srv, or returns an error when the
 // system refuses an epoll set or an eventfd.
-func startLoop(srv *Server, h LoopHandler, bh BatchHandler) (*eventLoop, error) {
+func startLoop(srv *Server, h LoopHandler) (*eventLoop, error) {
 	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
@@ -92,7 +91,7 @@ func startLoop(srv *Server, h LoopHandler, bh BatchHandler) (*eventLoop, error) 
 		return nil, fmt.Errorf("epoll_ctl eventfd: %w", err)
 	}
 	l := &eventLoop{
-		srv: srv, h: h, bh: bh,
+		srv: srv, h: h,
 		epfd: epfd, poller: os.NewFile(uintptr(epfd), "lockproxy-loop"), wakeFD: wfd,
 		sessions: make(map[int64]*Session),
 		done:     make(chan struct{}),

@@ -14,7 +14,7 @@ type eventLoop struct{}
 
 type fdConn struct{ net.Conn }
 
-func startLoop(*Server, LoopHandler, BatchHandler) (*eventLoop, error) {
+func startLoop(*Server, LoopHandler) (*eventLoop, error) {
 	return nil, errors.New("no event loop on this system")
 }
 

@@ -67,7 +67,7 @@ type Server struct {
 	// MaxClients caps open connections; more are refused with Redis's text.
 	MaxClients int
 	// EventLoop serves plain TCP connections on an event loop while their
-	// commands allow it (Linux, with a LoopHandler and BatchHandler).
+	// commands allow it (Linux, with a LoopHandler).
 	EventLoop bool
 
 	baseCtx  context.Context
@@ -115,10 +115,8 @@ func (s *Server) Serve(ln net.Listener) error {
 	}
 	s.ln = ln
 	if s.EventLoop && s.loop == nil {
-		lh, ok1 := s.Handler.(LoopHandler)
-		bh, ok2 := s.Handler.(BatchHandler)
-		if ok1 && ok2 {
-			l, err := startLoop(s, lh, bh)
+		if lh, ok := s.Handler.(LoopHandler); ok {
+			l, err := startLoop(s, lh)
 			if err != nil {
 				s.Logger.Warn("no event loop; every connection gets a goroutine", zap.Error(err))
 			}
