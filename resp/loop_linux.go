@@ -453,6 +453,7 @@ func (l *eventLoop) detach(sess *Session) {
 	l.srv.loopClients.Add(-1)
 	sess.loop = nil
 	sess.stalled.Store(false)
+	sess.paused = false // out of the set; if it comes back, it is read again
 }
 
 // closeAll ends every session on the loop, when the loop ends. At

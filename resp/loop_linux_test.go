@@ -521,3 +521,36 @@ func TestLoopReturns(t *testing.T) {
 		t.Errorf("returns = %d after batches that kept blocking; want still 1", back)
 	}
 }
+
+// TestLoopPausedResumes: a client that pipelines megabytes behind a slow
+// reply is read up to a bound, then left unread (out of the epoll set)
+// until the reply is out; then every reply comes, in order.
+func TestLoopPausedResumes(t *testing.T) {
+	_, _, addr := loopServer(t)
+	c := dialTest(t, addr)
+	c.send("ASYNC 10 300")
+	time.Sleep(20 * time.Millisecond)
+	arg := strings.Repeat("p", 1000)
+	const n = 3000 // 3 MB of requests
+	cmds := make([]string, n)
+	for i := range cmds {
+		cmds[i] = "LOCAL " + strconv.Itoa(i) + arg
+	}
+	wrote := make(chan error, 1)
+	go func() { _, err := c.c.Write(encodeCmds(cmds...)); wrote <- err }()
+	c.want("loop")
+	for i := range n {
+		if got := c.reply(); got != where0(got)+":"+strconv.Itoa(i)+arg {
+			t.Fatalf("reply %d: %.40q", i, got)
+		}
+	}
+	if err := <-wrote; err != nil {
+		t.Fatal(err)
+	}
+}
+
+// where0 is the prefix a LOCAL reply starts with.
+func where0(reply string) string {
+	w, _, _ := strings.Cut(reply, ":")
+	return w
+}
