@@ -63,7 +63,10 @@ type eventLoop struct {
 	inRound, kicked bool
 
 	later []func() // run after the round (upstream writes); the loop's own
-	done  chan struct{}
+	// laterFn is addLater as a value, made once: a method value made per
+	// batch would allocate on the relay's hot path.
+	laterFn func(func())
+	done    chan struct{}
 }
 
 // startLoop starts the event loop for srv, or returns an error when the
@@ -96,6 +99,7 @@ func startLoop(srv *Server, h LoopHandler) (*eventLoop, error) {
 		sessions: make(map[int64]*Session),
 		done:     make(chan struct{}),
 	}
+	l.laterFn = l.addLater
 	go l.run()
 	return l, nil
 }
@@ -498,7 +502,7 @@ func (s *Session) Later() func(func()) {
 	if s.loop == nil {
 		return nil
 	}
-	return s.loop.addLater
+	return s.loop.laterFn
 }
 
 func (l *eventLoop) addLater(f func()) { l.later = append(l.later, f) }

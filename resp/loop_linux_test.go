@@ -554,3 +554,14 @@ func where0(reply string) string {
 	w, _, _ := strings.Cut(reply, ":")
 	return w
 }
+
+// TestLaterDoesNotAllocate: the relay asks for Later on every batch the
+// loop serves.
+func TestLaterDoesNotAllocate(t *testing.T) {
+	l := &eventLoop{}
+	l.laterFn = l.addLater
+	s := &Session{loop: l}
+	if n := testing.AllocsPerRun(1000, func() { _ = s.Later() }); n != 0 {
+		t.Errorf("Later allocates %v times per call; want 0", n)
+	}
+}
