@@ -68,6 +68,14 @@ type upConn struct {
 	armed     time.Time
 	wdeadline deadline.Write
 	raw       syscall.RawConn // nc's, for the event loop's non-blocking writes
+	// The event loop's write, made once: a method value or closure made
+	// per round would allocate on the relay's hot path. rawBuf, rawN and
+	// rawErr belong to the one writer (writing set).
+	flushLoopFn func()
+	rawWriteFn  func(fd uintptr) bool
+	rawBuf      []byte
+	rawN        int
+	rawErr      error
 
 	// tunnel: every frame goes to push (pub/sub, MONITOR), until a
 	// marker reply finds no subscription left.
@@ -87,12 +95,18 @@ func newUpConn(nc net.Conn, proto, db int, readTimeout time.Duration) *upConn {
 	if sc, ok := nc.(syscall.Conn); ok {
 		raw, _ = sc.SyscallConn()
 	}
-	return &upConn{
+	c := &upConn{
 		nc: nc, raw: raw, proto: proto, db: db, readTimeout: readTimeout,
 		rbuf:       make([]byte, 16<<10),
 		closed:     make(chan struct{}),
 		markerDone: make(chan bool, 1),
 	}
+	c.flushLoopFn = c.flushLoop
+	c.rawWriteFn = func(fd uintptr) bool {
+		c.rawN, c.rawErr = syscall.Write(int(fd), c.rawBuf)
+		return true // one attempt: never wait for the socket
+	}
+	return c
 }
 
 // failed returns the error the connection died of, or nil.
@@ -136,7 +150,7 @@ func (c *upConn) queue(req []byte, cl *call, later func(func())) error {
 	}
 	if !c.writing {
 		c.writing = true
-		later(c.flushLoop)
+		later(c.flushLoopFn)
 	}
 	return nil
 }
@@ -183,14 +197,12 @@ func (c *upConn) writeOnce(b []byte) (int, error) {
 	if c.raw == nil {
 		return 0, nil
 	}
-	var n int
-	var werr error
 	// An old deadline would fail the attempt; this is the only writer.
 	c.wdeadline.Arm(c.nc, writeTimeout)
-	err := c.raw.Write(func(fd uintptr) bool {
-		n, werr = syscall.Write(int(fd), b)
-		return true
-	})
+	c.rawBuf, c.rawN, c.rawErr = b, 0, nil
+	err := c.raw.Write(c.rawWriteFn)
+	n, werr := c.rawN, c.rawErr
+	c.rawBuf = nil
 	switch {
 	case err != nil:
 		return 0, err

@@ -111,3 +111,39 @@ func TestLiveDoesNotWaitForDial(t *testing.T) {
 		}
 	}
 }
+
+// TestLoopFlushDoesNotAllocate: queuing a request for the event loop and
+// its flush after the round allocate nothing once the buffers have grown.
+func TestLoopFlushDoesNotAllocate(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	go func() { _, _ = io.Copy(io.Discard, peer) }()
+
+	c := newUpConn(nc, 2, 0, 0)
+	var flush func()
+	later := func(f func()) { flush = f }
+	req := []byte("*2\r\n$3\r\nGET\r\n$1\r\nk\r\n")
+	round := func() {
+		if err := c.queue(req, nil, later); err != nil {
+			t.Fatal(err)
+		}
+		flush()
+	}
+	round() // buffers grow once
+	if n := testing.AllocsPerRun(1000, round); n != 0 {
+		t.Errorf("a queued request and its flush allocate %v times; want 0", n)
+	}
+}
