@@ -9,28 +9,34 @@ import (
 	"time"
 )
 
-// TestFlushLoopSpare: after the event loop's flush wrote a buffer of more
-// than 1 MB, the write buffer and the spare one are never one array, or
-// requests queued next would be written into bytes still being sent.
-func TestFlushLoopSpare(t *testing.T) {
+// drainedUpConn is an upstream connection whose peer reads and drops
+// everything; the cleanup closes both ends.
+func drainedUpConn(t *testing.T) *upConn {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer ln.Close()
+	t.Cleanup(func() { ln.Close() })
 	nc, err := net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer nc.Close()
+	t.Cleanup(func() { nc.Close() })
 	peer, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer peer.Close()
+	t.Cleanup(func() { peer.Close() })
 	go func() { _, _ = io.Copy(io.Discard, peer) }()
+	return newUpConn(nc, 2, 0, 0)
+}
 
-	c := newUpConn(nc, 2, 0, 0)
+// TestFlushLoopSpare: after the event loop's flush wrote a buffer of more
+// than 1 MB, the write buffer and the spare one are never one array, or
+// requests queued next would be written into bytes still being sent.
+func TestFlushLoopSpare(t *testing.T) {
+	c := drainedUpConn(t)
 	var later []func()
 	run := func(b []byte) {
 		if err := c.queue(b, nil, func(f func()) { later = append(later, f) }); err != nil {
@@ -115,24 +121,7 @@ func TestLiveDoesNotWaitForDial(t *testing.T) {
 // TestLoopFlushDoesNotAllocate: queuing a request for the event loop and
 // its flush after the round allocate nothing once the buffers have grown.
 func TestLoopFlushDoesNotAllocate(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
-	go func() { _, _ = io.Copy(io.Discard, peer) }()
-
-	c := newUpConn(nc, 2, 0, 0)
+	c := drainedUpConn(t)
 	var flush func()
 	later := func(f func()) { flush = f }
 	req := []byte("*2\r\n$3\r\nGET\r\n$1\r\nk\r\n")
