@@ -313,11 +313,14 @@ func nodeStates(t *testing.T, in *instance) []nodeState {
 				st.ratePPM = n
 			}
 		}
-		// The restart checks measure the node's clock too; a local
-		// redis-server's clock is ours, so once measured (after 10 s of
-		// checks) its rate error is tiny.
-		if st.ratePPM < -1 || st.ratePPM > 1000 {
-			t.Fatalf("INFO lockproxy node line %q: rate_error_ppm %d; want -1 (not yet measured) or at most 1000", line, st.ratePPM)
+		// The restart checks measure the node's clock too. A local
+		// redis-server's clock is ours, so its true rate error is zero,
+		// and what is reported is the estimate's noise from the TIME
+		// round trips: the fit over the latest samples admits up to 1 %
+		// of it (recentMaxUncertainty), and a race build's round trips
+		// on a busy host come near 0.1 %.
+		if st.ratePPM < -1 || st.ratePPM > 10000 {
+			t.Fatalf("INFO lockproxy node line %q: rate_error_ppm %d; want -1 (not yet measured) or at most 10000", line, st.ratePPM)
 		}
 		out = append(out, st)
 	}
