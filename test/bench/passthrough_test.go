@@ -20,10 +20,12 @@ import (
 // The passthrough table: redis-benchmark -t set,get -c 50, without and
 // with -P 16, directly against one redis-server, through lockproxy's relay
 // and through twemproxy (nutcracker), interleaved in rounds so that the
-// shared machine's load falls on all three alike; the median round counts.
+// shared machine's load falls on all three alike. The ratios are taken
+// within each round, where the three ran under the same load, and the
+// median round's ratio is reported with the range over the rounds.
 
 const (
-	passRounds  = 3
+	passRounds  = 5
 	passClients = 50
 )
 
@@ -79,13 +81,14 @@ func passthrough(b *testing.B) {
 		}
 	}
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "\npassthrough: redis-benchmark -t set,get -c %d, median of %d interleaved rounds (requests/s)\n\n", passClients, passRounds)
+	fmt.Fprintf(&sb, "\npassthrough: redis-benchmark -t set,get -c %d, %d interleaved rounds: requests/s of the median round, and each ratio's median over the rounds (range)\n\n", passClients, passRounds)
 	sb.WriteString("| test | pipeline | direct | lockproxy | twemproxy | lockproxy/direct | twemproxy/direct | lockproxy/twemproxy |\n")
 	sb.WriteString("|---|---:|---:|---:|---:|---:|---:|---:|\n")
 	for _, pl := range []int{1, 16} {
 		for _, test := range []string{"SET", "GET"} {
-			d, l, t := median(rps[key{"direct", test, pl}]), median(rps[key{"lockproxy", test, pl}]), median(rps[key{"twemproxy", test, pl}])
-			fmt.Fprintf(&sb, "| %s | %d | %.0f | %.0f | %.0f | %.2f | %.2f | %.2f |\n", test, pl, d, l, t, l/d, t/d, l/t)
+			d, l, t := rps[key{"direct", test, pl}], rps[key{"lockproxy", test, pl}], rps[key{"twemproxy", test, pl}]
+			fmt.Fprintf(&sb, "| %s | %d | %.0f | %.0f | %.0f | %s | %s | %s |\n", test, pl, median(d), median(l), median(t),
+				ratioCell(l, d), ratioCell(t, d), ratioCell(l, t))
 		}
 	}
 	// What the proxies cost per request (SET and GET together) is steadier
@@ -176,6 +179,20 @@ func passRequests(pipeline int) int {
 }
 
 // median is the middle value (the upper one of an even count); 0 for none.
+// ratioCell is the median and the range of the per-round ratios a/b.
+func ratioCell(a, b []float64) string {
+	var r []float64
+	for i := range min(len(a), len(b)) {
+		if b[i] > 0 {
+			r = append(r, a[i]/b[i])
+		}
+	}
+	if len(r) == 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.2f (%.2f–%.2f)", median(r), slices.Min(r), slices.Max(r))
+}
+
 func median(v []float64) float64 {
 	if len(v) == 0 {
 		return 0
