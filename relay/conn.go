@@ -88,14 +88,6 @@ type upConn struct {
 	rbuf       []byte
 	start, end int
 	closed     chan struct{}
-
-	// The event loop keeps one batch in flight (see queue): enq counts
-	// the calls queued, written those whose requests went to the socket
-	// (under mu), answered those whose replies came in (by the reader),
-	// and deferred says requests wait for the batch in flight.
-	enq, written int64
-	answered     atomic.Int64
-	deferred     atomic.Bool
 }
 
 func newUpConn(nc net.Conn, proto, db int, readTimeout time.Duration) *upConn {
@@ -157,20 +149,6 @@ func (c *upConn) queue(req []byte, cl *call, later func(func())) error {
 		return err
 	}
 	if !c.writing {
-		if c.written > c.answered.Load() {
-			// A batch is in flight: these requests go out when its
-			// replies are in (the reader sends them). Under load that
-			// makes the batches, and so the writes and reads on both
-			// sides, several times fewer; Redis would make the requests
-			// wait behind that batch anyway. Marked before the second
-			// look, so that the reader, counting the last reply after
-			// it, sees the mark.
-			c.deferred.Store(true)
-			if c.written > c.answered.Load() {
-				return nil
-			}
-			c.deferred.Store(false)
-		}
 		c.writing = true
 		later(c.flushLoopFn)
 	}
@@ -184,7 +162,6 @@ func (c *upConn) flushLoop() {
 	for len(c.wbuf) > 0 {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]
-		c.taken()
 		c.mu.Unlock()
 		n, err := c.writeOnce(buf)
 		c.mu.Lock()
@@ -213,28 +190,6 @@ func (c *upConn) flushLoop() {
 	}
 	c.writing = false
 	c.mu.Unlock()
-}
-
-// taken notes, under c.mu, that a writer took the whole write buffer:
-// every call queued so far is in flight, and nothing waits any more.
-func (c *upConn) taken() {
-	c.written = c.enq
-	c.deferred.Store(false)
-}
-
-// sendDeferred sends the requests the event loop queued behind the batch
-// in flight, once that batch is answered, from the reader: with a
-// non-blocking write, as the loop would (a reader that blocked on a write
-// to a Redis blocked on writing its replies would wait forever).
-func (c *upConn) sendDeferred() {
-	c.mu.Lock()
-	if !c.deferred.Load() || c.writing || c.answered.Load() < c.written {
-		c.mu.Unlock()
-		return
-	}
-	c.writing = true
-	c.mu.Unlock()
-	c.flushLoop()
 }
 
 // writeOnce is one non-blocking write attempt of b.
@@ -267,7 +222,6 @@ func (c *upConn) enqueueLocked(req []byte, cl *call, timed bool) error {
 	}
 	c.wbuf = append(c.wbuf, req...)
 	if cl != nil {
-		c.enq++
 		c.calls = append(c.calls, cl)
 		switch {
 		case timed && c.readTimeout > 0:
@@ -290,7 +244,6 @@ func (c *upConn) writeQueuedLocked() {
 	for len(c.wbuf) > 0 {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]
-		c.taken()
 		c.mu.Unlock()
 		c.wdeadline.Arm(c.nc, writeTimeout)
 		_, err := c.nc.Write(buf)
@@ -429,10 +382,6 @@ func (c *upConn) readLoop() {
 		if cur.n == 0 {
 			cur.finish()
 			cur = nil
-			c.answered.Add(1)
-			if c.deferred.Load() {
-				c.sendDeferred()
-			}
 		}
 	}
 }

@@ -5,7 +5,6 @@ import (
 	"context"
 	"io"
 	"net"
-	"strings"
 	"testing"
 	"time"
 )
@@ -135,117 +134,5 @@ func TestLoopFlushDoesNotAllocate(t *testing.T) {
 	round() // buffers grow once
 	if n := testing.AllocsPerRun(1000, round); n != 0 {
 		t.Errorf("a queued request and its flush allocate %v times; want 0", n)
-	}
-}
-
-// TestLoopOneBatchInFlight: the event loop's requests wait while a batch
-// is in flight on the connection, go out in one write once its replies
-// are in, and get an error reply when the connection fails meanwhile.
-func TestLoopOneBatchInFlight(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer peer.Close()
-	c := newUpConn(nc, 2, 0, 0)
-	go c.readLoop()
-	defer func() {
-		c.close()
-		<-c.closed
-	}()
-
-	replies := make(chan string, 4)
-	call := func() *call {
-		cl := newCall()
-		cl.n = 1
-		cl.deliver = func(b []byte) { replies <- string(b) }
-		return cl
-	}
-	var later []func()
-	queue := func(req string) {
-		t.Helper()
-		if err := c.queue([]byte(req), call(), func(f func()) { later = append(later, f) }); err != nil {
-			t.Fatal(err)
-		}
-	}
-	runLater := func() {
-		for _, f := range later {
-			f()
-		}
-		later = later[:0]
-	}
-	expect := func(want string) {
-		t.Helper()
-		_ = peer.SetReadDeadline(time.Now().Add(10 * time.Second))
-		got := make([]byte, len(want))
-		if _, err := io.ReadFull(peer, got); err != nil || string(got) != want {
-			t.Fatalf("upstream read %q, %v; want %q", got, err, want)
-		}
-	}
-	reply := func(want string) {
-		t.Helper()
-		select {
-		case got := <-replies:
-			if got != want {
-				t.Fatalf("reply %q; want %q", got, want)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no reply; want %q", want)
-		}
-	}
-
-	const ping, echo, get = "*1\r\n$4\r\nPING\r\n", "*2\r\n$4\r\nECHO\r\n$1\r\nx\r\n", "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"
-	queue(ping)
-	runLater()
-	expect(ping)
-	// A batch is in flight: the next requests wait, and nothing is left
-	// for the loop to flush.
-	queue(echo)
-	queue(get)
-	if len(later) != 0 {
-		t.Fatalf("%d flushes scheduled while a batch is in flight; want none", len(later))
-	}
-	_ = peer.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-	if n, err := peer.Read(make([]byte, 64)); err == nil {
-		t.Fatalf("upstream got %d bytes while the first batch was unanswered", n)
-	}
-	if _, err := peer.Write([]byte("+PONG\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	reply("+PONG\r\n")
-	expect(echo + get) // one write, sent by the reader
-	if _, err := peer.Write([]byte("$1\r\nx\r\n$-1\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	reply("$1\r\nx\r\n")
-	reply("$-1\r\n")
-
-	// Nothing in flight: the next request is flushed by the loop again.
-	queue(ping)
-	if len(later) != 1 {
-		t.Fatalf("%d flushes scheduled with nothing in flight; want 1", len(later))
-	}
-	runLater()
-	expect(ping)
-	queue(echo) // waits behind the PING
-	peer.Close()
-	for _, what := range []string{"the batch in flight", "the request waiting behind it"} {
-		select {
-		case got := <-replies:
-			if !strings.HasPrefix(got, "-ERR upstream unavailable") {
-				t.Fatalf("reply to %s %q; want an upstream unavailable error", what, got)
-			}
-		case <-time.After(10 * time.Second):
-			t.Fatalf("no reply to %s after the upstream went away", what)
-		}
 	}
 }
