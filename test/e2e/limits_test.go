@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // rssKB reads a process's resident set size.
@@ -32,10 +34,20 @@ func rssKB(t *testing.T, pid int) int {
 
 // TestHugeHeadersDoNotAllocate: many connections announcing huge bulk
 // strings and argument counts, then sending a few bytes, cost lockproxy
-// little memory, and it keeps serving (REFERENCE.md's fault row 15).
+// little memory, and it keeps serving (REFERENCE.md's fault row 15): on
+// goroutines (no upstream) and on the event loop (with one).
 func TestHugeHeadersDoNotAllocate(t *testing.T) {
 	cl := startCluster(t, 3)
-	in := startInstance(t, cl.addrs())
+	up := harness.StartRedis(t, harness.RedisOptions{})
+	for _, mode := range []struct {
+		name  string
+		extra []string
+	}{{"goroutines", nil}, {"event loop", []string{"--upstream", up.Addr}}} {
+		t.Run(mode.name, func(t *testing.T) { hugeHeaders(t, startInstance(t, cl.addrs(), mode.extra...)) })
+	}
+}
+
+func hugeHeaders(t *testing.T, in *instance) {
 	before := rssKB(t, in.proc.PID())
 	const conns = 300
 	var open []net.Conn
