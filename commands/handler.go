@@ -115,6 +115,7 @@ type Handler struct {
 
 	password string
 	users    map[string]string // auth.users: name → password
+	authFail authLimiter       // failed AUTH attempts, across connections
 }
 
 // NewHandler returns a Handler; Close it to stop its background work.

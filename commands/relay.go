@@ -504,6 +504,9 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 	}
 	c.name = ""
 	c.authed = false // RESET signs the connection out, as in Redis
+	if h.authRequired() {
+		s.SetAuthenticated(false)
+	}
 	s.W.SetProto(2)
 	if c.ka != nil {
 		c.ka.proto.Store(2)

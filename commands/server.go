@@ -4,10 +4,12 @@ import (
 	"crypto/subtle"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/lockproxy/lockproxy/quorum"
@@ -65,13 +67,112 @@ func (h *Handler) auth(s *resp.Session, args [][]byte) {
 		s.W.Simple("OK")
 		return
 	}
-	if !h.passwordOK(user, pass) {
+	if !h.checkPassword(s, user, pass) {
 		// As in Redis, a failed AUTH leaves the connection as it was.
-		s.W.Error(errWrongPass)
 		return
 	}
 	h.signIn(s, user)
 	s.W.Simple("OK")
+}
+
+// checkPassword reports whether pass is user's password. When it is not,
+// it writes the error: WRONGPASS, or, once failures from the client's
+// address exceed authFailRate a second (beyond a burst), an error that
+// says to slow down, without comparing the password at all, so that one
+// address guesses at that rate however many connections it opens, and
+// clients elsewhere are not held back by it.
+func (h *Handler) checkPassword(s *resp.Session, user, pass []byte) bool {
+	from := clientHost(s.RemoteAddr())
+	if !h.authFail.allowed(from, time.Now()) {
+		s.W.Error(errAuthThrottled)
+		return false
+	}
+	if h.passwordOK(user, pass) {
+		return true
+	}
+	h.authFail.failed(from, time.Now())
+	s.W.Error(errWrongPass)
+	return false
+}
+
+// clientHost is the host part of a client's address.
+func clientHost(addr string) string {
+	if host, _, err := net.SplitHostPort(addr); err == nil {
+		return host
+	}
+	return addr
+}
+
+const errAuthThrottled = "ERR too many failed authentication attempts from this address; try again in a second"
+
+// Failed authentications allowed per client address: a burst, then a
+// steady rate.
+const (
+	authFailRate  = 10
+	authFailBurst = 20
+	// authFailAddrs bounds the addresses tracked; beyond it they share
+	// one budget (an attacker with that many addresses gets no more).
+	authFailAddrs = 4096
+)
+
+// authLimiter keeps a token bucket of failed authentications per client
+// address. An address whose failures are paid back is forgotten.
+type authLimiter struct {
+	mu sync.Mutex
+	m  map[string]*authBucket
+}
+
+type authBucket struct {
+	spent float64 // failures not yet paid back
+	last  time.Time
+}
+
+// bucketLocked returns from's bucket, made on first use, with what the
+// time since its last use earned paid back.
+func (a *authLimiter) bucketLocked(from string, now time.Time) *authBucket {
+	if a.m == nil {
+		a.m = make(map[string]*authBucket)
+	}
+	b := a.m[from]
+	if b == nil {
+		if len(a.m) >= authFailAddrs {
+			a.sweepLocked(now)
+		}
+		if len(a.m) >= authFailAddrs {
+			from = "" // the shared budget
+			b = a.m[from]
+		}
+		if b == nil {
+			b = &authBucket{last: now}
+			a.m[from] = b
+		}
+	}
+	b.spent = max(0, b.spent-now.Sub(b.last).Seconds()*authFailRate)
+	b.last = now
+	return b
+}
+
+// sweepLocked forgets the addresses whose failures are paid back.
+func (a *authLimiter) sweepLocked(now time.Time) {
+	for k, b := range a.m {
+		if b.spent-now.Sub(b.last).Seconds()*authFailRate <= 0 {
+			delete(a.m, k)
+		}
+	}
+}
+
+// allowed tells whether an attempt from from may be checked now.
+func (a *authLimiter) allowed(from string, now time.Time) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.bucketLocked(from, now).spent < authFailBurst
+}
+
+// failed records a failed attempt from from.
+func (a *authLimiter) failed(from string, now time.Time) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.bucketLocked(from, now).spent++
 }
 
 // authRequired tells whether clients must authenticate (auth.password or
@@ -82,6 +183,7 @@ func (h *Handler) signIn(s *resp.Session, user []byte) {
 	c := state(s)
 	c.authed = true
 	c.user = string(user)
+	s.SetAuthenticated(true)
 }
 
 // userName is the user the connection acts as, for CLIENT INFO and LIST.
@@ -167,8 +269,7 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 			// Without auth.password or auth.users, like Redis's default
 			// user with nopass, any credentials are accepted.
 			if h.authRequired() {
-				if !h.passwordOK(args[i+1], args[i+2]) {
-					s.W.Error(errWrongPass)
+				if !h.checkPassword(s, args[i+1], args[i+2]) {
 					return
 				}
 				h.signIn(s, args[i+1])

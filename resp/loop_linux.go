@@ -417,6 +417,13 @@ func (l *eventLoop) serve(sess *Session) {
 	if sess.W.Len() > 0 {
 		sess.writeBuffered()
 	}
+	if sess.rd.cut {
+		// A client not yet authenticated pipelined more than one command:
+		// the rest is served in the next round, no event will say so.
+		l.mu.Lock()
+		l.resume = append(l.resume, sess)
+		l.mu.Unlock()
+	}
 }
 
 // asyncIdle reports whether no reply write of sess is in flight. When one

@@ -15,6 +15,15 @@ const (
 	MaxInlineSize = 64 << 10
 )
 
+// Before a client has authenticated (when the server requires it), Redis's
+// tighter caps hold: at most 10 arguments and 16 KB per argument, so that
+// a client that does not know the password cannot make the server buffer
+// a 512 MB argument or a million-argument command.
+const (
+	PreAuthMaxArgs    = 10
+	PreAuthMaxBulkLen = 16 << 10
+)
+
 // maxGrowStep bounds how much the read buffer grows ahead of the data.
 const maxGrowStep = 1 << 20
 
@@ -34,6 +43,9 @@ var (
 	errBulkLen      = &ProtocolError{"invalid bulk length"}
 	errInlineSize   = &ProtocolError{"too big inline request"}
 	errQuotes       = &ProtocolError{"unbalanced quotes in request"}
+	// Redis's texts for the pre-auth caps.
+	errPreAuthArgs = &ProtocolError{"unauthenticated multibulk length"}
+	errPreAuthBulk = &ProtocolError{"unauthenticated bulk length"}
 )
 
 // Reader reads client commands: RESP arrays of bulk strings, and inline
@@ -54,6 +66,11 @@ type Reader struct {
 	// the event loop's views of one batch, reused (parseViews)
 	vargs [][]byte
 	vcmds [][][]byte
+	// preAuth: the client has not authenticated yet; the pre-auth caps
+	// hold, and a batch is one command, so that the commands after an AUTH
+	// are parsed with the caps it lifts. cut: the last batch stopped
+	// there with more input buffered.
+	preAuth, cut bool
 }
 
 // NewReader returns a Reader over rd.
@@ -160,7 +177,12 @@ func (r *Reader) fill(need int) error {
 // unknown).
 func (r *Reader) parse() (int, error) {
 	r.offs, r.counts = r.offs[:0], r.counts[:0]
+	r.cut = false
 	for r.start < r.end {
+		if r.preAuth && len(r.counts) > 0 {
+			r.cut = true
+			return 0, nil
+		}
 		p, need, err := r.parseOne(r.start)
 		if err != nil {
 			return 0, err
@@ -191,6 +213,9 @@ func (r *Reader) parseOne(i int) (next, need int, err error) {
 	if n > MaxArgs {
 		return 0, 0, errMultibulkLen
 	}
+	if r.preAuth && n > PreAuthMaxArgs {
+		return 0, 0, errPreAuthArgs
+	}
 	if n <= 0 {
 		return p, 0, nil // an empty command: ignored, as Redis does
 	}
@@ -212,6 +237,10 @@ func (r *Reader) parseOne(i int) (next, need int, err error) {
 		if q < 0 || size < 0 || size > MaxBulkLen {
 			r.offs = r.offs[:mark]
 			return 0, 0, errBulkLen
+		}
+		if r.preAuth && size > PreAuthMaxBulkLen {
+			r.offs = r.offs[:mark]
+			return 0, 0, errPreAuthBulk
 		}
 		endArg := q + int(size)
 		if endArg+2 > len(b) {

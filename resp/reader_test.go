@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"slices"
 	"strconv"
+	"strings"
 	"testing"
 )
 
@@ -175,5 +177,74 @@ func TestReaderHugeHeaderAllocatesLittle(t *testing.T) {
 	}
 	if len(r.buf) > 4*maxGrowStep {
 		t.Fatalf("read buffer grew to %d bytes on a header alone", len(r.buf))
+	}
+}
+
+// TestReaderPreAuth: before a client authenticates, Redis's caps hold (10
+// arguments, 16 KB per argument, with Redis's texts), and every batch is
+// one command, so that what follows an AUTH is read with the caps it
+// lifted.
+func TestReaderPreAuth(t *testing.T) {
+	bulk := func(n int) string { return "$" + strconv.Itoa(n) + "\r\n" + strings.Repeat("x", n) + "\r\n" }
+	for _, tc := range []struct {
+		name, in string
+		batches  []int // commands per batch
+		wantErr  string
+	}{
+		{"10 arguments", "*10\r\n" + strings.Repeat(bulk(1), 10), []int{1}, ""},
+		{"11 arguments", "*11\r\n", nil, "Protocol error: unauthenticated multibulk length"},
+		{"16 KB", "*2\r\n$4\r\nECHO\r\n" + bulk(16<<10), []int{1}, ""},
+		{"16 KB and a byte", "*2\r\n$4\r\nECHO\r\n$16385\r\n", nil, "Protocol error: unauthenticated bulk length"},
+		{"a pipeline, one command at a time", "*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nPING\r\n", []int{1, 1, 1}, ""},
+		{"inline", "PING\r\nPING\r\n", []int{1, 1}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := NewReader(bytes.NewReader([]byte(tc.in)))
+			r.preAuth = true
+			var got []int
+			for {
+				cmds, err := r.ReadBatch()
+				if len(cmds) > 0 {
+					got = append(got, len(cmds))
+				}
+				if errors.Is(err, io.EOF) {
+					break
+				}
+				if err != nil {
+					if err.Error() != tc.wantErr {
+						t.Fatalf("err = %v; want %q", err, tc.wantErr)
+					}
+					break
+				}
+			}
+			if !slices.Equal(got, tc.batches) {
+				t.Fatalf("batches of %v commands; want %v", got, tc.batches)
+			}
+		})
+	}
+
+	// Lifted after the first command (an AUTH that succeeded), the rest is
+	// read whole and without the caps.
+	in := "*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n*2\r\n$4\r\nECHO\r\n" + bulk(20000) + "*11\r\n" + strings.Repeat(bulk(1), 11)
+	r := NewReader(bytes.NewReader([]byte(in)))
+	r.preAuth = true
+	first, err := r.ReadBatch()
+	if err != nil || len(first) != 1 {
+		t.Fatalf("first batch = %d commands, %v; want the AUTH alone", len(first), err)
+	}
+	r.preAuth = false
+	var rest [][][]byte
+	for {
+		cmds, err := r.ReadBatch()
+		rest = append(rest, cmds...)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil {
+			t.Fatalf("after AUTH: %v", err)
+		}
+	}
+	if len(rest) != 2 || len(rest[0][1]) != 20000 || len(rest[1]) != 11 {
+		t.Fatalf("after AUTH: %d commands; want the 20 KB ECHO and the 11 arguments", len(rest))
 	}
 }

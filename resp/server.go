@@ -69,6 +69,10 @@ type Server struct {
 	// EventLoop serves plain TCP connections on an event loop while their
 	// commands allow it (Linux, with a LoopHandler).
 	EventLoop bool
+	// AuthRequired starts every connection under the pre-auth caps
+	// (PreAuthMaxArgs, PreAuthMaxBulkLen) until the handler lifts them
+	// (Session.SetAuthenticated).
+	AuthRequired bool
 
 	baseCtx  context.Context
 	cancel   context.CancelFunc
@@ -168,6 +172,7 @@ func (s *Server) accept(c net.Conn) {
 		return
 	}
 	sess := newSession(s.baseCtx, s.nextID.Add(1), c)
+	sess.rd.preAuth = s.AuthRequired
 	s.sessions[sess] = struct{}{}
 	s.wg.Add(1)
 	loop := s.loop

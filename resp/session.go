@@ -305,6 +305,11 @@ func (s *Session) Close() {
 	_ = s.netConn().Close()
 }
 
+// SetAuthenticated lifts the pre-auth caps on what the client may send
+// (true), or puts them back (false: RESET signed it out). Only the
+// connection's command handler calls it, which owns the reader then.
+func (s *Session) SetAuthenticated(ok bool) { s.rd.preAuth = !ok }
+
 // CloseAfterReply closes the connection once the current reply is written
 // (QUIT).
 func (s *Session) CloseAfterReply() { s.closeAfter = true }

@@ -233,7 +233,8 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		defer up.Close()
 	}
 	srv := &resp.Server{Logger: log, MaxClients: cfg.Limits.MaxClients,
-		EventLoop: cfg.Upstream.Address != "" && cfg.Upstream.EventLoop}
+		EventLoop:    cfg.Upstream.Address != "" && cfg.Upstream.EventLoop,
+		AuthRequired: cfg.Auth.Password != "" || len(cfg.Auth.Users) > 0}
 	if srv.EventLoop {
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

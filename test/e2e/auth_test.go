@@ -3,6 +3,7 @@ package e2e
 import (
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
 
+	"github.com/lockproxy/lockproxy/test/harness"
 	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
@@ -129,5 +131,112 @@ func TestAuthUsers(t *testing.T) {
 		if strings.Contains(out, secret) {
 			t.Errorf("lockproxy's output contains %q", secret)
 		}
+	}
+}
+
+// TestAuthPreAuthLimits: with a password set, a connection that has not
+// authenticated may send at most 10 arguments and 16 KB per argument, as
+// Redis allows; more is a protocol error and the connection is closed
+// (REFERENCE.md's security rules). AUTH lifts the caps for what follows,
+// also in the same pipeline, and RESET puts them back. Failed passwords
+// from one address are throttled beyond a burst of 20, without the
+// password being compared. Both on goroutines (no upstream) and on the
+// event loop (with one).
+func TestAuthPreAuthLimits(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	up := harness.StartRedis(t, harness.RedisOptions{})
+	for _, mode := range []struct {
+		name string
+		env  []string
+	}{
+		{"goroutines", []string{"LOCKPROXY_AUTH_PASSWORD=s3cret"}},
+		{"event loop", []string{"LOCKPROXY_AUTH_PASSWORD=s3cret", "LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			in := startInstanceEnv(t, cl.addrs(), mode.env)
+			closedAfter := func(rc *lockclient.RawConn, write, want string) {
+				t.Helper()
+				rc.Write(write)
+				r, err := rc.Read()
+				if err != nil || string(r.Kind)+r.Str != want {
+					t.Fatalf("%.40q before AUTH = %v, %v; want %s", write, r, err, want)
+				}
+				if r, err := rc.ReadWithin(5 * time.Second); err == nil {
+					t.Fatalf("after the protocol error the connection answered %v; want it closed", r)
+				}
+			}
+			closedAfter(lc.DialRaw(t, in.addr), "*11\r\n", "-ERR Protocol error: unauthenticated multibulk length")
+			closedAfter(lc.DialRaw(t, in.addr), "*1\r\n$16385\r\n", "-ERR Protocol error: unauthenticated bulk length")
+
+			rc := lc.DialRaw(t, in.addr)
+			big := strings.Repeat("x", 16<<10)
+			for _, args := range [][]string{{"ECHO", big}, {"PING", "1", "2", "3", "4", "5", "6", "7", "8", "9"}} {
+				if r := rc.Do(args...); !strings.HasPrefix(string(r.Kind)+r.Str, "-NOAUTH") {
+					t.Fatalf("%.20q… (at the caps) before AUTH = %v; want -NOAUTH", args, r)
+				}
+			}
+			// One write on a new connection: AUTH, then what only an
+			// authenticated client may send.
+			rc = lc.DialRaw(t, in.addr)
+			bigger := strings.Repeat("y", 20000)
+			rc.Write(lockclient.Encode("AUTH", "s3cret") + lockclient.Encode("ECHO", bigger) +
+				lockclient.Encode("ECHO", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10") + lockclient.Encode("PING"))
+			for i, want := range []string{"+OK", "$" + bigger, "-ERR wrong number of arguments", "+PONG"} {
+				r, err := rc.Read()
+				if got := string(r.Kind) + r.Str; err != nil || !strings.HasPrefix(got, want) {
+					t.Fatalf("reply %d to the pipeline after AUTH = %.60q, %v; want %.60q…", i, got, err, want)
+				}
+			}
+			if mode.name == "event loop" {
+				// The pipeline was served where it came in, on the loop.
+				info := rc.Do("INFO", "lockproxy").Str
+				if !strings.Contains(info, "lockproxy_event_loop_clients:1\r\n") {
+					t.Fatalf("INFO lockproxy after the pipeline:\n%s\nwant this connection on the event loop", info)
+				}
+			}
+			if r := rc.Do("RESET"); r.Str != "RESET" {
+				t.Fatalf("RESET = %v", r)
+			}
+			closedAfter(rc, "*11\r\n", "-ERR Protocol error: unauthenticated multibulk length")
+
+			// 30 wrong passwords and the right one in one write: the first
+			// 20 are checked, then nearly every attempt is refused unchecked
+			// (each 100 ms pays one back), the right one too.
+			rc = lc.DialRaw(t, in.addr)
+			var guesses strings.Builder
+			for i := 0; i < 30; i++ {
+				guesses.WriteString(lockclient.Encode("AUTH", "guess"+strconv.Itoa(i)))
+			}
+			guesses.WriteString(lockclient.Encode("AUTH", "s3cret"))
+			rc.Write(guesses.String())
+			throttled := 0
+			for i := 0; i <= 30; i++ {
+				r, err := rc.Read()
+				if err != nil {
+					t.Fatalf("reply %d to the guesses: %v", i, err)
+				}
+				wrong := strings.HasPrefix(r.Str, "WRONGPASS")
+				held := strings.HasPrefix(r.Str, "ERR too many failed authentication attempts")
+				switch {
+				case i < 20 && !wrong:
+					t.Fatalf("guess %d = %v; want WRONGPASS within the burst", i, r)
+				case i == 30 && !held:
+					t.Fatalf("the right password right after 30 failures = %v; want it throttled", r)
+				case !wrong && !held:
+					t.Fatalf("guess %d = %v; want WRONGPASS or throttled", i, r)
+				}
+				if held {
+					throttled++
+				}
+			}
+			if throttled < 6 {
+				t.Fatalf("%d of 31 attempts after a burst of 20 failures throttled; want most of the last 11", throttled)
+			}
+			time.Sleep(300 * time.Millisecond) // 10 failures a second are paid back
+			if r := rc.Do("AUTH", "s3cret"); r.Str != "OK" {
+				t.Fatalf("AUTH with the password 300 ms later = %v; want OK", r)
+			}
+		})
 	}
 }
