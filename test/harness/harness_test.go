@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -419,5 +420,25 @@ func TestRequireBinaryAndModuleRoot(t *testing.T) {
 	mod, err := os.ReadFile(filepath.Join(root, "go.mod"))
 	if err != nil || !strings.Contains(string(mod), "module github.com/lockproxy/lockproxy") {
 		t.Errorf("moduleRoot = %s; go.mod: %v", root, err)
+	}
+}
+
+// TestRedisTLS: a node started with TLS answers over TLS with a
+// certificate the test CA signed, and not in plain text.
+func TestRedisTLS(t *testing.T) {
+	ca := NewTestCA(t)
+	r := StartRedis(t, RedisOptions{TLS: ca})
+	if err := r.Client(t).Ping(context.Background()).Err(); err != nil {
+		t.Fatalf("PING over TLS: %v", err)
+	}
+	c, err := net.DialTimeout("tcp", r.Addr, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
+	_, _ = c.Write([]byte("PING\r\n"))
+	if b, err := bufio.NewReader(c).ReadString('\n'); err == nil && strings.HasPrefix(b, "+PONG") {
+		t.Fatal("the TLS port answered a plain-text PING")
 	}
 }

@@ -2,6 +2,7 @@ package harness
 
 import (
 	"bufio"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -37,6 +38,11 @@ type RedisOptions struct {
 	// Password, if set, is passed as --requirepass and used by the
 	// readiness check and by Client.
 	Password string
+	// TLS, if set, makes the server speak only TLS on its port, with the
+	// server certificate TLS.Server (signed by TLS.CA), and ask clients
+	// for a certificate without requiring one; the readiness check and
+	// Client trust TLS.CA.
+	TLS *TestCA
 }
 
 // Redis is one redis-server child process on 127.0.0.1.
@@ -51,6 +57,16 @@ type Redis struct {
 
 	mu  sync.Mutex
 	cur *child // current (or last) process; nil before the first start
+
+	tlsFiles TLSFiles // the server certificate, with opts.TLS
+}
+
+// clientTLS is the TLS configuration clients of r use: nil without TLS.
+func (r *Redis) clientTLS() *tls.Config {
+	if r.opts.TLS == nil {
+		return nil
+	}
+	return r.opts.TLS.ClientConfig()
 }
 
 // StartRedis starts
@@ -82,7 +98,7 @@ func StartRedisN(t testing.TB, n int, opts RedisOptions) []*Redis {
 		dir := t.TempDir()
 		r := &Redis{
 			t:       t,
-			opts:    RedisOptions{Args: append([]string(nil), opts.Args...), Password: opts.Password},
+			opts:    RedisOptions{Args: append([]string(nil), opts.Args...), Password: opts.Password, TLS: opts.TLS},
 			dir:     dir,
 			logfile: filepath.Join(dir, "redis.log"),
 		}
@@ -143,6 +159,15 @@ func (r *Redis) args() []string {
 	}
 	if r.opts.Password != "" {
 		args = append(args, "--requirepass", r.opts.Password)
+	}
+	if r.opts.TLS != nil {
+		if r.tlsFiles.Cert == "" {
+			r.tlsFiles = r.opts.TLS.Server()
+		}
+		args[1] = "0" // no plain port
+		args = append(args, "--tls-port", strconv.Itoa(r.Port),
+			"--tls-cert-file", r.tlsFiles.Cert, "--tls-key-file", r.tlsFiles.Key,
+			"--tls-ca-cert-file", r.tlsFiles.CA, "--tls-auth-clients", "optional")
 	}
 	return append(args, r.opts.Args...)
 }
@@ -222,7 +247,14 @@ func (r *Redis) failureTail(c *child) string {
 
 // ping sends (AUTH and) PING over a fresh connection and expects +PONG.
 func (r *Redis) ping() error {
-	conn, err := net.DialTimeout("tcp", r.Addr, 200*time.Millisecond)
+	var conn net.Conn
+	var err error
+	d := &net.Dialer{Timeout: 200 * time.Millisecond}
+	if r.opts.TLS != nil {
+		conn, err = tls.DialWithDialer(d, "tcp", r.Addr, r.opts.TLS.ClientConfig())
+	} else {
+		conn, err = d.Dial("tcp", r.Addr)
+	}
 	if err != nil {
 		return err
 	}
@@ -388,6 +420,7 @@ func (r *Redis) Client(t testing.TB) *redis.Client {
 		MaintNotificationsConfig: &maintnotifications.Config{
 			Mode: maintnotifications.ModeDisabled,
 		},
+		TLSConfig: r.clientTLS(),
 	})
 	t.Cleanup(func() { _ = c.Close() })
 	return c
