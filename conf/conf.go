@@ -81,6 +81,8 @@ type Upstream struct {
 	// goroutine of its own at its first lock command, transaction or
 	// blocking command. Off: every connection has a goroutine.
 	EventLoop bool `yaml:"event_loop"`
+	// TLS to the upstream.
+	TLS TLS `yaml:"tls"`
 }
 
 // DefaultDenyCommands reconfigure, wipe or stop the shared upstream, or
@@ -102,6 +104,7 @@ type Redlock struct {
 	Username          string        `yaml:"username"`
 	Password          string        `yaml:"password" secret:"true"`
 	PasswordFile      string        `yaml:"password_file"` // read into Password at load time
+	TLS               TLS           `yaml:"tls"`           // TLS to every node
 	KeyPrefix         string        `yaml:"key_prefix"`
 	DriftFactor       float64       `yaml:"drift_factor"`
 	DriftMin          time.Duration `yaml:"drift_min"`
@@ -374,6 +377,7 @@ func (c Config) Validate() error {
 				v.add(fmt.Sprintf("upstream.deny_commands[%d]", i), "want a command name such as flushall or client|kill, got %q", d)
 			}
 		}
+		u.TLS.validate(&v, "upstream.tls")
 	}
 	seenUsers := map[string]bool{}
 	for i, u := range c.Auth.Users {
@@ -408,6 +412,10 @@ func (c Config) Validate() error {
 		v.add("redlock.nodes", "at least one node is required (or use --dev)")
 	}
 	v.addrs("redlock.nodes", r.Nodes)
+	r.TLS.validate(&v, "redlock.tls")
+	if c.Dev && r.TLS.Enabled {
+		v.add("redlock.tls.enabled", "the --dev nodes speak no TLS")
+	}
 	if r.KeyPrefix == "" {
 		v.add("redlock.key_prefix", "must not be empty")
 	}

@@ -1,6 +1,7 @@
 package conf
 
 import (
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // writeFile writes content to name in a fresh temporary directory.
@@ -751,6 +754,73 @@ func TestUpstream(t *testing.T) {
 			}
 			if s := c.String(); tc.want.Password != "" && strings.Contains(s, tc.want.Password) {
 				t.Errorf("String() shows the upstream password:\n%s", s)
+			}
+		})
+	}
+}
+
+// TestTLSConfig: upstream.tls and redlock.tls load their files (paths in
+// a file relative to it), refuse what cannot work with the key path, and
+// give a client configuration that verifies against ca_file.
+func TestTLSConfig(t *testing.T) {
+	ca := harness.NewTestCA(t)
+	client := ca.Client()
+	dir := t.TempDir()
+	for name, src := range map[string]string{"ca.pem": ca.CAFile, "c.pem": client.Cert, "k.pem": client.Key} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	file := func(body string) string {
+		p := filepath.Join(dir, "c.yaml")
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	for _, tc := range []struct {
+		name, body string
+		args       []string
+		wantErr    string
+	}{
+		{"upstream, relative paths", "upstream: {address: up:6380, tls: {enabled: true, ca_file: ca.pem, cert_file: c.pem, key_file: k.pem}}", nil, ""},
+		{"nodes, system roots", "redlock: {tls: {enabled: true}}", nil, ""},
+		{"missing CA file", "redlock: {tls: {enabled: true, ca_file: nope.pem}}", nil, "redlock.tls: ca_file: open"},
+		{"not a certificate", "redlock: {tls: {enabled: true, ca_file: c.yaml}}", nil, "redlock.tls: ca_file: no PEM certificate"},
+		{"cert without key", "upstream: {address: up:6380, tls: {enabled: true, cert_file: c.pem}}", nil, "upstream.tls: cert_file and key_file go together"},
+		{"files while off", "redlock: {tls: {ca_file: ca.pem}}", nil, "redlock.tls.enabled: is false while other redlock.tls keys are set"},
+		{"dev nodes", "redlock: {tls: {enabled: true}}", []string{"--dev"}, "redlock.tls.enabled: the --dev nodes speak no TLS"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			args := tc.args
+			if args == nil {
+				args = []string{"--nodes", "n1:6380"}
+			}
+			c, err := FromArgs(append(args, file(tc.body)), nil)
+			if err == nil {
+				err = c.Validate()
+			}
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("FromArgs = %v; want an error containing %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("FromArgs = %v", err)
+			}
+			for _, tt := range []TLS{c.Upstream.TLS, c.Redlock.TLS} {
+				cfg, err := tt.ClientConfig()
+				if err != nil || (tt.Enabled != (cfg != nil)) {
+					t.Fatalf("ClientConfig(%+v) = %v, %v", tt, cfg, err)
+				}
+				if cfg != nil && tt.CAFile != "" && (cfg.RootCAs == nil || len(cfg.Certificates) != 1 || cfg.MinVersion < tls.VersionTLS12) {
+					t.Fatalf("ClientConfig(%+v): roots %v, %d certificates, min version %x", tt, cfg.RootCAs != nil, len(cfg.Certificates), cfg.MinVersion)
+				}
 			}
 		})
 	}

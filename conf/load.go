@@ -112,6 +112,8 @@ func decodeFile(name string, c *Config) error {
 	if f := c.Zookeeper.DigestFile; f != "" && !filepath.IsAbs(f) {
 		c.Zookeeper.DigestFile = filepath.Join(filepath.Dir(name), f)
 	}
+	c.Upstream.TLS.resolve(filepath.Dir(name))
+	c.Redlock.TLS.resolve(filepath.Dir(name))
 	return nil
 }
 

@@ -2,6 +2,8 @@ package quorum
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"sort"
@@ -242,6 +244,9 @@ func Reason(err error) string {
 	if errors.As(err, &r) {
 		return r.Reason()
 	}
+	if why := tlsReason(err); why != "" {
+		return why
+	}
 	s := err.Error()
 	switch {
 	case strings.Contains(s, "connection refused"):
@@ -257,6 +262,27 @@ func Reason(err error) string {
 		s = s[:80]
 	}
 	return "error: " + s
+}
+
+// tlsReason names a failed TLS handshake, or is "".
+func tlsReason(err error) string {
+	var (
+		unknownCA x509.UnknownAuthorityError
+		badName   x509.HostnameError
+		invalid   x509.CertificateInvalidError
+		notTLS    tls.RecordHeaderError
+	)
+	switch {
+	case errors.As(err, &unknownCA):
+		return "tls: certificate signed by an unknown authority"
+	case errors.As(err, &badName):
+		return "tls: certificate not valid for this address"
+	case errors.As(err, &invalid):
+		return "tls: certificate invalid (expired or not for a server?)"
+	case errors.As(err, &notTLS):
+		return "tls: the node does not speak TLS"
+	}
+	return ""
 }
 
 // Quorum runs RedLock over a fixed set of nodes.

@@ -2,6 +2,8 @@ package quorum_test
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"math"
@@ -1065,6 +1067,10 @@ func TestReason(t *testing.T) {
 		{errors.New(strings.Repeat("x", 200)), "error: " + strings.Repeat("x", 80)},
 		{reasonErr{}, "node is loading"},
 		{fmt.Errorf("wrapped: %w", reasonErr{}), "node is loading"},
+		{fmt.Errorf("tls with n1: %w", &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}), "tls: certificate signed by an unknown authority"},
+		{fmt.Errorf("tls with n1: %w", &tls.CertificateVerificationError{Err: x509.HostnameError{Host: "n1"}}), "tls: certificate not valid for this address"},
+		{fmt.Errorf("tls with n1: %w", &tls.CertificateVerificationError{Err: x509.CertificateInvalidError{Reason: x509.Expired}}), "tls: certificate invalid (expired or not for a server?)"},
+		{fmt.Errorf("tls with n1: %w", tls.RecordHeaderError{Msg: "first record does not look like a TLS handshake"}), "tls: the node does not speak TLS"},
 	} {
 		t.Run(fmt.Sprint(tc.err), func(t *testing.T) {
 			if got := quorum.Reason(tc.err); got != tc.want {

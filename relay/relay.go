@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -35,6 +36,9 @@ type Config struct {
 	// that start with it. "" disables the check.
 	KeyPrefix string
 	Logger    *zap.Logger
+	// TLS, when set, is the TLS client configuration for the upstream;
+	// its ServerName defaults to Addr's host.
+	TLS *tls.Config
 }
 
 // Relay relays commands to one upstream Redis.
@@ -200,6 +204,11 @@ func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte), lost
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
+	}
+	if r.cfg.TLS != nil {
+		if nc, err = tlsClient(ctx, nc, r.cfg.TLS, r.cfg.Addr, r.cfg.DialTimeout); err != nil {
+			return nil, fmt.Errorf("tls with %s: %w", r.cfg.Addr, err)
+		}
 	}
 	c := newUpConn(nc, proto, db, r.cfg.ReadTimeout)
 	c.setHooks(push, lost)
@@ -595,4 +604,22 @@ func lower(s string) string {
 		}
 	}
 	return string(b)
+}
+
+// tlsClient runs the TLS handshake on nc, as a client of addr, within
+// timeout; nc is closed when it fails.
+func tlsClient(ctx context.Context, nc net.Conn, base *tls.Config, addr string, timeout time.Duration) (net.Conn, error) {
+	cfg := base
+	if cfg.ServerName == "" {
+		cfg = base.Clone()
+		cfg.ServerName, _, _ = net.SplitHostPort(addr)
+	}
+	tc := tls.Client(nc, cfg)
+	hctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		_ = nc.Close()
+		return nil, err
+	}
+	return tc, nil
 }

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"runtime"
@@ -22,6 +23,9 @@ type NodeConfig struct {
 	Addr     string
 	Username string
 	Password string
+	// TLS, when set, is the TLS client configuration for the node; its
+	// ServerName defaults to Addr's host.
+	TLS *tls.Config
 	// KeyPrefix is put before every lock key and the fence hash on the node.
 	KeyPrefix string
 	// PoolSize is the number of go-redis connections to the node.
@@ -113,6 +117,7 @@ type Node struct {
 	// For the writers' own connections (nodeConn).
 	username, password string
 	dialTimeout        time.Duration
+	tls                *tls.Config // nil without TLS
 	prefix             string
 	fenceKey           string
 	timeout            time.Duration
@@ -184,6 +189,7 @@ func NewNode(cfg NodeConfig) *Node {
 		clock:       newNodeClock(),
 
 		maxRateError: cfg.MaxClockRateError,
+		tls:          nodeTLS(cfg.TLS, cfg.Addr),
 	}
 	n.client = goredis.NewClient(&goredis.Options{
 		Addr:     cfg.Addr,
@@ -207,6 +213,7 @@ func NewNode(cfg NodeConfig) *Node {
 		// quarantined before it can vote, however soon after the restart
 		// the connection is made.
 		OnConnect: n.onConnect,
+		TLSConfig: n.tls,
 	})
 	if n.metrics != nil {
 		for k := range n.durations {

@@ -3,6 +3,7 @@ package redis
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -62,6 +63,14 @@ func (n *Node) connect(ctx context.Context) (*nodeConn, error) {
 	}
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
+	}
+	if n.tls != nil {
+		tc := tls.Client(nc, n.tls)
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = nc.Close()
+			return nil, fmt.Errorf("tls with %s: %w", n.name, err)
+		}
+		nc = tc
 	}
 	c := &nodeConn{n: n, nc: nc, rd: bufio.NewReaderSize(nc, 16<<10), wbuf: make([]byte, 0, 16<<10)}
 	deadline := time.Now().Add(n.dialTimeout)
@@ -262,4 +271,15 @@ func (c *nodeConn) readReply(r *reply, depth int) error {
 		return fmt.Errorf("unexpected reply type %q", r.kind)
 	}
 	return nil
+}
+
+// nodeTLS is base for the node at addr: its ServerName, unless set, is
+// addr's host. nil without TLS.
+func nodeTLS(base *tls.Config, addr string) *tls.Config {
+	if base == nil || base.ServerName != "" {
+		return base
+	}
+	cfg := base.Clone()
+	cfg.ServerName, _, _ = net.SplitHostPort(addr)
+	return cfg
 }

@@ -223,10 +223,14 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	}
 	var up *relay.Relay
 	if u := cfg.Upstream; u.Address != "" {
+		upTLS, err := u.TLS.ClientConfig()
+		if err != nil {
+			return fmt.Errorf("upstream.tls: %w", err)
+		}
 		up = relay.New(relay.Config{
 			Addr: u.Address, Username: u.Username, Password: u.Password, PoolSize: u.PoolSize,
 			DialTimeout: u.DialTimeout, ReadTimeout: u.ReadTimeout, Deny: u.DenyCommands,
-			KeyPrefix: cfg.Redlock.KeyPrefix, Logger: log,
+			KeyPrefix: cfg.Redlock.KeyPrefix, Logger: log, TLS: upTLS,
 		})
 		// Closed after the client connections drained (defers run in
 		// reverse): a command in flight still gets its reply.
@@ -336,11 +340,16 @@ func newRedlock(cfg conf.Config, nodes []string, reg *prometheus.Registry, backe
 		Metrics:           nodeMetrics,
 		Logger:            backendLog,
 	}
+	nodeTLS, err := rc.TLS.ClientConfig()
+	if err != nil {
+		return nil, fmt.Errorf("redlock.tls: %w", err)
+	}
 	for _, addr := range nodes {
 		bcfg.Nodes = append(bcfg.Nodes, redisbackend.NodeConfig{
 			Addr: addr, Username: rc.Username, Password: rc.Password, KeyPrefix: rc.KeyPrefix,
 			PoolSize: rc.PoolSize, Workers: rc.PipelineWorkers, MaxBatch: rc.MaxBatch,
 			DialTimeout: rc.DialTimeout, Timeout: rc.NodeTimeoutMax, Metrics: nodeMetrics,
+			TLS: nodeTLS,
 		})
 	}
 	return redisbackend.New(bcfg)

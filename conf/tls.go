@@ -1,0 +1,78 @@
+package conf
+
+import (
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// TLS is a TLS client connection to Redis servers (upstream.tls,
+// redlock.tls). lockproxy verifies each server's certificate against
+// ca_file, or the system's roots without it, and the name it dials (or
+// server_name); cert_file and key_file are its own certificate, for a
+// server that asks for one (Redis's tls-auth-clients). There is no way to
+// skip the verification.
+type TLS struct {
+	Enabled    bool   `yaml:"enabled"`
+	CAFile     string `yaml:"ca_file"`
+	CertFile   string `yaml:"cert_file"`
+	KeyFile    string `yaml:"key_file"`
+	ServerName string `yaml:"server_name"` // default: the host of each address
+}
+
+// ClientConfig is the TLS configuration t describes, nil when TLS is off.
+// Each connection sets ServerName from its address unless t does.
+func (t TLS) ClientConfig() (*tls.Config, error) {
+	if !t.Enabled {
+		return nil, nil
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
+	if t.CAFile != "" {
+		pem, err := os.ReadFile(t.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("ca_file: no PEM certificate in %s", t.CAFile)
+		}
+		cfg.RootCAs = pool
+	}
+	switch {
+	case t.CertFile != "" && t.KeyFile != "":
+		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("cert_file, key_file: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	case t.CertFile != "" || t.KeyFile != "":
+		return nil, errors.New("cert_file and key_file go together")
+	}
+	return cfg, nil
+}
+
+// validate adds t's problems under key (upstream.tls, redlock.tls).
+func (t TLS) validate(v *validator, key string) {
+	if !t.Enabled {
+		if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" {
+			v.add(key+".enabled", "is false while other %s keys are set: set it to true, or remove them", key)
+		}
+		return
+	}
+	if _, err := t.ClientConfig(); err != nil {
+		v.add(key, "%v", err)
+	}
+}
+
+// resolve makes t's file paths relative to dir, the directory of the
+// config file that named them.
+func (t *TLS) resolve(dir string) {
+	for _, p := range []*string{&t.CAFile, &t.CertFile, &t.KeyFile} {
+		if *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(dir, *p)
+		}
+	}
+}
