@@ -37,6 +37,7 @@ type Config struct {
 	Zookeeper    Zookeeper `yaml:"zookeeper"`
 	Limits       Limits    `yaml:"limits"`
 	Auth         Auth      `yaml:"auth"`
+	TLS          ServerTLS `yaml:"tls"` // TLS on the listener
 }
 
 // Auth is what lockproxy's own clients must give before other commands:
@@ -404,6 +405,7 @@ func (c Config) Validate() error {
 			v.add(key, "invalid glob %q: %v", p, err)
 		}
 	}
+	c.TLS.validate(&v)
 	v.oneOf("log.level", c.Log.Level, "debug", "info", "warn", "error")
 	v.oneOf("log.format", c.Log.Format, "json", "console")
 

@@ -794,6 +794,9 @@ func TestTLSConfig(t *testing.T) {
 		{"cert without key", "upstream: {address: up:6380, tls: {enabled: true, cert_file: c.pem}}", nil, "upstream.tls: cert_file and key_file go together"},
 		{"files while off", "redlock: {tls: {ca_file: ca.pem}}", nil, "redlock.tls.enabled: is false while other redlock.tls keys are set"},
 		{"dev nodes", "redlock: {tls: {enabled: true}}", []string{"--dev"}, "redlock.tls.enabled: the --dev nodes speak no TLS"},
+		{"listener, mutual", "tls: {enabled: true, cert_file: c.pem, key_file: k.pem, client_ca_file: ca.pem}", nil, ""},
+		{"listener without a key", "tls: {enabled: true, cert_file: c.pem}", nil, "tls: cert_file and key_file are required"},
+		{"listener files while off", "tls: {cert_file: c.pem}", nil, "tls.enabled: is false while other tls keys are set"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			args := tc.args
@@ -812,6 +815,10 @@ func TestTLSConfig(t *testing.T) {
 			}
 			if err != nil {
 				t.Fatalf("FromArgs = %v", err)
+			}
+			if scfg, err := c.TLS.ServerConfig(); err != nil || c.TLS.Enabled != (scfg != nil) ||
+				(c.TLS.ClientCAFile != "" && scfg.ClientAuth != tls.RequireAndVerifyClientCert) {
+				t.Fatalf("ServerConfig(%+v) = %v, %v", c.TLS, scfg, err)
 			}
 			for _, tt := range []TLS{c.Upstream.TLS, c.Redlock.TLS} {
 				cfg, err := tt.ClientConfig()

@@ -114,6 +114,7 @@ func decodeFile(name string, c *Config) error {
 	}
 	c.Upstream.TLS.resolve(filepath.Dir(name))
 	c.Redlock.TLS.resolve(filepath.Dir(name))
+	c.TLS.resolve(filepath.Dir(name))
 	return nil
 }
 

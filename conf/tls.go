@@ -76,3 +76,61 @@ func (t *TLS) resolve(dir string) {
 		}
 	}
 }
+
+// ServerTLS is TLS on lockproxy's own listener (tls): every client
+// connection must speak TLS 1.2 or later. With client_ca_file, clients
+// must also show a certificate that CA signed (mutual TLS).
+type ServerTLS struct {
+	Enabled      bool   `yaml:"enabled"`
+	CertFile     string `yaml:"cert_file"`
+	KeyFile      string `yaml:"key_file"`
+	ClientCAFile string `yaml:"client_ca_file"`
+}
+
+// ServerConfig is the TLS configuration t describes, nil when TLS is off.
+func (t ServerTLS) ServerConfig() (*tls.Config, error) {
+	if !t.Enabled {
+		return nil, nil
+	}
+	if t.CertFile == "" || t.KeyFile == "" {
+		return nil, errors.New("cert_file and key_file are required")
+	}
+	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("cert_file, key_file: %w", err)
+	}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+	if t.ClientCAFile != "" {
+		pem, err := os.ReadFile(t.ClientCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("client_ca_file: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("client_ca_file: no PEM certificate in %s", t.ClientCAFile)
+		}
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return cfg, nil
+}
+
+func (t ServerTLS) validate(v *validator) {
+	if !t.Enabled {
+		if t.CertFile != "" || t.KeyFile != "" || t.ClientCAFile != "" {
+			v.add("tls.enabled", "is false while other tls keys are set: set it to true, or remove them")
+		}
+		return
+	}
+	if _, err := t.ServerConfig(); err != nil {
+		v.add("tls", "%v", err)
+	}
+}
+
+func (t *ServerTLS) resolve(dir string) {
+	for _, p := range []*string{&t.CertFile, &t.KeyFile, &t.ClientCAFile} {
+		if *p != "" && !filepath.IsAbs(*p) {
+			*p = filepath.Join(dir, *p)
+		}
+	}
+}

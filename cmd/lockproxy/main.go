@@ -12,6 +12,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -216,6 +217,14 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
+	}
+	if tcfg, err := cfg.TLS.ServerConfig(); err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("tls: %w", err)
+	} else if tcfg != nil {
+		// TLS connections are served on goroutines: the event loop
+		// writes to sockets, not through crypto/tls.
+		ln = tls.NewListener(ln, tcfg)
 	}
 	port := 0
 	if ta, ok := ln.Addr().(*net.TCPAddr); ok {

@@ -1,10 +1,17 @@
 package e2e
 
 import (
+	"crypto/tls"
+	"fmt"
+	"net"
+	"os/exec"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
 
 	"github.com/lockproxy/lockproxy/test/harness"
 	"github.com/lockproxy/lockproxy/test/lockclient"
@@ -79,4 +86,72 @@ func TestTLS(t *testing.T) {
 	if r := rc.Do("GET", "tls:k"); r.Kind != '-' || !strings.Contains(r.Str, "upstream unavailable") || !strings.Contains(r.Str, "certificate") {
 		t.Fatalf("GET trusting another CA = %v; want upstream unavailable naming the certificate", r)
 	}
+}
+
+// TestServerTLS: with tls on the listener, clients speak TLS to lockproxy
+// (go-redis under RESP2 and RESP3, redis-cli --tls), a plain-text client
+// gets nothing, and with client_ca_file a client must show a certificate
+// that CA signed.
+func TestServerTLS(t *testing.T) {
+	t.Parallel()
+	harness.RequireBinary(t, "redis-cli", "redis-tools")
+	cl := startCluster(t, 3)
+	ca := harness.NewTestCA(t)
+	srv := ca.Server()
+	env := []string{"LOCKPROXY_TLS_ENABLED=true", "LOCKPROXY_TLS_CERT_FILE=" + srv.Cert, "LOCKPROXY_TLS_KEY_FILE=" + srv.Key}
+	in := startInstanceEnv(t, cl.addrs(), env)
+	mtls := startInstanceEnv(t, cl.addrs(), append(env, "LOCKPROXY_TLS_CLIENT_CA_FILE="+ca.CAFile))
+
+	for _, tc := range []struct {
+		name  string
+		addr  string
+		cfg   *tls.Config
+		works bool
+	}{
+		{"TLS", in.addr, ca.ClientConfig(), true},
+		{"TLS without a client certificate", in.addr, &tls.Config{RootCAs: ca.ClientConfig().RootCAs}, true},
+		{"mutual TLS", mtls.addr, ca.ClientConfig(), true},
+		{"mutual TLS without a client certificate", mtls.addr, &tls.Config{RootCAs: ca.ClientConfig().RootCAs}, false},
+		{"mutual TLS with another CA's certificate", mtls.addr, func() *tls.Config {
+			c := harness.NewTestCA(t).ClientConfig()
+			c.RootCAs = ca.ClientConfig().RootCAs
+			return c
+		}(), false},
+	} {
+		for _, proto := range []int{2, 3} {
+			t.Run(fmt.Sprintf("%s/RESP%d", tc.name, proto), func(t *testing.T) {
+				c := redis.NewClient(&redis.Options{
+					Addr: tc.addr, Protocol: proto, TLSConfig: tc.cfg, MaxRetries: -1, DisableIdentity: true,
+					DialTimeout:              5 * time.Second,
+					MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+				})
+				defer c.Close()
+				g, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 10*time.Second), c, "stls-"+lockclient.RandID(), "PX", 5000)
+				if tc.works && (err != nil || !ok || g.Fence == 0) {
+					t.Fatalf("LOCK = %+v, %v, %v; want a grant", g, ok, err)
+				}
+				if !tc.works && err == nil {
+					t.Fatalf("LOCK = %+v, %v; want the connection refused", g, ok)
+				}
+			})
+		}
+	}
+
+	out, err := exec.Command("redis-cli", "--tls", "--cacert", ca.CAFile, "-h", "127.0.0.1", "-p", portOf(t, in.addr), "PING").CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "PONG" {
+		t.Fatalf("redis-cli --tls PING = %q, %v; want PONG", out, err)
+	}
+	rc := lc.DialRaw(t, in.addr)
+	rc.Write("PING\r\n")
+	if r, err := rc.ReadWithin(3 * time.Second); err == nil {
+		t.Fatalf("a plain-text PING on the TLS listener got %v; want nothing", r)
+	}
+}
+
+func portOf(t *testing.T, addr string) string {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
 }
