@@ -392,3 +392,22 @@ func statCalls(info, cmd string) int64 {
 	}
 	return 0
 }
+
+// TestNodeTLSHandshakeBounded: a node that takes the connection and never
+// answers the TLS handshake fails the dial within the dial timeout, even
+// when the caller's context has no deadline, so a writer is never stuck
+// on it.
+func TestNodeTLSHandshakeBounded(t *testing.T) {
+	ca := harness.NewTestCA(t)
+	n := NewNode(NodeConfig{Addr: fakeServer(t, nil), KeyPrefix: "lp:", DialTimeout: 200 * time.Millisecond, TLS: ca.ClientConfig()})
+	defer n.Close()
+	start := time.Now()
+	c, err := n.connect(context.Background())
+	if err == nil {
+		c.close()
+		t.Fatal("connect to a silent node succeeded")
+	}
+	if d := time.Since(start); d > 2*time.Second {
+		t.Fatalf("connect to a silent node took %v; want about the 200ms dial timeout", d)
+	}
+}

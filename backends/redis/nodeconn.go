@@ -64,6 +64,12 @@ func (n *Node) connect(ctx context.Context) (*nodeConn, error) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	deadline := time.Now().Add(n.dialTimeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
+		deadline = d
+	}
+	// The handshake too: ctx may carry a deadline nothing enforces.
+	_ = nc.SetDeadline(deadline)
 	if n.tls != nil {
 		tc := tls.Client(nc, n.tls)
 		if err := tc.HandshakeContext(ctx); err != nil {
@@ -73,10 +79,6 @@ func (n *Node) connect(ctx context.Context) (*nodeConn, error) {
 		nc = tc
 	}
 	c := &nodeConn{n: n, nc: nc, rd: bufio.NewReaderSize(nc, 16<<10), wbuf: make([]byte, 0, 16<<10)}
-	deadline := time.Now().Add(n.dialTimeout)
-	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
-		deadline = d
-	}
 	_ = nc.SetDeadline(deadline)
 	auth := n.password != ""
 	switch {
