@@ -8,8 +8,7 @@ import (
 
 // TestAuthLimiter: failed authentications per address get a burst of
 // authFailBurst, then authFailRate a second; other addresses are not held
-// back; past authFailAddrs addresses, new ones share one budget until the
-// old ones are paid back and forgotten.
+// back.
 func TestAuthLimiter(t *testing.T) {
 	t0 := time.Unix(1700000000, 0)
 	var a authLimiter
@@ -37,23 +36,47 @@ func TestAuthLimiter(t *testing.T) {
 			t.Errorf("%s: allowed(%s, +%v) = %v; want %v", tc.name, tc.from, tc.at, got, tc.want)
 		}
 	}
+}
 
-	var b authLimiter
+// TestAuthLimiterFullTable: past authFailAddrs addresses that owe
+// failures, a new address is neither tracked nor refused, so many
+// guessers cannot lock out a client with the right password; once the old
+// ones are paid back (and a sweep is due) new addresses are tracked again.
+func TestAuthLimiterFullTable(t *testing.T) {
+	t0 := time.Unix(1700000000, 0)
+	var a authLimiter
 	for i := 0; i < authFailAddrs; i++ {
-		b.failed("10.1."+strconv.Itoa(i/256)+"."+strconv.Itoa(i%256), t0)
+		for j := 0; j <= authFailBurst; j++ {
+			a.failed("2001:db8:"+strconv.FormatInt(int64(i), 16)+"::", t0)
+		}
 	}
-	for i := 0; i < authFailBurst; i++ {
-		b.failed("192.0.2."+strconv.Itoa(i), t0) // new addresses, all on the shared budget
+	for j := 0; j <= authFailBurst; j++ {
+		a.failed("198.51.100.1", t0)
 	}
-	if b.allowed("192.0.2.250", t0) {
-		t.Error("a new address past the table's bound was allowed with the shared budget spent")
+	if !a.allowed("198.51.100.7", t0.Add(10*time.Millisecond)) || !a.allowed("198.51.100.1", t0.Add(10*time.Millisecond)) {
+		t.Fatal("a new address is refused while the table is full of others")
 	}
-	if !b.allowed("10.1.0.1", t0) {
-		t.Error("a tracked address with one failure was refused")
+	// Three seconds later everything is paid back: the next failure sweeps
+	// and is tracked.
+	later := t0.Add(3 * time.Second)
+	for j := 0; j <= authFailBurst; j++ {
+		a.failed("198.51.100.1", later)
 	}
-	// A second later every tracked address is paid back: a new one gets
-	// a bucket of its own again.
-	if !b.allowed("192.0.2.251", t0.Add(time.Second)) || len(b.m) > authFailAddrs {
-		t.Errorf("after the pay-back: %d addresses tracked; want room for new ones", len(b.m))
+	if a.allowed("198.51.100.1", later) || len(a.m) != 1 {
+		t.Fatalf("after the pay-back: allowed, %d addresses tracked; want refused, 1", len(a.m))
+	}
+}
+
+func TestClientHost(t *testing.T) {
+	for _, tc := range []struct{ addr, want string }{
+		{"127.0.0.1:5000", "127.0.0.1"},
+		{"[::ffff:10.1.2.3]:5000", "10.1.2.3"},
+		{"[2001:db8:1:2:3:4:5:6]:5000", "2001:db8:1:2::/64"},
+		{"[2001:db8:1:2:ffff::1]:1", "2001:db8:1:2::/64"},
+		{"not an address", "not an address"},
+	} {
+		if got := clientHost(tc.addr); got != tc.want {
+			t.Errorf("clientHost(%q) = %q; want %q", tc.addr, got, tc.want)
+		}
 	}
 }

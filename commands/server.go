@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"runtime"
 	"strconv"
@@ -95,12 +96,23 @@ func (h *Handler) checkPassword(s *resp.Session, user, pass []byte) bool {
 	return false
 }
 
-// clientHost is the host part of a client's address.
+// clientHost is what failed passwords are counted by: the client's IP
+// address, and for IPv6 its /64, which one host usually has whole.
 func clientHost(addr string) string {
-	if host, _, err := net.SplitHostPort(addr); err == nil {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		host = addr
+	}
+	ip, err := netip.ParseAddr(host)
+	if err != nil {
 		return host
 	}
-	return addr
+	if ip.Is6() && !ip.Is4In6() {
+		if p, err := ip.Prefix(64); err == nil {
+			return p.String()
+		}
+	}
+	return ip.Unmap().String()
 }
 
 const errAuthThrottled = "ERR too many failed authentication attempts from this address; try again in a second"
@@ -110,16 +122,24 @@ const errAuthThrottled = "ERR too many failed authentication attempts from this 
 const (
 	authFailRate  = 10
 	authFailBurst = 20
-	// authFailAddrs bounds the addresses tracked; beyond it they share
-	// one budget (an attacker with that many addresses gets no more).
+	// authFailAddrs bounds the addresses tracked. Past it, failures from
+	// new addresses are not counted until old ones are paid back: a
+	// guesser with that many addresses is not held back, but neither is
+	// any client with the right password (a shared budget would let the
+	// guesser lock everyone out).
 	authFailAddrs = 4096
+	// authSweepEvery bounds how often a full table is swept for paid-back
+	// addresses: each sweep walks it all, under the lock, on the caller's
+	// goroutine (the event loop's, for AUTH and HELLO).
+	authSweepEvery = 100 * time.Millisecond
 )
 
 // authLimiter keeps a token bucket of failed authentications per client
-// address. An address whose failures are paid back is forgotten.
+// address; an address has one only while it owes failures.
 type authLimiter struct {
-	mu sync.Mutex
-	m  map[string]*authBucket
+	mu        sync.Mutex
+	m         map[string]*authBucket
+	lastSweep time.Time
 }
 
 type authBucket struct {
@@ -127,52 +147,49 @@ type authBucket struct {
 	last  time.Time
 }
 
-// bucketLocked returns from's bucket, made on first use, with what the
-// time since its last use earned paid back.
-func (a *authLimiter) bucketLocked(from string, now time.Time) *authBucket {
-	if a.m == nil {
-		a.m = make(map[string]*authBucket)
-	}
-	b := a.m[from]
-	if b == nil {
-		if len(a.m) >= authFailAddrs {
-			a.sweepLocked(now)
-		}
-		if len(a.m) >= authFailAddrs {
-			from = "" // the shared budget
-			b = a.m[from]
-		}
-		if b == nil {
-			b = &authBucket{last: now}
-			a.m[from] = b
-		}
-	}
+// paidBack pays back what the time since the bucket's last use earned.
+func (b *authBucket) paidBack(now time.Time) {
 	b.spent = max(0, b.spent-now.Sub(b.last).Seconds()*authFailRate)
 	b.last = now
-	return b
-}
-
-// sweepLocked forgets the addresses whose failures are paid back.
-func (a *authLimiter) sweepLocked(now time.Time) {
-	for k, b := range a.m {
-		if b.spent-now.Sub(b.last).Seconds()*authFailRate <= 0 {
-			delete(a.m, k)
-		}
-	}
 }
 
 // allowed tells whether an attempt from from may be checked now.
 func (a *authLimiter) allowed(from string, now time.Time) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.bucketLocked(from, now).spent < authFailBurst
+	b := a.m[from]
+	if b == nil {
+		return true
+	}
+	b.paidBack(now)
+	return b.spent < authFailBurst
 }
 
 // failed records a failed attempt from from.
 func (a *authLimiter) failed(from string, now time.Time) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.bucketLocked(from, now).spent++
+	b := a.m[from]
+	if b == nil {
+		if a.m == nil {
+			a.m = make(map[string]*authBucket)
+		}
+		if len(a.m) >= authFailAddrs && now.Sub(a.lastSweep) >= authSweepEvery {
+			a.lastSweep = now
+			for k, old := range a.m {
+				if old.paidBack(now); old.spent == 0 {
+					delete(a.m, k)
+				}
+			}
+		}
+		if len(a.m) >= authFailAddrs {
+			return
+		}
+		b = &authBucket{last: now}
+		a.m[from] = b
+	}
+	b.paidBack(now)
+	b.spent++
 }
 
 // authRequired tells whether clients must authenticate (auth.password or

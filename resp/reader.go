@@ -349,6 +349,18 @@ func (r *Reader) parseInline(i int) (int, int, error) {
 			}
 			w = p
 		}
+		if r.preAuth {
+			// The pre-auth caps hold for inline commands too: a 64 KB
+			// line can carry thousands of arguments.
+			if w-argStart > PreAuthMaxBulkLen {
+				r.offs = r.offs[:mark]
+				return 0, 0, errPreAuthBulk
+			}
+			if (len(r.offs)-mark)/2 >= PreAuthMaxArgs {
+				r.offs = r.offs[:mark]
+				return 0, 0, errPreAuthArgs
+			}
+		}
 		r.offs = append(r.offs, argStart, w)
 	}
 	if n := (len(r.offs) - mark) / 2; n > 0 {

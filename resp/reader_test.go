@@ -197,6 +197,9 @@ func TestReaderPreAuth(t *testing.T) {
 		{"16 KB and a byte", "*2\r\n$4\r\nECHO\r\n$16385\r\n", nil, "Protocol error: unauthenticated bulk length"},
 		{"a pipeline, one command at a time", "*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nPING\r\n*1\r\n$4\r\nPING\r\n", []int{1, 1, 1}, ""},
 		{"inline", "PING\r\nPING\r\n", []int{1, 1}, ""},
+		{"inline, 10 arguments", "ECHO" + strings.Repeat(" a", 9) + "\r\n", []int{1}, ""},
+		{"inline, 11 arguments", "ECHO" + strings.Repeat(" a", 10) + "\r\n", nil, "Protocol error: unauthenticated multibulk length"},
+		{"inline, 16 KB and a byte", "ECHO " + strings.Repeat("x", 16<<10+1) + "\r\n", nil, "Protocol error: unauthenticated bulk length"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := NewReader(bytes.NewReader([]byte(tc.in)))

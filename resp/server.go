@@ -2,6 +2,7 @@ package resp
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"os"
@@ -47,6 +48,10 @@ type LoopHandler interface {
 	LoopSafe(s *Session, cmds [][][]byte) bool
 	LoopReady(s *Session) bool
 }
+
+// tlsHandshakeTimeout bounds a client's TLS handshake (a variable for
+// tests).
+var tlsHandshakeTimeout = 10 * time.Second
 
 // loopReturnAfter is how many batches in a row a connection moved off the
 // event loop serves that the loop could have served before it goes back:
@@ -166,9 +171,13 @@ func (s *Server) accept(c net.Conn) {
 	}
 	if s.MaxClients > 0 && len(s.sessions) >= s.MaxClients {
 		s.mu.Unlock()
-		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
-		_, _ = c.Write([]byte("-ERR max number of clients reached\r\n"))
-		c.Close()
+		// Not on the accept loop: over TLS the write first runs the
+		// handshake, which a silent peer would hold up.
+		go func() {
+			_ = c.SetDeadline(time.Now().Add(time.Second))
+			_, _ = c.Write([]byte("-ERR max number of clients reached\r\n"))
+			c.Close()
+		}()
 		return
 	}
 	sess := newSession(s.baseCtx, s.nextID.Add(1), c)
@@ -229,6 +238,18 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 		s.Handler.Closed(sess)
 		s.wg.Done()
 	}()
+
+	if tc, ok := sess.conn.(*tls.Conn); ok && !tc.ConnectionState().HandshakeComplete {
+		// A peer that never finishes the handshake must not hold its
+		// connection slot for good.
+		ctx, cancel := context.WithTimeout(sess.ctx, tlsHandshakeTimeout)
+		err := tc.HandshakeContext(ctx)
+		cancel()
+		if err != nil {
+			s.Logger.Debug("tls handshake failed", zap.String("remote", sess.remoteAddr), zap.Error(err))
+			return
+		}
+	}
 
 	// One goroutine reads and runs the connection's commands: no hand-off
 	// per batch on the hot path. A command that blocks asks the session to

@@ -3,6 +3,7 @@
 package redis
 
 import (
+	"crypto/tls"
 	"errors"
 	"io"
 	"net"
@@ -15,6 +16,12 @@ import (
 // a batch into a dead socket. Data waiting on an idle connection is as bad:
 // replies out of step.
 func alive(nc net.Conn) error {
+	if tc, ok := nc.(*tls.Conn); ok {
+		// The socket under TLS: an idle connection has nothing to read
+		// there either (the session tickets a TLS 1.3 server sends after
+		// the handshake were read with the INFO reply on connect).
+		nc = tc.NetConn()
+	}
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return nil

@@ -50,7 +50,20 @@ func TestNodeACL(t *testing.T) {
 		}
 		waited <- err
 	}()
-	time.Sleep(100 * time.Millisecond)
+	// The waiter is queued (INFO's blocked_clients) before the release.
+	for i := 0; ; i++ {
+		info, err := c.Info(ctx, "clients").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if strings.Contains(info, "blocked_clients:1\r\n") {
+			break
+		}
+		if i == 200 {
+			t.Fatalf("the LOCK … WAIT never queued:\n%s", info)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if got := lc.Unlock(t, c, "acl-a", g.Token); got != 1 {
 		t.Fatalf("UNLOCK = %d", got)
 	}
