@@ -2,6 +2,7 @@ package conf
 
 import (
 	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"flag"
 	"fmt"
@@ -825,10 +826,61 @@ func TestTLSConfig(t *testing.T) {
 				if err != nil || (tt.Enabled != (cfg != nil)) {
 					t.Fatalf("ClientConfig(%+v) = %v, %v", tt, cfg, err)
 				}
-				if cfg != nil && tt.CAFile != "" && (cfg.RootCAs == nil || len(cfg.Certificates) != 1 || cfg.MinVersion < tls.VersionTLS12) {
-					t.Fatalf("ClientConfig(%+v): roots %v, %d certificates, min version %x", tt, cfg.RootCAs != nil, len(cfg.Certificates), cfg.MinVersion)
+				if cfg != nil && tt.CAFile != "" && (cfg.RootCAs == nil || cfg.GetClientCertificate == nil || cfg.MinVersion < tls.VersionTLS12) {
+					t.Fatalf("ClientConfig(%+v): roots %v, client certificate %v, min version %x", tt, cfg.RootCAs != nil, cfg.GetClientCertificate != nil, cfg.MinVersion)
 				}
 			}
 		})
+	}
+}
+
+// TestCertReloader: Reload serves the certificate now in the files; a
+// failed reload keeps the one in use.
+func TestCertReloader(t *testing.T) {
+	ca := harness.NewTestCA(t)
+	first, second := ca.Server(), ca.Server()
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
+	install := func(f harness.TLSFiles) {
+		for dst, src := range map[string]string{cert: f.Cert, key: f.Key} {
+			b, err := os.ReadFile(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(dst, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	serial := func(r *CertReloader) string {
+		c, _ := r.certificate(nil)
+		x, err := x509.ParseCertificate(c.Certificate[0])
+		if err != nil {
+			t.Fatal(err)
+		}
+		return x.SerialNumber.String()
+	}
+	install(first)
+	r, err := NewCertReloader(cert, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s1 := serial(r)
+	install(second)
+	if err := r.Reload(); err != nil {
+		t.Fatal(err)
+	}
+	s2 := serial(r)
+	if s1 == s2 {
+		t.Fatalf("serial %s after the reload; want the new certificate's", s2)
+	}
+	if err := os.WriteFile(key, []byte("not a key"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Reload(); err == nil || serial(r) != s2 {
+		t.Fatalf("a reload of a broken key = %v, serial %s; want an error and %s kept", err, serial(r), s2)
+	}
+	if rs := Reloaders(); !slices.Contains(rs, r) {
+		t.Fatal("the reloader is not listed")
 	}
 }

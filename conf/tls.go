@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 )
 
 // TLS is a TLS client connection to Redis servers (upstream.tls,
@@ -43,15 +45,78 @@ func (t TLS) ClientConfig() (*tls.Config, error) {
 	}
 	switch {
 	case t.CertFile != "" && t.KeyFile != "":
-		cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+		r, err := NewCertReloader(t.CertFile, t.KeyFile)
 		if err != nil {
-			return nil, fmt.Errorf("cert_file, key_file: %w", err)
+			return nil, err
 		}
-		cfg.Certificates = []tls.Certificate{cert}
+		cfg.GetClientCertificate = r.clientCertificate
 	case t.CertFile != "" || t.KeyFile != "":
 		return nil, errors.New("cert_file and key_file go together")
 	}
 	return cfg, nil
+}
+
+// CertReloader serves a certificate read from its files, and reads them
+// again on Reload (SIGHUP), so that a renewed certificate takes effect
+// for the next handshakes without a restart: a restart would drop every
+// client's connection and the KEEPALIVE locks held through them. Every
+// reloader made is listed (Reloaders) for the signal handler.
+type CertReloader struct {
+	certFile, keyFile string
+	cur               atomic.Pointer[tls.Certificate]
+}
+
+var (
+	reloadersMu sync.Mutex
+	reloaders   = map[[2]string]*CertReloader{}
+)
+
+// NewCertReloader reads certFile and keyFile. The same pair gives the same
+// reloader.
+func NewCertReloader(certFile, keyFile string) (*CertReloader, error) {
+	reloadersMu.Lock()
+	defer reloadersMu.Unlock()
+	if r := reloaders[[2]string{certFile, keyFile}]; r != nil {
+		return r, r.Reload()
+	}
+	r := &CertReloader{certFile: certFile, keyFile: keyFile}
+	if err := r.Reload(); err != nil {
+		return nil, err
+	}
+	reloaders[[2]string{certFile, keyFile}] = r
+	return r, nil
+}
+
+// Reload reads the files again; on an error the certificate in use stays.
+func (r *CertReloader) Reload() error {
+	cert, err := tls.LoadX509KeyPair(r.certFile, r.keyFile)
+	if err != nil {
+		return fmt.Errorf("cert_file, key_file: %w", err)
+	}
+	r.cur.Store(&cert)
+	return nil
+}
+
+// Files names the certificate's files.
+func (r *CertReloader) Files() (cert, key string) { return r.certFile, r.keyFile }
+
+func (r *CertReloader) certificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	return r.cur.Load(), nil
+}
+
+func (r *CertReloader) clientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	return r.cur.Load(), nil
+}
+
+// Reloaders lists every certificate reloader made so far.
+func Reloaders() []*CertReloader {
+	reloadersMu.Lock()
+	defer reloadersMu.Unlock()
+	out := make([]*CertReloader, 0, len(reloaders))
+	for _, r := range reloaders {
+		out = append(out, r)
+	}
+	return out
 }
 
 // validate adds t's problems under key (upstream.tls, redlock.tls).
@@ -95,11 +160,11 @@ func (t ServerTLS) ServerConfig() (*tls.Config, error) {
 	if t.CertFile == "" || t.KeyFile == "" {
 		return nil, errors.New("cert_file and key_file are required")
 	}
-	cert, err := tls.LoadX509KeyPair(t.CertFile, t.KeyFile)
+	r, err := NewCertReloader(t.CertFile, t.KeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("cert_file, key_file: %w", err)
+		return nil, err
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert}}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.certificate}
 	if t.ClientCAFile != "" {
 		pem, err := os.ReadFile(t.ClientCAFile)
 		if err != nil {

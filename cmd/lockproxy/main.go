@@ -112,11 +112,40 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
+	go reloadOnHUP(ctx, log)
 	if err := serve(ctx, cfg, log, stderr); err != nil {
 		log.Error("lockproxy stopped", zap.Error(err))
 		return 1
 	}
 	return 0
+}
+
+// reloadOnHUP reads every TLS certificate and key again on SIGHUP (a
+// renewed certificate, as cert-manager or certbot leave it), so that new
+// handshakes use it without a restart. CA files are read at start only.
+func reloadOnHUP(ctx context.Context, log *zap.Logger) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-hup:
+		}
+		rs := conf.Reloaders()
+		for _, r := range rs {
+			cert, _ := r.Files()
+			if err := r.Reload(); err != nil {
+				log.Error("SIGHUP: certificate not reloaded; the old one stays in use", zap.String("cert_file", cert), zap.Error(err))
+				continue
+			}
+			log.Info("SIGHUP: certificate reloaded", zap.String("cert_file", cert))
+		}
+		if len(rs) == 0 {
+			log.Info("SIGHUP: no TLS certificate to reload")
+		}
+	}
 }
 
 func checkConfig(args []string, stdout, stderr io.Writer) int {

@@ -4,9 +4,12 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -154,4 +157,57 @@ func portOf(t *testing.T, addr string) string {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestServerTLSReload: on SIGHUP lockproxy reads its listener's
+// certificate again, and new connections get the renewed one, while a
+// connection made before goes on.
+func TestServerTLSReload(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	ca := harness.NewTestCA(t)
+	dir := t.TempDir()
+	cert, key := filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
+	install := func(f harness.TLSFiles) {
+		for dst, src := range map[string]string{cert: f.Cert, key: f.Key} {
+			b, err := os.ReadFile(src)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(dst, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	install(ca.Server())
+	in := startInstanceEnv(t, cl.addrs(), []string{"LOCKPROXY_TLS_ENABLED=true", "LOCKPROXY_TLS_CERT_FILE=" + cert, "LOCKPROXY_TLS_KEY_FILE=" + key})
+	serial := func() string {
+		c, err := tls.Dial("tcp", in.addr, ca.ClientConfig())
+		if err != nil {
+			t.Fatalf("TLS dial: %v", err)
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].SerialNumber.String()
+	}
+	first := serial()
+	old := redis.NewClient(&redis.Options{Addr: in.addr, TLSConfig: ca.ClientConfig(), Protocol: 2, MaxRetries: -1, DisableIdentity: true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+	defer old.Close()
+	ctx := lockclient.CtxFor(t, 20*time.Second)
+	if err := old.Ping(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	install(ca.Server())
+	if err := syscall.Kill(in.proc.PID(), syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; serial() == first; i++ {
+		if i == 100 {
+			t.Fatalf("still the first certificate 5 s after SIGHUP:\n%s", in.proc.Output())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := old.Ping(ctx).Err(); err != nil {
+		t.Fatalf("the connection made before the reload: %v", err)
+	}
 }
