@@ -841,17 +841,6 @@ func TestCertReloader(t *testing.T) {
 	first, second := ca.Server(), ca.Server()
 	dir := t.TempDir()
 	cert, key := filepath.Join(dir, "cert.pem"), filepath.Join(dir, "key.pem")
-	install := func(f harness.TLSFiles) {
-		for dst, src := range map[string]string{cert: f.Cert, key: f.Key} {
-			b, err := os.ReadFile(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(dst, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
 	serial := func(r *CertReloader) string {
 		c, _ := r.certificate(nil)
 		x, err := x509.ParseCertificate(c.Certificate[0])
@@ -860,13 +849,13 @@ func TestCertReloader(t *testing.T) {
 		}
 		return x.SerialNumber.String()
 	}
-	install(first)
+	first.Install(t, cert, key)
 	r, err := NewCertReloader(cert, key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	s1 := serial(r)
-	install(second)
+	second.Install(t, cert, key)
 	if err := r.Reload(); err != nil {
 		t.Fatal(err)
 	}

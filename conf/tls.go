@@ -33,13 +33,9 @@ func (t TLS) ClientConfig() (*tls.Config, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
 	if t.CAFile != "" {
-		pem, err := os.ReadFile(t.CAFile)
+		pool, err := loadCAs("ca_file", t.CAFile)
 		if err != nil {
-			return nil, fmt.Errorf("ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("ca_file: no PEM certificate in %s", t.CAFile)
+			return nil, err
 		}
 		cfg.RootCAs = pool
 	}
@@ -54,6 +50,19 @@ func (t TLS) ClientConfig() (*tls.Config, error) {
 		return nil, errors.New("cert_file and key_file go together")
 	}
 	return cfg, nil
+}
+
+// loadCAs reads the PEM certificates of file (the value of key).
+func loadCAs(key, file string) (*x509.CertPool, error) {
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s: no PEM certificate in %s", key, file)
+	}
+	return pool, nil
 }
 
 // CertReloader serves a certificate read from its files, and reads them
@@ -166,13 +175,9 @@ func (t ServerTLS) ServerConfig() (*tls.Config, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.certificate}
 	if t.ClientCAFile != "" {
-		pem, err := os.ReadFile(t.ClientCAFile)
+		pool, err := loadCAs("client_ca_file", t.ClientCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("client_ca_file: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("client_ca_file: no PEM certificate in %s", t.ClientCAFile)
+			return nil, err
 		}
 		cfg.ClientCAs = pool
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert

@@ -4,7 +4,6 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -168,18 +167,7 @@ func TestServerTLSReload(t *testing.T) {
 	ca := harness.NewTestCA(t)
 	dir := t.TempDir()
 	cert, key := filepath.Join(dir, "server.pem"), filepath.Join(dir, "server-key.pem")
-	install := func(f harness.TLSFiles) {
-		for dst, src := range map[string]string{cert: f.Cert, key: f.Key} {
-			b, err := os.ReadFile(src)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(dst, b, 0o600); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	install(ca.Server())
+	ca.Server().Install(t, cert, key)
 	in := startInstanceEnv(t, cl.addrs(), []string{"LOCKPROXY_TLS_ENABLED=true", "LOCKPROXY_TLS_CERT_FILE=" + cert, "LOCKPROXY_TLS_KEY_FILE=" + key})
 	serial := func() string {
 		c, err := tls.Dial("tcp", in.addr, ca.ClientConfig())
@@ -197,7 +185,7 @@ func TestServerTLSReload(t *testing.T) {
 	if err := old.Ping(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	install(ca.Server())
+	ca.Server().Install(t, cert, key)
 	if err := syscall.Kill(in.proc.PID(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}

@@ -140,3 +140,18 @@ func (ca *TestCA) ClientConfig() *tls.Config {
 	pool.AddCert(ca.cert)
 	return &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{*ca.client}}
 }
+
+// Install copies f's certificate and key to cert and key, as a renewal
+// would leave them where a server reads them.
+func (f TLSFiles) Install(t testing.TB, cert, key string) {
+	t.Helper()
+	for dst, src := range map[string]string{cert: f.Cert, key: f.Key} {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatalf("harness: %v", err)
+		}
+		if err := os.WriteFile(dst, b, 0o600); err != nil {
+			t.Fatalf("harness: %v", err)
+		}
+	}
+}
