@@ -208,6 +208,10 @@ type Limits struct {
 	MaxKeyBytes     int           `yaml:"max_key_bytes"`
 	MaxTokenBytes   int           `yaml:"max_token_bytes"`
 	ShutdownTimeout time.Duration `yaml:"shutdown_timeout"`
+	// AuthTimeout closes a connection still not authenticated this long
+	// after it was accepted, when auth.password or auth.users is set; 0
+	// never does.
+	AuthTimeout time.Duration `yaml:"auth_timeout"`
 }
 
 // Default returns the configuration used where file, environment and flags
@@ -311,6 +315,9 @@ func Default() Config {
 			MaxTokenBytes: 256,
 			// Leaves room in Kubernetes' 30 s grace period for releases.
 			ShutdownTimeout: 10 * time.Second,
+			// A client that knows the password has sent it by then; one
+			// that does not only holds a connection slot.
+			AuthTimeout: 10 * time.Second,
 		},
 	}
 }
@@ -491,6 +498,9 @@ func (c Config) Validate() error {
 	v.between("limits.max_key_bytes", c.Limits.MaxKeyBytes, 1, -1)
 	v.between("limits.max_token_bytes", c.Limits.MaxTokenBytes, 1, -1)
 	v.positive("limits.shutdown_timeout", c.Limits.ShutdownTimeout)
+	if c.Limits.AuthTimeout < 0 {
+		v.add("limits.auth_timeout", "must not be negative (0 disables it), got %v", c.Limits.AuthTimeout)
+	}
 
 	if len(v.problems) == 0 {
 		return nil

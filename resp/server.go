@@ -78,6 +78,11 @@ type Server struct {
 	// (PreAuthMaxArgs, PreAuthMaxBulkLen) until the handler lifts them
 	// (Session.SetAuthenticated).
 	AuthRequired bool
+	// AuthTimeout, with AuthRequired, closes connections still not
+	// authenticated this long after they were accepted: a client that
+	// does not know the password must not hold a slot (and a file
+	// descriptor) for good. 0: never.
+	AuthTimeout time.Duration
 
 	baseCtx  context.Context
 	cancel   context.CancelFunc
@@ -133,6 +138,9 @@ func (s *Server) Serve(ln net.Listener) error {
 		}
 	}
 	s.mu.Unlock()
+	if s.AuthRequired && s.AuthTimeout > 0 {
+		go s.closeUnauthenticated()
+	}
 	var backoff time.Duration
 	for {
 		c, err := ln.Accept()
@@ -192,6 +200,39 @@ func (s *Server) accept(c net.Conn) {
 		}
 	}
 	go s.serveConn(sess, nil, nil)
+}
+
+// closeUnauthenticated closes, until the server shuts down, the
+// connections that have not authenticated within AuthTimeout.
+func (s *Server) closeUnauthenticated() {
+	every := min(max(s.AuthTimeout/4, 10*time.Millisecond), time.Second)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	var late []*Session
+	for {
+		select {
+		case <-s.baseCtx.Done():
+			return
+		case <-t.C:
+		}
+		cutoff := time.Now().Add(-s.AuthTimeout).UnixNano()
+		late = late[:0]
+		s.mu.Lock()
+		if s.closing {
+			s.mu.Unlock()
+			return
+		}
+		for sess := range s.sessions {
+			if !sess.authed.Load() && sess.unauthed.Load() < cutoff {
+				late = append(late, sess)
+			}
+		}
+		s.mu.Unlock()
+		for _, sess := range late {
+			s.Logger.Debug("closing a connection that did not authenticate in time", zap.String("remote", sess.remoteAddr))
+			sess.Close()
+		}
+	}
 }
 
 // forget drops a session that has ended from the server's set.

@@ -37,6 +37,10 @@ type Session struct {
 	cancel     context.CancelFunc
 	created    time.Time
 	lastActive atomic.Int64
+	// For the server's auth timeout (rd.preAuth is the reader's): whether
+	// the client is authenticated, and since when (UnixNano) it is not.
+	authed     atomic.Bool
+	unauthed   atomic.Int64
 	closeAfter bool
 	rd         *Reader
 	// writeMu orders whole writes to the connection: a batch of replies
@@ -101,6 +105,7 @@ func newSession(base context.Context, id int64, c net.Conn) *Session {
 		s.remoteAddr = a.String()
 	}
 	s.lastActive.Store(s.created.UnixNano())
+	s.unauthed.Store(s.created.UnixNano())
 	s.asyncWrite = s.writeAsync
 	s.rawFunc = func(fd uintptr) bool {
 		s.rawN, s.rawErr = syscall.Write(int(fd), s.rawBuf)
@@ -308,7 +313,13 @@ func (s *Session) Close() {
 // SetAuthenticated lifts the pre-auth caps on what the client may send
 // (true), or puts them back (false: RESET signed it out). Only the
 // connection's command handler calls it, which owns the reader then.
-func (s *Session) SetAuthenticated(ok bool) { s.rd.preAuth = !ok }
+func (s *Session) SetAuthenticated(ok bool) {
+	s.rd.preAuth = !ok
+	if !ok && s.authed.Load() {
+		s.unauthed.Store(time.Now().UnixNano())
+	}
+	s.authed.Store(ok)
+}
 
 // CloseAfterReply closes the connection once the current reply is written
 // (QUIT).

@@ -276,7 +276,8 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	}
 	srv := &resp.Server{Logger: log, MaxClients: cfg.Limits.MaxClients,
 		EventLoop:    cfg.Upstream.Address != "" && cfg.Upstream.EventLoop,
-		AuthRequired: cfg.Auth.Password != "" || len(cfg.Auth.Users) > 0}
+		AuthRequired: cfg.Auth.Password != "" || len(cfg.Auth.Users) > 0,
+		AuthTimeout:  cfg.Limits.AuthTimeout}
 	if srv.EventLoop {
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

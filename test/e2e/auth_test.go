@@ -240,3 +240,57 @@ func TestAuthPreAuthLimits(t *testing.T) {
 		})
 	}
 }
+
+// TestAuthTimeout: with a password set, a connection that has not
+// authenticated within limits.auth_timeout is closed (one that says
+// nothing, and one that keeps sending commands without AUTH), while an
+// authenticated one stays open however idle; RESET signs a connection out
+// and starts its clock again. On goroutines and on the event loop.
+func TestAuthTimeout(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	up := harness.StartRedis(t, harness.RedisOptions{})
+	for _, mode := range []struct {
+		name string
+		env  []string
+	}{
+		{"goroutines", nil},
+		{"event loop", []string{"LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			in := startInstanceEnv(t, cl.addrs(), append(mode.env, "LOCKPROXY_AUTH_PASSWORD=s3cret", "LOCKPROXY_LIMITS_AUTH_TIMEOUT=300ms"))
+			closed := func(rc *lockclient.RawConn, what string) {
+				t.Helper()
+				for i := 0; i < 50; i++ {
+					rc.Send("PING")
+					r, err := rc.ReadWithin(5 * time.Second)
+					if err != nil {
+						return // closed
+					}
+					if !strings.HasPrefix(r.Str, "NOAUTH") {
+						t.Fatalf("%s: PING = %v; want NOAUTH until it is closed", what, r)
+					}
+					time.Sleep(100 * time.Millisecond)
+				}
+				t.Fatalf("%s: still open 5 s in; want it closed after 300ms", what)
+			}
+			silent := lc.DialRaw(t, in.addr)
+			authed := lc.DialRaw(t, in.addr)
+			if r := authed.Do("AUTH", "s3cret"); r.Str != "OK" {
+				t.Fatalf("AUTH = %v", r)
+			}
+			closed(lc.DialRaw(t, in.addr), "a connection sending commands without AUTH")
+			if r, err := silent.ReadWithin(5 * time.Second); err == nil {
+				t.Fatalf("a silent connection got %v; want it closed", r)
+			}
+			time.Sleep(500 * time.Millisecond)
+			if r := authed.Do("PING"); r.Str != "PONG" {
+				t.Fatalf("an authenticated connection, idle past the timeout: PING = %v", r)
+			}
+			if r := authed.Do("RESET"); r.Str != "RESET" {
+				t.Fatalf("RESET = %v", r)
+			}
+			closed(authed, "a connection signed out by RESET")
+		})
+	}
+}
