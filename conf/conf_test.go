@@ -90,6 +90,10 @@ func TestValidate(t *testing.T) {
 			`redlock.nodes[3]: port must be a number in 1..65535, got "70000"`,
 		}},
 		{"admin empty disables", func(c *Config) { c.Admin = "" }, nil},
+		{"auth timeout", func(c *Config) { c.Limits.AuthTimeout = -time.Second }, []string{
+			`limits.auth_timeout: must not be negative (0 disables it), got -1s`,
+		}},
+		{"auth timeout off", func(c *Config) { c.Limits.AuthTimeout = 0 }, nil},
 		{"users", func(c *Config) {
 			c.Auth.Users = []string{"alice:pw", "bob:a:b", "nopass", ":pw", "alice:other", "default:pw", "a b:pw", "carol:"}
 		}, []string{
