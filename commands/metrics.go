@@ -17,6 +17,8 @@ type metrics struct {
 	// so the hot path does no label lookup.
 	counters                                    map[*Command][2]prometheus.Counter
 	acquired, notAcquired, noQuorum, acquireErr prometheus.Counter
+	// Failed passwords: compared and wrong, or refused unchecked.
+	wrongPassword, authThrottled prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -44,7 +46,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Locks granted through this instance and neither released nor expired.",
 		}),
 	}
-	reg.MustRegister(m.commands, m.acquire, m.acquireDuration, m.heldDuration, m.locksHeld)
+	authFailures := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockproxy_auth_failures_total",
+		Help: "Failed AUTH and HELLO … AUTH: wrong_password, or throttled (too many failures from the address; not compared).",
+	}, []string{"result"})
+	m.wrongPassword = authFailures.WithLabelValues("wrong_password")
+	m.authThrottled = authFailures.WithLabelValues("throttled")
+	reg.MustRegister(m.commands, m.acquire, m.acquireDuration, m.heldDuration, m.locksHeld, authFailures)
 	m.counters = map[*Command][2]prometheus.Counter{}
 	add := func(c *Command) {
 		m.counters[c] = [2]prometheus.Counter{

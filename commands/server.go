@@ -85,6 +85,7 @@ func (h *Handler) auth(s *resp.Session, args [][]byte) {
 func (h *Handler) checkPassword(s *resp.Session, user, pass []byte) bool {
 	from := clientHost(s.RemoteAddr())
 	if !h.authFail.allowed(from, time.Now()) {
+		h.metrics.authThrottled.Inc()
 		s.W.Error(errAuthThrottled)
 		return false
 	}
@@ -92,6 +93,7 @@ func (h *Handler) checkPassword(s *resp.Session, user, pass []byte) bool {
 		return true
 	}
 	h.authFail.failed(from, time.Now())
+	h.metrics.wrongPassword.Inc()
 	s.W.Error(errWrongPass)
 	return false
 }

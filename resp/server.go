@@ -96,6 +96,16 @@ type Server struct {
 	loop     *eventLoop
 	// On the event loop now, moved off it so far, and back on it.
 	loopClients, loopHandoffs, loopReturns atomic.Int64
+	// Connections closed for not authenticating in time, and TLS
+	// handshakes that failed or timed out.
+	authTimeouts, tlsFailures atomic.Int64
+}
+
+// RefusalStats tells how many connections were closed for not
+// authenticating within AuthTimeout, and how many clients' TLS handshakes
+// failed, since the start.
+func (s *Server) RefusalStats() (authTimeouts, tlsFailures int64) {
+	return s.authTimeouts.Load(), s.tlsFailures.Load()
 }
 
 // LoopStats tells how many connections the event loop serves now, how
@@ -229,6 +239,7 @@ func (s *Server) closeUnauthenticated() {
 		}
 		s.mu.Unlock()
 		for _, sess := range late {
+			s.authTimeouts.Add(1)
 			s.Logger.Debug("closing a connection that did not authenticate in time", zap.String("remote", sess.remoteAddr))
 			sess.Close()
 		}
@@ -287,6 +298,7 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 		err := tc.HandshakeContext(ctx)
 		cancel()
 		if err != nil {
+			s.tlsFailures.Add(1)
 			s.Logger.Debug("tls handshake failed", zap.String("remote", sess.remoteAddr), zap.Error(err))
 			return
 		}

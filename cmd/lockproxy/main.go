@@ -294,6 +294,16 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			}, func() float64 { _, _, back := srv.LoopStats(); return float64(back) }),
 		)
 	}
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "lockproxy_auth_timeouts_total",
+			Help: "Client connections closed for not authenticating within limits.auth_timeout.",
+		}, func() float64 { n, _ := srv.RefusalStats(); return float64(n) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "lockproxy_tls_handshake_failures_total",
+			Help: "Client TLS handshakes that failed or timed out.",
+		}, func() float64 { _, n := srv.RefusalStats(); return float64(n) }),
+	)
 	handler := commands.NewHandler(commands.Options{
 		Backend: backend,
 		Limits: commands.Limits{

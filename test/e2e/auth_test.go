@@ -233,6 +233,11 @@ func TestAuthPreAuthLimits(t *testing.T) {
 			if throttled < 6 {
 				t.Fatalf("%d of 31 attempts after a burst of 20 failures throttled; want most of the last 11", throttled)
 			}
+			wrong, _ := strconv.Atoi(metricValue(t, in, `lockproxy_auth_failures_total{result="wrong_password"}`))
+			held, _ := strconv.Atoi(metricValue(t, in, `lockproxy_auth_failures_total{result="throttled"}`))
+			if wrong < 20 || held != throttled {
+				t.Fatalf("lockproxy_auth_failures_total: wrong_password %d, throttled %d; want at least 20 and %d", wrong, held, throttled)
+			}
 			time.Sleep(300 * time.Millisecond) // 10 failures a second are paid back
 			if r := rc.Do("AUTH", "s3cret"); r.Str != "OK" {
 				t.Fatalf("AUTH with the password 300 ms later = %v; want OK", r)
@@ -291,6 +296,9 @@ func TestAuthTimeout(t *testing.T) {
 				t.Fatalf("RESET = %v", r)
 			}
 			closed(authed, "a connection signed out by RESET")
+			if n, _ := strconv.Atoi(metricValue(t, in, "lockproxy_auth_timeouts_total")); n < 3 {
+				t.Fatalf("lockproxy_auth_timeouts_total = %d; want the 3 connections closed", n)
+			}
 		})
 	}
 }

@@ -148,6 +148,9 @@ func TestServerTLS(t *testing.T) {
 	if r, err := rc.ReadWithin(3 * time.Second); err == nil {
 		t.Fatalf("a plain-text PING on the TLS listener got %v; want nothing", r)
 	}
+	if n := metricValue(t, in, "lockproxy_tls_handshake_failures_total"); n == "" || n == "0" {
+		t.Fatalf("lockproxy_tls_handshake_failures_total = %q after a plain-text client; want at least 1", n)
+	}
 }
 
 func portOf(t *testing.T, addr string) string {
