@@ -859,6 +859,9 @@ func TestCertReloader(t *testing.T) {
 		t.Fatal(err)
 	}
 	s1 := serial(r)
+	if c, _ := r.certificate(nil); c.Leaf != nil && !r.NotAfter().Equal(c.Leaf.NotAfter) || r.NotAfter().Before(time.Now()) {
+		t.Fatalf("NotAfter = %v; want the certificate's", r.NotAfter())
+	}
 	second.Install(t, cert, key)
 	if err := r.Reload(); err != nil {
 		t.Fatal(err)

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // TLS is a TLS client connection to Redis servers (upstream.tls,
@@ -108,6 +109,22 @@ func (r *CertReloader) Reload() error {
 
 // Files names the certificate's files.
 func (r *CertReloader) Files() (cert, key string) { return r.certFile, r.keyFile }
+
+// NotAfter is when the certificate in use expires.
+func (r *CertReloader) NotAfter() time.Time {
+	c := r.cur.Load()
+	if c == nil || len(c.Certificate) == 0 {
+		return time.Time{}
+	}
+	if c.Leaf != nil {
+		return c.Leaf.NotAfter
+	}
+	x, err := x509.ParseCertificate(c.Certificate[0])
+	if err != nil {
+		return time.Time{}
+	}
+	return x.NotAfter
+}
 
 func (r *CertReloader) certificate(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	return r.cur.Load(), nil

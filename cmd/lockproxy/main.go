@@ -120,6 +120,25 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// certExpiry exports when each TLS certificate in use expires, so that
+// an alert can fire before a renewal that did not happen (or a SIGHUP
+// that was not sent) breaks the handshakes.
+type certExpiry struct{}
+
+var certExpiryDesc = prometheus.NewDesc("lockproxy_tls_certificate_expiry_timestamp_seconds",
+	"When each TLS certificate lockproxy presents expires (Unix time), by its cert_file.", []string{"cert_file"}, nil)
+
+func (certExpiry) Describe(ch chan<- *prometheus.Desc) { ch <- certExpiryDesc }
+
+func (certExpiry) Collect(ch chan<- prometheus.Metric) {
+	for _, r := range conf.Reloaders() {
+		if at := r.NotAfter(); !at.IsZero() {
+			cert, _ := r.Files()
+			ch <- prometheus.MustNewConstMetric(certExpiryDesc, prometheus.GaugeValue, float64(at.Unix()), cert)
+		}
+	}
+}
+
 // reloadOnHUP reads every TLS certificate and key again on SIGHUP (a
 // renewed certificate, as cert-manager or certbot leave it), so that new
 // handshakes use it without a restart. CA files are read at start only.
@@ -304,6 +323,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			Help: "Client TLS handshakes that failed or timed out.",
 		}, func() float64 { _, n := srv.RefusalStats(); return float64(n) }),
 	)
+	reg.MustRegister(certExpiry{})
 	handler := commands.NewHandler(commands.Options{
 		Backend: backend,
 		Limits: commands.Limits{

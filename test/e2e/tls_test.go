@@ -181,6 +181,10 @@ func TestServerTLSReload(t *testing.T) {
 		return c.ConnectionState().PeerCertificates[0].SerialNumber.String()
 	}
 	first := serial()
+	exp, err := strconv.ParseFloat(metricValue(t, in, `lockproxy_tls_certificate_expiry_timestamp_seconds{cert_file="`+cert+`"}`), 64)
+	if now := float64(time.Now().Unix()); err != nil || exp < now || exp > now+25*3600 {
+		t.Fatalf("lockproxy_tls_certificate_expiry_timestamp_seconds = %v, %v; want the certificate's expiry, within a day", exp, err)
+	}
 	old := redis.NewClient(&redis.Options{Addr: in.addr, TLSConfig: ca.ClientConfig(), Protocol: 2, MaxRetries: -1, DisableIdentity: true,
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
 	defer old.Close()
