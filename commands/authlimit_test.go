@@ -2,6 +2,7 @@ package commands
 
 import (
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -77,6 +78,48 @@ func TestClientHost(t *testing.T) {
 	} {
 		if got := clientHost(tc.addr); got != tc.want {
 			t.Errorf("clientHost(%q) = %q; want %q", tc.addr, got, tc.want)
+		}
+	}
+}
+
+// TestPermitted: a user's permissions let through the commands it was
+// given (by name, @lock, @all) and those a library sends as it connects,
+// and lockproxy's own commands only on keys that match its globs.
+func TestPermitted(t *testing.T) {
+	h := NewHandler(Options{Limits: testLimits, Backend: &fakeBackend{}})
+	app := newPerm(Permission{Commands: []string{"@lock", "get"}, Keys: []string{"app:*", "shared"}})
+	all := newPerm(Permission{Commands: []string{"@all"}, Keys: []string{"app:*"}})
+	for _, tc := range []struct {
+		p    *perm
+		args []string
+		want string // "" when permitted
+	}{
+		{app, []string{"PING"}, ""},
+		{app, []string{"HELLO", "3"}, ""},
+		{app, []string{"CLIENT", "SETNAME", "x"}, ""},
+		{app, []string{"CLIENT", "KILL", "ID", "1"}, "NOPERM User app has no permissions to run the 'client' command"},
+		{app, []string{"LOCK", "app:1", "PX", "100"}, ""},
+		{app, []string{"LOCK", "shared", "PX", "100"}, ""},
+		{app, []string{"LOCK", "other", "PX", "100"}, "NOPERM No permissions to access a key"},
+		{app, []string{"UNLOCK", "other", "t"}, "NOPERM No permissions to access a key"},
+		{app, []string{"LOCKINFO", "app:1"}, ""},
+		{app, []string{"GET", "app:1"}, ""}, // transparent mode's, without an upstream
+		{app, []string{"GET", "lock:1"}, "NOPERM No permissions to access a key"},
+		{app, []string{"SET", "app:1", "v"}, "NOPERM User app has no permissions to run the 'set' command"},
+		{all, []string{"SET", "app:1", "v"}, ""},
+		{all, []string{"LOCK", "other", "PX", "100"}, "NOPERM No permissions to access a key"},
+		{all, []string{"EVAL", "return 1", "2", "app:1", "lock:1", "arg"}, "NOPERM No permissions to access a key"},
+		{all, []string{"EVAL", "return 1", "1", "app:1", "lock:1"}, ""},
+		{all, []string{"DEL", "app:1", "lock:1"}, "NOPERM No permissions to access a key"},
+	} {
+		args := make([][]byte, len(tc.args))
+		for i, a := range tc.args {
+			args[i] = []byte(a)
+		}
+		name := strings.ToLower(tc.args[0])
+		msg, ok := h.permitted(tc.p, "app", name, table[name], args)
+		if ok != (tc.want == "") || msg != tc.want {
+			t.Errorf("%q: %q, %v; want %q", tc.args, msg, ok, tc.want)
 		}
 	}
 }

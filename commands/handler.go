@@ -89,6 +89,9 @@ type Options struct {
 	// Relay, when set, serves the commands lockproxy does not know by
 	// relaying them to the upstream Redis (relay.go).
 	Relay *relay.Relay
+	// Permissions limit users by name ("default" for auth.password's);
+	// a user without one may do everything.
+	Permissions map[string]Permission
 }
 
 // Handler serves lockproxy's own commands on every connection.
@@ -116,6 +119,7 @@ type Handler struct {
 	password string
 	users    map[string]string // auth.users: name → password
 	authFail authLimiter       // failed AUTH attempts, across connections
+	perms    map[string]*perm  // auth.permissions, by user
 }
 
 // NewHandler returns a Handler; Close it to stop its background work.
@@ -142,12 +146,16 @@ func NewHandler(o Options) *Handler {
 		patterns: o.LockPatterns,
 		up:       o.Relay,
 		password: o.Password,
+		perms:    map[string]*perm{},
 		users:    o.Users,
 	}
 	if h.up != nil {
 		h.rm = newRelayMetrics(o.Registry)
 	}
 	h.fanout, _ = o.Backend.(backends.Fanout)
+	for user, p := range o.Permissions {
+		h.perms[user] = newPerm(p)
+	}
 	h.keepalive = newKeepalives(o.Backend, h.held, o.Logger, o.Limits.KeepaliveIdle, o.Registry)
 	h.keepalive.delayFor = h.limits.lockDelay
 	if ln, ok := o.Backend.(backends.LossNotifier); ok {
@@ -173,6 +181,7 @@ type conn struct {
 	lastCmd string
 	authed  bool           // authenticated, when auth.password or auth.users require it
 	user    string         // the user it authenticated as, while authed
+	perm    *perm          // what that user may do; nil: everything
 	ka      *connKeepalive // nil until the first KEEPALIVE lock
 	rl      *relayConn     // nil until the first relayed command
 }
@@ -201,6 +210,9 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 	var nbuf [32]byte
 	name := resp.Lower(nbuf[:], args[0])
 	c := table[string(name)]
+	if cs := state(s); cs.perm != nil && h.checkPermission(s, cs, string(name), c, args) {
+		return
+	}
 	if h.up != nil && h.relayRoute(s, args, name, c) {
 		return
 	}

@@ -56,7 +56,8 @@ func (h *Handler) LoopReady(s *resp.Session) bool {
 	if c.rl != nil && (c.rl.multi || c.rl.pipe.Pinned() || c.rl.pipe.Pending() > 0) {
 		return false
 	}
-	return c.ka == nil
+	// A user with permissions has each command checked, on its goroutine.
+	return c.ka == nil && c.perm == nil
 }
 
 // What kind of batch the event loop may run.

@@ -504,6 +504,7 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 	}
 	c.name = ""
 	c.authed = false // RESET signs the connection out, as in Redis
+	c.perm = nil
 	if h.authRequired() {
 		s.SetAuthenticated(false)
 	}

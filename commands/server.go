@@ -202,6 +202,7 @@ func (h *Handler) signIn(s *resp.Session, user []byte) {
 	c := state(s)
 	c.authed = true
 	c.user = string(user)
+	c.perm = h.perms[c.user]
 	s.SetAuthenticated(true)
 }
 

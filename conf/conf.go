@@ -49,6 +49,52 @@ type Auth struct {
 	Password string `yaml:"password" secret:"true"`
 	// Users are "name:password" entries (the password may contain ':').
 	Users []string `yaml:"users,omitempty" secret:"true"`
+	// Permissions limit users, in Redis's ACL words: "app ~app:* +@lock
+	// +get +set" lets user app run the lock commands, GET and SET, on keys
+	// that match app:* only. A user without an entry may do everything.
+	Permissions []string `yaml:"permissions,omitempty"`
+}
+
+// Permission is one parsed auth.permissions entry.
+type Permission struct {
+	User string
+	// Keys are the globs every key of a command must match (path.Match);
+	// none: any key.
+	Keys []string
+	// Commands are the commands allowed, lower case; "@lock" stands for
+	// lockproxy's lock commands, "@all" for every command.
+	Commands []string
+}
+
+// ParsePermission parses an auth.permissions entry: a user name, then
+// "~glob" key patterns and "+command", "+@lock" or "+@all" rules.
+func ParsePermission(s string) (Permission, error) {
+	f := strings.Fields(s)
+	if len(f) < 2 {
+		return Permission{}, errors.New(`want "user ~glob… +command…", with at least one rule`)
+	}
+	p := Permission{User: f[0]}
+	for _, r := range f[1:] {
+		switch {
+		case strings.HasPrefix(r, "~") && len(r) > 1:
+			if _, err := path.Match(r[1:], ""); err != nil {
+				return Permission{}, fmt.Errorf("invalid key glob %q: %v", r[1:], err)
+			}
+			p.Keys = append(p.Keys, r[1:])
+		case strings.HasPrefix(r, "+") && len(r) > 1:
+			c := strings.ToLower(r[1:])
+			if strings.HasPrefix(c, "@") && c != "@lock" && c != "@all" {
+				return Permission{}, fmt.Errorf("unknown category %q: lockproxy knows @lock and @all", r[1:])
+			}
+			p.Commands = append(p.Commands, c)
+		default:
+			return Permission{}, fmt.Errorf("rule %q: want ~glob or +command", r)
+		}
+	}
+	if len(p.Commands) == 0 {
+		return Permission{}, errors.New("no +command rule: the user could run nothing (+@all for every command)")
+	}
+	return p, nil
 }
 
 // UserPasswords returns the named users' passwords by name; Validate has
@@ -403,6 +449,20 @@ func (c Config) Validate() error {
 			v.add(key, "user %q is listed twice", name)
 		}
 		seenUsers[name] = true
+	}
+	seenPerm := map[string]bool{}
+	for i, e := range c.Auth.Permissions {
+		key := fmt.Sprintf("auth.permissions[%d]", i)
+		p, err := ParsePermission(e)
+		switch {
+		case err != nil:
+			v.add(key, "%v", err)
+		case p.User == "default" && c.Auth.Password == "", p.User != "default" && !seenUsers[p.User]:
+			v.add(key, "user %q is not in auth.users (or auth.password, for default)", p.User)
+		case seenPerm[p.User]:
+			v.add(key, "user %q has permissions twice", p.User)
+		}
+		seenPerm[p.User] = true
 	}
 	for i, p := range c.LockPatterns {
 		key := fmt.Sprintf("lock_patterns[%d]", i)

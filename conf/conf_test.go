@@ -94,6 +94,21 @@ func TestValidate(t *testing.T) {
 			`limits.auth_timeout: must not be negative (0 disables it), got -1s`,
 		}},
 		{"auth timeout off", func(c *Config) { c.Limits.AuthTimeout = 0 }, nil},
+		{"permissions", func(c *Config) {
+			c.Auth.Password = "pw"
+			c.Auth.Users = []string{"app:pw", "ops:pw"}
+			c.Auth.Permissions = []string{
+				"app ~app:* +@lock +get", "default +@all", "ops ~[ +get", "ops +@admin", "ops ~x",
+				"nobody +get", "app +set", "lonely",
+			}
+		}, []string{
+			`auth.permissions[2]: invalid key glob "[": syntax error in pattern`,
+			`auth.permissions[3]: unknown category "@admin": lockproxy knows @lock and @all`,
+			`auth.permissions[4]: no +command rule: the user could run nothing (+@all for every command)`,
+			`auth.permissions[5]: user "nobody" is not in auth.users (or auth.password, for default)`,
+			`auth.permissions[6]: user "app" has permissions twice`,
+			`auth.permissions[7]: want "user ~glob… +command…", with at least one rule`,
+		}},
 		{"users", func(c *Config) {
 			c.Auth.Users = []string{"alice:pw", "bob:a:b", "nopass", ":pw", "alice:other", "default:pw", "a b:pw", "carol:"}
 		}, []string{

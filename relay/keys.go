@@ -51,13 +51,18 @@ func (r *Relay) setSpecs(ks keySpecs) {
 // keyAt returns the first of args at s's key positions that starts with
 // prefix, or nil.
 func (s keySpec) keyAt(args [][]byte, prefix []byte) []byte {
+	return s.keyWhere(args, func(k []byte) bool { return bytes.HasPrefix(k, prefix) })
+}
+
+// keyWhere is keyAt with any test of a key.
+func (s keySpec) keyWhere(args [][]byte, match func([]byte) bool) []byte {
 	last := s.last
 	if last < 0 {
 		last = len(args) + last
 	}
 	step := max(s.step, 1)
 	for i := s.first; i <= last && i < len(args); i += step {
-		if bytes.HasPrefix(args[i], prefix) {
+		if match(args[i]) {
 			return args[i]
 		}
 	}
@@ -168,14 +173,7 @@ func (r *Relay) Check(name []byte, args [][]byte) error {
 	if len(r.prefix) == 0 {
 		return nil
 	}
-	if r.specs.Load() == nil {
-		// The key positions come with the first connection's handshake;
-		// dial one now (or fail fast in a backoff) rather than check every
-		// argument as a key.
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DialTimeout)
-		_, _ = r.shared[0].get(ctx, 0)
-		cancel()
-	}
+	r.needSpecs()
 	if bad := r.reservedKey(string(name), args); bad != nil {
 		return &ReservedError{Key: string(bad), Prefix: r.cfg.KeyPrefix}
 	}
@@ -211,13 +209,39 @@ func scriptBody(name string, args [][]byte) []byte {
 }
 
 // reservedKey returns the first key of the command under the lock prefix,
+// or nil.
+func (r *Relay) reservedKey(name string, args [][]byte) []byte {
+	return r.keyWhere(name, args, func(k []byte) bool { return bytes.HasPrefix(k, r.prefix) })
+}
+
+// KeyWhere returns the first key of the command (name in lower case) for
+// which match is true, or nil: for per-user key rules.
+func (r *Relay) KeyWhere(name []byte, args [][]byte, match func([]byte) bool) []byte {
+	r.needSpecs()
+	return r.keyWhere(string(name), args, match)
+}
+
+// needSpecs makes sure the key positions are known when the upstream can
+// tell them: they come with the first connection's handshake, so one is
+// dialed now (or fails fast in a backoff) rather than every argument be
+// taken for a key.
+func (r *Relay) needSpecs() {
+	if r.specs.Load() != nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DialTimeout)
+	_, _ = r.shared[0].get(ctx, 0)
+	cancel()
+}
+
+// keyWhere returns the first key of the command for which match is true,
 // or nil. An unknown command, or one whose keys move and that is not
 // special-cased here, has every argument checked: a false alarm on a value
 // beats a missed key.
-func (r *Relay) reservedKey(name string, args [][]byte) []byte {
+func (r *Relay) keyWhere(name string, args [][]byte, match func([]byte) bool) []byte {
 	span := func(from, n int) []byte {
 		for i := from; i < from+n && i < len(args); i++ {
-			if bytes.HasPrefix(args[i], r.prefix) {
+			if match(args[i]) {
 				return args[i]
 			}
 		}
@@ -235,7 +259,7 @@ func (r *Relay) reservedKey(name string, args [][]byte) []byte {
 	}
 	after := func(word string) []byte {
 		for i := 1; i+1 < len(args); i++ {
-			if bytes.EqualFold(args[i], []byte(word)) && bytes.HasPrefix(args[i+1], r.prefix) {
+			if bytes.EqualFold(args[i], []byte(word)) && match(args[i+1]) {
 				return args[i+1]
 			}
 		}
@@ -300,7 +324,7 @@ func (r *Relay) reservedKey(name string, args [][]byte) []byte {
 	case s.first <= 0:
 		return nil
 	}
-	return s.keyAt(args, r.prefix)
+	return s.keyWhere(args, match)
 }
 
 // FilterKeys removes lock keys from a KEYS reply (an array of names) or a

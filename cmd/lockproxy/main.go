@@ -120,6 +120,18 @@ func run(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+// permissions turns auth.permissions, which Validate checked, into the
+// handler's.
+func permissions(a conf.Auth) map[string]commands.Permission {
+	out := map[string]commands.Permission{}
+	for _, e := range a.Permissions {
+		if p, err := conf.ParsePermission(e); err == nil {
+			out[p.User] = commands.Permission{Commands: p.Commands, Keys: p.Keys}
+		}
+	}
+	return out
+}
+
 // certExpiry exports when each TLS certificate in use expires, so that
 // an alert can fire before a renewal that did not happen (or a SIGHUP
 // that was not sent) breaks the handshakes.
@@ -344,6 +356,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		LockPatterns: cfg.LockPatterns,
 		Password:     cfg.Auth.Password,
 		Users:        cfg.Auth.UserPasswords(),
+		Permissions:  permissions(cfg.Auth),
 	})
 	defer handler.Close()
 	srv.Handler = handler

@@ -302,3 +302,68 @@ func TestAuthTimeout(t *testing.T) {
 		})
 	}
 }
+
+// TestAuthPermissions: a user with auth.permissions runs only its
+// commands, on keys matching its globs, whether lockproxy serves the
+// command (LOCK) or relays it (GET, EVAL's keys); a refusal inside MULTI
+// aborts the EXEC, as in Redis; a user without permissions may do
+// everything.
+func TestAuthPermissions(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	up := harness.StartRedis(t, harness.RedisOptions{})
+	in := startInstanceEnv(t, cl.addrs(), []string{
+		"LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr,
+		"LOCKPROXY_AUTH_USERS=app:app-pw,ops:ops-pw",
+		"LOCKPROXY_AUTH_PERMISSIONS=app ~app:* ~shared +@lock +get +set +eval +multi +exec",
+	})
+	app := lc.DialRaw(t, in.addr)
+	if r := app.Do("AUTH", "app", "app-pw"); r.Str != "OK" {
+		t.Fatalf("AUTH app = %v", r)
+	}
+	for _, step := range []struct {
+		args []string
+		want string // prefix of Kind+Str
+	}{
+		{[]string{"PING"}, "+PONG"},
+		{[]string{"CLIENT", "SETNAME", "app-1"}, "+OK"},
+		{[]string{"SET", "app:x", "1"}, "+OK"},
+		{[]string{"GET", "app:x"}, "$1"},
+		{[]string{"GET", "shared"}, "$"},
+		{[]string{"SET", "other:x", "1"}, "-NOPERM No permissions to access a key"},
+		{[]string{"DEL", "app:x"}, "-NOPERM User app has no permissions to run the 'del' command"},
+		{[]string{"LOCK", "app:lock", "PX", "5000"}, "*"},
+		{[]string{"LOCK", "other:lock", "PX", "5000"}, "-NOPERM No permissions to access a key"},
+		{[]string{"EVAL", "return 1", "1", "app:x"}, ":1"},
+		{[]string{"EVAL", "return 1", "1", "other:x"}, "-NOPERM No permissions to access a key"},
+		{[]string{"MULTI"}, "+OK"},
+		{[]string{"SET", "app:y", "1"}, "+QUEUED"},
+		{[]string{"SET", "other:y", "1"}, "-NOPERM"},
+		{[]string{"EXEC"}, "-EXECABORT"},
+		{[]string{"GET", "app:y"}, "$-1"},
+	} {
+		r := app.Do(step.args...)
+		got := string(r.Kind) + r.Str
+		switch {
+		case r.Null:
+			got = "$-1"
+		case r.Kind == '$':
+			got = "$" + strconv.Itoa(len(r.Str))
+		case r.Kind == ':':
+			got = ":" + strconv.FormatInt(r.Int, 10)
+		}
+		if !strings.HasPrefix(got, step.want) {
+			t.Fatalf("app: %q = %v; want %s…", step.args, r, step.want)
+		}
+	}
+	ops := lc.DialRaw(t, in.addr)
+	if r := ops.Do("AUTH", "ops", "ops-pw"); r.Str != "OK" {
+		t.Fatalf("AUTH ops = %v", r)
+	}
+	if r := ops.Do("SET", "other:x", "1"); r.Str != "OK" {
+		t.Fatalf("ops (no permissions entry): SET other:x = %v; want OK", r)
+	}
+	if r := ops.Do("DEL", "other:x"); r.Kind != ':' {
+		t.Fatalf("ops: DEL other:x = %v; want an integer", r)
+	}
+}
