@@ -100,6 +100,7 @@ func TestPermitted(t *testing.T) {
 		{app, []string{"CLIENT", "KILL", "ID", "1"}, "NOPERM User app has no permissions to run the 'client' command"},
 		{app, []string{"LOCK", "app:1", "PX", "100"}, ""},
 		{app, []string{"LOCK", "shared", "PX", "100"}, ""},
+		{app, []string{"LOCK", "app:a/b", "PX", "100"}, ""}, // Redis's *, not path.Match's
 		{app, []string{"LOCK", "other", "PX", "100"}, "NOPERM No permissions to access a key"},
 		{app, []string{"UNLOCK", "other", "t"}, "NOPERM No permissions to access a key"},
 		{app, []string{"LOCKINFO", "app:1"}, ""},

@@ -1,8 +1,6 @@
 package commands
 
 import (
-	"path"
-
 	"github.com/lockproxy/lockproxy/resp"
 )
 
@@ -12,7 +10,8 @@ type Permission struct {
 	// Commands are lower-case names; "@lock" stands for lockproxy's lock
 	// commands, "@all" for every command.
 	Commands []string
-	// Keys are path.Match globs; none: any key.
+	// Keys are Redis-style globs (globMatch: * takes any bytes, '/'
+	// included); none: any key.
 	Keys []string
 }
 
@@ -48,7 +47,7 @@ var alwaysPermitted = map[string]bool{
 // keyOutside reports whether k matches none of the user's globs.
 func (p *perm) keyOutside(k []byte) bool {
 	for _, g := range p.keys {
-		if ok, _ := path.Match(g, string(k)); ok {
+		if globMatch(g, k) {
 			return false
 		}
 	}
