@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/relay"
 )
 
 // TestAuthLimiter: failed authentications per address get a burst of
@@ -89,6 +91,8 @@ func TestPermitted(t *testing.T) {
 	h := NewHandler(Options{Limits: testLimits, Backend: &fakeBackend{}})
 	app := newPerm(Permission{Commands: []string{"@lock", "get"}, Keys: []string{"app:*", "shared"}})
 	all := newPerm(Permission{Commands: []string{"@all"}, Keys: []string{"app:*"}})
+	anyKey := newPerm(Permission{Commands: []string{"eval"}})
+	tx := newPerm(Permission{Commands: []string{"multi", "set"}})
 	for _, tc := range []struct {
 		p    *perm
 		args []string
@@ -109,8 +113,15 @@ func TestPermitted(t *testing.T) {
 		{app, []string{"SET", "app:1", "v"}, "NOPERM User app has no permissions to run the 'set' command"},
 		{all, []string{"SET", "app:1", "v"}, ""},
 		{all, []string{"LOCK", "other", "PX", "100"}, "NOPERM No permissions to access a key"},
-		{all, []string{"EVAL", "return 1", "2", "app:1", "lock:1", "arg"}, "NOPERM No permissions to access a key"},
-		{all, []string{"EVAL", "return 1", "1", "app:1", "lock:1"}, ""},
+		{all, []string{"EVAL", "return 1", "1", "app:1", "lock:1"}, "NOPERM User app has key patterns and may not run scripts ('eval'): a script reaches keys it does not declare"},
+		{anyKey, []string{"EVAL", "return 1", "1", "other"}, ""},
+		{all, []string{"SORT", "app:l", "BY", "nosort", "GET", "other:*"}, "NOPERM BY and GET options of SORT read keys outside this user's patterns"},
+		{all, []string{"SORT_RO", "app:l", "BY", "other:*"}, "NOPERM BY and GET options of SORT read keys outside this user's patterns"},
+		{all, []string{"SORT", "app:l", "BY", "nosort", "GET", "#"}, ""},
+		{all, []string{"SCRIPT", "LOAD", "return 1"}, ""},
+		{tx, []string{"EXEC"}, ""},
+		{tx, []string{"DISCARD"}, ""},
+		{app, []string{"EXEC"}, "NOPERM User app has no permissions to run the 'exec' command"},
 		{all, []string{"DEL", "app:1", "lock:1"}, "NOPERM No permissions to access a key"},
 	} {
 		args := make([][]byte, len(tc.args))
@@ -121,6 +132,32 @@ func TestPermitted(t *testing.T) {
 		msg, ok := h.permitted(tc.p, "app", name, table[name], args)
 		if ok != (tc.want == "") || msg != tc.want {
 			t.Errorf("%q: %q, %v; want %q", tc.args, msg, ok, tc.want)
+		}
+	}
+}
+
+// TestPermittedLockKeysUpstreamDown: commands on lock keys (transparent
+// mode) are checked on their own keys even when the upstream is down and
+// its key table unknown, where a relayed command has every argument
+// checked.
+func TestPermittedLockKeysUpstreamDown(t *testing.T) {
+	down := relay.New(relay.Config{Addr: "127.0.0.1:1", PoolSize: 1, DialTimeout: 50 * time.Millisecond})
+	defer down.Close()
+	h := NewHandler(Options{Limits: testLimits, Backend: &fakeBackend{}, Relay: down, LockPatterns: []string{"lock:*"}})
+	p := newPerm(Permission{Commands: []string{"set"}, Keys: []string{"lock:app:*"}})
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"SET", "lock:app:1", "tok", "NX", "PX", "5000"}, ""},
+		{[]string{"SET", "lock:other", "tok", "NX", "PX", "5000"}, "NOPERM No permissions to access a key"},
+	} {
+		args := make([][]byte, len(tc.args))
+		for i, a := range tc.args {
+			args[i] = []byte(a)
+		}
+		if msg, _ := h.permitted(p, "app", "set", table["set"], args); msg != tc.want {
+			t.Errorf("%q: %q; want %q", tc.args, msg, tc.want)
 		}
 	}
 }

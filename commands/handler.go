@@ -92,6 +92,9 @@ type Options struct {
 	// Permissions limit users by name ("default" for auth.password's);
 	// a user without one may do everything.
 	Permissions map[string]Permission
+	// NodeKeyPrefix is redlock.key_prefix: a transparent-mode script that
+	// names it is refused (see tEval).
+	NodeKeyPrefix string
 }
 
 // Handler serves lockproxy's own commands on every connection.
@@ -116,10 +119,11 @@ type Handler struct {
 	up *relay.Relay
 	rm *relayMetrics
 
-	password string
-	users    map[string]string // auth.users: name → password
-	authFail authLimiter       // failed AUTH attempts, across connections
-	perms    map[string]*perm  // auth.permissions, by user
+	password      string
+	users         map[string]string // auth.users: name → password
+	authFail      authLimiter       // failed AUTH attempts, across connections
+	perms         map[string]*perm  // auth.permissions, by user
+	nodeKeyPrefix string
 }
 
 // NewHandler returns a Handler; Close it to stop its background work.
@@ -143,11 +147,12 @@ func NewHandler(o Options) *Handler {
 		runID:     randomHex(20),
 		held:      newHeldLocks(m),
 
-		patterns: o.LockPatterns,
-		up:       o.Relay,
-		password: o.Password,
-		perms:    map[string]*perm{},
-		users:    o.Users,
+		patterns:      o.LockPatterns,
+		up:            o.Relay,
+		password:      o.Password,
+		perms:         map[string]*perm{},
+		nodeKeyPrefix: o.NodeKeyPrefix,
+		users:         o.Users,
 	}
 	if h.up != nil {
 		h.rm = newRelayMetrics(o.Registry)

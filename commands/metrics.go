@@ -19,6 +19,8 @@ type metrics struct {
 	acquired, notAcquired, noQuorum, acquireErr prometheus.Counter
 	// Failed passwords: compared and wrong, or refused unchecked.
 	wrongPassword, authThrottled prometheus.Counter
+	// Commands auth.permissions refused, for the command or a key.
+	deniedCommand, deniedKey prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -52,7 +54,13 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	}, []string{"result"})
 	m.wrongPassword = authFailures.WithLabelValues("wrong_password")
 	m.authThrottled = authFailures.WithLabelValues("throttled")
-	reg.MustRegister(m.commands, m.acquire, m.acquireDuration, m.heldDuration, m.locksHeld, authFailures)
+	denied := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "lockproxy_auth_denied_total",
+		Help: "Commands auth.permissions refused, by reason: command (not granted) or key (outside the user's patterns, scripts and SORT … BY/GET included).",
+	}, []string{"reason"})
+	m.deniedCommand = denied.WithLabelValues("command")
+	m.deniedKey = denied.WithLabelValues("key")
+	reg.MustRegister(m.commands, m.acquire, m.acquireDuration, m.heldDuration, m.locksHeld, authFailures, denied)
 	m.counters = map[*Command][2]prometheus.Counter{}
 	add := func(c *Command) {
 		m.counters[c] = [2]prometheus.Counter{

@@ -1,6 +1,8 @@
 package commands
 
 import (
+	"bytes"
+
 	"github.com/lockproxy/lockproxy/resp"
 )
 
@@ -64,11 +66,27 @@ func (h *Handler) permitted(p *perm, user, name string, c *Command, args [][]byt
 	case name == "client" && len(args) > 1 && loopLocal(name, args):
 		return "", true // the connection's own name and id
 	case p.all, p.cmds[name], p.lock && c != nil && c.Group == groupLock:
+	case (name == "exec" || name == "discard") && p.cmds["multi"]:
+		// A transaction the user may open, it may end.
 	default:
+		h.metrics.deniedCommand.Inc()
 		return "NOPERM User " + user + " has no permissions to run the '" + name + "' command", false
 	}
 	if len(p.keys) == 0 {
 		return "", true
+	}
+	if scriptCommands[name] {
+		// A script reaches whatever keys it names inside, on the upstream
+		// and (in transparent mode) on the lock nodes, lockproxy's own
+		// keys included: a user limited to some keys runs none.
+		h.metrics.deniedKey.Inc()
+		return "NOPERM User " + user + " has key patterns and may not run scripts ('" + name + "'): a script reaches keys it does not declare", false
+	}
+	if (name == "sort" || name == "sort_ro") && sortReadsOtherKeys(args) {
+		// BY and GET read keys made from a pattern, as Redis refuses
+		// them to users without access to every key.
+		h.metrics.deniedKey.Inc()
+		return "NOPERM BY and GET options of SORT read keys outside this user's patterns", false
 	}
 	var bad []byte
 	switch {
@@ -85,16 +103,42 @@ func (h *Handler) permitted(p *perm, user, name string, c *Command, args [][]byt
 				}
 			}
 		}
-	case h.up != nil:
+	case h.up != nil && !h.onLockKeys(args):
 		bad = h.up.KeyWhere([]byte(name), args, p.keyOutside)
 	default:
 		// No upstream: only transparent mode serves such a command.
 		bad = transparentKeyWhere(name, args, p.keyOutside)
 	}
 	if bad != nil {
+		h.metrics.deniedKey.Inc()
 		return "NOPERM No permissions to access a key", false
 	}
 	return "", true
+}
+
+// scriptCommands run code that may reach any key.
+var scriptCommands = map[string]bool{
+	"eval": true, "evalsha": true, "eval_ro": true, "evalsha_ro": true, "fcall": true, "fcall_ro": true,
+}
+
+// sortReadsOtherKeys tells whether a SORT reads keys by pattern: BY with a
+// '*' in it (BY without one does not sort by keys), or GET other than '#'.
+func sortReadsOtherKeys(args [][]byte) bool {
+	for i := 2; i+1 < len(args); i++ {
+		switch {
+		case resp.EqualFold(args[i], "BY"):
+			if bytes.IndexByte(args[i+1], '*') >= 0 {
+				return true
+			}
+			i++
+		case resp.EqualFold(args[i], "GET"):
+			if string(args[i+1]) != "#" {
+				return true
+			}
+			i++
+		}
+	}
+	return false
 }
 
 // checkPermission answers a command the connection's user may not run,
@@ -108,7 +152,6 @@ func (h *Handler) checkPermission(s *resp.Session, cs *conn, name string, c *Com
 	if cs.rl != nil && cs.rl.multi {
 		cs.rl.dirty = true
 	}
-	h.metrics.commands.WithLabelValues("unknown", "error").Inc()
 	s.W.Error(msg)
 	return true
 }
@@ -118,6 +161,8 @@ func (h *Handler) checkPermission(s *resp.Session, cs *conn, name string, c *Com
 func transparentKeyWhere(name string, args [][]byte, match func([]byte) bool) []byte {
 	from, n := 1, 1
 	switch name {
+	case "script":
+		return nil // its argument is a subcommand
 	case "eval", "evalsha", "eval_ro", "evalsha_ro":
 		if len(args) < 3 {
 			return nil

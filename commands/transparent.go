@@ -407,6 +407,14 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		} else {
 			h.scripts.add(body)
 		}
+		if h.nodeKeyPrefix != "" && strings.Contains(body, h.nodeKeyPrefix) {
+			// The script runs on the lock nodes as lockproxy's own user: a
+			// lock script reaches its lock through KEYS, and one that names
+			// lockproxy's keys could delete other holders' locks.
+			s.W.Error("ERR transparent mode: the script names lockproxy's own keys (redlock.key_prefix " +
+				relay.Clip(h.nodeKeyPrefix) + "); a lock script reaches its lock through KEYS")
+			return
+		}
 		if ro := strings.HasSuffix(name, "_ro"); ro || !scriptMayAcquire(body) {
 			verb := "eval"
 			if ro {

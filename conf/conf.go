@@ -83,6 +83,9 @@ func ParsePermission(s string) (Permission, error) {
 			p.Keys = append(p.Keys, r[1:])
 		case strings.HasPrefix(r, "+") && len(r) > 1:
 			c := strings.ToLower(r[1:])
+			if strings.Contains(c, "|") {
+				return Permission{}, fmt.Errorf("rule %q: subcommand rules are not supported; +%s grants every subcommand", r, c[:strings.Index(c, "|")])
+			}
 			if strings.HasPrefix(c, "@") && c != "@lock" && c != "@all" {
 				return Permission{}, fmt.Errorf("unknown category %q: lockproxy knows @lock and @all", r[1:])
 			}

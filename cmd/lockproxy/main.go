@@ -357,6 +357,12 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		Password:     cfg.Auth.Password,
 		Users:        cfg.Auth.UserPasswords(),
 		Permissions:  permissions(cfg.Auth),
+		NodeKeyPrefix: func() string {
+			if cfg.Backend == conf.BackendRedlock {
+				return cfg.Redlock.KeyPrefix
+			}
+			return ""
+		}(),
 	})
 	defer handler.Close()
 	srv.Handler = handler

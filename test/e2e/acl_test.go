@@ -85,6 +85,12 @@ func TestNodeACL(t *testing.T) {
 	if n, err := c.Eval(ctx, cad, []string{"lock:acl"}, "tok").Int(); err != nil || n != 1 {
 		t.Fatalf("transparent compare-and-delete = %d, %v; want 1", n, err)
 	}
+	// A transparent-mode script runs on the nodes as lockproxy's user: one
+	// that names lockproxy's own keys is refused.
+	rogue := "return redis.call('del', 'lockproxy:lock:acl-k')"
+	if err := c.Eval(ctx, rogue, []string{"lock:acl"}).Err(); err == nil || !strings.Contains(err.Error(), "names lockproxy's own keys") {
+		t.Fatalf("a transparent script naming lockproxy's keys = %v; want it refused", err)
+	}
 	for i, nc := range cl.clients {
 		entries, err := nc.Do(ctx, "ACL", "LOG").Slice()
 		if err != nil || len(entries) != 0 {
