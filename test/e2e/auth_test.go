@@ -146,15 +146,9 @@ func TestAuthPreAuthLimits(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
 	up := harness.StartRedis(t, harness.RedisOptions{})
-	for _, mode := range []struct {
-		name string
-		env  []string
-	}{
-		{"goroutines", []string{"LOCKPROXY_AUTH_PASSWORD=s3cret"}},
-		{"event loop", []string{"LOCKPROXY_AUTH_PASSWORD=s3cret", "LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr}},
-	} {
+	for _, mode := range servingModes(up) {
 		t.Run(mode.name, func(t *testing.T) {
-			in := startInstanceEnv(t, cl.addrs(), mode.env)
+			in := startInstanceEnv(t, cl.addrs(), append(mode.env, "LOCKPROXY_AUTH_PASSWORD=s3cret"))
 			closedAfter := func(rc *lockclient.RawConn, write, want string) {
 				t.Helper()
 				rc.Write(write)
@@ -255,13 +249,7 @@ func TestAuthTimeout(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
 	up := harness.StartRedis(t, harness.RedisOptions{})
-	for _, mode := range []struct {
-		name string
-		env  []string
-	}{
-		{"goroutines", nil},
-		{"event loop", []string{"LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr}},
-	} {
+	for _, mode := range servingModes(up) {
 		t.Run(mode.name, func(t *testing.T) {
 			in := startInstanceEnv(t, cl.addrs(), append(mode.env, "LOCKPROXY_AUTH_PASSWORD=s3cret", "LOCKPROXY_LIMITS_AUTH_TIMEOUT=300ms"))
 			closed := func(rc *lockclient.RawConn, what string) {
@@ -365,4 +353,17 @@ func TestAuthPermissions(t *testing.T) {
 	if r := ops.Do("DEL", "other:x"); r.Kind != ':' {
 		t.Fatalf("ops: DEL other:x = %v; want an integer", r)
 	}
+}
+
+// servingMode is one way lockproxy serves a connection, and the
+// environment that makes it so.
+type servingMode struct {
+	name string
+	env  []string
+}
+
+// servingModes are the two: on a goroutine of its own (no upstream), and
+// on the event loop (with up as the upstream).
+func servingModes(up *harness.Redis) []servingMode {
+	return []servingMode{{"goroutines", nil}, {"event loop", []string{"LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr}}}
 }
