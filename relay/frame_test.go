@@ -125,6 +125,8 @@ func TestCheck(t *testing.T) {
 		{"SORT a STORE lp:d", "key"},
 		{"XREADGROUP GROUP g c STREAMS s lp:s 0 0", "key"},
 		{"XREADGROUP GROUP g c STREAMS s t 0 lp:0", ""},
+		{"XREADGROUP GROUP streams c STREAMS s lp:s 0 0", "key"}, // a group named "streams"
+		{"XREADGROUP GROUP g streams COUNT 1 STREAMS s lp:s 0 0", "key"},
 		{"SOMEMODULE x lp:y", "key"},
 		{"UNKNOWNCMD lp:x", "key"},
 		{"FLUSHALL", "deny"},

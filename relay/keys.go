@@ -283,7 +283,11 @@ func (r *Relay) keyWhere(name string, args [][]byte, match func([]byte) bool) []
 	case "blmpop", "bzmpop":
 		return span(3, numkeys(2))
 	case "xread", "xreadgroup":
-		for i := 1; i < len(args); i++ {
+		from := 1
+		if name == "xreadgroup" && len(args) > 3 && bytes.EqualFold(args[1], []byte("group")) {
+			from = 4 // GROUP group consumer: either may be named "streams"
+		}
+		for i := from; i < len(args); i++ {
 			if bytes.EqualFold(args[i], []byte("streams")) {
 				rest := len(args) - i - 1
 				return span(i+1, rest/2+rest%2)
