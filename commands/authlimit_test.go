@@ -89,10 +89,18 @@ func TestClientHost(t *testing.T) {
 // and lockproxy's own commands only on keys that match its globs.
 func TestPermitted(t *testing.T) {
 	h := NewHandler(Options{Limits: testLimits, Backend: &fakeBackend{}})
-	app := newPerm(Permission{Commands: []string{"@lock", "get"}, Keys: []string{"app:*", "shared"}})
-	all := newPerm(Permission{Commands: []string{"@all"}, Keys: []string{"app:*"}})
-	anyKey := newPerm(Permission{Commands: []string{"eval"}})
-	tx := newPerm(Permission{Commands: []string{"multi", "set"}})
+	app := newPerm(Permission{Commands: []string{"+@lock", "+get"}, Keys: []string{"app:*", "shared"}})
+	all := newPerm(Permission{Commands: []string{"+@all"}, Keys: []string{"app:*"}})
+	anyKey := newPerm(Permission{Commands: []string{"+eval"}})
+	allKeys := newPerm(Permission{Commands: []string{"+eval", "+get"}, Keys: []string{"*"}, LimitKeys: true})
+	noKeys := newPerm(Permission{Commands: []string{"+get", "+ping"}, LimitKeys: true})
+	tx := newPerm(Permission{Commands: []string{"+multi", "+set"}})
+	subs := newPerm(Permission{Commands: []string{"+@all", "-client|kill", "-script|flush", "-@scripting", "+script|load"}})
+	cats := newPerm(Permission{Commands: []string{"+@read", "+@lock", "-lockinfo"}})
+	none := newPerm(Permission{Commands: []string{"+@all", "-@all", "+get"}})
+	chans := newPerm(Permission{Commands: []string{"+@all"}, Channels: []string{"news.*"}})
+	noChans := newPerm(Permission{Commands: []string{"+@all"}, LimitChannels: true})
+	allChans := newPerm(Permission{Commands: []string{"+@all"}, Channels: []string{"*"}, LimitChannels: true})
 	for _, tc := range []struct {
 		p    *perm
 		args []string
@@ -101,7 +109,7 @@ func TestPermitted(t *testing.T) {
 		{app, []string{"PING"}, ""},
 		{app, []string{"HELLO", "3"}, ""},
 		{app, []string{"CLIENT", "SETNAME", "x"}, ""},
-		{app, []string{"CLIENT", "KILL", "ID", "1"}, "NOPERM User app has no permissions to run the 'client' command"},
+		{app, []string{"CLIENT", "KILL", "ID", "1"}, "NOPERM User app has no permissions to run the 'client|kill' command"},
 		{app, []string{"LOCK", "app:1", "PX", "100"}, ""},
 		{app, []string{"LOCK", "shared", "PX", "100"}, ""},
 		{app, []string{"LOCK", "app:a/b", "PX", "100"}, ""}, // Redis's *, not path.Match's
@@ -123,6 +131,38 @@ func TestPermitted(t *testing.T) {
 		{tx, []string{"DISCARD"}, ""},
 		{app, []string{"EXEC"}, "NOPERM User app has no permissions to run the 'exec' command"},
 		{all, []string{"DEL", "app:1", "lock:1"}, "NOPERM No permissions to access a key"},
+		{allKeys, []string{"EVAL", "return 1", "1", "other"}, ""}, // ~* is no limit
+		{noKeys, []string{"GET", "x"}, "NOPERM No permissions to access a key"},
+		{noKeys, []string{"PING"}, ""},
+		// Subcommand rules, and the last matching rule decides.
+		{subs, []string{"CLIENT", "KILL", "ID", "1"}, "NOPERM User app has no permissions to run the 'client|kill' command"},
+		{subs, []string{"client", "list"}, ""},
+		{subs, []string{"SCRIPT", "FLUSH"}, "NOPERM User app has no permissions to run the 'script|flush' command"},
+		{subs, []string{"SCRIPT", "LOAD", "return 1"}, ""},
+		{subs, []string{"EVAL", "return 1", "0"}, "NOPERM User app has no permissions to run the 'eval' command"},
+		{subs, []string{"LOCK", "x", "PX", "100"}, ""},
+		// Categories: lockproxy's table's, and Redis's for the commands
+		// transparent mode serves.
+		{cats, []string{"GET", "app:1"}, ""},
+		{cats, []string{"PTTL", "app:1"}, ""},
+		{cats, []string{"SET", "app:1", "v"}, "NOPERM User app has no permissions to run the 'set' command"},
+		{cats, []string{"UNLOCK", "app:1", "t"}, ""},
+		{cats, []string{"LOCKINFO", "app:1"}, "NOPERM User app has no permissions to run the 'lockinfo' command"},
+		{none, []string{"GET", "x"}, ""},
+		{none, []string{"LOCK", "x", "PX", "100"}, "NOPERM User app has no permissions to run the 'lock' command"},
+		// Channels: globs for channels, equality for PSUBSCRIBE's patterns.
+		{chans, []string{"SUBSCRIBE", "news.a", "news.b"}, ""},
+		{chans, []string{"SUBSCRIBE", "news.a", "sport"}, "NOPERM No permissions to access a channel"},
+		{chans, []string{"SSUBSCRIBE", "sport"}, "NOPERM No permissions to access a channel"},
+		{chans, []string{"PSUBSCRIBE", "news.*"}, ""},
+		{chans, []string{"PSUBSCRIBE", "news.a*"}, "NOPERM No permissions to access a channel"},
+		{chans, []string{"PUBLISH", "news.x", "m"}, ""},
+		{chans, []string{"SPUBLISH", "sport", "m"}, "NOPERM No permissions to access a channel"},
+		{chans, []string{"UNSUBSCRIBE", "sport"}, ""},
+		{noChans, []string{"SUBSCRIBE", "news.a"}, "NOPERM No permissions to access a channel"},
+		{noChans, []string{"GET", "x"}, ""},
+		{allChans, []string{"PSUBSCRIBE", "a*"}, ""},
+		{subs, []string{"PUBLISH", "any", "m"}, ""}, // no channel rule: any channel
 	} {
 		args := make([][]byte, len(tc.args))
 		for i, a := range tc.args {
@@ -144,7 +184,7 @@ func TestPermittedLockKeysUpstreamDown(t *testing.T) {
 	down := relay.New(relay.Config{Addr: "127.0.0.1:1", PoolSize: 1, DialTimeout: 50 * time.Millisecond})
 	defer down.Close()
 	h := NewHandler(Options{Limits: testLimits, Backend: &fakeBackend{}, Relay: down, LockPatterns: []string{"lock:*"}})
-	p := newPerm(Permission{Commands: []string{"set"}, Keys: []string{"lock:app:*"}})
+	p := newPerm(Permission{Commands: []string{"+set"}, Keys: []string{"lock:app:*"}})
 	for _, tc := range []struct {
 		args []string
 		want string

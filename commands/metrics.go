@@ -20,7 +20,7 @@ type metrics struct {
 	// Failed passwords: compared and wrong, or refused unchecked.
 	wrongPassword, authThrottled prometheus.Counter
 	// Commands auth.permissions refused, for the command or a key.
-	deniedCommand, deniedKey prometheus.Counter
+	deniedCommand, deniedKey, deniedChannel prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer) *metrics {
@@ -56,10 +56,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.authThrottled = authFailures.WithLabelValues("throttled")
 	denied := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lockproxy_auth_denied_total",
-		Help: "Commands auth.permissions refused, by reason: command (not granted) or key (outside the user's patterns, scripts and SORT … BY/GET included).",
+		Help: "Commands auth.permissions refused, by reason: command (not granted), key (outside the user's patterns, scripts and SORT … BY/GET included) or channel (a pub/sub channel outside its patterns).",
 	}, []string{"reason"})
 	m.deniedCommand = denied.WithLabelValues("command")
 	m.deniedKey = denied.WithLabelValues("key")
+	m.deniedChannel = denied.WithLabelValues("channel")
 	reg.MustRegister(m.commands, m.acquire, m.acquireDuration, m.heldDuration, m.locksHeld, authFailures, denied)
 	m.counters = map[*Command][2]prometheus.Counter{}
 	add := func(c *Command) {

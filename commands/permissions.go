@@ -2,41 +2,96 @@ package commands
 
 import (
 	"bytes"
+	"slices"
+	"strings"
 
 	"github.com/lockproxy/lockproxy/resp"
 )
 
 // Permission limits what a user may do (auth.permissions): the commands
-// it may run, and the globs every key of a command must match.
+// it may run, the globs every key of a command must match and those every
+// pub/sub channel must match.
 type Permission struct {
-	// Commands are lower-case names; "@lock" stands for lockproxy's lock
-	// commands, "@all" for every command.
+	// Commands are rules in order, each "+" (allow) or "-" (deny; no sign:
+	// allow) and a lower-case command ("get"), subcommand ("config|get")
+	// or category ("@write"; "@lock" is lockproxy's lock commands, "@all"
+	// every command). The last rule that matches decides; none: refused.
 	Commands []string
 	// Keys are Redis-style globs (globMatch: * takes any bytes, '/'
-	// included); none: any key.
-	Keys []string
+	// included). With neither Keys nor LimitKeys: any key.
+	Keys      []string
+	LimitKeys bool
+	// Channels are globs for pub/sub channels, as Keys for keys.
+	Channels      []string
+	LimitChannels bool
+}
+
+// rule is one command rule of a Permission.
+type rule struct {
+	allow    bool
+	cmd, sub string // the command, and the subcommand for "cmd|sub"
+	category string // "@write", …; "" for a command rule
+}
+
+// matches tells whether r names the command full ("name" or
+// "name|sub") whose categories are cats.
+func (r rule) matches(name, sub string, cats []string) bool {
+	switch {
+	case r.category == "@all":
+		return true
+	case r.category != "":
+		return slices.Contains(cats, r.category)
+	case r.cmd != name:
+		return false
+	}
+	return r.sub == "" || r.sub == sub
 }
 
 // perm is a Permission made ready for the checks.
 type perm struct {
-	all, lock bool
-	cmds      map[string]bool
-	keys      []string
+	rules []rule
+	// keys, when limitKeys, are the globs every key must match; channels,
+	// when limitChannels, those for channels.
+	keys          []string
+	limitKeys     bool
+	channels      []string
+	limitChannels bool
 }
 
 func newPerm(p Permission) *perm {
-	pm := &perm{cmds: map[string]bool{}, keys: p.Keys}
+	pm := &perm{}
 	for _, c := range p.Commands {
-		switch c {
-		case "@all":
-			pm.all = true
-		case "@lock":
-			pm.lock = true
-		default:
-			pm.cmds[c] = true
+		r := rule{allow: true}
+		switch {
+		case strings.HasPrefix(c, "-"):
+			r.allow, c = false, c[1:]
+		case strings.HasPrefix(c, "+"):
+			c = c[1:]
+		}
+		if strings.HasPrefix(c, "@") {
+			r.category = c
+		} else {
+			r.cmd, r.sub, _ = strings.Cut(c, "|")
+		}
+		pm.rules = append(pm.rules, r)
+	}
+	// A "*" glob takes every name: the same as no limit, under which
+	// scripts may run too.
+	pm.keys, pm.limitKeys = p.Keys, (p.LimitKeys || len(p.Keys) > 0) && !slices.Contains(p.Keys, "*")
+	pm.channels, pm.limitChannels = p.Channels, (p.LimitChannels || len(p.Channels) > 0) && !slices.Contains(p.Channels, "*")
+	return pm
+}
+
+// allows tells whether the rules let the user run the command name (with
+// subcommand sub, "" for none) whose categories are cats.
+func (p *perm) allows(name, sub string, cats []string) bool {
+	ok := false
+	for _, r := range p.rules {
+		if r.matches(name, sub, cats) {
+			ok = r.allow
 		}
 	}
-	return pm
+	return ok
 }
 
 // alwaysPermitted are the commands every user may run: a client library
@@ -56,6 +111,87 @@ func (p *perm) keyOutside(k []byte) bool {
 	return true
 }
 
+// channelDenied tells whether a pub/sub command reaches a channel the
+// user's globs do not allow. A PSUBSCRIBE pattern must equal one of them,
+// as in Redis: a pattern's reach cannot be compared with a glob's.
+func (p *perm) channelDenied(name string, args [][]byte) bool {
+	if !p.limitChannels {
+		return false
+	}
+	var chans [][]byte
+	switch name {
+	case "subscribe", "ssubscribe", "psubscribe":
+		chans = args[1:]
+	case "publish", "spublish":
+		if len(args) > 1 {
+			chans = args[1:2]
+		}
+	}
+	for _, ch := range chans {
+		ok := false
+		for _, g := range p.channels {
+			if name == "psubscribe" && g == string(ch) || name != "psubscribe" && globMatch(g, ch) {
+				ok = true
+				break
+			}
+		}
+		if !ok {
+			return true
+		}
+	}
+	return false
+}
+
+// transparentCategories are the categories of the commands transparent
+// mode serves, for a handler without an upstream to ask (Redis 7's).
+var transparentCategories = map[string][]string{
+	"get":           {"@read", "@string", "@fast"},
+	"set":           {"@write", "@string", "@slow"},
+	"del":           {"@keyspace", "@write", "@slow"},
+	"unlink":        {"@keyspace", "@write", "@fast"},
+	"exists":        {"@keyspace", "@read", "@fast"},
+	"pexpire":       {"@keyspace", "@write", "@fast"},
+	"expire":        {"@keyspace", "@write", "@fast"},
+	"pttl":          {"@keyspace", "@read", "@fast"},
+	"ttl":           {"@keyspace", "@read", "@fast"},
+	"eval":          {"@slow", "@scripting"},
+	"evalsha":       {"@slow", "@scripting"},
+	"eval_ro":       {"@slow", "@scripting"},
+	"evalsha_ro":    {"@slow", "@scripting"},
+	"script|load":   {"@slow", "@scripting"},
+	"script|exists": {"@slow", "@scripting"},
+	"script|flush":  {"@slow", "@scripting"},
+}
+
+// commandOf is the command's name as rules and refusals name it ("name",
+// or "name|sub" for a container's subcommand), the subcommand, and its
+// categories: from lockproxy's table (c), else the upstream's COMMAND
+// table, else transparent mode's.
+func (h *Handler) commandOf(name string, c *Command, args [][]byte) (full, sub string, cats []string) {
+	full = name
+	if len(args) > 1 {
+		sub = strings.ToLower(string(args[1]))
+	}
+	if c != nil {
+		if sc := c.Subs[sub]; sc != nil {
+			return name + "|" + sub, sub, sc.Categories
+		}
+		if len(c.Subs) > 0 && sub != "" {
+			full = name + "|" + sub // a subcommand lockproxy does not serve
+		}
+		return full, sub, c.Categories
+	}
+	if h.up != nil {
+		if f, cs, ok := h.up.Command([]byte(name), args); ok {
+			return f, sub, cs
+		}
+	}
+	if cs, ok := transparentCategories[name+"|"+sub]; ok && name == "script" {
+		return name + "|" + sub, sub, cs
+	}
+	return name, sub, transparentCategories[name]
+}
+
 // permitted tells whether p lets a connection run args, whose lower-case
 // name is name and whose table entry is c (nil for a relayed command); when
 // not, it is the error reply, in Redis's words.
@@ -65,14 +201,17 @@ func (h *Handler) permitted(p *perm, user, name string, c *Command, args [][]byt
 		return "", true
 	case name == "client" && len(args) > 1 && loopLocal(name, args):
 		return "", true // the connection's own name and id
-	case p.all, p.cmds[name], p.lock && c != nil && c.Group == groupLock:
-	case (name == "exec" || name == "discard") && p.cmds["multi"]:
-		// A transaction the user may open, it may end.
-	default:
-		h.metrics.deniedCommand.Inc()
-		return "NOPERM User " + user + " has no permissions to run the '" + name + "' command", false
 	}
-	if len(p.keys) == 0 {
+	full, sub, cats := h.commandOf(name, c, args)
+	if !p.allows(name, sub, cats) && !h.endsTransaction(p, name) {
+		h.metrics.deniedCommand.Inc()
+		return "NOPERM User " + user + " has no permissions to run the '" + full + "' command", false
+	}
+	if p.channelDenied(name, args) {
+		h.metrics.deniedChannel.Inc()
+		return "NOPERM No permissions to access a channel", false
+	}
+	if !p.limitKeys {
 		return "", true
 	}
 	if scriptCommands[name] {
@@ -114,6 +253,17 @@ func (h *Handler) permitted(p *perm, user, name string, c *Command, args [][]byt
 		return "NOPERM No permissions to access a key", false
 	}
 	return "", true
+}
+
+// endsTransaction tells whether name is EXEC or DISCARD and the user may
+// open a transaction: one it may open, it may end.
+func (h *Handler) endsTransaction(p *perm, name string) bool {
+	if name != "exec" && name != "discard" {
+		return false
+	}
+	multi := [][]byte{[]byte("multi")}
+	_, sub, cats := h.commandOf("multi", table["multi"], multi)
+	return p.allows("multi", sub, cats)
 }
 
 // scriptCommands run code that may reach any key.

@@ -7,6 +7,7 @@ import (
 	"net"
 	"path"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -58,43 +59,90 @@ type Auth struct {
 // Permission is one parsed auth.permissions entry.
 type Permission struct {
 	User string
-	// Keys are the globs every key of a command must match (path.Match);
-	// none: any key.
-	Keys []string
-	// Commands are the commands allowed, lower case; "@lock" stands for
-	// lockproxy's lock commands, "@all" for every command.
+	// Keys are the globs every key of a command must match, when
+	// LimitKeys; otherwise any key may be used.
+	Keys      []string
+	LimitKeys bool
+	// Channels are the globs every pub/sub channel must match (a
+	// PSUBSCRIBE pattern must equal one), when LimitChannels.
+	Channels      []string
+	LimitChannels bool
+	// Commands are the command rules in their order, each "+" (allow) or
+	// "-" (deny) and then a lower-case command ("get"), subcommand
+	// ("config|get") or category ("@write"; "@lock" is lockproxy's lock
+	// commands, "@all" every command). The last rule that matches a
+	// command decides; none: refused.
 	Commands []string
 }
 
+// Categories are the command categories a rule may name: Redis's ACL
+// categories, and lockproxy's @lock.
+var Categories = []string{
+	"@all", "@lock", "@keyspace", "@read", "@write", "@set", "@sortedset", "@list", "@hash", "@string",
+	"@bitmap", "@hyperloglog", "@geo", "@stream", "@pubsub", "@admin", "@fast", "@slow", "@blocking",
+	"@dangerous", "@connection", "@transaction", "@scripting",
+}
+
 // ParsePermission parses an auth.permissions entry: a user name, then
-// "~glob" key patterns and "+command", "+@lock" or "+@all" rules.
+// rules in Redis's ACL words — "~glob", "allkeys", "resetkeys", "&glob",
+// "allchannels", "resetchannels", "+command", "-command",
+// "+command|subcommand", "+@category", "-@category", "allcommands",
+// "nocommands". Passwords and on/off come from auth.users.
 func ParsePermission(s string) (Permission, error) {
 	f := strings.Fields(s)
 	if len(f) < 2 {
 		return Permission{}, errors.New(`want "user ~glob… +command…", with at least one rule`)
 	}
 	p := Permission{User: f[0]}
+	allows := false
 	for _, r := range f[1:] {
+		lr := strings.ToLower(r)
 		switch {
+		case lr == "allkeys":
+			p.Keys, p.LimitKeys = []string{"*"}, true
+		case lr == "resetkeys":
+			p.Keys, p.LimitKeys = nil, true
 		case strings.HasPrefix(r, "~") && len(r) > 1:
 			if _, err := path.Match(r[1:], ""); err != nil {
 				return Permission{}, fmt.Errorf("invalid key glob %q: %v", r[1:], err)
 			}
-			p.Keys = append(p.Keys, r[1:])
-		case strings.HasPrefix(r, "+") && len(r) > 1:
-			c := strings.ToLower(r[1:])
-			if strings.Contains(c, "|") {
-				return Permission{}, fmt.Errorf("rule %q: subcommand rules are not supported; +%s grants every subcommand", r, c[:strings.Index(c, "|")])
+			p.Keys, p.LimitKeys = append(p.Keys, r[1:]), true
+		case lr == "allchannels":
+			p.Channels, p.LimitChannels = []string{"*"}, true
+		case lr == "resetchannels":
+			p.Channels, p.LimitChannels = nil, true
+		case strings.HasPrefix(r, "&") && len(r) > 1:
+			if _, err := path.Match(r[1:], ""); err != nil {
+				return Permission{}, fmt.Errorf("invalid channel glob %q: %v", r[1:], err)
 			}
-			if strings.HasPrefix(c, "@") && c != "@lock" && c != "@all" {
-				return Permission{}, fmt.Errorf("unknown category %q: lockproxy knows @lock and @all", r[1:])
+			p.Channels, p.LimitChannels = append(p.Channels, r[1:]), true
+		case lr == "allcommands":
+			p.Commands, allows = append(p.Commands, "+@all"), true
+		case lr == "nocommands":
+			p.Commands = append(p.Commands, "-@all")
+		case (r[0] == '+' || r[0] == '-') && len(r) > 1:
+			c := lr[1:]
+			if strings.HasPrefix(c, "@") {
+				if !slices.Contains(Categories, c) {
+					return Permission{}, fmt.Errorf("unknown category %q: lockproxy knows @all, @lock and Redis's ACL categories (@read, @write, @keyspace, @dangerous, …)", r[1:])
+				}
+			} else if name, sub, ok := strings.Cut(c, "|"); ok && (name == "" || sub == "" || strings.Contains(sub, "|")) {
+				return Permission{}, fmt.Errorf("rule %q: want +command|subcommand", r)
 			}
-			p.Commands = append(p.Commands, c)
+			p.Commands = append(p.Commands, lr)
+			allows = allows || r[0] == '+'
+		case strings.HasPrefix(r, "%"):
+			return Permission{}, fmt.Errorf("rule %q: read- and write-only key patterns are not supported; ~glob allows both", r)
+		case strings.HasPrefix(r, "("):
+			return Permission{}, fmt.Errorf("rule %q: selectors are not supported", r)
+		case r[0] == '>' || r[0] == '<' || r[0] == '#' || r[0] == '!' || slices.Contains([]string{"on", "off", "nopass", "resetpass", "reset"}, lr):
+			// Not quoted: the rule may be a password.
+			return Permission{}, errors.New("password and user-state rules (>…, #…, nopass, on, off, reset…) are not taken here: passwords come from auth.users and auth.password")
 		default:
-			return Permission{}, fmt.Errorf("rule %q: want ~glob or +command", r)
+			return Permission{}, fmt.Errorf("rule %q: want ~glob, &glob, +command, -command or +@category", r)
 		}
 	}
-	if len(p.Commands) == 0 {
+	if !allows {
 		return Permission{}, errors.New("no +command rule: the user could run nothing (+@all for every command)")
 	}
 	return p, nil

@@ -98,12 +98,12 @@ func TestValidate(t *testing.T) {
 			c.Auth.Password = "pw"
 			c.Auth.Users = []string{"app:pw", "ops:pw"}
 			c.Auth.Permissions = []string{
-				"app ~app:* +@lock +get", "default +@all", "ops ~[ +get", "ops +@admin", "ops ~x",
+				"app ~app:* +@lock +get", "default +@all", "ops ~[ +get", "ops +@nosuch", "ops ~x -get",
 				"nobody +get", "app +set", "lonely",
 			}
 		}, []string{
 			`auth.permissions[2]: invalid key glob "[": syntax error in pattern`,
-			`auth.permissions[3]: unknown category "@admin": lockproxy knows @lock and @all`,
+			`auth.permissions[3]: unknown category "@nosuch": lockproxy knows @all, @lock and Redis's ACL categories (@read, @write, @keyspace, @dangerous, …)`,
 			`auth.permissions[4]: no +command rule: the user could run nothing (+@all for every command)`,
 			`auth.permissions[5]: user "nobody" is not in auth.users (or auth.password, for default)`,
 			`auth.permissions[6]: user "app" has permissions twice`,
@@ -893,5 +893,59 @@ func TestCertReloader(t *testing.T) {
 	}
 	if rs := Reloaders(); !slices.Contains(rs, r) {
 		t.Fatal("the reloader is not listed")
+	}
+}
+
+// TestParsePermission: auth.permissions entries in Redis's ACL words,
+// their rules kept in order, and the words that are not taken.
+func TestParsePermission(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		want    Permission
+		wantErr string
+	}{
+		{in: "app ~app:* ~shared +@lock +GET", want: Permission{User: "app",
+			Keys: []string{"app:*", "shared"}, LimitKeys: true, Commands: []string{"+@lock", "+get"}}},
+		{in: "ops +@all -@dangerous +config|get -client|kill", want: Permission{User: "ops",
+			Commands: []string{"+@all", "-@dangerous", "+config|get", "-client|kill"}}},
+		{in: "ro allkeys allcommands -@write", want: Permission{User: "ro",
+			Keys: []string{"*"}, LimitKeys: true, Commands: []string{"+@all", "-@write"}}},
+		{in: "k ~a resetkeys ~b +get", want: Permission{User: "k",
+			Keys: []string{"b"}, LimitKeys: true, Commands: []string{"+get"}}},
+		{in: "k resetkeys +get", want: Permission{User: "k", LimitKeys: true, Commands: []string{"+get"}}},
+		{in: "sub &news.* &alerts +subscribe +publish", want: Permission{User: "sub",
+			Channels: []string{"news.*", "alerts"}, LimitChannels: true, Commands: []string{"+subscribe", "+publish"}}},
+		{in: "sub resetchannels +@all", want: Permission{User: "sub", LimitChannels: true, Commands: []string{"+@all"}}},
+		{in: "sub &x allchannels +@all", want: Permission{User: "sub",
+			Channels: []string{"*"}, LimitChannels: true, Commands: []string{"+@all"}}},
+		{in: "n nocommands +get", want: Permission{User: "n", Commands: []string{"-@all", "+get"}}},
+		{in: "app", wantErr: `want "user ~glob… +command…", with at least one rule`},
+		{in: "app -@all", wantErr: "no +command rule: the user could run nothing (+@all for every command)"},
+		{in: "app ~x", wantErr: "no +command rule: the user could run nothing (+@all for every command)"},
+		{in: "app +@nosuch", wantErr: `unknown category "@nosuch": lockproxy knows @all, @lock and Redis's ACL categories (@read, @write, @keyspace, @dangerous, …)`},
+		{in: "app +config|", wantErr: `rule "+config|": want +command|subcommand`},
+		{in: "app +|get", wantErr: `rule "+|get": want +command|subcommand`},
+		{in: "app +a|b|c", wantErr: `rule "+a|b|c": want +command|subcommand`},
+		{in: "app ~[ +get", wantErr: `invalid key glob "[": syntax error in pattern`},
+		{in: "app &[ +get", wantErr: `invalid channel glob "[": syntax error in pattern`},
+		{in: "app %R~x +get", wantErr: `rule "%R~x": read- and write-only key patterns are not supported; ~glob allows both`},
+		{in: "app (~x +get) +get", wantErr: `rule "(~x": selectors are not supported`},
+		{in: "app >s3cret +get", wantErr: "password and user-state rules (>…, #…, nopass, on, off, reset…) are not taken here: passwords come from auth.users and auth.password"},
+		{in: "app on +get", wantErr: "password and user-state rules (>…, #…, nopass, on, off, reset…) are not taken here: passwords come from auth.users and auth.password"},
+		{in: "app get", wantErr: `rule "get": want ~glob, &glob, +command, -command or +@category`},
+	} {
+		got, err := ParsePermission(tc.in)
+		if tc.wantErr != "" {
+			if err == nil || err.Error() != tc.wantErr {
+				t.Errorf("%q: err %v; want %q", tc.in, err, tc.wantErr)
+			}
+			if err != nil && strings.Contains(err.Error(), "s3cret") {
+				t.Errorf("%q: the error repeats a password", tc.in)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%q = %+v, %v; want %+v", tc.in, got, err, tc.want)
+		}
 	}
 }

@@ -2,6 +2,8 @@ package relay
 
 import (
 	"fmt"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 )
@@ -161,6 +163,62 @@ func TestCheck(t *testing.T) {
 		}
 		if serr := slow.Check([]byte(lower(args[0])), b); fmt.Sprint(serr) != fmt.Sprint(err) {
 			t.Errorf("Check(%s) = %v, but %v without the one-lookup path", tc.args, err, serr)
+		}
+	}
+}
+
+// TestCommandCategories: the categories in the upstream's COMMAND reply
+// (RESP2 and RESP3), a container's subcommand by its own entry.
+func TestCommandCategories(t *testing.T) {
+	arr := func(els ...string) string { return "*" + strconv.Itoa(len(els)) + "\r\n" + strings.Join(els, "") }
+	set := func(els ...string) string { return "~" + strconv.Itoa(len(els)) + "\r\n" + strings.Join(els, "") }
+	bulk := func(s string) string { return "$" + strconv.Itoa(len(s)) + "\r\n" + s + "\r\n" }
+	status := func(s string) string { return "+" + s + "\r\n" }
+	num := func(n int) string { return ":" + strconv.Itoa(n) + "\r\n" }
+	entry := func(set func(...string) string, name string, first int, cats []string, subs ...string) string {
+		c := make([]string, len(cats))
+		for i, cat := range cats {
+			c[i] = status(cat)
+		}
+		return arr(bulk(name), num(-2), set(status("readonly")), num(first), num(first), num(first),
+			set(c...), arr(), arr(), arr(subs...))
+	}
+	for _, proto := range []struct {
+		name string
+		set  func(...string) string
+	}{{"resp2", arr}, {"resp3", set}} {
+		reply := arr(
+			entry(proto.set, "get", 1, []string{"@read", "@string", "@fast"}),
+			entry(proto.set, "config", 0, []string{"@slow"},
+				entry(proto.set, "config|get", 0, []string{"@admin", "@slow", "@dangerous"}),
+				entry(proto.set, "config|set", 0, []string{"@admin", "@slow", "@dangerous"})),
+		)
+		r := New(Config{})
+		specs := parseSpecs([]byte(reply))
+		if specs == nil {
+			t.Fatalf("%s: the reply did not parse", proto.name)
+		}
+		r.setSpecs(specs)
+		for _, tc := range []struct {
+			args     string
+			full     string
+			cats     []string
+			notKnown bool
+		}{
+			{"GET k", "get", []string{"@read", "@string", "@fast"}, false},
+			{"get config", "get", []string{"@read", "@string", "@fast"}, false},
+			{"CONFIG GET maxmemory", "config|get", []string{"@admin", "@slow", "@dangerous"}, false},
+			{"config nosuch", "config", []string{"@slow"}, false},
+			{"NOSUCH x", "nosuch", nil, true},
+		} {
+			var args [][]byte
+			for _, a := range strings.Fields(tc.args) {
+				args = append(args, []byte(a))
+			}
+			full, cats, known := r.Command([]byte(strings.ToLower(string(args[0]))), args)
+			if full != tc.full || !slices.Equal(cats, tc.cats) || known == tc.notKnown {
+				t.Errorf("%s: %s = %q %q %v; want %q %q %v", proto.name, tc.args, full, cats, known, tc.full, tc.cats, !tc.notKnown)
+			}
 		}
 	}
 }

@@ -12,6 +12,9 @@ import (
 type keySpec struct {
 	first, last, step int
 	movable           bool
+	// categories are the command's ACL categories ("@write", …), for
+	// per-user rules (auth.permissions).
+	categories []string
 }
 
 type keySpecs map[string]keySpec
@@ -98,6 +101,15 @@ func parseSpecs(f []byte) keySpecs {
 		b, _ := integer(el[4])
 		c, _ := integer(el[5])
 		s.first, s.last, s.step = int(a), int(b), int(c)
+		if len(el) >= 7 {
+			if _, cats, ok := elements(el[6]); ok {
+				for _, cat := range cats {
+					if v, ok := str(cat); ok {
+						s.categories = append(s.categories, lower(string(v)))
+					}
+				}
+			}
+		}
 		ks[lower(string(name))] = s
 		if len(el) >= 10 {
 			if _, subs, ok := elements(el[9]); ok {
@@ -219,6 +231,30 @@ func (r *Relay) reservedKey(name string, args [][]byte) []byte {
 func (r *Relay) KeyWhere(name []byte, args [][]byte, match func([]byte) bool) []byte {
 	r.needSpecs()
 	return r.keyWhere(string(name), args, match)
+}
+
+// Command is what the upstream's COMMAND table says of a command, for
+// per-user rules: its name, "name|sub" for a container's subcommand
+// (CONFIG GET: "config|get"), and its ACL categories. Known is false when
+// the upstream has not told (it is down, or has no such command).
+func (r *Relay) Command(name []byte, args [][]byte) (full string, categories []string, known bool) {
+	r.needSpecs()
+	full = string(name)
+	t := r.specs.Load()
+	if t == nil {
+		return full, nil, false
+	}
+	s, ok := t.all[full]
+	if !ok {
+		return full, nil, false
+	}
+	if len(args) > 1 {
+		sub := full + "|" + lower(string(args[1]))
+		if sp, ok := t.all[sub]; ok {
+			return sub, sp.categories, true
+		}
+	}
+	return full, s.categories, true
 }
 
 // needSpecs makes sure the key positions are known when the upstream can

@@ -126,7 +126,10 @@ func permissions(a conf.Auth) map[string]commands.Permission {
 	out := map[string]commands.Permission{}
 	for _, e := range a.Permissions {
 		if p, err := conf.ParsePermission(e); err == nil {
-			out[p.User] = commands.Permission{Commands: p.Commands, Keys: p.Keys}
+			out[p.User] = commands.Permission{
+				Commands: p.Commands, Keys: p.Keys, LimitKeys: p.LimitKeys,
+				Channels: p.Channels, LimitChannels: p.LimitChannels,
+			}
 		}
 	}
 	return out

@@ -302,8 +302,9 @@ func TestAuthPermissions(t *testing.T) {
 	up := harness.StartRedis(t, harness.RedisOptions{})
 	in := startInstanceEnv(t, cl.addrs(), []string{
 		"LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr,
-		"LOCKPROXY_AUTH_USERS=app:app-pw,ops:ops-pw",
-		"LOCKPROXY_AUTH_PERMISSIONS=app ~app:* ~shared +@lock +get +set +eval +multi +exec",
+		"LOCKPROXY_AUTH_USERS=app:app-pw,ops:ops-pw,reader:reader-pw",
+		"LOCKPROXY_AUTH_PERMISSIONS=app ~app:* ~shared +@lock +get +set +eval +multi +exec," +
+			"reader allkeys &news.* +@read +@lock +@pubsub -@dangerous -object|encoding -lockinfo",
 	})
 	app := lc.DialRaw(t, in.addr)
 	if r := app.Do("AUTH", "app", "app-pw"); r.Str != "OK" {
@@ -341,6 +342,43 @@ func TestAuthPermissions(t *testing.T) {
 		}
 		if !strings.HasPrefix(got, step.want) {
 			t.Fatalf("app: %q = %v; want %s…", step.args, r, step.want)
+		}
+	}
+	// Categories (from the upstream's COMMAND table for relayed commands),
+	// subcommand rules, the last matching rule deciding, and channels.
+	reader := lc.DialRaw(t, in.addr)
+	if r := reader.Do("AUTH", "reader", "reader-pw"); r.Str != "OK" {
+		t.Fatalf("AUTH reader = %v", r)
+	}
+	for _, step := range []struct {
+		args []string
+		want string // prefix of Kind+Str
+	}{
+		{[]string{"GET", "any"}, "$-1"},
+		{[]string{"SET", "any", "1"}, "-NOPERM User reader has no permissions to run the 'set' command"},
+		{[]string{"KEYS", "*"}, "-NOPERM User reader has no permissions to run the 'keys' command"}, // @read but @dangerous
+		{[]string{"OBJECT", "ENCODING", "app:x"}, "-NOPERM User reader has no permissions to run the 'object|encoding' command"},
+		{[]string{"OBJECT", "REFCOUNT", "app:x"}, ":"},
+		{[]string{"EVAL", "return 1", "0"}, "-NOPERM User reader has no permissions to run the 'eval' command"},
+		{[]string{"LOCK", "reader:lock", "PX", "5000"}, "*"},
+		{[]string{"LOCKINFO", "reader:lock"}, "-NOPERM User reader has no permissions to run the 'lockinfo' command"},
+		{[]string{"PUBLISH", "news.x", "m"}, ":0"},
+		{[]string{"PUBLISH", "sport", "m"}, "-NOPERM No permissions to access a channel"},
+		{[]string{"SUBSCRIBE", "sport"}, "-NOPERM No permissions to access a channel"},
+		{[]string{"PSUBSCRIBE", "news.*"}, ">"},
+	} {
+		r := reader.Do(step.args...)
+		got := string(r.Kind) + r.Str
+		switch {
+		case r.Null:
+			got = "$-1"
+		case r.Kind == ':':
+			got = ":" + strconv.FormatInt(r.Int, 10)
+		case r.Kind == '*' && len(r.Elems) > 0 && r.Elems[0].Str == "psubscribe":
+			got = ">" // the subscription's confirmation
+		}
+		if !strings.HasPrefix(got, step.want) {
+			t.Fatalf("reader: %q = %v; want %s…", step.args, r, step.want)
 		}
 	}
 	ops := lc.DialRaw(t, in.addr)
