@@ -21,6 +21,8 @@ fi
 command -v nutcracker >/dev/null 2>&1 || need+=(nutcracker)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
+# The unit file in deploy/systemd is checked with systemd-analyze verify.
+command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then

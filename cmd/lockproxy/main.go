@@ -37,6 +37,7 @@ import (
 	zkbackend "github.com/lockproxy/lockproxy/backends/zookeeper"
 	"github.com/lockproxy/lockproxy/commands"
 	"github.com/lockproxy/lockproxy/conf"
+	"github.com/lockproxy/lockproxy/internal/sdnotify"
 	"github.com/lockproxy/lockproxy/quorum"
 	"github.com/lockproxy/lockproxy/relay"
 	"github.com/lockproxy/lockproxy/resp"
@@ -167,6 +168,7 @@ func reloadOnHUP(ctx context.Context, log *zap.Logger) {
 			return
 		case <-hup:
 		}
+		_, _ = sdnotify.Notify(sdnotify.Reloading())
 		rs := conf.Reloaders()
 		for _, r := range rs {
 			cert, _ := r.Files()
@@ -179,6 +181,7 @@ func reloadOnHUP(ctx context.Context, log *zap.Logger) {
 		if len(rs) == 0 {
 			log.Info("SIGHUP: no TLS certificate to reload")
 		}
+		_, _ = sdnotify.Notify(sdnotify.Ready)
 	}
 }
 
@@ -391,10 +394,28 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			"  redis-cli -p %d UNLOCK demo <token>\n\n", version, ln.Addr(), port, port)
 	}
 
-	select {
-	case err = <-serveErr:
-	case <-ctx.Done():
+	// systemd (Type=notify): started once the listener is up.
+	if _, nerr := sdnotify.Notify(sdnotify.Ready, sdnotify.Status("listening on "+ln.Addr().String())); nerr != nil {
+		log.Warn("could not tell systemd lockproxy is ready", zap.Error(nerr))
 	}
+	var watchdog <-chan time.Time
+	if every := sdnotify.WatchdogInterval(); every > 0 {
+		t := time.NewTicker(every)
+		defer t.Stop()
+		watchdog = t.C
+	}
+wait:
+	for {
+		select {
+		case err = <-serveErr:
+			break wait
+		case <-ctx.Done():
+			break wait
+		case <-watchdog:
+			_, _ = sdnotify.Notify(sdnotify.Watchdog)
+		}
+	}
+	_, _ = sdnotify.Notify(sdnotify.Stopping, sdnotify.Status("draining connections"))
 	log.Info("shutting down: draining connections")
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Limits.ShutdownTimeout)
 	defer cancel()
