@@ -33,12 +33,17 @@ type rule struct {
 	category string // "@write", …; "" for a command rule
 }
 
-// matches tells whether r names the command full ("name" or
-// "name|sub") whose categories are cats.
-func (r rule) matches(name, sub string, cats []string) bool {
+// matches tells whether r names the command name (subcommand sub) whose
+// categories are cats. When the categories are not known (known false: a
+// relayed command the upstream has not described), a rule that removes a
+// category is taken to match and one that adds it not: "+@all -@write"
+// refuses what it cannot tell is not a write.
+func (r rule) matches(name, sub string, cats []string, known bool) bool {
 	switch {
 	case r.category == "@all":
 		return true
+	case r.category != "" && !known:
+		return !r.allow
 	case r.category != "":
 		return slices.Contains(cats, r.category)
 	case r.cmd != name:
@@ -84,10 +89,10 @@ func newPerm(p Permission) *perm {
 
 // allows tells whether the rules let the user run the command name (with
 // subcommand sub, "" for none) whose categories are cats.
-func (p *perm) allows(name, sub string, cats []string) bool {
+func (p *perm) allows(name, sub string, cats []string, known bool) bool {
 	ok := false
 	for _, r := range p.rules {
-		if r.matches(name, sub, cats) {
+		if r.matches(name, sub, cats, known) {
 			ok = r.allow
 		}
 	}
@@ -163,47 +168,71 @@ var transparentCategories = map[string][]string{
 	"script|flush":  {"@slow", "@scripting"},
 }
 
+// maxSubcommand is the longest argument taken for a subcommand name:
+// longer ones are none, so a huge argument is never copied or lowered.
+const maxSubcommand = 64
+
 // commandOf is the command's name as rules and refusals name it ("name",
-// or "name|sub" for a container's subcommand), the subcommand, and its
-// categories: from lockproxy's table (c), else the upstream's COMMAND
-// table, else transparent mode's.
-func (h *Handler) commandOf(name string, c *Command, args [][]byte) (full, sub string, cats []string) {
+// or "name|sub" for a container's subcommand), the subcommand (args[1]
+// in lower case, "" when there is none or it is too long to be one), and
+// its categories: from lockproxy's table (c) for what lockproxy serves,
+// else the upstream's COMMAND table, else transparent mode's. known is
+// false when none of them describes the command.
+func (h *Handler) commandOf(name string, c *Command, args [][]byte) (full, sub string, cats []string, known bool) {
 	full = name
-	if len(args) > 1 {
-		sub = strings.ToLower(string(args[1]))
+	if len(args) > 1 && len(args[1]) <= maxSubcommand {
+		var buf [maxSubcommand]byte
+		sub = string(resp.Lower(buf[:], args[1]))
 	}
 	if c != nil {
 		if sc := c.Subs[sub]; sc != nil {
-			return name + "|" + sub, sub, sc.Categories
+			return name + "|" + sub, sub, sc.Categories, true
 		}
-		if len(c.Subs) > 0 && sub != "" {
-			full = name + "|" + sub // a subcommand lockproxy does not serve
+		if len(c.Subs) == 0 {
+			return name, sub, c.Categories, true
 		}
-		return full, sub, c.Categories
+		// A subcommand lockproxy does not serve (CLIENT PAUSE) is
+		// relayed: it is what the upstream says it is.
+		full = name + "|" + sub
+		if h.up != nil && sub != "" {
+			if f, cs, ok := h.up.Command([]byte(name), args); ok && f == full {
+				return full, sub, cs, true
+			}
+		}
+		return full, sub, nil, false
 	}
 	if h.up != nil {
 		if f, cs, ok := h.up.Command([]byte(name), args); ok {
-			return f, sub, cs
+			return f, sub, cs, true
 		}
 	}
 	if cs, ok := transparentCategories[name+"|"+sub]; ok && name == "script" {
-		return name + "|" + sub, sub, cs
+		return name + "|" + sub, sub, cs, true
 	}
-	return name, sub, transparentCategories[name]
+	cs, ok := transparentCategories[name]
+	return name, sub, cs, ok
 }
+
+// ownClientSubs are the CLIENT subcommands every user may run: about its
+// own connection, sent by client libraries as they connect.
+var ownClientSubs = map[string]bool{"setname": true, "getname": true, "id": true, "setinfo": true, "info": true}
 
 // permitted tells whether p lets a connection run args, whose lower-case
 // name is name and whose table entry is c (nil for a relayed command); when
 // not, it is the error reply, in Redis's words.
-func (h *Handler) permitted(p *perm, user, name string, c *Command, args [][]byte) (string, bool) {
-	switch {
-	case alwaysPermitted[name]:
+//
+// relayed is true when the connection is in a state (MULTI, RESP3 pub/sub)
+// in which every command goes to the upstream: then INFO and the like are
+// the upstream's, and only QUIT and RESET, still lockproxy's, go unchecked.
+func (h *Handler) permitted(p *perm, user, name string, c *Command, args [][]byte, relayed bool) (string, bool) {
+	if name == "quit" || name == "reset" || alwaysPermitted[name] && !relayed {
 		return "", true
-	case name == "client" && len(args) > 1 && loopLocal(name, args):
-		return "", true // the connection's own name and id
 	}
-	full, sub, cats := h.commandOf(name, c, args)
-	if !p.allows(name, sub, cats) && !h.endsTransaction(p, name) {
+	full, sub, cats, known := h.commandOf(name, c, args)
+	switch {
+	case name == "client" && ownClientSubs[sub] && !relayed:
+		return "", true // the connection's own name and id
+	case !p.allows(name, sub, cats, known) && !h.endsTransaction(p, name):
 		h.metrics.deniedCommand.Inc()
 		return "NOPERM User " + user + " has no permissions to run the '" + full + "' command", false
 	}
@@ -262,8 +291,8 @@ func (h *Handler) endsTransaction(p *perm, name string) bool {
 		return false
 	}
 	multi := [][]byte{[]byte("multi")}
-	_, sub, cats := h.commandOf("multi", table["multi"], multi)
-	return p.allows("multi", sub, cats)
+	_, sub, cats, known := h.commandOf("multi", table["multi"], multi)
+	return p.allows("multi", sub, cats, known)
 }
 
 // scriptCommands run code that may reach any key.
@@ -295,7 +324,8 @@ func sortReadsOtherKeys(args [][]byte) bool {
 // and reports whether it did. In a transaction the refusal also aborts
 // the EXEC, as in Redis.
 func (h *Handler) checkPermission(s *resp.Session, cs *conn, name string, c *Command, args [][]byte) bool {
-	msg, ok := h.permitted(cs.perm, userName(cs), name, c, args)
+	relayed := cs.rl != nil && (cs.rl.multi || cs.rl.pipe.Tunneling())
+	msg, ok := h.permitted(cs.perm, userName(cs), name, c, args, relayed)
 	if ok {
 		return false
 	}

@@ -98,30 +98,32 @@ func init() {
 			{Name: "clientname", Type: "string", Token: "SETNAME", Flags: []string{"optional"}},
 		}}}, run: (*Handler).hello}))
 
+	// The subcommands carry Redis 7's categories, which auth.permissions
+	// rules such as -@dangerous match.
 	client := conn(&Command{Name: "client", Arity: -2, Since: "2.4.0", Summary: "A container for client connection commands.",
 		Categories: []string{"@slow"}, Complexity: "Depends on subcommand."})
 	client.
-		sub(conn(&Command{Name: "id", Arity: 2, Flags: []string{"noscript", "loading", "stale"}, Since: "5.0.0",
+		sub(conn(&Command{Name: "id", Categories: []string{"@slow", "@connection"}, Arity: 2, Flags: []string{"noscript", "loading", "stale"}, Since: "5.0.0",
 			Summary: "Returns the unique client ID of the connection.", run: (*Handler).clientID})).
-		sub(conn(&Command{Name: "setname", Arity: 3, Flags: []string{"noscript", "loading", "stale"}, Since: "2.6.9",
+		sub(conn(&Command{Name: "setname", Categories: []string{"@slow", "@connection"}, Arity: 3, Flags: []string{"noscript", "loading", "stale"}, Since: "2.6.9",
 			Summary: "Sets the connection name.", Args: []Arg{{Name: "connection-name", Type: "string"}},
 			run: (*Handler).clientSetName})).
-		sub(conn(&Command{Name: "getname", Arity: 2, Flags: []string{"noscript", "loading", "stale"}, Since: "2.6.9",
+		sub(conn(&Command{Name: "getname", Categories: []string{"@slow", "@connection"}, Arity: 2, Flags: []string{"noscript", "loading", "stale"}, Since: "2.6.9",
 			Summary: "Returns the name of the connection.", run: (*Handler).clientGetName})).
-		sub(conn(&Command{Name: "setinfo", Arity: 4, Flags: []string{"noscript", "loading", "stale"}, Since: "7.2.0",
+		sub(conn(&Command{Name: "setinfo", Categories: []string{"@slow", "@connection"}, Arity: 4, Flags: []string{"noscript", "loading", "stale"}, Since: "7.2.0",
 			Summary: "Sets information specific to the client or connection.",
 			Args: []Arg{{Name: "attr", Type: "oneof", Args: []Arg{
 				{Name: "libname", Type: "string", Token: "LIB-NAME"},
 				{Name: "libver", Type: "string", Token: "LIB-VER"}}}},
 			run: (*Handler).clientSetInfo})).
-		sub(conn(&Command{Name: "info", Arity: 2, Flags: []string{"noscript", "loading", "stale"}, Since: "6.2.0",
+		sub(conn(&Command{Name: "info", Categories: []string{"@slow", "@connection"}, Arity: 2, Flags: []string{"noscript", "loading", "stale"}, Since: "6.2.0",
 			Summary: "Returns information about the connection.", run: (*Handler).clientInfo})).
-		sub(conn(&Command{Name: "list", Arity: -2, Flags: []string{"noscript", "loading", "stale"}, Since: "2.4.0",
+		sub(conn(&Command{Name: "list", Categories: []string{"@admin", "@slow", "@dangerous", "@connection"}, Arity: -2, Flags: []string{"noscript", "loading", "stale"}, Since: "2.4.0",
 			Summary: "Lists open connections.", Complexity: "O(N) where N is the number of client connections.",
 			run: (*Handler).clientList})).
-		sub(conn(&Command{Name: "no-evict", Arity: 3, Flags: []string{"noscript", "loading", "stale"}, Since: "7.0.0",
+		sub(conn(&Command{Name: "no-evict", Categories: []string{"@admin", "@slow", "@dangerous", "@connection"}, Arity: 3, Flags: []string{"noscript", "loading", "stale"}, Since: "7.0.0",
 			Summary: "Accepted for compatibility; lockproxy evicts no clients.", run: (*Handler).clientNoop})).
-		sub(conn(&Command{Name: "no-touch", Arity: 3, Flags: []string{"noscript", "loading", "stale"}, Since: "7.2.0",
+		sub(conn(&Command{Name: "no-touch", Categories: []string{"@slow", "@connection"}, Arity: 3, Flags: []string{"noscript", "loading", "stale"}, Since: "7.2.0",
 			Summary: "Accepted for compatibility.", run: (*Handler).clientNoop}))
 	register(client)
 

@@ -83,6 +83,12 @@ var Categories = []string{
 	"@dangerous", "@connection", "@transaction", "@scripting",
 }
 
+// containerCommands are Redis's commands with subcommands (CONFIG GET).
+var containerCommands = []string{
+	"acl", "client", "cluster", "command", "config", "function", "latency", "memory", "module",
+	"object", "pubsub", "script", "slowlog", "xgroup", "xinfo",
+}
+
 // ParsePermission parses an auth.permissions entry: a user name, then
 // rules in Redis's ACL words — "~glob", "allkeys", "resetkeys", "&glob",
 // "allchannels", "resetchannels", "+command", "-command",
@@ -126,8 +132,15 @@ func ParsePermission(s string) (Permission, error) {
 				if !slices.Contains(Categories, c) {
 					return Permission{}, fmt.Errorf("unknown category %q: lockproxy knows @all, @lock and Redis's ACL categories (@read, @write, @keyspace, @dangerous, …)", r[1:])
 				}
-			} else if name, sub, ok := strings.Cut(c, "|"); ok && (name == "" || sub == "" || strings.Contains(sub, "|")) {
-				return Permission{}, fmt.Errorf("rule %q: want +command|subcommand", r)
+			} else if name, sub, ok := strings.Cut(c, "|"); ok {
+				switch {
+				case name == "" || sub == "" || strings.Contains(sub, "|"):
+					return Permission{}, fmt.Errorf("rule %q: want +command|subcommand", r)
+				case r[0] == '-' && !slices.Contains(containerCommands, name):
+					// As Redis 7: "-get|secret" would not keep MGET
+					// or GETDEL from the key; key patterns do.
+					return Permission{}, fmt.Errorf("rule %q: %s has no subcommands, and a first argument cannot be taken away (use -%s, or ~ key patterns)", r, name, name)
+				}
 			}
 			p.Commands = append(p.Commands, lr)
 			allows = allows || r[0] == '+'

@@ -926,6 +926,9 @@ func TestParsePermission(t *testing.T) {
 		{in: "app +config|", wantErr: `rule "+config|": want +command|subcommand`},
 		{in: "app +|get", wantErr: `rule "+|get": want +command|subcommand`},
 		{in: "app +a|b|c", wantErr: `rule "+a|b|c": want +command|subcommand`},
+		{in: "app +@all -get|secret", wantErr: `rule "-get|secret": get has no subcommands, and a first argument cannot be taken away (use -get, or ~ key patterns)`},
+		{in: "app +select|0", want: Permission{User: "app", Commands: []string{"+select|0"}}}, // Redis 6's first-argument rule
+		{in: "app +@all -CONFIG|SET", want: Permission{User: "app", Commands: []string{"+@all", "-config|set"}}},
 		{in: "app ~[ +get", wantErr: `invalid key glob "[": syntax error in pattern`},
 		{in: "app &[ +get", wantErr: `invalid channel glob "[": syntax error in pattern`},
 		{in: "app %R~x +get", wantErr: `rule "%R~x": read- and write-only key patterns are not supported; ~glob allows both`},

@@ -248,10 +248,13 @@ func (r *Relay) Command(name []byte, args [][]byte) (full string, categories []s
 	if !ok {
 		return full, nil, false
 	}
-	if len(args) > 1 {
-		sub := full + "|" + lower(string(args[1]))
-		if sp, ok := t.all[sub]; ok {
-			return sub, sp.categories, true
+	if len(args) > 1 && len(args[1]) <= 64 {
+		// A subcommand name is short: a long argument is none, and is
+		// not copied.
+		var buf [128]byte
+		sub := lowerInto(append(append(buf[:0], full...), '|'), args[1])
+		if sp, ok := t.all[string(sub)]; ok {
+			return string(sub), sp.categories, true
 		}
 	}
 	return full, s.categories, true

@@ -302,9 +302,10 @@ func TestAuthPermissions(t *testing.T) {
 	up := harness.StartRedis(t, harness.RedisOptions{})
 	in := startInstanceEnv(t, cl.addrs(), []string{
 		"LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr,
-		"LOCKPROXY_AUTH_USERS=app:app-pw,ops:ops-pw,reader:reader-pw",
+		"LOCKPROXY_AUTH_USERS=app:app-pw,ops:ops-pw,reader:reader-pw,safe:safe-pw",
 		"LOCKPROXY_AUTH_PERMISSIONS=app ~app:* ~shared +@lock +get +set +eval +multi +exec," +
-			"reader allkeys &news.* +@read +@lock +@pubsub -@dangerous -object|encoding -lockinfo",
+			"reader allkeys &news.* +@read +@lock +@pubsub -@dangerous -object|encoding -lockinfo," +
+			"safe +@all -@dangerous",
 	})
 	app := lc.DialRaw(t, in.addr)
 	if r := app.Do("AUTH", "app", "app-pw"); r.Str != "OK" {
@@ -365,6 +366,7 @@ func TestAuthPermissions(t *testing.T) {
 		{[]string{"PUBLISH", "news.x", "m"}, ":0"},
 		{[]string{"PUBLISH", "sport", "m"}, "-NOPERM No permissions to access a channel"},
 		{[]string{"SUBSCRIBE", "sport"}, "-NOPERM No permissions to access a channel"},
+		{[]string{"CLIENT", "NO-EVICT", "on"}, "-NOPERM User reader has no permissions to run the 'client|no-evict' command"},
 		{[]string{"PSUBSCRIBE", "news.*"}, ">"},
 	} {
 		r := reader.Do(step.args...)
@@ -379,6 +381,33 @@ func TestAuthPermissions(t *testing.T) {
 		}
 		if !strings.HasPrefix(got, step.want) {
 			t.Fatalf("reader: %q = %v; want %s…", step.args, r, step.want)
+		}
+	}
+	// +@all -@dangerous: the subcommands lockproxy serves and those it
+	// relays have Redis's categories (CLIENT LIST and PAUSE are
+	// dangerous); in MULTI, INFO is the upstream's and dangerous too.
+	safe := lc.DialRaw(t, in.addr)
+	if r := safe.Do("AUTH", "safe", "safe-pw"); r.Str != "OK" {
+		t.Fatalf("AUTH safe = %v", r)
+	}
+	for _, step := range []struct {
+		args []string
+		want string // prefix of Kind+Str
+	}{
+		{[]string{"SET", "safe:x", "1"}, "+OK"},
+		{[]string{"CLIENT", "SETNAME", "s"}, "+OK"},
+		{[]string{"CLIENT", "LIST"}, "-NOPERM User safe has no permissions to run the 'client|list' command"},
+		{[]string{"CLIENT", "PAUSE", "10000"}, "-NOPERM User safe has no permissions to run the 'client|pause' command"},
+		{[]string{"CLIENT", "UNPAUSE"}, "-NOPERM User safe has no permissions to run the 'client|unpause' command"},
+		{[]string{"OBJECT", "ENCODING", "safe:x"}, "$"},
+		{[]string{"INFO"}, "$"},
+		{[]string{"MULTI"}, "+OK"},
+		{[]string{"INFO"}, "-NOPERM User safe has no permissions to run the 'info' command"},
+		{[]string{"EXEC"}, "-EXECABORT"},
+	} {
+		r := safe.Do(step.args...)
+		if got := string(r.Kind) + r.Str; !strings.HasPrefix(got, step.want) {
+			t.Fatalf("safe: %q = %v; want %s…", step.args, r, step.want)
 		}
 	}
 	ops := lc.DialRaw(t, in.addr)
