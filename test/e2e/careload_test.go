@@ -179,7 +179,7 @@ func testNodeCAReload(t *testing.T) {
 	ctx := lockclient.CtxFor(t, 30*time.Second)
 	for _, nd := range nodes {
 		c := redis.NewClient(&redis.Options{Addr: nd.Addr, Protocol: 2, DisableIdentity: true, MaxRetries: -1,
-			TLSConfig: &tls.Config{RootCAs: both, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12},
+			TLSConfig:                &tls.Config{RootCAs: both, ServerName: "127.0.0.1", MinVersion: tls.VersionTLS12},
 			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
 		defer c.Close()
 		f := ca2.Server()
