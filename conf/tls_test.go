@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // testCA is a certificate authority made in memory for one test, with
@@ -408,5 +410,22 @@ func TestServerClientCAReload(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// BenchmarkConfigForClient is what client_ca_file's reload costs each
+// handshake on the listener between reloads (go test -run - -bench
+// ConfigForClient ./conf/).
+func BenchmarkConfigForClient(b *testing.B) {
+	ca := harness.NewTestCA(b)
+	f := ca.Server()
+	srv, err := ServerTLS{Enabled: true, CertFile: f.Cert, KeyFile: f.Key, ClientCAFile: ca.CAFile}.ServerConfig()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if _, err := srv.GetConfigForClient(nil); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
