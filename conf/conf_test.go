@@ -845,8 +845,10 @@ func TestTLSConfig(t *testing.T) {
 				if err != nil || (tt.Enabled != (cfg != nil)) {
 					t.Fatalf("ClientConfig(%+v) = %v, %v", tt, cfg, err)
 				}
-				if cfg != nil && tt.CAFile != "" && (cfg.RootCAs == nil || cfg.GetClientCertificate == nil || cfg.MinVersion < tls.VersionTLS12) {
-					t.Fatalf("ClientConfig(%+v): roots %v, client certificate %v, min version %x", tt, cfg.RootCAs != nil, cfg.GetClientCertificate != nil, cfg.MinVersion)
+				// ca_file's CAs are checked by VerifyConnection, which reads
+				// the reloaded ones (TestServerVerifier).
+				if cfg != nil && tt.CAFile != "" && (cfg.VerifyConnection == nil || cfg.GetClientCertificate == nil || cfg.MinVersion < tls.VersionTLS12) {
+					t.Fatalf("ClientConfig(%+v): verifier %v, client certificate %v, min version %x", tt, cfg.VerifyConnection != nil, cfg.GetClientCertificate != nil, cfg.MinVersion)
 				}
 			}
 		})

@@ -17,7 +17,8 @@ import (
 // ca_file, or the system's roots without it, and the name it dials (or
 // server_name); cert_file and key_file are its own certificate, for a
 // server that asks for one (Redis's tls-auth-clients). There is no way to
-// skip the verification.
+// skip the verification. ca_file, cert_file and key_file are read again
+// on SIGHUP (CAReloaders, Reloaders).
 type TLS struct {
 	Enabled    bool   `yaml:"enabled"`
 	CAFile     string `yaml:"ca_file"`
@@ -28,17 +29,27 @@ type TLS struct {
 
 // ClientConfig is the TLS configuration t describes, nil when TLS is off.
 // Each connection sets ServerName from its address unless t does.
+//
+// With ca_file, the server's certificate is checked by VerifyConnection
+// against the CAs the file holds now (crypto/tls reads RootCAs from a
+// Config that cannot change once in use, so a reloaded CA file could not
+// reach it): InsecureSkipVerify only turns off crypto/tls's own check,
+// which ServerVerifier does as strictly. That verifier checks the name in
+// the ConnectionState, which crypto/tls leaves empty for an IP address: a
+// connection that sets ServerName on a Clone must set it there too
+// (WithServerName).
 func (t TLS) ClientConfig() (*tls.Config, error) {
 	if !t.Enabled {
 		return nil, nil
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: t.ServerName}
 	if t.CAFile != "" {
-		pool, err := loadCAs("ca_file", t.CAFile)
+		r, err := NewCAReloader("ca_file", t.CAFile)
 		if err != nil {
 			return nil, err
 		}
-		cfg.RootCAs = pool
+		cfg.InsecureSkipVerify = true
+		cfg.VerifyConnection = r.ServerVerifier(t.ServerName)
 	}
 	switch {
 	case t.CertFile != "" && t.KeyFile != "":
@@ -53,17 +64,132 @@ func (t TLS) ClientConfig() (*tls.Config, error) {
 	return cfg, nil
 }
 
-// loadCAs reads the PEM certificates of file (the value of key).
-func loadCAs(key, file string) (*x509.CertPool, error) {
+// WithServerName is base for a connection to the server named name (the
+// host it dials): base itself when it names its server already or is nil,
+// else a Clone with ServerName set, and name given to the verifier of a
+// reloadable ca_file (ClientConfig), which cannot see the Clone's
+// ServerName and for an IP address gets no name from crypto/tls.
+func WithServerName(base *tls.Config, name string) *tls.Config {
+	if base == nil || base.ServerName != "" {
+		return base
+	}
+	cfg := base.Clone()
+	cfg.ServerName = name
+	if verify := base.VerifyConnection; verify != nil {
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			cs.ServerName = name
+			return verify(cs)
+		}
+	}
+	return cfg
+}
+
+// loadCAs reads the PEM certificates of file.
+func loadCAs(file string) (*x509.CertPool, error) {
 	pem, err := os.ReadFile(file)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", key, err)
+		return nil, err
 	}
 	pool := x509.NewCertPool()
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, fmt.Errorf("%s: no PEM certificate in %s", key, file)
+		return nil, fmt.Errorf("no PEM certificate in %s", file)
 	}
 	return pool, nil
+}
+
+// CAReloader holds the CA certificates of a file (ca_file,
+// client_ca_file), and reads them again on Reload (SIGHUP), so that a
+// rotated CA is trusted by the next handshakes without a restart, which
+// would drop every client's connection and the KEEPALIVE locks held
+// through them. Open connections are not checked again. Every reloader
+// made is listed (CAReloaders) for the signal handler.
+type CAReloader struct {
+	file string
+	cur  atomic.Pointer[x509.CertPool]
+}
+
+var caReloaders = map[string]*CAReloader{} // by file, under reloadersMu
+
+// NewCAReloader reads file (the value of key, which errors name). The
+// same file gives the same reloader, read again.
+func NewCAReloader(key, file string) (*CAReloader, error) {
+	reloadersMu.Lock()
+	defer reloadersMu.Unlock()
+	r := caReloaders[file]
+	if r == nil {
+		r = &CAReloader{file: file}
+	}
+	if err := r.Reload(); err != nil {
+		return nil, fmt.Errorf("%s: %w", key, err)
+	}
+	caReloaders[file] = r
+	return r, nil
+}
+
+// Reload reads the file again; on an error (no file, no PEM certificate
+// in it) the CAs in use stay.
+func (r *CAReloader) Reload() error {
+	pool, err := loadCAs(r.file)
+	if err != nil {
+		return err
+	}
+	r.cur.Store(pool)
+	return nil
+}
+
+// File names the CA file.
+func (r *CAReloader) File() string { return r.file }
+
+// Pool is the CAs in use. A reload stores a new pool; one in use is never
+// changed.
+func (r *CAReloader) Pool() *x509.CertPool { return r.cur.Load() }
+
+// ServerVerifier is a tls.Config.VerifyConnection that checks the
+// server's certificate as crypto/tls does without InsecureSkipVerify, but
+// against the CAs in use at each handshake: the chain, through the
+// intermediates the server sent, to one of them; the validity period; the
+// ServerAuth key usage; and the name, name or else the one the
+// ConnectionState gives (see WithServerName). With neither it refuses,
+// as crypto/tls refuses a Config with no ServerName.
+func (r *CAReloader) ServerVerifier(name string) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		host := name
+		if host == "" {
+			host = cs.ServerName
+		}
+		if host == "" {
+			return errors.New("tls: no server name to verify the certificate against")
+		}
+		if len(cs.PeerCertificates) == 0 {
+			return errors.New("tls: the server sent no certificate")
+		}
+		opts := x509.VerifyOptions{
+			Roots:         r.Pool(),
+			CurrentTime:   time.Now(),
+			DNSName:       host,
+			Intermediates: x509.NewCertPool(),
+			KeyUsages:     []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+		}
+		for _, c := range cs.PeerCertificates[1:] {
+			opts.Intermediates.AddCert(c)
+		}
+		if _, err := cs.PeerCertificates[0].Verify(opts); err != nil {
+			// crypto/tls's own error, so that a refusal reads the same.
+			return &tls.CertificateVerificationError{UnverifiedCertificates: cs.PeerCertificates, Err: err}
+		}
+		return nil
+	}
+}
+
+// CAReloaders lists every CA reloader made so far.
+func CAReloaders() []*CAReloader {
+	reloadersMu.Lock()
+	defer reloadersMu.Unlock()
+	out := make([]*CAReloader, 0, len(caReloaders))
+	for _, r := range caReloaders {
+		out = append(out, r)
+	}
+	return out
 }
 
 // CertReloader serves a certificate read from its files, and reads them
@@ -170,7 +296,8 @@ func (t *TLS) resolve(dir string) {
 
 // ServerTLS is TLS on lockproxy's own listener (tls): every client
 // connection must speak TLS 1.2 or later. With client_ca_file, clients
-// must also show a certificate that CA signed (mutual TLS).
+// must also show a certificate that CA signed (mutual TLS). Every file is
+// read again on SIGHUP.
 type ServerTLS struct {
 	Enabled      bool   `yaml:"enabled"`
 	CertFile     string `yaml:"cert_file"`
@@ -192,14 +319,41 @@ func (t ServerTLS) ServerConfig() (*tls.Config, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.certificate}
 	if t.ClientCAFile != "" {
-		pool, err := loadCAs("client_ca_file", t.ClientCAFile)
+		cas, err := NewCAReloader("client_ca_file", t.ClientCAFile)
 		if err != nil {
 			return nil, err
 		}
-		cfg.ClientCAs = pool
+		cfg.ClientCAs = cas.Pool()
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		cc := &clientCAs{cas: cas, base: cfg.Clone()}
+		cc.cur.Store(cc.base)
+		cfg.GetConfigForClient = cc.configForClient
 	}
 	return cfg, nil
+}
+
+// clientCAs serves the listener's configuration with the client CAs in
+// use: crypto/tls reads ClientCAs from the Config of each handshake,
+// which GetConfigForClient may replace. A handshake costs an atomic load
+// and a comparison; a Clone is made once per reload.
+type clientCAs struct {
+	cas  *CAReloader
+	base *tls.Config // the listener's, without GetConfigForClient
+	cur  atomic.Pointer[tls.Config]
+}
+
+func (c *clientCAs) configForClient(*tls.ClientHelloInfo) (*tls.Config, error) {
+	pool := c.cas.Pool()
+	cfg := c.cur.Load()
+	if cfg.ClientCAs == pool {
+		return cfg, nil
+	}
+	next := c.base.Clone()
+	next.ClientCAs = pool
+	// Another handshake may have stored one for pool, or for a later
+	// reload, meanwhile: either serves, so no retry.
+	c.cur.CompareAndSwap(cfg, next)
+	return next, nil
 }
 
 func (t ServerTLS) validate(v *validator) {

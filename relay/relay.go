@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/conf"
 )
 
 // Config configures the relay.
@@ -609,12 +611,10 @@ func lower(s string) string {
 // tlsClient runs the TLS handshake on nc, as a client of addr, within
 // timeout; nc is closed when it fails.
 func tlsClient(ctx context.Context, nc net.Conn, base *tls.Config, addr string, timeout time.Duration) (net.Conn, error) {
-	cfg := base
-	if cfg.ServerName == "" {
-		cfg = base.Clone()
-		cfg.ServerName, _, _ = net.SplitHostPort(addr)
-	}
-	tc := tls.Client(nc, cfg)
+	// ServerName, unless set, is addr's host, for the verifier of a
+	// reloadable CA file too (conf.WithServerName).
+	host, _, _ := net.SplitHostPort(addr)
+	tc := tls.Client(nc, conf.WithServerName(base, host))
 	hctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if err := tc.HandshakeContext(hctx); err != nil {

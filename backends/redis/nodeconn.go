@@ -10,6 +10,8 @@ import (
 	"net"
 	"strconv"
 	"time"
+
+	"github.com/lockproxy/lockproxy/conf"
 )
 
 // nodeConn is one writer's own connection to its node, for the batches of
@@ -276,12 +278,9 @@ func (c *nodeConn) readReply(r *reply, depth int) error {
 }
 
 // nodeTLS is base for the node at addr: its ServerName, unless set, is
-// addr's host. nil without TLS.
+// addr's host, for the verifier of a reloadable CA file too
+// (conf.WithServerName). nil without TLS.
 func nodeTLS(base *tls.Config, addr string) *tls.Config {
-	if base == nil || base.ServerName != "" {
-		return base
-	}
-	cfg := base.Clone()
-	cfg.ServerName, _, _ = net.SplitHostPort(addr)
-	return cfg
+	host, _, _ := net.SplitHostPort(addr)
+	return conf.WithServerName(base, host)
 }

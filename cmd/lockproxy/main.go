@@ -155,9 +155,10 @@ func (certExpiry) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// reloadOnHUP reads every TLS certificate and key again on SIGHUP (a
-// renewed certificate, as cert-manager or certbot leave it), so that new
-// handshakes use it without a restart. CA files are read at start only.
+// reloadOnHUP reads every TLS certificate, key and CA file again on
+// SIGHUP (a renewed certificate, as cert-manager or certbot leave it, or a
+// rotated CA), so that new handshakes use them without a restart. A file
+// that does not load leaves what was read before in use.
 func reloadOnHUP(ctx context.Context, log *zap.Logger) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -178,7 +179,15 @@ func reloadOnHUP(ctx context.Context, log *zap.Logger) {
 			}
 			log.Info("SIGHUP: certificate reloaded", zap.String("cert_file", cert))
 		}
-		if len(rs) == 0 {
+		cas := conf.CAReloaders()
+		for _, r := range cas {
+			if err := r.Reload(); err != nil {
+				log.Error("SIGHUP: CA file not reloaded; the CAs read before stay in use", zap.String("ca_file", r.File()), zap.Error(err))
+				continue
+			}
+			log.Info("SIGHUP: CA file reloaded", zap.String("ca_file", r.File()))
+		}
+		if len(rs) == 0 && len(cas) == 0 {
 			log.Info("SIGHUP: no TLS certificate to reload")
 		}
 		_, _ = sdnotify.Notify(sdnotify.Ready)
