@@ -17,7 +17,8 @@ run: build
 	./$(BIN) --dev --log-format console
 
 ## deps: install what the tests need when missing (redis-server, redis-tools, zookeeper, python3-redis,
-## nodejs, npm, nutcracker from Debian's packages with apt-get as root; the tests' npm packages).
+## nodejs, npm, nutcracker, systemd, prometheus from Debian's packages with apt-get as root, their
+## services kept from starting; the tests' npm packages).
 deps:
 	./scripts/install-test-deps.sh
 

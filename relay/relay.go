@@ -57,6 +57,16 @@ type Relay struct {
 	idle   [2][]*upConn // clean connections kept for pinning
 	closed bool
 	pinned map[*upConn]struct{}
+
+	// dials and dialFailures count connection attempts to the upstream
+	// and those that failed (TCP, TLS or the handshake), for metrics.
+	dials, dialFailures atomic.Int64
+}
+
+// DialStats tells how many connections to the upstream were attempted and
+// how many of those failed, since the start.
+func (r *Relay) DialStats() (attempts, failures int64) {
+	return r.dials.Load(), r.dialFailures.Load()
 }
 
 // New returns a Relay; it dials lazily, on the first command.
@@ -199,6 +209,15 @@ func (p *pool) get(ctx context.Context, i int) (*upConn, error) {
 // dial opens an upstream connection in protocol proto, authenticated and
 // with database db selected, and starts its reader.
 func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
+	r.dials.Add(1)
+	c, err := r.dialOnce(ctx, proto, db, push, lost)
+	if err != nil {
+		r.dialFailures.Add(1)
+	}
+	return c, err
+}
+
+func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
 	d := net.Dialer{Timeout: r.cfg.DialTimeout}
 	nc, err := d.DialContext(ctx, "tcp", r.cfg.Addr)
 	if err != nil {

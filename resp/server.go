@@ -99,6 +99,14 @@ type Server struct {
 	// Connections closed for not authenticating in time, and TLS
 	// handshakes that failed or timed out.
 	authTimeouts, tlsFailures atomic.Int64
+	// Connections refused at MaxClients.
+	rejected atomic.Int64
+}
+
+// ConnStats tells how many client connections were accepted and how many
+// refused at MaxClients, since the start.
+func (s *Server) ConnStats() (accepted, rejected int64) {
+	return s.nextID.Load(), s.rejected.Load()
 }
 
 // RefusalStats tells how many connections were closed for not
@@ -189,6 +197,7 @@ func (s *Server) accept(c net.Conn) {
 	}
 	if s.MaxClients > 0 && len(s.sessions) >= s.MaxClients {
 		s.mu.Unlock()
+		s.rejected.Add(1)
 		// Not on the accept loop: over TLS the write first runs the
 		// handshake, which a silent peer would hold up.
 		go func() {

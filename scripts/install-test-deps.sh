@@ -2,8 +2,9 @@
 # Installs what the tests need when it is missing, from Debian's packages:
 # redis-server and redis-tools; zookeeper (which brings Java) for the
 # ZooKeeper backend's tests; python3-redis (redis-py, used through Debian's
-# /usr/bin/python3), nodejs/npm for the client tests and nutcracker
-# (twemproxy) for the passthrough benchmark; then the npm
+# /usr/bin/python3), nodejs/npm for the client tests, nutcracker
+# (twemproxy) for the passthrough benchmark, systemd (systemd-analyze) and
+# prometheus (promtool) for the deploy files' checks; then the npm
 # packages of the test directories that have a package-lock.json (npm ci).
 # Needs root for apt-get; without root it says what to install and fails.
 set -euo pipefail
@@ -21,8 +22,10 @@ fi
 command -v nutcracker >/dev/null 2>&1 || need+=(nutcracker)
 command -v node >/dev/null 2>&1 || need+=(nodejs)
 command -v npm >/dev/null 2>&1 || need+=(npm)
-# The unit file in deploy/systemd is checked with systemd-analyze verify.
+# The unit file in deploy/systemd is checked with systemd-analyze verify,
+# the alerting rules in deploy/prometheus with promtool.
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
+command -v promtool >/dev/null 2>&1 || need+=(prometheus)
 
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then
@@ -31,11 +34,17 @@ if [ ${#need[@]} -gt 0 ]; then
 	fi
 	echo "installing ${need[*]} from Debian's packages" >&2
 	export DEBIAN_FRONTEND=noninteractive
+	# The packages' services (redis on 6379, zookeeper, prometheus on 9090)
+	# are not wanted: the tests start their own on free ports. Where no
+	# policy says otherwise, one that refuses service starts is put in place
+	# for the install and taken away after it.
+	if [ ! -e /usr/sbin/policy-rc.d ]; then
+		printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+		chmod 755 /usr/sbin/policy-rc.d
+		trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+	fi
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
-	# Debian's redis package starts a redis-server on 6379 and its zookeeper
-	# package may start a service; the tests start their own on free ports,
-	# so leave them alone but do not depend on them.
 fi
 
 root="$(cd "$(dirname "$0")/.." && pwd)"

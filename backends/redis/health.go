@@ -153,6 +153,13 @@ func (h *health) setDown(down bool) {
 	h.mu.Unlock()
 }
 
+// reachable reports whether the last check reached the node.
+func (h *health) reachable() bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.reached && !h.down
+}
+
 // quarantined reports whether the node must not vote, for whichever
 // reason. It is one atomic load: it runs on every operation.
 func (h *health) quarantined() bool { return h.blocked.Load() != 0 }

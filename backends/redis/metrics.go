@@ -57,3 +57,39 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 	}
 	return m
 }
+
+var (
+	nodeUpDesc = prometheus.NewDesc("lockproxy_node_up",
+		"1 when the last health check of a Redis node reached it, else 0.", []string{"node"}, nil)
+	nodeVotingDesc = prometheus.NewDesc("lockproxy_node_voting",
+		"1 when a Redis node counts in quorums now (reached, not quarantined after a restart, its clock "+
+			"within redlock.max_clock_rate_error), else 0. Grants need a majority of all nodes voting.",
+		[]string{"node"}, nil)
+)
+
+// stateCollector reads the nodes' states at each scrape.
+type stateCollector struct{ nodes []*Node }
+
+// StateCollector exports whether each node is reachable and whether it
+// votes, read from the health checks at each scrape: an alert can fire
+// while a quorum still holds but one more failure would lose it.
+func (b *Backend) StateCollector() prometheus.Collector { return stateCollector{b.nodes} }
+
+func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- nodeUpDesc
+	ch <- nodeVotingDesc
+}
+
+func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
+	b2f := func(b bool) float64 {
+		if b {
+			return 1
+		}
+		return 0
+	}
+	for _, n := range c.nodes {
+		up := n.health.reachable()
+		ch <- prometheus.MustNewConstMetric(nodeUpDesc, prometheus.GaugeValue, b2f(up), n.Name())
+		ch <- prometheus.MustNewConstMetric(nodeVotingDesc, prometheus.GaugeValue, b2f(up && !n.health.quarantined()), n.Name())
+	}
+}

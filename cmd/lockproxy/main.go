@@ -282,6 +282,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		if err != nil {
 			return err
 		}
+		reg.MustRegister(rb.StateCollector())
 		backend = rb
 	}
 	// Closed last (deferred first): the drain below and the handler's
@@ -351,6 +352,32 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		}, func() float64 { _, n := srv.RefusalStats(); return float64(n) }),
 	)
 	reg.MustRegister(certExpiry{})
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "lockproxy_client_connections",
+			Help: "Client connections open now.",
+		}, func() float64 { return float64(srv.Clients()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "lockproxy_client_connections_total",
+			Help: "Client connections accepted.",
+		}, func() float64 { n, _ := srv.ConnStats(); return float64(n) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "lockproxy_client_connections_rejected_total",
+			Help: "Client connections refused because limits.max_clients were open.",
+		}, func() float64 { _, n := srv.ConnStats(); return float64(n) }),
+	)
+	if up != nil {
+		reg.MustRegister(
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "lockproxy_upstream_dials_total",
+				Help: "Connections to the upstream attempted (TCP, TLS and the handshake).",
+			}, func() float64 { n, _ := up.DialStats(); return float64(n) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "lockproxy_upstream_dial_failures_total",
+				Help: "Connections to the upstream that could not be made: while it grows, relayed commands fail with 'upstream unavailable'.",
+			}, func() float64 { _, n := up.DialStats(); return float64(n) }),
+		)
+	}
 	handler := commands.NewHandler(commands.Options{
 		Backend: backend,
 		Limits: commands.Limits{
