@@ -165,6 +165,31 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	if err := c.Set(ctx, "ops:k", "v", 0).Err(); err != nil {
 		t.Fatalf("SET through the relay: %v", err)
 	}
+	// The node gauges say which nodes vote: the two running, not the
+	// dead one (the health checks run every second or so).
+	want := []string{
+		fmt.Sprintf("lockproxy_node_up{node=%q} 1", nodes[0].Addr),
+		fmt.Sprintf("lockproxy_node_voting{node=%q} 1", nodes[1].Addr),
+		fmt.Sprintf("lockproxy_node_up{node=%q} 0", dead),
+		fmt.Sprintf("lockproxy_node_voting{node=%q} 0", dead),
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		body := scrape(t, in.admin)
+		missing := ""
+		for _, w := range want {
+			if !strings.Contains(body, "\n"+w+"\n") {
+				missing = w
+			}
+		}
+		if missing == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/metrics has no %q after 20 s:\n%s", missing, body)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
 	addFamilies(t, names, in.admin)
 
 	zk := harness.StartZooKeeper(t)
@@ -201,6 +226,16 @@ func start(t *testing.T, args []string, env ...string) *instance {
 // addFamilies adds the lockproxy_* families of admin's /metrics to names.
 func addFamilies(t *testing.T, names map[string]bool, admin string) {
 	t.Helper()
+	for _, line := range strings.Split(scrape(t, admin), "\n") {
+		if f := strings.Fields(line); len(f) >= 3 && f[0] == "#" && f[1] == "TYPE" && strings.HasPrefix(f[2], "lockproxy_") {
+			names[f[2]] = true
+		}
+	}
+}
+
+// scrape is admin's /metrics.
+func scrape(t *testing.T, admin string) string {
+	t.Helper()
 	hc := &http.Client{Timeout: 10 * time.Second}
 	resp, err := hc.Get("http://" + admin + "/metrics")
 	if err != nil {
@@ -211,9 +246,5 @@ func addFamilies(t *testing.T, names map[string]bool, admin string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if f := strings.Fields(line); len(f) >= 3 && f[0] == "#" && f[1] == "TYPE" && strings.HasPrefix(f[2], "lockproxy_") {
-			names[f[2]] = true
-		}
-	}
+	return string(body)
 }
