@@ -53,6 +53,9 @@ type upConn struct {
 	// lost runs when a pinned connection fails by itself (not closed by
 	// lockproxy): the client's state on it is gone.
 	lost atomic.Pointer[func()]
+	// stale, when set, is marked when the connection fails by itself: the
+	// relay then reads the upstream's command table again.
+	stale *atomic.Bool
 
 	mu      sync.Mutex
 	wbuf    []byte
@@ -287,6 +290,9 @@ func (c *upConn) fail(err error) {
 	_ = c.nc.Close()
 	if lost := c.lost.Load(); lost != nil && err != errClosed {
 		defer (*lost)()
+	}
+	if c.stale != nil && err != errClosed {
+		c.stale.Store(true)
 	}
 	msg := unavailable(err)
 	for _, cl := range calls {

@@ -37,8 +37,8 @@ var byName = map[string]bool{
 	"georadius": true, "georadiusbymember": true, "migrate": true, "script": true, "function": true,
 }
 
-// setSpecs installs the key positions read from the upstream, unless some
-// are installed already.
+// setSpecs installs the key positions and categories read from the
+// upstream, in place of any read before.
 func (r *Relay) setSpecs(ks keySpecs) {
 	t := &specTable{all: ks, simple: keySpecs{}}
 	for name, s := range ks {
@@ -48,7 +48,8 @@ func (r *Relay) setSpecs(ks keySpecs) {
 		}
 		t.simple[name] = s
 	}
-	r.specs.CompareAndSwap(nil, t)
+	r.specs.Store(t)
+
 }
 
 // keyAt returns the first of args at s's key positions that starts with

@@ -61,6 +61,10 @@ type Relay struct {
 	// dials and dialFailures count connection attempts to the upstream
 	// and those that failed (TCP, TLS or the handshake), for metrics.
 	dials, dialFailures atomic.Int64
+	// specsStale: a connection failed (the upstream may have come back
+	// as another version, or with other modules), so the next dial reads
+	// the upstream's COMMAND table again (upConn.fail).
+	specsStale atomic.Bool
 }
 
 // DialStats tells how many connections to the upstream were attempted and
@@ -232,6 +236,7 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 		}
 	}
 	c := newUpConn(nc, proto, db, r.cfg.ReadTimeout)
+	c.stale = &r.specsStale
 	c.setHooks(push, lost)
 	var hs [][][]byte
 	switch {
@@ -251,7 +256,7 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 	if db != 0 {
 		hs = append(hs, [][]byte{[]byte("SELECT"), []byte(strconv.Itoa(db))})
 	}
-	loadSpecs := r.specs.Load() == nil
+	loadSpecs := r.specs.Load() == nil || r.specsStale.Load()
 	if loadSpecs {
 		hs = append(hs, [][]byte{[]byte("COMMAND")})
 	}
@@ -280,6 +285,7 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 			if loadSpecs && i == len(hs)-1 {
 				if ks := parseSpecs(f); ks != nil {
 					r.setSpecs(ks)
+					r.specsStale.Store(false)
 				}
 			}
 		}

@@ -434,3 +434,40 @@ type servingMode struct {
 func servingModes(up *harness.Redis) []servingMode {
 	return []servingMode{{"goroutines", nil}, {"event loop", []string{"LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr}}}
 }
+
+// TestAuthPermissionsUpstreamTable: the upstream's command table is read
+// again when lockproxy reconnects to it, so a command it gained (a newer
+// version, a module) is judged by its categories: here GETDEL, renamed
+// away at first (unknown, so -@dangerous refuses it), then back.
+func TestAuthPermissionsUpstreamTable(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	up := harness.StartRedis(t, harness.RedisOptions{Args: []string{"--rename-command", "GETDEL", ""}})
+	in := startInstanceEnv(t, cl.addrs(), []string{
+		"LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr,
+		"LOCKPROXY_AUTH_USERS=safe:safe-pw",
+		"LOCKPROXY_AUTH_PERMISSIONS=safe +@all -@dangerous",
+	})
+	c := lc.DialRaw(t, in.addr)
+	if r := c.Do("AUTH", "safe", "safe-pw"); r.Str != "OK" {
+		t.Fatalf("AUTH = %v", r)
+	}
+	if r := c.Do("GETDEL", "k"); !strings.HasPrefix(r.Str, "NOPERM User safe has no permissions to run the 'getdel' command") {
+		t.Fatalf("GETDEL, unknown to the upstream = %v; want NOPERM", r)
+	}
+	up.RestartWithArgs()
+	// Relayed traffic finds the old connection gone and reconnects (the
+	// first command may get the error); then the table is the new one.
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		c.Do("GET", "k")
+		r := c.Do("GETDEL", "k")
+		if r.Null {
+			break // allowed, and the key is not there
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("GETDEL after the upstream came back with it = %v; want nil", r)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}

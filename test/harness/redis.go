@@ -351,6 +351,15 @@ func (r *Redis) Restart() {
 	}
 }
 
+// RestartWithArgs is Restart with args in place of RedisOptions.Args from
+// now on: the same port, another configuration (say, a command renamed
+// away, so that the server's COMMAND table differs).
+func (r *Redis) RestartWithArgs(args ...string) {
+	r.t.Helper()
+	r.opts.Args = args
+	r.Restart()
+}
+
 // TryRestart is Restart returning an error instead of failing the test. If
 // the port is briefly unavailable it retries for up to 10s.
 func (r *Redis) TryRestart() error {
