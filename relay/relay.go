@@ -222,6 +222,7 @@ func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte), lost
 }
 
 func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
+	reloaded := false
 	d := net.Dialer{Timeout: r.cfg.DialTimeout}
 	nc, err := d.DialContext(ctx, "tcp", r.cfg.Addr)
 	if err != nil {
@@ -256,7 +257,16 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 	if db != 0 {
 		hs = append(hs, [][]byte{[]byte("SELECT"), []byte(strconv.Itoa(db))})
 	}
-	loadSpecs := r.specs.Load() == nil || r.specsStale.Load()
+	// One dial reads the table again after a failure, not every dial
+	// meanwhile (a COMMAND reply is about 90 KB); a dial that does not get
+	// it hands the mark back.
+	loadSpecs := r.specs.Load() == nil || r.specsStale.CompareAndSwap(true, false)
+	reloading := loadSpecs && r.specs.Load() != nil
+	defer func() {
+		if reloading && !reloaded {
+			r.specsStale.Store(true)
+		}
+	}()
 	if loadSpecs {
 		hs = append(hs, [][]byte{[]byte("COMMAND")})
 	}
@@ -285,7 +295,7 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 			if loadSpecs && i == len(hs)-1 {
 				if ks := parseSpecs(f); ks != nil {
 					r.setSpecs(ks)
-					r.specsStale.Store(false)
+					reloaded = true
 				}
 			}
 		}

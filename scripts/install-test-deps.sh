@@ -37,14 +37,26 @@ if [ ${#need[@]} -gt 0 ]; then
 	# The packages' services (redis on 6379, zookeeper, prometheus on 9090)
 	# are not wanted: the tests start their own on free ports. Where no
 	# policy says otherwise, one that refuses service starts is put in place
-	# for the install and taken away after it.
-	if [ ! -e /usr/sbin/policy-rc.d ]; then
-		printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
-		chmod 755 /usr/sbin/policy-rc.d
-		trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+	# for the install and taken away after it (marked, so that one left
+	# behind by a killed run is recognised and removed by the next).
+	policy=/usr/sbin/policy-rc.d
+	marker='# lockproxy install-test-deps.sh'
+	if [ -e "$policy" ] && grep -qF "$marker" "$policy"; then
+		rm -f "$policy"
+	fi
+	ours=""
+	if [ ! -e "$policy" ]; then
+		ours=1
+		trap 'rm -f "$policy"' EXIT
+		printf '#!/bin/sh\n%s\nexit 101\n' "$marker" >"$policy"
+		chmod 755 "$policy"
 	fi
 	apt-get update -qq
 	apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+	if [ -n "$ours" ]; then
+		rm -f "$policy"
+		trap - EXIT
+	fi
 fi
 
 root="$(cd "$(dirname "$0")/.." && pwd)"

@@ -22,6 +22,9 @@ import (
 	"os"
 	"os/signal"
 	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -91,7 +94,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 		}
 	}
 	if len(args) > 0 && args[0] == "check-config" {
-		return checkConfig(args[1:], stdout, stderr)
+		return checkConfig(args[1:], os.Environ(), stdout, stderr)
 	}
 	cfg, err := conf.FromArgs(args, os.Environ())
 	if err == nil {
@@ -113,7 +116,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	go reloadOnHUP(ctx, log)
+	go reloadOnHUP(ctx, log, &systemdReady)
 	if err := serve(ctx, cfg, log, stderr); err != nil {
 		log.Error("lockproxy stopped", zap.Error(err))
 		return 1
@@ -159,7 +162,11 @@ func (certExpiry) Collect(ch chan<- prometheus.Metric) {
 // SIGHUP (a renewed certificate, as cert-manager or certbot leave it, or a
 // rotated CA), so that new handshakes use them without a restart. A file
 // that does not load leaves what was read before in use.
-func reloadOnHUP(ctx context.Context, log *zap.Logger) {
+// systemdReady is set once systemd was told READY=1: a SIGHUP before
+// that must not say READY=1, which systemd would take for the start.
+var systemdReady atomic.Bool
+
+func reloadOnHUP(ctx context.Context, log *zap.Logger, ready *atomic.Bool) {
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	defer signal.Stop(hup)
@@ -169,7 +176,10 @@ func reloadOnHUP(ctx context.Context, log *zap.Logger) {
 			return
 		case <-hup:
 		}
-		_, _ = sdnotify.Notify(sdnotify.Reloading())
+		notify := ready.Load()
+		if notify {
+			_, _ = sdnotify.Notify(sdnotify.Reloading())
+		}
 		rs := conf.Reloaders()
 		for _, r := range rs {
 			cert, _ := r.Files()
@@ -190,16 +200,27 @@ func reloadOnHUP(ctx context.Context, log *zap.Logger) {
 		if len(rs) == 0 && len(cas) == 0 {
 			log.Info("SIGHUP: no TLS certificate to reload")
 		}
-		_, _ = sdnotify.Notify(sdnotify.Ready)
+		if notify {
+			_, _ = sdnotify.Notify(sdnotify.Ready)
+		}
 	}
 }
 
-func checkConfig(args []string, stdout, stderr io.Writer) int {
+// checkConfig checks FILE as lockproxy would start with it: the
+// LOCKPROXY_* variables of environ applied over it (a unit's
+// EnvironmentFile may hold the secrets), then Validate.
+func checkConfig(args []string, environ []string, stdout, stderr io.Writer) int {
 	if len(args) != 1 {
 		fmt.Fprintln(stderr, "usage: lockproxy check-config FILE")
 		return 2
 	}
-	cfg, err := conf.Load(args[0])
+	var env []string
+	for _, kv := range environ {
+		if !strings.HasPrefix(kv, "LOCKPROXY_CONFIG=") {
+			env = append(env, kv)
+		}
+	}
+	cfg, err := conf.FromArgs([]string{"--config", args[0]}, env)
 	if err == nil {
 		err = cfg.Validate()
 	}
@@ -294,10 +315,12 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	if err != nil {
 		return fmt.Errorf("listen %s: %w", cfg.Listen, err)
 	}
-	if tcfg, err := cfg.TLS.ServerConfig(); err != nil {
+	srvTLS, err := cfg.TLS.ServerConfig()
+	if err != nil {
 		_ = ln.Close()
 		return fmt.Errorf("tls: %w", err)
-	} else if tcfg != nil {
+	}
+	if tcfg := srvTLS; tcfg != nil {
 		// TLS connections are served on goroutines: the event loop
 		// writes to sockets, not through crypto/tls.
 		ln = tls.NewListener(ln, tcfg)
@@ -434,12 +457,15 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	if _, nerr := sdnotify.Notify(sdnotify.Ready, sdnotify.Status("listening on "+ln.Addr().String())); nerr != nil {
 		log.Warn("could not tell systemd lockproxy is ready", zap.Error(nerr))
 	}
+	systemdReady.Store(true)
 	var watchdog <-chan time.Time
-	if every := sdnotify.WatchdogInterval(); every > 0 {
+	every := sdnotify.WatchdogInterval()
+	if every > 0 {
 		t := time.NewTicker(every)
 		defer t.Stop()
 		watchdog = t.C
 	}
+	selfTLS := srvTLS != nil
 wait:
 	for {
 		select {
@@ -448,6 +474,12 @@ wait:
 		case <-ctx.Done():
 			break wait
 		case <-watchdog:
+			// Only a server that answers is alive: a wedged accept or
+			// event loop makes systemd restart the process.
+			if cerr := selfCheck(ln.Addr(), selfTLS, every/2); cerr != nil {
+				log.Warn("watchdog: lockproxy did not answer its own PING; not telling systemd it is alive", zap.Error(cerr))
+				continue
+			}
 			_, _ = sdnotify.Notify(sdnotify.Watchdog)
 		}
 	}
@@ -579,4 +611,48 @@ func lockDelays(ds []conf.LockDelay) []commands.LockDelay {
 		out[i] = commands.LockDelay{Pattern: d.Pattern, Delay: d.Delay}
 	}
 	return out
+}
+
+// selfCheck connects to lockproxy's own listener and sends PING, for the
+// systemd watchdog: any reply (PONG, or NOAUTH with a password set) means
+// the accept loop and the connection's serving work. Over TLS the
+// handshake is the check: a client certificate is not at hand, and the
+// server answering it (a TLS 1.3 client finishes before the server judges
+// its certificate) is what is asked.
+func selfCheck(addr net.Addr, overTLS bool, timeout time.Duration) error {
+	target := addr.String()
+	if ta, ok := addr.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
+		lo := net.IPv4(127, 0, 0, 1)
+		if ta.IP.To4() == nil {
+			lo = net.IPv6loopback
+		}
+		target = net.JoinHostPort(lo.String(), strconv.Itoa(ta.Port))
+	}
+	deadline := time.Now().Add(timeout)
+	c, err := net.DialTimeout("tcp", target, timeout)
+	if err != nil {
+		return fmt.Errorf("self-check: %w", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(deadline)
+	if overTLS {
+		// Liveness of our own listener, not its identity: nothing read
+		// here is trusted.
+		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})
+		if err := tc.Handshake(); err != nil {
+			return fmt.Errorf("self-check: tls handshake: %w", err)
+		}
+		return nil
+	}
+	if _, err := c.Write([]byte("PING\r\n")); err != nil {
+		return fmt.Errorf("self-check: %w", err)
+	}
+	var b [1]byte
+	if _, err := c.Read(b[:]); err != nil {
+		return fmt.Errorf("self-check: no reply to PING: %w", err)
+	}
+	if b[0] != '+' && b[0] != '-' {
+		return fmt.Errorf("self-check: unexpected reply %q to PING", b[0])
+	}
+	return nil
 }

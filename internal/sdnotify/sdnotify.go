@@ -54,6 +54,7 @@ func Notify(states ...string) (bool, error) {
 		return true, fmt.Errorf("sd_notify: dial %s: %w", os.Getenv("NOTIFY_SOCKET"), err)
 	}
 	defer conn.Close()
+	_ = conn.SetWriteDeadline(time.Now().Add(time.Second))
 	if _, err := conn.Write([]byte(strings.Join(states, "\n"))); err != nil {
 		return true, fmt.Errorf("sd_notify: send to %s: %w", os.Getenv("NOTIFY_SOCKET"), err)
 	}

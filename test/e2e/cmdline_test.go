@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,23 +26,33 @@ func TestCommandLine(t *testing.T) {
 	}
 	good := write("good.yaml", "listen: 127.0.0.1:7380\nredlock:\n  nodes: [127.0.0.1:7001, 127.0.0.1:7002, 127.0.0.1:7003]\n")
 	bad := write("bad.yaml", "listen: nowhere\nredlock:\n  nodez: [a]\n  drift_factor: 0.7\n")
+	// Nodes and the password only in the environment, as a systemd unit's
+	// EnvironmentFile gives them: check-config sees what lockproxy would.
+	envOnly := write("env-only.yaml", "listen: 127.0.0.1:7380\nauth:\n  permissions: [\"default +@all\"]\n")
+	envOK := []string{"LOCKPROXY_REDLOCK_NODES=127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003", "LOCKPROXY_AUTH_PASSWORD=pw"}
 	for _, tc := range []struct {
 		name     string
 		args     []string
 		wantCode int
 		want     []string // in the output
+		env      []string
 	}{
-		{"version", []string{"--version"}, 0, []string{"lockproxy ", "commit "}},
-		{"check-config ok", []string{"check-config", good}, 0, []string{"ok"}},
+		{"version", []string{"--version"}, 0, []string{"lockproxy ", "commit "}, nil},
+		{"check-config ok", []string{"check-config", good}, 0, []string{"ok"}, nil},
 		{"check-config lists every problem", []string{"check-config", bad}, 1,
-			[]string{"redlock.nodez", "unknown key"}},
-		{"check-config missing file", []string{"check-config", filepath.Join(dir, "none.yaml")}, 1, []string{"none.yaml"}},
-		{"invalid flags refused", []string{"--listen", "nowhere", "--nodes", "127.0.0.1:1"}, 2, []string{"listen"}},
-		{"no nodes without --dev", []string{"--listen", "127.0.0.1:0"}, 2, []string{"redlock.nodes"}},
-		{"bad lock pattern refused", []string{"--dev", "--lock-pattern", "lock:["}, 2, []string{"lock_patterns"}},
+			[]string{"redlock.nodez", "unknown key"}, nil},
+		{"check-config missing file", []string{"check-config", filepath.Join(dir, "none.yaml")}, 1, []string{"none.yaml"}, nil},
+		{"check-config applies the environment", []string{"check-config", envOnly}, 0, []string{"ok"}, envOK},
+		{"check-config without the environment", []string{"check-config", envOnly}, 1, []string{"redlock.nodes", `user "default"`}, nil},
+		{"check-config checks the environment too", []string{"check-config", good}, 1, []string{"drift_factor"}, []string{"LOCKPROXY_REDLOCK_DRIFT_FACTOR=0.9"}},
+		{"invalid flags refused", []string{"--listen", "nowhere", "--nodes", "127.0.0.1:1"}, 2, []string{"listen"}, nil},
+		{"no nodes without --dev", []string{"--listen", "127.0.0.1:0"}, 2, []string{"redlock.nodes"}, nil},
+		{"bad lock pattern refused", []string{"--dev", "--lock-pattern", "lock:["}, 2, []string{"lock_patterns"}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p := harness.StartProc(t, bin, tc.args...)
+			cmd := exec.Command(bin, tc.args...)
+			cmd.Env = append(os.Environ(), tc.env...)
+			p := harness.StartCmd(t, cmd)
 			code, err := p.Wait(30 * time.Second)
 			if err != nil {
 				t.Fatalf("lockproxy %s: %v", strings.Join(tc.args, " "), err)
