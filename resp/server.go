@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -307,7 +308,12 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 		err := tc.HandshakeContext(ctx)
 		cancel()
 		if err != nil {
-			s.tlsFailures.Add(1)
+			// A peer that closes before saying anything (a TCP health
+			// check, a port scan, the watchdog's self-check) is no
+			// failed handshake.
+			if !errors.Is(err, io.EOF) {
+				s.tlsFailures.Add(1)
+			}
 			s.Logger.Debug("tls handshake failed", zap.String("remote", sess.remoteAddr), zap.Error(err))
 			return
 		}

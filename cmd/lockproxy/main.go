@@ -476,7 +476,7 @@ wait:
 		case <-watchdog:
 			// Only a server that answers is alive: a wedged accept or
 			// event loop makes systemd restart the process.
-			if cerr := selfCheck(ln.Addr(), selfTLS, every/2); cerr != nil {
+			if cerr := selfCheck(ln.Addr(), selfTLS, srv.ConnStats, every/2); cerr != nil {
 				log.Warn("watchdog: lockproxy did not answer its own PING; not telling systemd it is alive", zap.Error(cerr))
 				continue
 			}
@@ -613,13 +613,13 @@ func lockDelays(ds []conf.LockDelay) []commands.LockDelay {
 	return out
 }
 
-// selfCheck connects to lockproxy's own listener and sends PING, for the
-// systemd watchdog: any reply (PONG, or NOAUTH with a password set) means
-// the accept loop and the connection's serving work. Over TLS the
-// handshake is the check: a client certificate is not at hand, and the
-// server answering it (a TLS 1.3 client finishes before the server judges
-// its certificate) is what is asked.
-func selfCheck(addr net.Addr, overTLS bool, timeout time.Duration) error {
+// selfCheck connects to lockproxy's own listener, for the systemd
+// watchdog. In plain text it sends PING: any reply (PONG, or NOAUTH with a
+// password set) means the accept loop and the serving of a connection
+// work. Over TLS, where a handshake without a client certificate would
+// count as a failed one under mutual TLS, it waits for the accept loop to
+// take the connection (accepted grows) and closes it unspoken.
+func selfCheck(addr net.Addr, overTLS bool, stats func() (accepted, rejected int64), timeout time.Duration) error {
 	target := addr.String()
 	if ta, ok := addr.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
 		lo := net.IPv4(127, 0, 0, 1)
@@ -629,6 +629,8 @@ func selfCheck(addr net.Addr, overTLS bool, timeout time.Duration) error {
 		target = net.JoinHostPort(lo.String(), strconv.Itoa(ta.Port))
 	}
 	deadline := time.Now().Add(timeout)
+	n0, r0 := stats()
+	before := n0 + r0
 	c, err := net.DialTimeout("tcp", target, timeout)
 	if err != nil {
 		return fmt.Errorf("self-check: %w", err)
@@ -636,13 +638,15 @@ func selfCheck(addr net.Addr, overTLS bool, timeout time.Duration) error {
 	defer c.Close()
 	_ = c.SetDeadline(deadline)
 	if overTLS {
-		// Liveness of our own listener, not its identity: nothing read
-		// here is trusted.
-		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS12})
-		if err := tc.Handshake(); err != nil {
-			return fmt.Errorf("self-check: tls handshake: %w", err)
+		for {
+			if n, r := stats(); n+r > before {
+				return nil
+			}
+			if time.Now().After(deadline) {
+				return errors.New("self-check: the listener did not accept a connection")
+			}
+			time.Sleep(time.Millisecond)
 		}
-		return nil
 	}
 	if _, err := c.Write([]byte("PING\r\n")); err != nil {
 		return fmt.Errorf("self-check: %w", err)

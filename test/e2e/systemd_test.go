@@ -116,3 +116,31 @@ func TestSystemdUnit(t *testing.T) {
 		t.Fatalf("systemd-analyze verify: %v\n%s", err, out)
 	}
 }
+
+// TestSystemdWatchdogTLS: behind a TLS listener that requires client
+// certificates, the watchdog's self-check (a handshake without one) still
+// finds the server alive, so WATCHDOG=1 keeps coming.
+func TestSystemdWatchdogTLS(t *testing.T) {
+	t.Parallel()
+	ca := harness.NewTestCA(t)
+	srv := ca.Server()
+	sock := newNotifySocket(t)
+	addr := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	admin := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	cmd := exec.Command(harness.BuildLockproxy(t), "--dev", "--listen", addr, "--admin", admin)
+	cmd.Env = append(os.Environ(), "NOTIFY_SOCKET="+sock.path, "WATCHDOG_USEC=200000",
+		"LOCKPROXY_TLS_ENABLED=true", "LOCKPROXY_TLS_CERT_FILE="+srv.Cert, "LOCKPROXY_TLS_KEY_FILE="+srv.Key,
+		"LOCKPROXY_TLS_CLIENT_CA_FILE="+ca.CAFile)
+	proc := harness.StartCmd(t, cmd)
+	sock.next(t, "READY=1", 20*time.Second, proc.Output)
+	for i := 0; i < 3; i++ {
+		sock.next(t, "WATCHDOG=1", 5*time.Second, proc.Output)
+	}
+	if strings.Contains(proc.Output(), "watchdog:") {
+		t.Errorf("the self-check failed:\n%s", proc.Output())
+	}
+	// The self-checks are no failed handshakes: nothing counted.
+	if v := metricValue(t, &instance{admin: admin}, "lockproxy_tls_handshake_failures_total"); v != "0" {
+		t.Errorf("lockproxy_tls_handshake_failures_total = %q after the self-checks; want 0", v)
+	}
+}
