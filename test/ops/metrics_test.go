@@ -2,6 +2,7 @@ package ops
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -247,4 +248,54 @@ func scrape(t *testing.T, admin string) string {
 		t.Fatal(err)
 	}
 	return string(body)
+}
+
+// TestDashboard: every query of the Grafana dashboard is valid PromQL
+// (promtool checks it as a recording rule, Grafana's variables filled in)
+// and reads only metrics lockproxy exports.
+func TestDashboard(t *testing.T) {
+	harness.RequireBinary(t, "promtool", "prometheus")
+	b, err := os.ReadFile("../../deploy/grafana/lockproxy-dashboard.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dash struct {
+		Panels []struct {
+			Title   string `json:"title"`
+			Targets []struct {
+				Expr string `json:"expr"`
+			} `json:"targets"`
+		} `json:"panels"`
+	}
+	if err := json.Unmarshal(b, &dash); err != nil {
+		t.Fatalf("the dashboard is not JSON: %v", err)
+	}
+	fill := strings.NewReplacer("$__rate_interval", "5m", "$instance", ".*")
+	var rules strings.Builder
+	rules.WriteString("groups:\n  - name: dashboard\n    rules:\n")
+	exported := exportedMetrics(t)
+	n := 0
+	for _, p := range dash.Panels {
+		for _, tg := range p.Targets {
+			n++
+			expr := fill.Replace(tg.Expr)
+			q, _ := json.Marshal(expr) // a JSON string is a YAML string
+			fmt.Fprintf(&rules, "      - record: dashboard:query_%d\n        expr: %s\n", n, q)
+			for _, m := range metricName.FindAllString(expr, -1) {
+				if name := strings.TrimSuffix(m, "_bucket"); !exported[name] {
+					t.Errorf("panel %q reads %s, which lockproxy does not export", p.Title, name)
+				}
+			}
+		}
+	}
+	if n < 10 {
+		t.Fatalf("only %d queries in the dashboard", n)
+	}
+	path := t.TempDir() + "/dashboard-rules.yml"
+	if err := os.WriteFile(path, []byte(rules.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := exec.Command("promtool", "check", "rules", path).CombinedOutput(); err != nil {
+		t.Fatalf("promtool check rules on the dashboard's queries: %v\n%s", err, out)
+	}
 }
