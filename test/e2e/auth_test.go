@@ -311,10 +311,7 @@ func TestAuthPermissions(t *testing.T) {
 	if r := app.Do("AUTH", "app", "app-pw"); r.Str != "OK" {
 		t.Fatalf("AUTH app = %v", r)
 	}
-	for _, step := range []struct {
-		args []string
-		want string // prefix of Kind+Str
-	}{
+	checkSteps(t, "app", app, []permStep{
 		{[]string{"PING"}, "+PONG"},
 		{[]string{"CLIENT", "SETNAME", "app-1"}, "+OK"},
 		{[]string{"SET", "app:x", "1"}, "+OK"},
@@ -330,31 +327,14 @@ func TestAuthPermissions(t *testing.T) {
 		{[]string{"SET", "other:y", "1"}, "-NOPERM"},
 		{[]string{"EXEC"}, "-EXECABORT"},
 		{[]string{"GET", "app:y"}, "$-1"},
-	} {
-		r := app.Do(step.args...)
-		got := string(r.Kind) + r.Str
-		switch {
-		case r.Null:
-			got = "$-1"
-		case r.Kind == '$':
-			got = "$" + strconv.Itoa(len(r.Str))
-		case r.Kind == ':':
-			got = ":" + strconv.FormatInt(r.Int, 10)
-		}
-		if !strings.HasPrefix(got, step.want) {
-			t.Fatalf("app: %q = %v; want %s…", step.args, r, step.want)
-		}
-	}
+	})
 	// Categories (from the upstream's COMMAND table for relayed commands),
 	// subcommand rules, the last matching rule deciding, and channels.
 	reader := lc.DialRaw(t, in.addr)
 	if r := reader.Do("AUTH", "reader", "reader-pw"); r.Str != "OK" {
 		t.Fatalf("AUTH reader = %v", r)
 	}
-	for _, step := range []struct {
-		args []string
-		want string // prefix of Kind+Str
-	}{
+	checkSteps(t, "reader", reader, []permStep{
 		{[]string{"GET", "any"}, "$-1"},
 		{[]string{"SET", "any", "1"}, "-NOPERM User reader has no permissions to run the 'set' command"},
 		{[]string{"KEYS", "*"}, "-NOPERM User reader has no permissions to run the 'keys' command"}, // @read but @dangerous
@@ -368,21 +348,7 @@ func TestAuthPermissions(t *testing.T) {
 		{[]string{"SUBSCRIBE", "sport"}, "-NOPERM No permissions to access a channel"},
 		{[]string{"CLIENT", "NO-EVICT", "on"}, "-NOPERM User reader has no permissions to run the 'client|no-evict' command"},
 		{[]string{"PSUBSCRIBE", "news.*"}, ">"},
-	} {
-		r := reader.Do(step.args...)
-		got := string(r.Kind) + r.Str
-		switch {
-		case r.Null:
-			got = "$-1"
-		case r.Kind == ':':
-			got = ":" + strconv.FormatInt(r.Int, 10)
-		case r.Kind == '*' && len(r.Elems) > 0 && r.Elems[0].Str == "psubscribe":
-			got = ">" // the subscription's confirmation
-		}
-		if !strings.HasPrefix(got, step.want) {
-			t.Fatalf("reader: %q = %v; want %s…", step.args, r, step.want)
-		}
-	}
+	})
 	// +@all -@dangerous: the subcommands lockproxy serves and those it
 	// relays have Redis's categories (CLIENT LIST and PAUSE are
 	// dangerous); in MULTI, INFO is the upstream's and dangerous too.
@@ -390,10 +356,7 @@ func TestAuthPermissions(t *testing.T) {
 	if r := safe.Do("AUTH", "safe", "safe-pw"); r.Str != "OK" {
 		t.Fatalf("AUTH safe = %v", r)
 	}
-	for _, step := range []struct {
-		args []string
-		want string // prefix of Kind+Str
-	}{
+	checkSteps(t, "safe", safe, []permStep{
 		{[]string{"SET", "safe:x", "1"}, "+OK"},
 		{[]string{"CLIENT", "SETNAME", "s"}, "+OK"},
 		{[]string{"CLIENT", "LIST"}, "-NOPERM User safe has no permissions to run the 'client|list' command"},
@@ -404,12 +367,7 @@ func TestAuthPermissions(t *testing.T) {
 		{[]string{"MULTI"}, "+OK"},
 		{[]string{"INFO"}, "-NOPERM User safe has no permissions to run the 'info' command"},
 		{[]string{"EXEC"}, "-EXECABORT"},
-	} {
-		r := safe.Do(step.args...)
-		if got := string(r.Kind) + r.Str; !strings.HasPrefix(got, step.want) {
-			t.Fatalf("safe: %q = %v; want %s…", step.args, r, step.want)
-		}
-	}
+	})
 	ops := lc.DialRaw(t, in.addr)
 	if r := ops.Do("AUTH", "ops", "ops-pw"); r.Str != "OK" {
 		t.Fatalf("AUTH ops = %v", r)
@@ -470,4 +428,39 @@ func TestAuthPermissionsUpstreamTable(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+}
+
+// permStep is one command and the reply it must get, as replySummary
+// puts it: a prefix of it.
+type permStep struct {
+	args []string
+	want string
+}
+
+// checkSteps runs steps on c, as user who, in order.
+func checkSteps(t *testing.T, who string, c *lockclient.RawConn, steps []permStep) {
+	t.Helper()
+	for _, step := range steps {
+		r := c.Do(step.args...)
+		if got := replySummary(r); !strings.HasPrefix(got, step.want) {
+			t.Fatalf("%s: %q = %v; want %s…", who, step.args, r, step.want)
+		}
+	}
+}
+
+// replySummary is a reply as a string to match: its kind and text, "$-1"
+// for nil, "$<length>" for a bulk string, ":<n>" for an integer, and ">"
+// for a PSUBSCRIBE confirmation.
+func replySummary(r lockclient.Reply) string {
+	switch {
+	case r.Null:
+		return "$-1"
+	case r.Kind == '$':
+		return "$" + strconv.Itoa(len(r.Str))
+	case r.Kind == ':':
+		return ":" + strconv.FormatInt(r.Int, 10)
+	case r.Kind == '*' && len(r.Elems) > 0 && r.Elems[0].Str == "psubscribe":
+		return ">"
+	}
+	return string(r.Kind) + r.Str
 }
