@@ -171,7 +171,7 @@ func (p *Postgres) launch() error {
 	name, args := runAs(filepath.Join(p.bin, "postgres"), "-D", p.data, "-p", strconv.Itoa(p.Port),
 		"-k", p.sock,
 		"-c", "listen_addresses=127.0.0.1",
-		"-c", "fsync=off", "-c", "full_page_writes=off", "-c", "synchronous_commit=off",
+		"-c", "fsync=off", "-c", "full_page_writes=off",
 		"-c", "max_connections=200", "-c", "shared_buffers=32MB",
 		"-c", "log_min_messages=warning", "-c", "log_connections=off")
 	cmd := exec.Command(name, args...)

@@ -1,0 +1,206 @@
+package postgres
+
+import (
+	"fmt"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
+)
+
+// TestFencesAcrossInstances: 200 grants of one key, alternating between
+// two lockproxies on one database, get strictly increasing fences (one
+// sequence, taken in the transaction that inserts the hold).
+func TestFencesAcrossInstances(t *testing.T) {
+	prefix := newPrefix()
+	a := startInstance(t, shared.DSN(), prefix)
+	b := startInstance(t, shared.DSN(), prefix)
+	clients := []any{lc.NewClient(t, a.addr, 2), lc.NewClient(t, b.addr, 3)}
+	key := "fences-" + lockclient.RandID()
+	var prev int64
+	for i := range 200 {
+		c := clients[i%2].(lockclient.Doer)
+		g := lc.MustLock(t, c, key, "PX", 10000)
+		if g.Fence <= prev {
+			t.Fatalf("grant %d (instance %d): fence %d; want > %d", i, i%2, g.Fence, prev)
+		}
+		prev = g.Fence
+		if n := lc.Unlock(t, c, key, g.Token); n != 1 {
+			t.Fatalf("grant %d: UNLOCK = %d; want 1", i, n)
+		}
+	}
+}
+
+// TestWaitWokenAcrossInstances: a lock held through instance A blocks
+// instance B; B's LOCK … WAIT is woken by the UNLOCK on A (a NOTIFY on
+// the release channel) within a second, well before its wait runs out.
+// Then writer preference across instances: a writer waiting on B holds
+// back new readers on A.
+func TestWaitWokenAcrossInstances(t *testing.T) {
+	prefix := newPrefix()
+	a := startInstance(t, shared.DSN(), prefix)
+	b := startInstance(t, shared.DSN(), prefix)
+	ca, cb := lc.NewClient(t, a.addr, 3), lc.NewClient(t, b.addr, 3)
+	key := "wake-" + lockclient.RandID()
+
+	g := lc.MustLock(t, ca, key, "PX", 60000)
+	if _, ok := lc.Lock(t, cb, key, "PX", 10000); ok {
+		t.Fatal("B granted the lock A holds")
+	}
+	got := make(chan error, 1)
+	go func() {
+		_, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 60*time.Second), cb, key, "PX", 10000, "WAIT", 30000)
+		if err == nil && !ok {
+			err = fmt.Errorf("LOCK … WAIT 30000 on B = nil")
+		}
+		got <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	select {
+	case err := <-got:
+		t.Fatalf("B's waiter returned while A held the lock: %v", err)
+	default:
+	}
+	unlocked := time.Now()
+	if n := lc.Unlock(t, ca, key, g.Token); n != 1 {
+		t.Fatalf("UNLOCK on A = %d", n)
+	}
+	if err := <-got; err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(unlocked); d > time.Second {
+		t.Errorf("B's waiter granted %v after the UNLOCK on A; want within a second", d)
+	}
+
+	// Writer preference: r1 reads through A, a writer waits on B, a new
+	// reader on A must wait behind that writer.
+	rkey := "pref-" + lockclient.RandID()
+	lc.MustRLock(t, ca, rkey, "PX", 60000, "TOKEN", "r1")
+	wgot := make(chan error, 1)
+	go func() {
+		_, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 60*time.Second), cb, rkey, "PX", 10000, "WAIT", 30000, "TOKEN", "w")
+		if err == nil && !ok {
+			err = fmt.Errorf("the writer's LOCK … WAIT = nil")
+		}
+		wgot <- err
+	}()
+	time.Sleep(500 * time.Millisecond)
+	if _, ok := lc.RLock(t, ca, rkey, "PX", 10000, "TOKEN", "r2"); ok {
+		t.Errorf("a new reader on A was granted while a writer waited on B; want it to wait (writer preference)")
+	}
+	lc.Unlock(t, ca, rkey, "r1")
+	if err := <-wgot; err != nil {
+		t.Fatal(err)
+	}
+	lc.Unlock(t, cb, rkey, "w")
+	lc.MustRLock(t, ca, rkey, "PX", 10000, "TOKEN", "r2")
+}
+
+// TestDatabaseKilled: with its PostgreSQL SIGKILLed, lockproxy answers
+// LOCK with an error naming postgres (never a grant); after a restart on
+// the same data directory a lock granted before the crash, still within
+// its lease, is still held, with its fence.
+func TestDatabaseKilled(t *testing.T) {
+	pg := harness.StartPostgres(t)
+	in := startInstance(t, pg.DSN(), "lockproxy_")
+	c := lc.NewClient(t, in.addr, 3)
+	key := "crash-" + lockclient.RandID()
+	held := lc.MustLock(t, c, key, "PX", 120000)
+
+	pg.Kill()
+	start := time.Now()
+	_, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 60*time.Second), c, "other-"+key, "PX", 10000)
+	switch {
+	case ok:
+		t.Fatal("LOCK granted with the database down")
+	case err == nil:
+		t.Fatal("LOCK = nil with the database down; want an error")
+	case !strings.Contains(err.Error(), "postgres"):
+		t.Errorf("LOCK with the database down = %v; want an error naming postgres", err)
+	}
+	t.Logf("LOCK with the database down: %v after %v", err, time.Since(start))
+
+	if err := pg.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	// The pool reconnects by itself; the first statements may still fail.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 60*time.Second), c, key, "PX", 10000)
+		if ok {
+			t.Fatal("the lock granted before the crash was granted again after the restart")
+		}
+		if err == nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("LOCK after the restart: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	v, err := c.Do(lockclient.CtxFor(t, 30*time.Second), "LOCKINFO", key, "TOKEN", held.Token).Result()
+	if err != nil {
+		t.Fatalf("LOCKINFO after the restart: %v", err)
+	}
+	if m, _ := v.(map[any]any); m == nil || m["fence"] != held.Fence {
+		t.Errorf("LOCKINFO after the restart = %v; want fence %d", v, held.Fence)
+	}
+	if n := lc.Unlock(t, c, key, held.Token); n != 1 {
+		t.Errorf("UNLOCK by the pre-crash holder = %d; want 1", n)
+	}
+}
+
+// TestExpiredRowsSwept: rows of leases that ran out are deleted by the
+// sweep, so the table does not grow with every key ever locked.
+func TestExpiredRowsSwept(t *testing.T) {
+	prefix := newPrefix()
+	in := startInstance(t, shared.DSN(), prefix, "LOCKPROXY_POSTGRES_SWEEP_INTERVAL=300ms")
+	c := lc.NewClient(t, in.addr, 3)
+	const keys = 50
+	for i := range keys {
+		lc.MustLock(t, c, fmt.Sprintf("sweep-%d", i), "PX", 500)
+	}
+	if n := countRows(t, shared, prefix, "holds"); n == 0 || n > keys {
+		t.Fatalf("%d rows after %d grants; want 1..%d", n, keys, keys)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		n := countRows(t, shared, prefix, "holds")
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d rows left 30 s after every lease ran out; want the sweep to delete them", n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// TestBadDSN: lockproxy refuses to start, saying why, when the DSN does
+// not parse or names a database nobody serves.
+func TestBadDSN(t *testing.T) {
+	bin := harness.BuildLockproxy(t)
+	for _, tc := range []struct {
+		name, dsn, want string
+	}{
+		{"unparsable", "postgres://lp@127.0.0.1:notaport/db", "postgres: dsn"},
+		{"nobody listens", fmt.Sprintf("postgres://lp@127.0.0.1:%d/db?connect_timeout=5", harness.FreePort(t)), "connection refused"},
+		{"no such database", strings.Replace(shared.DSN(), "/postgres?", "/nosuchdb?", 1), "database does not exist"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cmd := exec.Command(bin, "--listen", fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)), "--admin", "",
+				"--backend", "postgres", "--postgres-dsn", tc.dsn)
+			p := harness.StartCmd(t, cmd)
+			code, err := p.Wait(60 * time.Second)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if code == 0 || !strings.Contains(p.Output(), tc.want) {
+				t.Errorf("exit %d, output:\n%s\nwant a failure saying %q", code, p.Output(), tc.want)
+			}
+		})
+	}
+}
