@@ -334,6 +334,9 @@ type Postgres struct {
 	PoolSize int `yaml:"pool_size"`
 	// SweepInterval is how often expired rows are deleted.
 	SweepInterval time.Duration `yaml:"sweep_interval"`
+	// OpTimeout bounds each operation on the database (a lock try, an
+	// unlock, a renewal), so a database that hangs gets clients an error.
+	OpTimeout time.Duration `yaml:"op_timeout"`
 }
 
 // Limits bounds what clients can make the proxy hold.
@@ -450,6 +453,9 @@ func Default() Config {
 			// Expired rows are ignored by every check: the sweep only keeps
 			// the table small.
 			SweepInterval: 10 * time.Second,
+			// Far above a healthy statement's milliseconds, well below a
+			// client's patience.
+			OpTimeout: 5 * time.Second,
 		},
 		Limits: Limits{
 			// Redis's own maxclients default.
@@ -665,6 +671,7 @@ func (c Config) Validate() error {
 	}
 	v.between("postgres.pool_size", pg.PoolSize, 1, 1000)
 	v.positive("postgres.sweep_interval", pg.SweepInterval)
+	v.positive("postgres.op_timeout", pg.OpTimeout)
 
 	v.between("limits.max_clients", c.Limits.MaxClients, 1, -1)
 	v.between("limits.max_key_bytes", c.Limits.MaxKeyBytes, 1, -1)

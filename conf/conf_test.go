@@ -152,12 +152,14 @@ func TestValidate(t *testing.T) {
 			c.Postgres.TablePrefix = "lock-"
 			c.Postgres.PoolSize = 0
 			c.Postgres.SweepInterval = 0
+			c.Postgres.OpTimeout = -time.Second
 		}, []string{
 			"postgres.dsn: a connection string is required with backend postgres (postgres://user@host:5432/db or host=… dbname=…)",
 			`postgres.schema: must be a lower-case SQL identifier such as public, got "Locks"`,
 			`postgres.table_prefix: must be a lower-case SQL identifier of at most 40 bytes such as lockproxy_, got "lock-"`,
 			"postgres.pool_size: must be in [1, 1000], got 0",
 			"postgres.sweep_interval: must be positive, got 0s",
+			"postgres.op_timeout: must be positive, got -1s",
 		}},
 		{"lock patterns", func(c *Config) { c.LockPatterns = []string{"lock:*", "", "bad[", "a\\"} }, []string{
 			"lock_patterns[1]: must not be empty",

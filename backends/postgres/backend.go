@@ -40,6 +40,10 @@ type Config struct {
 	// every validity, as for RedLock: ttl × DriftFactor + DriftMin.
 	DriftFactor float64
 	DriftMin    time.Duration
+	// OpTimeout bounds each operation on the database (one lock try, an
+	// unlock, a renewal, a LOCKINFO), so that a database that hangs gets an
+	// error reply, not a client that hangs with it; 0 means 5 s.
+	OpTimeout time.Duration
 	// StartTimeout bounds New's first connection and schema check;
 	// 0 means 10 s.
 	StartTimeout time.Duration
@@ -119,6 +123,9 @@ func New(cfg Config) (*Backend, error) {
 	}
 	if cfg.StartTimeout <= 0 {
 		cfg.StartTimeout = 10 * time.Second
+	}
+	if cfg.OpTimeout <= 0 {
+		cfg.OpTimeout = 5 * time.Second
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = zap.NewNop()
@@ -210,9 +217,11 @@ func (b *Backend) Ready(ctx context.Context) error {
 	if err := b.usable(); err != nil {
 		return err
 	}
+	octx, cancel := b.op(ctx)
+	defer cancel()
 	var one int
-	if err := b.pool.QueryRow(ctx, `SELECT 1`).Scan(&one); err != nil {
-		return b.fail(err)
+	if err := b.pool.QueryRow(octx, `SELECT 1`).Scan(&one); err != nil {
+		return b.fail(ctx, err)
 	}
 	return nil
 }
@@ -264,8 +273,8 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			if marker == "" {
 				marker = newID()
 			}
-			if _, err := b.pool.Exec(ctx, b.n.markWriterSQL(), req.Key, marker, writerMarkTTL.Milliseconds()); err != nil {
-				return backends.Lease{}, b.fail(err)
+			if err := b.markWriter(ctx, req.Key, marker); err != nil {
+				return backends.Lease{}, err
 			}
 		}
 		pause := retryMin + rand.N(retryMax-retryMin)
@@ -291,6 +300,9 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 // holders (0 when unknown).
 func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease backends.Lease, left time.Duration, err error) {
 	start := time.Now()
+	caller := ctx
+	ctx, cancel := b.op(ctx)
+	defer cancel()
 	var act action
 	var granted bool // a first hold was inserted: fence is its row's
 	err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
@@ -330,7 +342,7 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease back
 			// as the caller is told the lock was not granted.
 			b.dropGrant(req, lease.Fence)
 		}
-		return backends.Lease{}, 0, b.fail(err)
+		return backends.Lease{}, 0, b.fail(caller, err)
 	}
 	switch act {
 	case actBusy:
@@ -407,6 +419,21 @@ SELECT pg_notify('`+b.n.channel+`', md5(key)) FROM d`, req.Key, req.Token, int16
 	})
 }
 
+// op bounds one operation on the database by OpTimeout.
+func (b *Backend) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, b.cfg.OpTimeout)
+}
+
+// markWriter records or refreshes a waiting writer's marker.
+func (b *Backend) markWriter(ctx context.Context, key, marker string) error {
+	octx, cancel := b.op(ctx)
+	defer cancel()
+	if _, err := b.pool.Exec(octx, b.n.markWriterSQL(), key, marker, writerMarkTTL.Milliseconds()); err != nil {
+		return b.fail(ctx, err)
+	}
+	return nil
+}
+
 // unmarkWriter removes a waiting writer's marker and wakes the readers it
 // held back.
 func (b *Backend) unmarkWriter(key, marker string) {
@@ -442,13 +469,15 @@ func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
 	if err := b.usable(); err != nil {
 		return false, err
 	}
+	octx, cancel := b.op(ctx)
+	defer cancel()
 	var before, notified int64
-	err := b.pool.QueryRow(ctx, b.n.releaseSQL(), key, token).Scan(&before, &notified)
+	err := b.pool.QueryRow(octx, b.n.releaseSQL(), key, token).Scan(&before, &notified)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
 	case err != nil:
-		return false, b.fail(err)
+		return false, b.fail(ctx, err)
 	}
 	return true, nil
 }
@@ -459,9 +488,11 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		return 0, err
 	}
 	start := time.Now()
-	tag, err := b.pool.Exec(ctx, b.n.renewSQL(), key, token, ttlMS(ttl.Milliseconds()))
+	octx, cancel := b.op(ctx)
+	defer cancel()
+	tag, err := b.pool.Exec(octx, b.n.renewSQL(), key, token, ttlMS(ttl.Milliseconds()))
 	if err != nil {
-		return 0, b.fail(err)
+		return 0, b.fail(ctx, err)
 	}
 	if tag.RowsAffected() == 0 {
 		return 0, nil
@@ -475,13 +506,15 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 	if err := b.usable(); err != nil {
 		return backends.LockInfo{}, false, err
 	}
-	rs, err := b.pool.Query(ctx, b.n.liveHoldersSQL(), key)
+	octx, cancel := b.op(ctx)
+	defer cancel()
+	rs, err := b.pool.Query(octx, b.n.liveHoldersSQL(), key)
 	if err != nil {
-		return backends.LockInfo{}, false, b.fail(err)
+		return backends.LockInfo{}, false, b.fail(ctx, err)
 	}
 	rows, err := scanRows(rs)
 	if err != nil {
-		return backends.LockInfo{}, false, b.fail(err)
+		return backends.LockInfo{}, false, b.fail(ctx, err)
 	}
 	b.mu.Lock()
 	waiting := b.byKey[key]

@@ -24,14 +24,15 @@ func (e *unavailable) Error() string  { return "postgres: " + e.reason + ": " + 
 func (e *unavailable) Reason() string { return e.reason }
 func (e *unavailable) Unwrap() error  { return e.err }
 
-// fail turns a pgx error into the one a caller gets: context errors as
-// they are, everything else a NOQUORUM whose reason names the cause.
-func (b *Backend) fail(err error) error {
+// fail turns a pgx error into the one a caller whose context is ctx gets:
+// its context's error when that ended, else a NOQUORUM whose reason names
+// the cause (an operation that ran out of OpTimeout reads "timeout").
+func (b *Backend) fail(ctx context.Context, err error) error {
 	switch {
 	case err == nil:
 		return nil
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return err
+	case ctx.Err() != nil:
+		return ctx.Err()
 	case errors.Is(err, errClosed):
 		return err
 	}

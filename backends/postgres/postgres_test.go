@@ -171,7 +171,7 @@ func TestSQL(t *testing.T) {
 }
 
 // TestFail: database errors become a NOQUORUM naming postgres and the
-// cause; context errors stay as they are.
+// cause; the caller's context errors stay as they are.
 func TestFail(t *testing.T) {
 	b := &Backend{}
 	for _, tt := range []struct {
@@ -190,12 +190,11 @@ func TestFail(t *testing.T) {
 		{"other SQLSTATE", &pgconn.PgError{Code: "XX000"}, true, "postgres SQLSTATE XX000"},
 		{"closed", errors.New("conn closed"), true, "postgres connection closed"},
 		{"eof", fmt.Errorf("read: %w", errors.New("unexpected EOF")), true, "postgres connection closed"},
-		{"deadline", fmt.Errorf("timeout: %w", context.DeadlineExceeded), false, "deadline exceeded"},
-		{"canceled", context.Canceled, false, "canceled"},
+		{"op timeout", fmt.Errorf("timeout: %w", context.DeadlineExceeded), true, "postgres timeout"},
 		{"closed backend", errClosed, false, "backend closed"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			err := b.fail(tt.err)
+			err := b.fail(context.Background(), tt.err)
 			if got := errors.Is(err, quorum.ErrNoQuorum); got != tt.noQuo {
 				t.Errorf("fail(%v) NOQUORUM = %v; want %v", tt.err, got, tt.noQuo)
 			}
@@ -203,5 +202,19 @@ func TestFail(t *testing.T) {
 				t.Errorf("fail(%v) = %q; want it to contain %q", tt.err, err, tt.wantMsg)
 			}
 		})
+	}
+}
+
+func TestFailCallerContext(t *testing.T) {
+	b := &Backend{}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := b.fail(ctx, errors.New("conn closed")); !errors.Is(err, context.Canceled) {
+		t.Errorf("fail with the caller's context canceled = %v; want context.Canceled", err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), -time.Second)
+	defer cancel()
+	if err := b.fail(ctx, fmt.Errorf("timeout: %w", context.DeadlineExceeded)); !errors.Is(err, context.DeadlineExceeded) || errors.Is(err, quorum.ErrNoQuorum) {
+		t.Errorf("fail past the caller's deadline = %v; want context.DeadlineExceeded", err)
 	}
 }

@@ -282,8 +282,8 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		pc := cfg.Postgres
 		pb, err := pgbackend.New(pgbackend.Config{
 			DSN: pc.DSN, Schema: pc.Schema, TablePrefix: pc.TablePrefix, PoolSize: int32(pc.PoolSize),
-			SweepInterval: pc.SweepInterval,
-			DriftFactor:   cfg.Redlock.DriftFactor, DriftMin: cfg.Redlock.DriftMin, Logger: log,
+			SweepInterval: pc.SweepInterval, OpTimeout: pc.OpTimeout,
+			DriftFactor: cfg.Redlock.DriftFactor, DriftMin: cfg.Redlock.DriftMin, Logger: log,
 		})
 		if err != nil {
 			return err

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -244,11 +246,95 @@ func (p *Postgres) current() *child {
 	return p.cur
 }
 
-// Kill SIGKILLs the server's process group (the postmaster and every
-// backend) and reaps it, as a crash would end it.
+// Kill SIGKILLs the server, the postmaster and every process it forked,
+// as a crash of the machine's server would end them, and reaps them.
+// postgres's children call setsid(), so killing the postmaster's process
+// group does not reach them: the postmaster is stopped first (it can fork
+// no more, nor see its children die), its children are listed from /proc
+// and killed, then the postmaster: no process says goodbye to a client.
 func (p *Postgres) Kill() {
-	if c := p.current(); c != nil {
-		c.kill()
+	c := p.current()
+	if c == nil || c.exited() {
+		return
+	}
+	_ = c.signal(syscall.SIGSTOP)
+	kids := childPIDs(c.pid())
+	for _, k := range kids {
+		_ = syscall.Kill(k, syscall.SIGKILL)
+	}
+	c.kill()
+	// Orphans are ours to reap (the test process is their subreaper).
+	for _, k := range kids {
+		reapPID(k, reapTimeout)
+	}
+}
+
+// Pause stops the postmaster and every process it forked with SIGSTOP: a
+// server that hangs, its connections open. Resume continues them.
+func (p *Postgres) Pause() { p.signalAll(syscall.SIGSTOP) }
+
+// Resume continues a paused server with SIGCONT.
+func (p *Postgres) Resume() { p.signalAll(syscall.SIGCONT) }
+
+func (p *Postgres) signalAll(sig syscall.Signal) {
+	c := p.current()
+	if c == nil || c.exited() {
+		return
+	}
+	if sig == syscall.SIGSTOP {
+		_ = c.signal(sig) // first, so it forks no child unstopped
+	}
+	for _, k := range childPIDs(c.pid()) {
+		_ = syscall.Kill(k, sig)
+	}
+	_ = c.signal(sig)
+}
+
+// childPIDs lists the processes whose parent is ppid.
+func childPIDs(ppid int) []int {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	var out []int
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid …; comm may hold spaces and parentheses.
+		i := bytes.LastIndexByte(b, ')')
+		if i < 0 {
+			continue
+		}
+		f := strings.Fields(string(b[i+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(ppid) {
+			out = append(out, pid)
+		}
+	}
+	return out
+}
+
+// reapPID waits up to timeout for pid to be gone: reaped by us when it is
+// our child, or reaped by another.
+func reapPID(pid int, timeout time.Duration) {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		var ws syscall.WaitStatus
+		got, err := syscall.Wait4(pid, &ws, syscall.WNOHANG, nil)
+		switch {
+		case got == pid:
+			return
+		case err == syscall.ECHILD:
+			if syscall.Kill(pid, 0) == syscall.ESRCH {
+				return
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

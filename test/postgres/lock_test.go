@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"context"
 	"fmt"
 	"os/exec"
 	"strings"
@@ -153,6 +154,48 @@ func TestDatabaseKilled(t *testing.T) {
 	}
 }
 
+// TestDatabaseHangs: with its PostgreSQL stopped (SIGSTOP, connections
+// left open), LOCK, RENEW and LOCKINFO answer an error naming postgres
+// within postgres.op_timeout instead of hanging; once it continues, the
+// lock held before is still held and released normally. (UNLOCK times out
+// the same way, but a timed-out UNLOCK, one statement, may still be applied
+// when the database continues, so it is left out here; a LOCK's statements
+// run in a transaction that the closed connection rolls back.)
+func TestDatabaseHangs(t *testing.T) {
+	pg := harness.StartPostgres(t)
+	in := startInstance(t, pg.DSN(), "lockproxy_", "LOCKPROXY_POSTGRES_OP_TIMEOUT=1s")
+	c := lc.NewClient(t, in.addr, 3)
+	key := "hang-" + lockclient.RandID()
+	held := lc.MustLock(t, c, key, "PX", 60000)
+
+	pg.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			pg.Resume()
+		}
+	}()
+	for _, args := range [][]any{
+		{"LOCK", "other-" + key, "PX", 10000},
+		{"RENEW", key, held.Token, "PX", 60000},
+		{"LOCKINFO", key},
+	} {
+		start := time.Now()
+		err := c.Do(lockclient.CtxFor(t, 60*time.Second), args...).Err()
+		if err == nil || !strings.Contains(err.Error(), "postgres timeout") {
+			t.Errorf("%v with the database stopped = %v after %v; want an error naming postgres timeout", args, err, time.Since(start))
+		}
+	}
+	pg.Resume()
+	resumed = true
+	if _, ok := lc.Lock(t, c, key, "PX", 10000); ok {
+		t.Error("the lock held before the pause was granted again")
+	}
+	if n := lc.Unlock(t, c, key, held.Token); n != 1 {
+		t.Errorf("UNLOCK after the pause = %d; want 1", n)
+	}
+}
+
 // TestExpiredRowsSwept: rows of leases that ran out are deleted by the
 // sweep, so the table does not grow with every key ever locked.
 func TestExpiredRowsSwept(t *testing.T) {
@@ -180,15 +223,27 @@ func TestExpiredRowsSwept(t *testing.T) {
 }
 
 // TestBadDSN: lockproxy refuses to start, saying why, when the DSN does
-// not parse or names a database nobody serves.
+// not parse, names a server nobody runs or a database that does not exist,
+// or logs in as a role that may not create the missing tables.
 func TestBadDSN(t *testing.T) {
 	bin := harness.BuildLockproxy(t)
+	conn := shared.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// PostgreSQL 15 and later give PUBLIC no CREATE on schema public.
+	if _, err := conn.Exec(ctx, `DO $$ BEGIN CREATE ROLE norights LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Exec(ctx, `REVOKE CREATE ON SCHEMA public FROM PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
 	for _, tc := range []struct {
 		name, dsn, want string
 	}{
 		{"unparsable", "postgres://lp@127.0.0.1:notaport/db", "postgres: dsn"},
 		{"nobody listens", fmt.Sprintf("postgres://lp@127.0.0.1:%d/db?connect_timeout=5", harness.FreePort(t)), "connection refused"},
 		{"no such database", strings.Replace(shared.DSN(), "/postgres?", "/nosuchdb?", 1), "database does not exist"},
+		{"no rights", strings.Replace(shared.DSN(), "lockproxy@", "norights@", 1), "cannot create the lock tables"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(bin, "--listen", fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)), "--admin", "",
