@@ -174,7 +174,7 @@ func (b *Backend) setup(ctx context.Context) error {
 	q, args := b.n.tablesExistSQL()
 	var exist bool
 	if err := b.pool.QueryRow(ctx, q, args...).Scan(&exist); err != nil {
-		return fmt.Errorf("postgres: %s: %w", b.addr, describe(err))
+		return fmt.Errorf("postgres: %s: %s: %w", b.addr, reason(err), err)
 	}
 	if exist {
 		return nil
@@ -196,7 +196,7 @@ func (b *Backend) setup(ctx context.Context) error {
 			return fmt.Errorf("postgres: cannot create the lock tables (%s) in schema %q: %s; "+
 				"have an owner create them (see the README's \"PostgreSQL backend\") or grant CREATE on the schema", b.n, b.cfg.Schema, pe.Message)
 		}
-		return fmt.Errorf("postgres: create the lock tables: %w", describe(err))
+		return fmt.Errorf("postgres: create the lock tables: %s: %w", reason(err), err)
 	}
 	b.log.Info("postgres: lock tables ready", zap.String("tables", b.n.String()))
 	return nil

@@ -41,14 +41,6 @@ func (b *Backend) fail(ctx context.Context, err error) error {
 	}}
 }
 
-// describe wraps err with its reason, for start-up errors.
-func describe(err error) error {
-	if errors.Is(err, context.DeadlineExceeded) {
-		return &unavailable{reason: "timeout", err: err}
-	}
-	return &unavailable{reason: reason(err), err: err}
-}
-
 // sqlStates names the SQLSTATEs and classes an operator meets; the rest
 // are shown by code.
 var sqlStates = []struct{ code, reason string }{

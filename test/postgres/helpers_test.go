@@ -57,7 +57,7 @@ type instance struct {
 // startInstance starts lockproxy with --backend postgres on dsn, its tables
 // named with prefix, and waits until it listens. env adds LOCKPROXY_*
 // settings.
-func startInstance(t *testing.T, dsn, prefix string, env ...string) *instance {
+func startInstance(t testing.TB, dsn, prefix string, env ...string) *instance {
 	t.Helper()
 	bin := harness.BuildLockproxy(t)
 	in := &instance{addr: fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))}

@@ -256,6 +256,7 @@ func TestBadDSN(t *testing.T) {
 			if code == 0 || !strings.Contains(p.Output(), tc.want) {
 				t.Errorf("exit %d, output:\n%s\nwant a failure saying %q", code, p.Output(), tc.want)
 			}
+			t.Logf("exit %d: %s", code, p.Output())
 		})
 	}
 }
