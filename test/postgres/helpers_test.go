@@ -65,6 +65,12 @@ func startInstance(t testing.TB, dsn, prefix string, env ...string) *instance {
 	cmd.Env = append(os.Environ(), "LOCKPROXY_POSTGRES_TABLE_PREFIX="+prefix)
 	cmd.Env = append(cmd.Env, env...)
 	in.proc = harness.StartCmd(t, cmd)
+	t.Cleanup(func() {
+		// A binary built with -race (make test-race) reports here.
+		if out := in.proc.Output(); strings.Contains(out, "WARNING: DATA RACE") {
+			t.Errorf("lockproxy reported a data race:\n%s", out)
+		}
+	})
 	if err := harness.WaitTCP(in.addr, 60*time.Second); err != nil {
 		t.Fatalf("lockproxy did not listen on %s: %v\noutput:\n%s", in.addr, err, in.proc.Output())
 	}
