@@ -141,6 +141,14 @@ func New(cfg Config) (*Backend, error) {
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	}
+	if _, set := pcfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !set {
+		// A lockproxy that stops in the middle of a grant's transaction
+		// (paused, partitioned with its connection left open) would keep
+		// the key's advisory lock from every other instance; the server
+		// ends such a session once the transaction could no longer be
+		// finished anyway.
+		pcfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(cfg.OpTimeout.Milliseconds(), 1000), 10)
+	}
 	b := &Backend{
 		cfg:     cfg,
 		n:       newNames(cfg.Schema, cfg.TablePrefix),
