@@ -94,3 +94,27 @@ func countRows(t *testing.T, pg *harness.Postgres, prefix, table string) int64 {
 	}
 	return n
 }
+
+// waitForRow waits up to 30 s for a live row of key in table on the
+// shared server.
+func waitForRow(t *testing.T, table, key string) {
+	t.Helper()
+	c := shared.Conn(t)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		var n int64
+		err := c.QueryRow(ctx, "SELECT count(*) FROM "+table+" WHERE key = $1 AND expires_at > clock_timestamp()", key).Scan(&n)
+		cancel()
+		if err != nil {
+			t.Fatalf("rows of %s in %s: %v", key, table, err)
+		}
+		if n > 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no live row of %s in %s after 30 s", key, table)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -88,7 +88,7 @@ func TestWaitWokenAcrossInstances(t *testing.T) {
 		}
 		wgot <- err
 	}()
-	time.Sleep(500 * time.Millisecond)
+	waitForRow(t, prefix+"waiting_writers", rkey)
 	if _, ok := lc.RLock(t, ca, rkey, "PX", 10000, "TOKEN", "r2"); ok {
 		t.Errorf("a new reader on A was granted while a writer waited on B; want it to wait (writer preference)")
 	}
@@ -204,7 +204,7 @@ func TestExpiredRowsSwept(t *testing.T) {
 	c := lc.NewClient(t, in.addr, 3)
 	const keys = 50
 	for i := range keys {
-		lc.MustLock(t, c, fmt.Sprintf("sweep-%d", i), "PX", 500)
+		lc.MustLock(t, c, fmt.Sprintf("sweep-%d", i), "PX", 2000)
 	}
 	if n := countRows(t, shared, prefix, "holds"); n == 0 || n > keys {
 		t.Fatalf("%d rows after %d grants; want 1..%d", n, keys, keys)
