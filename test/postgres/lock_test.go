@@ -227,16 +227,7 @@ func TestExpiredRowsSwept(t *testing.T) {
 // or logs in as a role that may not create the missing tables.
 func TestBadDSN(t *testing.T) {
 	bin := harness.BuildLockproxy(t)
-	conn := shared.Conn(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// PostgreSQL 15 and later give PUBLIC no CREATE on schema public.
-	if _, err := conn.Exec(ctx, `DO $$ BEGIN CREATE ROLE norights LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := conn.Exec(ctx, `REVOKE CREATE ON SCHEMA public FROM PUBLIC`); err != nil {
-		t.Fatal(err)
-	}
+	noRightsRole(t)
 	for _, tc := range []struct {
 		name, dsn, want string
 	}{
@@ -258,5 +249,82 @@ func TestBadDSN(t *testing.T) {
 			}
 			t.Logf("exit %d: %s", code, p.Output())
 		})
+	}
+}
+
+// noRightsRole makes the role norights on the shared server (if missing):
+// it may log in and create nothing in schema public.
+func noRightsRole(t *testing.T) {
+	t.Helper()
+	conn := shared.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, `DO $$ BEGIN CREATE ROLE norights LOGIN; EXCEPTION WHEN duplicate_object THEN NULL; END $$`); err != nil {
+		t.Fatal(err)
+	}
+	// PostgreSQL 15 and later give PUBLIC no CREATE on schema public.
+	if _, err := conn.Exec(ctx, `REVOKE CREATE ON SCHEMA public FROM PUBLIC`); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestLeastRights: on tables an owner made, a role with no more than
+// SELECT, INSERT, UPDATE, DELETE on the two tables and USAGE, UPDATE on the
+// sequence runs every lock command, sharing the locks and fences of an
+// instance that logs in as the owner.
+func TestLeastRights(t *testing.T) {
+	noRightsRole(t)
+	prefix := newPrefix()
+	owner := startInstance(t, shared.DSN(), prefix) // creates the tables
+	conn := shared.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, q := range []string{
+		"GRANT SELECT, INSERT, UPDATE, DELETE ON " + prefix + "holds, " + prefix + "waiting_writers TO norights",
+		"GRANT USAGE, UPDATE ON SEQUENCE " + prefix + "fence TO norights",
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+	least := startInstance(t, strings.Replace(shared.DSN(), "lockproxy@", "norights@", 1), prefix)
+	co, cl := lc.NewClient(t, owner.addr, 3), lc.NewClient(t, least.addr, 3)
+	key := "least-" + lockclient.RandID()
+	g1 := lc.MustLock(t, co, key, "PX", 10000)
+	if _, ok := lc.Lock(t, cl, key, "PX", 10000); ok {
+		t.Fatal("the least-rights instance granted a lock the owner's instance holds")
+	}
+	lc.Unlock(t, co, key, g1.Token)
+	g2 := lc.MustLock(t, cl, key, "PX", 10000, "TOKEN", "w")
+	if g2.Fence <= g1.Fence {
+		t.Errorf("fence %d after %d; want larger", g2.Fence, g1.Fence)
+	}
+	lc.MustLock(t, cl, key, "PX", 10000, "TOKEN", "w")
+	lc.MustRLock(t, cl, key, "PX", 10000, "TOKEN", "w")
+	if v := lc.IntCmd(t, cl, "RENEW", key, "w", "PX", 20000); v <= 0 {
+		t.Errorf("RENEW = %d", v)
+	}
+	if in, err := cl.Do(lockclient.CtxFor(t, 30*time.Second), "LOCKINFO", key).Result(); err != nil {
+		t.Errorf("LOCKINFO = %v, %v", in, err)
+	}
+	for i, want := range []int64{1, 1, 1, 0} {
+		if n := lc.Unlock(t, cl, key, "w"); n != want {
+			t.Errorf("UNLOCK %d = %d; want %d", i+1, n, want)
+		}
+	}
+	// A waiting writer's row works under the same rights.
+	lc.MustRLock(t, co, key, "PX", 10000, "TOKEN", "r")
+	got := make(chan error, 1)
+	go func() {
+		_, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 60*time.Second), cl, key, "PX", 10000, "WAIT", 30000)
+		if err == nil && !ok {
+			err = fmt.Errorf("LOCK … WAIT = nil")
+		}
+		got <- err
+	}()
+	waitForRow(t, prefix+"waiting_writers", key)
+	lc.Unlock(t, co, key, "r")
+	if err := <-got; err != nil {
+		t.Fatal(err)
 	}
 }
