@@ -328,3 +328,42 @@ func TestLeastRights(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestKeepaliveMaxHold: a KEEPALIVE lock outlives its lease while its
+// client is connected and talks, and MAXHOLD ends it: a rival waiting on
+// the other instance gets it after MAXHOLD, not before.
+func TestKeepaliveMaxHold(t *testing.T) {
+	prefix := newPrefix()
+	a := startInstance(t, shared.DSN(), prefix)
+	b := startInstance(t, shared.DSN(), prefix)
+	ca, cb := lc.NewClient(t, a.addr, 3), lc.NewClient(t, b.addr, 3)
+	key := "maxhold-" + lockclient.RandID()
+	granted := time.Now()
+	lc.MustLock(t, ca, key, "PX", 500, "KEEPALIVE", "MAXHOLD", 3000)
+	// The holder's connection stays busy enough for the watchdog.
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(100 * time.Millisecond):
+				_ = ca.Ping(lockclient.CtxFor(t, 10*time.Second)).Err()
+			}
+		}
+	}()
+	defer func() { close(stop); <-done }()
+	if _, ok := lc.Lock(t, cb, key, "PX", 10000, "WAIT", 1500); ok {
+		t.Fatalf("a rival was granted %v after the grant, within MAXHOLD, past the 500 ms lease", time.Since(granted))
+	}
+	g, ok := lc.Lock(t, cb, key, "PX", 10000, "WAIT", 30000)
+	if !ok {
+		t.Fatal("the rival was not granted after MAXHOLD")
+	}
+	if d := time.Since(granted); d < 3*time.Second {
+		t.Errorf("the rival was granted %v after the grant; want no sooner than MAXHOLD (3 s)", d)
+	}
+	lc.Unlock(t, cb, key, g.Token)
+}
