@@ -170,10 +170,13 @@ func (n names) unmarkWriterSQL() string {
 
 // sweepSQL deletes up to $1 expired rows of table and notifies each key's
 // waiters once: a waiter behind a lease that ran out wakes without polling.
+// The expiry is checked again on the row deleted: a row granted anew
+// (ON CONFLICT) since the inner SELECT is a live row and stays.
 func (n names) sweepSQL(table string) string {
 	return `WITH gone AS (
 	DELETE FROM ` + table + ` WHERE ctid IN (
 		SELECT ctid FROM ` + table + ` WHERE expires_at < clock_timestamp() LIMIT $1)
+		AND expires_at < clock_timestamp()
 	RETURNING key)
 SELECT (SELECT count(*) FROM gone),
 	(SELECT count(*) FROM (SELECT pg_notify('` + n.channel + `', md5(key)) FROM (SELECT DISTINCT key FROM gone) d) x)`
