@@ -185,7 +185,7 @@ func (b *Backend) setup(ctx context.Context) error {
 		return fmt.Errorf("postgres: %s: %s: %w", b.addr, reason(err), err)
 	}
 	if exist {
-		return nil
+		return b.checkSequence(ctx)
 	}
 	err := pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "lockproxy schema "+b.n.holds); err != nil {
@@ -207,6 +207,21 @@ func (b *Backend) setup(ctx context.Context) error {
 		return fmt.Errorf("postgres: create the lock tables: %s: %w", reason(err), err)
 	}
 	b.log.Info("postgres: lock tables ready", zap.String("tables", b.n.String()))
+	return nil
+}
+
+// checkSequence refuses a fence sequence with a cache: each connection
+// would hand out values from a block of its own, and a later grant could
+// get a smaller fence.
+func (b *Backend) checkSequence(ctx context.Context) error {
+	var cache int64
+	err := b.pool.QueryRow(ctx, `SELECT seqcache FROM pg_sequence WHERE seqrelid = to_regclass($1)`, b.n.fences).Scan(&cache)
+	switch {
+	case err != nil:
+		return fmt.Errorf("postgres: read the fence sequence %s: %s: %w", b.n.fences, reason(err), err)
+	case cache > 1:
+		return fmt.Errorf("postgres: the fence sequence %s has CACHE %d: fences would not grow across connections; run ALTER SEQUENCE %s CACHE 1", b.n.fences, cache, b.n.fences)
+	}
 	return nil
 }
 

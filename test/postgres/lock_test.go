@@ -367,3 +367,28 @@ func TestKeepaliveMaxHold(t *testing.T) {
 	}
 	lc.Unlock(t, cb, key, g.Token)
 }
+
+// TestSequenceCacheRefused: a fence sequence someone gave a cache (each
+// connection would take values from a block of its own, so fences would
+// not grow across connections) is refused at start, saying how to fix it.
+func TestSequenceCacheRefused(t *testing.T) {
+	prefix := newPrefix()
+	startInstance(t, shared.DSN(), prefix).proc.Kill() // creates the tables
+	conn := shared.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, "ALTER SEQUENCE "+prefix+"fence CACHE 20"); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(harness.BuildLockproxy(t), "--listen", fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)), "--admin", "",
+		"--backend", "postgres", "--postgres-dsn", shared.DSN())
+	cmd.Env = append(cmd.Environ(), "LOCKPROXY_POSTGRES_TABLE_PREFIX="+prefix)
+	p := harness.StartCmd(t, cmd)
+	code, err := p.Wait(60 * time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "CACHE 1"; code == 0 || !strings.Contains(p.Output(), want) {
+		t.Errorf("exit %d, output:\n%s\nwant a refusal saying %q", code, p.Output(), want)
+	}
+}
