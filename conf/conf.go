@@ -7,6 +7,7 @@ import (
 	"net"
 	"path"
 	"reflect"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -19,7 +20,12 @@ import (
 const (
 	BackendRedlock   = "redlock"
 	BackendZookeeper = "zookeeper"
+	BackendPostgres  = "postgres"
 )
+
+// identRE is what postgres.schema and postgres.table_prefix may be:
+// lower-case SQL identifiers, which need no quoting in psql either.
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 
 // redacted replaces secrets in String.
 const redacted = "<redacted>"
@@ -28,7 +34,7 @@ const redacted = "<redacted>"
 type Config struct {
 	Listen       string    `yaml:"listen"`        // RESP listener, host:port
 	Admin        string    `yaml:"admin"`         // HTTP /metrics /healthz /readyz; "" disables
-	Backend      string    `yaml:"backend"`       // BackendRedlock or BackendZookeeper
+	Backend      string    `yaml:"backend"`       // BackendRedlock, BackendZookeeper or BackendPostgres
 	Dev          bool      `yaml:"dev"`           // embedded in-process nodes, for trying out only
 	Upstream     Upstream  `yaml:"upstream"`      // the Redis other commands are relayed to; "upstream: host:port" sets only its address
 	LockPatterns []string  `yaml:"lock_patterns"` // key globs served as locks in transparent mode
@@ -36,6 +42,7 @@ type Config struct {
 	Redlock      Redlock   `yaml:"redlock"`
 	Locks        Locks     `yaml:"locks"`
 	Zookeeper    Zookeeper `yaml:"zookeeper"`
+	Postgres     Postgres  `yaml:"postgres"`
 	Limits       Limits    `yaml:"limits"`
 	Auth         Auth      `yaml:"auth"`
 	TLS          ServerTLS `yaml:"tls"` // TLS on the listener
@@ -312,6 +319,26 @@ type Zookeeper struct {
 	DigestFile string `yaml:"digest_file"` // read into Digest at load time
 }
 
+// Postgres configures the PostgreSQL backend.
+type Postgres struct {
+	// DSN is a libpq connection string or URL; it may hold the password,
+	// so the whole of it is redacted in logs.
+	DSN     string `yaml:"dsn" secret:"true"`
+	DSNFile string `yaml:"dsn_file"` // read into DSN at load time
+	// Schema holds the lock tables; it must exist.
+	Schema string `yaml:"schema"`
+	// TablePrefix starts the tables' names: <prefix>holds,
+	// <prefix>waiting_writers and the sequence <prefix>fence.
+	TablePrefix string `yaml:"table_prefix"`
+	// PoolSize caps the connections lockproxy opens (one more LISTENs).
+	PoolSize int `yaml:"pool_size"`
+	// SweepInterval is how often expired rows are deleted.
+	SweepInterval time.Duration `yaml:"sweep_interval"`
+	// OpTimeout bounds each operation on the database (a lock try, an
+	// unlock, a renewal), so a database that hangs gets clients an error.
+	OpTimeout time.Duration `yaml:"op_timeout"`
+}
+
 // Limits bounds what clients can make the proxy hold.
 type Limits struct {
 	MaxClients      int           `yaml:"max_clients"`
@@ -416,6 +443,20 @@ func Default() Config {
 			// default floor of 2×tickTime (4 s).
 			SessionTimeout: 10 * time.Second,
 		},
+		Postgres: Postgres{
+			Schema: "public",
+			// Names that say whose tables they are.
+			TablePrefix: "lockproxy_",
+			// Each statement holds a connection for a millisecond or so;
+			// 10 serve thousands of grants a second.
+			PoolSize: 10,
+			// Expired rows are ignored by every check: the sweep only keeps
+			// the table small.
+			SweepInterval: 10 * time.Second,
+			// Far above a healthy statement's milliseconds, well below a
+			// client's patience.
+			OpTimeout: 5 * time.Second,
+		},
 		Limits: Limits{
 			// Redis's own maxclients default.
 			MaxClients: 10000,
@@ -479,9 +520,9 @@ func (c Config) Validate() error {
 		v.addr("admin", c.Admin, false)
 	}
 	switch c.Backend {
-	case BackendRedlock, BackendZookeeper:
+	case BackendRedlock, BackendZookeeper, BackendPostgres:
 	default:
-		v.add("backend", "must be %s or %s, got %q", BackendRedlock, BackendZookeeper, c.Backend)
+		v.add("backend", "must be %s, %s or %s, got %q", BackendRedlock, BackendZookeeper, BackendPostgres, c.Backend)
 	}
 	if u := c.Upstream; u.Address != "" {
 		v.addr("upstream.address", u.Address, true)
@@ -617,6 +658,20 @@ func (c Config) Validate() error {
 	if user, _, ok := strings.Cut(z.Digest, ":"); z.Digest != "" && (!ok || user == "") {
 		v.add("zookeeper.digest", "must be user:password")
 	}
+
+	pg := c.Postgres
+	if c.Backend == BackendPostgres && strings.TrimSpace(pg.DSN) == "" {
+		v.add("postgres.dsn", "a connection string is required with backend %s (postgres://user@host:5432/db or host=… dbname=…)", BackendPostgres)
+	}
+	if !identRE.MatchString(pg.Schema) || len(pg.Schema) > 63 {
+		v.add("postgres.schema", "must be a lower-case SQL identifier such as public, got %q", pg.Schema)
+	}
+	if pg.TablePrefix != "" && (!identRE.MatchString(pg.TablePrefix) || len(pg.TablePrefix) > 40) {
+		v.add("postgres.table_prefix", "must be a lower-case SQL identifier of at most 40 bytes such as lockproxy_, got %q", pg.TablePrefix)
+	}
+	v.between("postgres.pool_size", pg.PoolSize, 1, 1000)
+	v.positive("postgres.sweep_interval", pg.SweepInterval)
+	v.positive("postgres.op_timeout", pg.OpTimeout)
 
 	v.between("limits.max_clients", c.Limits.MaxClients, 1, -1)
 	v.between("limits.max_key_bytes", c.Limits.MaxKeyBytes, 1, -1)

@@ -58,6 +58,10 @@ func TestDefaultValidate(t *testing.T) {
 			c.Backend = BackendZookeeper
 			c.Zookeeper.Servers = []string{"zk1:2181"}
 		}, nil},
+		{"postgres needs no redlock nodes", func(c *Config) {
+			c.Backend = BackendPostgres
+			c.Postgres.DSN = "postgres://lp@db:5432/locks"
+		}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -126,7 +130,7 @@ func TestValidate(t *testing.T) {
 			c.Log.Level = "trace"
 			c.Log.Format = "text"
 		}, []string{
-			`backend: must be redlock or zookeeper, got "etcd"`,
+			`backend: must be redlock, zookeeper or postgres, got "etcd"`,
 			`log.level: must be one of debug, info, warn, error; got "trace"`,
 			`log.format: must be one of json, console; got "text"`,
 		}},
@@ -140,6 +144,22 @@ func TestValidate(t *testing.T) {
 			`zookeeper.root: must be a clean absolute path such as /lockproxy, got "lockproxy/"`,
 			"zookeeper.session_timeout: must be positive, got 0s",
 			"zookeeper.digest: must be user:password",
+		}},
+		{"postgres", func(c *Config) {
+			c.Backend = BackendPostgres
+			c.Postgres.DSN = " "
+			c.Postgres.Schema = "Locks"
+			c.Postgres.TablePrefix = "lock-"
+			c.Postgres.PoolSize = 0
+			c.Postgres.SweepInterval = 0
+			c.Postgres.OpTimeout = -time.Second
+		}, []string{
+			"postgres.dsn: a connection string is required with backend postgres (postgres://user@host:5432/db or host=… dbname=…)",
+			`postgres.schema: must be a lower-case SQL identifier such as public, got "Locks"`,
+			`postgres.table_prefix: must be a lower-case SQL identifier of at most 40 bytes such as lockproxy_, got "lock-"`,
+			"postgres.pool_size: must be in [1, 1000], got 0",
+			"postgres.sweep_interval: must be positive, got 0s",
+			"postgres.op_timeout: must be positive, got -1s",
 		}},
 		{"lock patterns", func(c *Config) { c.LockPatterns = []string{"lock:*", "", "bad[", "a\\"} }, []string{
 			"lock_patterns[1]: must not be empty",
@@ -540,6 +560,55 @@ func TestZookeeperDigestFile(t *testing.T) {
 	}
 	if _, err := FromArgs([]string{p}, []string{"LOCKPROXY_ZOOKEEPER_DIGEST=a:b"}); err == nil || !strings.Contains(err.Error(), "both set") {
 		t.Errorf("digest and digest_file = %v; want a both-set error", err)
+	}
+}
+
+// TestPostgresDSN: the DSN comes from the flag, the environment or a
+// file, and String never shows it (it may hold the password).
+func TestPostgresDSN(t *testing.T) {
+	dsn := "postgres://lp:s3cret@db:5432/locks"
+	for _, tt := range []struct {
+		name string
+		args []string
+		env  []string
+	}{
+		{"flag", []string{"--backend", "postgres", "--postgres-dsn", dsn}, nil},
+		{"env", []string{"--backend", "postgres"}, []string{"LOCKPROXY_POSTGRES_DSN=" + dsn}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			c, err := FromArgs(tt.args, tt.env)
+			if err != nil {
+				t.Fatalf("FromArgs = %v", err)
+			}
+			if c.Backend != BackendPostgres || c.Postgres.DSN != dsn {
+				t.Errorf("backend %q, dsn %q; want postgres, %q", c.Backend, c.Postgres.DSN, dsn)
+			}
+			if s := c.String(); strings.Contains(s, "s3cret") || !strings.Contains(s, "dsn: <redacted>") {
+				t.Errorf("String() shows the DSN or no redaction mark:\n%s", s)
+			}
+		})
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "dsn"), []byte(dsn+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	p := filepath.Join(dir, "c.yaml")
+	if err := os.WriteFile(p, []byte("backend: postgres\npostgres: {dsn_file: dsn, table_prefix: app_}\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, err := FromArgs([]string{p}, nil)
+	if err != nil {
+		t.Fatalf("FromArgs = %v", err)
+	}
+	if c.Postgres.DSN != dsn || c.Postgres.TablePrefix != "app_" || c.Postgres.Schema != "public" {
+		t.Errorf("postgres = %+v; want the DSN from the file, prefix app_, schema public", c.Postgres)
+	}
+	c, err = FromArgs([]string{"--backend", "postgres"}, nil)
+	if err == nil {
+		err = c.Validate()
+	}
+	if err == nil || !strings.Contains(err.Error(), "postgres.dsn: a connection string is required") {
+		t.Errorf("no DSN = %v; want postgres.dsn named", err)
 	}
 }
 

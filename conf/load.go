@@ -112,6 +112,9 @@ func decodeFile(name string, c *Config) error {
 	if f := c.Zookeeper.DigestFile; f != "" && !filepath.IsAbs(f) {
 		c.Zookeeper.DigestFile = filepath.Join(filepath.Dir(name), f)
 	}
+	if f := c.Postgres.DSNFile; f != "" && !filepath.IsAbs(f) {
+		c.Postgres.DSNFile = filepath.Join(filepath.Dir(name), f)
+	}
 	c.Upstream.TLS.resolve(filepath.Dir(name))
 	c.Redlock.TLS.resolve(filepath.Dir(name))
 	c.TLS.resolve(filepath.Dir(name))
@@ -291,9 +294,13 @@ func yamlName(f reflect.StructField) (string, bool) {
 }
 
 // resolvePassword reads Redlock.PasswordFile into Redlock.Password and
-// Zookeeper.DigestFile into Zookeeper.Digest.
+// Zookeeper.DigestFile into Zookeeper.Digest, Postgres.DSNFile into
+// Postgres.DSN.
 func resolvePassword(c *Config) error {
 	if err := readSecret(&c.Zookeeper.Digest, c.Zookeeper.DigestFile, "zookeeper.digest"); err != nil {
+		return err
+	}
+	if err := readSecret(&c.Postgres.DSN, c.Postgres.DSNFile, "postgres.dsn"); err != nil {
 		return err
 	}
 	r := &c.Redlock
@@ -477,10 +484,11 @@ type flagSpec struct {
 var flagSpecs = []flagSpec{
 	{"listen", "listen", "`host:port` to serve the Redis protocol on", false},
 	{"admin", "admin", "`host:port` for HTTP /metrics, /healthz, /readyz (\"\" disables)", false},
-	{"backend", "backend", "lock backend: `redlock|zookeeper`", false},
+	{"backend", "backend", "lock backend: `redlock|zookeeper|postgres`", false},
 	{"nodes", "redlock.nodes", "RedLock nodes, `host:port,...` (repeatable)", true},
 	{"upstream", "upstream.address", "`host:port` of the Redis that other commands are relayed to", false},
 	{"zk", "zookeeper.servers", "ZooKeeper servers, `host:port,...` (repeatable)", true},
+	{"postgres-dsn", "postgres.dsn", "PostgreSQL connection `string` or URL (postgres backend)", false},
 	{"lock-pattern", "lock_patterns", "key `glob` served as a lock in transparent mode (repeatable)", false},
 	{"dev", "dev", "run embedded in-process nodes, for trying out only", false},
 	{"log-format", "log.format", "log encoding: `json|console`", false},

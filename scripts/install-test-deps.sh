@@ -26,6 +26,7 @@ command -v npm >/dev/null 2>&1 || need+=(npm)
 # the alerting rules in deploy/prometheus with promtool.
 command -v systemd-analyze >/dev/null 2>&1 || need+=(systemd)
 command -v promtool >/dev/null 2>&1 || need+=(prometheus)
+compgen -G '/usr/lib/postgresql/*/bin/postgres' >/dev/null || need+=(postgresql) # test/postgres runs initdb and postgres from there
 
 if [ ${#need[@]} -gt 0 ]; then
 	if [ "$(id -u)" -ne 0 ]; then

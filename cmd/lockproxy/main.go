@@ -36,6 +36,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/lockproxy/lockproxy/backends"
+	pgbackend "github.com/lockproxy/lockproxy/backends/postgres"
 	redisbackend "github.com/lockproxy/lockproxy/backends/redis"
 	zkbackend "github.com/lockproxy/lockproxy/backends/zookeeper"
 	"github.com/lockproxy/lockproxy/commands"
@@ -298,6 +299,18 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			return err
 		}
 		backend = zb
+	case conf.BackendPostgres:
+		pc := cfg.Postgres
+		pb, err := pgbackend.New(pgbackend.Config{
+			DSN: pc.DSN, Schema: pc.Schema, TablePrefix: pc.TablePrefix, PoolSize: int32(pc.PoolSize),
+			SweepInterval: pc.SweepInterval, OpTimeout: pc.OpTimeout,
+			DriftFactor: cfg.Redlock.DriftFactor, DriftMin: cfg.Redlock.DriftMin, Logger: log,
+		})
+		if err != nil {
+			return err
+		}
+		nodes = []string{pb.Addr()}
+		backend = pb
 	default:
 		rb, err := newRedlock(cfg, nodes, reg, backendLog)
 		if err != nil {

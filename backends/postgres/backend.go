@@ -1,0 +1,741 @@
+package postgres
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/backends"
+)
+
+// Config configures a Backend.
+type Config struct {
+	// DSN is a libpq connection string or URL (it may hold the password).
+	DSN string
+	// Schema holds the backend's tables; it must exist.
+	Schema string
+	// TablePrefix starts every table's name ("lockproxy_" →
+	// lockproxy_holds, lockproxy_waiting_writers, lockproxy_fence).
+	TablePrefix string
+	// PoolSize caps the connections taken from the database, besides the
+	// one that LISTENs. 0: pgx's default.
+	PoolSize int32
+	// SweepInterval is how often expired rows are deleted (at most
+	// sweepBatch × sweepRounds per table each time).
+	SweepInterval time.Duration
+	// DriftFactor and DriftMin make the drift allowance subtracted from
+	// every validity, as for RedLock: ttl × DriftFactor + DriftMin.
+	DriftFactor float64
+	DriftMin    time.Duration
+	// OpTimeout bounds each operation on the database (one lock try, an
+	// unlock, a renewal, a LOCKINFO), so that a database that hangs gets an
+	// error reply, not a client that hangs with it; 0 means 5 s.
+	OpTimeout time.Duration
+	// StartTimeout bounds New's first connection and schema check;
+	// 0 means 10 s.
+	StartTimeout time.Duration
+	Logger       *zap.Logger
+}
+
+const (
+	// retryMin and retryMax bound the jittered pause between the tries of
+	// a waiting LOCK when no NOTIFY comes first (a lease that ran out is
+	// only announced by the sweep).
+	retryMin = 25 * time.Millisecond
+	retryMax = 200 * time.Millisecond
+	// writerMarkTTL is the life of a waiting writer's marker, refreshed on
+	// every try (each at most retryMax apart), so a marker outlives a dead
+	// lockproxy by seconds only.
+	writerMarkTTL = 3 * time.Second
+	// sweepBatch rows per DELETE, sweepRounds DELETEs per table per sweep:
+	// a sweep never holds row locks on many rows at once or runs long.
+	sweepBatch  = 1000
+	sweepRounds = 10
+	// cleanupTimeout bounds the statements run after a caller's context
+	// ended (a waiting writer's marker removed, a grant the caller never
+	// saw dropped).
+	cleanupTimeout = 5 * time.Second
+	// listenBackoffMax caps the pause between reconnections of the
+	// listening connection.
+	listenBackoffMax = 5 * time.Second
+)
+
+// Backend is a backends.Backend over one PostgreSQL database.
+type Backend struct {
+	cfg  Config
+	n    names
+	pool *pgxpool.Pool
+	log  *zap.Logger
+	addr string // host:port, for INFO and errors
+
+	ctx    context.Context // ends at Close: the listener, sweeper, cleanups
+	cancel context.CancelFunc
+	bg     sync.WaitGroup
+
+	listening atomic.Bool
+	wakeups   atomic.Int64
+	swept     atomic.Int64
+
+	mu      sync.Mutex
+	closed  bool
+	waiters map[string]map[*waiter]struct{} // keyTag → Lock calls waiting here
+	byKey   map[string]int                  // key → Lock calls waiting here
+	waiting int
+}
+
+// waiter is one waiting Lock call; wake gets a value when the key may
+// have been released.
+type waiter struct {
+	key, tag string
+	wake     chan struct{}
+}
+
+var errClosed = errors.New("postgres: backend closed")
+
+// New connects to the database, creates the tables when missing (or checks
+// that they exist when the role may not create them), and starts the
+// listening connection and the sweep.
+func New(cfg Config) (*Backend, error) {
+	if cfg.Schema == "" {
+		cfg.Schema = "public"
+	}
+	if !ValidIdent(cfg.Schema, false) {
+		return nil, fmt.Errorf("postgres: schema %q must be a lower-case SQL identifier", cfg.Schema)
+	}
+	if !ValidIdent(cfg.TablePrefix, true) {
+		return nil, fmt.Errorf("postgres: table prefix %q must be a lower-case SQL identifier of at most %d bytes", cfg.TablePrefix, maxPrefix)
+	}
+	if cfg.SweepInterval <= 0 {
+		cfg.SweepInterval = 10 * time.Second
+	}
+	if cfg.StartTimeout <= 0 {
+		cfg.StartTimeout = 10 * time.Second
+	}
+	if cfg.OpTimeout <= 0 {
+		cfg.OpTimeout = 5 * time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = zap.NewNop()
+	}
+	pcfg, err := pgxpool.ParseConfig(cfg.DSN)
+	if err != nil {
+		// pgx's message names the problem and hides the password.
+		return nil, fmt.Errorf("postgres: dsn: %w", err)
+	}
+	if cfg.PoolSize > 0 {
+		pcfg.MaxConns = cfg.PoolSize
+	}
+	if pcfg.ConnConfig.ConnectTimeout == 0 {
+		pcfg.ConnConfig.ConnectTimeout = 5 * time.Second
+	}
+	if _, set := pcfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !set {
+		// A lockproxy that stops in the middle of a grant's transaction
+		// (paused, partitioned with its connection left open) would keep
+		// the key's advisory lock from every other instance; the server
+		// ends such a session once the transaction could no longer be
+		// finished anyway.
+		pcfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(cfg.OpTimeout.Milliseconds(), 1000), 10)
+	}
+	b := &Backend{
+		cfg:     cfg,
+		n:       newNames(cfg.Schema, cfg.TablePrefix),
+		log:     cfg.Logger,
+		addr:    net.JoinHostPort(pcfg.ConnConfig.Host, strconv.Itoa(int(pcfg.ConnConfig.Port))),
+		waiters: map[string]map[*waiter]struct{}{},
+		byKey:   map[string]int{},
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout)
+	defer cancel()
+	pool, err := pgxpool.NewWithConfig(ctx, pcfg)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: %s: %w", b.addr, err)
+	}
+	b.pool = pool
+	if err := b.setup(ctx); err != nil {
+		pool.Close()
+		return nil, err
+	}
+	b.ctx, b.cancel = context.WithCancel(context.Background())
+	b.bg.Add(2)
+	go b.listen()
+	go b.sweep()
+	return b, nil
+}
+
+// setup checks the database answers and makes the schema's objects. The
+// CREATEs run under an advisory lock so that lockproxies starting together
+// do not trip over each other's CREATE … IF NOT EXISTS.
+func (b *Backend) setup(ctx context.Context) error {
+	q, args := b.n.tablesExistSQL()
+	var exist bool
+	if err := b.pool.QueryRow(ctx, q, args...).Scan(&exist); err != nil {
+		return fmt.Errorf("postgres: %s: %s: %w", b.addr, reason(err), err)
+	}
+	if exist {
+		return b.checkSequence(ctx)
+	}
+	err := pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "lockproxy schema "+b.n.holds); err != nil {
+			return err
+		}
+		for _, s := range b.n.schemaSQL() {
+			if _, err := tx.Exec(ctx, s); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		var pe *pgconn.PgError
+		if errors.As(err, &pe) && (pe.Code == "42501" || pe.Code == "3F000") {
+			return fmt.Errorf("postgres: cannot create the lock tables (%s) in schema %q: %s; "+
+				"have an owner create them (see the README's \"PostgreSQL backend\") or grant CREATE on the schema", b.n, b.cfg.Schema, pe.Message)
+		}
+		return fmt.Errorf("postgres: create the lock tables: %s: %w", reason(err), err)
+	}
+	b.log.Info("postgres: lock tables ready", zap.String("tables", b.n.String()))
+	return nil
+}
+
+// checkSequence refuses a fence sequence with a cache: each connection
+// would hand out values from a block of its own, and a later grant could
+// get a smaller fence.
+func (b *Backend) checkSequence(ctx context.Context) error {
+	var cache int64
+	err := b.pool.QueryRow(ctx, `SELECT seqcache FROM pg_sequence WHERE seqrelid = to_regclass($1)`, b.n.fences).Scan(&cache)
+	switch {
+	case err != nil:
+		return fmt.Errorf("postgres: read the fence sequence %s: %s: %w", b.n.fences, reason(err), err)
+	case cache > 1:
+		return fmt.Errorf("postgres: the fence sequence %s has CACHE %d: fences would not grow across connections; run ALTER SEQUENCE %s CACHE 1", b.n.fences, cache, b.n.fences)
+	}
+	return nil
+}
+
+// usable fails fast after Close.
+func (b *Backend) usable() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return errClosed
+	}
+	return nil
+}
+
+// Ready runs a bounded SELECT 1.
+func (b *Backend) Ready(ctx context.Context) error {
+	if err := b.usable(); err != nil {
+		return err
+	}
+	octx, cancel := b.op(ctx)
+	defer cancel()
+	var one int
+	if err := b.pool.QueryRow(octx, `SELECT 1`).Scan(&one); err != nil {
+		return b.fail(ctx, err)
+	}
+	return nil
+}
+
+// Close stops the listener and the sweep and closes the pool.
+func (b *Backend) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	b.mu.Unlock()
+	b.cancel()
+	b.bg.Wait()
+	b.pool.Close()
+	return nil
+}
+
+// Lock implements backends.Backend.
+func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
+	if err := b.usable(); err != nil {
+		return backends.Lease{}, err
+	}
+	var w *waiter
+	if req.Wait > 0 {
+		w = b.addWaiter(req.Key)
+		defer b.removeWaiter(w)
+	}
+	deadline := time.Now().Add(req.Wait)
+	marker := ""
+	defer func() {
+		if marker != "" {
+			b.unmarkWriter(req.Key, marker)
+		}
+	}()
+	for {
+		lease, left, err := b.try(ctx, req)
+		if !errors.Is(err, backends.ErrNotAcquired) {
+			return lease, err
+		}
+		remaining := time.Until(deadline)
+		if req.Wait <= 0 || remaining <= 0 {
+			return backends.Lease{}, backends.ErrNotAcquired
+		}
+		if req.Mode == backends.Write {
+			// Writer preference: new readers on every instance wait while
+			// this marker lives.
+			if marker == "" {
+				marker = newID()
+			}
+			if err := b.markWriter(ctx, req.Key, marker); err != nil {
+				return backends.Lease{}, err
+			}
+		}
+		pause := retryMin + rand.N(retryMax-retryMin)
+		if left > 0 {
+			pause = min(pause, left+2*time.Millisecond)
+		}
+		pause = min(pause, remaining)
+		t := time.NewTimer(pause)
+		select {
+		case <-w.wake:
+			b.wakeups.Add(1)
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return backends.Lease{}, ctx.Err()
+		}
+		t.Stop()
+	}
+}
+
+// try makes one attempt, in one transaction under the key's advisory lock.
+// On ErrNotAcquired, left is the shortest lease among the conflicting
+// holders (0 when unknown).
+func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease backends.Lease, left time.Duration, err error) {
+	start := time.Now()
+	caller := ctx
+	ctx, cancel := b.op(ctx)
+	defer cancel()
+	var act action
+	var granted bool // a first hold was inserted: fence is its row's
+	err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		batch := &pgx.Batch{}
+		batch.Queue(b.n.lockKeySQL(), req.Key)
+		batch.Queue(b.n.dropExpiredOfKeySQL(), req.Key)
+		batch.Queue(b.n.liveHoldersSQL(), req.Key)
+		if req.Mode == backends.Read {
+			batch.Queue(b.n.writerWaitsSQL(), req.Key)
+		}
+		rows, writerWaits, err := readAttempt(tx.SendBatch(ctx, batch), req.Mode == backends.Read)
+		if err != nil {
+			return err
+		}
+		act, left = decide(req, rows, writerWaits)
+		ttl := ttlMS(req.TTL.Milliseconds())
+		switch act {
+		case actGrant:
+			var fence int64
+			if err := tx.QueryRow(ctx, b.n.grantSQL(), req.Key, req.Token, int16(req.Mode), ttl).Scan(&fence); err != nil {
+				return err
+			}
+			lease = backends.Lease{Token: req.Token, Fence: uint64(fence), Holds: 1}
+			granted = true
+		case actReenter:
+			var fence int64
+			if err := tx.QueryRow(ctx, b.n.reenterSQL(), req.Key, req.Token, int16(req.Mode), ttl).Scan(&lease.Holds, &fence); err != nil {
+				return err
+			}
+			lease.Token, lease.Fence = req.Token, uint64(fence)
+		}
+		return nil
+	})
+	if err != nil {
+		if granted {
+			// The commit's outcome is unknown: drop the row if it is there,
+			// as the caller is told the lock was not granted.
+			b.dropGrant(req, lease.Fence)
+		}
+		return backends.Lease{}, 0, b.fail(caller, err)
+	}
+	switch act {
+	case actBusy:
+		return backends.Lease{}, left, backends.ErrNotAcquired
+	case actUpgrade:
+		return backends.Lease{}, 0, backends.ErrUpgrade
+	}
+	lease.Validity = validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin)
+	if lease.Validity <= 0 {
+		if granted {
+			// Too slow to be of use: the lease may already be over.
+			b.dropGrant(req, lease.Fence)
+			return backends.Lease{}, 0, backends.ErrNotAcquired
+		}
+		lease.Validity = time.Millisecond
+	}
+	return lease, 0, nil
+}
+
+// readAttempt reads the batch of try: the advisory lock, the lazy delete,
+// the live rows and (for readers) whether a writer waits.
+func readAttempt(br pgx.BatchResults, readers bool) (rows []row, writerWaits bool, err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	if _, err = br.Exec(); err != nil {
+		return nil, false, err
+	}
+	if _, err = br.Exec(); err != nil {
+		return nil, false, err
+	}
+	rs, err := br.Query()
+	if err != nil {
+		return nil, false, err
+	}
+	rows, err = scanRows(rs)
+	if err != nil {
+		return nil, false, err
+	}
+	if readers {
+		if err = br.QueryRow().Scan(&writerWaits); err != nil {
+			return nil, false, err
+		}
+	}
+	return rows, writerWaits, nil
+}
+
+func scanRows(rs pgx.Rows) ([]row, error) {
+	defer rs.Close()
+	var out []row
+	for rs.Next() {
+		var r row
+		var mode int16
+		var fence, leftMS int64
+		if err := rs.Scan(&r.token, &mode, &r.holds, &fence, &leftMS); err != nil {
+			return nil, err
+		}
+		r.mode, r.fence, r.left = backends.Mode(mode), uint64(fence), time.Duration(leftMS)*time.Millisecond
+		out = append(out, r)
+	}
+	return out, rs.Err()
+}
+
+// dropGrant deletes a row granted to a caller that was not told of it,
+// on a goroutine of the backend's, bounded in time.
+func (b *Backend) dropGrant(req backends.LockRequest, fence uint64) {
+	b.background(func(ctx context.Context) error {
+		_, err := b.pool.Exec(ctx, `WITH d AS (DELETE FROM `+b.n.holds+
+			` WHERE key = $1 AND token = $2 AND mode = $3 AND fence = $4 AND holds = 1 RETURNING key)
+SELECT pg_notify('`+b.n.channel+`', md5(key)) FROM d`, req.Key, req.Token, int16(req.Mode), int64(fence))
+		return err
+	})
+}
+
+// op bounds one operation on the database by OpTimeout.
+func (b *Backend) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, b.cfg.OpTimeout)
+}
+
+// markWriter records or refreshes a waiting writer's marker.
+func (b *Backend) markWriter(ctx context.Context, key, marker string) error {
+	octx, cancel := b.op(ctx)
+	defer cancel()
+	if _, err := b.pool.Exec(octx, b.n.markWriterSQL(), key, marker, writerMarkTTL.Milliseconds()); err != nil {
+		return b.fail(ctx, err)
+	}
+	return nil
+}
+
+// unmarkWriter removes a waiting writer's marker and wakes the readers it
+// held back.
+func (b *Backend) unmarkWriter(key, marker string) {
+	b.background(func(ctx context.Context) error {
+		_, err := b.pool.Exec(ctx, `WITH d AS (`+b.n.unmarkWriterSQL()+` RETURNING key)
+SELECT pg_notify('`+b.n.channel+`', md5(key)) FROM d`, key, marker)
+		return err
+	})
+}
+
+// background runs f with cleanupTimeout on a goroutine that Close waits
+// for; a failure only leaves a row to expire by itself.
+func (b *Backend) background(f func(ctx context.Context) error) {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return
+	}
+	b.bg.Add(1)
+	b.mu.Unlock()
+	go func() {
+		defer b.bg.Done()
+		ctx, cancel := context.WithTimeout(b.ctx, cleanupTimeout)
+		defer cancel()
+		if err := f(ctx); err != nil {
+			b.log.Debug("postgres: cleanup failed; the row expires by itself", zap.Error(err))
+		}
+	}()
+}
+
+// Unlock implements backends.Backend.
+func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
+	if err := b.usable(); err != nil {
+		return false, err
+	}
+	octx, cancel := b.op(ctx)
+	defer cancel()
+	var before, notified int64
+	err := b.pool.QueryRow(octx, b.n.releaseSQL(), key, token).Scan(&before, &notified)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, b.fail(ctx, err)
+	}
+	return true, nil
+}
+
+// Renew implements backends.Backend.
+func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
+	if err := b.usable(); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	octx, cancel := b.op(ctx)
+	defer cancel()
+	tag, err := b.pool.Exec(octx, b.n.renewSQL(), key, token, ttlMS(ttl.Milliseconds()))
+	if err != nil {
+		return 0, b.fail(ctx, err)
+	}
+	if tag.RowsAffected() == 0 {
+		return 0, nil
+	}
+	return max(validity(ttl, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin), time.Millisecond), nil
+}
+
+// Info implements backends.Backend. It reads without the key's lock: one
+// statement sees one snapshot.
+func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
+	if err := b.usable(); err != nil {
+		return backends.LockInfo{}, false, err
+	}
+	octx, cancel := b.op(ctx)
+	defer cancel()
+	rs, err := b.pool.Query(octx, b.n.liveHoldersSQL(), key)
+	if err != nil {
+		return backends.LockInfo{}, false, b.fail(ctx, err)
+	}
+	rows, err := scanRows(rs)
+	if err != nil {
+		return backends.LockInfo{}, false, b.fail(ctx, err)
+	}
+	b.mu.Lock()
+	waiting := b.byKey[key]
+	b.mu.Unlock()
+	info, ok := summarize(rows)
+	info.Waiters = waiting
+	return info, ok, nil
+}
+
+// summarize is LOCKINFO from a key's live rows: write mode when any write
+// row lives (a downgraded token also holds a read row), the holders of that
+// mode, the shortest lease among them, the largest fence.
+func summarize(rows []row) (backends.LockInfo, bool) {
+	if len(rows) == 0 {
+		return backends.LockInfo{}, false
+	}
+	info := backends.LockInfo{Mode: backends.Read}
+	for _, r := range rows {
+		if r.mode == backends.Write {
+			info.Mode = backends.Write
+		}
+		info.Fence = max(info.Fence, r.fence)
+	}
+	for _, r := range rows {
+		if r.mode != info.Mode {
+			continue
+		}
+		info.Holders = append(info.Holders, backends.Holder{Token: r.token, Holds: r.holds, TTL: r.left})
+		if len(info.Holders) == 1 || r.left < info.TTL {
+			info.TTL = r.left
+		}
+	}
+	return info, true
+}
+
+// addWaiter registers a waiting Lock call before its first try, so no
+// NOTIFY between a try and the wait is missed.
+func (b *Backend) addWaiter(key string) *waiter {
+	w := &waiter{key: key, tag: keyTag(key), wake: make(chan struct{}, 1)}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	set := b.waiters[w.tag]
+	if set == nil {
+		set = map[*waiter]struct{}{}
+		b.waiters[w.tag] = set
+	}
+	set[w] = struct{}{}
+	b.byKey[key]++
+	b.waiting++
+	return w
+}
+
+func (b *Backend) removeWaiter(w *waiter) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if set := b.waiters[w.tag]; set != nil {
+		delete(set, w)
+		if len(set) == 0 {
+			delete(b.waiters, w.tag)
+		}
+	}
+	if b.byKey[w.key]--; b.byKey[w.key] <= 0 {
+		delete(b.byKey, w.key)
+	}
+	b.waiting--
+}
+
+// wake tells the waiters of the key whose tag is tag ("" for all) to try
+// again. It never blocks: a waiter already told once needs no second word.
+func (b *Backend) wake(tag string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	poke := func(set map[*waiter]struct{}) {
+		for w := range set {
+			select {
+			case w.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+	if tag != "" {
+		poke(b.waiters[tag])
+		return
+	}
+	for _, set := range b.waiters {
+		poke(set)
+	}
+}
+
+// listen keeps one connection LISTENing on the release channel and wakes
+// the waiters of each key notified. After a lost connection every waiter
+// is woken, as releases may have gone unheard.
+func (b *Backend) listen() {
+	defer b.bg.Done()
+	backoff := 100 * time.Millisecond
+	for b.ctx.Err() == nil {
+		err := b.listenOnce()
+		b.listening.Store(false)
+		if b.ctx.Err() != nil {
+			return
+		}
+		b.log.Warn("postgres: listening connection lost; waiters poll until it is back", zap.Error(err))
+		b.wake("")
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-b.ctx.Done():
+			t.Stop()
+			return
+		}
+		backoff = min(2*backoff, listenBackoffMax)
+	}
+}
+
+func (b *Backend) listenOnce() error {
+	conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		_ = conn.Close(ctx)
+	}()
+	if _, err := conn.Exec(b.ctx, "LISTEN "+b.n.channelIdent); err != nil {
+		return err
+	}
+	b.listening.Store(true)
+	b.wake("")
+	for {
+		n, err := conn.WaitForNotification(b.ctx)
+		if err != nil {
+			return err
+		}
+		b.wake(n.Payload)
+	}
+}
+
+// sweep deletes expired rows every SweepInterval (jittered, so the
+// lockproxies on one database spread their sweeps), in bounded batches.
+func (b *Backend) sweep() {
+	defer b.bg.Done()
+	for {
+		d := b.cfg.SweepInterval/2 + rand.N(b.cfg.SweepInterval/2+1)
+		t := time.NewTimer(d)
+		select {
+		case <-t.C:
+		case <-b.ctx.Done():
+			t.Stop()
+			return
+		}
+		for _, table := range []string{b.n.holds, b.n.waiters} {
+			for range sweepRounds {
+				n, err := b.sweepOnce(table)
+				if err != nil {
+					b.log.Debug("postgres: sweep failed", zap.String("table", table), zap.Error(err))
+					break
+				}
+				b.swept.Add(n)
+				if n < sweepBatch {
+					break
+				}
+			}
+		}
+	}
+}
+
+func (b *Backend) sweepOnce(table string) (int64, error) {
+	ctx, cancel := context.WithTimeout(b.ctx, cleanupTimeout)
+	defer cancel()
+	var n, keys int64
+	err := b.pool.QueryRow(ctx, b.n.sweepSQL(table), sweepBatch).Scan(&n, &keys)
+	return n, err
+}
+
+// Waiting is the number of LOCK calls waiting here (INFO's
+// blocked_clients).
+func (b *Backend) Waiting() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.waiting
+}
+
+// Addr is the database's host:port, as INFO lists it.
+func (b *Backend) Addr() string { return b.addr }
+
+// Wakeups is the number of waits ended early by a NOTIFY.
+func (b *Backend) Wakeups() int64 { return b.wakeups.Load() }
+
+// Swept is the number of expired rows the sweep deleted.
+func (b *Backend) Swept() int64 { return b.swept.Load() }
+
+func newID() string {
+	var x [12]byte
+	if _, err := crand.Read(x[:]); err != nil {
+		panic("postgres: crypto/rand failed: " + err.Error())
+	}
+	return hex.EncodeToString(x[:])
+}
+
+var _ backends.Backend = (*Backend)(nil)

@@ -1,0 +1,198 @@
+package postgres
+
+import (
+	"crypto/md5"
+	"encoding/hex"
+	"fmt"
+	"regexp"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// identRE is what schema names and table prefixes may be: lower-case SQL
+// identifiers that need no quoting, so what an operator types in psql
+// names the same tables.
+var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
+
+// maxPrefix leaves room under PostgreSQL's 63-byte identifiers for the
+// longest suffix ("waiting_writers") and the index names.
+const maxPrefix = 40
+
+// ValidIdent reports whether s may be a schema name (prefix false) or a
+// table prefix (prefix true, which may be empty).
+func ValidIdent(s string, prefix bool) bool {
+	if prefix {
+		return s == "" || (len(s) <= maxPrefix && identRE.MatchString(s))
+	}
+	return len(s) <= 63 && identRE.MatchString(s)
+}
+
+// names are the quoted, schema-qualified names of the backend's objects
+// and the statements over them.
+type names struct {
+	holds, waiters, fences string // schema.prefixholds, …
+	channel                string // NOTIFY channel, unqualified
+	channelIdent           string // the channel quoted for LISTEN
+}
+
+func newNames(schema, prefix string) names {
+	q := func(name string) string { return pgx.Identifier{schema, prefix + name}.Sanitize() }
+	ch := prefix + "released"
+	return names{
+		holds:        q("holds"),
+		waiters:      q("waiting_writers"),
+		fences:       q("fence"),
+		channel:      ch,
+		channelIdent: pgx.Identifier{ch}.Sanitize(),
+	}
+}
+
+// schemaSQL creates what is missing, in order. One row per holder and
+// mode: a downgraded token has a write row and a read row. mode is
+// backends.Mode (0 write, 1 read), so ORDER BY mode puts write holds
+// first, as UNLOCK releases them.
+func (n names) schemaSQL() []string {
+	return []string{
+		`CREATE SEQUENCE IF NOT EXISTS ` + n.fences + ` AS bigint`,
+		`CREATE TABLE IF NOT EXISTS ` + n.holds + ` (
+	key        text        NOT NULL,
+	token      text        NOT NULL,
+	mode       smallint    NOT NULL CHECK (mode IN (0, 1)),
+	holds      bigint      NOT NULL CHECK (holds > 0),
+	expires_at timestamptz NOT NULL,
+	fence      bigint      NOT NULL,
+	PRIMARY KEY (key, token, mode))`,
+		`CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{unq(n.holds) + "_expires_at"}.Sanitize() + ` ON ` + n.holds + ` (expires_at)`,
+		`CREATE TABLE IF NOT EXISTS ` + n.waiters + ` (
+	key        text        NOT NULL,
+	waiter     text        NOT NULL,
+	expires_at timestamptz NOT NULL,
+	PRIMARY KEY (key, waiter))`,
+	}
+}
+
+// unq is the last part of a sanitized qualified name, unquoted.
+func unq(s string) string {
+	i := len(s) - 2
+	for i >= 0 && s[i] != '"' {
+		i--
+	}
+	return s[i+1 : len(s)-1]
+}
+
+// ttlMS is how a duration is sent: whole milliseconds, at least 1.
+func ttlMS(ttlMillis int64) int64 { return max(ttlMillis, 1) }
+
+// Statements. $1 is always the key. Expiry is judged by clock_timestamp()
+// in the statement that reads, never by lockproxy's clock.
+func (n names) lockKeySQL() string {
+	// hashtextextended: 64 bits, so two keys share a lock (and wait for
+	// each other's transactions, nothing more) about never.
+	return `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
+}
+
+func (n names) liveHoldersSQL() string {
+	return `SELECT token, mode, holds, fence,
+	GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint)
+FROM ` + n.holds + ` WHERE key = $1 AND expires_at > clock_timestamp() ORDER BY mode, fence`
+}
+
+func (n names) writerWaitsSQL() string {
+	return `SELECT EXISTS (SELECT 1 FROM ` + n.waiters + ` WHERE key = $1 AND expires_at > clock_timestamp())`
+}
+
+func (n names) dropExpiredOfKeySQL() string {
+	return `DELETE FROM ` + n.holds + ` WHERE key = $1 AND expires_at <= clock_timestamp()`
+}
+
+// grantSQL inserts a first hold ($2 token, $3 mode, $4 ttl ms) with a new
+// fence taken from the sequence in the same statement, replacing an
+// expired row of the same token and mode if the sweep has not yet.
+func (n names) grantSQL() string {
+	return `INSERT INTO ` + n.holds + ` (key, token, mode, holds, expires_at, fence)
+VALUES ($1, $2, $3, 1, clock_timestamp() + $4 * interval '1 millisecond', nextval('` + n.fences + `'))
+ON CONFLICT (key, token, mode) DO UPDATE SET holds = 1, expires_at = EXCLUDED.expires_at, fence = EXCLUDED.fence
+RETURNING fence`
+}
+
+// reenterSQL adds a hold to a live row ($2 token, $3 mode, $4 ttl ms).
+func (n names) reenterSQL() string {
+	return `UPDATE ` + n.holds + ` SET holds = holds + 1, expires_at = clock_timestamp() + $4 * interval '1 millisecond'
+WHERE key = $1 AND token = $2 AND mode = $3 AND expires_at > clock_timestamp()
+RETURNING holds, fence`
+}
+
+// releaseSQL drops one hold of the token's first live row (write before
+// read); the row goes when its last hold does. It returns the row's holds
+// before the release, nothing when the token holds nothing, and notifies
+// the key's waiters (at commit) when a row went. The row lock (FOR UPDATE)
+// makes two releases of one token run one after the other; a grant that
+// runs at the same time only sees the row a little longer.
+func (n names) releaseSQL() string {
+	return `WITH target AS (
+	SELECT mode, holds FROM ` + n.holds + `
+	WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()
+	ORDER BY mode LIMIT 1 FOR UPDATE),
+dec AS (
+	UPDATE ` + n.holds + ` h SET holds = h.holds - 1 FROM target t
+	WHERE h.key = $1 AND h.token = $2 AND h.mode = t.mode AND t.holds > 1),
+del AS (
+	DELETE FROM ` + n.holds + ` h USING target t
+	WHERE h.key = $1 AND h.token = $2 AND h.mode = t.mode AND t.holds = 1)
+SELECT t.holds, (SELECT count(*) FROM (SELECT pg_notify('` + n.channel + `', md5($1)) WHERE t.holds = 1) x)
+FROM target t`
+}
+
+// notifySQL wakes the waiters of key on every lockproxy instance. pg_notify
+// is transactional: it is delivered at commit. The payload is the key's
+// md5, as NOTIFY payloads are limited to 8000 bytes and keys are not.
+func (n names) notifySQL() string {
+	return `SELECT pg_notify('` + n.channel + `', md5($1))`
+}
+
+// renewSQL resets every live row of the token ($2) on key to $3 ms. No
+// advisory lock is needed: a row the database's clock has expired can
+// never match again, and a live row is the token's own.
+func (n names) renewSQL() string {
+	return `UPDATE ` + n.holds + ` SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
+WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp() RETURNING mode`
+}
+
+// markWriterSQL records or refreshes a waiting writer ($2 waiter id, $3 ms).
+func (n names) markWriterSQL() string {
+	return `INSERT INTO ` + n.waiters + ` (key, waiter, expires_at) VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
+ON CONFLICT (key, waiter) DO UPDATE SET expires_at = EXCLUDED.expires_at`
+}
+
+func (n names) unmarkWriterSQL() string {
+	return `DELETE FROM ` + n.waiters + ` WHERE key = $1 AND waiter = $2`
+}
+
+// sweepSQL deletes up to $1 expired rows of table and notifies each key's
+// waiters once: a waiter behind a lease that ran out wakes without polling.
+// The expiry is checked again on the row deleted: a row granted anew
+// (ON CONFLICT) since the inner SELECT is a live row and stays.
+func (n names) sweepSQL(table string) string {
+	return `WITH gone AS (
+	DELETE FROM ` + table + ` WHERE ctid IN (
+		SELECT ctid FROM ` + table + ` WHERE expires_at < clock_timestamp() LIMIT $1)
+		AND expires_at < clock_timestamp()
+	RETURNING key)
+SELECT (SELECT count(*) FROM gone),
+	(SELECT count(*) FROM (SELECT pg_notify('` + n.channel + `', md5(key)) FROM (SELECT DISTINCT key FROM gone) d) x)`
+}
+
+// keyTag is what notifySQL sends for key.
+func keyTag(key string) string {
+	s := md5.Sum([]byte(key))
+	return hex.EncodeToString(s[:])
+}
+
+// tablesExistSQL reports whether every table and the sequence exist, so a
+// role without CREATE rights can run on objects an owner made.
+func (n names) tablesExistSQL() (string, []any) {
+	return `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL`,
+		[]any{n.holds, n.waiters, n.fences}
+}
+
+func (n names) String() string { return fmt.Sprintf("%s, %s, %s", n.holds, n.waiters, n.fences) }
