@@ -310,6 +310,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			return err
 		}
 		nodes = []string{pb.Addr()}
+		reg.MustRegister(pb.Collector())
 		backend = pb
 	default:
 		rb, err := newRedlock(cfg, nodes, reg, backendLog)

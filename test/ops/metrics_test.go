@@ -136,10 +136,11 @@ func readmeMetrics(t *testing.T) map[string]bool {
 var exportedNames map[string]bool
 
 // exportedMetrics are the metric families lockproxy exports, read from
-// /metrics of two real instances between them using every part that has
+// /metrics of three real instances between them using every part that has
 // metrics: RedLock over real nodes (one of three down, so that node
-// errors are counted) with a TLS listener, an upstream and auth; and the
-// ZooKeeper backend over a real ZooKeeper.
+// errors are counted) with a TLS listener, an upstream and auth; the
+// ZooKeeper backend over a real ZooKeeper; the PostgreSQL backend over a
+// real PostgreSQL.
 func exportedMetrics(t *testing.T) map[string]bool {
 	t.Helper()
 	if exportedNames != nil {
@@ -196,6 +197,10 @@ func exportedMetrics(t *testing.T) map[string]bool {
 	zk := harness.StartZooKeeper(t)
 	zin := start(t, []string{"--backend", "zookeeper", "--zk", zk.Addr})
 	addFamilies(t, names, zin.admin)
+
+	pg := harness.StartPostgres(t)
+	pin := start(t, []string{"--backend", "postgres", "--postgres-dsn", pg.DSN()})
+	addFamilies(t, names, pin.admin)
 
 	exportedNames = names
 	return names
