@@ -45,11 +45,12 @@ soak: deps
 	LOCKPROXY_SOAK=1 $(GO) test -count=1 -p 1 -v -timeout 120m ./test/fault/
 
 ## bench: LOCK+UNLOCK cycles through lockproxy vs redsync on the same real nodes, the
-## passthrough table (redis-benchmark directly, through lockproxy, through twemproxy), and
-## the release script's time on a node per release.
+## passthrough table (redis-benchmark directly, through lockproxy, through twemproxy),
+## the release script's time on a node per release, and cycles on the PostgreSQL backend.
 bench: deps
 	$(GO) test -run '^$$' -bench . -benchtime 3s -timeout 30m ./test/bench/
 	$(GO) test -run '^$$' -bench ReleaseScript -benchtime 100000x ./backends/redis/
+	$(GO) test -run '^$$' -bench PostgresCycles -benchtime 3s ./test/postgres/
 
 ## bench-passthrough: only the passthrough table.
 bench-passthrough: deps
