@@ -332,7 +332,7 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease back
 		batch := &pgx.Batch{}
 		batch.Queue(b.n.lockKeySQL(), req.Key)
 		batch.Queue(b.n.dropExpiredOfKeySQL(), req.Key)
-		batch.Queue(b.n.liveHoldersSQL(), req.Key)
+		batch.Queue(b.n.heldRowsSQL(), req.Key)
 		if req.Mode == backends.Read {
 			batch.Queue(b.n.writerWaitsSQL(), req.Key)
 		}
@@ -386,7 +386,7 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease back
 }
 
 // readAttempt reads the batch of try: the advisory lock, the lazy delete,
-// the live rows and (for readers) whether a writer waits.
+// the key's rows (the live ones kept) and (for readers) whether a writer waits.
 func readAttempt(br pgx.BatchResults, readers bool) (rows []row, writerWaits bool, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil {
@@ -403,7 +403,7 @@ func readAttempt(br pgx.BatchResults, readers bool) (rows []row, writerWaits boo
 	if err != nil {
 		return nil, false, err
 	}
-	rows, err = scanRows(rs)
+	rows, err = scanHeldRows(rs)
 	if err != nil {
 		return nil, false, err
 	}
@@ -424,6 +424,27 @@ func scanRows(rs pgx.Rows) ([]row, error) {
 		var fence, leftMS int64
 		if err := rs.Scan(&r.token, &mode, &r.holds, &fence, &leftMS); err != nil {
 			return nil, err
+		}
+		r.mode, r.fence, r.left = backends.Mode(mode), uint64(fence), time.Duration(leftMS)*time.Millisecond
+		out = append(out, r)
+	}
+	return out, rs.Err()
+}
+
+// scanHeldRows reads heldRowsSQL's rows and keeps the live ones.
+func scanHeldRows(rs pgx.Rows) ([]row, error) {
+	defer rs.Close()
+	var out []row
+	for rs.Next() {
+		var r row
+		var mode int16
+		var fence, leftMS int64
+		var live bool
+		if err := rs.Scan(&r.token, &mode, &r.holds, &fence, &leftMS, &live); err != nil {
+			return nil, err
+		}
+		if !live {
+			continue
 		}
 		r.mode, r.fence, r.left = backends.Mode(mode), uint64(fence), time.Duration(leftMS)*time.Millisecond
 		out = append(out, r)

@@ -97,6 +97,30 @@ func (n names) liveHoldersSQL() string {
 FROM ` + n.holds + ` WHERE key = $1 AND expires_at > clock_timestamp() ORDER BY mode, fence`
 }
 
+// heldRowsSQL reads every row of the key the lazy DELETE left, with no
+// time filter, FOR SHARE, and says of each whether it is live
+// (expires_at > clock_timestamp(), judged on the version read). The grant
+// decides on the live ones only.
+//
+// Why every row, locked: a RENEW takes no advisory lock. One that updated
+// A's row just before A's lease ended and commits late holds that row's
+// lock; a SELECT filtered on expires_at would judge the old version,
+// expired, and grant B while A's RENEW goes on to report validity. FOR
+// SHARE waits for that RENEW (or UNLOCK) to end and then reads the row's
+// latest version (or skips it if it went), so its outcome is seen.
+//
+// A RENEW that starts after this FOR SHARE cannot revive a row judged
+// expired here: its UPDATE waits for the grant's transaction to end (the
+// share lock), then re-checks expires_at > clock_timestamp() on the latest
+// version, which is still the expired one, and the database's clock has
+// only moved on (see the README's Limits for a clock that steps back).
+func (n names) heldRowsSQL() string {
+	return `SELECT token, mode, holds, fence,
+	GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint),
+	expires_at > clock_timestamp()
+FROM ` + n.holds + ` WHERE key = $1 ORDER BY mode, fence FOR SHARE`
+}
+
 func (n names) writerWaitsSQL() string {
 	return `SELECT EXISTS (SELECT 1 FROM ` + n.waiters + ` WHERE key = $1 AND expires_at > clock_timestamp())`
 }

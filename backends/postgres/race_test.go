@@ -1,0 +1,51 @@
+package postgres
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/backends"
+)
+
+// TestRenewInFlightNotTwoHolders: A's lease ends at T. A's RENEW updates
+// the row just before T and commits late (a deferred trigger sleeps at
+// commit, as a sync-rep wait or an fsync stall would). B's grant runs its
+// lazy DELETE before T (A's row live: kept) and reads the key's rows
+// after T (an expired decoy row's DELETE trigger stretches the gap). B
+// must wait for A's RENEW and see the renewed row: never both B granted
+// and A's RENEW valid.
+func TestRenewInFlightNotTwoHolders(t *testing.T) {
+	pg, p := testDB(t)
+	a := newTestBackend(t, pg, p, 4)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE FUNCTION `+p+`slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.4); RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON `+p+`holds DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+p+`slow_commit()`,
+		`CREATE FUNCTION `+p+`slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF OLD.token = 'decoy' THEN PERFORM pg_sleep(0.1); END IF; RETURN OLD; END $$`,
+		`CREATE TRIGGER slow_delete BEFORE DELETE ON `+p+`holds FOR EACH ROW EXECUTE FUNCTION `+p+`slow_delete()`,
+	)
+	if _, err := a.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	granted := time.Now()
+	execAll(t, pg, `INSERT INTO `+p+`holds VALUES ('k', 'decoy', 1, 1, clock_timestamp() - interval '1 s', 0)`)
+	T := granted.Add(300 * time.Millisecond)
+	renewed := make(chan time.Duration, 1)
+	time.Sleep(time.Until(T.Add(-60 * time.Millisecond)))
+	go func() {
+		v, err := a.Renew(ctx, "k", "A", 5*time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		renewed <- v
+	}()
+	time.Sleep(time.Until(T.Add(-30 * time.Millisecond)))
+	lb, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "B", TTL: 5 * time.Second})
+	v := <-renewed
+	t.Logf("B's LOCK: %+v, %v; A's RENEW: validity %v", lb, err, v)
+	if err == nil && v > 0 {
+		t.Errorf("two write holders: B granted (fence %d) and A's RENEW valid for %v", lb.Fence, v)
+	}
+}
