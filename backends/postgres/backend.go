@@ -375,12 +375,14 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease back
 	}
 	lease.Validity = validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin)
 	if lease.Validity <= 0 {
+		// Too slow to be of use: the lease may already be over, so the
+		// caller must not act on it. Take back what this call added.
 		if granted {
-			// Too slow to be of use: the lease may already be over.
 			b.dropGrant(req, lease.Fence)
-			return backends.Lease{}, 0, backends.ErrNotAcquired
+		} else {
+			b.dropReentry(req, lease.Fence)
 		}
-		lease.Validity = time.Millisecond
+		return backends.Lease{}, 0, backends.ErrNotAcquired
 	}
 	return lease, 0, nil
 }
@@ -463,6 +465,24 @@ SELECT pg_notify('`+b.n.channel+`', md5(key)) FROM d`, req.Key, req.Token, int16
 	})
 }
 
+// dropReentry takes back the hold a reentrant grant added when its reply
+// came too late to be of use, under the key's advisory lock, on a
+// goroutine of the backend's, bounded in time. Best effort: on failure the
+// token keeps one hold too many until its lease (already set short) ends.
+// The lease's end the reentry set is not restored.
+func (b *Backend) dropReentry(req backends.LockRequest, fence uint64) {
+	b.background(func(ctx context.Context) error {
+		return pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, b.n.lockKeySQL(), req.Key); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE `+b.n.holds+` SET holds = holds - 1
+WHERE key = $1 AND token = $2 AND mode = $3 AND fence = $4 AND holds > 1`, req.Key, req.Token, int16(req.Mode), int64(fence))
+			return err
+		})
+	})
+}
+
 // op bounds one operation on the database by OpTimeout.
 func (b *Backend) op(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, b.cfg.OpTimeout)
@@ -541,7 +561,10 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	if tag.RowsAffected() == 0 {
 		return 0, nil
 	}
-	return max(validity(ttl, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin), time.Millisecond), nil
+	// A reply that comes after the lease it set ended (less the drift
+	// allowance) renews nothing the caller may use: 0, as quorum.Extend
+	// reports.
+	return max(validity(ttl, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin), 0), nil
 }
 
 // Info implements backends.Backend. It reads without the key's lock: one

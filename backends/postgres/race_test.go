@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -47,5 +48,44 @@ func TestRenewInFlightNotTwoHolders(t *testing.T) {
 	t.Logf("B's LOCK: %+v, %v; A's RENEW: validity %v", lb, err, v)
 	if err == nil && v > 0 {
 		t.Errorf("two write holders: B granted (fence %d) and A's RENEW valid for %v", lb.Fence, v)
+	}
+}
+
+// TestLateReplyNoValidity: a RENEW, and a reentrant LOCK, whose commit is
+// slow (a deferred trigger sleeps 60 ms at commit) reply after the 20 ms
+// lease they set ended: the RENEW reports 0 (not renewed), the LOCK is not
+// acquired and its hold is taken back.
+func TestLateReplyNoValidity(t *testing.T) {
+	pg, p := testDB(t)
+	a := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	for _, key := range []string{"k", "k2"} {
+		if _, err := a.Lock(ctx, backends.LockRequest{Key: key, Token: "A", TTL: 10 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	execAll(t, pg,
+		`CREATE FUNCTION `+p+`slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.06); RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER slow AFTER UPDATE ON `+p+`holds DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+p+`slow()`,
+	)
+	lease, err := a.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 20 * time.Millisecond})
+	if !errors.Is(err, backends.ErrNotAcquired) {
+		t.Errorf("reentrant LOCK PX 20 replying after 60 ms = %+v, %v; want not acquired", lease, err)
+	}
+	if v, err := a.Renew(ctx, "k2", "A", 20*time.Millisecond); err != nil || v != 0 {
+		t.Errorf("RENEW PX 20 replying after 60 ms = %v, %v; want 0", v, err)
+	}
+	conn := pg.Conn(t)
+	var holds int64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err := conn.QueryRow(ctx, `SELECT holds FROM `+p+`holds WHERE key = 'k' AND token = 'A'`).Scan(&holds); err != nil {
+			t.Fatal(err)
+		}
+		if holds == 1 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if holds != 1 {
+		t.Errorf("holds after the late reentrant LOCK = %d; want 1 (its hold taken back)", holds)
 	}
 }
