@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -328,6 +329,47 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease back
 	defer cancel()
 	var act action
 	var granted bool // a first hold was inserted: fence is its row's
+	for attempt := 0; ; attempt++ {
+		act, granted, lease, left, err = b.attempt(ctx, req)
+		if err == nil {
+			break
+		}
+		if attempt == 0 && retryable(err) && ctx.Err() == nil {
+			// A deadlock or serialization failure rolled the whole
+			// transaction back (nothing was granted): try once more within
+			// the same deadline.
+			b.log.Debug("postgres: lock try rolled back; retrying once", zap.Error(err))
+			continue
+		}
+		if granted && !retryable(err) {
+			// The commit's outcome is unknown: drop the row if it is there,
+			// as the caller is told the lock was not granted.
+			b.dropGrant(req, lease.Fence)
+		}
+		return backends.Lease{}, 0, b.fail(caller, err)
+	}
+	switch act {
+	case actBusy:
+		return backends.Lease{}, left, backends.ErrNotAcquired
+	case actUpgrade:
+		return backends.Lease{}, 0, backends.ErrUpgrade
+	}
+	lease.Validity = validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin)
+	if lease.Validity <= 0 {
+		// Too slow to be of use: the lease may already be over, so the
+		// caller must not act on it. Take back what this call added.
+		if granted {
+			b.dropGrant(req, lease.Fence)
+		} else {
+			b.dropReentry(req, lease.Fence)
+		}
+		return backends.Lease{}, 0, backends.ErrNotAcquired
+	}
+	return lease, 0, nil
+}
+
+// attempt is one transaction of try under the key's advisory lock.
+func (b *Backend) attempt(ctx context.Context, req backends.LockRequest) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
 	err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		batch := &pgx.Batch{}
 		batch.Queue(b.n.lockKeySQL(), req.Key)
@@ -359,32 +401,15 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease back
 		}
 		return nil
 	})
-	if err != nil {
-		if granted {
-			// The commit's outcome is unknown: drop the row if it is there,
-			// as the caller is told the lock was not granted.
-			b.dropGrant(req, lease.Fence)
-		}
-		return backends.Lease{}, 0, b.fail(caller, err)
-	}
-	switch act {
-	case actBusy:
-		return backends.Lease{}, left, backends.ErrNotAcquired
-	case actUpgrade:
-		return backends.Lease{}, 0, backends.ErrUpgrade
-	}
-	lease.Validity = validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin)
-	if lease.Validity <= 0 {
-		// Too slow to be of use: the lease may already be over, so the
-		// caller must not act on it. Take back what this call added.
-		if granted {
-			b.dropGrant(req, lease.Fence)
-		} else {
-			b.dropReentry(req, lease.Fence)
-		}
-		return backends.Lease{}, 0, backends.ErrNotAcquired
-	}
-	return lease, 0, nil
+	return act, granted, lease, left, err
+}
+
+// retryable reports a transaction the database rolled back for a
+// deadlock or a serialization failure (SQLSTATE class 40): nothing of it
+// stays, and running it again may well succeed.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "40")
 }
 
 // readAttempt reads the batch of try: the advisory lock, the lazy delete,

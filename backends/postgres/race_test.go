@@ -89,3 +89,50 @@ func TestLateReplyNoValidity(t *testing.T) {
 		t.Errorf("holds after the late reentrant LOCK = %d; want 1 (its hold taken back)", holds)
 	}
 }
+
+// TestSweepSkipsLockedRows: the sweep leaves an expired row another
+// transaction has locked (a grant's lazy DELETE, a RENEW) and deletes the
+// others without waiting, so it cannot deadlock with that transaction.
+func TestSweepSkipsLockedRows(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg, `INSERT INTO `+p+`holds SELECT 'k' || g, 't', 0, 1, clock_timestamp() - interval '1 s', g FROM generate_series(1, 3) g`)
+	conn := pg.Conn(t)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+p+`holds WHERE key = 'k2' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	var n, keys int64
+	err = b.pool.QueryRow(sctx, b.n.sweepSQL(b.n.holds), sweepBatch).Scan(&n, &keys)
+	if err != nil || n != 2 {
+		t.Errorf("sweep with one expired row locked elsewhere = %d rows, %v; want the 2 others, at once", n, err)
+	}
+}
+
+// TestLockRetriesOnceOnRollback: a grant whose transaction the database
+// rolls back for a deadlock (SQLSTATE 40P01; here raised once by a
+// trigger on the lazy DELETE) is tried once more, and granted.
+func TestLockRetriesOnceOnRollback(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE SEQUENCE `+p+`raised`,
+		`CREATE FUNCTION `+p+`deadlock_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+	IF nextval('`+p+`raised') = 1 THEN RAISE EXCEPTION 'deadlock detected (test)' USING ERRCODE = '40P01'; END IF;
+	RETURN OLD; END $$`,
+		`CREATE TRIGGER deadlock_once BEFORE DELETE ON `+p+`holds FOR EACH ROW EXECUTE FUNCTION `+p+`deadlock_once()`,
+		`INSERT INTO `+p+`holds VALUES ('k', 'gone', 0, 1, clock_timestamp() - interval '1 s', 0)`,
+	)
+	lease, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 10 * time.Second})
+	if err != nil || lease.Holds != 1 {
+		t.Errorf("LOCK after one deadlock rollback = %+v, %v; want granted", lease, err)
+	}
+}

@@ -195,11 +195,15 @@ func (n names) unmarkWriterSQL() string {
 // sweepSQL deletes up to $1 expired rows of table and notifies each key's
 // waiters once: a waiter behind a lease that ran out wakes without polling.
 // The expiry is checked again on the row deleted: a row granted anew
-// (ON CONFLICT) since the inner SELECT is a live row and stays.
+// (ON CONFLICT) since the inner SELECT is a live row and stays. The rows
+// are locked FOR UPDATE SKIP LOCKED, as they are found: a row a grant's
+// lazy DELETE (index order) or a RENEW holds is left to them, so the
+// sweep (ctid order) never waits on a grant while holding rows that grant
+// is about to delete, which deadlocked them.
 func (n names) sweepSQL(table string) string {
 	return `WITH gone AS (
 	DELETE FROM ` + table + ` WHERE ctid IN (
-		SELECT ctid FROM ` + table + ` WHERE expires_at < clock_timestamp() LIMIT $1)
+		SELECT ctid FROM ` + table + ` WHERE expires_at < clock_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED)
 		AND expires_at < clock_timestamp()
 	RETURNING key)
 SELECT (SELECT count(*) FROM gone),
