@@ -279,11 +279,14 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	marker := ""
 	defer func() {
 		if marker != "" {
-			b.unmarkWriter(req.Key, marker)
+			b.unmarkWriter(ctx, req.Key, marker)
 		}
 	}()
 	for {
-		lease, left, err := b.try(ctx, req)
+		lease, left, err := b.try(ctx, req, marker)
+		if err == nil {
+			marker = "" // deleted by the grant's transaction
+		}
 		if !errors.Is(err, backends.ErrNotAcquired) {
 			return lease, err
 		}
@@ -320,9 +323,11 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 }
 
 // try makes one attempt, in one transaction under the key's advisory lock.
+// A waiting writer's marker (if not "") is deleted by the transaction that
+// grants it, so new readers are held back no longer than the wait.
 // On ErrNotAcquired, left is the shortest lease among the conflicting
 // holders (0 when unknown).
-func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease backends.Lease, left time.Duration, err error) {
+func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker string) (lease backends.Lease, left time.Duration, err error) {
 	start := time.Now()
 	caller := ctx
 	ctx, cancel := b.op(ctx)
@@ -330,7 +335,7 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease back
 	var act action
 	var granted bool // a first hold was inserted: fence is its row's
 	for attempt := 0; ; attempt++ {
-		act, granted, lease, left, err = b.attempt(ctx, req)
+		act, granted, lease, left, err = b.attempt(ctx, req, marker)
 		if err == nil {
 			break
 		}
@@ -369,7 +374,7 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease back
 }
 
 // attempt is one transaction of try under the key's advisory lock.
-func (b *Backend) attempt(ctx context.Context, req backends.LockRequest) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
+func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
 	err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		batch := &pgx.Batch{}
 		batch.Queue(b.n.lockKeySQL(), req.Key)
@@ -398,6 +403,11 @@ func (b *Backend) attempt(ctx context.Context, req backends.LockRequest) (act ac
 				return err
 			}
 			lease.Token, lease.Fence = req.Token, uint64(fence)
+		}
+		if marker != "" && (act == actGrant || act == actReenter) {
+			if _, err := tx.Exec(ctx, b.n.unmarkWriterNotifySQL(), req.Key, marker); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
@@ -523,14 +533,16 @@ func (b *Backend) markWriter(ctx context.Context, key, marker string) error {
 	return nil
 }
 
-// unmarkWriter removes a waiting writer's marker and wakes the readers it
-// held back.
-func (b *Backend) unmarkWriter(key, marker string) {
-	b.background(func(ctx context.Context) error {
-		_, err := b.pool.Exec(ctx, `WITH d AS (`+b.n.unmarkWriterSQL()+` RETURNING key)
-SELECT pg_notify('`+b.n.channel+`', md5(key)) FROM d`, key, marker)
-		return err
-	})
+// unmarkWriter removes the marker of a writer that gave up waiting (or
+// failed) and wakes the readers it held back, before Lock returns, bounded
+// by OpTimeout even when the caller's context has ended. On failure the
+// marker expires by itself within writerMarkTTL.
+func (b *Backend) unmarkWriter(ctx context.Context, key, marker string) {
+	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.OpTimeout)
+	defer cancel()
+	if _, err := b.pool.Exec(octx, b.n.unmarkWriterNotifySQL(), key, marker); err != nil {
+		b.log.Debug("postgres: waiting writer's marker not removed; it expires by itself", zap.Error(err))
+	}
 }
 
 // background runs f with cleanupTimeout on a goroutine that Close waits

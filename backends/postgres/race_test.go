@@ -136,3 +136,70 @@ func TestLockRetriesOnceOnRollback(t *testing.T) {
 		t.Errorf("LOCK after one deadlock rollback = %+v, %v; want granted", lease, err)
 	}
 }
+
+// TestWriterMarkerGoneOnReturn: a waiting writer's marker is gone when its
+// LOCK returns, granted or given up, so a new reader is not refused after
+// it. A trigger slows the marker's DELETE by 200 ms, so a DELETE left to
+// run after the return would be seen.
+func TestWriterMarkerGoneOnReturn(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE FUNCTION `+p+`slow_unmark() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.2); RETURN OLD; END $$`,
+		`CREATE TRIGGER slow_unmark BEFORE DELETE ON `+p+`waiting_writers FOR EACH ROW EXECUTE FUNCTION `+p+`slow_unmark()`,
+	)
+	conn := pg.Conn(t)
+	markers := func(key string) int {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+p+`waiting_writers WHERE key = $1`, key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	read := func(key, token string) error {
+		_, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: token, TTL: time.Minute, Mode: backends.Read})
+		return err
+	}
+
+	// Granted: the reader r1 releases while the writer waits.
+	if err := read("g", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Lock(ctx, backends.LockRequest{Key: "g", Token: "w", TTL: time.Minute, Wait: 30 * time.Second})
+		done <- err
+	}()
+	for deadline := time.Now().Add(30 * time.Second); markers("g") == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no marker of the waiting writer after 30 s")
+		}
+	}
+	if _, err := b.Unlock(ctx, "g", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := markers("g"); n != 0 {
+		t.Errorf("%d waiting-writer markers left after the writer's grant; want 0", n)
+	}
+	if _, err := b.Unlock(ctx, "g", "w"); err != nil {
+		t.Fatal(err)
+	}
+	if err := read("g", "r2"); err != nil {
+		t.Errorf("a new reader after the writer's grant and release: %v", err)
+	}
+
+	// Given up: the wait runs out while r1 still reads.
+	if err := read("u", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "u", Token: "w", TTL: time.Minute, Wait: 300 * time.Millisecond}); !errors.Is(err, backends.ErrNotAcquired) {
+		t.Fatalf("writer behind a reader, WAIT 300 = %v; want not acquired", err)
+	}
+	if n := markers("u"); n != 0 {
+		t.Errorf("%d waiting-writer markers left after the writer gave up; want 0", n)
+	}
+}

@@ -188,8 +188,11 @@ func (n names) markWriterSQL() string {
 ON CONFLICT (key, waiter) DO UPDATE SET expires_at = EXCLUDED.expires_at`
 }
 
-func (n names) unmarkWriterSQL() string {
-	return `DELETE FROM ` + n.waiters + ` WHERE key = $1 AND waiter = $2`
+// unmarkWriterNotifySQL deletes a waiting writer's marker ($2) and wakes
+// the readers it held back (at commit).
+func (n names) unmarkWriterNotifySQL() string {
+	return `WITH d AS (DELETE FROM ` + n.waiters + ` WHERE key = $1 AND waiter = $2 RETURNING key)
+SELECT pg_notify('` + n.channel + `', md5(key)) FROM d`
 }
 
 // sweepSQL deletes up to $1 expired rows of table and notifies each key's

@@ -97,6 +97,9 @@ func TestWaitWokenAcrossInstances(t *testing.T) {
 		t.Fatal(err)
 	}
 	lc.Unlock(t, cb, rkey, "w")
+	// The writer's marker went with its grant's transaction (it used to be
+	// deleted after the reply, and this reader was refused now and then):
+	// no wait for it to go is needed.
 	lc.MustRLock(t, ca, rkey, "PX", 10000, "TOKEN", "r2")
 }
 
