@@ -76,11 +76,12 @@ const (
 
 // Backend is a backends.Backend over one PostgreSQL database.
 type Backend struct {
-	cfg  Config
-	n    names
-	pool *pgxpool.Pool
-	log  *zap.Logger
-	addr string // host:port, for INFO and errors
+	cfg       Config
+	n         names
+	idleTxSQL string // SET LOCAL idle_in_transaction_session_timeout, first in a grant
+	pool      *pgxpool.Pool
+	log       *zap.Logger
+	addr      string // host:port, for INFO and errors
 
 	ctx    context.Context // ends at Close: the listener, sweeper, cleanups
 	cancel context.CancelFunc
@@ -142,21 +143,20 @@ func New(cfg Config) (*Backend, error) {
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	}
-	if _, set := pcfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !set {
+	b := &Backend{
+		cfg: cfg,
 		// A lockproxy that stops in the middle of a grant's transaction
 		// (paused, partitioned with its connection left open) would keep
 		// the key's advisory lock from every other instance; the server
 		// ends such a session once the transaction could no longer be
-		// finished anyway.
-		pcfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(cfg.OpTimeout.Milliseconds(), 1000), 10)
-	}
-	b := &Backend{
-		cfg:     cfg,
-		n:       newNames(cfg.Schema, cfg.TablePrefix),
-		log:     cfg.Logger,
-		addr:    net.JoinHostPort(pcfg.ConnConfig.Host, strconv.Itoa(int(pcfg.ConnConfig.Port))),
-		waiters: map[string]map[*waiter]struct{}{},
-		byKey:   map[string]int{},
+		// finished anyway. It is set in the transaction (SET LOCAL), not
+		// as a startup parameter, which PgBouncer refuses.
+		idleTxSQL: fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", max(cfg.OpTimeout.Milliseconds(), 1000)),
+		n:         newNames(cfg.Schema, cfg.TablePrefix),
+		log:       cfg.Logger,
+		addr:      net.JoinHostPort(pcfg.ConnConfig.Host, strconv.Itoa(int(pcfg.ConnConfig.Port))),
+		waiters:   map[string]map[*waiter]struct{}{},
+		byKey:     map[string]int{},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout)
 	defer cancel()
@@ -377,6 +377,7 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
 	err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		batch := &pgx.Batch{}
+		batch.Queue(b.idleTxSQL)
 		batch.Queue(b.n.lockKeySQL(), req.Key)
 		batch.Queue(b.n.dropExpiredOfKeySQL(), req.Key)
 		batch.Queue(b.n.heldRowsSQL(), req.Key)
@@ -422,19 +423,19 @@ func retryable(err error) bool {
 	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "40")
 }
 
-// readAttempt reads the batch of try: the advisory lock, the lazy delete,
-// the key's rows (the live ones kept) and (for readers) whether a writer waits.
+// readAttempt reads the batch of try: the SET LOCAL, the advisory lock,
+// the lazy delete, the key's rows (the live ones kept) and (for readers)
+// whether a writer waits.
 func readAttempt(br pgx.BatchResults, readers bool) (rows []row, writerWaits bool, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 	}()
-	if _, err = br.Exec(); err != nil {
-		return nil, false, err
-	}
-	if _, err = br.Exec(); err != nil {
-		return nil, false, err
+	for range 3 { // SET LOCAL, the advisory lock, the lazy DELETE
+		if _, err = br.Exec(); err != nil {
+			return nil, false, err
+		}
 	}
 	rs, err := br.Query()
 	if err != nil {

@@ -203,3 +203,34 @@ func TestWriterMarkerGoneOnReturn(t *testing.T) {
 		t.Errorf("%d waiting-writer markers left after the writer gave up; want 0", n)
 	}
 }
+
+// TestIdleTxTimeoutInTransaction: idle_in_transaction_session_timeout is
+// set inside a grant's transaction (a trigger records what the grant's
+// INSERT saw), not as a startup parameter, which PgBouncer refuses.
+func TestIdleTxTimeoutInTransaction(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 1)
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE TABLE `+p+`seen (v text)`,
+		`CREATE FUNCTION `+p+`record() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+	INSERT INTO `+p+`seen VALUES (current_setting('idle_in_transaction_session_timeout')); RETURN NEW; END $$`,
+		`CREATE TRIGGER record AFTER INSERT ON `+p+`holds FOR EACH ROW EXECUTE FUNCTION `+p+`record()`,
+	)
+	if _, ok := b.pool.Config().ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; ok {
+		t.Error("idle_in_transaction_session_timeout is a startup parameter")
+	}
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	var inTx, outside string
+	if err := b.pool.QueryRow(ctx, `SELECT v FROM `+p+`seen`).Scan(&inTx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.pool.QueryRow(ctx, `SHOW idle_in_transaction_session_timeout`).Scan(&outside); err != nil {
+		t.Fatal(err)
+	}
+	if inTx != "5s" || outside != "0" {
+		t.Errorf("idle_in_transaction_session_timeout in the grant %q, outside %q; want 5s (op_timeout), 0", inTx, outside)
+	}
+}
