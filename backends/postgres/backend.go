@@ -53,13 +53,15 @@ type Config struct {
 
 const (
 	// retryMin and retryMax bound the jittered pause between the tries of
-	// a waiting LOCK when no NOTIFY comes first (a lease that ran out is
-	// only announced by the sweep).
+	// a waiting LOCK while no NOTIFY can come (the listening connection is
+	// down).
 	retryMin = 25 * time.Millisecond
 	retryMax = 200 * time.Millisecond
+	// notifyWaitMax bounds a waiter's sleep while NOTIFYs can wake it.
+	notifyWaitMax = time.Second
 	// writerMarkTTL is the life of a waiting writer's marker, refreshed on
-	// every try (each at most retryMax apart), so a marker outlives a dead
-	// lockproxy by seconds only.
+	// every try (each at most notifyWaitMax apart), so a marker outlives a
+	// dead lockproxy by seconds only.
 	writerMarkTTL = 3 * time.Second
 	// sweepBatch rows per DELETE, sweepRounds DELETEs per table per sweep:
 	// a sweep never holds row locks on many rows at once or runs long.
@@ -282,8 +284,12 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			b.unmarkWriter(ctx, req.Key, marker)
 		}
 	}()
-	for {
-		lease, left, err := b.try(ctx, req, marker)
+	for tries := 0; ; {
+		// The first try queues on the key's advisory lock; the retries
+		// only try it, so that waiters on a hot key do not hold pool
+		// connections queued behind each other.
+		lease, left, err := b.try(ctx, req, marker, tries > 0)
+		tries++
 		if err == nil {
 			marker = "" // deleted by the grant's transaction
 		}
@@ -304,10 +310,7 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 				return backends.Lease{}, err
 			}
 		}
-		pause := retryMin + rand.N(retryMax-retryMin)
-		if left > 0 {
-			pause = min(pause, left+2*time.Millisecond)
-		}
+		pause := b.pause(left)
 		pause = min(pause, remaining)
 		t := time.NewTimer(pause)
 		select {
@@ -322,12 +325,31 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	}
 }
 
+// pause is how long a waiter sleeps before its next try unless a NOTIFY
+// wakes it: while the listening connection is up, until the conflicting
+// lease ends (left, +2 ms; a lease that runs out is announced only by the
+// sweep) or about a second, as a release wakes it; while it is down, 25–200
+// ms. Jittered, so that waiters spread their tries. A retry that found the
+// key's advisory lock busy sleeps as any refused try: the transaction
+// holding it either grants (a release of that grant will NOTIFY) or does
+// not (the key is then seldom free; the next try comes within a second).
+func (b *Backend) pause(left time.Duration) time.Duration {
+	d := notifyWaitMax*3/4 + rand.N(notifyWaitMax/4)
+	if !b.listening.Load() {
+		d = retryMin + rand.N(retryMax-retryMin)
+	}
+	if left > 0 {
+		d = min(d, left+2*time.Millisecond+rand.N(5*time.Millisecond))
+	}
+	return d
+}
+
 // try makes one attempt, in one transaction under the key's advisory lock.
 // A waiting writer's marker (if not "") is deleted by the transaction that
 // grants it, so new readers are held back no longer than the wait.
 // On ErrNotAcquired, left is the shortest lease among the conflicting
 // holders (0 when unknown).
-func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker string) (lease backends.Lease, left time.Duration, err error) {
+func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker string, tryLock bool) (lease backends.Lease, left time.Duration, err error) {
 	start := time.Now()
 	caller := ctx
 	ctx, cancel := b.op(ctx)
@@ -335,7 +357,7 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 	var act action
 	var granted bool // a first hold was inserted: fence is its row's
 	for attempt := 0; ; attempt++ {
-		act, granted, lease, left, err = b.attempt(ctx, req, marker)
+		act, granted, lease, left, err = b.attempt(ctx, req, marker, tryLock)
 		if err == nil {
 			break
 		}
@@ -354,7 +376,7 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 		return backends.Lease{}, 0, b.fail(caller, err)
 	}
 	switch act {
-	case actBusy:
+	case actBusy, actKeyBusy:
 		return backends.Lease{}, left, backends.ErrNotAcquired
 	case actUpgrade:
 		return backends.Lease{}, 0, backends.ErrUpgrade
@@ -374,17 +396,34 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 }
 
 // attempt is one transaction of try under the key's advisory lock.
-func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
+// With tryLock it does not wait for the key's advisory lock: busy, it
+// ends with actKeyBusy (one more round trip, as what follows the lock may
+// not run without it).
+func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string, tryLock bool) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
 	err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		batch := &pgx.Batch{}
 		batch.Queue(b.idleTxSQL)
-		batch.Queue(b.n.lockKeySQL(), req.Key)
+		lead := 2 // statements before the lazy DELETE
+		if tryLock {
+			batch.Queue(b.n.tryLockKeySQL(), req.Key)
+			locked, err := readTryLock(tx.SendBatch(ctx, batch))
+			if err != nil {
+				return err
+			}
+			if !locked {
+				act = actKeyBusy
+				return nil
+			}
+			batch, lead = &pgx.Batch{}, 0
+		} else {
+			batch.Queue(b.n.lockKeySQL(), req.Key)
+		}
 		batch.Queue(b.n.dropExpiredOfKeySQL(), req.Key)
 		batch.Queue(b.n.heldRowsSQL(), req.Key)
 		if req.Mode == backends.Read {
 			batch.Queue(b.n.writerWaitsSQL(), req.Key)
 		}
-		rows, writerWaits, err := readAttempt(tx.SendBatch(ctx, batch), req.Mode == backends.Read)
+		rows, writerWaits, err := readAttempt(tx.SendBatch(ctx, batch), lead, req.Mode == backends.Read)
 		if err != nil {
 			return err
 		}
@@ -423,16 +462,32 @@ func retryable(err error) bool {
 	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "40")
 }
 
-// readAttempt reads the batch of try: the SET LOCAL, the advisory lock,
-// the lazy delete, the key's rows (the live ones kept) and (for readers)
-// whether a writer waits.
-func readAttempt(br pgx.BatchResults, readers bool) (rows []row, writerWaits bool, err error) {
+// readTryLock reads a retry's first batch: the SET LOCAL and whether the
+// key's advisory lock was taken.
+func readTryLock(br pgx.BatchResults) (locked bool, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 	}()
-	for range 3 { // SET LOCAL, the advisory lock, the lazy DELETE
+	if _, err = br.Exec(); err != nil {
+		return false, err
+	}
+	err = br.QueryRow().Scan(&locked)
+	return locked, err
+}
+
+// readAttempt reads the batch of try: lead statements (the SET LOCAL and
+// the advisory lock, unless a first batch ran them), the lazy delete, the
+// key's rows (the live ones kept) and (for readers) whether a writer
+// waits.
+func readAttempt(br pgx.BatchResults, lead int, readers bool) (rows []row, writerWaits bool, err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	for range lead + 1 { // the lead, the lazy DELETE
 		if _, err = br.Exec(); err != nil {
 			return nil, false, err
 		}

@@ -234,3 +234,83 @@ func TestIdleTxTimeoutInTransaction(t *testing.T) {
 		t.Errorf("idle_in_transaction_session_timeout in the grant %q, outside %q; want 5s (op_timeout), 0", inTx, outside)
 	}
 }
+
+// TestWaiterSleepsWithoutQueueing: while the listening connection is up, a
+// writer waiting behind a long lease tries again only on a NOTIFY or about
+// once a second (a trigger counts its marker's refreshes, one per try),
+// and its tries do not queue on the key's advisory lock while another
+// transaction holds it (which would hold a pool connection meanwhile).
+func TestWaiterSleepsWithoutQueueing(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE SEQUENCE `+p+`tries`,
+		`CREATE FUNCTION `+p+`count_try() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM nextval('`+p+`tries'); RETURN NEW; END $$`,
+		`CREATE TRIGGER count_try BEFORE INSERT OR UPDATE ON `+p+`waiting_writers FOR EACH ROW EXECUTE FUNCTION `+p+`count_try()`,
+	)
+	for deadline := time.Now().Add(30 * time.Second); !b.listening.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the listening connection not up after 30 s")
+		}
+	}
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "H", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Lock(wctx, backends.LockRequest{Key: "k", Token: "W", TTL: time.Minute, Wait: time.Minute})
+		done <- err
+	}()
+	conn := pg.Conn(t)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+p+`waiting_writers`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the writer did not wait")
+		}
+	}
+	// Hold the key's advisory lock from another transaction for 1.5 s and
+	// watch for a pool connection queued on it.
+	holder := pg.Conn(t)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, b.n.lockKeySQL(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	queued := 0
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		queued = max(queued, n)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var tries int64
+	if err := conn.QueryRow(ctx, `SELECT last_value FROM `+p+`tries`).Scan(&tries); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	<-done
+	if queued > 0 {
+		t.Errorf("a waiter's try queued on the key's advisory lock (%d waiting)", queued)
+	}
+	// About 1.5 s of waiting with no NOTIFY: 2 or 3 tries at one a second
+	// (the first included); 25–200 ms polling made about 15.
+	t.Logf("tries in about 1.5 s: %d; advisory lock waits seen: %d", tries, queued)
+	if tries > 5 {
+		t.Errorf("the waiter tried %d times in about 1.5 s without a NOTIFY; want at most 5", tries)
+	}
+}

@@ -91,6 +91,12 @@ func (n names) lockKeySQL() string {
 	return `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
 }
 
+// tryLockKeySQL is lockKeySQL for a waiter's retry: true when taken,
+// false at once when another transaction holds it.
+func (n names) tryLockKeySQL() string {
+	return `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`
+}
+
 func (n names) liveHoldersSQL() string {
 	return `SELECT token, mode, holds, fence,
 	GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint)
