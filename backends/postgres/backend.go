@@ -213,17 +213,21 @@ func (b *Backend) setup(ctx context.Context) error {
 	return nil
 }
 
-// checkSequence refuses a fence sequence with a cache: each connection
+// checkSequence refuses a fence sequence with a cache (each connection
 // would hand out values from a block of its own, and a later grant could
-// get a smaller fence.
+// get a smaller fence) or one that cycles (after its maximum it would
+// start again from its minimum).
 func (b *Backend) checkSequence(ctx context.Context) error {
 	var cache int64
-	err := b.pool.QueryRow(ctx, `SELECT seqcache FROM pg_sequence WHERE seqrelid = to_regclass($1)`, b.n.fences).Scan(&cache)
+	var cycle bool
+	err := b.pool.QueryRow(ctx, `SELECT seqcache, seqcycle FROM pg_sequence WHERE seqrelid = to_regclass($1)`, b.n.fences).Scan(&cache, &cycle)
 	switch {
 	case err != nil:
 		return fmt.Errorf("postgres: read the fence sequence %s: %s: %w", b.n.fences, reason(err), err)
 	case cache > 1:
 		return fmt.Errorf("postgres: the fence sequence %s has CACHE %d: fences would not grow across connections; run ALTER SEQUENCE %s CACHE 1", b.n.fences, cache, b.n.fences)
+	case cycle:
+		return fmt.Errorf("postgres: the fence sequence %s is CYCLE: fences would start again from its minimum after its maximum; run ALTER SEQUENCE %s NO CYCLE", b.n.fences, b.n.fences)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -312,5 +313,20 @@ func TestWaiterSleepsWithoutQueueing(t *testing.T) {
 	t.Logf("tries in about 1.5 s: %d; advisory lock waits seen: %d", tries, queued)
 	if tries > 5 {
 		t.Errorf("the waiter tried %d times in about 1.5 s without a NOTIFY; want at most 5", tries)
+	}
+}
+
+// TestSequenceCycleRefused: a fence sequence made to CYCLE (fences would
+// start again from its minimum) is refused at start, saying how to fix it.
+func TestSequenceCycleRefused(t *testing.T) {
+	pg, p := testDB(t)
+	newTestBackend(t, pg, p, 1) // creates the tables
+	execAll(t, pg, `ALTER SEQUENCE `+p+`fence CYCLE`)
+	b, err := New(Config{DSN: pg.DSN(), TablePrefix: p, SweepInterval: time.Hour})
+	if err == nil {
+		b.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "NO CYCLE") {
+		t.Errorf("New on a CYCLE fence sequence = %v; want a refusal naming NO CYCLE", err)
 	}
 }
