@@ -9,6 +9,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -52,13 +53,15 @@ type Config struct {
 
 const (
 	// retryMin and retryMax bound the jittered pause between the tries of
-	// a waiting LOCK when no NOTIFY comes first (a lease that ran out is
-	// only announced by the sweep).
+	// a waiting LOCK while no NOTIFY can come (the listening connection is
+	// down).
 	retryMin = 25 * time.Millisecond
 	retryMax = 200 * time.Millisecond
+	// notifyWaitMax bounds a waiter's sleep while NOTIFYs can wake it.
+	notifyWaitMax = time.Second
 	// writerMarkTTL is the life of a waiting writer's marker, refreshed on
-	// every try (each at most retryMax apart), so a marker outlives a dead
-	// lockproxy by seconds only.
+	// every try (each at most notifyWaitMax apart), so a marker outlives a
+	// dead lockproxy by seconds only.
 	writerMarkTTL = 3 * time.Second
 	// sweepBatch rows per DELETE, sweepRounds DELETEs per table per sweep:
 	// a sweep never holds row locks on many rows at once or runs long.
@@ -75,11 +78,12 @@ const (
 
 // Backend is a backends.Backend over one PostgreSQL database.
 type Backend struct {
-	cfg  Config
-	n    names
-	pool *pgxpool.Pool
-	log  *zap.Logger
-	addr string // host:port, for INFO and errors
+	cfg       Config
+	n         names
+	idleTxSQL string // SET LOCAL idle_in_transaction_session_timeout, first in a grant
+	pool      *pgxpool.Pool
+	log       *zap.Logger
+	addr      string // host:port, for INFO and errors
 
 	ctx    context.Context // ends at Close: the listener, sweeper, cleanups
 	cancel context.CancelFunc
@@ -141,21 +145,20 @@ func New(cfg Config) (*Backend, error) {
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	}
-	if _, set := pcfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !set {
+	b := &Backend{
+		cfg: cfg,
 		// A lockproxy that stops in the middle of a grant's transaction
 		// (paused, partitioned with its connection left open) would keep
 		// the key's advisory lock from every other instance; the server
 		// ends such a session once the transaction could no longer be
-		// finished anyway.
-		pcfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(max(cfg.OpTimeout.Milliseconds(), 1000), 10)
-	}
-	b := &Backend{
-		cfg:     cfg,
-		n:       newNames(cfg.Schema, cfg.TablePrefix),
-		log:     cfg.Logger,
-		addr:    net.JoinHostPort(pcfg.ConnConfig.Host, strconv.Itoa(int(pcfg.ConnConfig.Port))),
-		waiters: map[string]map[*waiter]struct{}{},
-		byKey:   map[string]int{},
+		// finished anyway. It is set in the transaction (SET LOCAL), not
+		// as a startup parameter, which PgBouncer refuses.
+		idleTxSQL: fmt.Sprintf("SET LOCAL idle_in_transaction_session_timeout = %d", max(cfg.OpTimeout.Milliseconds(), 1000)),
+		n:         newNames(cfg.Schema, cfg.TablePrefix),
+		log:       cfg.Logger,
+		addr:      net.JoinHostPort(pcfg.ConnConfig.Host, strconv.Itoa(int(pcfg.ConnConfig.Port))),
+		waiters:   map[string]map[*waiter]struct{}{},
+		byKey:     map[string]int{},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout)
 	defer cancel()
@@ -210,17 +213,21 @@ func (b *Backend) setup(ctx context.Context) error {
 	return nil
 }
 
-// checkSequence refuses a fence sequence with a cache: each connection
+// checkSequence refuses a fence sequence with a cache (each connection
 // would hand out values from a block of its own, and a later grant could
-// get a smaller fence.
+// get a smaller fence) or one that cycles (after its maximum it would
+// start again from its minimum).
 func (b *Backend) checkSequence(ctx context.Context) error {
 	var cache int64
-	err := b.pool.QueryRow(ctx, `SELECT seqcache FROM pg_sequence WHERE seqrelid = to_regclass($1)`, b.n.fences).Scan(&cache)
+	var cycle bool
+	err := b.pool.QueryRow(ctx, `SELECT seqcache, seqcycle FROM pg_sequence WHERE seqrelid = to_regclass($1)`, b.n.fences).Scan(&cache, &cycle)
 	switch {
 	case err != nil:
 		return fmt.Errorf("postgres: read the fence sequence %s: %s: %w", b.n.fences, reason(err), err)
 	case cache > 1:
 		return fmt.Errorf("postgres: the fence sequence %s has CACHE %d: fences would not grow across connections; run ALTER SEQUENCE %s CACHE 1", b.n.fences, cache, b.n.fences)
+	case cycle:
+		return fmt.Errorf("postgres: the fence sequence %s is CYCLE: fences would start again from its minimum after its maximum; run ALTER SEQUENCE %s NO CYCLE", b.n.fences, b.n.fences)
 	}
 	return nil
 }
@@ -278,11 +285,18 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	marker := ""
 	defer func() {
 		if marker != "" {
-			b.unmarkWriter(req.Key, marker)
+			b.unmarkWriter(ctx, req.Key, marker)
 		}
 	}()
-	for {
-		lease, left, err := b.try(ctx, req)
+	for tries := 0; ; {
+		// The first try queues on the key's advisory lock; the retries
+		// only try it, so that waiters on a hot key do not hold pool
+		// connections queued behind each other.
+		lease, left, err := b.try(ctx, req, marker, tries > 0)
+		tries++
+		if err == nil {
+			marker = "" // deleted by the grant's transaction
+		}
 		if !errors.Is(err, backends.ErrNotAcquired) {
 			return lease, err
 		}
@@ -300,10 +314,7 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 				return backends.Lease{}, err
 			}
 		}
-		pause := retryMin + rand.N(retryMax-retryMin)
-		if left > 0 {
-			pause = min(pause, left+2*time.Millisecond)
-		}
+		pause := b.pause(left)
 		pause = min(pause, remaining)
 		t := time.NewTimer(pause)
 		select {
@@ -318,25 +329,105 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	}
 }
 
+// pause is how long a waiter sleeps before its next try unless a NOTIFY
+// wakes it: while the listening connection is up, until the conflicting
+// lease ends (left, +2 ms; a lease that runs out is announced only by the
+// sweep) or about a second, as a release wakes it; while it is down, 25–200
+// ms. Jittered, so that waiters spread their tries. A retry that found the
+// key's advisory lock busy sleeps as any refused try: the transaction
+// holding it either grants (a release of that grant will NOTIFY) or does
+// not (the key is then seldom free; the next try comes within a second).
+func (b *Backend) pause(left time.Duration) time.Duration {
+	d := notifyWaitMax*3/4 + rand.N(notifyWaitMax/4)
+	if !b.listening.Load() {
+		d = retryMin + rand.N(retryMax-retryMin)
+	}
+	if left > 0 {
+		d = min(d, left+2*time.Millisecond+rand.N(5*time.Millisecond))
+	}
+	return d
+}
+
 // try makes one attempt, in one transaction under the key's advisory lock.
+// A waiting writer's marker (if not "") is deleted by the transaction that
+// grants it, so new readers are held back no longer than the wait.
 // On ErrNotAcquired, left is the shortest lease among the conflicting
 // holders (0 when unknown).
-func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease backends.Lease, left time.Duration, err error) {
+func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker string, tryLock bool) (lease backends.Lease, left time.Duration, err error) {
 	start := time.Now()
 	caller := ctx
 	ctx, cancel := b.op(ctx)
 	defer cancel()
 	var act action
 	var granted bool // a first hold was inserted: fence is its row's
+	for attempt := 0; ; attempt++ {
+		act, granted, lease, left, err = b.attempt(ctx, req, marker, tryLock)
+		if err == nil {
+			break
+		}
+		if attempt == 0 && retryable(err) && ctx.Err() == nil {
+			// A deadlock or serialization failure rolled the whole
+			// transaction back (nothing was granted): try once more within
+			// the same deadline.
+			b.log.Debug("postgres: lock try rolled back; retrying once", zap.Error(err))
+			continue
+		}
+		if granted && !retryable(err) {
+			// The commit's outcome is unknown: drop the row if it is there,
+			// as the caller is told the lock was not granted.
+			b.dropGrant(req, lease.Fence)
+		}
+		return backends.Lease{}, 0, b.fail(caller, err)
+	}
+	switch act {
+	case actBusy, actKeyBusy:
+		return backends.Lease{}, left, backends.ErrNotAcquired
+	case actUpgrade:
+		return backends.Lease{}, 0, backends.ErrUpgrade
+	}
+	lease.Validity = validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin)
+	if lease.Validity <= 0 {
+		// Too slow to be of use: the lease may already be over, so the
+		// caller must not act on it. Take back what this call added.
+		if granted {
+			b.dropGrant(req, lease.Fence)
+		} else {
+			b.dropReentry(req, lease.Fence)
+		}
+		return backends.Lease{}, 0, backends.ErrNotAcquired
+	}
+	return lease, 0, nil
+}
+
+// attempt is one transaction of try under the key's advisory lock.
+// With tryLock it does not wait for the key's advisory lock: busy, it
+// ends with actKeyBusy (one more round trip, as what follows the lock may
+// not run without it).
+func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string, tryLock bool) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
 	err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		batch := &pgx.Batch{}
-		batch.Queue(b.n.lockKeySQL(), req.Key)
+		batch.Queue(b.idleTxSQL)
+		lead := 2 // statements before the lazy DELETE
+		if tryLock {
+			batch.Queue(b.n.tryLockKeySQL(), req.Key)
+			locked, err := readTryLock(tx.SendBatch(ctx, batch))
+			if err != nil {
+				return err
+			}
+			if !locked {
+				act = actKeyBusy
+				return nil
+			}
+			batch, lead = &pgx.Batch{}, 0
+		} else {
+			batch.Queue(b.n.lockKeySQL(), req.Key)
+		}
 		batch.Queue(b.n.dropExpiredOfKeySQL(), req.Key)
-		batch.Queue(b.n.liveHoldersSQL(), req.Key)
+		batch.Queue(b.n.heldRowsSQL(), req.Key)
 		if req.Mode == backends.Read {
 			batch.Queue(b.n.writerWaitsSQL(), req.Key)
 		}
-		rows, writerWaits, err := readAttempt(tx.SendBatch(ctx, batch), req.Mode == backends.Read)
+		rows, writerWaits, err := readAttempt(tx.SendBatch(ctx, batch), lead, req.Mode == backends.Read)
 		if err != nil {
 			return err
 		}
@@ -357,53 +448,59 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest) (lease back
 			}
 			lease.Token, lease.Fence = req.Token, uint64(fence)
 		}
+		if marker != "" && (act == actGrant || act == actReenter) {
+			if _, err := tx.Exec(ctx, b.n.unmarkWriterNotifySQL(), req.Key, marker); err != nil {
+				return err
+			}
+		}
 		return nil
 	})
-	if err != nil {
-		if granted {
-			// The commit's outcome is unknown: drop the row if it is there,
-			// as the caller is told the lock was not granted.
-			b.dropGrant(req, lease.Fence)
-		}
-		return backends.Lease{}, 0, b.fail(caller, err)
-	}
-	switch act {
-	case actBusy:
-		return backends.Lease{}, left, backends.ErrNotAcquired
-	case actUpgrade:
-		return backends.Lease{}, 0, backends.ErrUpgrade
-	}
-	lease.Validity = validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin)
-	if lease.Validity <= 0 {
-		if granted {
-			// Too slow to be of use: the lease may already be over.
-			b.dropGrant(req, lease.Fence)
-			return backends.Lease{}, 0, backends.ErrNotAcquired
-		}
-		lease.Validity = time.Millisecond
-	}
-	return lease, 0, nil
+	return act, granted, lease, left, err
 }
 
-// readAttempt reads the batch of try: the advisory lock, the lazy delete,
-// the live rows and (for readers) whether a writer waits.
-func readAttempt(br pgx.BatchResults, readers bool) (rows []row, writerWaits bool, err error) {
+// retryable reports a transaction the database rolled back for a
+// deadlock or a serialization failure (SQLSTATE class 40): nothing of it
+// stays, and running it again may well succeed.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "40")
+}
+
+// readTryLock reads a retry's first batch: the SET LOCAL and whether the
+// key's advisory lock was taken.
+func readTryLock(br pgx.BatchResults) (locked bool, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 	}()
 	if _, err = br.Exec(); err != nil {
-		return nil, false, err
+		return false, err
 	}
-	if _, err = br.Exec(); err != nil {
-		return nil, false, err
+	err = br.QueryRow().Scan(&locked)
+	return locked, err
+}
+
+// readAttempt reads the batch of try: lead statements (the SET LOCAL and
+// the advisory lock, unless a first batch ran them), the lazy delete, the
+// key's rows (the live ones kept) and (for readers) whether a writer
+// waits.
+func readAttempt(br pgx.BatchResults, lead int, readers bool) (rows []row, writerWaits bool, err error) {
+	defer func() {
+		if cerr := br.Close(); err == nil {
+			err = cerr
+		}
+	}()
+	for range lead + 1 { // the lead, the lazy DELETE
+		if _, err = br.Exec(); err != nil {
+			return nil, false, err
+		}
 	}
 	rs, err := br.Query()
 	if err != nil {
 		return nil, false, err
 	}
-	rows, err = scanRows(rs)
+	rows, err = scanHeldRows(rs)
 	if err != nil {
 		return nil, false, err
 	}
@@ -431,6 +528,27 @@ func scanRows(rs pgx.Rows) ([]row, error) {
 	return out, rs.Err()
 }
 
+// scanHeldRows reads heldRowsSQL's rows and keeps the live ones.
+func scanHeldRows(rs pgx.Rows) ([]row, error) {
+	defer rs.Close()
+	var out []row
+	for rs.Next() {
+		var r row
+		var mode int16
+		var fence, leftMS int64
+		var live bool
+		if err := rs.Scan(&r.token, &mode, &r.holds, &fence, &leftMS, &live); err != nil {
+			return nil, err
+		}
+		if !live {
+			continue
+		}
+		r.mode, r.fence, r.left = backends.Mode(mode), uint64(fence), time.Duration(leftMS)*time.Millisecond
+		out = append(out, r)
+	}
+	return out, rs.Err()
+}
+
 // dropGrant deletes a row granted to a caller that was not told of it,
 // on a goroutine of the backend's, bounded in time.
 func (b *Backend) dropGrant(req backends.LockRequest, fence uint64) {
@@ -439,6 +557,24 @@ func (b *Backend) dropGrant(req backends.LockRequest, fence uint64) {
 			` WHERE key = $1 AND token = $2 AND mode = $3 AND fence = $4 AND holds = 1 RETURNING key)
 SELECT pg_notify('`+b.n.channel+`', md5(key)) FROM d`, req.Key, req.Token, int16(req.Mode), int64(fence))
 		return err
+	})
+}
+
+// dropReentry takes back the hold a reentrant grant added when its reply
+// came too late to be of use, under the key's advisory lock, on a
+// goroutine of the backend's, bounded in time. Best effort: on failure the
+// token keeps one hold too many until its lease (already set short) ends.
+// The lease's end the reentry set is not restored.
+func (b *Backend) dropReentry(req backends.LockRequest, fence uint64) {
+	b.background(func(ctx context.Context) error {
+		return pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, b.n.lockKeySQL(), req.Key); err != nil {
+				return err
+			}
+			_, err := tx.Exec(ctx, `UPDATE `+b.n.holds+` SET holds = holds - 1
+WHERE key = $1 AND token = $2 AND mode = $3 AND fence = $4 AND holds > 1`, req.Key, req.Token, int16(req.Mode), int64(fence))
+			return err
+		})
 	})
 }
 
@@ -457,14 +593,16 @@ func (b *Backend) markWriter(ctx context.Context, key, marker string) error {
 	return nil
 }
 
-// unmarkWriter removes a waiting writer's marker and wakes the readers it
-// held back.
-func (b *Backend) unmarkWriter(key, marker string) {
-	b.background(func(ctx context.Context) error {
-		_, err := b.pool.Exec(ctx, `WITH d AS (`+b.n.unmarkWriterSQL()+` RETURNING key)
-SELECT pg_notify('`+b.n.channel+`', md5(key)) FROM d`, key, marker)
-		return err
-	})
+// unmarkWriter removes the marker of a writer that gave up waiting (or
+// failed) and wakes the readers it held back, before Lock returns, bounded
+// by OpTimeout even when the caller's context has ended. On failure the
+// marker expires by itself within writerMarkTTL.
+func (b *Backend) unmarkWriter(ctx context.Context, key, marker string) {
+	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.OpTimeout)
+	defer cancel()
+	if _, err := b.pool.Exec(octx, b.n.unmarkWriterNotifySQL(), key, marker); err != nil {
+		b.log.Debug("postgres: waiting writer's marker not removed; it expires by itself", zap.Error(err))
+	}
 }
 
 // background runs f with cleanupTimeout on a goroutine that Close waits
@@ -520,7 +658,10 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	if tag.RowsAffected() == 0 {
 		return 0, nil
 	}
-	return max(validity(ttl, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin), time.Millisecond), nil
+	// A reply that comes after the lease it set ended (less the drift
+	// allowance) renews nothing the caller may use: 0, as quorum.Extend
+	// reports.
+	return max(validity(ttl, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin), 0), nil
 }
 
 // Info implements backends.Backend. It reads without the key's lock: one

@@ -23,10 +23,11 @@ const (
 	actReenter               // add a hold to the token's own row
 	actBusy                  // someone else holds (or a writer waits)
 	actUpgrade               // a reader asked for the write lock: refused
+	actKeyBusy               // a retry found the key's advisory lock taken
 )
 
 func (a action) String() string {
-	return [...]string{"grant", "reenter", "busy", "upgrade"}[a]
+	return [...]string{"grant", "reenter", "busy", "upgrade", "key busy"}[a]
 }
 
 // decide is the lock decision, taken under the key's advisory lock from the

@@ -91,10 +91,40 @@ func (n names) lockKeySQL() string {
 	return `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`
 }
 
+// tryLockKeySQL is lockKeySQL for a waiter's retry: true when taken,
+// false at once when another transaction holds it.
+func (n names) tryLockKeySQL() string {
+	return `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`
+}
+
 func (n names) liveHoldersSQL() string {
 	return `SELECT token, mode, holds, fence,
 	GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint)
 FROM ` + n.holds + ` WHERE key = $1 AND expires_at > clock_timestamp() ORDER BY mode, fence`
+}
+
+// heldRowsSQL reads every row of the key the lazy DELETE left, with no
+// time filter, FOR SHARE, and says of each whether it is live
+// (expires_at > clock_timestamp(), judged on the version read). The grant
+// decides on the live ones only.
+//
+// Why every row, locked: a RENEW takes no advisory lock. One that updated
+// A's row just before A's lease ended and commits late holds that row's
+// lock; a SELECT filtered on expires_at would judge the old version,
+// expired, and grant B while A's RENEW goes on to report validity. FOR
+// SHARE waits for that RENEW (or UNLOCK) to end and then reads the row's
+// latest version (or skips it if it went), so its outcome is seen.
+//
+// A RENEW that starts after this FOR SHARE cannot revive a row judged
+// expired here: its UPDATE waits for the grant's transaction to end (the
+// share lock), then re-checks expires_at > clock_timestamp() on the latest
+// version, which is still the expired one, and the database's clock has
+// only moved on (see the README's Limits for a clock that steps back).
+func (n names) heldRowsSQL() string {
+	return `SELECT token, mode, holds, fence,
+	GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint),
+	expires_at > clock_timestamp()
+FROM ` + n.holds + ` WHERE key = $1 ORDER BY mode, fence FOR SHARE`
 }
 
 func (n names) writerWaitsSQL() string {
@@ -164,18 +194,25 @@ func (n names) markWriterSQL() string {
 ON CONFLICT (key, waiter) DO UPDATE SET expires_at = EXCLUDED.expires_at`
 }
 
-func (n names) unmarkWriterSQL() string {
-	return `DELETE FROM ` + n.waiters + ` WHERE key = $1 AND waiter = $2`
+// unmarkWriterNotifySQL deletes a waiting writer's marker ($2) and wakes
+// the readers it held back (at commit).
+func (n names) unmarkWriterNotifySQL() string {
+	return `WITH d AS (DELETE FROM ` + n.waiters + ` WHERE key = $1 AND waiter = $2 RETURNING key)
+SELECT pg_notify('` + n.channel + `', md5(key)) FROM d`
 }
 
 // sweepSQL deletes up to $1 expired rows of table and notifies each key's
 // waiters once: a waiter behind a lease that ran out wakes without polling.
 // The expiry is checked again on the row deleted: a row granted anew
-// (ON CONFLICT) since the inner SELECT is a live row and stays.
+// (ON CONFLICT) since the inner SELECT is a live row and stays. The rows
+// are locked FOR UPDATE SKIP LOCKED, as they are found: a row a grant's
+// lazy DELETE (index order) or a RENEW holds is left to them, so the
+// sweep (ctid order) never waits on a grant while holding rows that grant
+// is about to delete, which deadlocked them.
 func (n names) sweepSQL(table string) string {
 	return `WITH gone AS (
 	DELETE FROM ` + table + ` WHERE ctid IN (
-		SELECT ctid FROM ` + table + ` WHERE expires_at < clock_timestamp() LIMIT $1)
+		SELECT ctid FROM ` + table + ` WHERE expires_at < clock_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED)
 		AND expires_at < clock_timestamp()
 	RETURNING key)
 SELECT (SELECT count(*) FROM gone),

@@ -3,8 +3,11 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -50,8 +53,9 @@ var lc = lockclient.Config{
 
 // instance is one running lockproxy on the PostgreSQL backend.
 type instance struct {
-	addr string
-	proc *harness.Proc
+	addr  string
+	admin string // the admin listener (/metrics)
+	proc  *harness.Proc
 }
 
 // startInstance starts lockproxy with --backend postgres on dsn, its tables
@@ -60,8 +64,8 @@ type instance struct {
 func startInstance(t testing.TB, dsn, prefix string, env ...string) *instance {
 	t.Helper()
 	bin := harness.BuildLockproxy(t)
-	in := &instance{addr: fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))}
-	cmd := exec.Command(bin, "--listen", in.addr, "--admin", "", "--backend", "postgres", "--postgres-dsn", dsn)
+	in := &instance{addr: fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)), admin: fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))}
+	cmd := exec.Command(bin, "--listen", in.addr, "--admin", in.admin, "--backend", "postgres", "--postgres-dsn", dsn)
 	cmd.Env = append(os.Environ(), "LOCKPROXY_POSTGRES_TABLE_PREFIX="+prefix)
 	cmd.Env = append(cmd.Env, env...)
 	in.proc = harness.StartCmd(t, cmd)
@@ -71,10 +75,37 @@ func startInstance(t testing.TB, dsn, prefix string, env ...string) *instance {
 			t.Errorf("lockproxy reported a data race:\n%s", out)
 		}
 	})
-	if err := harness.WaitTCP(in.addr, 60*time.Second); err != nil {
-		t.Fatalf("lockproxy did not listen on %s: %v\noutput:\n%s", in.addr, err, in.proc.Output())
+	for _, a := range []string{in.addr, in.admin} {
+		if err := harness.WaitTCP(a, 60*time.Second); err != nil {
+			t.Fatalf("lockproxy did not listen on %s: %v\noutput:\n%s", a, err, in.proc.Output())
+		}
 	}
 	return in
+}
+
+// metric reads one sample of in's /metrics, -1 when absent.
+func metric(t *testing.T, in *instance, sample string) float64 {
+	t.Helper()
+	hc := &http.Client{Timeout: 30 * time.Second}
+	resp, err := hc.Get("http://" + in.admin + "/metrics")
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("GET /metrics: %v", err)
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, sample+" "); ok {
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil {
+				t.Fatalf("/metrics: %s: %v", line, err)
+			}
+			return f
+		}
+	}
+	return -1
 }
 
 // newPrefix is a table prefix of t's own.

@@ -37,7 +37,8 @@ func TestFencesAcrossInstances(t *testing.T) {
 
 // TestWaitWokenAcrossInstances: a lock held through instance A blocks
 // instance B; B's LOCK … WAIT is woken by the UNLOCK on A (a NOTIFY on
-// the release channel) within a second, well before its wait runs out.
+// the release channel) within a second, well before its wait runs out, and
+// counted as a wake-up on B's /metrics.
 // Then writer preference across instances: a writer waiting on B holds
 // back new readers on A.
 func TestWaitWokenAcrossInstances(t *testing.T) {
@@ -65,6 +66,8 @@ func TestWaitWokenAcrossInstances(t *testing.T) {
 		t.Fatalf("B's waiter returned while A held the lock: %v", err)
 	default:
 	}
+	const wakeups = "lockproxy_postgres_wakeups_total"
+	before := metric(t, b, wakeups)
 	unlocked := time.Now()
 	if n := lc.Unlock(t, ca, key, g.Token); n != 1 {
 		t.Fatalf("UNLOCK on A = %d", n)
@@ -74,6 +77,10 @@ func TestWaitWokenAcrossInstances(t *testing.T) {
 	}
 	if d := time.Since(unlocked); d > time.Second {
 		t.Errorf("B's waiter granted %v after the UNLOCK on A; want within a second", d)
+	}
+	// Woken by the NOTIFY, not by its next poll.
+	if after := metric(t, b, wakeups); before < 0 || after <= before {
+		t.Errorf("%s on B: %v before the UNLOCK on A, %v after; want it to grow", wakeups, before, after)
 	}
 
 	// Writer preference: r1 reads through A, a writer waits on B, a new
@@ -97,6 +104,9 @@ func TestWaitWokenAcrossInstances(t *testing.T) {
 		t.Fatal(err)
 	}
 	lc.Unlock(t, cb, rkey, "w")
+	// The writer's marker went with its grant's transaction (it used to be
+	// deleted after the reply, and this reader was refused now and then):
+	// no wait for it to go is needed.
 	lc.MustRLock(t, ca, rkey, "PX", 10000, "TOKEN", "r2")
 }
 

@@ -1,0 +1,76 @@
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// These tests run the backend against a real PostgreSQL, started once for
+// the package on first use; each test has tables of its own (a prefix).
+// Triggers stretch the timing of a race to make it happen every time.
+
+var (
+	dbOnce sync.Once
+	dbPG   *harness.Postgres
+	dbDir  string
+	dbErr  error
+	dbSeq  atomic.Int64
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if dbPG != nil {
+		dbPG.Kill()
+		os.RemoveAll(dbDir)
+	}
+	os.Exit(code)
+}
+
+// testDB is the package's PostgreSQL server and a table prefix of t's own.
+func testDB(t *testing.T) (*harness.Postgres, string) {
+	t.Helper()
+	dbOnce.Do(func() {
+		if dbDir, dbErr = os.MkdirTemp("", "lockproxy-pg-unit-"); dbErr != nil {
+			return
+		}
+		dbPG, dbErr = harness.LaunchPostgres(dbDir)
+	})
+	if dbErr != nil {
+		t.Fatalf("postgres: %v", dbErr)
+	}
+	return dbPG, fmt.Sprintf("u%d_%s_", dbSeq.Add(1), strings.ToLower(strings.ReplaceAll(t.Name(), "/", "_"))[:min(20, len(t.Name()))])
+}
+
+// newTestBackend is a Backend on pg's tables named with prefix, with no
+// periodic sweep.
+func newTestBackend(t *testing.T, pg *harness.Postgres, prefix string, pool int32) *Backend {
+	t.Helper()
+	b, err := New(Config{DSN: pg.DSN(), TablePrefix: prefix, SweepInterval: time.Hour,
+		DriftFactor: 0.01, DriftMin: 2 * time.Millisecond, PoolSize: pool})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
+// execAll runs statements on a direct connection to pg.
+func execAll(t *testing.T, pg *harness.Postgres, stmts ...string) {
+	t.Helper()
+	conn := pg.Conn(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, q := range stmts {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatalf("%s: %v", q, err)
+		}
+	}
+}

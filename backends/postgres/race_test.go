@@ -1,0 +1,332 @@
+package postgres
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/backends"
+)
+
+// TestRenewInFlightNotTwoHolders: A's lease ends at T. A's RENEW updates
+// the row just before T and commits late (a deferred trigger sleeps at
+// commit, as a sync-rep wait or an fsync stall would). B's grant runs its
+// lazy DELETE before T (A's row live: kept) and reads the key's rows
+// after T (an expired decoy row's DELETE trigger stretches the gap). B
+// must wait for A's RENEW and see the renewed row: never both B granted
+// and A's RENEW valid.
+func TestRenewInFlightNotTwoHolders(t *testing.T) {
+	pg, p := testDB(t)
+	a := newTestBackend(t, pg, p, 4)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE FUNCTION `+p+`slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.4); RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON `+p+`holds DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+p+`slow_commit()`,
+		`CREATE FUNCTION `+p+`slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF OLD.token = 'decoy' THEN PERFORM pg_sleep(0.1); END IF; RETURN OLD; END $$`,
+		`CREATE TRIGGER slow_delete BEFORE DELETE ON `+p+`holds FOR EACH ROW EXECUTE FUNCTION `+p+`slow_delete()`,
+	)
+	if _, err := a.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	granted := time.Now()
+	execAll(t, pg, `INSERT INTO `+p+`holds VALUES ('k', 'decoy', 1, 1, clock_timestamp() - interval '1 s', 0)`)
+	T := granted.Add(300 * time.Millisecond)
+	renewed := make(chan time.Duration, 1)
+	time.Sleep(time.Until(T.Add(-60 * time.Millisecond)))
+	go func() {
+		v, err := a.Renew(ctx, "k", "A", 5*time.Second)
+		if err != nil {
+			t.Error(err)
+		}
+		renewed <- v
+	}()
+	time.Sleep(time.Until(T.Add(-30 * time.Millisecond)))
+	lb, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "B", TTL: 5 * time.Second})
+	v := <-renewed
+	t.Logf("B's LOCK: %+v, %v; A's RENEW: validity %v", lb, err, v)
+	if err == nil && v > 0 {
+		t.Errorf("two write holders: B granted (fence %d) and A's RENEW valid for %v", lb.Fence, v)
+	}
+}
+
+// TestLateReplyNoValidity: a RENEW, and a reentrant LOCK, whose commit is
+// slow (a deferred trigger sleeps 60 ms at commit) reply after the 20 ms
+// lease they set ended: the RENEW reports 0 (not renewed), the LOCK is not
+// acquired and its hold is taken back.
+func TestLateReplyNoValidity(t *testing.T) {
+	pg, p := testDB(t)
+	a := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	for _, key := range []string{"k", "k2"} {
+		if _, err := a.Lock(ctx, backends.LockRequest{Key: key, Token: "A", TTL: 10 * time.Second}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	execAll(t, pg,
+		`CREATE FUNCTION `+p+`slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.06); RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER slow AFTER UPDATE ON `+p+`holds DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+p+`slow()`,
+	)
+	lease, err := a.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 20 * time.Millisecond})
+	if !errors.Is(err, backends.ErrNotAcquired) {
+		t.Errorf("reentrant LOCK PX 20 replying after 60 ms = %+v, %v; want not acquired", lease, err)
+	}
+	if v, err := a.Renew(ctx, "k2", "A", 20*time.Millisecond); err != nil || v != 0 {
+		t.Errorf("RENEW PX 20 replying after 60 ms = %v, %v; want 0", v, err)
+	}
+	conn := pg.Conn(t)
+	var holds int64
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err := conn.QueryRow(ctx, `SELECT holds FROM `+p+`holds WHERE key = 'k' AND token = 'A'`).Scan(&holds); err != nil {
+			t.Fatal(err)
+		}
+		if holds == 1 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if holds != 1 {
+		t.Errorf("holds after the late reentrant LOCK = %d; want 1 (its hold taken back)", holds)
+	}
+}
+
+// TestSweepSkipsLockedRows: the sweep leaves an expired row another
+// transaction has locked (a grant's lazy DELETE, a RENEW) and deletes the
+// others without waiting, so it cannot deadlock with that transaction.
+func TestSweepSkipsLockedRows(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg, `INSERT INTO `+p+`holds SELECT 'k' || g, 't', 0, 1, clock_timestamp() - interval '1 s', g FROM generate_series(1, 3) g`)
+	conn := pg.Conn(t)
+	tx, err := conn.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tx.Rollback(ctx)
+	if _, err := tx.Exec(ctx, `SELECT 1 FROM `+p+`holds WHERE key = 'k2' FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	sctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	var n, keys int64
+	err = b.pool.QueryRow(sctx, b.n.sweepSQL(b.n.holds), sweepBatch).Scan(&n, &keys)
+	if err != nil || n != 2 {
+		t.Errorf("sweep with one expired row locked elsewhere = %d rows, %v; want the 2 others, at once", n, err)
+	}
+}
+
+// TestLockRetriesOnceOnRollback: a grant whose transaction the database
+// rolls back for a deadlock (SQLSTATE 40P01; here raised once by a
+// trigger on the lazy DELETE) is tried once more, and granted.
+func TestLockRetriesOnceOnRollback(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE SEQUENCE `+p+`raised`,
+		`CREATE FUNCTION `+p+`deadlock_once() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+	IF nextval('`+p+`raised') = 1 THEN RAISE EXCEPTION 'deadlock detected (test)' USING ERRCODE = '40P01'; END IF;
+	RETURN OLD; END $$`,
+		`CREATE TRIGGER deadlock_once BEFORE DELETE ON `+p+`holds FOR EACH ROW EXECUTE FUNCTION `+p+`deadlock_once()`,
+		`INSERT INTO `+p+`holds VALUES ('k', 'gone', 0, 1, clock_timestamp() - interval '1 s', 0)`,
+	)
+	lease, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 10 * time.Second})
+	if err != nil || lease.Holds != 1 {
+		t.Errorf("LOCK after one deadlock rollback = %+v, %v; want granted", lease, err)
+	}
+}
+
+// TestWriterMarkerGoneOnReturn: a waiting writer's marker is gone when its
+// LOCK returns, granted or given up, so a new reader is not refused after
+// it. A trigger slows the marker's DELETE by 200 ms, so a DELETE left to
+// run after the return would be seen.
+func TestWriterMarkerGoneOnReturn(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE FUNCTION `+p+`slow_unmark() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.2); RETURN OLD; END $$`,
+		`CREATE TRIGGER slow_unmark BEFORE DELETE ON `+p+`waiting_writers FOR EACH ROW EXECUTE FUNCTION `+p+`slow_unmark()`,
+	)
+	conn := pg.Conn(t)
+	markers := func(key string) int {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+p+`waiting_writers WHERE key = $1`, key).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	read := func(key, token string) error {
+		_, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: token, TTL: time.Minute, Mode: backends.Read})
+		return err
+	}
+
+	// Granted: the reader r1 releases while the writer waits.
+	if err := read("g", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Lock(ctx, backends.LockRequest{Key: "g", Token: "w", TTL: time.Minute, Wait: 30 * time.Second})
+		done <- err
+	}()
+	for deadline := time.Now().Add(30 * time.Second); markers("g") == 0; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("no marker of the waiting writer after 30 s")
+		}
+	}
+	if _, err := b.Unlock(ctx, "g", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	if n := markers("g"); n != 0 {
+		t.Errorf("%d waiting-writer markers left after the writer's grant; want 0", n)
+	}
+	if _, err := b.Unlock(ctx, "g", "w"); err != nil {
+		t.Fatal(err)
+	}
+	if err := read("g", "r2"); err != nil {
+		t.Errorf("a new reader after the writer's grant and release: %v", err)
+	}
+
+	// Given up: the wait runs out while r1 still reads.
+	if err := read("u", "r1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "u", Token: "w", TTL: time.Minute, Wait: 300 * time.Millisecond}); !errors.Is(err, backends.ErrNotAcquired) {
+		t.Fatalf("writer behind a reader, WAIT 300 = %v; want not acquired", err)
+	}
+	if n := markers("u"); n != 0 {
+		t.Errorf("%d waiting-writer markers left after the writer gave up; want 0", n)
+	}
+}
+
+// TestIdleTxTimeoutInTransaction: idle_in_transaction_session_timeout is
+// set inside a grant's transaction (a trigger records what the grant's
+// INSERT saw), not as a startup parameter, which PgBouncer refuses.
+func TestIdleTxTimeoutInTransaction(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 1)
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE TABLE `+p+`seen (v text)`,
+		`CREATE FUNCTION `+p+`record() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN
+	INSERT INTO `+p+`seen VALUES (current_setting('idle_in_transaction_session_timeout')); RETURN NEW; END $$`,
+		`CREATE TRIGGER record AFTER INSERT ON `+p+`holds FOR EACH ROW EXECUTE FUNCTION `+p+`record()`,
+	)
+	if _, ok := b.pool.Config().ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; ok {
+		t.Error("idle_in_transaction_session_timeout is a startup parameter")
+	}
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	var inTx, outside string
+	if err := b.pool.QueryRow(ctx, `SELECT v FROM `+p+`seen`).Scan(&inTx); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.pool.QueryRow(ctx, `SHOW idle_in_transaction_session_timeout`).Scan(&outside); err != nil {
+		t.Fatal(err)
+	}
+	if inTx != "5s" || outside != "0" {
+		t.Errorf("idle_in_transaction_session_timeout in the grant %q, outside %q; want 5s (op_timeout), 0", inTx, outside)
+	}
+}
+
+// TestWaiterSleepsWithoutQueueing: while the listening connection is up, a
+// writer waiting behind a long lease tries again only on a NOTIFY or about
+// once a second (a trigger counts its marker's refreshes, one per try),
+// and its tries do not queue on the key's advisory lock while another
+// transaction holds it (which would hold a pool connection meanwhile).
+func TestWaiterSleepsWithoutQueueing(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE SEQUENCE `+p+`tries`,
+		`CREATE FUNCTION `+p+`count_try() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM nextval('`+p+`tries'); RETURN NEW; END $$`,
+		`CREATE TRIGGER count_try BEFORE INSERT OR UPDATE ON `+p+`waiting_writers FOR EACH ROW EXECUTE FUNCTION `+p+`count_try()`,
+	)
+	for deadline := time.Now().Add(30 * time.Second); !b.listening.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the listening connection not up after 30 s")
+		}
+	}
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "H", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := b.Lock(wctx, backends.LockRequest{Key: "k", Token: "W", TTL: time.Minute, Wait: time.Minute})
+		done <- err
+	}()
+	conn := pg.Conn(t)
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+p+`waiting_writers`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the writer did not wait")
+		}
+	}
+	// Hold the key's advisory lock from another transaction for 1.5 s and
+	// watch for a pool connection queued on it.
+	holder := pg.Conn(t)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, b.n.lockKeySQL(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	queued := 0
+	for end := time.Now().Add(1500 * time.Millisecond); time.Now().Before(end); time.Sleep(20 * time.Millisecond) {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		queued = max(queued, n)
+	}
+	if err := tx.Rollback(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var tries int64
+	if err := conn.QueryRow(ctx, `SELECT last_value FROM `+p+`tries`).Scan(&tries); err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	<-done
+	if queued > 0 {
+		t.Errorf("a waiter's try queued on the key's advisory lock (%d waiting)", queued)
+	}
+	// About 1.5 s of waiting with no NOTIFY: 2 or 3 tries at one a second
+	// (the first included); 25–200 ms polling made about 15.
+	t.Logf("tries in about 1.5 s: %d; advisory lock waits seen: %d", tries, queued)
+	if tries > 5 {
+		t.Errorf("the waiter tried %d times in about 1.5 s without a NOTIFY; want at most 5", tries)
+	}
+}
+
+// TestSequenceCycleRefused: a fence sequence made to CYCLE (fences would
+// start again from its minimum) is refused at start, saying how to fix it.
+func TestSequenceCycleRefused(t *testing.T) {
+	pg, p := testDB(t)
+	newTestBackend(t, pg, p, 1) // creates the tables
+	execAll(t, pg, `ALTER SEQUENCE `+p+`fence CYCLE`)
+	b, err := New(Config{DSN: pg.DSN(), TablePrefix: p, SweepInterval: time.Hour})
+	if err == nil {
+		b.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "NO CYCLE") {
+		t.Errorf("New on a CYCLE fence sequence = %v; want a refusal naming NO CYCLE", err)
+	}
+}
