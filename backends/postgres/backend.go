@@ -427,7 +427,7 @@ func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker 
 		if req.Mode == backends.Read {
 			batch.Queue(b.n.writerWaitsSQL(), req.Key)
 		}
-		rows, writerWaits, err := readAttempt(tx.SendBatch(ctx, batch), lead, req.Mode == backends.Read)
+		rows, expired, writerWaits, err := readAttempt(tx.SendBatch(ctx, batch), lead, req.Mode == backends.Read)
 		if err != nil {
 			return err
 		}
@@ -435,6 +435,15 @@ func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker 
 		ttl := ttlMS(req.TTL.Milliseconds())
 		switch act {
 		case actGrant:
+			if len(expired.tokens) > 0 {
+				// Rows that ran out after the lazy DELETE, judged expired
+				// by the read and locked by it, go with this grant: left
+				// in place, a backward step of the database's clock could
+				// make one live again beside the new holder.
+				if _, err := tx.Exec(ctx, b.n.dropRowsSQL(), req.Key, expired.tokens, expired.modes); err != nil {
+					return err
+				}
+			}
 			var fence int64
 			if err := tx.QueryRow(ctx, b.n.grantSQL(), req.Key, req.Token, int16(req.Mode), ttl).Scan(&fence); err != nil {
 				return err
@@ -485,7 +494,7 @@ func readTryLock(br pgx.BatchResults) (locked bool, err error) {
 // the advisory lock, unless a first batch ran them), the lazy delete, the
 // key's rows (the live ones kept) and (for readers) whether a writer
 // waits.
-func readAttempt(br pgx.BatchResults, lead int, readers bool) (rows []row, writerWaits bool, err error) {
+func readAttempt(br pgx.BatchResults, lead int, readers bool) (rows []row, expired rowIDs, writerWaits bool, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
@@ -493,23 +502,30 @@ func readAttempt(br pgx.BatchResults, lead int, readers bool) (rows []row, write
 	}()
 	for range lead + 1 { // the lead, the lazy DELETE
 		if _, err = br.Exec(); err != nil {
-			return nil, false, err
+			return nil, rowIDs{}, false, err
 		}
 	}
 	rs, err := br.Query()
 	if err != nil {
-		return nil, false, err
+		return nil, rowIDs{}, false, err
 	}
-	rows, err = scanHeldRows(rs)
+	rows, expired, err = scanHeldRows(rs)
 	if err != nil {
-		return nil, false, err
+		return nil, rowIDs{}, false, err
 	}
 	if readers {
 		if err = br.QueryRow().Scan(&writerWaits); err != nil {
-			return nil, false, err
+			return nil, rowIDs{}, false, err
 		}
 	}
-	return rows, writerWaits, nil
+	return rows, expired, writerWaits, nil
+}
+
+// rowIDs names rows of one key by token and mode, as two arrays for
+// unnest.
+type rowIDs struct {
+	tokens []string
+	modes  []int16
 }
 
 func scanRows(rs pgx.Rows) ([]row, error) {
@@ -528,25 +544,29 @@ func scanRows(rs pgx.Rows) ([]row, error) {
 	return out, rs.Err()
 }
 
-// scanHeldRows reads heldRowsSQL's rows and keeps the live ones.
-func scanHeldRows(rs pgx.Rows) ([]row, error) {
+// scanHeldRows reads heldRowsSQL's rows: the live ones, and which are
+// expired.
+func scanHeldRows(rs pgx.Rows) ([]row, rowIDs, error) {
 	defer rs.Close()
 	var out []row
+	var expired rowIDs
 	for rs.Next() {
 		var r row
 		var mode int16
 		var fence, leftMS int64
 		var live bool
 		if err := rs.Scan(&r.token, &mode, &r.holds, &fence, &leftMS, &live); err != nil {
-			return nil, err
+			return nil, rowIDs{}, err
 		}
 		if !live {
+			expired.tokens = append(expired.tokens, r.token)
+			expired.modes = append(expired.modes, mode)
 			continue
 		}
 		r.mode, r.fence, r.left = backends.Mode(mode), uint64(fence), time.Duration(leftMS)*time.Millisecond
 		out = append(out, r)
 	}
-	return out, rs.Err()
+	return out, expired, rs.Err()
 }
 
 // dropGrant deletes a row granted to a caller that was not told of it,

@@ -330,3 +330,34 @@ func TestSequenceCycleRefused(t *testing.T) {
 		t.Errorf("New on a CYCLE fence sequence = %v; want a refusal naming NO CYCLE", err)
 	}
 }
+
+// TestGrantDropsRowsItFoundExpired: a row that runs out after a grant's
+// lazy DELETE (a slow one here: a decoy row's delete sleeps 100 ms) is
+// read as expired and goes with the grant, so that no later step back of
+// the database's clock can make it live beside the new holder.
+func TestGrantDropsRowsItFoundExpired(t *testing.T) {
+	pg, p := testDB(t)
+	a := newTestBackend(t, pg, p, 4)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE FUNCTION `+p+`slow_delete() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF OLD.token = 'decoy' THEN PERFORM pg_sleep(0.1); END IF; RETURN OLD; END $$`,
+		`CREATE TRIGGER slow_delete BEFORE DELETE ON `+p+`holds FOR EACH ROW EXECUTE FUNCTION `+p+`slow_delete()`,
+	)
+	if _, err := a.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	T := time.Now().Add(300 * time.Millisecond)
+	execAll(t, pg, `INSERT INTO `+p+`holds VALUES ('k', 'decoy', 1, 1, clock_timestamp() - interval '1 s', 0)`)
+	time.Sleep(time.Until(T.Add(-30 * time.Millisecond)))
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "B", TTL: 5 * time.Second, Wait: 2 * time.Second}); err != nil {
+		t.Fatalf("B's LOCK after A's lease ran out: %v", err)
+	}
+	var n int
+	if err := pg.Conn(t).QueryRow(ctx, `SELECT count(*) FROM `+p+`holds WHERE key = 'k' AND token = 'A'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Errorf("A's expired row is still there after B's grant (%d rows)", n)
+	}
+}

@@ -131,6 +131,12 @@ func (n names) writerWaitsSQL() string {
 	return `SELECT EXISTS (SELECT 1 FROM ` + n.waiters + ` WHERE key = $1 AND expires_at > clock_timestamp())`
 }
 
+// dropRowsSQL deletes the rows of key $1 named by token ($2) and mode
+// ($3) arrays: those a grant's read found expired.
+func (n names) dropRowsSQL() string {
+	return `DELETE FROM ` + n.holds + ` WHERE key = $1 AND (token, mode) IN (SELECT * FROM unnest($2::text[], $3::smallint[]))`
+}
+
 func (n names) dropExpiredOfKeySQL() string {
 	return `DELETE FROM ` + n.holds + ` WHERE key = $1 AND expires_at <= clock_timestamp()`
 }
