@@ -288,6 +288,7 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			b.unmarkWriter(ctx, req.Key, marker)
 		}
 	}()
+	quick := false // the last pause was the quick one after a busy key
 	for tries := 0; ; {
 		// The first try queues on the key's advisory lock; the retries
 		// only try it, so that waiters on a hot key do not hold pool
@@ -300,8 +301,7 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		if !errors.Is(err, backends.ErrNotAcquired) {
 			return lease, err
 		}
-		remaining := time.Until(deadline)
-		if req.Wait <= 0 || remaining <= 0 {
+		if req.Wait <= 0 || time.Until(deadline) <= 0 {
 			return backends.Lease{}, backends.ErrNotAcquired
 		}
 		if req.Mode == backends.Write {
@@ -314,7 +314,18 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 				return backends.Lease{}, err
 			}
 		}
+		remaining := time.Until(deadline) // after the marker's round trip
+		if remaining <= 0 {
+			return backends.Lease{}, backends.ErrNotAcquired
+		}
 		pause := b.pause(left)
+		if errors.Is(err, errKeyBusy) && !quick {
+			// Another transaction is deciding on the key and may free it
+			// now: look again once soon, then as any refused try.
+			pause, quick = keyBusyMin+rand.N(keyBusyMax-keyBusyMin), true
+		} else {
+			quick = false
+		}
 		pause = min(pause, remaining)
 		t := time.NewTimer(pause)
 		select {
@@ -329,14 +340,19 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	}
 }
 
+// A retry that found the key's advisory lock taken looks again once after
+// 20–50 ms (longer than a check of the key takes), then as any refused try.
+const (
+	keyBusyMin = 20 * time.Millisecond
+	keyBusyMax = 50 * time.Millisecond
+)
+
 // pause is how long a waiter sleeps before its next try unless a NOTIFY
 // wakes it: while the listening connection is up, until the conflicting
 // lease ends (left, +2 ms; a lease that runs out is announced only by the
 // sweep) or about a second, as a release wakes it; while it is down, 25–200
-// ms. Jittered, so that waiters spread their tries. A retry that found the
-// key's advisory lock busy sleeps as any refused try: the transaction
-// holding it either grants (a release of that grant will NOTIFY) or does
-// not (the key is then seldom free; the next try comes within a second).
+// ms. Jittered, so that waiters spread their tries. (A retry that found the
+// key's advisory lock taken sleeps 5–50 ms instead: see Lock.)
 func (b *Backend) pause(left time.Duration) time.Duration {
 	d := notifyWaitMax*3/4 + rand.N(notifyWaitMax/4)
 	if !b.listening.Load() {
@@ -361,7 +377,11 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 	var act action
 	var granted bool // a first hold was inserted: fence is its row's
 	for attempt := 0; ; attempt++ {
-		act, granted, lease, left, err = b.attempt(ctx, req, marker, tryLock)
+		act, granted, lease, left, err = b.attempt(ctx, req, marker, tryLock, start)
+		if errors.Is(err, errLate) {
+			// Rolled back: nothing to take back.
+			return backends.Lease{}, 0, backends.ErrNotAcquired
+		}
 		if err == nil {
 			break
 		}
@@ -380,7 +400,9 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 		return backends.Lease{}, 0, b.fail(caller, err)
 	}
 	switch act {
-	case actBusy, actKeyBusy:
+	case actKeyBusy:
+		return backends.Lease{}, 0, errKeyBusy
+	case actBusy:
 		return backends.Lease{}, left, backends.ErrNotAcquired
 	case actUpgrade:
 		return backends.Lease{}, 0, backends.ErrUpgrade
@@ -403,16 +425,24 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 // With tryLock it does not wait for the key's advisory lock: busy, it
 // ends with actKeyBusy (one more round trip, as what follows the lock may
 // not run without it).
-func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string, tryLock bool) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
+func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string, tryLock bool, start time.Time) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
 	err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		batch := &pgx.Batch{}
 		batch.Queue(b.idleTxSQL)
 		lead := 2 // statements before the lazy DELETE
 		if tryLock {
-			batch.Queue(b.n.tryLockKeySQL(), req.Key)
-			locked, err := readTryLock(tx.SendBatch(ctx, batch))
+			if req.Mode == backends.Read {
+				batch.Queue(b.n.readerTryLockKeySQL(), req.Key, req.Token)
+			} else {
+				batch.Queue(b.n.tryLockKeySQL(), req.Key)
+			}
+			locked, heldBack, err := readTryLock(tx.SendBatch(ctx, batch))
 			if err != nil {
 				return err
+			}
+			if heldBack {
+				act = actBusy
+				return nil
 			}
 			if !locked {
 				act = actKeyBusy
@@ -462,10 +492,25 @@ func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker 
 				return err
 			}
 		}
+		if (act == actGrant || act == actReenter) &&
+			validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin) <= 0 {
+			// Already too late to be of use (the call waited for the key's
+			// lock or a connection): roll back rather than commit a hold
+			// to take back.
+			return errLate
+		}
 		return nil
 	})
 	return act, granted, lease, left, err
 }
+
+// errLate rolls back a grant that would reach its caller with no validity
+// left.
+var errLate = errors.New("postgres: grant too late to be of use")
+
+// errKeyBusy is a retry that found the key's advisory lock taken: another
+// transaction is deciding on the key, which may free it at once.
+var errKeyBusy = fmt.Errorf("%w (the key's lock was taken)", backends.ErrNotAcquired)
 
 // retryable reports a transaction the database rolled back for a
 // deadlock or a serialization failure (SQLSTATE class 40): nothing of it
@@ -477,17 +522,23 @@ func retryable(err error) bool {
 
 // readTryLock reads a retry's first batch: the SET LOCAL and whether the
 // key's advisory lock was taken.
-func readTryLock(br pgx.BatchResults) (locked bool, err error) {
+func readTryLock(br pgx.BatchResults) (locked, heldBack bool, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 	}()
 	if _, err = br.Exec(); err != nil {
-		return false, err
+		return false, false, err
 	}
-	err = br.QueryRow().Scan(&locked)
-	return locked, err
+	var got *bool
+	if err = br.QueryRow().Scan(&got); err != nil {
+		return false, false, err
+	}
+	if got == nil {
+		return false, true, nil // a reader behind a waiting writer
+	}
+	return *got, false, nil
 }
 
 // readAttempt reads the batch of try: lead statements (the SET LOCAL and
@@ -587,14 +638,11 @@ SELECT pg_notify('`+b.n.channel+`', md5(key)) FROM d`, req.Key, req.Token, int16
 // The lease's end the reentry set is not restored.
 func (b *Backend) dropReentry(req backends.LockRequest, fence uint64) {
 	b.background(func(ctx context.Context) error {
-		return pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, b.n.lockKeySQL(), req.Key); err != nil {
-				return err
-			}
-			_, err := tx.Exec(ctx, `UPDATE `+b.n.holds+` SET holds = holds - 1
-WHERE key = $1 AND token = $2 AND mode = $3 AND fence = $4 AND holds > 1`, req.Key, req.Token, int16(req.Mode), int64(fence))
-			return err
-		})
+		// Not under the key's advisory lock: queued behind grants, it
+		// could come after the holder's UNLOCK and then had to take the
+		// row's last hold, which it does (dropHoldSQL) in either order.
+		_, err := b.pool.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(fence))
+		return err
 	})
 }
 
@@ -618,12 +666,30 @@ func (b *Backend) markWriter(ctx context.Context, key, marker string) error {
 // by OpTimeout even when the caller's context has ended. On failure the
 // marker expires by itself within writerMarkTTL.
 func (b *Backend) unmarkWriter(ctx context.Context, key, marker string) {
-	octx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.OpTimeout)
-	defer cancel()
-	if _, err := b.pool.Exec(octx, b.n.unmarkWriterNotifySQL(), key, marker); err != nil {
-		b.log.Debug("postgres: waiting writer's marker not removed; it expires by itself", zap.Error(err))
+	// The removal runs on the backend's goroutine and LOCK waits for it
+	// a short while only: readers are held back no longer than that in
+	// the common case, and a slow database does not stretch a WAIT past
+	// its deadline by one more op_timeout.
+	done := make(chan struct{})
+	b.background(func(bctx context.Context) error {
+		defer close(done)
+		if _, err := b.pool.Exec(bctx, b.n.unmarkWriterNotifySQL(), key, marker); err != nil {
+			b.log.Debug("postgres: waiting writer's marker not removed; it expires by itself", zap.Error(err))
+		}
+		return nil
+	})
+	t := time.NewTimer(unmarkWait)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
+
+// unmarkWait is how long a LOCK that gives up waits for its writer marker
+// to go before it answers.
+const unmarkWait = 250 * time.Millisecond
 
 // background runs f with cleanupTimeout on a goroutine that Close waits
 // for; a failure only leaves a row to expire by itself.

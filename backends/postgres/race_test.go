@@ -361,3 +361,195 @@ func TestGrantDropsRowsItFoundExpired(t *testing.T) {
 		t.Errorf("A's expired row is still there after B's grant (%d rows)", n)
 	}
 }
+
+// TestReentryNearLeaseEnd: a reentrant RLOCK whose own row is live when the FOR SHARE read scans
+// it but runs out while that read waits on another holder's row lock (B's
+// RENEW committing slowly): the reenter UPDATE matches nothing and the
+// LOCK answers NOQUORUM (pgx.ErrNoRows), not "not acquired" / a grant.
+func TestReentryNearLeaseEnd(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", Mode: backends.Read, TTL: 300 * time.Millisecond}); err != nil {
+		t.Fatal(err)
+	}
+	T := time.Now().Add(300 * time.Millisecond)
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "B", Mode: backends.Read, TTL: 10 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	execAll(t, pg,
+		`CREATE FUNCTION `+p+`slow_commit() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF NEW.token = 'B' THEN PERFORM pg_sleep(0.4); END IF; RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER slow_commit AFTER UPDATE ON `+p+`holds DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+p+`slow_commit()`,
+	)
+	time.Sleep(time.Until(T.Add(-150 * time.Millisecond)))
+	go b.Renew(ctx, "k", "B", 10*time.Second)
+	time.Sleep(time.Until(T.Add(-80 * time.Millisecond)))
+	lease, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", Mode: backends.Read, TTL: 5 * time.Second})
+	t.Logf("A's reentrant RLOCK 80 ms before its lease's end: %+v, err %v", lease, err)
+	if err != nil && !errors.Is(err, backends.ErrNotAcquired) {
+		t.Errorf("reentrant RLOCK near the lease's end answered an error: %v", err)
+	}
+}
+
+// TestRetryAfterKeyBusySoon: a waiting writer woken by a NOTIFY whose retry finds the key's
+// advisory lock taken (here: another transaction's busy check, as a
+// herd of waiting readers makes) sleeps about a second while the key is
+// free.
+func TestRetryAfterKeyBusySoon(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	for deadline := time.Now().Add(30 * time.Second); !b.listening.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("listener not up")
+		}
+	}
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "H", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan time.Time, 1)
+	go func() {
+		_, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "W", TTL: time.Minute, Wait: 20 * time.Second})
+		if err != nil {
+			t.Error(err)
+		}
+		done <- time.Now()
+	}()
+	time.Sleep(300 * time.Millisecond) // W waits
+	holder := pg.Conn(t)
+	tx, err := holder.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, b.n.lockKeySQL(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.Unlock(ctx, "k", "H"); !ok || err != nil {
+		t.Fatal(ok, err)
+	}
+	time.Sleep(15 * time.Millisecond) // a check holding the key's lock 15 ms, shorter than the quick retry's 20 ms
+	tx.Rollback(ctx)
+	free := time.Now()
+	got := <-done
+	t.Logf("key free (advisory lock released) -> W granted: %v", got.Sub(free))
+	if got.Sub(free) > 200*time.Millisecond {
+		t.Errorf("W granted %v after the key was free", got.Sub(free))
+	}
+}
+
+// TestWaitBoundedAfterDeadline: WAIT's overrun: a slow waiting_writers table (markWriter, unmark
+// 1.5 s each, within op_timeout 2 s) makes WAIT 300 return after about
+// 3.3 s: more than WAIT + op_timeout.
+func TestWaitBoundedAfterDeadline(t *testing.T) {
+	pg, p := testDB(t)
+	b, err := New(Config{DSN: pg.DSN(), TablePrefix: p, SweepInterval: time.Hour, OpTimeout: 2 * time.Second, PoolSize: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	execAll(t, pg,
+		`CREATE FUNCTION `+p+`slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(1.5); IF TG_OP = 'DELETE' THEN RETURN OLD; END IF; RETURN NEW; END $$`,
+		`CREATE TRIGGER slow BEFORE INSERT OR UPDATE OR DELETE ON `+p+`waiting_writers FOR EACH ROW EXECUTE FUNCTION `+p+`slow()`,
+	)
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "H", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	_, err = b.Lock(ctx, backends.LockRequest{Key: "k", Token: "W", TTL: time.Minute, Wait: 300 * time.Millisecond})
+	el := time.Since(start)
+	t.Logf("WAIT 300 ms, op_timeout 2 s: returned %v after %v", err, el)
+	if el > 300*time.Millisecond+2*time.Second {
+		t.Errorf("WAIT 300 returned after %v > WAIT + op_timeout", el)
+	}
+}
+
+// TestLateReentryLeavesNoHold: a late reentrant grant's hold is taken back under the key's advisory
+// lock; when another transaction holds that lock, the holder's UNLOCK
+// lands first, the decrement (holds > 1) then misses, and a hold nobody
+// was told of keeps the key for its whole TTL after the holder released.
+func TestLateReentryLeavesNoHold(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	t1 := pg.Conn(t)
+	tx1, _ := t1.Begin(ctx)
+	if _, err := tx1.Exec(ctx, b.n.lockKeySQL(), "k"); err != nil {
+		t.Fatal(err)
+	}
+	res := make(chan error, 1)
+	go func() {
+		_, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 2 * time.Second})
+		res <- err
+	}()
+	time.Sleep(200 * time.Millisecond) // A's reentry queued on the advisory lock
+	t2 := pg.Conn(t)
+	go func() {
+		tx2, _ := t2.Begin(ctx)
+		tx2.Exec(ctx, b.n.lockKeySQL(), "k") // queued behind A's reentry
+		time.Sleep(700 * time.Millisecond)
+		tx2.Rollback(ctx)
+	}()
+	time.Sleep(2100 * time.Millisecond) // A's reentry now waited > its TTL
+	tx1.Rollback(ctx)
+	err := <-res
+	t.Logf("A's reentrant LOCK PX 2000 after 2.3 s in the queue: %v", err)
+	if ok, err := b.Unlock(ctx, "k", "A"); !ok || err != nil { // A releases its one hold
+		t.Fatal(ok, err)
+	}
+	time.Sleep(1 * time.Second)
+	info, held, _ := b.Info(ctx, "k")
+	t.Logf("after A's UNLOCK: held %v %+v", held, info)
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "B", TTL: time.Minute}); err != nil {
+		t.Errorf("B's LOCK after A released its only hold: %v (phantom hold %+v)", err, info)
+	}
+}
+
+// TestRenewDowngradedNoDeadlock: a downgraded token's RENEW updates its two rows in the scan's order
+// (physical, on a small table); a grant's FOR SHARE locks them in
+// (mode, fence) order. Read row first on the page: deadlock.
+func TestRenewDowngradedNoDeadlock(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	execAll(t, pg,
+		`INSERT INTO `+p+`holds VALUES ('k', 'X', 1, 1, clock_timestamp() + interval '1 min', nextval('`+p+`fence'))`,
+		`INSERT INTO `+p+`holds VALUES ('k', 'X', 0, 1, clock_timestamp() + interval '1 min', 0)`,
+		`ANALYZE `+p+`holds`,
+		`CREATE FUNCTION `+p+`slow_upd() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN IF OLD.mode = 1 THEN PERFORM pg_sleep(0.3); END IF; RETURN NEW; END $$`,
+		`CREATE TRIGGER slow_upd BEFORE UPDATE ON `+p+`holds FOR EACH ROW EXECUTE FUNCTION `+p+`slow_upd()`,
+	)
+	rows, _ := pg.Conn(t).Query(ctx, `EXPLAIN (COSTS OFF) `+b.n.renewSQL(), "k", "X", 1000)
+	for rows.Next() {
+		var l string
+		rows.Scan(&l)
+		t.Logf("RENEW plan: %s", l)
+	}
+	rows.Close()
+	execAll(t, pg, `CREATE TABLE `+p+`x (a int)`) // marker
+	defer func() {
+		var n int
+		pg.Conn(t).QueryRow(ctx, `SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()`).Scan(&n)
+		t.Logf("pg_stat_database.deadlocks = %d", n)
+	}()
+	type res struct {
+		v   time.Duration
+		err error
+	}
+	rc := make(chan res, 1)
+	go func() {
+		v, err := b.Renew(ctx, "k", "X", time.Minute)
+		rc <- res{v, err}
+	}()
+	time.Sleep(100 * time.Millisecond)
+	start := time.Now()
+	_, lerr := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "Y", TTL: time.Minute})
+	r := <-rc
+	t.Logf("Y's LOCK: %v after %v; X's RENEW: %v, %v", lerr, time.Since(start), r.v, r.err)
+	if r.err != nil || !errors.Is(lerr, backends.ErrNotAcquired) {
+		t.Errorf("deadlock: RENEW %v, LOCK %v", r.err, lerr)
+	}
+}

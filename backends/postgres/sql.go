@@ -97,6 +97,17 @@ func (n names) tryLockKeySQL() string {
 	return `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`
 }
 
+// readerTryLockKeySQL is tryLockKeySQL for a waiting reader ($2 its
+// token): NULL, without touching the key's lock, while a writer waits and
+// the reader holds nothing of the key (the grant would refuse it anyway),
+// so that a herd of readers held back by a writer does not keep the key's
+// lock busy when that writer tries it.
+func (n names) readerTryLockKeySQL() string {
+	return `SELECT CASE WHEN EXISTS (SELECT 1 FROM ` + n.waiters + ` WHERE key = $1 AND expires_at > clock_timestamp())
+	AND NOT EXISTS (SELECT 1 FROM ` + n.holds + ` WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp())
+	THEN NULL ELSE pg_try_advisory_xact_lock(hashtextextended($1, 0)) END`
+}
+
 func (n names) liveHoldersSQL() string {
 	return `SELECT token, mode, holds, fence,
 	GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint)
@@ -152,10 +163,31 @@ RETURNING fence`
 }
 
 // reenterSQL adds a hold to a live row ($2 token, $3 mode, $4 ttl ms).
+//
+// No expiry test: the grant's read judged the row live and share-locked it
+// under the key's advisory lock, so no one else can have been granted the
+// key since, and the row cannot have changed; a lease that ran out in
+// between is caught by the validity check before COMMIT.
 func (n names) reenterSQL() string {
 	return `UPDATE ` + n.holds + ` SET holds = holds + 1, expires_at = clock_timestamp() + $4 * interval '1 millisecond'
-WHERE key = $1 AND token = $2 AND mode = $3 AND expires_at > clock_timestamp()
+WHERE key = $1 AND token = $2 AND mode = $3
 RETURNING holds, fence`
+}
+
+// dropHoldSQL takes back one hold of the row of key $1, token $2, mode $3
+// and fence $4 (a grant whose caller was told no): one fewer, or the row
+// with its last hold, and a NOTIFY then. Whichever of it and the holder's
+// own UNLOCK comes first, the two take the two holds.
+func (n names) dropHoldSQL() string {
+	return `WITH target AS (
+	SELECT holds FROM ` + n.holds + ` WHERE key = $1 AND token = $2 AND mode = $3 AND fence = $4 FOR UPDATE),
+dec AS (
+	UPDATE ` + n.holds + ` h SET holds = h.holds - 1 FROM target t
+	WHERE h.key = $1 AND h.token = $2 AND h.mode = $3 AND h.fence = $4 AND t.holds > 1),
+del AS (
+	DELETE FROM ` + n.holds + ` h USING target t
+	WHERE h.key = $1 AND h.token = $2 AND h.mode = $3 AND h.fence = $4 AND t.holds = 1)
+SELECT count(*) FROM (SELECT pg_notify('` + n.channel + `', md5($1)) FROM target t WHERE t.holds = 1) x`
 }
 
 // releaseSQL drops one hold of the token's first live row (write before
@@ -188,10 +220,15 @@ func (n names) notifySQL() string {
 
 // renewSQL resets every live row of the token ($2) on key to $3 ms. No
 // advisory lock is needed: a row the database's clock has expired can
-// never match again, and a live row is the token's own.
+// never match again, and a live row is the token's own. The rows (two for
+// a downgraded token) are locked in mode order first, the order a grant's
+// read locks them in, so the two never deadlock.
 func (n names) renewSQL() string {
-	return `UPDATE ` + n.holds + ` SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
-WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp() RETURNING mode`
+	return `WITH l AS (
+	SELECT mode FROM ` + n.holds + ` WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()
+	ORDER BY mode FOR NO KEY UPDATE)
+UPDATE ` + n.holds + ` h SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
+FROM l WHERE h.key = $1 AND h.token = $2 AND h.mode = l.mode RETURNING h.mode`
 }
 
 // markWriterSQL records or refreshes a waiting writer ($2 waiter id, $3 ms).
