@@ -487,11 +487,18 @@ func TestLateReentryLeavesNoHold(t *testing.T) {
 	}()
 	time.Sleep(200 * time.Millisecond) // A's reentry queued on the advisory lock
 	t2 := pg.Conn(t)
+	second := make(chan struct{})
+	defer func() { <-second }() // before the cleanups close t2
 	go func() {
-		tx2, _ := t2.Begin(ctx)
-		tx2.Exec(ctx, b.n.lockKeySQL(), "k") // queued behind A's reentry
+		defer close(second)
+		tx2, err := t2.Begin(ctx)
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_, _ = tx2.Exec(ctx, b.n.lockKeySQL(), "k") // queued behind A's reentry
 		time.Sleep(700 * time.Millisecond)
-		tx2.Rollback(ctx)
+		_ = tx2.Rollback(ctx)
 	}()
 	time.Sleep(2100 * time.Millisecond) // A's reentry now waited > its TTL
 	tx1.Rollback(ctx)
