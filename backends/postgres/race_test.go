@@ -250,11 +250,7 @@ func TestWaiterSleepsWithoutQueueing(t *testing.T) {
 		`CREATE FUNCTION `+p+`count_try() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM nextval('`+p+`tries'); RETURN NEW; END $$`,
 		`CREATE TRIGGER count_try BEFORE INSERT OR UPDATE ON `+p+`waiting_writers FOR EACH ROW EXECUTE FUNCTION `+p+`count_try()`,
 	)
-	for deadline := time.Now().Add(30 * time.Second); !b.listening.Load(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the listening connection not up after 30 s")
-		}
-	}
+	waitListening(t, b)
 	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "H", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -399,11 +395,7 @@ func TestRetryAfterKeyBusySoon(t *testing.T) {
 	pg, p := testDB(t)
 	b := newTestBackend(t, pg, p, 4)
 	ctx := context.Background()
-	for deadline := time.Now().Add(30 * time.Second); !b.listening.Load(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("listener not up")
-		}
-	}
+	waitListening(t, b)
 	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "H", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -558,5 +550,15 @@ func TestRenewDowngradedNoDeadlock(t *testing.T) {
 	t.Logf("Y's LOCK: %v after %v; X's RENEW: %v, %v", lerr, time.Since(start), r.v, r.err)
 	if r.err != nil || !errors.Is(lerr, backends.ErrNotAcquired) {
 		t.Errorf("deadlock: RENEW %v, LOCK %v", r.err, lerr)
+	}
+}
+
+// waitListening waits until b's listening connection is up.
+func waitListening(t *testing.T, b *Backend) {
+	t.Helper()
+	for deadline := time.Now().Add(30 * time.Second); !b.listening.Load(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the listening connection not up after 30 s")
+		}
 	}
 }
