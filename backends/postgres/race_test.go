@@ -358,10 +358,11 @@ func TestGrantDropsRowsItFoundExpired(t *testing.T) {
 	}
 }
 
-// TestReentryNearLeaseEnd: a reentrant RLOCK whose own row is live when the FOR SHARE read scans
-// it but runs out while that read waits on another holder's row lock (B's
-// RENEW committing slowly): the reenter UPDATE matches nothing and the
-// LOCK answers NOQUORUM (pgx.ErrNoRows), not "not acquired" / a grant.
+// TestReentryNearLeaseEnd: a reentrant RLOCK whose own row is live when
+// the FOR SHARE read scans it but runs out while that read waits on another
+// holder's row lock (B's RENEW committing slowly) is a grant or "not
+// acquired", never an error (it was NOQUORUM: the reentry's UPDATE, which
+// re-tested the expiry, matched nothing).
 func TestReentryNearLeaseEnd(t *testing.T) {
 	pg, p := testDB(t)
 	b := newTestBackend(t, pg, p, 4)
@@ -387,10 +388,10 @@ func TestReentryNearLeaseEnd(t *testing.T) {
 	}
 }
 
-// TestRetryAfterKeyBusySoon: a waiting writer woken by a NOTIFY whose retry finds the key's
-// advisory lock taken (here: another transaction's busy check, as a
-// herd of waiting readers makes) sleeps about a second while the key is
-// free.
+// TestRetryAfterKeyBusySoon: a waiting writer woken by a NOTIFY whose
+// retry finds the key's advisory lock taken for a moment (another
+// transaction's check) looks again soon and is granted within 200 ms of
+// the key being free (it slept about a second before).
 func TestRetryAfterKeyBusySoon(t *testing.T) {
 	pg, p := testDB(t)
 	b := newTestBackend(t, pg, p, 4)
@@ -429,9 +430,9 @@ func TestRetryAfterKeyBusySoon(t *testing.T) {
 	}
 }
 
-// TestWaitBoundedAfterDeadline: WAIT's overrun: a slow waiting_writers table (markWriter, unmark
-// 1.5 s each, within op_timeout 2 s) makes WAIT 300 return after about
-// 3.3 s: more than WAIT + op_timeout.
+// TestWaitBoundedAfterDeadline: with a slow waiting_writers table (each
+// marker write or removal 1.5 s, within op_timeout 2 s), WAIT 300 still
+// ends within WAIT + op_timeout (it took about 3 s before).
 func TestWaitBoundedAfterDeadline(t *testing.T) {
 	pg, p := testDB(t)
 	b, err := New(Config{DSN: pg.DSN(), TablePrefix: p, SweepInterval: time.Hour, OpTimeout: 2 * time.Second, PoolSize: 4})
@@ -456,10 +457,10 @@ func TestWaitBoundedAfterDeadline(t *testing.T) {
 	}
 }
 
-// TestLateReentryLeavesNoHold: a late reentrant grant's hold is taken back under the key's advisory
-// lock; when another transaction holds that lock, the holder's UNLOCK
-// lands first, the decrement (holds > 1) then misses, and a hold nobody
-// was told of keeps the key for its whole TTL after the holder released.
+// TestLateReentryLeavesNoHold: a reentrant LOCK that waited for the key's
+// advisory lock past its TTL is not acquired and adds no hold, so after the
+// holder's one UNLOCK another client gets the key (before, the late hold
+// was taken back after the UNLOCK, missed, and kept the key for its TTL).
 func TestLateReentryLeavesNoHold(t *testing.T) {
 	pg, p := testDB(t)
 	b := newTestBackend(t, pg, p, 4)
@@ -507,9 +508,11 @@ func TestLateReentryLeavesNoHold(t *testing.T) {
 	}
 }
 
-// TestRenewDowngradedNoDeadlock: a downgraded token's RENEW updates its two rows in the scan's order
-// (physical, on a small table); a grant's FOR SHARE locks them in
-// (mode, fence) order. Read row first on the page: deadlock.
+// TestRenewDowngradedNoDeadlock: a downgraded token's RENEW (two rows, the
+// read row first on the page) and another client's grant, whose FOR SHARE
+// locks rows in (mode, fence) order, do not deadlock: RENEW locks in mode
+// order too (it updated in physical order before, and one of the two was
+// rolled back).
 func TestRenewDowngradedNoDeadlock(t *testing.T) {
 	pg, p := testDB(t)
 	b := newTestBackend(t, pg, p, 4)
