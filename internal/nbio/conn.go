@@ -1,0 +1,169 @@
+package nbio
+
+import (
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+)
+
+// Reader reads a socket in Go's poller with raw read system calls: it
+// waits for the socket like net.Conn.Read (deadlines included), and the
+// read itself does not hand the thread's P to the scheduler. One
+// goroutine reads at a time.
+type Reader struct {
+	rc  syscall.RawConn
+	fn  func(fd uintptr) bool // made once: a closure per read would allocate
+	b   []byte
+	n   int
+	err error
+}
+
+// NewReader reads from rc, the socket's raw connection.
+func NewReader(rc syscall.RawConn) *Reader {
+	r := &Reader{rc: rc}
+	r.fn = func(fd uintptr) bool {
+		for {
+			n, err := Read(int(fd), r.b)
+			switch err {
+			case syscall.EINTR:
+				continue
+			case syscall.EAGAIN:
+				return false // wait for the socket, then again
+			}
+			r.n, r.err = n, err
+			return true
+		}
+	}
+	return r
+}
+
+// Read reads what the socket has, waiting for something to arrive. The
+// peer's orderly close is io.EOF.
+func (r *Reader) Read(b []byte) (int, error) {
+	if len(b) == 0 {
+		return 0, nil
+	}
+	r.b, r.n, r.err = b, 0, nil
+	err := r.rc.Read(r.fn)
+	n, rerr := r.n, r.err
+	r.b = nil
+	switch {
+	case err != nil:
+		return 0, err // closed, or a deadline passed: net's own errors
+	case rerr != nil:
+		return 0, rerr // the errno: the caller says which connection
+	case n == 0:
+		return 0, io.EOF
+	}
+	return n, nil
+}
+
+// Writer writes to a socket with raw write system calls, waiting in Go's
+// poller while the socket is full. Write writes all of b or fails, as
+// net.Conn.Write does. One goroutine writes at a time.
+type Writer struct {
+	rc  syscall.RawConn
+	fn  func(fd uintptr) bool
+	b   []byte
+	n   int
+	err error
+}
+
+// NewWriter writes to rc, the socket's raw connection.
+func NewWriter(rc syscall.RawConn) *Writer {
+	w := &Writer{rc: rc}
+	w.fn = func(fd uintptr) bool {
+		for len(w.b) > 0 {
+			n, err := Write(int(fd), w.b)
+			if n > 0 {
+				w.n += n
+				w.b = w.b[n:]
+			}
+			switch {
+			case err == syscall.EINTR:
+			case err == syscall.EAGAIN:
+				return false
+			case err != nil:
+				w.err = err
+				return true
+			case n == 0:
+				w.err = io.ErrUnexpectedEOF
+				return true
+			}
+		}
+		return true
+	}
+	return w
+}
+
+// Write writes all of b.
+func (w *Writer) Write(b []byte) (int, error) {
+	w.b, w.n, w.err = b, 0, nil
+	err := w.rc.Write(w.fn)
+	n, werr := w.n, w.err
+	w.b = nil
+	if err == nil {
+		err = werr
+	}
+	return n, err
+}
+
+// Conn is a TCP or Unix socket whose reads and writes are raw system
+// calls (see Reader and Writer); everything else is the socket's own.
+type Conn struct {
+	net.Conn
+	rc  syscall.RawConn
+	rmu sync.Mutex // net.Conn allows concurrent calls; Reader and Writer do not
+	r   *Reader
+	wmu sync.Mutex
+	w   *Writer
+}
+
+// Wrap returns nc with raw reads and writes when it is a socket, and nc
+// itself otherwise (a TLS connection, a pipe).
+func Wrap(nc net.Conn) net.Conn {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nc
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nc
+	}
+	return &Conn{Conn: nc, rc: rc, r: NewReader(rc), w: NewWriter(rc)}
+}
+
+// Read reads from the socket.
+func (c *Conn) Read(b []byte) (int, error) {
+	c.rmu.Lock()
+	n, err := c.r.Read(b)
+	c.rmu.Unlock()
+	return n, c.opError("read", err)
+}
+
+// Write writes all of b to the socket.
+func (c *Conn) Write(b []byte) (int, error) {
+	c.wmu.Lock()
+	n, err := c.w.Write(b)
+	c.wmu.Unlock()
+	return n, c.opError("write", err)
+}
+
+// SyscallConn is the socket's raw connection, so that code that looks at
+// the socket (a liveness peek) sees through the wrapper.
+func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
+
+// NetConn is the wrapped connection.
+func (c *Conn) NetConn() net.Conn { return c.Conn }
+
+// opError dresses a system call's error as package net does, with the
+// connection's addresses; net's own errors and io.EOF pass as they are.
+func (c *Conn) opError(op string, err error) error {
+	errno, ok := err.(syscall.Errno)
+	if !ok {
+		return err
+	}
+	return &net.OpError{Op: op, Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(op, errno)}
+}
