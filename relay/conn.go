@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/internal/deadline"
+	"github.com/lockproxy/lockproxy/internal/nbio"
 )
 
 // call collects the replies to one client's batch of requests. Only the
@@ -79,6 +80,7 @@ type upConn struct {
 	rawBuf      []byte
 	rawN        int
 	rawErr      error
+	rd          *nbio.Reader // raw reads, when nc is a socket
 
 	// tunnel: every frame goes to push (pub/sub, MONITOR), until a
 	// marker reply finds no subscription left.
@@ -105,8 +107,11 @@ func newUpConn(nc net.Conn, proto, db int, readTimeout time.Duration) *upConn {
 		markerDone: make(chan bool, 1),
 	}
 	c.flushLoopFn = c.flushLoop
+	if raw != nil {
+		c.rd = nbio.NewReader(raw)
+	}
 	c.rawWriteFn = func(fd uintptr) bool {
-		c.rawN, c.rawErr = syscall.Write(int(fd), c.rawBuf)
+		c.rawN, c.rawErr = nbio.Write(int(fd), c.rawBuf)
 		return true // one attempt: never wait for the socket
 	}
 	return c
@@ -419,7 +424,7 @@ func (c *upConn) next() ([]byte, error) {
 			copy(nb, c.rbuf[:c.end])
 			c.rbuf = nb
 		}
-		n, err := c.nc.Read(c.rbuf[c.end:])
+		n, err := c.read(c.rbuf[c.end:])
 		c.end += n
 		if n > 0 {
 			continue
@@ -432,6 +437,15 @@ func (c *upConn) next() ([]byte, error) {
 		}
 		return nil, fmt.Errorf("read: %w", err)
 	}
+}
+
+// read reads what the upstream sent into b, waiting for it in Go's
+// poller; on a socket the read itself is a raw system call (see nbio).
+func (c *upConn) read(b []byte) (int, error) {
+	if c.rd == nil {
+		return c.nc.Read(b)
+	}
+	return c.rd.Read(b)
 }
 
 // pubsubKinds are the frames whose third element is the connection's

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/lockproxy/lockproxy/internal/nbio"
 )
 
 // The event loop serves plain TCP connections whose commands it can run
@@ -210,7 +212,7 @@ func (l *eventLoop) kickLocked() {
 		return
 	}
 	one := [8]byte{1}
-	_, _ = unix.Write(l.wakeFD, one[:])
+	_, _ = nbio.Write(l.wakeFD, one[:])
 }
 
 // stop makes the loop close every connection it serves, after the replies
@@ -246,7 +248,7 @@ func (l *eventLoop) run() {
 	more := false // writes or wake-ups came in during the last round
 	held := 0     // rounds served since requests were queued upstream
 	for {
-		n, werr := unix.EpollWait(l.epfd, events, 0)
+		n, werr := nbio.EpollPoll(l.epfd, events)
 		if werr == unix.EINTR {
 			n, werr = 0, nil
 		}
@@ -271,7 +273,7 @@ func (l *eventLoop) run() {
 			l.inRound = false // from now on, hand-ins kick the eventfd
 			l.mu.Unlock()
 			if err := rc.Read(func(fd uintptr) bool {
-				n, werr = unix.EpollWait(int(fd), events, 0)
+				n, werr = nbio.EpollPoll(int(fd), events)
 				// Nothing ready: let Go's poller wait for the set to be.
 				return n != 0 || (werr != nil && werr != unix.EINTR)
 			}); err != nil || werr != nil {
@@ -288,7 +290,7 @@ func (l *eventLoop) run() {
 			ev := &events[i]
 			if ev.Fd == -1 && ev.Pad == -1 {
 				var b [8]byte
-				_, _ = unix.Read(l.wakeFD, b[:])
+				_, _ = nbio.Read(l.wakeFD, b[:])
 				continue
 			}
 			if sess := l.sessions[eventID(ev)]; sess != nil {
@@ -587,7 +589,7 @@ func (c *fdConn) Read(b []byte) (int, error) {
 		return 0, net.ErrClosed
 	}
 	for {
-		n, err := unix.Read(c.fd, b)
+		n, err := nbio.Read(c.fd, b)
 		switch {
 		case err == unix.EINTR:
 			continue
@@ -614,7 +616,7 @@ func (c *fdConn) Write(b []byte) (int, error) {
 			c.mu.RUnlock()
 			return total, net.ErrClosed
 		}
-		n, err := unix.Write(c.fd, b)
+		n, err := nbio.Write(c.fd, b)
 		if n > 0 {
 			total += n
 			b = b[n:]
