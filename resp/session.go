@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/internal/deadline"
+	"github.com/lockproxy/lockproxy/internal/nbio"
 )
 
 // Session is one client connection. It carries the connection's context,
@@ -46,6 +48,7 @@ type Session struct {
 	// writeMu orders whole writes to the connection: a batch of replies
 	// from the connection's goroutine, push frames from others.
 	writeMu sync.Mutex
+	out     io.Writer // writes to conn, under writeMu
 	// wdeadline is the connection's write deadline (under writeMu).
 	wdeadline deadline.Write
 	pushes    chan []byte
@@ -108,7 +111,7 @@ func newSession(base context.Context, id int64, c net.Conn) *Session {
 	s.unauthed.Store(s.created.UnixNano())
 	s.asyncWrite = s.writeAsync
 	s.rawFunc = func(fd uintptr) bool {
-		s.rawN, s.rawErr = syscall.Write(int(fd), s.rawBuf)
+		s.rawN, s.rawErr = nbio.Write(int(fd), s.rawBuf)
 		return true // one attempt: never wait for the socket
 	}
 	s.setConn(c, nil)
@@ -125,10 +128,17 @@ func (s *Session) setConn(c net.Conn, fc *fdConn) {
 			raw = rc
 		}
 	}
+	// On a socket Go's poller serves, reads and writes are raw system
+	// calls (see nbio); the event loop's socket makes its own.
+	var rd io.Reader = c
+	var out io.Writer = c
+	if raw != nil && fc == nil {
+		rd, out = nbio.NewReader(raw), nbio.NewWriter(raw)
+	}
 	s.writeMu.Lock()
 	s.connMu.Lock()
-	s.conn, s.raw, s.fc = c, raw, fc
-	s.rd.rd = c
+	s.conn, s.raw, s.fc, s.out = c, raw, fc, out
+	s.rd.rd = rd
 	s.wdeadline = deadline.Write{} // none is set on c yet
 	s.connMu.Unlock()
 	s.writeMu.Unlock()
@@ -244,7 +254,7 @@ func (s *Session) writeAsync(b []byte) {
 	go func() {
 		s.writeMu.Lock()
 		s.wdeadline.Arm(s.conn, replyWriteTimeout)
-		_, err := s.conn.Write(b)
+		_, err := s.out.Write(b)
 		s.writeMu.Unlock()
 		if err != nil {
 			s.cancel()
@@ -287,7 +297,7 @@ func (s *Session) Flush() error {
 	}
 	s.writeMu.Lock()
 	s.wdeadline.Arm(s.conn, replyWriteTimeout)
-	_, err := s.conn.Write(s.W.Bytes())
+	_, err := s.out.Write(s.W.Bytes())
 	s.writeMu.Unlock()
 	s.W.Reset()
 	if err != nil {
@@ -352,7 +362,7 @@ func (s *Session) drainPushes() {
 			select {
 			case p := <-s.pushes:
 				s.wdeadline.Set(s.conn, time.Now().Add(pushWriteTimeout))
-				if _, err := s.conn.Write(p); err != nil {
+				if _, err := s.out.Write(p); err != nil {
 					s.cancel()
 				}
 			default:

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/conf"
+	"github.com/lockproxy/lockproxy/internal/nbio"
 )
 
 // nodeConn is one writer's own connection to its node, for the batches of
@@ -66,6 +67,9 @@ func (n *Node) connect(ctx context.Context) (*nodeConn, error) {
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
+	// Raw reads and writes: see nbio. Under TLS too, which reads and
+	// writes through it.
+	nc = nbio.Wrap(nc)
 	deadline := time.Now().Add(n.dialTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
