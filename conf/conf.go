@@ -30,12 +30,33 @@ var identRE = regexp.MustCompile(`^[a-z_][a-z0-9_]*$`)
 // redacted replaces secrets in String.
 const redacted = "<redacted>"
 
+// ProcsAuto lets lockproxy size Go's scheduler to its load (package
+// procs): one P while it uses less than most of a core, all of them past
+// that.
+const ProcsAuto = "auto"
+
+// maxProcs bounds a fixed procs setting.
+const maxProcs = 1024
+
+// ProcsFixed returns the number of Ps Procs fixes, or 0 for ProcsAuto.
+func (c Config) ProcsFixed() (int, error) {
+	if c.Procs == ProcsAuto {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(c.Procs)
+	if err != nil || n < 1 || n > maxProcs {
+		return 0, fmt.Errorf("must be %s or a number of threads from 1 to %d, got %q", ProcsAuto, maxProcs, c.Procs)
+	}
+	return n, nil
+}
+
 // Config is the whole lockproxy configuration.
 type Config struct {
 	Listen       string    `yaml:"listen"`        // RESP listener, host:port
 	Admin        string    `yaml:"admin"`         // HTTP /metrics /healthz /readyz; "" disables
 	Backend      string    `yaml:"backend"`       // BackendRedlock, BackendZookeeper or BackendPostgres
 	Dev          bool      `yaml:"dev"`           // embedded in-process nodes, for trying out only
+	Procs        string    `yaml:"procs"`         // ProcsAuto or a number of Ps (GOMAXPROCS)
 	Upstream     Upstream  `yaml:"upstream"`      // the Redis other commands are relayed to; "upstream: host:port" sets only its address
 	LockPatterns []string  `yaml:"lock_patterns"` // key globs served as locks in transparent mode
 	Log          Log       `yaml:"log"`
@@ -363,6 +384,7 @@ func Default() Config {
 		Admin: "127.0.0.1:9380",
 		// RedLock needs nothing but Redis nodes.
 		Backend: BackendRedlock,
+		Procs:   ProcsAuto,
 		Upstream: Upstream{
 			// Few connections make big batches: each carries many
 			// clients' pipelined requests (test/bench passthrough table).
@@ -523,6 +545,9 @@ func (c Config) Validate() error {
 	case BackendRedlock, BackendZookeeper, BackendPostgres:
 	default:
 		v.add("backend", "must be %s, %s or %s, got %q", BackendRedlock, BackendZookeeper, BackendPostgres, c.Backend)
+	}
+	if _, err := c.ProcsFixed(); err != nil {
+		v.add("procs", "%v", err)
 	}
 	if u := c.Upstream; u.Address != "" {
 		v.addr("upstream.address", u.Address, true)

@@ -94,6 +94,17 @@ func TestValidate(t *testing.T) {
 			`redlock.nodes[3]: port must be a number in 1..65535, got "70000"`,
 		}},
 		{"admin empty disables", func(c *Config) { c.Admin = "" }, nil},
+		{"procs auto", func(c *Config) { c.Procs = ProcsAuto }, nil},
+		{"procs fixed", func(c *Config) { c.Procs = "4" }, nil},
+		{"procs zero", func(c *Config) { c.Procs = "0" }, []string{
+			`procs: must be auto or a number of threads from 1 to 1024, got "0"`,
+		}},
+		{"procs words", func(c *Config) { c.Procs = "max" }, []string{
+			`procs: must be auto or a number of threads from 1 to 1024, got "max"`,
+		}},
+		{"procs too many", func(c *Config) { c.Procs = "100000" }, []string{
+			`procs: must be auto or a number of threads from 1 to 1024, got "100000"`,
+		}},
 		{"auth timeout", func(c *Config) { c.Limits.AuthTimeout = -time.Second }, []string{
 			`limits.auth_timeout: must not be negative (0 disables it), got -1s`,
 		}},
@@ -296,6 +307,9 @@ locks:
 			c.Locks.RetryMin = 50 * time.Millisecond
 		}, nil, ""},
 		{"null section keeps defaults", "redlock:\nlocks: ~\n", func(*Config) {}, nil, ""},
+		// procs is "auto" or a number; YAML reads a bare number as one.
+		{"procs number", "procs: 2\n", func(c *Config) { c.Procs = "2" }, nil, ""},
+		{"procs auto", "procs: auto\n", func(c *Config) { c.Procs = "auto" }, nil, ""},
 		{"anchor under an unknown key", `
 base: &b
   level: debug
@@ -442,6 +456,8 @@ locks:
 		})},
 		{"after --", []string{"--dev", "--", "FILE"}, nil, expect(map[string]any{"listen": "127.0.0.1:1001"})},
 		{"dev=false overrides env", []string{"--dev=false"}, []string{"LOCKPROXY_DEV=1"}, expect(map[string]any{"dev": false})},
+		{"procs", nil, []string{"LOCKPROXY_PROCS=3"}, expect(map[string]any{"procs": "3"})},
+		{"procs flag over env", []string{"--procs", "1"}, []string{"LOCKPROXY_PROCS=3"}, expect(map[string]any{"procs": "1"})},
 		{"empty list flag clears", []string{"FILE", "--nodes", ""}, nil, expect(map[string]any{"redlock.nodes": []string{}})},
 	}
 	for _, tt := range tests {

@@ -491,6 +491,7 @@ var flagSpecs = []flagSpec{
 	{"postgres-dsn", "postgres.dsn", "PostgreSQL connection `string` or URL (postgres backend)", false},
 	{"lock-pattern", "lock_patterns", "key `glob` served as a lock in transparent mode (repeatable)", false},
 	{"dev", "dev", "run embedded in-process nodes, for trying out only", false},
+	{"procs", "procs", "threads running Go code: `auto|N` (auto: one while lightly loaded)", false},
 	{"log-format", "log.format", "log encoding: `json|console`", false},
 	{"log-level", "log.level", "lowest log level: `debug|info|warn|error`", false},
 	{"key-prefix", "redlock.key_prefix", "`prefix` of lock keys on the nodes", false},

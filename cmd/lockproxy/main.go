@@ -21,6 +21,7 @@ import (
 	"net/http/pprof"
 	"os"
 	"os/signal"
+	"runtime"
 	"runtime/debug"
 	"strconv"
 	"strings"
@@ -41,6 +42,7 @@ import (
 	zkbackend "github.com/lockproxy/lockproxy/backends/zookeeper"
 	"github.com/lockproxy/lockproxy/commands"
 	"github.com/lockproxy/lockproxy/conf"
+	"github.com/lockproxy/lockproxy/internal/procs"
 	"github.com/lockproxy/lockproxy/internal/sdnotify"
 	"github.com/lockproxy/lockproxy/quorum"
 	"github.com/lockproxy/lockproxy/relay"
@@ -118,11 +120,33 @@ func run(args []string, stdout, stderr io.Writer) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	go reloadOnHUP(ctx, log, &systemdReady)
+	sizeProcs(ctx, cfg, log)
 	if err := serve(ctx, cfg, log, stderr); err != nil {
 		log.Error("lockproxy stopped", zap.Error(err))
 		return 1
 	}
 	return 0
+}
+
+// sizeProcs sets how many threads run Go code: the number procs fixes;
+// GOMAXPROCS's, when it is set; otherwise one, and every one the runtime
+// would give while the load needs it (package procs).
+func sizeProcs(ctx context.Context, cfg conf.Config, log *zap.Logger) {
+	n, _ := cfg.ProcsFixed() // Validate checked it
+	switch {
+	case n > 0:
+		runtime.GOMAXPROCS(n)
+	case os.Getenv("GOMAXPROCS") != "":
+		// The runtime has applied it.
+	default:
+		c := procs.New(procs.DefaultPolicy(runtime.GOMAXPROCS(0)))
+		c.Changed = func(n int, used float64) {
+			log.Debug("procs: threads running Go code changed", zap.Int("procs", n), zap.Float64("cores_used", used))
+		}
+		go c.Run(ctx)
+		return
+	}
+	log.Debug("procs: fixed", zap.Int("procs", runtime.GOMAXPROCS(0)))
 }
 
 // permissions turns auth.permissions, which Validate checked, into the

@@ -48,6 +48,8 @@ func TestCommandLine(t *testing.T) {
 		{"invalid flags refused", []string{"--listen", "nowhere", "--nodes", "127.0.0.1:1"}, 2, []string{"listen"}, nil},
 		{"no nodes without --dev", []string{"--listen", "127.0.0.1:0"}, 2, []string{"redlock.nodes"}, nil},
 		{"bad lock pattern refused", []string{"--dev", "--lock-pattern", "lock:["}, 2, []string{"lock_patterns"}, nil},
+		{"bad procs refused", []string{"--dev", "--procs", "0"}, 2, []string{"procs: must be auto or a number"}, nil},
+		{"bad procs in the environment refused", []string{"--dev"}, 2, []string{"procs: must be auto"}, []string{"LOCKPROXY_PROCS=all"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cmd := exec.Command(bin, tc.args...)
