@@ -108,7 +108,7 @@ func newUpConn(nc net.Conn, proto, db int, readTimeout time.Duration) *upConn {
 	}
 	c.flushLoopFn = c.flushLoop
 	if raw != nil {
-		c.rd = nbio.NewReader(raw)
+		c.rd = nbio.NewReader(raw, nc.LocalAddr(), nc.RemoteAddr())
 	}
 	c.rawWriteFn = func(fd uintptr) bool {
 		c.rawN, c.rawErr = nbio.Write(int(fd), c.rawBuf)

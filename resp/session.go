@@ -133,7 +133,7 @@ func (s *Session) setConn(c net.Conn, fc *fdConn) {
 	var rd io.Reader = c
 	var out io.Writer = c
 	if raw != nil && fc == nil {
-		rd, out = nbio.NewReader(raw), nbio.NewWriter(raw)
+		rd, out = nbio.NewReader(raw, c.LocalAddr(), c.RemoteAddr()), nbio.NewWriter(raw, c.LocalAddr(), c.RemoteAddr())
 	}
 	s.writeMu.Lock()
 	s.connMu.Lock()

@@ -129,17 +129,19 @@ func run(args []string, stdout, stderr io.Writer) int {
 }
 
 // sizeProcs sets how many threads run Go code: the number procs fixes;
-// GOMAXPROCS's, when it is set; otherwise one, and every one the runtime
-// would give while the load needs it (package procs).
+// GOMAXPROCS's, when it is set (to a number the runtime takes); otherwise
+// one, and every one the runtime would give while the load needs it
+// (package procs).
 func sizeProcs(ctx context.Context, cfg conf.Config, log *zap.Logger) {
 	n, _ := cfg.ProcsFixed() // Validate checked it
+	env, err := strconv.Atoi(os.Getenv("GOMAXPROCS"))
 	switch {
 	case n > 0:
 		runtime.GOMAXPROCS(n)
-	case os.Getenv("GOMAXPROCS") != "":
+	case err == nil && env > 0:
 		// The runtime has applied it.
 	default:
-		c := procs.New(procs.DefaultPolicy(runtime.GOMAXPROCS(0)))
+		c := procs.New(procs.DefaultPolicy)
 		c.Changed = func(n int, used float64) {
 			log.Debug("procs: threads running Go code changed", zap.Int("procs", n), zap.Float64("cores_used", used))
 		}

@@ -13,16 +13,18 @@ import (
 // read itself does not hand the thread's P to the scheduler. One
 // goroutine reads at a time.
 type Reader struct {
-	rc  syscall.RawConn
-	fn  func(fd uintptr) bool // made once: a closure per read would allocate
-	b   []byte
-	n   int
-	err error
+	rc            syscall.RawConn
+	local, remote net.Addr              // for errors, as package net gives them
+	fn            func(fd uintptr) bool // made once: a closure per read would allocate
+	b             []byte
+	n             int
+	err           error
 }
 
-// NewReader reads from rc, the socket's raw connection.
-func NewReader(rc syscall.RawConn) *Reader {
-	r := &Reader{rc: rc}
+// NewReader reads from rc, the raw connection of the socket between local
+// and remote.
+func NewReader(rc syscall.RawConn, local, remote net.Addr) *Reader {
+	r := &Reader{rc: rc, local: local, remote: remote}
 	r.fn = func(fd uintptr) bool {
 		for {
 			n, err := Read(int(fd), r.b)
@@ -53,7 +55,7 @@ func (r *Reader) Read(b []byte) (int, error) {
 	case err != nil:
 		return 0, err // closed, or a deadline passed: net's own errors
 	case rerr != nil:
-		return 0, rerr // the errno: the caller says which connection
+		return 0, opError("read", r.local, r.remote, rerr)
 	case n == 0:
 		return 0, io.EOF
 	}
@@ -64,16 +66,18 @@ func (r *Reader) Read(b []byte) (int, error) {
 // poller while the socket is full. Write writes all of b or fails, as
 // net.Conn.Write does. One goroutine writes at a time.
 type Writer struct {
-	rc  syscall.RawConn
-	fn  func(fd uintptr) bool
-	b   []byte
-	n   int
-	err error
+	rc            syscall.RawConn
+	local, remote net.Addr
+	fn            func(fd uintptr) bool
+	b             []byte
+	n             int
+	err           error
 }
 
-// NewWriter writes to rc, the socket's raw connection.
-func NewWriter(rc syscall.RawConn) *Writer {
-	w := &Writer{rc: rc}
+// NewWriter writes to rc, the raw connection of the socket between local
+// and remote.
+func NewWriter(rc syscall.RawConn, local, remote net.Addr) *Writer {
+	w := &Writer{rc: rc, local: local, remote: remote}
 	w.fn = func(fd uintptr) bool {
 		for len(w.b) > 0 {
 			n, err := Write(int(fd), w.b)
@@ -104,8 +108,8 @@ func (w *Writer) Write(b []byte) (int, error) {
 	err := w.rc.Write(w.fn)
 	n, werr := w.n, w.err
 	w.b = nil
-	if err == nil {
-		err = werr
+	if err == nil && werr != nil {
+		err = opError("write", w.local, w.remote, werr)
 	}
 	return n, err
 }
@@ -132,7 +136,8 @@ func Wrap(nc net.Conn) net.Conn {
 	if err != nil {
 		return nc
 	}
-	return &Conn{Conn: nc, rc: rc, r: NewReader(rc), w: NewWriter(rc)}
+	l, r := nc.LocalAddr(), nc.RemoteAddr()
+	return &Conn{Conn: nc, rc: rc, r: NewReader(rc, l, r), w: NewWriter(rc, l, r)}
 }
 
 // Read reads from the socket.
@@ -140,7 +145,7 @@ func (c *Conn) Read(b []byte) (int, error) {
 	c.rmu.Lock()
 	n, err := c.r.Read(b)
 	c.rmu.Unlock()
-	return n, c.opError("read", err)
+	return n, err
 }
 
 // Write writes all of b to the socket.
@@ -148,7 +153,7 @@ func (c *Conn) Write(b []byte) (int, error) {
 	c.wmu.Lock()
 	n, err := c.w.Write(b)
 	c.wmu.Unlock()
-	return n, c.opError("write", err)
+	return n, err
 }
 
 // SyscallConn is the socket's raw connection, so that code that looks at
@@ -159,11 +164,11 @@ func (c *Conn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }
 func (c *Conn) NetConn() net.Conn { return c.Conn }
 
 // opError dresses a system call's error as package net does, with the
-// connection's addresses; net's own errors and io.EOF pass as they are.
-func (c *Conn) opError(op string, err error) error {
-	errno, ok := err.(syscall.Errno)
-	if !ok {
-		return err
+// connection's addresses.
+func opError(op string, local, remote net.Addr, err error) error {
+	e := &net.OpError{Op: op, Source: local, Addr: remote, Err: os.NewSyscallError(op, err)}
+	if local != nil {
+		e.Net = local.Network()
 	}
-	return &net.OpError{Op: op, Net: c.LocalAddr().Network(), Source: c.LocalAddr(), Addr: c.RemoteAddr(), Err: os.NewSyscallError(op, errno)}
+	return e
 }

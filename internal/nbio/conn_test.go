@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -107,6 +108,11 @@ func TestConnEOFAndReset(t *testing.T) {
 	var op *net.OpError
 	if !errors.As(err, &op) || op.Op != "read" || !errors.Is(err, syscall.ECONNRESET) {
 		t.Fatalf("read after a reset = %#v; want a *net.OpError wrapping ECONNRESET", err)
+	}
+	// With the addresses, as package net words it: the log and the
+	// client's error reply say which connection failed.
+	if op.Addr == nil || op.Source == nil || !strings.Contains(err.Error(), "read tcp 127.0.0.1:") {
+		t.Fatalf("read error %q lacks the connection's addresses", err)
 	}
 }
 
