@@ -47,12 +47,19 @@ func passthrough(b *testing.B) {
 	if err := harness.WaitTCP(lp, startTimeout); err != nil {
 		b.Fatalf("lockproxy did not listen: %v\n%s", err, p.Output())
 	}
+	// The same build with two threads fixed, for what procs: auto (one
+	// thread until lockproxy uses most of a core) makes of it.
+	lp2 := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(b))
+	p2 := harness.StartProc(b, bin, "--dev", "--listen", lp2, "--admin", "", "--upstream", up.Addr, "--log-level", "warn", "--procs", "2")
+	if err := harness.WaitTCP(lp2, startTimeout); err != nil {
+		b.Fatalf("lockproxy --procs 2 did not listen: %v\n%s", err, p2.Output())
+	}
 	tw, twp := startTwemproxy(b, up.Addr)
 
 	targets := []struct {
 		name, addr string
 		pid        int // the proxy's, whose cost per request is measured; 0 for direct
-	}{{"direct", up.Addr, 0}, {"lockproxy", lp, p.PID()}, {"twemproxy", tw, twp.PID()}}
+	}{{"direct", up.Addr, 0}, {"lockproxy", lp, p.PID()}, {"twemproxy", tw, twp.PID()}, {"lockproxy --procs 2", lp2, p2.PID()}}
 	type key struct {
 		target, test string
 		pipeline     int
@@ -91,6 +98,15 @@ func passthrough(b *testing.B) {
 				ratioCell(l, d), ratioCell(t, d), ratioCell(l, t))
 		}
 	}
+	fmt.Fprintf(&sb, "\nlockproxy with procs: auto (the default: one thread at this load) and with --procs 2, same rounds\n\n")
+	sb.WriteString("| test | pipeline | auto | --procs 2 | auto/(--procs 2) |\n")
+	sb.WriteString("|---|---:|---:|---:|---:|\n")
+	for _, pl := range []int{1, 16} {
+		for _, test := range []string{"SET", "GET"} {
+			a, two := rps[key{"lockproxy", test, pl}], rps[key{"lockproxy --procs 2", test, pl}]
+			fmt.Fprintf(&sb, "| %s | %d | %.0f | %.0f | %s |\n", test, pl, median(a), median(two), ratioCell(a, two))
+		}
+	}
 	// What the proxies cost per request (SET and GET together) is steadier
 	// on a shared machine than their throughput, and shows where the
 	// time goes: nearly all of it is system calls.
@@ -98,7 +114,7 @@ func passthrough(b *testing.B) {
 	sb.WriteString("| pipeline | proxy | CPU µs/request | reads/request | writes/request |\n")
 	sb.WriteString("|---:|---|---:|---:|---:|\n")
 	for _, pl := range []int{1, 16} {
-		for _, tg := range []string{"lockproxy", "twemproxy"} {
+		for _, tg := range []string{"lockproxy", "lockproxy --procs 2", "twemproxy"} {
 			c := costs[costKey{tg, pl}]
 			if len(c) == 0 {
 				continue
