@@ -93,7 +93,30 @@ type upConn struct {
 	rbuf       []byte
 	start, end int
 	closed     chan struct{}
+
+	// The event loop keeps one batch in flight (see queue): enq counts
+	// the calls queued, written those whose requests went to the socket
+	// (under mu), answered those whose replies came in (by the reader),
+	// and deferred says requests wait for the batch in flight.
+	enq, written int64
+	answered     atomic.Int64
+	deferred     atomic.Bool
+	// The gate holds only where the upstream answers fast: a request
+	// held back waits at most one round trip. inflight mirrors written
+	// for the reader; sentAt is when the batch in flight was taken (ns
+	// since clockBase); rtt is a moving average of the time from a
+	// batch's write to its last reply.
+	inflight atomic.Int64
+	sentAt   atomic.Int64
+	rtt      atomic.Int64
 }
+
+// gateMaxRTT is the round trip up to which requests wait for the batch in
+// flight: beyond it, holding one back would cost its client more than the
+// fewer, larger writes save.
+const gateMaxRTT = 500 * time.Microsecond
+
+var clockBase = time.Now()
 
 func newUpConn(nc net.Conn, proto, db int, readTimeout time.Duration) *upConn {
 	var raw syscall.RawConn
@@ -157,6 +180,20 @@ func (c *upConn) queue(req []byte, cl *call, later func(func())) error {
 		return err
 	}
 	if !c.writing {
+		if c.written > c.answered.Load() && c.rtt.Load() < int64(gateMaxRTT) {
+			// A batch is in flight: these requests go out when its
+			// replies are in (the reader sends them). Under load that
+			// makes the batches, and so the writes and reads on both
+			// sides, several times fewer; Redis would make the requests
+			// wait behind that batch anyway. Marked before the second
+			// look, so that the reader, counting the last reply after
+			// it, sees the mark.
+			c.deferred.Store(true)
+			if c.written > c.answered.Load() {
+				return nil
+			}
+			c.deferred.Store(false)
+		}
 		c.writing = true
 		later(c.flushLoopFn)
 	}
@@ -170,6 +207,7 @@ func (c *upConn) flushLoop() {
 	for len(c.wbuf) > 0 {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]
+		c.taken()
 		c.mu.Unlock()
 		n, err := c.writeOnce(buf)
 		c.mu.Lock()
@@ -198,6 +236,32 @@ func (c *upConn) flushLoop() {
 	}
 	c.writing = false
 	c.mu.Unlock()
+}
+
+// taken notes, under c.mu, that a writer took the whole write buffer:
+// every call queued so far is in flight, and nothing waits any more.
+func (c *upConn) taken() {
+	if c.enq != c.written {
+		c.sentAt.Store(int64(time.Since(clockBase)))
+	}
+	c.written = c.enq
+	c.inflight.Store(c.written)
+	c.deferred.Store(false)
+}
+
+// sendDeferred sends the requests the event loop queued behind the batch
+// in flight, once that batch is answered, from the reader: with a
+// non-blocking write, as the loop would (a reader that blocked on a write
+// to a Redis blocked on writing its replies would wait forever).
+func (c *upConn) sendDeferred() {
+	c.mu.Lock()
+	if !c.deferred.Load() || c.writing || c.answered.Load() < c.written {
+		c.mu.Unlock()
+		return
+	}
+	c.writing = true
+	c.mu.Unlock()
+	c.flushLoop()
 }
 
 // writeOnce is one non-blocking write attempt of b.
@@ -230,6 +294,7 @@ func (c *upConn) enqueueLocked(req []byte, cl *call, timed bool) error {
 	}
 	c.wbuf = append(c.wbuf, req...)
 	if cl != nil {
+		c.enq++
 		c.calls = append(c.calls, cl)
 		switch {
 		case timed && c.readTimeout > 0:
@@ -252,6 +317,7 @@ func (c *upConn) writeQueuedLocked() {
 	for len(c.wbuf) > 0 {
 		buf := c.wbuf
 		c.wbuf = c.spare[:0]
+		c.taken()
 		c.mu.Unlock()
 		c.wdeadline.Arm(c.nc, writeTimeout)
 		_, err := c.nc.Write(buf)
@@ -393,6 +459,15 @@ func (c *upConn) readLoop() {
 		if cur.n == 0 {
 			cur.finish()
 			cur = nil
+			if c.answered.Add(1) == c.inflight.Load() {
+				// The batch in flight is answered: one round trip.
+				d := int64(time.Since(clockBase)) - c.sentAt.Load()
+				old := c.rtt.Load()
+				c.rtt.Store(old + (d-old)/8)
+			}
+			if c.deferred.Load() {
+				c.sendDeferred()
+			}
 		}
 	}
 }

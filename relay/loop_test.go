@@ -5,6 +5,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -135,4 +136,180 @@ func TestLoopFlushDoesNotAllocate(t *testing.T) {
 	if n := testing.AllocsPerRun(1000, round); n != 0 {
 		t.Errorf("a queued request and its flush allocate %v times; want 0", n)
 	}
+}
+
+// gateFixture is an upstream connection over loopback TCP to a peer the
+// test plays the upstream on, with the event loop's side of queueing
+// (later: the flushes the loop would run after its round).
+type gateFixture struct {
+	t       *testing.T
+	c       *upConn
+	peer    net.Conn
+	replies chan string
+	later   []func()
+}
+
+func newGateFixture(t *testing.T) *gateFixture {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := newUpConn(nc, 2, 0, 0)
+	go c.readLoop()
+	t.Cleanup(func() {
+		peer.Close()
+		c.close()
+		<-c.closed
+	})
+	return &gateFixture{t: t, c: c, peer: peer, replies: make(chan string, 4)}
+}
+
+// queue queues req as the loop would, for a call of one reply.
+func (f *gateFixture) queue(req string) {
+	f.t.Helper()
+	cl := newCall()
+	cl.n = 1
+	cl.deliver = func(b []byte) { f.replies <- string(b) }
+	if err := f.c.queue([]byte(req), cl, func(fn func()) { f.later = append(f.later, fn) }); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// runLater runs the flushes queue scheduled, as the loop does after its
+// round.
+func (f *gateFixture) runLater() {
+	for _, fn := range f.later {
+		fn()
+	}
+	f.later = f.later[:0]
+}
+
+// expect reads want from the upstream's side.
+func (f *gateFixture) expect(want string) {
+	f.t.Helper()
+	_ = f.peer.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(f.peer, got); err != nil || string(got) != want {
+		f.t.Fatalf("upstream read %q, %v; want %q", got, err, want)
+	}
+}
+
+// nothingSent checks that the upstream got nothing for 100 ms.
+func (f *gateFixture) nothingSent(why string) {
+	f.t.Helper()
+	_ = f.peer.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+	if n, err := f.peer.Read(make([]byte, 64)); err == nil {
+		f.t.Fatalf("upstream got %d bytes %s", n, why)
+	}
+}
+
+// answer writes replies from the upstream's side.
+func (f *gateFixture) answer(b string) {
+	f.t.Helper()
+	if _, err := f.peer.Write([]byte(b)); err != nil {
+		f.t.Fatal(err)
+	}
+}
+
+// reply waits for the next reply a call got.
+func (f *gateFixture) reply(want string) {
+	f.t.Helper()
+	select {
+	case got := <-f.replies:
+		if got != want {
+			f.t.Fatalf("reply %q; want %q", got, want)
+		}
+	case <-time.After(10 * time.Second):
+		f.t.Fatalf("no reply; want %q", want)
+	}
+}
+
+const ping, echo, get = "*1\r\n$4\r\nPING\r\n", "*2\r\n$4\r\nECHO\r\n$1\r\nx\r\n", "*2\r\n$3\r\nGET\r\n$1\r\nk\r\n"
+
+// TestLoopOneBatchInFlight: behind an upstream that answers fast, the
+// event loop's requests wait while a batch is in flight on the
+// connection, go out in one write once its replies are in, and get an
+// error reply when the connection fails meanwhile.
+func TestLoopOneBatchInFlight(t *testing.T) {
+	f := newGateFixture(t)
+	f.queue(ping)
+	f.runLater()
+	f.expect(ping)
+	// A batch is in flight: the next requests wait, and nothing is left
+	// for the loop to flush.
+	f.queue(echo)
+	f.queue(get)
+	if len(f.later) != 0 {
+		t.Fatalf("%d flushes scheduled while a batch is in flight; want none", len(f.later))
+	}
+	f.nothingSent("while the first batch was unanswered")
+	f.answer("+PONG\r\n")
+	f.reply("+PONG\r\n")
+	f.expect(echo + get) // one write, sent by the reader
+	f.answer("$1\r\nx\r\n$-1\r\n")
+	f.reply("$1\r\nx\r\n")
+	f.reply("$-1\r\n")
+
+	// Nothing in flight: the next request is flushed by the loop again.
+	f.queue(ping)
+	if len(f.later) != 1 {
+		t.Fatalf("%d flushes scheduled with nothing in flight; want 1", len(f.later))
+	}
+	f.runLater()
+	f.expect(ping)
+	f.queue(echo) // waits behind the PING
+	f.peer.Close()
+	for _, what := range []string{"the batch in flight", "the request waiting behind it"} {
+		select {
+		case got := <-f.replies:
+			if !strings.HasPrefix(got, "-ERR upstream unavailable") {
+				t.Fatalf("reply to %s %q; want an upstream unavailable error", what, got)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatalf("no reply to %s after the upstream went away", what)
+		}
+	}
+}
+
+// TestLoopGateOffBehindSlowUpstream: once a batch took longer than
+// gateMaxRTT to be answered (a distant or busy upstream), requests no
+// longer wait for the batch in flight: holding one back would cost its
+// client a round trip of that length.
+func TestLoopGateOffBehindSlowUpstream(t *testing.T) {
+	f := newGateFixture(t)
+	f.queue(ping)
+	f.runLater()
+	f.expect(ping)
+	// Answered 20 ms later: the moving average (an eighth of each round
+	// trip) passes 500 µs at once.
+	time.Sleep(20 * time.Millisecond)
+	f.answer("+PONG\r\n")
+	f.reply("+PONG\r\n")
+	if rtt := time.Duration(f.c.rtt.Load()); rtt < gateMaxRTT {
+		t.Fatalf("round trip estimate %v after a 20 ms answer; want at least %v", rtt, gateMaxRTT)
+	}
+
+	f.queue(ping)
+	f.runLater()
+	f.expect(ping)
+	// A batch is in flight, but the upstream is slow: the next request is
+	// flushed by the loop at once, not held back.
+	f.queue(echo)
+	if len(f.later) != 1 {
+		t.Fatalf("%d flushes scheduled behind a slow upstream; want 1", len(f.later))
+	}
+	f.runLater()
+	f.expect(echo)
+	f.answer("+PONG\r\n$1\r\nx\r\n")
+	f.reply("+PONG\r\n")
+	f.reply("$1\r\nx\r\n")
 }
