@@ -102,19 +102,29 @@ type upConn struct {
 	answered     atomic.Int64
 	deferred     atomic.Bool
 	// The gate holds only where the upstream answers fast: a request
-	// held back waits at most one round trip. inflight mirrors written
-	// for the reader; sentAt is when the batch in flight was taken (ns
-	// since clockBase); rtt is a moving average of the time from a
-	// batch's write to its last reply.
-	inflight atomic.Int64
-	sentAt   atomic.Int64
-	rtt      atomic.Int64
+	// held back waits at most about one round trip. sentAt is when the
+	// last batch was taken (ns since clockBase) and batchFirst the number
+	// of its first call; rtt is a moving average of the time from a
+	// batch's write to its first reply (the last would count Redis's
+	// work on the whole batch, which grows with the batches the gate
+	// makes); gateOn follows it with hysteresis.
+	sentAt     atomic.Int64
+	batchFirst atomic.Int64
+	rtt        atomic.Int64
+	gateOn     atomic.Bool
 }
 
-// gateMaxRTT is the round trip up to which requests wait for the batch in
-// flight: beyond it, holding one back would cost its client more than the
-// fewer, larger writes save.
-const gateMaxRTT = 500 * time.Microsecond
+// gateMaxRTT is the round trip past which requests no longer wait for the
+// batch in flight: holding one back would cost its client more than the
+// fewer, larger writes save. The gate opens again under gateMinRTT.
+// A sample counts for at most rttSampleCap, so that one slow command
+// (a big KEYS, DEBUG SLEEP) keeps the gate off for a few batches, not
+// for as many as its length would take to average out.
+const (
+	gateMaxRTT   = 500 * time.Microsecond
+	gateMinRTT   = 250 * time.Microsecond
+	rttSampleCap = 4 * gateMaxRTT
+)
 
 var clockBase = time.Now()
 
@@ -129,6 +139,7 @@ func newUpConn(nc net.Conn, proto, db int, readTimeout time.Duration) *upConn {
 		closed:     make(chan struct{}),
 		markerDone: make(chan bool, 1),
 	}
+	c.gateOn.Store(true)
 	c.flushLoopFn = c.flushLoop
 	if raw != nil {
 		c.rd = nbio.NewReader(raw, nc.LocalAddr(), nc.RemoteAddr())
@@ -180,7 +191,7 @@ func (c *upConn) queue(req []byte, cl *call, later func(func())) error {
 		return err
 	}
 	if !c.writing {
-		if c.written > c.answered.Load() && c.rtt.Load() < int64(gateMaxRTT) {
+		if c.written > c.answered.Load() && c.gateOn.Load() {
 			// A batch is in flight: these requests go out when its
 			// replies are in (the reader sends them). Under load that
 			// makes the batches, and so the writes and reads on both
@@ -242,11 +253,43 @@ func (c *upConn) flushLoop() {
 // every call queued so far is in flight, and nothing waits any more.
 func (c *upConn) taken() {
 	if c.enq != c.written {
+		// sentAt before batchFirst: a reader that sees this batch's
+		// first call number sees its time too.
 		c.sentAt.Store(int64(time.Since(clockBase)))
+		c.batchFirst.Store(c.written + 1)
 	}
 	c.written = c.enq
-	c.inflight.Store(c.written)
 	c.deferred.Store(false)
+}
+
+// seedRTT starts the round-trip estimate at d (the dial's), so that the
+// first batches behind a distant upstream are not held back.
+func (c *upConn) seedRTT(d time.Duration) {
+	d = min(max(d, 0), rttSampleCap)
+	c.rtt.Store(int64(d))
+	c.gateOn.Store(d < gateMaxRTT)
+}
+
+// sampleRTT is the reader's: call number n was just answered. When it was
+// the first of the last batch taken, the time since that batch's write is
+// a round-trip sample.
+func (c *upConn) sampleRTT(n int64) {
+	sent := c.sentAt.Load()
+	if n != c.batchFirst.Load() {
+		return
+	}
+	// A batch taken between the two loads has a later first call, so a
+	// match means sent is this batch's time (taken stores it first).
+	d := min(max(int64(time.Since(clockBase))-sent, 0), int64(rttSampleCap))
+	old := c.rtt.Load()
+	rtt := old + (d-old)/8
+	c.rtt.Store(rtt)
+	switch {
+	case rtt >= int64(gateMaxRTT):
+		c.gateOn.Store(false)
+	case rtt < int64(gateMinRTT):
+		c.gateOn.Store(true)
+	}
 }
 
 // sendDeferred sends the requests the event loop queued behind the batch
@@ -457,14 +500,12 @@ func (c *upConn) readLoop() {
 		cur.buf = append(cur.buf, f...)
 		cur.n--
 		if cur.n == 0 {
-			cur.finish()
+			// Counted before the call finishes: whoever its reply wakes
+			// sees the count and the estimate it made.
+			done := cur
 			cur = nil
-			if c.answered.Add(1) == c.inflight.Load() {
-				// The batch in flight is answered: one round trip.
-				d := int64(time.Since(clockBase)) - c.sentAt.Load()
-				old := c.rtt.Load()
-				c.rtt.Store(old + (d-old)/8)
-			}
+			c.sampleRTT(c.answered.Add(1))
+			done.finish()
 			if c.deferred.Load() {
 				c.sendDeferred()
 			}

@@ -267,6 +267,11 @@ func TestLoopOneBatchInFlight(t *testing.T) {
 	f.runLater()
 	f.expect(ping)
 	f.queue(echo) // waits behind the PING
+	if len(f.later) != 0 {
+		// The first batch's 100 ms counted once, capped: 250 µs, under
+		// gateMaxRTT.
+		t.Fatalf("%d flushes scheduled behind the PING (estimate %v); want none", len(f.later), time.Duration(f.c.rtt.Load()))
+	}
 	f.peer.Close()
 	for _, what := range []string{"the batch in flight", "the request waiting behind it"} {
 		select {
@@ -280,22 +285,28 @@ func TestLoopOneBatchInFlight(t *testing.T) {
 	}
 }
 
-// TestLoopGateOffBehindSlowUpstream: once a batch took longer than
+// TestLoopGateOffBehindSlowUpstream: once batches take longer than
 // gateMaxRTT to be answered (a distant or busy upstream), requests no
 // longer wait for the batch in flight: holding one back would cost its
-// client a round trip of that length.
+// client a round trip of that length. One slow batch is not enough.
 func TestLoopGateOffBehindSlowUpstream(t *testing.T) {
 	f := newGateFixture(t)
-	f.queue(ping)
-	f.runLater()
-	f.expect(ping)
-	// Answered 20 ms later: the moving average (an eighth of each round
-	// trip) passes 500 µs at once.
-	time.Sleep(20 * time.Millisecond)
-	f.answer("+PONG\r\n")
-	f.reply("+PONG\r\n")
-	if rtt := time.Duration(f.c.rtt.Load()); rtt < gateMaxRTT {
-		t.Fatalf("round trip estimate %v after a 20 ms answer; want at least %v", rtt, gateMaxRTT)
+	slow := 0
+	for f.c.gateOn.Load() {
+		if slow == 10 {
+			t.Fatalf("gate still on after %d batches answered 20 ms late (estimate %v)", slow, time.Duration(f.c.rtt.Load()))
+		}
+		f.queue(ping)
+		f.runLater()
+		f.expect(ping)
+		time.Sleep(20 * time.Millisecond)
+		f.answer("+PONG\r\n")
+		f.reply("+PONG\r\n")
+		slow++
+	}
+	// Each sample counts for at most rttSampleCap (2 ms): 250, 469, 660 µs.
+	if slow != 3 {
+		t.Fatalf("gate off after %d slow batches; want 3", slow)
 	}
 
 	f.queue(ping)
@@ -312,4 +323,85 @@ func TestLoopGateOffBehindSlowUpstream(t *testing.T) {
 	f.answer("+PONG\r\n$1\r\nx\r\n")
 	f.reply("+PONG\r\n")
 	f.reply("$1\r\nx\r\n")
+}
+
+// TestRTTEstimate: the moving average of the round trip, its cap per
+// sample, the gate's hysteresis (off at gateMaxRTT, on again under
+// gateMinRTT), the seed from the dial, and samples taken only for the
+// first call of the last batch.
+func TestRTTEstimate(t *testing.T) {
+	c := newUpConn(nil, 2, 0, 0)
+	var n int64
+	// sample answers a batch whose first reply came d after its write.
+	sample := func(d time.Duration) {
+		n++
+		c.sentAt.Store(int64(time.Since(clockBase) - d))
+		c.batchFirst.Store(n)
+		c.sampleRTT(n)
+	}
+	// check takes one sample of d and checks the estimate against the
+	// moving average (the sample may come out a little longer than d: the
+	// time between storing sentAt and sampling) and the gate against the
+	// hysteresis on the estimate.
+	check := func(d time.Duration) {
+		t.Helper()
+		prev, wasOn := c.rtt.Load(), c.gateOn.Load()
+		sample(d)
+		want := prev + (min(max(int64(d), 0), int64(rttSampleCap))-prev)/8
+		got := c.rtt.Load()
+		if got < want-int64(time.Microsecond) || got > want+int64(200*time.Microsecond) {
+			t.Fatalf("sample %v after %v: estimate %v, want about %v", d, time.Duration(prev), time.Duration(got), time.Duration(want))
+		}
+		wantOn := wasOn
+		switch {
+		case got >= int64(gateMaxRTT):
+			wantOn = false
+		case got < int64(gateMinRTT):
+			wantOn = true
+		}
+		if c.gateOn.Load() != wantOn {
+			t.Fatalf("sample %v: gate %v with estimate %v (was %v); want %v", d, c.gateOn.Load(), time.Duration(got), wasOn, wantOn)
+		}
+	}
+	check(100 * time.Microsecond)
+	// Slow samples count for at most rttSampleCap: one or two leave the
+	// gate on, the third turns it off.
+	for i := 0; i < 3; i++ {
+		if !c.gateOn.Load() {
+			t.Fatalf("gate off after %d slow samples; want 3", i)
+		}
+		check(time.Second)
+	}
+	if c.gateOn.Load() {
+		t.Fatalf("gate on after 3 slow samples (estimate %v)", time.Duration(c.rtt.Load()))
+	}
+	// Fast samples bring it down; the gate stays off until under
+	// gateMinRTT, then opens.
+	check(-time.Second) // a sample below 0 counts as 0
+	for i := 0; !c.gateOn.Load(); i++ {
+		if i == 40 {
+			t.Fatalf("gate still off after 40 fast samples (estimate %v)", time.Duration(c.rtt.Load()))
+		}
+		check(30 * time.Microsecond)
+	}
+
+	// A call that is not the first of the last batch taken is no sample.
+	before := c.rtt.Load()
+	c.batchFirst.Store(n + 5)
+	c.sampleRTT(n + 1)
+	if c.rtt.Load() != before {
+		t.Fatal("a reply that is not its batch's first changed the estimate")
+	}
+
+	// The dial's round trip seeds the estimate, capped.
+	for _, tc := range []struct {
+		d      time.Duration
+		gateOn bool
+	}{{40 * time.Microsecond, true}, {5 * time.Millisecond, false}, {-time.Second, true}} {
+		c.seedRTT(tc.d)
+		if c.gateOn.Load() != tc.gateOn || time.Duration(c.rtt.Load()) > rttSampleCap || c.rtt.Load() < 0 {
+			t.Fatalf("seedRTT(%v): estimate %v, gate %v; want gate %v, estimate within [0, %v]",
+				tc.d, time.Duration(c.rtt.Load()), c.gateOn.Load(), tc.gateOn, rttSampleCap)
+		}
+	}
 }

@@ -224,10 +224,12 @@ func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte), lost
 func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
 	reloaded := false
 	d := net.Dialer{Timeout: r.cfg.DialTimeout}
+	dialStart := time.Now()
 	nc, err := d.DialContext(ctx, "tcp", r.cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", r.cfg.Addr, err)
 	}
+	connectTime := time.Since(dialStart) // about one round trip
 	if tc, ok := nc.(*net.TCPConn); ok {
 		_ = tc.SetNoDelay(true)
 	}
@@ -237,6 +239,7 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 		}
 	}
 	c := newUpConn(nc, proto, db, r.cfg.ReadTimeout)
+	c.seedRTT(connectTime)
 	c.stale = &r.specsStale
 	c.setHooks(push, lost)
 	var hs [][][]byte
