@@ -14,23 +14,31 @@ import (
 // everything; the cleanup closes both ends.
 func drainedUpConn(t *testing.T) *upConn {
 	t.Helper()
+	nc, peer := loopbackPair(t)
+	go func() { _, _ = io.Copy(io.Discard, peer) }()
+	return newUpConn(nc, 2, 0, 0)
+}
+
+// loopbackPair is a connected loopback TCP pair: lockproxy's end and the
+// upstream's. The cleanup closes both.
+func loopbackPair(t *testing.T) (nc, peer net.Conn) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { ln.Close() })
-	nc, err := net.Dial("tcp", ln.Addr().String())
+	defer ln.Close()
+	nc, err = net.Dial("tcp", ln.Addr().String())
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { nc.Close() })
-	peer, err := ln.Accept()
+	peer, err = ln.Accept()
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { peer.Close() })
-	go func() { _, _ = io.Copy(io.Discard, peer) }()
-	return newUpConn(nc, 2, 0, 0)
+	return nc, peer
 }
 
 // TestFlushLoopSpare: after the event loop's flush wrote a buffer of more
@@ -150,19 +158,7 @@ type gateFixture struct {
 }
 
 func newGateFixture(t *testing.T) *gateFixture {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	nc, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	peer, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
+	nc, peer := loopbackPair(t)
 	c := newUpConn(nc, 2, 0, 0)
 	go c.readLoop()
 	t.Cleanup(func() {
