@@ -475,6 +475,8 @@ func (h *Handler) infoCmd(s *resp.Session, args [][]byte) {
 		kv("lockproxy_locks_held", h.held.count())
 		kv("lockproxy_keepalive_locks", h.keepalive.count())
 		kv("lockproxy_keepalive_idle_ms", h.keepalive.idle.Milliseconds())
+		// Threads running Go code now (procs: auto changes it with the load).
+		kv("lockproxy_procs", runtime.GOMAXPROCS(0))
 		if h.loopStats != nil {
 			on, off, back := h.loopStats()
 			kv("lockproxy_event_loop_clients", on)

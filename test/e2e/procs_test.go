@@ -9,10 +9,12 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // TestProcs: how many threads run Go code (GOMAXPROCS, exported by the Go
-// collector as go_sched_gomaxprocs_threads). By default (procs: auto) an
+// collector as go_sched_gomaxprocs_threads, and in INFO lockproxy as
+// lockproxy_procs). By default (procs: auto) an
 // idle lockproxy runs one; --procs fixes the number, and so does a
 // GOMAXPROCS the environment sets, which lockproxy then leaves alone.
 // When auto gives more Ps under load is package procs' TestPolicyNext and
@@ -57,6 +59,14 @@ func TestProcs(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 			if got := metricValue(t, in, "go_sched_gomaxprocs_threads"); got != tc.want {
 				t.Fatalf("go_sched_gomaxprocs_threads = %q; want %s\n%s", got, tc.want, in.proc.Output())
+			}
+			// INFO says the same.
+			info, err := lc.NewClient(t, in.addr, 2).Info(lockclient.CtxFor(t, 10*time.Second), "lockproxy").Result()
+			if err != nil {
+				t.Fatalf("INFO lockproxy: %v", err)
+			}
+			if want := "lockproxy_procs:" + tc.want + "\r\n"; !strings.Contains(info, want) {
+				t.Fatalf("INFO lockproxy lacks %q:\n%s", want, info)
 			}
 		})
 	}
