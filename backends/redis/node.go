@@ -480,35 +480,30 @@ func (n *Node) observe(kind opKind, start time.Time, err error) {
 // work is one writer: it takes whatever operations are queued (up to
 // maxBatch) and sends them in one pipelined write.
 //
-// The fence writes of a batch's fresh grants (see send) ride at the head
-// of the next batch's pipeline when more operations are already queued:
-// that saves the node and the proxy a round trip per batch, and whatever
-// comes later on the key (it goes through this writer: keys stay on their
-// writer) still finds them stored. With nothing queued they go out at once
-// on their own.
+// The fence writes of a batch's fresh grants (see send) are written before
+// their callers learn of the grants (see exec), and their answers are read
+// with the next batch's when more operations are already queued: that
+// saves the proxy a read per batch. With nothing queued they are read at
+// once.
 func (n *Node) work(q chan *op) {
 	defer n.wg.Done()
 	w := &writer{}
 	defer w.drop()
 	batch := make([]*op, 0, n.maxBatch)
-	var carry fenceWrites
 	for {
-		if len(carry.w) > 0 && len(q) == 0 {
+		if w.pending > 0 && len(q) == 0 {
 			// Give the callers just answered a moment to queue their
-			// next operation before the writes go out alone.
+			// next operation before the answers are read alone.
 			runtime.Gosched()
 			if len(q) == 0 {
-				n.storeFences(w, carry)
-				carry = fenceWrites{}
+				n.readPending(w)
 			}
 		}
 		select {
 		case o := <-q:
 			batch = append(batch[:0], o)
 		case <-n.stop:
-			if len(carry.w) > 0 {
-				n.storeFences(w, carry)
-			}
+			n.readPending(w)
 			n.drain(q)
 			return
 		}
@@ -517,7 +512,7 @@ func (n *Node) work(q chan *op) {
 		// batch costs a write and a read on the socket.
 		runtime.Gosched()
 		batch = n.fill(q, batch)
-		carry = n.exec(w, batch, carry)
+		n.exec(w, batch)
 	}
 }
 
@@ -526,6 +521,9 @@ func (n *Node) work(q chan *op) {
 // transport error, when its state is unknown.
 type writer struct {
 	conn *nodeConn
+	// pending is how many answers to fence writes (see exec) are still to
+	// be read on conn, ahead of anything sent after them.
+	pending int
 	// Reused from batch to batch.
 	seen   map[string]int
 	shared []bool
@@ -535,7 +533,8 @@ type writer struct {
 // get returns the writer's connection, dialing one when there is none or
 // the one it has was closed by the node meanwhile.
 func (w *writer) get(ctx context.Context, n *Node) (*nodeConn, error) {
-	if w.conn != nil {
+	if w.conn != nil && w.pending == 0 {
+		// With answers pending the socket has data to read by design.
 		if alive(w.conn.nc) != nil {
 			w.drop()
 		}
@@ -555,6 +554,7 @@ func (w *writer) drop() {
 		w.conn.close()
 		w.conn = nil
 	}
+	w.pending = 0 // they went with the connection
 }
 
 // fill adds what is queued to batch, up to maxBatch, without waiting.
@@ -581,10 +581,17 @@ func (n *Node) drain(q chan *op) {
 	}
 }
 
-// exec sends one batch, with the fence writes carried from the previous
-// one at its head, and returns the batch's own fence writes. Operations
-// whose caller has given up already are answered without being sent.
-func (n *Node) exec(w *writer, batch []*op, carry fenceWrites) fenceWrites {
+// exec sends one batch and answers its operations. Operations whose caller
+// has given up already are answered without being sent.
+//
+// The fence writes of the batch's fresh grants (the hold's fence, the
+// cleared writer mark) are written to the node before any caller hears of
+// its grant, so that whatever the grant's holder does next, through any
+// instance, reaches the node after them: a downgrade or a reentrant grant
+// through another instance finds the hold's fence stored, and a late
+// fence write cannot overwrite what such an operation stored. Their
+// answers are read later (see work).
+func (n *Node) exec(w *writer, batch []*op) {
 	now := time.Now()
 	live := batch[:0]
 	var deadline time.Time
@@ -620,20 +627,13 @@ func (n *Node) exec(w *writer, batch []*op, carry fenceWrites) fenceWrites {
 		}
 	}
 	gen := n.health.gen.Load()
-	if carry.gen != gen {
-		// The node restarted since those grants: their keys are gone.
-		carry = fenceWrites{}
-	}
 	if len(live) == 0 {
-		if len(carry.w) > 0 {
-			n.storeFences(w, carry)
-		}
-		return fenceWrites{}
+		return
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 
-	res, writes := n.send(ctx, w, live, true, carry.w)
+	res, writes := n.send(ctx, w, live, true)
 	var retry []int
 	for i, r := range res {
 		if r.err != nil && strings.HasPrefix(r.err.Error(), "NOSCRIPT") {
@@ -647,7 +647,7 @@ func (n *Node) exec(w *writer, batch []*op, carry fenceWrites) fenceWrites {
 		for j, i := range retry {
 			again[j] = live[i]
 		}
-		res2, writes2 := n.send(ctx, w, again, false, nil)
+		res2, writes2 := n.send(ctx, w, again, false)
 		for j, r := range res2 {
 			res[retry[j]] = r
 		}
@@ -657,6 +657,9 @@ func (n *Node) exec(w *writer, batch []*op, carry fenceWrites) fenceWrites {
 	// connection before our commands) makes its answers worthless as
 	// votes: they come from a server that forgot its locks.
 	restarted := n.health.gen.Load() != gen && n.health.restarting()
+	if len(writes) > 0 && !restarted {
+		n.writeFences(w, writes)
+	}
 	for i, o := range live {
 		if restarted && o.kind != opRelease {
 			n.finish(o, opResult{err: errQuarantined})
@@ -664,10 +667,6 @@ func (n *Node) exec(w *writer, batch []*op, carry fenceWrites) fenceWrites {
 		}
 		n.finish(o, res[i])
 	}
-	if len(writes) == 0 || restarted {
-		return fenceWrites{}
-	}
-	return fenceWrites{w: writes, gen: gen, deadline: deadline}
 }
 
 // failVotes answers every op of batch but the releases with err (the
@@ -707,16 +706,8 @@ type fenceWrite struct {
 	mark  string // lockw:<key> to clear: a waiting writer was granted
 }
 
-// fenceWrites are one batch's fence writes, waiting to go out: gen is the
-// node's restart generation when they were made, deadline the batch's.
-type fenceWrites struct {
-	w        []fenceWrite
-	gen      uint64
-	deadline time.Time
-}
-
-// send writes ops as one pipeline, after the fence writes carried from
-// the previous batch, and reads their answers.
+// send writes ops as one pipeline and reads their answers, after those to
+// the fence writes still pending on the connection (see exec).
 //
 // An exclusive acquire goes first as two plain commands, SET NX PX and
 // HINCRBY of the slot's fence counter: on a free key that is the whole
@@ -734,14 +725,14 @@ type fenceWrites struct {
 //
 // A fresh grant's fence is stored with the hold (lockf) for reentrant
 // grants and LOCKINFO, and a waiting writer's mark is cleared once it is
-// granted; these writes are returned, and go out at the head of the next
-// batch or on their own (see work), before anything later on the key.
+// granted; these writes are returned, and exec writes them before it
+// answers the batch's callers.
 //
 // The releases of keys that nothing else in the batch touches share one
 // script call (up to maxReleasesPerCall); a release whose key another
 // operation of the batch touches keeps its place among them.
 // Everything else is a script.
-func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried []fenceWrite) ([]opResult, []fenceWrite) {
+func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opResult, []fenceWrite) {
 	out := make([]opResult, len(ops))
 	c, err := w.get(ctx, n)
 	if err != nil {
@@ -754,9 +745,8 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 	if d, ok := ctx.Deadline(); ok {
 		_ = c.nc.SetDeadline(d)
 	}
-	for _, fw := range carried {
-		addFenceWrite(c, fw)
-	}
+	pending := w.pending // answers to fence writes, ahead of this batch's
+	w.pending = 0
 	shared := w.sharedReleases(ops)
 	var calls [][]int // the shared release calls: the ops each answers
 	for i, o := range ops {
@@ -849,8 +839,8 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool, carried
 		return fail(err)
 	}
 	r := &w.r
-	for range fenceWriteCommands(carried) {
-		// Their answers do not matter (see storeFences).
+	for range pending {
+		// Their answers do not matter (see writeFences).
 		if err := c.read(r); err != nil {
 			return fail(err)
 		}
@@ -1096,39 +1086,43 @@ func releaseResults(r *reply, want int) ([]int64, error) {
 	return nil, fmt.Errorf("unexpected reply to the release script (%q, %d elements)", r.kind, len(r.arr))
 }
 
-// storeFences sends fence writes on their own (see work), within what is
-// left of their batch's deadline: on a node that stopped answering the
-// writer must not stall longer than the batch itself could, or every
-// operation queued behind it is late. Their answers do not matter: a
-// write that fails leaves reentrant grants to take the other nodes' fence
-// or the slot counter, and LOCKINFO the slot counter (see the scripts).
-func (n *Node) storeFences(w *writer, fw fenceWrites) {
-	if fw.gen != n.health.gen.Load() {
-		return // the node restarted since those grants: their keys are gone
+// writeFences writes a batch's fence writes on the writer's connection,
+// under the batch's deadline, without waiting for their answers (see
+// exec); the next batch or readPending reads them. Their answers do not
+// matter: a write that fails leaves reentrant grants to take the other
+// nodes' fence or the slot counter, and LOCKINFO the slot counter (see the
+// scripts).
+func (n *Node) writeFences(w *writer, ws []fenceWrite) {
+	c := w.conn
+	if c == nil {
+		return // the batch's connection failed: nothing to write them on
 	}
-	if !fw.deadline.After(time.Now()) {
-		return
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), fw.deadline)
-	defer cancel()
-	c, err := w.get(ctx, n)
-	if err != nil {
-		return
-	}
-	_ = c.nc.SetDeadline(fw.deadline)
-	for _, f := range fw.w {
+	for _, f := range ws {
 		addFenceWrite(c, f)
 	}
-	var r reply
-	err = c.flush()
-	for range fenceWriteCommands(fw.w) {
-		if err != nil {
-			break
-		}
-		err = c.read(&r)
-	}
-	if err != nil {
+	if err := c.flush(); err != nil {
 		w.drop()
+		return
+	}
+	w.pending += fenceWriteCommands(ws)
+}
+
+// readPending reads the answers to fence writes still on the connection,
+// within the node timeout: on a node that stopped answering the writer
+// must not stall longer than a batch could, or every operation queued
+// behind it is late.
+func (n *Node) readPending(w *writer) {
+	if w.pending == 0 || w.conn == nil {
+		return
+	}
+	c := w.conn
+	_ = c.nc.SetDeadline(time.Now().Add(n.timeout))
+	var r reply
+	for ; w.pending > 0; w.pending-- {
+		if err := c.read(&r); err != nil {
+			w.drop()
+			return
+		}
 	}
 }
 
