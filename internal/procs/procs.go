@@ -6,9 +6,9 @@
 // lock cycle wakes the client's goroutine, the nodes' writers and their
 // readers. With more than one P, a goroutine made ready while another runs
 // wakes a second thread, and Go's idle threads spin looking for work before
-// they sleep again. On this project's 2-core machine one P cost 20-30 %
-// less CPU per relayed request and per lock cycle than two (README,
-// "Threads"); twemproxy and Redis, single-threaded by design, avoid that
+// they sleep again. On this project's 2-core machine one P cost up to a
+// fifth less CPU per relayed request and a quarter less per lock cycle
+// than two (README, "Threads"); twemproxy and Redis, single-threaded by design, avoid that
 // cost too. One P also caps lockproxy at about one core, so the Controller
 // starts with one and, once lockproxy keeps most of a core busy, hands
 // GOMAXPROCS back to the runtime's default (every CPU the process may use,
