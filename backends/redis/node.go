@@ -150,6 +150,11 @@ type Node struct {
 	noTimeOnce      sync.Once
 	persistChecked  atomic.Bool
 	configDeniedLog sync.Once
+
+	// beforeFenceStore, set by tests only, runs before a batch's fence
+	// writes are written: it holds them back to order them after other
+	// operations.
+	beforeFenceStore func()
 }
 
 // NewNode connects lazily to the node at cfg.Addr and starts its writers.
@@ -586,10 +591,14 @@ func (n *Node) drain(q chan *op) {
 //
 // The fence writes of the batch's fresh grants (the hold's fence, the
 // cleared writer mark) are written to the node before any caller hears of
-// its grant, so that whatever the grant's holder does next, through any
-// instance, reaches the node after them: a downgrade or a reentrant grant
-// through another instance finds the hold's fence stored, and a late
-// fence write cannot overwrite what such an operation stored. Their
+// its grant, so that what the grant's holder does next, through any
+// instance, nearly always reaches the node after them and finds the
+// hold's fence stored. Nearly: written first is not run first, as the
+// node serves its connections in turn. So the fence write is a plain SET
+// of a key that holds the fence alone (lockf): a late one cannot undo
+// what an operation on the hold stored meanwhile (extra holds and the
+// downgrade flag live in lockm), and an operation that found no fence
+// answers 0, which the quorum makes up from the other nodes. Their
 // answers are read later (see work).
 func (n *Node) exec(w *writer, batch []*op) {
 	now := time.Now()
@@ -688,9 +697,8 @@ func (n *Node) failVotes(batch []*op, err error) []*op {
 func (n *Node) lockKeys(lockKey, base string, k int) []string {
 	keys := make([]string, k)
 	keys[keyLock] = lockKey
-	names := [...]string{keyMeta: "lockf:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
-	for i := keyMeta; i < k && i < keyFenceHash; i++ {
-		keys[i] = n.prefix + names[i] + base
+	for i := keyFence; i < k && i < keyFenceHash; i++ {
+		keys[i] = n.prefix + keyNames[i] + base
 	}
 	if k > keyFenceHash {
 		keys[keyFenceHash] = n.fenceKey
@@ -724,9 +732,9 @@ type fenceWrite struct {
 // already, no wait).
 //
 // A fresh grant's fence is stored with the hold (lockf) for reentrant
-// grants and LOCKINFO, and a waiting writer's mark is cleared once it is
-// granted; these writes are returned, and exec writes them before it
-// answers the batch's callers.
+// grants, downgrades and LOCKINFO, and a waiting writer's mark is cleared
+// once it is granted; these writes are returned, and exec writes them
+// before it answers the batch's callers.
 //
 // The releases of keys that nothing else in the batch touches share one
 // script call (up to maxReleasesPerCall); a release whose key another
@@ -807,16 +815,14 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 		for len(idx) > 0 {
 			part := idx[:min(len(idx), maxReleasesPerCall)]
 			idx = idx[len(part):]
-			c.begin(3 + 8*len(part))
+			c.begin(3 + 9*len(part))
 			c.bulk(evalName(sha))
 			c.bulk(scriptSource(scriptRelease, sha))
-			c.bulkInt(int64(4 * len(part)))
+			c.bulkInt(int64(5 * len(part)))
 			for _, i := range part {
-				o := ops[i]
-				c.bulk3(n.prefix, "lock:", o.base)
-				c.bulk3(n.prefix, "lockf:", o.base)
-				c.bulk3(n.prefix, "lockr:", o.base)
-				c.bulk3(n.prefix, "lockrh:", o.base)
+				for k := keyLock; k < keyWriterWaits; k++ {
+					c.bulk3(n.prefix, keyNames[k], ops[i].base)
+				}
 			}
 			for _, i := range part {
 				n.addReleaseArgs(c, ops[i])
@@ -953,7 +959,7 @@ func (n *Node) addScript(c *nodeConn, s script, sha bool, o *op, k, argc int) {
 	c.bulk(scriptSource(s, sha))
 	c.bulkInt(int64(k))
 	c.bulk3(n.prefix, "lock:", o.base)
-	for i := keyMeta; i < k && i < keyFenceHash; i++ {
+	for i := keyFence; i < k && i < keyFenceHash; i++ {
 		c.bulk3(n.prefix, keyNames[i], o.base)
 	}
 	if k > keyFenceHash {
@@ -963,7 +969,7 @@ func (n *Node) addScript(c *nodeConn, s script, sha bool, o *op, k, argc int) {
 
 // keyNames are the lock's key names after the prefix, before the client's
 // key (see scripts.go).
-var keyNames = [...]string{keyMeta: "lockf:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
+var keyNames = [...]string{keyLock: "lock:", keyFence: "lockf:", keyHolds: "lockm:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
 
 // addReleaseArgs adds o's four release script arguments.
 func (n *Node) addReleaseArgs(c *nodeConn, o *op) {
@@ -1096,6 +1102,9 @@ func (n *Node) writeFences(w *writer, ws []fenceWrite) {
 	c := w.conn
 	if c == nil {
 		return // the batch's connection failed: nothing to write them on
+	}
+	if n.beforeFenceStore != nil {
+		n.beforeFenceStore()
 	}
 	for _, f := range ws {
 		addFenceWrite(c, f)

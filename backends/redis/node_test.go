@@ -411,3 +411,164 @@ func TestNodeTLSHandshakeBounded(t *testing.T) {
 		t.Fatalf("connect to a silent node took %v; want about the 200ms dial timeout", d)
 	}
 }
+
+// TestLateFenceStore: the holder of a fresh grant may reach the node
+// through another lockproxy instance (here another Node) before the
+// grant's fence write has run: written first is not run first. The late
+// write must not undo what that operation stored: a downgrade's read
+// hold, a reentrant grant's extra hold.
+func TestLateFenceStore(t *testing.T) {
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	direct := r.Client(t)
+	a, b := newTestNode(t, r), newTestNode(t, r)
+	// Each batch's fence writes on a wait for a turn the test gives.
+	stores, turn := make(chan struct{}), make(chan struct{})
+	a.beforeFenceStore = func() {
+		stores <- struct{}{}
+		<-turn
+	}
+	ctx := ctxTimeout(t, 20*time.Second)
+	for _, tc := range []struct {
+		name  string
+		mode  quorum.Mode // what b takes with the same token meanwhile
+		state string      // after the write hold's release through b
+	}{
+		{"downgrade", quorum.Shared, "r:tok=1"},
+		{"reentrant", quorum.Exclusive, "w:tok:1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := fmt.Sprintf("late-%s-%d", tc.name, time.Now().UnixNano())
+			type result struct {
+				g   quorum.NodeGrant
+				err error
+			}
+			granted := make(chan result, 1)
+			go func() {
+				g, err := a.Acquire(ctx, quorum.Request{Key: key, Token: "tok", TTL: 10 * time.Second})
+				granted <- result{g, err}
+			}()
+			select {
+			case <-stores:
+			case <-ctx.Done():
+				t.Fatal("the grant's fence write never came")
+			}
+			g, err := b.Acquire(ctx, quorum.Request{Key: key, Token: "tok", TTL: 10 * time.Second, Mode: tc.mode})
+			if err != nil || !g.Acquired || g.Fence != 0 {
+				t.Fatalf("%s before the fence write: %+v, %v; want granted, with no fence stored yet", tc.name, g, err)
+			}
+			turn <- struct{}{}
+			res := <-granted
+			if res.err != nil || !res.g.Acquired {
+				t.Fatalf("grant: %+v, %v", res.g, res.err)
+			}
+			// The write is sent before the grant is answered but may run
+			// after a GET on another connection.
+			want := strconv.FormatUint(res.g.Fence, 10)
+			waitFor(t, "the fence write", func() bool {
+				return direct.Get(ctx, "lp:lockf:"+key).Val() == want
+			})
+			if ok, err := b.Release(ctx, key, "tok", quorum.AnyHold); !ok || err != nil {
+				t.Fatalf("release of the write hold: %v, %v", ok, err)
+			}
+			st, err := b.LockState(ctx, key)
+			if err != nil {
+				t.Fatalf("LockState: %v", err)
+			}
+			if got := describeState(st); got != tc.state {
+				t.Errorf("state after the write hold's release %q; want %q (the late fence write undid the %s)", got, tc.state, tc.name)
+			}
+		})
+	}
+}
+
+// TestDowngradeThroughOtherNode: the holder of a fresh grant downgrades at
+// once through another instance (another Node, on its own connection), as
+// fast as it can, many times. Its read hold always outlives the write
+// hold's release, and the downgrade's fence is the write hold's, or 0 when
+// it ran before the fence write (the quorum then takes the other nodes').
+func TestDowngradeThroughOtherNode(t *testing.T) {
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	a, b := newTestNode(t, r), newTestNode(t, r)
+	ctx := ctxTimeout(t, 30*time.Second)
+	early := 0
+	for i := 0; i < 300; i++ {
+		key, tok := fmt.Sprintf("down%d", i), fmt.Sprintf("tok%d", i)
+		w, err := a.Acquire(ctx, quorum.Request{Key: key, Token: tok, TTL: 10 * time.Second})
+		if err != nil || !w.Acquired {
+			t.Fatalf("round %d: grant: %+v, %v", i, w, err)
+		}
+		d, err := b.Acquire(ctx, quorum.Request{Key: key, Token: tok, TTL: 10 * time.Second, Mode: quorum.Shared})
+		if err != nil || !d.Acquired || (d.Fence != w.Fence && d.Fence != 0) {
+			t.Fatalf("round %d: downgrade through the other node: %+v, %v; want granted with the write fence %d (or 0)", i, d, err, w.Fence)
+		}
+		if d.Fence == 0 {
+			early++
+		}
+		if ok, err := b.Release(ctx, key, tok, quorum.AnyHold); !ok || err != nil {
+			t.Fatalf("round %d: release of the write hold: %v, %v", i, ok, err)
+		}
+		st, err := a.LockState(ctx, key)
+		if err != nil {
+			t.Fatalf("LockState: %v", err)
+		}
+		if got, want := describeState(st), "r:"+tok+"=1"; got != want {
+			t.Fatalf("round %d: after the write hold's release %q; want %q", i, got, want)
+		}
+	}
+	t.Logf("%d of 300 downgrades ran before the grant's fence write", early)
+}
+
+// TestDowngradeStoresExpiringMeta: a downgrade on a node without the
+// hold's fence (its write still on the way, or lost) stores a lockm that
+// expires with the hold, not one that lives for ever.
+func TestDowngradeStoresExpiringMeta(t *testing.T) {
+	n, r := nodeOnRedis(t)
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 10*time.Second)
+	if err := direct.Set(ctx, "lp:lock:k", "a", time.Minute).Err(); err != nil {
+		t.Fatal(err)
+	}
+	g, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "a", TTL: time.Minute, Mode: quorum.Shared})
+	if err != nil || !g.Acquired {
+		t.Fatalf("downgrade: %+v, %v", g, err)
+	}
+	if v := direct.Get(ctx, "lp:lockm:k").Val(); v != "0,r,a" {
+		t.Errorf("lockm after the downgrade %q; want %q", v, "0,r,a")
+	}
+	kp, mp := direct.PTTL(ctx, "lp:lock:k").Val(), direct.PTTL(ctx, "lp:lockm:k").Val()
+	if mp <= 0 || mp > kp {
+		t.Errorf("lockm PTTL %v, lock key's %v; want it to expire with the hold, not after", mp, kp)
+	}
+}
+
+// TestStaleMetaIgnored: a lockm or lockf left by an earlier hold (its lock
+// key deleted by hand) changes nothing for the next holder: its holds and
+// downgrade flag are not inherited, and its fence is replaced.
+func TestStaleMetaIgnored(t *testing.T) {
+	n, r := nodeOnRedis(t)
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 10*time.Second)
+	direct.Set(ctx, "lp:lockm:k", "3,r,old", time.Minute)
+	direct.Set(ctx, "lp:lockf:k", "1", time.Minute)
+	g, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "new", TTL: time.Minute})
+	if err != nil || !g.Acquired || g.Holds != 1 {
+		t.Fatalf("grant: %+v, %v", g, err)
+	}
+	want := strconv.FormatUint(g.Fence, 10)
+	waitFor(t, "the fence write", func() bool { return direct.Get(ctx, "lp:lockf:k").Val() == want })
+	st, err := n.LockState(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := describeState(st); got != "w:new:1" {
+		t.Errorf("state %q; want w:new:1 (not the old hold's extra holds)", got)
+	}
+	if ok, err := n.Release(ctx, "k", "new", quorum.AnyHold); !ok || err != nil {
+		t.Fatalf("release: %v, %v", ok, err)
+	}
+	for _, k := range []string{"lp:lock:k", "lp:lockf:k", "lp:lockm:k"} {
+		if direct.Exists(ctx, k).Val() != 0 {
+			t.Errorf("%s left after the single hold's release", k)
+		}
+	}
+}

@@ -18,16 +18,25 @@ import (
 //	            readers hold it; its PX is the lease (for readers, the
 //	            longest reader lease). It is a plain string so that a lock
 //	            taken with LOCK and one taken with SET NX PX look alike.
-//	P lockf:k   string "fence[,extra holds[,r]]" of the current write hold:
-//	            its fence, its holds beyond the first (reentrancy), and
-//	            "r" when the holder also holds it for reading (downgrade)
+//	P lockf:k   string: the write hold's fence. A fresh grant stores it
+//	            with a plain SET right after the grant (see Node.send), and
+//	            nothing else is ever in this key, so that SET, which may
+//	            reach the node after other operations on the hold (through
+//	            another instance), cannot undo what they stored.
+//	P lockm:k   string "extra holds,r,token" of the write hold, only while
+//	            it has holds beyond the first (reentrancy) or "r" (the
+//	            holder also holds it for reading: downgrade). Written by
+//	            scripts only. A lockm of another token (left by an
+//	            earlier hold) counts as none.
 //	P lockr:k   sorted set: reader tokens scored by lease end (node ms)
 //	P lockrh:k  hash: reader token -> holds
 //	P lockw:k   string: a writer waits (PX); new readers queue behind it
 //
-// Meta keys carry the same expiry as the lock key or are cleaned up by
-// the next operation that finds them stale, so a lock key that expired or
-// was deleted by hand leaves nothing that changes a later grant.
+// Meta keys expire no later than the lock key or are cleaned up by the
+// next operation that finds them stale, so a lock key that expired or was
+// deleted by hand leaves nothing that changes a later grant (lockm also
+// names its token; a stale lockf is overwritten by the next grant's
+// fence, and the quorum outvotes one node's wrong fence).
 //
 // Fence counters live in one hash per node, one field per key slot
 // (crc16(key) mod 16384): memory on a node stays bounded however many
@@ -41,7 +50,8 @@ const readMarker = "\x00lockproxy:read"
 // Key order shared by the lock scripts.
 const (
 	keyLock = iota
-	keyMeta
+	keyFence
+	keyHolds
 	keyReaders
 	keyReaderHolds
 	keyWriterWaits
@@ -49,15 +59,34 @@ const (
 	numLockKeys
 )
 
-// luaMeta parses and formats the lockf value.
+// luaMeta reads and writes lockm (see above) and reads lockf.
 const luaMeta = `
-local function meta(s)
-  local f, h, r = string.match(s or '0', '^(%d+),?(%d*),?(%a*)$')
-  return tonumber(f) or 0, tonumber(h) or 0, r or ''
+local function meta(s, tok)
+  if not s then return 0, '' end
+  local h, r, t = string.match(s, '^(%d+),(%a*),(.*)$')
+  if t ~= tok then return 0, '' end
+  return tonumber(h), r
 end
-local function fmtmeta(f, h, r)
-  if h == 0 and r == '' then return tostring(f) end
-  return f .. ',' .. h .. ',' .. r
+local function fenceOf(s)
+  return tonumber(s or '0') or 0
+end
+-- putmeta stores tok's lockm (or drops it when it says nothing) to expire
+-- with mode: 'KEEPTTL' (it exists), 'PX' and ms, or 'KEY' and the lock
+-- key, a millisecond before it (PTTL then SET can be a millisecond apart).
+local function putmeta(mk, h, r, tok, mode, arg)
+  if h == 0 and r == '' then
+    redis.call('DEL', mk)
+    return
+  end
+  local v = h .. ',' .. r .. ',' .. tok
+  if mode == 'KEEPTTL' then
+    redis.call('SET', mk, v, 'KEEPTTL')
+  elseif mode == 'PX' then
+    redis.call('SET', mk, v, 'PX', arg)
+  else
+    local p = redis.call('PTTL', arg)
+    if p > 1 then redis.call('SET', mk, v, 'PX', p - 1) else redis.call('DEL', mk) end
+  end
 end
 `
 
@@ -69,10 +98,10 @@ local now = t[1] * 1000 + math.floor(t[2] / 1000)
 `
 
 const luaPrune = `
-local gone = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now)
+local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
 if #gone > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
-  for _, r in ipairs(gone) do redis.call('HDEL', KEYS[4], r) end
+  redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
+  for _, r in ipairs(gone) do redis.call('HDEL', KEYS[5], r) end
 end
 `
 
@@ -82,31 +111,37 @@ end
 // 1 to refuse reentry (SET NX's rule) or 0.
 // Returns {fence, holds} when granted, or {stored fence or 0, holds, slot
 // counter} for a reentrant grant (the token already holds it: one more
-// hold, the lease reset), 0
-// when held by another, -1 when the token holds it for reading (upgrade).
-// A refused writer that will wait marks itself on the node (lockw) so new
-// readers stop joining.
+// hold, the lease reset), 0 when held by another, -1 when the token holds
+// it for reading (upgrade). A refused writer that will wait marks itself
+// on the node (lockw) so new readers stop joining.
+//
+// A reentrant grant sets the meta keys' expiries before the lock key's,
+// so that they never outlive it.
 const acquireScript = luaMeta + `
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  local f = redis.call('HINCRBY', KEYS[6], ARGV[3], 1)
+  local f = redis.call('HINCRBY', KEYS[7], ARGV[3], 1)
   redis.call('SET', KEYS[2], f, 'PX', ARGV[2])
-  if ARGV[4] ~= '0' then redis.call('DEL', KEYS[5]) end
+  redis.call('DEL', KEYS[3])
+  if ARGV[4] ~= '0' then redis.call('DEL', KEYS[6]) end
   return {f, 1}
 end
 local v = redis.call('GET', KEYS[1])
 if v == ARGV[1] and ARGV[6] ~= '1' then
-  local f, h, r = meta(redis.call('GET', KEYS[2]))
+  local fm = redis.call('MGET', KEYS[2], KEYS[3])
+  local h, r = meta(fm[2], ARGV[1])
   h = h + 1
-  redis.call('SET', KEYS[2], fmtmeta(f, h, r), 'PX', ARGV[2])
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  putmeta(KEYS[3], h, r, ARGV[1], 'PX', ARGV[2])
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  -- f is 0 when the hold's fence was never stored here (the grant's
-  -- answer from this node was lost): the quorum takes the other nodes'
-  -- fence, or this slot counter, which is at least the hold's fence.
-  return {f, h + 1, tonumber(redis.call('HGET', KEYS[6], ARGV[3]) or '0')}
+  -- The fence is 0 when the hold's fence is not stored here (its SET is
+  -- still on its way, or was lost with the grant's answer): the quorum
+  -- takes the other nodes' fence, or this slot counter, which is at
+  -- least the hold's fence.
+  return {fenceOf(fm[1]), h + 1, tonumber(redis.call('HGET', KEYS[7], ARGV[3]) or '0')}
 end
-if ARGV[4] ~= '0' then redis.call('SET', KEYS[5], '1', 'PX', ARGV[4]) end
+if ARGV[4] ~= '0' then redis.call('SET', KEYS[6], '1', 'PX', ARGV[4]) end
 if v == ARGV[5] then
-  local s = redis.call('ZSCORE', KEYS[3], ARGV[1])
+  local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
   if s then` + luaNow + `
     if tonumber(s) > now then return -1 end
   end
@@ -118,32 +153,33 @@ return 0
 // slot, ARGV[4] readMarker. Returns {fence, holds} when granted, 0 when a
 // writer holds the key or waits for it. Each reader's lease is its own
 // score; the lock key lives as long as the longest. The write holder may
-// take a read hold too (a downgrade, flagged in its lockf). The fence is
-// the slot's counter (for a downgrade, the write hold's): at least that of
-// every earlier write.
+// take a read hold too (a downgrade, flagged in its lockm). The fence is
+// the slot's counter (for a downgrade, the write hold's, or 0 while it is
+// not stored here): at least that of every earlier write.
 const readScript = luaMeta + luaNow + `
 local v = redis.call('GET', KEYS[1])
 if v and v ~= ARGV[4] and v ~= ARGV[1] then return 0 end
 if not v then
-  redis.call('DEL', KEYS[3], KEYS[4])
+  redis.call('DEL', KEYS[4], KEYS[5])
 else` + luaPrune + `
 end
-local mine = redis.call('ZSCORE', KEYS[3], ARGV[1])
-if not mine and v ~= ARGV[1] and redis.call('EXISTS', KEYS[5]) == 1 then return 0 end
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
-local h = redis.call('HINCRBY', KEYS[4], ARGV[1], 1)
-local keep = tonumber(redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]) - now
-local fence = tonumber(redis.call('HGET', KEYS[6], ARGV[3]) or '0')
+local mine = redis.call('ZSCORE', KEYS[4], ARGV[1])
+if not mine and v ~= ARGV[1] and redis.call('EXISTS', KEYS[6]) == 1 then return 0 end
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+local h = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
+local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
+local fence = tonumber(redis.call('HGET', KEYS[7], ARGV[3]) or '0')
 if v == ARGV[1] then
   keep = math.max(keep, redis.call('PTTL', KEYS[1]))
-  local f, wh, r = meta(redis.call('GET', KEYS[2]))
-  fence = f
-  if r ~= 'r' then redis.call('SET', KEYS[2], fmtmeta(f, wh, 'r'), 'KEEPTTL') end
+  local fm = redis.call('MGET', KEYS[2], KEYS[3])
+  fence = fenceOf(fm[1])
+  local wh, r = meta(fm[2], ARGV[1])
+  if r ~= 'r' then putmeta(KEYS[3], wh, 'r', ARGV[1], 'KEY', KEYS[1]) end
 else
   redis.call('SET', KEYS[1], ARGV[4], 'PX', keep)
 end
-redis.call('PEXPIRE', KEYS[3], keep)
 redis.call('PEXPIRE', KEYS[4], keep)
+redis.call('PEXPIRE', KEYS[5], keep)
 return {fence, h}
 `
 
@@ -152,17 +188,16 @@ return {fence, h}
 // the fence while the token still holds the key (so a later holder, which
 // must acquire after this key is gone, reads it), and stores the grant's
 // fence with the hold, expiring with it, for reentrant grants to return.
+// It runs after the grant's own fence SET on the same connection (a key's
+// operations share one writer), so that SET cannot undo it.
 // Returns 1 when the token holds the key.
-const raiseFenceScript = luaMeta + `
+const raiseFenceScript = `
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
   local want = tonumber(ARGV[3])
   if cur < want then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
   local p = redis.call('PTTL', KEYS[1])
-  if p > 0 then
-    local _, h, r = meta(redis.call('GET', KEYS[3]))
-    redis.call('SET', KEYS[3], fmtmeta(want, h, r), 'PX', p)
-  end
+  if p > 1 then redis.call('SET', KEYS[3], want, 'PX', p - 1) end
   return 1
 end
 return 0
@@ -170,8 +205,8 @@ return 0
 
 // releaseScript releases any number of holds in one call: a script call
 // costs the node a fixed overhead several times a plain command's, so a
-// batch's releases share one. For release i (from 0), KEYS[4i+1..4i+4] are
-// the lock's first four keys and ARGV[4i+1..4i+4] are token, release
+// batch's releases share one. For release i (from 0), KEYS[5i+1..5i+5] are
+// the lock's first five keys and ARGV[4i+1..4i+4] are token, release
 // channel, readMarker and which holds: empty for any (write holds first),
 // 'w' write only, 'r' read only (the roll-back of a failed attempt takes
 // only the kind of hold the attempt could have added). Each release
@@ -203,28 +238,27 @@ local function nodeNow()
   local t = redis.call('TIME')
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
-local function release(k, mk, rk, rhk, tok, ch, marker, which)
+local function release(k, fk, mk, rk, rhk, tok, ch, marker, which)
   local vm = redis.call('MGET', k, mk)
   local v = vm[1]
   if not v then return 0 end
   if v == tok and which ~= 'r' then
-    -- The common case, a single write hold (its lockf is the bare fence),
-    -- is taken without parsing lockf.
+    -- The common case, a single write hold, has no lockm.
     local m = vm[2]
-    if not m or not string.find(m, ',', 1, true) then
-      redis.call('DEL', k, mk)
+    if not m then
+      redis.call('DEL', k, fk)
       if which == '' then redis.pcall('PUBLISH', ch, '') end
       return 1
     end
-    local f, h, r = meta(m)
+    local h, r = meta(m, tok)
     if h > 0 then
-      redis.call('SET', mk, fmtmeta(f, h - 1, r), 'KEEPTTL')
+      putmeta(mk, h - 1, r, tok, 'KEEPTTL')
       return 1
     end
     if r == 'r' then
       local now = nodeNow()
       prune(rk, rhk, now)
-      redis.call('DEL', mk)
+      redis.call('DEL', fk, mk)
       local top = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
       if #top > 0 then
         redis.call('SET', k, marker, 'PX', tonumber(top[2]) - now)
@@ -232,7 +266,7 @@ local function release(k, mk, rk, rhk, tok, ch, marker, which)
         redis.call('DEL', k, rk, rhk)
       end
     else
-      redis.call('DEL', k, mk)
+      redis.call('DEL', k, fk, mk)
     end
     if which == '' then redis.pcall('PUBLISH', ch, '') end
     return 1
@@ -245,8 +279,9 @@ local function release(k, mk, rk, rhk, tok, ch, marker, which)
   redis.call('ZREM', rk, tok)
   redis.call('HDEL', rhk, tok)
   if v == tok then
-    local f, h = meta(redis.call('GET', mk))
-    redis.call('SET', mk, fmtmeta(f, h, ''), 'KEEPTTL')
+    -- The write holder's read hold ends (an undone downgrade).
+    local h = meta(redis.call('GET', mk), tok)
+    putmeta(mk, h, '', tok, 'KEEPTTL')
     return 1
   end
   local top = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
@@ -259,44 +294,47 @@ local function release(k, mk, rk, rhk, tok, ch, marker, which)
   return 1
 end
 local out = {}
-for i = 1, #KEYS, 4 do
-  out[#out + 1] = release(KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3], ARGV[i], ARGV[i + 1], ARGV[i + 2], ARGV[i + 3])
+for i = 0, #KEYS / 5 - 1 do
+  out[#out + 1] = release(KEYS[5 * i + 1], KEYS[5 * i + 2], KEYS[5 * i + 3], KEYS[5 * i + 4], KEYS[5 * i + 5],
+    ARGV[4 * i + 1], ARGV[4 * i + 2], ARGV[4 * i + 3], ARGV[4 * i + 4])
 end
 return out
 `
 
-// extendScript: KEYS the lock keys (first four); ARGV[1] token, ARGV[2]
+// extendScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
 // ttl ms, ARGV[3] readMarker. Compare-and-expire, for a write hold (with
 // the read hold of a downgrade) or a live reader's own lease. Returns 1
-// when the token held the key.
+// when the token held the key. The meta keys' expiries are set before the
+// lock key's, so that they never outlive it.
 const extendScript = luaMeta + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  local m = redis.call('GET', KEYS[3])
+  if m then redis.call('PEXPIRE', KEYS[3], ARGV[2]) end
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
-  local m = redis.call('GET', KEYS[2])
-  if m then redis.call('PEXPIRE', KEYS[2], ARGV[2]) end
-  local _, _, r = meta(m)
-  if r == 'r' and redis.call('ZSCORE', KEYS[3], ARGV[1]) then` + luaNow + `
-    redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
-    local keep = math.max(redis.call('PTTL', KEYS[3]), tonumber(ARGV[2]))
-    redis.call('PEXPIRE', KEYS[3], keep)
+  local _, r = meta(m, ARGV[1])
+  if r == 'r' and redis.call('ZSCORE', KEYS[4], ARGV[1]) then` + luaNow + `
+    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+    local keep = math.max(redis.call('PTTL', KEYS[4]), tonumber(ARGV[2]))
     redis.call('PEXPIRE', KEYS[4], keep)
+    redis.call('PEXPIRE', KEYS[5], keep)
   end
   return 1
 end
 if v ~= ARGV[3] then return 0 end` + luaNow + `
-local s = redis.call('ZSCORE', KEYS[3], ARGV[1])
+local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
 if not s or tonumber(s) <= now then return 0 end
-redis.call('ZADD', KEYS[3], now + tonumber(ARGV[2]), ARGV[1])
-local keep = tonumber(redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]) - now
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
 redis.call('PEXPIRE', KEYS[1], keep)
-redis.call('PEXPIRE', KEYS[3], keep)
 redis.call('PEXPIRE', KEYS[4], keep)
+redis.call('PEXPIRE', KEYS[5], keep)
 return 1
 `
 
-// infoScript: KEYS the lock keys (all six); ARGV[1] slot, ARGV[2]
+// infoScript: KEYS the lock keys (all seven); ARGV[1] slot, ARGV[2]
 // readMarker. Returns 0 when the key is free, else {value, pttl, stored
 // fence (the slot counter, which is at least it, while the store is on its
 // way), extra holds, now, {reader, lease end, ...}, {reader, holds, ...},
@@ -305,12 +343,14 @@ const infoScript = luaMeta + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end` + luaNow + `
 local readers, holds = {}, {}
-if redis.call('EXISTS', KEYS[3]) == 1 then
-  readers = redis.call('ZRANGEBYSCORE', KEYS[3], '(' .. now, '+inf', 'WITHSCORES')
-  holds = redis.call('HGETALL', KEYS[4])
+if redis.call('EXISTS', KEYS[4]) == 1 then
+  readers = redis.call('ZRANGEBYSCORE', KEYS[4], '(' .. now, '+inf', 'WITHSCORES')
+  holds = redis.call('HGETALL', KEYS[5])
 end
-local counter = redis.call('HGET', KEYS[6], ARGV[1]) or '0'
-local f, h = meta(redis.call('GET', KEYS[2]))
+local counter = redis.call('HGET', KEYS[7], ARGV[1]) or '0'
+local fm = redis.call('MGET', KEYS[2], KEYS[3])
+local f = fenceOf(fm[1])
+local h = meta(fm[2], v)
 if f == 0 and v ~= ARGV[2] then f = tonumber(counter) end
 return {v, redis.call('PTTL', KEYS[1]), f, h, now, readers, holds, counter}
 `
