@@ -709,6 +709,7 @@ func (n *Node) lockKeys(lockKey, base string, k int) []string {
 // fenceWrite stores a fresh grant's fence with its hold (see send).
 type fenceWrite struct {
 	key   string // lockf:<key>
+	tail  string // ",<token>": lockf names the hold it is for
 	fence int64
 	ms    int64
 	mark  string // lockw:<key> to clear: a waiting writer was granted
@@ -888,7 +889,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				out[i].err = fmt.Errorf("unexpected reply to HINCRBY: %q", r.kind)
 			default:
 				out[i] = opResult{n: r.n, holds: 1}
-				fw := fenceWrite{key: n.prefix + "lockf:" + o.base, fence: r.n, ms: o.ms}
+				fw := fenceWrite{key: n.prefix + "lockf:" + o.base, tail: "," + o.token, fence: r.n, ms: o.ms}
 				if o.waitMs > 0 {
 					fw.mark = n.prefix + "lockw:" + o.base
 				}
@@ -983,7 +984,7 @@ func addFenceWrite(c *nodeConn, fw fenceWrite) {
 	c.begin(5)
 	c.bulk("SET")
 	c.bulk(fw.key)
-	c.bulkInt(fw.fence)
+	c.bulkIntTail(fw.fence, fw.tail)
 	c.bulk("PX")
 	c.bulkInt(fw.ms)
 	if fw.mark != "" {

@@ -453,17 +453,23 @@ func TestLateFenceStore(t *testing.T) {
 				t.Fatal("the grant's fence write never came")
 			}
 			g, err := b.Acquire(ctx, quorum.Request{Key: key, Token: "tok", TTL: 10 * time.Second, Mode: tc.mode})
-			if err != nil || !g.Acquired || g.Fence != 0 {
-				t.Fatalf("%s before the fence write: %+v, %v; want granted, with no fence stored yet", tc.name, g, err)
+			if err != nil || !g.Acquired {
+				t.Fatalf("%s before the fence write: %+v, %v; want granted", tc.name, g, err)
 			}
 			turn <- struct{}{}
 			res := <-granted
 			if res.err != nil || !res.g.Acquired {
 				t.Fatalf("grant: %+v, %v", res.g, res.err)
 			}
+			// With no fence stored yet, a downgrade answers the slot
+			// counter, at least the hold's fence; a reentrant grant 0 and
+			// the counter, which the quorum makes up from.
+			if tc.mode == quorum.Shared && g.Fence < res.g.Fence || tc.mode == quorum.Exclusive && (g.Fence != 0 || g.Counter < res.g.Fence) {
+				t.Errorf("%s before the fence write: fence %d, counter %d; the hold's fence is %d", tc.name, g.Fence, g.Counter, res.g.Fence)
+			}
 			// The write is sent before the grant is answered but may run
 			// after a GET on another connection.
-			want := strconv.FormatUint(res.g.Fence, 10)
+			want := strconv.FormatUint(res.g.Fence, 10) + ",tok"
 			waitFor(t, "the fence write", func() bool {
 				return direct.Get(ctx, "lp:lockf:"+key).Val() == want
 			})
@@ -554,7 +560,7 @@ func TestStaleMetaIgnored(t *testing.T) {
 	if err != nil || !g.Acquired || g.Holds != 1 {
 		t.Fatalf("grant: %+v, %v", g, err)
 	}
-	want := strconv.FormatUint(g.Fence, 10)
+	want := strconv.FormatUint(g.Fence, 10) + ",new"
 	waitFor(t, "the fence write", func() bool { return direct.Get(ctx, "lp:lockf:k").Val() == want })
 	st, err := n.LockState(ctx, "k")
 	if err != nil {
@@ -570,5 +576,57 @@ func TestStaleMetaIgnored(t *testing.T) {
 		if direct.Exists(ctx, k).Val() != 0 {
 			t.Errorf("%s left after the single hold's release", k)
 		}
+	}
+}
+
+// TestLateFenceAfterRelease: the holder releases through another instance
+// before the grant's fence write ran, so the write leaves a lockf behind
+// the hold. The next holder must not take that fence as its own: a
+// reentrant grant before its own fence write answers 0 (the quorum makes
+// it up), and LOCKINFO the slot counter.
+func TestLateFenceAfterRelease(t *testing.T) {
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	direct := r.Client(t)
+	a, b := newTestNode(t, r), newTestNode(t, r)
+	stores, turn := make(chan struct{}), make(chan struct{})
+	a.beforeFenceStore = func() {
+		stores <- struct{}{}
+		<-turn
+	}
+	ctx := ctxTimeout(t, 20*time.Second)
+	granted := make(chan error, 1)
+	var first quorum.NodeGrant
+	go func() {
+		g, err := a.Acquire(ctx, quorum.Request{Key: "k", Token: "t1", TTL: 10 * time.Second})
+		first = g
+		granted <- err
+	}()
+	<-stores
+	if ok, err := b.Release(ctx, "k", "t1", quorum.AnyHold); !ok || err != nil {
+		t.Fatalf("release before the fence write: %v, %v", ok, err)
+	}
+	turn <- struct{}{}
+	if err := <-granted; err != nil || !first.Acquired {
+		t.Fatalf("grant: %+v, %v", first, err)
+	}
+	orphan := strconv.FormatUint(first.Fence, 10) + ",t1"
+	waitFor(t, "the late fence write", func() bool { return direct.Get(ctx, "lp:lockf:k").Val() == orphan })
+	// The next holder's grant, as the node sees it before its own fence
+	// write: the lock key and a higher slot counter.
+	direct.Set(ctx, "lp:lock:k", "t2", 10*time.Second)
+	next := direct.HIncrBy(ctx, "lp:fence", strconv.Itoa(int(slot("k"))), 1).Val()
+	g, err := b.Acquire(ctx, quorum.Request{Key: "k", Token: "t2", TTL: 10 * time.Second})
+	if err != nil || !g.Acquired || g.Holds != 2 {
+		t.Fatalf("reentrant grant: %+v, %v", g, err)
+	}
+	if g.Fence == first.Fence || g.Counter < uint64(next) {
+		t.Errorf("reentrant grant of t2: fence %d, counter %d; want not t1's fence %d, counter ≥ %d", g.Fence, g.Counter, first.Fence, next)
+	}
+	st, err := b.LockState(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.fence == first.Fence {
+		t.Errorf("LOCKINFO fence of t2's hold %d: t1's", st.fence)
 	}
 }

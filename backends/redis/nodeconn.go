@@ -187,6 +187,19 @@ func (c *nodeConn) bulkInt(v int64) {
 	c.wbuf = append(c.wbuf, '\r', '\n')
 }
 
+// bulkIntTail writes v followed by tail as one bulk string without
+// building it first.
+func (c *nodeConn) bulkIntTail(v int64, tail string) {
+	var b [20]byte
+	d := strconv.AppendInt(b[:0], v, 10)
+	c.wbuf = append(c.wbuf, '$')
+	c.wbuf = strconv.AppendInt(c.wbuf, int64(len(d)+len(tail)), 10)
+	c.wbuf = append(c.wbuf, '\r', '\n')
+	c.wbuf = append(c.wbuf, d...)
+	c.wbuf = append(c.wbuf, tail...)
+	c.wbuf = append(c.wbuf, '\r', '\n')
+}
+
 // flush writes the commands added so far in one write.
 func (c *nodeConn) flush() error {
 	if len(c.wbuf) == 0 {

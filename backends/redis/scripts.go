@@ -18,11 +18,14 @@ import (
 //	            readers hold it; its PX is the lease (for readers, the
 //	            longest reader lease). It is a plain string so that a lock
 //	            taken with LOCK and one taken with SET NX PX look alike.
-//	P lockf:k   string: the write hold's fence. A fresh grant stores it
-//	            with a plain SET right after the grant (see Node.send), and
-//	            nothing else is ever in this key, so that SET, which may
-//	            reach the node after other operations on the hold (through
-//	            another instance), cannot undo what they stored.
+//	P lockf:k   string "fence,token": the write hold's fence. A fresh
+//	            grant stores it with a plain SET right after the grant (see
+//	            Node.send), and nothing but the fence is in this key, so
+//	            that SET, which may reach the node after other operations
+//	            on the hold (through another instance), cannot undo what
+//	            they stored. It may also come after the hold's release and
+//	            outlive it: the token it names keeps a later holder from
+//	            taking its fence.
 //	P lockm:k   string "extra holds,r,token" of the write hold, only while
 //	            it has holds beyond the first (reentrancy) or "r" (the
 //	            holder also holds it for reading: downgrade). Written by
@@ -32,11 +35,10 @@ import (
 //	P lockrh:k  hash: reader token -> holds
 //	P lockw:k   string: a writer waits (PX); new readers queue behind it
 //
-// Meta keys expire no later than the lock key or are cleaned up by the
-// next operation that finds them stale, so a lock key that expired or was
-// deleted by hand leaves nothing that changes a later grant (lockm also
-// names its token; a stale lockf is overwritten by the next grant's
-// fence, and the quorum outvotes one node's wrong fence).
+// Meta keys are written to expire with the lock key, but a late lockf, or
+// a lock key deleted by hand, can leave one behind for a while: lockf and
+// lockm name their token, and one of another token counts as none, so a
+// stale one changes nothing for a later holder.
 //
 // Fence counters live in one hash per node, one field per key slot
 // (crc16(key) mod 16384): memory on a node stays bounded however many
@@ -67,12 +69,17 @@ local function meta(s, tok)
   if t ~= tok then return 0, '' end
   return tonumber(h), r
 end
-local function fenceOf(s)
-  return tonumber(s or '0') or 0
+local function fenceOf(s, tok)
+  if not s then return 0 end
+  local f, t = string.match(s, '^(%d+),(.*)$')
+  if t ~= tok then return 0 end
+  return tonumber(f)
 end
 -- putmeta stores tok's lockm (or drops it when it says nothing) to expire
 -- with mode: 'KEEPTTL' (it exists), 'PX' and ms, or 'KEY' and the lock
--- key, a millisecond before it (PTTL then SET can be a millisecond apart).
+-- key (its PTTL: within a script Redis 7 reads one time, so the two end
+-- together; where they could be a millisecond apart the token check in
+-- meta covers it).
 local function putmeta(mk, h, r, tok, mode, arg)
   if h == 0 and r == '' then
     redis.call('DEL', mk)
@@ -85,7 +92,13 @@ local function putmeta(mk, h, r, tok, mode, arg)
     redis.call('SET', mk, v, 'PX', arg)
   else
     local p = redis.call('PTTL', arg)
-    if p > 1 then redis.call('SET', mk, v, 'PX', p - 1) else redis.call('DEL', mk) end
+    if p > 0 then
+      redis.call('SET', mk, v, 'PX', p)
+    elseif p == -1 then
+      redis.call('SET', mk, v) -- the lock key does not expire either
+    else
+      redis.call('DEL', mk)
+    end
   end
 end
 `
@@ -120,7 +133,7 @@ end
 const acquireScript = luaMeta + `
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local f = redis.call('HINCRBY', KEYS[7], ARGV[3], 1)
-  redis.call('SET', KEYS[2], f, 'PX', ARGV[2])
+  redis.call('SET', KEYS[2], f .. ',' .. ARGV[1], 'PX', ARGV[2])
   redis.call('DEL', KEYS[3])
   if ARGV[4] ~= '0' then redis.call('DEL', KEYS[6]) end
   return {f, 1}
@@ -137,7 +150,7 @@ if v == ARGV[1] and ARGV[6] ~= '1' then
   -- still on its way, or was lost with the grant's answer): the quorum
   -- takes the other nodes' fence, or this slot counter, which is at
   -- least the hold's fence.
-  return {fenceOf(fm[1]), h + 1, tonumber(redis.call('HGET', KEYS[7], ARGV[3]) or '0')}
+  return {fenceOf(fm[1], ARGV[1]), h + 1, tonumber(redis.call('HGET', KEYS[7], ARGV[3]) or '0')}
 end
 if ARGV[4] ~= '0' then redis.call('SET', KEYS[6], '1', 'PX', ARGV[4]) end
 if v == ARGV[5] then
@@ -154,8 +167,8 @@ return 0
 // writer holds the key or waits for it. Each reader's lease is its own
 // score; the lock key lives as long as the longest. The write holder may
 // take a read hold too (a downgrade, flagged in its lockm). The fence is
-// the slot's counter (for a downgrade, the write hold's, or 0 while it is
-// not stored here): at least that of every earlier write.
+// the slot's counter (for a downgrade, the write hold's, or the counter
+// while it is not stored here): at least that of every earlier write.
 const readScript = luaMeta + luaNow + `
 local v = redis.call('GET', KEYS[1])
 if v and v ~= ARGV[4] and v ~= ARGV[1] then return 0 end
@@ -172,7 +185,10 @@ local fence = tonumber(redis.call('HGET', KEYS[7], ARGV[3]) or '0')
 if v == ARGV[1] then
   keep = math.max(keep, redis.call('PTTL', KEYS[1]))
   local fm = redis.call('MGET', KEYS[2], KEYS[3])
-  fence = fenceOf(fm[1])
+  -- The write hold's fence, or while it is not stored here the slot
+  -- counter read above, which is at least it.
+  local f = fenceOf(fm[1], ARGV[1])
+  if f > 0 then fence = f end
   local wh, r = meta(fm[2], ARGV[1])
   if r ~= 'r' then putmeta(KEYS[3], wh, 'r', ARGV[1], 'KEY', KEYS[1]) end
 else
@@ -197,7 +213,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   local want = tonumber(ARGV[3])
   if cur < want then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
   local p = redis.call('PTTL', KEYS[1])
-  if p > 1 then redis.call('SET', KEYS[3], want, 'PX', p - 1) end
+  if p > 0 then redis.call('SET', KEYS[3], want .. ',' .. ARGV[1], 'PX', p) end
   return 1
 end
 return 0
@@ -349,7 +365,7 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
 end
 local counter = redis.call('HGET', KEYS[7], ARGV[1]) or '0'
 local fm = redis.call('MGET', KEYS[2], KEYS[3])
-local f = fenceOf(fm[1])
+local f = fenceOf(fm[1], v)
 local h = meta(fm[2], v)
 if f == 0 and v ~= ARGV[2] then f = tonumber(counter) end
 return {v, redis.call('PTTL', KEYS[1]), f, h, now, readers, holds, counter}

@@ -32,7 +32,7 @@ func BenchmarkReleaseScript(b *testing.B) {
 			if err := c.ConfigResetStat(ctx).Err(); err != nil {
 				b.Fatal(err)
 			}
-			keys := make([]string, 0, 4*per)
+			keys := make([]string, 0, 5*per)
 			args := make([]any, 0, 4*per)
 			released := 0
 			for released < b.N {
@@ -41,8 +41,8 @@ func BenchmarkReleaseScript(b *testing.B) {
 				for i := range per {
 					k := "lp:lock:k" + strconv.Itoa(i)
 					p.Set(ctx, k, tok, 0)
-					p.Set(ctx, "lp:lockf:k"+strconv.Itoa(i), "12345", 0)
-					keys = append(keys, k, "lp:lockf:k"+strconv.Itoa(i), "lp:lockr:k", "lp:lockrh:k")
+					p.Set(ctx, "lp:lockf:k"+strconv.Itoa(i), "12345,"+tok, 0)
+					keys = append(keys, k, "lp:lockf:k"+strconv.Itoa(i), "lp:lockm:k"+strconv.Itoa(i), "lp:lockr:k", "lp:lockrh:k")
 					args = append(args, tok, "lp:released:k", readMarker, "")
 				}
 				rel := p.EvalSha(ctx, scriptRelease.sha, keys, args...)
