@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/lockproxy/lockproxy/quorum"
 	"github.com/lockproxy/lockproxy/test/harness"
 )
@@ -412,21 +414,27 @@ func TestNodeTLSHandshakeBounded(t *testing.T) {
 	}
 }
 
+// lateFenceNodes starts a redis-server and two Nodes on it, a and b (two
+// lockproxy instances). Each batch's fence writes on a wait: a value on
+// stores says they are ready, and they go out once the test sends on turn.
+func lateFenceNodes(t *testing.T) (direct *goredis.Client, a, b *Node, stores, turn chan struct{}) {
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	a, b = newTestNode(t, r), newTestNode(t, r)
+	stores, turn = make(chan struct{}), make(chan struct{})
+	a.beforeFenceStore = func() {
+		stores <- struct{}{}
+		<-turn
+	}
+	return r.Client(t), a, b, stores, turn
+}
+
 // TestLateFenceStore: the holder of a fresh grant may reach the node
 // through another lockproxy instance (here another Node) before the
 // grant's fence write has run: written first is not run first. The late
 // write must not undo what that operation stored: a downgrade's read
 // hold, a reentrant grant's extra hold.
 func TestLateFenceStore(t *testing.T) {
-	r := harness.StartRedis(t, harness.RedisOptions{})
-	direct := r.Client(t)
-	a, b := newTestNode(t, r), newTestNode(t, r)
-	// Each batch's fence writes on a wait for a turn the test gives.
-	stores, turn := make(chan struct{}), make(chan struct{})
-	a.beforeFenceStore = func() {
-		stores <- struct{}{}
-		<-turn
-	}
+	direct, a, b, stores, turn := lateFenceNodes(t)
 	ctx := ctxTimeout(t, 20*time.Second)
 	for _, tc := range []struct {
 		name  string
@@ -585,14 +593,7 @@ func TestStaleMetaIgnored(t *testing.T) {
 // reentrant grant before its own fence write answers 0 (the quorum makes
 // it up), and LOCKINFO the slot counter.
 func TestLateFenceAfterRelease(t *testing.T) {
-	r := harness.StartRedis(t, harness.RedisOptions{})
-	direct := r.Client(t)
-	a, b := newTestNode(t, r), newTestNode(t, r)
-	stores, turn := make(chan struct{}), make(chan struct{})
-	a.beforeFenceStore = func() {
-		stores <- struct{}{}
-		<-turn
-	}
+	direct, a, b, stores, turn := lateFenceNodes(t)
 	ctx := ctxTimeout(t, 20*time.Second)
 	granted := make(chan error, 1)
 	var first quorum.NodeGrant
