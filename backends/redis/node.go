@@ -707,12 +707,14 @@ func (n *Node) lockKeys(lockKey, base string, k int) []string {
 }
 
 // fenceWrite stores a fresh grant's fence with its hold (see send).
+// Its parts are kept, not the key and value: written straight into the
+// connection's buffer, a fence write allocates nothing.
 type fenceWrite struct {
-	key   string // lockf:<key>
-	tail  string // ",<token>": lockf names the hold it is for
+	base  string // the client's key
+	token string // lockf names the hold it is for
 	fence int64
 	ms    int64
-	mark  string // lockw:<key> to clear: a waiting writer was granted
+	mark  bool // clear lockw: a waiting writer was granted
 }
 
 // send writes ops as one pipeline and reads their answers, after those to
@@ -889,11 +891,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				out[i].err = fmt.Errorf("unexpected reply to HINCRBY: %q", r.kind)
 			default:
 				out[i] = opResult{n: r.n, holds: 1}
-				fw := fenceWrite{key: n.prefix + "lockf:" + o.base, tail: "," + o.token, fence: r.n, ms: o.ms}
-				if o.waitMs > 0 {
-					fw.mark = n.prefix + "lockw:" + o.base
-				}
-				writes = append(writes, fw)
+				writes = append(writes, fenceWrite{base: o.base, token: o.token, fence: r.n, ms: o.ms, mark: o.waitMs > 0})
 			}
 		case o.kind == opRelease && shared != nil && shared[i]:
 			// Answered with its call, below.
@@ -980,17 +978,19 @@ func (n *Node) addReleaseArgs(c *nodeConn, o *op) {
 	c.bulk(releaseHoldArg[o.hold])
 }
 
-func addFenceWrite(c *nodeConn, fw fenceWrite) {
+// addFenceWrite adds SET lockf:<key> "<fence>,<token>" PX ms, and the
+// DEL of a granted writer's mark.
+func (n *Node) addFenceWrite(c *nodeConn, fw fenceWrite) {
 	c.begin(5)
 	c.bulk("SET")
-	c.bulk(fw.key)
-	c.bulkIntTail(fw.fence, fw.tail)
+	c.bulk3(n.prefix, "lockf:", fw.base)
+	c.bulkIntTail(fw.fence, ",", fw.token)
 	c.bulk("PX")
 	c.bulkInt(fw.ms)
-	if fw.mark != "" {
+	if fw.mark {
 		c.begin(2)
 		c.bulk("DEL")
-		c.bulk(fw.mark)
+		c.bulk3(n.prefix, "lockw:", fw.base)
 	}
 }
 
@@ -998,7 +998,7 @@ func addFenceWrite(c *nodeConn, fw fenceWrite) {
 func fenceWriteCommands(ws []fenceWrite) int {
 	k := len(ws)
 	for _, w := range ws {
-		if w.mark != "" {
+		if w.mark {
 			k++
 		}
 	}
@@ -1108,7 +1108,7 @@ func (n *Node) writeFences(w *writer, ws []fenceWrite) {
 		n.beforeFenceStore()
 	}
 	for _, f := range ws {
-		addFenceWrite(c, f)
+		n.addFenceWrite(c, f)
 	}
 	if err := c.flush(); err != nil {
 		w.drop()

@@ -187,15 +187,16 @@ func (c *nodeConn) bulkInt(v int64) {
 	c.wbuf = append(c.wbuf, '\r', '\n')
 }
 
-// bulkIntTail writes v followed by tail as one bulk string without
-// building it first.
-func (c *nodeConn) bulkIntTail(v int64, tail string) {
+// bulkIntTail writes v followed by sep and tail as one bulk string
+// without building it first.
+func (c *nodeConn) bulkIntTail(v int64, sep, tail string) {
 	var b [20]byte
 	d := strconv.AppendInt(b[:0], v, 10)
 	c.wbuf = append(c.wbuf, '$')
-	c.wbuf = strconv.AppendInt(c.wbuf, int64(len(d)+len(tail)), 10)
+	c.wbuf = strconv.AppendInt(c.wbuf, int64(len(d)+len(sep)+len(tail)), 10)
 	c.wbuf = append(c.wbuf, '\r', '\n')
 	c.wbuf = append(c.wbuf, d...)
+	c.wbuf = append(c.wbuf, sep...)
 	c.wbuf = append(c.wbuf, tail...)
 	c.wbuf = append(c.wbuf, '\r', '\n')
 }
