@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -341,6 +342,20 @@ func TestNodeSharedReleases(t *testing.T) {
 			rels = append(rels, rel{k, st.token, st.hold, st.want, st.left})
 		}
 	}
+	// Listeners on a few keys' channels: only the UNLOCKs that free their
+	// keys are announced, and no channel without a listener gets a
+	// PUBLISH.
+	listened := []string{"plain0", "plain1", "plain2", "reentrant0", "other0", "readers0", "downgraded0", "free0"}
+	announced := []string{"downgraded0", "plain0", "plain1", "plain2"} // sorted
+	chans := make([]string, len(listened))
+	for i, k := range listened {
+		chans[i] = "lp:released:" + k
+	}
+	sub := direct.Subscribe(ctx, chans...)
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the first confirmation
+		t.Fatal(err)
+	}
 	if err := direct.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -378,6 +393,48 @@ func TestNodeSharedReleases(t *testing.T) {
 	t.Logf("%d releases in %d script calls", len(rels), calls)
 	if calls >= int64(len(rels)) {
 		t.Errorf("%d releases took %d script calls; want them to share calls", len(rels), calls)
+	}
+	if got := statCalls(stats, "publish"); got != int64(len(announced)) {
+		t.Errorf("%d PUBLISH calls; want %d, one per freed key with a listener", got, len(announced))
+	}
+	var heard []string
+	for range announced {
+		msg, err := sub.ReceiveMessage(ctxTimeout(t, 5*time.Second))
+		if err != nil {
+			t.Fatalf("announcements heard %v, then %v; want %v", heard, err, announced)
+		}
+		heard = append(heard, strings.TrimPrefix(msg.Channel, "lp:released:"))
+	}
+	slices.Sort(heard)
+	if !slices.Equal(heard, announced) {
+		t.Errorf("announcements on %v; want %v", heard, announced)
+	}
+}
+
+// TestFenceHashIsHashTable: the fence hash is a hash table from the first
+// grant on (see fenceHashPad), not a listpack whose HINCRBY scans it, and
+// re-seeding a restarted node ignores the pad.
+func TestFenceHashIsHashTable(t *testing.T) {
+	n, r := nodeOnRedis(t)
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 10*time.Second)
+	g, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "a", TTL: time.Minute})
+	if err != nil || !g.Acquired {
+		t.Fatalf("acquire: %+v, %v", g, err)
+	}
+	if enc, err := direct.ObjectEncoding(ctx, "lp:fence").Result(); err != nil || enc != "hashtable" {
+		t.Errorf("OBJECT ENCODING lp:fence = %q, %v; want hashtable", enc, err)
+	}
+	h, err := n.readFences(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := h[fenceHashPad]; !ok {
+		t.Fatalf("fence hash %v has no pad field", h)
+	}
+	merged := mergeFences([]map[string]string{h})
+	if _, ok := merged[fenceHashPad]; ok || len(merged) != 1 {
+		t.Errorf("merged fences %v; want the one slot's counter, not the pad", merged)
 	}
 }
 

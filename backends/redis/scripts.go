@@ -8,9 +8,10 @@ import (
 // Every lock operation but a first write grant is one Lua script, so that
 // it is atomic on the node and costs one round trip in the node's
 // pipeline (a first grant is a plain SET NX PX and HINCRBY; see
-// Node.send). Redis's time inside a script is mostly per call, and the
-// release script is the bulk of a node's work per lock: the release of a
-// single hold, the common case, runs three calls (MGET, DEL, PUBLISH).
+// Node.send). Redis's time inside a script is mostly per call (each
+// redis.call costs about a microsecond), and the release script is the
+// bulk of a node's work per lock: it serves a whole batch's single-hold
+// releases, the common UNLOCK, with three calls in all (see releaseScript).
 //
 // The keys of one lock (client key k, prefix P) on a node:
 //
@@ -229,19 +230,28 @@ return 0
 // removes one hold of its token. Returns one answer per release: 1 when a
 // hold was released, 0 when the token held none.
 //
+// Each redis.call costs the node about a microsecond of its own, however
+// little the command does, so the call makes as few as it can for the
+// whole batch rather than for each release: one MGET reads every lock key
+// and lockm, one DEL ends every single write hold (the common UNLOCK), and
+// one PUBSUB NUMSUB finds the channels anyone listens on. Releases that
+// need more (reentrant holds, readers, a downgrade) take their own calls.
+//
 // An UNLOCK (empty which) that makes the key free for someone else (the
 // last write hold, the last reader) announces it on the channel in the
 // same call, so that waiters on every lockproxy instance learn of it
-// without a round trip of their own. A roll-back announces nothing: it
+// without a round trip of their own; a channel with no subscriber gets no
+// PUBLISH, which would reach nobody. A roll-back announces nothing: it
 // undoes a grant on a minority of nodes, which frees nothing for anyone,
 // and announcing it would wake the waiter whose own attempt it rolls back
 // (which then spins while the holder holds). An expiry is not announced:
 // waiters find it by their retry. The announcement is a pcall: a node user
-// whose ACL denies the channel still releases, and waiters fall back to
-// their retry.
+// whose ACL denies PUBSUB or the channel still releases, and waiters fall
+// back to their retry.
 //
 // The releases of one call are for distinct keys (Node.send sees to it),
-// so their order within the call does not matter.
+// so their order within the call does not matter, and the DEL that ends
+// the single holds can wait for the end of the call.
 const releaseScript = luaMeta + `
 local function prune(rk, rhk, now)
   local gone = redis.call('ZRANGEBYSCORE', rk, '-inf', now)
@@ -254,22 +264,16 @@ local function nodeNow()
   local t = redis.call('TIME')
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
-local function release(k, fk, mk, rk, rhk, tok, ch, marker, which)
-  local vm = redis.call('MGET', k, mk)
-  local v = vm[1]
-  if not v then return 0 end
+-- release handles every case but a single write hold; v and m are the
+-- lock key's and lockm's values read at the start of the call. It returns
+-- the answer and whether the key became free.
+local function release(k, fk, mk, rk, rhk, tok, marker, which, v, m)
+  if not v then return 0, false end
   if v == tok and which ~= 'r' then
-    -- The common case, a single write hold, has no lockm.
-    local m = vm[2]
-    if not m then
-      redis.call('DEL', k, fk)
-      if which == '' then redis.pcall('PUBLISH', ch, '') end
-      return 1
-    end
     local h, r = meta(m, tok)
     if h > 0 then
       putmeta(mk, h - 1, r, tok, 'KEEPTTL')
-      return 1
+      return 1, false
     end
     if r == 'r' then
       local now = nodeNow()
@@ -284,35 +288,64 @@ local function release(k, fk, mk, rk, rhk, tok, ch, marker, which)
     else
       redis.call('DEL', k, fk, mk)
     end
-    if which == '' then redis.pcall('PUBLISH', ch, '') end
-    return 1
+    return 1, true
   end
-  if which == 'w' or (v ~= marker and v ~= tok) then return 0 end
+  if which == 'w' or (v ~= marker and v ~= tok) then return 0, false end
   local now = nodeNow()
   prune(rk, rhk, now)
-  if not redis.call('ZSCORE', rk, tok) then return 0 end
-  if redis.call('HINCRBY', rhk, tok, -1) > 0 then return 1 end
+  if not redis.call('ZSCORE', rk, tok) then return 0, false end
+  if redis.call('HINCRBY', rhk, tok, -1) > 0 then return 1, false end
   redis.call('ZREM', rk, tok)
   redis.call('HDEL', rhk, tok)
   if v == tok then
     -- The write holder's read hold ends (an undone downgrade).
-    local h = meta(redis.call('GET', mk), tok)
+    local h = meta(m, tok)
     putmeta(mk, h, '', tok, 'KEEPTTL')
-    return 1
+    return 1, false
   end
   local top = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
   if #top == 0 then
     redis.call('DEL', k, rk, rhk)
-    if which == '' then redis.pcall('PUBLISH', ch, '') end
-  else
-    redis.call('PEXPIRE', k, tonumber(top[2]) - now)
+    return 1, true
   end
-  return 1
+  redis.call('PEXPIRE', k, tonumber(top[2]) - now)
+  return 1, false
 end
-local out = {}
-for i = 0, #KEYS / 5 - 1 do
-  out[#out + 1] = release(KEYS[5 * i + 1], KEYS[5 * i + 2], KEYS[5 * i + 3], KEYS[5 * i + 4], KEYS[5 * i + 5],
-    ARGV[4 * i + 1], ARGV[4 * i + 2], ARGV[4 * i + 3], ARGV[4 * i + 4])
+local n = #KEYS / 5
+local names = {}
+for i = 0, n - 1 do
+  names[2 * i + 1] = KEYS[5 * i + 1]
+  names[2 * i + 2] = KEYS[5 * i + 3]
+end
+local vals = redis.call('MGET', unpack(names))
+local out, dels, chans = {}, {}, {}
+for i = 0, n - 1 do
+  local k, tok, which = KEYS[5 * i + 1], ARGV[4 * i + 1], ARGV[4 * i + 4]
+  local v, m = vals[2 * i + 1], vals[2 * i + 2]
+  local freed
+  if v == tok and not m and which ~= 'r' then
+    -- A single write hold (a lockm of another token would do too, but
+    -- release sorts that out).
+    dels[#dels + 1] = k
+    dels[#dels + 1] = KEYS[5 * i + 2]
+    out[i + 1], freed = 1, true
+  else
+    out[i + 1], freed = release(k, KEYS[5 * i + 2], KEYS[5 * i + 3], KEYS[5 * i + 4], KEYS[5 * i + 5],
+      tok, ARGV[4 * i + 3], which, v, m)
+  end
+  if freed and which == '' then chans[#chans + 1] = ARGV[4 * i + 2] end
+end
+if #dels > 0 then redis.call('DEL', unpack(dels)) end
+if #chans > 0 then
+  local subs = redis.pcall('PUBSUB', 'NUMSUB', unpack(chans))
+  if subs.err then
+    -- PUBSUB denied: announce blind, each PUBLISH on its own.
+    for _, ch in ipairs(chans) do redis.pcall('PUBLISH', ch, '') end
+  else
+    for j = 2, #subs, 2 do
+      if subs[j] > 0 then redis.pcall('PUBLISH', subs[j - 1], '') end
+    end
+  end
 end
 return out
 `
