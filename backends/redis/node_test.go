@@ -411,6 +411,53 @@ func TestNodeSharedReleases(t *testing.T) {
 	}
 }
 
+// TestReleaseAnnouncedToPatternListeners: PUBSUB NUMSUB does not count a
+// listener by pattern, so while one listens every release that frees a
+// key is announced, in a shared call as in a call of its own.
+func TestReleaseAnnouncedToPatternListeners(t *testing.T) {
+	n, r := nodeOnRedis(t)
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	keys := []string{"p0", "p1", "p2", "p3", "p4", "p5"}
+	for _, k := range keys {
+		g, err := n.Acquire(ctx, quorum.Request{Key: k, Token: "a", TTL: time.Minute})
+		if err != nil || !g.Acquired {
+			t.Fatalf("acquire %s: %+v, %v", k, g, err)
+		}
+	}
+	sub := direct.PSubscribe(ctx, "lp:released:*")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // the confirmation
+		t.Fatal(err)
+	}
+	errs := make(chan error, len(keys))
+	for _, k := range keys {
+		n.StartRelease(ctx, k, "a", quorum.AnyHold, func(ok bool, err error) {
+			if err == nil && !ok {
+				err = fmt.Errorf("release of %s refused", k)
+			}
+			errs <- err
+		})
+	}
+	for range keys {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	var heard []string
+	for range keys {
+		msg, err := sub.ReceiveMessage(ctxTimeout(t, 5*time.Second))
+		if err != nil {
+			t.Fatalf("announcements heard %v, then %v; want %v", heard, err, keys)
+		}
+		heard = append(heard, strings.TrimPrefix(msg.Channel, "lp:released:"))
+	}
+	slices.Sort(heard)
+	if !slices.Equal(heard, keys) {
+		t.Errorf("announcements on %v; want %v", heard, keys)
+	}
+}
+
 // TestFenceHashIsHashTable: the fence hash is a hash table from the first
 // grant on (see fenceHashPad), not a listpack whose HINCRBY scans it, and
 // re-seeding a restarted node ignores the pad.

@@ -11,7 +11,7 @@ import (
 // Node.send). Redis's time inside a script is mostly per call (each
 // redis.call costs about a microsecond), and the release script is the
 // bulk of a node's work per lock: it serves a whole batch's single-hold
-// releases, the common UNLOCK, with three calls in all (see releaseScript).
+// releases, the common UNLOCK, with four calls in all (see releaseScript).
 //
 // The keys of one lock (client key k, prefix P) on a node:
 //
@@ -234,14 +234,15 @@ return 0
 // little the command does, so the call makes as few as it can for the
 // whole batch rather than for each release: one MGET reads every lock key
 // and lockm, one DEL ends every single write hold (the common UNLOCK), and
-// one PUBSUB NUMSUB finds the channels anyone listens on. Releases that
+// PUBSUB NUMPAT and NUMSUB find the channels anyone listens on. Releases that
 // need more (reentrant holds, readers, a downgrade) take their own calls.
 //
 // An UNLOCK (empty which) that makes the key free for someone else (the
 // last write hold, the last reader) announces it on the channel in the
 // same call, so that waiters on every lockproxy instance learn of it
 // without a round trip of their own; a channel with no subscriber gets no
-// PUBLISH, which would reach nobody. A roll-back announces nothing: it
+// PUBLISH, which would reach nobody (unless someone listens by pattern,
+// which PUBSUB NUMSUB does not count: then every release is announced). A roll-back announces nothing: it
 // undoes a grant on a minority of nodes, which frees nothing for anyone,
 // and announcing it would wake the waiter whose own attempt it rolls back
 // (which then spins while the holder holds). An expiry is not announced:
@@ -337,9 +338,14 @@ for i = 0, n - 1 do
 end
 if #dels > 0 then redis.call('DEL', unpack(dels)) end
 if #chans > 0 then
-  local subs = redis.pcall('PUBSUB', 'NUMSUB', unpack(chans))
-  if subs.err then
-    -- PUBSUB denied: announce blind, each PUBLISH on its own.
+  -- NUMSUB counts channel subscribers only: while anyone listens by
+  -- pattern (PSUBSCRIBE), every release is announced.
+  local pats = redis.pcall('PUBSUB', 'NUMPAT')
+  local subs = pats
+  if pats == 0 then subs = redis.pcall('PUBSUB', 'NUMSUB', unpack(chans)) end
+  if type(subs) ~= 'table' or subs.err then
+    -- PUBSUB denied, or a pattern listener: announce blind, each PUBLISH
+    -- on its own.
     for _, ch in ipairs(chans) do redis.pcall('PUBLISH', ch, '') end
   else
     for j = 2, #subs, 2 do
