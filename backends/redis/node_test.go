@@ -436,6 +436,70 @@ func TestReleaseAnnouncedToPatternListeners(t *testing.T) {
 	expectAnnouncements(t, sub, keys)
 }
 
+// TestReleaseAnnouncedWithoutPubsub: a node user denied PUBSUB still
+// releases, and announces every release that frees a key (it cannot tell
+// who listens); the node's ACL LOG records the refused PUBSUB.
+func TestReleaseAnnouncedWithoutPubsub(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	if err := direct.Do(ctx, "ACL", "SETUSER", "nopubsub", "on", ">pw", "~*", "&*", "+@all", "-pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Username: "nopubsub", Password: "pw", Timeout: time.Second, Metrics: NewMetrics(nil)})
+	t.Cleanup(func() { n.Close() })
+	keys := []string{"q0", "q1", "q2"}
+	for _, k := range keys {
+		g, err := n.Acquire(ctx, quorum.Request{Key: k, Token: "a", TTL: time.Minute})
+		if err != nil || !g.Acquired {
+			t.Fatalf("acquire %s: %+v, %v", k, g, err)
+		}
+	}
+	sub := direct.Subscribe(ctx, "lp:released:q0", "lp:released:q1")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := direct.Do(ctx, "ACL", "LOG", "RESET").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := direct.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, len(keys))
+	for _, k := range keys {
+		n.StartRelease(ctx, k, "a", quorum.AnyHold, func(ok bool, err error) {
+			if err == nil && !ok {
+				err = fmt.Errorf("release of %s refused", k)
+			}
+			errs <- err
+		})
+	}
+	for range keys {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, k := range keys {
+		if n := direct.Exists(ctx, "lp:lock:"+k).Val(); n != 0 {
+			t.Errorf("lock key of %s left behind", k)
+		}
+	}
+	expectAnnouncements(t, sub, []string{"q0", "q1"})
+	stats := direct.Info(ctx, "commandstats").Val()
+	if got := statCalls(stats, "publish"); got != int64(len(keys)) {
+		t.Errorf("%d PUBLISH calls; want %d, one per freed key", got, len(keys))
+	}
+	log, err := direct.Do(ctx, "ACL", "LOG").Slice()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(log) == 0 || !strings.Contains(fmt.Sprint(log), "pubsub") {
+		t.Errorf("ACL LOG %v; want the refused PUBSUB", log)
+	}
+}
+
 // expectAnnouncements reads len(want) release announcements from sub and
 // checks that they name the keys of want (sorted), in any order.
 func expectAnnouncements(t *testing.T, sub *goredis.PubSub, want []string) {

@@ -242,7 +242,8 @@ return 0
 // same call, so that waiters on every lockproxy instance learn of it
 // without a round trip of their own; a channel with no subscriber gets no
 // PUBLISH, which would reach nobody (unless someone listens by pattern,
-// which PUBSUB NUMSUB does not count: then every release is announced). A roll-back announces nothing: it
+// which PUBSUB NUMSUB does not count: then every release is announced).
+// A roll-back announces nothing: it
 // undoes a grant on a minority of nodes, which frees nothing for anyone,
 // and announcing it would wake the waiter whose own attempt it rolls back
 // (which then spins while the holder holds). An expiry is not announced:
@@ -340,10 +341,11 @@ if #dels > 0 then redis.call('DEL', unpack(dels)) end
 if #chans > 0 then
   -- NUMSUB counts channel subscribers only: while anyone listens by
   -- pattern (PSUBSCRIBE), every release is announced.
-  local pats = redis.pcall('PUBSUB', 'NUMPAT')
-  local subs = pats
-  if pats == 0 then subs = redis.pcall('PUBSUB', 'NUMSUB', unpack(chans)) end
-  if type(subs) ~= 'table' or subs.err then
+  local subs
+  if redis.pcall('PUBSUB', 'NUMPAT') == 0 then
+    subs = redis.pcall('PUBSUB', 'NUMSUB', unpack(chans))
+  end
+  if not subs or subs.err then
     -- PUBSUB denied, or a pattern listener: announce blind, each PUBLISH
     -- on its own.
     for _, ch in ipairs(chans) do redis.pcall('PUBLISH', ch, '') end
