@@ -419,20 +419,7 @@ func TestReleaseAnnouncedToPatternListeners(t *testing.T) {
 	if _, err := sub.Receive(ctx); err != nil { // the confirmation
 		t.Fatal(err)
 	}
-	errs := make(chan error, len(keys))
-	for _, k := range keys {
-		n.StartRelease(ctx, k, "a", quorum.AnyHold, func(ok bool, err error) {
-			if err == nil && !ok {
-				err = fmt.Errorf("release of %s refused", k)
-			}
-			errs <- err
-		})
-	}
-	for range keys {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	releaseTogether(ctx, t, n, keys, "a")
 	expectAnnouncements(t, sub, keys)
 }
 
@@ -467,20 +454,7 @@ func TestReleaseAnnouncedWithoutPubsub(t *testing.T) {
 	if err := direct.ConfigResetStat(ctx).Err(); err != nil {
 		t.Fatal(err)
 	}
-	errs := make(chan error, len(keys))
-	for _, k := range keys {
-		n.StartRelease(ctx, k, "a", quorum.AnyHold, func(ok bool, err error) {
-			if err == nil && !ok {
-				err = fmt.Errorf("release of %s refused", k)
-			}
-			errs <- err
-		})
-	}
-	for range keys {
-		if err := <-errs; err != nil {
-			t.Fatal(err)
-		}
-	}
+	releaseTogether(ctx, t, n, keys, "a")
 	for _, k := range keys {
 		if n := direct.Exists(ctx, "lp:lock:"+k).Val(); n != 0 {
 			t.Errorf("lock key of %s left behind", k)
@@ -497,6 +471,26 @@ func TestReleaseAnnouncedWithoutPubsub(t *testing.T) {
 	}
 	if len(log) == 0 || !strings.Contains(fmt.Sprint(log), "pubsub") {
 		t.Errorf("ACL LOG %v; want the refused PUBSUB", log)
+	}
+}
+
+// releaseTogether starts token's releases of keys at once, so that they
+// share script calls, and fails t unless each released a hold.
+func releaseTogether(ctx context.Context, t *testing.T, n *Node, keys []string, token string) {
+	t.Helper()
+	errs := make(chan error, len(keys))
+	for _, k := range keys {
+		n.StartRelease(ctx, k, token, quorum.AnyHold, func(ok bool, err error) {
+			if err == nil && !ok {
+				err = fmt.Errorf("release of %s refused", k)
+			}
+			errs <- err
+		})
+	}
+	for range keys {
+		if err := <-errs; err != nil {
+			t.Fatal(err)
+		}
 	}
 }
 
