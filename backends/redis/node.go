@@ -715,6 +715,8 @@ type fenceWrite struct {
 	fence int64
 	ms    int64
 	mark  bool // clear lockw: a waiting writer was granted
+	op    int  // the grant's place in its batch
+	gone  bool // the batch released the hold: only the mark is left to clear
 }
 
 // send writes ops as one pipeline and reads their answers, after those to
@@ -891,7 +893,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				out[i].err = fmt.Errorf("unexpected reply to HINCRBY: %q", r.kind)
 			default:
 				out[i] = opResult{n: r.n, holds: 1}
-				writes = append(writes, fenceWrite{base: o.base, token: o.token, fence: r.n, ms: o.ms, mark: o.waitMs > 0})
+				writes = append(writes, fenceWrite{base: o.base, token: o.token, fence: r.n, ms: o.ms, mark: o.waitMs > 0, op: i})
 			}
 		case o.kind == opRelease && shared != nil && shared[i]:
 			// Answered with its call, below.
@@ -947,7 +949,54 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			out[i] = acquireResult(r)
 		}
 	}
+	if len(writes) > 0 {
+		markReleased(ops, shared, out, writes)
+	}
 	return out, writes
+}
+
+// markReleased marks the fence writes of holds that their own batch
+// released. A grant and its holder's release share a batch where the
+// holder heard of the grant from the other nodes before this node's writer
+// sent the grant (a busy or slow node): the fence write, sent after the
+// batch, would store a fence for a hold already gone, and its lockf would
+// stay on the node until its TTL (a key left per such cycle, which long
+// leases make many). Such a release is never a shared one (another
+// operation of the batch touches its key), and those are few.
+func markReleased(ops []*op, shared []bool, out []opResult, writes []fenceWrite) {
+	for j, p := range ops {
+		if p.kind != opRelease || shared != nil && shared[j] {
+			continue
+		}
+		for k := range writes {
+			if fw := &writes[k]; fw.op < j && ops[fw.op].base == p.base {
+				fw.gone = releasedLater(ops, out, fw.op)
+			}
+		}
+	}
+}
+
+// releasedLater tells whether the batch released the fresh grant ops[i]:
+// the only later operations on its key are its token's releases of write
+// holds, and one of them released a hold. A fresh grant is its token's
+// only hold, so that release ended it. Anything else on the key keeps the
+// fence write, as before.
+func releasedLater(ops []*op, out []opResult, i int) bool {
+	o := ops[i]
+	released := false
+	for j := i + 1; j < len(ops); j++ {
+		p := ops[j]
+		if p.base != o.base {
+			continue
+		}
+		if p.kind != opRelease || p.token != o.token || p.hold == quorum.ReadHold {
+			return false
+		}
+		if out[j].err == nil && out[j].n == 1 {
+			released = true
+		}
+	}
+	return released
 }
 
 // addScript begins an EVALSHA (or EVAL) of s with o's first k lock keys;
@@ -981,12 +1030,14 @@ func (n *Node) addReleaseArgs(c *nodeConn, o *op) {
 // addFenceWrite adds SET lockf:<key> "<fence>,<token>" PX ms, and the
 // DEL of a granted writer's mark.
 func (n *Node) addFenceWrite(c *nodeConn, fw fenceWrite) {
-	c.begin(5)
-	c.bulk("SET")
-	c.bulk3(n.prefix, "lockf:", fw.base)
-	c.bulkIntTail(fw.fence, ",", fw.token)
-	c.bulk("PX")
-	c.bulkInt(fw.ms)
+	if !fw.gone {
+		c.begin(5)
+		c.bulk("SET")
+		c.bulk3(n.prefix, "lockf:", fw.base)
+		c.bulkIntTail(fw.fence, ",", fw.token)
+		c.bulk("PX")
+		c.bulkInt(fw.ms)
+	}
 	if fw.mark {
 		c.begin(2)
 		c.bulk("DEL")
@@ -996,8 +1047,11 @@ func (n *Node) addFenceWrite(c *nodeConn, fw fenceWrite) {
 
 // fenceWriteCommands is how many commands addFenceWrite sends for ws.
 func fenceWriteCommands(ws []fenceWrite) int {
-	k := len(ws)
+	k := 0
 	for _, w := range ws {
+		if !w.gone {
+			k++
+		}
 		if w.mark {
 			k++
 		}
