@@ -3,6 +3,7 @@ package e2e
 import (
 	"fmt"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"testing"
@@ -199,8 +200,10 @@ func TestFencesIncreaseAcrossInstances(t *testing.T) {
 // An UNLOCK sent as soon as the LOCK reply arrives must release the key on
 // every node: lockproxy answers LOCK once a majority granted, and the other
 // nodes' grants must not land after the release (they would stay until their
-// TTL, refusing later grants on those nodes). Several clients run at once,
-// as in production, so that lockproxy's goroutines compete for the CPU.
+// TTL, refusing later grants on those nodes). Nor may anything else of the
+// hold stay behind, such as a fence write that reached a node after the
+// release. Several clients run at once, as in production, so that
+// lockproxy's goroutines compete for the CPU.
 func TestUnlockRightAfterLockLeavesNoKey(t *testing.T) {
 	t.Parallel()
 	const (
@@ -247,6 +250,17 @@ func TestUnlockRightAfterLockLeavesNoKey(t *testing.T) {
 					t.Errorf("node %d (%s): %slock:%s = %q (the grant of round %d) after its UNLOCK returned 1; want no key",
 						i, cl.nodes[i].Addr, keyPrefix, key, v, tokens[w][v])
 				}
+			}
+		}
+		for i, nc := range cl.clients {
+			left, err := nc.Keys(ctx, keyPrefix+"lock*").Result()
+			if err != nil {
+				t.Fatalf("node %d: KEYS: %v", i, err)
+			}
+			if len(left) > 0 {
+				slices.Sort(left)
+				t.Errorf("node %d (%s): %d keys left after every UNLOCK returned 1: %q; want none",
+					i, cl.nodes[i].Addr, len(left), left[:min(len(left), 5)])
 			}
 		}
 	})
