@@ -807,3 +807,59 @@ func TestLateFenceAfterRelease(t *testing.T) {
 		t.Errorf("LOCKINFO fence of t2's hold %d: t1's", st.fence)
 	}
 }
+
+// TestMarkReleased: which fresh grants' fence writes a batch leaves out,
+// because the batch itself released the hold.
+func TestMarkReleased(t *testing.T) {
+	acq := func(key, tok string) *op { return &op{kind: opAcquire, base: key, token: tok, mode: quorum.Exclusive} }
+	rel := func(key, tok string, h quorum.Hold) *op { return &op{kind: opRelease, base: key, token: tok, hold: h} }
+	granted := opResult{n: 7, holds: 1}
+	released, notHeld := opResult{n: 1}, opResult{n: 0}
+	failed := opResult{err: errors.New("node down")}
+	for _, tc := range []struct {
+		name string
+		ops  []*op
+		out  []opResult
+		gone bool // the first op's fence write is left out
+	}{
+		{"released by its holder", []*op{acq("k", "t"), rel("k", "t", quorum.AnyHold)}, []opResult{granted, released}, true},
+		{"rolled back", []*op{acq("k", "t"), rel("k", "t", quorum.WriteHold)}, []opResult{granted, released}, true},
+		{"release found nothing", []*op{acq("k", "t"), rel("k", "t", quorum.AnyHold)}, []opResult{granted, notHeld}, false},
+		{"release failed", []*op{acq("k", "t"), rel("k", "t", quorum.AnyHold)}, []opResult{granted, failed}, false},
+		{"another token's release", []*op{acq("k", "t"), rel("k", "u", quorum.AnyHold)}, []opResult{granted, notHeld}, false},
+		{"a read hold's release", []*op{acq("k", "t"), rel("k", "t", quorum.ReadHold)}, []opResult{granted, released}, false},
+		{"another key's release", []*op{acq("k", "t"), rel("j", "t", quorum.AnyHold)}, []opResult{granted, released}, false},
+		{"downgrade between", []*op{acq("k", "t"), {kind: opAcquire, base: "k", token: "t", mode: quorum.Shared}, rel("k", "t", quorum.AnyHold)},
+			[]opResult{granted, {n: 7, holds: 2}, released}, false},
+		{"another grant after", []*op{acq("k", "t"), rel("k", "t", quorum.AnyHold), acq("k", "u")},
+			[]opResult{granted, released, granted}, false},
+		{"release before the grant", []*op{rel("k", "t", quorum.AnyHold), acq("k", "t")}, []opResult{notHeld, granted}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var writes []fenceWrite
+			for i, o := range tc.ops {
+				if o.kind == opAcquire && o.mode == quorum.Exclusive && tc.out[i].holds == 1 {
+					writes = append(writes, fenceWrite{base: o.base, token: o.token, fence: tc.out[i].n, op: i, mark: true})
+				}
+			}
+			markReleased(tc.ops, nil, tc.out, writes)
+			first := writes[0]
+			if first.op != 0 {
+				first = writes[len(writes)-1] // "release before the grant"
+			}
+			if first.gone != tc.gone {
+				t.Errorf("gone = %v; want %v", first.gone, tc.gone)
+			}
+			// A waiting writer's mark is cleared either way.
+			want := 2 * len(writes)
+			for _, w := range writes {
+				if w.gone {
+					want--
+				}
+			}
+			if got := fenceWriteCommands(writes); got != want {
+				t.Errorf("fenceWriteCommands = %d; want %d", got, want)
+			}
+		})
+	}
+}
