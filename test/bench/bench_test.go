@@ -228,15 +228,17 @@ func runCycles(b *testing.B, c *cluster, im impl, clients int) {
 		}
 	}
 
-	before := c.cpu()
+	before, m0 := c.cpu(), readMachine()
 	b.ResetTimer()
 	r := cycles(c, im, clients, b.N)
 	b.StopTimer()
 	r.cpu = c.cpu().sub(before)
+	machine := shareSince(m0, readMachine())
 
 	res := summarize(b, r)
 	perCycle := func(d time.Duration) float64 { return float64(d.Microseconds()) / float64(r.cycles) }
 	res.benchCPU, res.proxyCPU, res.redisCPU = perCycle(r.cpu.bench), perCycle(r.cpu.proxy), perCycle(r.cpu.redis)
+	res.machine = machine
 
 	b.ReportMetric(0, "ns/op") // cycles/s says it without the split across clients
 	b.ReportMetric(res.cyclesPerSec, "cycles/s")
@@ -247,6 +249,10 @@ func runCycles(b *testing.B, c *cluster, im impl, clients int) {
 		b.ReportMetric(res.proxyCPU, "proxy-cpu-us/cycle")
 	}
 	b.ReportMetric(res.redisCPU, "redis-cpu-us/cycle")
+	if machine.ok {
+		b.ReportMetric(machine.idle, "idle-%")
+		b.ReportMetric(machine.steal, "steal-%")
+	}
 	if r.failures > 0 {
 		b.ReportMetric(float64(r.failures), "failures")
 	}
@@ -303,6 +309,7 @@ func runInterleaved(b *testing.B, c *cluster, clients int) {
 		return
 	}
 	var ratios []float64
+	m0 := readMachine()
 	for round := 0; round < interleavedRounds; round++ {
 		var rates [2]float64
 		for i, im := range c.impls {
@@ -329,6 +336,7 @@ func runInterleaved(b *testing.B, c *cluster, clients int) {
 	if len(ratios) == 0 {
 		b.Fatal("no interleaved round completed")
 	}
+	machine := shareSince(m0, readMachine())
 	slices.Sort(ratios)
 	med = ratios[len(ratios)/2]
 	c.mu.Lock()
@@ -336,7 +344,10 @@ func runInterleaved(b *testing.B, c *cluster, clients int) {
 	c.mu.Unlock()
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(med, "median-ratio")
-	recordInterleaved(len(c.nodes), clients, ratios)
+	if machine.ok {
+		b.ReportMetric(machine.steal, "steal-%")
+	}
+	recordInterleaved(len(c.nodes), clients, ratios, machine)
 }
 
 // cycles runs total cycles on clients goroutines, each with its own key,
@@ -465,4 +476,60 @@ func procCPU(pid int) time.Duration {
 	}
 	const userHZ = 100
 	return time.Duration(ut+st) * time.Second / userHZ
+}
+
+// machineTicks is the whole machine's CPU time from /proc/stat's first
+// line, in USER_HZ ticks summed over CPUs: all of it, the idle part, and
+// the steal part (time the hypervisor gave this machine's CPUs to others
+// while they had work). Steal is load from outside that neither side of a
+// comparison controls; a run with much of it measures the host.
+type machineTicks struct{ total, idle, steal float64 }
+
+func readMachine() machineTicks {
+	raw, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return machineTicks{}
+	}
+	line, _, _ := strings.Cut(string(raw), "\n")
+	return parseCPULine(line)
+}
+
+// parseCPULine reads /proc/stat's "cpu" line: user nice system idle iowait
+// irq softirq steal, then guest and guest_nice, which user and nice
+// already count. Anything else gives the zero value (not measured).
+func parseCPULine(line string) machineTicks {
+	f := strings.Fields(line)
+	if len(f) < 9 || f[0] != "cpu" {
+		return machineTicks{}
+	}
+	var t machineTicks
+	for i, s := range f[1:9] {
+		v, err := strconv.ParseFloat(s, 64)
+		if err != nil {
+			return machineTicks{}
+		}
+		t.total += v
+		switch i {
+		case 3, 4: // idle, iowait
+			t.idle += v
+		case 7:
+			t.steal += v
+		}
+	}
+	return t
+}
+
+// machineShare is the idle and steal percentages of the machine's CPU
+// time between two readings; ok is false where /proc/stat is missing.
+type machineShare struct {
+	idle, steal float64
+	ok          bool
+}
+
+func shareSince(before, after machineTicks) machineShare {
+	d := after.total - before.total
+	if d <= 0 || before.total == 0 {
+		return machineShare{}
+	}
+	return machineShare{idle: 100 * (after.idle - before.idle) / d, steal: 100 * (after.steal - before.steal) / d, ok: true}
 }

@@ -15,18 +15,24 @@ type result struct {
 	failures     int
 	// CPU microseconds per cycle: benchmark process, lockproxy, all nodes.
 	benchCPU, proxyCPU, redisCPU float64
+	// The machine's idle and steal shares during the run.
+	machine machineShare
 }
 
 type rowKey struct{ nodes, clients int }
 
 // interleaved holds, per point, the lockproxy/redsync ratios of the
-// alternating rounds, sorted.
-var interleaved = map[rowKey][]float64{}
+// alternating rounds, sorted, and the machine's steal share over them.
+var (
+	interleaved      = map[rowKey][]float64{}
+	interleavedSteal = map[rowKey]machineShare{}
+)
 
-func recordInterleaved(nodes, clients int, ratios []float64) {
+func recordInterleaved(nodes, clients int, ratios []float64, m machineShare) {
 	results.mu.Lock()
 	defer results.mu.Unlock()
 	interleaved[rowKey{nodes, clients}] = ratios
+	interleavedSteal[rowKey{nodes, clients}] = m
 }
 
 // row pairs the two implementations measured at one nodes × clients point.
@@ -92,13 +98,27 @@ func printResults(w io.Writer) {
 
 	if len(interleaved) > 0 {
 		fmt.Fprintf(w, "\nlockproxy/redsync cycles/s in %d alternating rounds of %v (median, and the range):\n\n", interleavedRounds, roundLength)
-		fmt.Fprintln(w, "| nodes | clients | median ratio | lowest | highest |")
-		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|")
+		fmt.Fprintln(w, "| nodes | clients | median ratio | lowest | highest | steal |")
+		fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|")
 		for _, rw := range results.rows {
 			if rs := interleaved[rw.rowKey]; len(rs) > 0 {
-				fmt.Fprintf(w, "| %d | %d | %.2f | %.2f | %.2f |\n", rw.nodes, rw.clients, rs[len(rs)/2], rs[0], rs[len(rs)-1])
+				fmt.Fprintf(w, "| %d | %d | %.2f | %.2f | %.2f | %s |\n", rw.nodes, rw.clients, rs[len(rs)/2], rs[0], rs[len(rs)-1], stealCell(interleavedSteal[rw.rowKey]))
 			}
 		}
+	}
+
+	idle := func(r *result) string {
+		if r == nil || !r.machine.ok {
+			return "– | –"
+		}
+		return fmt.Sprintf("%.1f %% | %.1f %%", r.machine.idle, r.machine.steal)
+	}
+	fmt.Fprintln(w, "\nThe machine during each back-to-back run: idle CPU, and steal (CPU the host gave to others):")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "| nodes | clients | lockproxy: idle | steal | redsync: idle | steal |")
+	fmt.Fprintln(w, "|---:|---:|---:|---:|---:|---:|")
+	for _, rw := range results.rows {
+		fmt.Fprintf(w, "| %d | %d | %s | %s |\n", rw.nodes, rw.clients, idle(rw.lockproxy), idle(rw.redsync))
 	}
 
 	cpu := func(r *result, proxy bool) string {
@@ -118,4 +138,12 @@ func printResults(w io.Writer) {
 	for _, rw := range results.rows {
 		fmt.Fprintf(w, "| %d | %d | %s | %s |\n", rw.nodes, rw.clients, cpu(rw.lockproxy, true), cpu(rw.redsync, false))
 	}
+}
+
+// stealCell is a steal percentage, or – where it was not measured.
+func stealCell(m machineShare) string {
+	if !m.ok {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f %%", m.steal)
 }
