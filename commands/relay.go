@@ -100,6 +100,11 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 			s.W.Error("ERR '" + cmd.Name + "' is not allowed inside MULTI: lock commands run on the lock nodes, not in the upstream's transaction")
 			return true
 		}
+		if what := stateChangeInMulti(string(name), args); what != "" {
+			rs.dirty = true
+			s.W.Error("ERR '" + what + "' is not allowed inside MULTI through lockproxy: it changes the connection's state, which lockproxy tracks outside transactions only")
+			return true
+		}
 		h.relayNamed(s, args, name)
 		return true
 	}
@@ -107,6 +112,31 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 		h.relayCollect(s, rs, true)
 	}
 	return false
+}
+
+// stateChangeInMulti names a command (with its subcommand) that changes a
+// connection's state when EXEC runs it, or is "". Queued in a transaction
+// it would run on the client's pinned upstream connection behind
+// lockproxy's back: the database, protocol, user, name, reply mode or
+// subscriptions lockproxy tracks for the client would be wrong after EXEC,
+// and the connection, taken for clean, would go back to the shared pool
+// with them, to the next client that pins one. So it is refused, which
+// makes EXEC abort, as Redis does after any queuing error.
+func stateChangeInMulti(name string, args [][]byte) string {
+	switch name {
+	case "select", "hello", "auth", "subscribe", "psubscribe", "ssubscribe", "monitor":
+		return name
+	case "client":
+		if len(args) < 2 {
+			return ""
+		}
+		var buf [32]byte
+		switch sub := string(resp.Lower(buf[:], args[1])); sub {
+		case "reply", "tracking", "caching", "setname", "setinfo", "no-evict", "no-touch":
+			return "client|" + sub
+		}
+	}
+	return ""
 }
 
 // relayFlush collects the replies of s's relayed commands still pending,

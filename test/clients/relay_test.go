@@ -242,6 +242,67 @@ func TestRelaySelectAndTransactions(t *testing.T) {
 	}
 }
 
+// TestRelayStateChangeInMulti: a command that would change the pinned
+// upstream connection's state at EXEC (database, protocol, user, name,
+// reply mode, subscriptions) is refused inside MULTI and aborts the EXEC,
+// so that no such state reaches the connection, which goes back to the
+// shared pool after EXEC: transactions of other clients afterwards still
+// run in database 0 and get RESP2 replies.
+func TestRelayStateChangeInMulti(t *testing.T) {
+	e := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := proxyClient(t, e, 2)
+	for _, args := range [][]any{
+		{"SELECT", 5},
+		{"HELLO", 3},
+		{"AUTH", "default", "x"},
+		{"SUBSCRIBE", "ch"},
+		{"PSUBSCRIBE", "c*"},
+		{"CLIENT", "REPLY", "OFF"},
+		{"CLIENT", "TRACKING", "ON"},
+		{"CLIENT", "SETNAME", "other"},
+		{"client", "no-evict", "on"},
+	} {
+		conn := c.Conn()
+		if err := conn.Do(ctx, "MULTI").Err(); err != nil {
+			t.Fatalf("MULTI: %v", err)
+		}
+		if err := conn.Do(ctx, args...).Err(); err == nil || !strings.Contains(err.Error(), "not allowed inside MULTI") {
+			t.Errorf("%v inside MULTI = %v; want the refusal", args, err)
+		}
+		if err := conn.Do(ctx, "EXEC").Err(); err == nil || !strings.Contains(err.Error(), "EXECABORT") {
+			t.Errorf("EXEC after %v = %v; want EXECABORT", args, err)
+		}
+		if err := conn.Ping(ctx).Err(); err != nil {
+			t.Errorf("PING after %v: %v", args, err)
+		}
+		conn.Close()
+	}
+	// Another client's transaction, on whichever pooled connection it gets.
+	other := proxyClient(t, e, 2)
+	for i := range 3 {
+		conn := other.Conn()
+		_, err := conn.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, "victim", i, 0)
+			p.HSet(ctx, "victimh", "f", "v")
+			p.HGetAll(ctx, "victimh")
+			return nil
+		})
+		if err != nil {
+			t.Errorf("transaction %d: %v", i, err)
+		}
+		conn.Close()
+	}
+	up := e.up.Client(t)
+	if v, err := up.Get(ctx, "victim").Result(); err != nil || v != "2" {
+		t.Errorf("database 0 victim = %q, %v; want 2 (the transactions ran elsewhere)", v, err)
+	}
+	if name, err := up.Do(ctx, "CLIENT", "LIST").Text(); err == nil && strings.Contains(name, "name=other") {
+		t.Errorf("an upstream connection was named by a refused CLIENT SETNAME:\n%s", name)
+	}
+}
+
 // checkCommandTable: COMMAND merges the upstream's table with lockproxy's.
 func checkCommandTable(ctx context.Context, t *testing.T, c *redis.Client) {
 	t.Helper()
