@@ -114,6 +114,19 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 	return false
 }
 
+// relayOne relays one command the handler serves partly itself (see
+// tScript), after the replies of commands relayed before it, and returns
+// its reply (or the refusal), the end of the reply buffer.
+func (h *Handler) relayOne(s *resp.Session, args [][]byte) []byte {
+	h.relayFlush(s)
+	at := s.W.Len()
+	h.relay(s, args)
+	if rs := h.relayState(s); rs.pipe.Pending() > 0 {
+		h.relayCollect(s, rs, true)
+	}
+	return s.W.Bytes()[at:]
+}
+
 // stateChangeInMulti names a command (with its subcommand) that changes a
 // connection's state when EXEC runs it, or is "". Queued in a transaction
 // it would run on the client's pinned upstream connection behind

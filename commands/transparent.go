@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
@@ -512,8 +513,16 @@ func (h *Handler) undo(ctx context.Context, keys []string, writes map[int][]stri
 }
 
 // tScript serves SCRIPT LOAD, EXISTS and FLUSH. Scripts are remembered
-// here so that EVALSHA can send their body; LOAD also runs on every node,
-// which checks that the script compiles.
+// here so that EVALSHA can send their body; without an upstream LOAD also
+// runs on every node, which checks that the script compiles.
+//
+// With an upstream, an EVALSHA of the same script may go there (keys that
+// are not lock keys) or be served here (lock keys), and the client does
+// not say which when it loads or asks: so LOAD goes to the upstream too (it
+// checks the script compiles) and is remembered here when it succeeds,
+// EXISTS answers 1 only for a script both have, and FLUSH goes to the
+// upstream (through upstream.deny_commands, which denies it by default)
+// and flushes here only when the upstream did.
 func (h *Handler) tScript(s *resp.Session, args [][]byte) bool {
 	var buf [16]byte
 	switch sub := string(resp.Lower(buf[:], args[1])); sub {
@@ -521,6 +530,12 @@ func (h *Handler) tScript(s *resp.Session, args [][]byte) bool {
 		h.tCount(s, "script_load", func() {
 			if len(args) != 3 {
 				s.W.Error("ERR wrong number of arguments for 'script|load' command")
+				return
+			}
+			if h.up != nil {
+				if r := h.relayOne(s, args); len(r) > 0 && r[0] == '$' {
+					h.scripts.add(string(args[2]))
+				}
 				return
 			}
 			if h.fanout == nil {
@@ -541,6 +556,10 @@ func (h *Handler) tScript(s *resp.Session, args [][]byte) bool {
 				s.W.Error("ERR wrong number of arguments for 'script|exists' command")
 				return
 			}
+			if h.up != nil {
+				h.andScriptExists(h.relayOne(s, args), args[2:])
+				return
+			}
 			s.W.Array(len(args) - 2)
 			for _, sha := range args[2:] {
 				_, ok := h.scripts.get(string(sha))
@@ -554,13 +573,42 @@ func (h *Handler) tScript(s *resp.Session, args [][]byte) bool {
 		})
 	case "flush":
 		h.tCount(s, "script_flush", func() {
+			if h.up != nil {
+				if r := h.relayOne(s, args); !bytes.HasPrefix(r, []byte("+OK\r\n")) {
+					return
+				}
+			}
 			h.scripts.flush()
-			s.W.Simple("OK")
+			if h.up == nil {
+				s.W.Simple("OK")
+			}
 		})
 	default:
 		return false
 	}
 	return true
+}
+
+// andScriptExists turns the upstream's SCRIPT EXISTS reply r (an array of
+// 0 and 1, at the end of the reply buffer) into the answer for both: 1
+// only where this instance remembers the script too. Anything else (an
+// error) is left as it is.
+func (h *Handler) andScriptExists(r []byte, shas [][]byte) {
+	nl := bytes.Index(r, []byte("\r\n"))
+	if len(r) == 0 || r[0] != '*' || nl < 0 {
+		return
+	}
+	// Each element is ":0\r\n" or ":1\r\n", so a miss here is a byte
+	// changed in place.
+	el := r[nl+2:]
+	for i, sha := range shas {
+		if len(el) < 4*(i+1) || el[4*i] != ':' {
+			return
+		}
+		if _, ok := h.scripts.get(string(sha)); !ok {
+			el[4*i+1] = '0'
+		}
+	}
 }
 
 // strs converts arguments for go-redis; keys and values stay binary-safe.

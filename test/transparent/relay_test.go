@@ -1,6 +1,9 @@
 package transparent
 
 import (
+	"crypto/sha1"
+	"encoding/hex"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -118,4 +121,75 @@ func TestFenceThroughLockInfo(t *testing.T) {
 	if third := fence("lock:f", "b"); third <= second {
 		t.Errorf("script acquisition's fence %d; want above SET NX PX's %d", third, second)
 	}
+}
+
+// TestScriptsWithUpstream: with an upstream, an EVALSHA may be served by
+// the nodes (lock keys) or relayed (other keys), so SCRIPT LOAD reaches
+// both, SCRIPT EXISTS answers 1 only for a script both have, and SCRIPT
+// FLUSH is relayed (and denied by default) instead of answered here: the
+// client's NOSCRIPT, LOAD, EVALSHA fallback (redis-py's Script) works for
+// either kind of key.
+func TestScriptsWithUpstream(t *testing.T) {
+	t.Parallel()
+	up := harness.StartRedis(t, harness.RedisOptions{})
+	e := start(t, "--upstream", up.Addr)
+	c := e.client(t)
+	upc := up.Client(t)
+	ctx := lockclient.CtxFor(t, 30*time.Second)
+
+	// A script on plain keys, the way redis-py's Script calls it.
+	incr := "return redis.call('incr', KEYS[1])"
+	sha := sha1hex(incr)
+	if err := c.EvalSha(ctx, sha, []string{"plain:ctr"}).Err(); err == nil || !strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		t.Fatalf("EVALSHA before SCRIPT LOAD = %v; want NOSCRIPT", err)
+	}
+	if got, err := c.ScriptLoad(ctx, incr).Result(); err != nil || got != sha {
+		t.Fatalf("SCRIPT LOAD = %q, %v; want %s", got, err, sha)
+	}
+	if n, err := c.EvalSha(ctx, sha, []string{"plain:ctr"}).Int64(); err != nil || n != 1 {
+		t.Errorf("EVALSHA on a plain key after SCRIPT LOAD = %d, %v; want 1", n, err)
+	}
+	if v, err := upc.ScriptExists(ctx, sha).Result(); err != nil || !v[0] {
+		t.Errorf("the upstream's SCRIPT EXISTS = %v, %v; want it loaded", v, err)
+	}
+
+	// A lock script known here only (an EVAL on a lock key), one known to
+	// the upstream only, one known to neither, and the one both know.
+	if err := c.Eval(ctx, acquireScript, []string{"lock:s"}, "tok", 5000).Err(); err != nil {
+		t.Fatalf("EVAL on a lock key: %v", err)
+	}
+	upOnly := "return 42"
+	if err := upc.ScriptLoad(ctx, upOnly).Err(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.ScriptExists(ctx, sha1hex(acquireScript), sha1hex(upOnly), sha1hex("return 7"), sha).Result()
+	if want := []bool{false, false, false, true}; err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("SCRIPT EXISTS = %v, %v; want %v", got, err, want)
+	}
+	if err := c.ScriptLoad(ctx, acquireScript).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := c.ScriptExists(ctx, sha1hex(acquireScript)).Result(); err != nil || !got[0] {
+		t.Errorf("SCRIPT EXISTS after SCRIPT LOAD = %v, %v; want true", got, err)
+	}
+	if err := c.ScriptLoad(ctx, "return +").Err(); err == nil {
+		t.Errorf("SCRIPT LOAD of a script that does not compile succeeded")
+	}
+
+	// FLUSH goes through upstream.deny_commands, which denies it by
+	// default: nothing is flushed, here or there.
+	if err := c.ScriptFlush(ctx).Err(); err == nil || !strings.Contains(err.Error(), "denied") {
+		t.Errorf("SCRIPT FLUSH = %v; want it denied", err)
+	}
+	if got, err := c.ScriptExists(ctx, sha).Result(); err != nil || !got[0] {
+		t.Errorf("SCRIPT EXISTS after a denied FLUSH = %v, %v; want true", got, err)
+	}
+	if err := c.Ping(ctx).Err(); err != nil {
+		t.Errorf("PING: %v", err)
+	}
+}
+
+func sha1hex(s string) string {
+	sum := sha1.Sum([]byte(s))
+	return hex.EncodeToString(sum[:])
 }
