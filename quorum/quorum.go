@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -173,6 +174,15 @@ var (
 	// it exclusively; no node grants that.
 	ErrUpgrade = errors.New("quorum: read lock held by this token; upgrade refused")
 )
+
+// errHoldLost is a granting node's failure when raising its fence found
+// the token no longer holding the key there (its lease ran out meanwhile).
+var errHoldLost error = holdLostError{}
+
+type holdLostError struct{}
+
+func (holdLostError) Error() string  { return "quorum: hold lost before its fence was stored" }
+func (holdLostError) Reason() string { return "hold lost before its fence was stored" }
 
 // NodeError is one node's failure.
 type NodeError struct {
@@ -501,7 +511,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		}
 	} else {
 		var err error
-		if fence, err = q.settleFence(ctx, req, granted, need, fresh); err != nil {
+		if fence, err = q.settleFence(ctx, req, granted, need, fresh, failures); err != nil {
 			q.releaseAll(ctx, req, refusedBy)
 			return Lease{}, err
 		}
@@ -524,13 +534,22 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 // other holder can have been granted the key since the token's last grant,
 // as its majority would share a node with the joining majority, where the
 // key has been the token's since a grant whose fence that node stored.
-// Otherwise the grant is a new one and gets
-// the highest counter of all.
-func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantResult, need int, fresh bool) (uint64, error) {
+// Otherwise the grant is a new one and gets the highest counter of all,
+// plus one on a node that joined a hold of the token's (a minority did: a
+// leftover of an earlier attempt), which did not count: its answer is the
+// hold's fence, or 0 when that was never stored, and only its counter is
+// sure to be at least the fence of every grant whose majority it was in.
+//
+// The error, when too few nodes could be raised, names the nodes that
+// failed to grant (acquireFailures) and those that failed to be raised.
+func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantResult, need int, fresh bool, acquireFailures []NodeError) (uint64, error) {
 	var fence uint64
 	if fresh {
 		for _, g := range granted {
 			fence = max(fence, g.grant.Fence)
+			if g.grant.Holds > 1 {
+				fence = max(fence, g.grant.Counter+1)
+			}
 		}
 	} else {
 		fence = reentryFence(granted, need)
@@ -566,7 +585,7 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 			results <- boolResult{idx: idx, ok: ok, err: err}
 		}()
 	}
-	var failures []NodeError
+	failures := slices.Clone(acquireFailures)
 	for i := 0; i < lagging; i++ {
 		r := <-results
 		switch {
@@ -574,6 +593,8 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 			failures = append(failures, NodeError{Node: q.nodes[r.idx].Name(), Err: r.err})
 		case r.ok:
 			atFence++
+		default:
+			failures = append(failures, NodeError{Node: q.nodes[r.idx].Name(), Err: errHoldLost})
 		}
 	}
 	if atFence >= need {
@@ -737,7 +758,10 @@ func (q *Quorum) Extend(ctx context.Context, key, token string, ttl time.Duratio
 	start := q.cfg.Clock.Now()
 	oks, failures := q.fanOutBool(ctx, q.NodeTimeout(ttl), extendOp(key, token, ttl), q.Majority())
 	if oks < q.Majority() {
-		if len(failures) > len(q.nodes)-q.Majority() {
+		if oks+len(failures) >= q.Majority() {
+			// The nodes that failed may hold it, and a majority may still:
+			// "no longer held" would be a guess (and would end a
+			// KEEPALIVE lock that one node's timeout left undecided).
 			return 0, q.noQuorum(len(q.nodes)-len(failures), failures)
 		}
 		return 0, nil

@@ -599,10 +599,14 @@ func TestAcquireSlowNodesBounded(t *testing.T) {
 func TestAcquireFences(t *testing.T) {
 	late := func() chan struct{} { return make(chan struct{}) }
 	type node struct {
-		fence  uint64
-		refuse bool
-		late   bool
-		raise  raiseBehaviour
+		fence   uint64
+		refuse  bool
+		late    bool
+		raise   raiseBehaviour
+		holds   int64         // >1: the node joined a hold of the token's
+		counter uint64        // with holds: the node's counter
+		fail    bool          // the acquire fails (connection refused)
+		delay   time.Duration // before every answer
 	}
 	for _, tc := range []struct {
 		name      string
@@ -664,7 +668,36 @@ func TestAcquireFences(t *testing.T) {
 		{
 			name:      "N=3/raise refused",
 			nodes:     []node{{fence: 7}, {fence: 5, raise: raiseRefuse}, {fence: 7, late: true}},
-			wantErr:   "1/3 nodes",
+			wantErr:   "1/3 nodes: n2 hold lost before its fence was stored",
+			wantRaise: map[int]uint64{1: 7},
+		},
+		{
+			// A node that answers the token's leftover hold (an earlier
+			// attempt's grant whose answer was lost, no fence stored)
+			// joined it: a minority did, so the grant is a new one, and
+			// that node's counter, not its answer's fence, is what an
+			// earlier holder's fence may have reached there.
+			name:      "N=3/fresh grant with a minority rejoining, no fence stored",
+			nodes:     []node{{fence: 1}, {holds: 2, counter: 10}, {refuse: true}},
+			wantFence: 11,
+			wantRaise: map[int]uint64{0: 11, 1: 11},
+		},
+		{
+			name:      "N=3/fresh grant with a minority rejoining, its fence stored",
+			nodes:     []node{{fence: 1}, {holds: 2, fence: 4, counter: 10}, {refuse: true}},
+			wantFence: 11,
+			wantRaise: map[int]uint64{0: 11, 1: 11},
+		},
+		{
+			name:      "N=5/fresh grant above a rejoining node's counter and the others' fences",
+			nodes:     []node{{fence: 12}, {fence: 9}, {holds: 3, fence: 2, counter: 10}, {refuse: true}, {refuse: true}},
+			wantFence: 12,
+			wantRaise: map[int]uint64{1: 12, 2: 12},
+		},
+		{
+			name:      "N=3/raise refused, the other node failed to grant: both named",
+			nodes:     []node{{fence: 7, delay: 20 * time.Millisecond}, {fence: 5, raise: raiseRefuse, delay: 20 * time.Millisecond}, {fail: true}},
+			wantErr:   "1/3 nodes: n2 hold lost before its fence was stored, n3 connection refused",
 			wantRaise: map[int]uint64{1: 7},
 		},
 		{
@@ -691,6 +724,10 @@ func TestAcquireFences(t *testing.T) {
 			nodes := makeNodes(t, len(tc.nodes), func(i int, nd *fakeNode) {
 				c := tc.nodes[i]
 				nd.fence, nd.refuse, nd.raise = c.fence, c.refuse, c.raise
+				nd.holds, nd.counter, nd.delay = c.holds, c.counter, c.delay
+				if c.fail {
+					nd.err = errRefused
+				}
 				if c.late {
 					nd.gate = late()
 				}
@@ -837,12 +874,15 @@ func TestExtend(t *testing.T) {
 		{"N=3/time spent is subtracted", []nodeAnswer{yes, yes, yes}, 3 * time.Second, ttl - 3*time.Second - 102*time.Millisecond, ""},
 		{"N=3/no validity left", []nodeAnswer{yes, yes, yes}, ttl - 102*time.Millisecond, 0, ""},
 		{"N=3/minority extends", []nodeAnswer{yes, no, no}, 0, 0, ""},
-		{"N=3/minority extends, one fails", []nodeAnswer{yes, no, fail}, 0, 0, ""},
+		// One node failed where a majority may still hold it: undecided, as
+		// for Release, not "no longer held".
+		{"N=3/minority extends, one fails: undecided", []nodeAnswer{yes, no, fail}, 0, 0, "2/3 nodes: n3 connection refused"},
 		{"N=3/none", []nodeAnswer{no, no, no}, 0, 0, ""},
 		{"N=3/too many errors", []nodeAnswer{yes, fail, slow}, 0, 0, "1/3 nodes: n2 connection refused, n3 timeout"},
 		{"N=5/majority extends", []nodeAnswer{yes, yes, yes, no, fail}, 0, ttl - 102*time.Millisecond, ""},
-		{"N=5/minority extends", []nodeAnswer{yes, yes, no, no, fail}, 0, 0, ""},
-		{"N=5/minority, two fail", []nodeAnswer{yes, no, no, fail, fail}, 0, 0, ""},
+		{"N=5/minority extends, one fails: undecided", []nodeAnswer{yes, yes, no, no, fail}, 0, 0, "4/5 nodes: n5 connection refused"},
+		{"N=5/minority extends, one fails: decided", []nodeAnswer{yes, no, no, no, fail}, 0, 0, ""},
+		{"N=5/minority, two fail: undecided", []nodeAnswer{yes, no, no, fail, fail}, 0, 0, "3/5 nodes: n4 connection refused, n5 connection refused"},
 		{"N=5/too many errors", []nodeAnswer{yes, yes, fail, fail, slow}, 0, 0, "2/5 nodes: n3 connection refused, n4 connection refused, n5 timeout"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
