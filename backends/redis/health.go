@@ -137,11 +137,13 @@ func (h *health) observe(si serverInfo) bool {
 		return false
 	}
 	h.restart++
-	h.gen.Add(1)
 	if h.period > 0 {
 		h.until = now.Add(h.period)
 		h.blocked.Or(blockRestart)
 	}
+	// After the block: a batch that sees the new generation sees the
+	// block too (Node.exec).
+	h.gen.Add(1)
 	return true
 }
 

@@ -629,13 +629,16 @@ func (n *Node) exec(w *writer, batch []*op) {
 	if len(live) > 0 && n.metrics != nil {
 		n.batches.Observe(float64(len(live)))
 	}
+	// The restart generation is read before the check that the node may
+	// vote: a restart detected in between then shows as a new generation
+	// after the batch (see restarted below) instead of slipping past both.
+	gen := n.health.gen.Load()
 	if len(live) > 0 {
 		if err := n.health.refuse(); err != nil {
 			// Queued before the node was taken out: only releases go out.
 			live = n.failVotes(live, err)
 		}
 	}
-	gen := n.health.gen.Load()
 	if len(live) == 0 {
 		return
 	}
