@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"reflect"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -105,6 +106,9 @@ func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []strin
 			was, errB := before[i].Result()
 			now, errA := after[i].Result()
 			ttl, errT := pttls[i].Int64()
+			if wrongType(errB) || wrongType(errA) {
+				return n.nonStringLock(ctx, nkeys[i], notNil(errB) == nil && was == nil && wrongType(errA))
+			}
 			if e := errors.Join(notNil(errB), notNil(errA), errT); e != nil {
 				if isReply(e) {
 					// EXECABORT: nothing in the transaction ran.
@@ -124,6 +128,35 @@ func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []strin
 		}
 		return r
 	})
+}
+
+// wrongType tells whether err is Redis's WRONGTYPE: GET of a key that
+// holds something other than a string.
+func wrongType(err error) bool {
+	return isReply(err) && strings.HasPrefix(err.Error(), "WRONGTYPE")
+}
+
+// errNonStringLock is every node's answer to a script that finds or leaves
+// a lock key holding something other than a string.
+const errNonStringLock = "ERR transparent mode: a lock key holds a string token (the SET NX PX kind of lock); the script found or stored another type (a hash lock, as Redisson's, is not served): use LOCK, or a string lock"
+
+// dropNonStringScript deletes KEYS[1] unless it holds a string (or nothing).
+var dropNonStringScript = goredis.NewScript(`if redis.call("type", KEYS[1]).ok ~= "string" then return redis.call("del", KEYS[1]) end return 0`)
+
+// nonStringLock answers a script that found (or, created, stored where
+// there was nothing) a value other than a string at a lock key. The
+// acquisition rule sees writes by comparing string values, so such a
+// script's effect cannot be judged, nor rolled back where it is a
+// minority: it is refused, and what it created is deleted, which puts the
+// node back as it was (lock keys hold nothing but string tokens, so no
+// other client's value of another type can be there).
+func (n *Node) nonStringLock(ctx context.Context, key string, created bool) backends.NodeReply {
+	if created {
+		if err := dropNonStringScript.Run(ctx, n.client, []string{key}).Err(); err != nil {
+			return backends.NodeReply{Err: fmt.Errorf("redis: deleting a script's non-string lock value on %s: %w", n.name, err)}
+		}
+	}
+	return backends.NodeReply{Val: backends.ReplyError(errNonStringLock)}
 }
 
 // undoScript deletes KEYS[1] if it still holds ARGV[1].
