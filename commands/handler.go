@@ -112,9 +112,10 @@ type Handler struct {
 	keepalive *keepalives
 	closed    atomic.Bool
 
-	patterns []string        // transparent mode's lock patterns
-	fanout   backends.Fanout // nil when the backend has no nodes to run commands on
-	scripts  scriptCache     // for EVALSHA on lock keys
+	patterns []string          // transparent mode's lock patterns
+	lockKey  func([]byte) bool // isLockKey, made once: a method value allocates
+	fanout   backends.Fanout   // nil when the backend has no nodes to run commands on
+	scripts  scriptCache       // for EVALSHA on lock keys
 
 	up *relay.Relay
 	rm *relayMetrics
@@ -154,6 +155,7 @@ func NewHandler(o Options) *Handler {
 		nodeKeyPrefix: o.NodeKeyPrefix,
 		users:         o.Users,
 	}
+	h.lockKey = h.isLockKey
 	if h.up != nil {
 		h.rm = newRelayMetrics(o.Registry)
 	}

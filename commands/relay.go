@@ -324,6 +324,22 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		relayError(s, err.Error())
 		return
 	}
+	if len(h.patterns) > 0 {
+		// A command transparent mode does not serve (it served those it
+		// does before this) may still name a lock key, in any key
+		// position: HSET, MSETNX, FCALL, OBJECT ENCODING… On the upstream
+		// it would act on another key of the same name, a lock of one
+		// node.
+		if k := h.up.KeyWhere(lname, args, h.lockKey); k != nil {
+			if rs.multi {
+				rs.dirty = true
+			}
+			h.rm.refused.Inc()
+			relayError(s, "ERR transparent mode: '"+relay.Clip(string(lname))+"' is not supported on lock keys (lock_patterns match '"+
+				relay.Clip(string(k))+"'); supported: "+transparentCommands)
+			return
+		}
+	}
 	h.rm.relayed.Inc()
 	name := string(lname) // compared below, not kept: no allocation
 	if !rs.multi && relayPlain(name, args) {

@@ -193,3 +193,61 @@ func sha1hex(s string) string {
 	sum := sha1.Sum([]byte(s))
 	return hex.EncodeToString(sum[:])
 }
+
+// TestLockKeysNeverReachUpstream: with an upstream, a command transparent
+// mode does not serve is refused when it names a lock key in any key
+// position, rather than relayed, where it would act on another key of the
+// same name (a lock of one node, or a holder check that reads nothing).
+func TestLockKeysNeverReachUpstream(t *testing.T) {
+	t.Parallel()
+	up := harness.StartRedis(t, harness.RedisOptions{})
+	e := start(t, "--upstream", up.Addr)
+	c := e.client(t)
+	upc := up.Client(t)
+	ctx := lockclient.CtxFor(t, 30*time.Second)
+	fn := "#!lua name=lk\nredis.register_function('acq', function(k, a) return redis.call('set', k[1], a[1], 'NX', 'PX', a[2]) end)"
+	if err := upc.FunctionLoad(ctx, fn).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := upc.Set(ctx, "plain:src", "v", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, args := range [][]any{
+		{"MSETNX", "plain:a", "1", "lock:m", "tok"},
+		{"FCALL", "acq", 1, "lock:f", "tok", 30000},
+		{"HSET", "lock:h", "uuid:1", 1},
+		{"HEXISTS", "lock:h", "uuid:1"},
+		{"OBJECT", "ENCODING", "lock:x"},
+		{"COPY", "plain:src", "lock:c"},
+		{"RENAME", "plain:src", "lock:r"},
+		{"SORT", "plain:list", "STORE", "lock:s"},
+		{"INCR", "lock:i"},
+	} {
+		err := c.Do(ctx, args...).Err()
+		if err == nil || !strings.Contains(err.Error(), "not supported on lock keys") {
+			t.Errorf("%v = %v; want it refused", args, err)
+		}
+	}
+	if keys, err := upc.Keys(ctx, "lock:*").Result(); err != nil || len(keys) != 0 {
+		t.Errorf("the upstream's lock-pattern keys = %v, %v; want none", keys, err)
+	}
+	if v, err := upc.Get(ctx, "plain:src").Result(); err != nil || v != "v" {
+		t.Errorf("plain:src = %q, %v; want it untouched", v, err)
+	}
+	// Inside MULTI the refusal aborts the transaction.
+	_, err := c.TxPipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, "plain:t", "1", 0)
+		p.HSet(ctx, "lock:h", "f", "v")
+		return nil
+	})
+	if err == nil || !strings.Contains(err.Error(), "EXECABORT") && !strings.Contains(err.Error(), "not supported on lock keys") {
+		t.Errorf("MULTI with HSET on a lock key = %v; want EXECABORT", err)
+	}
+	if n, _ := upc.Exists(ctx, "plain:t", "lock:h").Result(); n != 0 {
+		t.Errorf("the aborted transaction ran: %d keys", n)
+	}
+	// Commands on other keys are relayed as before.
+	if n, err := c.Do(ctx, "FCALL", "acq", 1, "plain:f", "tok", 30000).Text(); err != nil || n != "OK" {
+		t.Errorf("FCALL on a plain key = %q, %v; want OK", n, err)
+	}
+}
