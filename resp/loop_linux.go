@@ -420,8 +420,10 @@ func (l *eventLoop) serve(sess *Session) {
 		sess.writeBuffered()
 	}
 	if sess.rd.cut {
-		// A client not yet authenticated pipelined more than one command:
-		// the rest is served in the next round, no event will say so.
+		// The batch stopped with more commands buffered (a client not yet
+		// authenticated pipelined more than one, or more than
+		// maxBatchCommands): the rest is served in the next round, no
+		// event will say so.
 		l.mu.Lock()
 		l.resume = append(l.resume, sess)
 		l.mu.Unlock()

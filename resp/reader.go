@@ -24,6 +24,13 @@ const (
 	PreAuthMaxBulkLen = 16 << 10
 )
 
+// maxBatchCommands caps the commands of one batch. A buffer that a big
+// command grew may next hold hundreds of thousands of small ones; run as
+// one batch, their replies would all be built before any is written (see
+// also the server's maxBatchReply), and on the event loop the other
+// clients would wait for all of them.
+const maxBatchCommands = 1024
+
 // maxGrowStep bounds how much the read buffer grows ahead of the data.
 const maxGrowStep = 1 << 20
 
@@ -69,7 +76,7 @@ type Reader struct {
 	// preAuth: the client has not authenticated yet; the pre-auth caps
 	// hold, and a batch is one command, so that the commands after an AUTH
 	// are parsed with the caps it lifts. cut: the last batch stopped
-	// there with more input buffered.
+	// there (pre-auth, or maxBatchCommands) with more input buffered.
 	preAuth, cut bool
 }
 
@@ -179,7 +186,7 @@ func (r *Reader) parse() (int, error) {
 	r.offs, r.counts = r.offs[:0], r.counts[:0]
 	r.cut = false
 	for r.start < r.end {
-		if r.preAuth && len(r.counts) > 0 {
+		if len(r.counts) > 0 && (r.preAuth || len(r.counts) >= maxBatchCommands) {
 			r.cut = true
 			return 0, nil
 		}

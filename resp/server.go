@@ -331,8 +331,11 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 		lh, _ = s.Handler.(LoopHandler)
 	}
 	streak := 0 // batches in a row the loop could have served
+	var rest [][][]byte // commands of a batch cut short by maxBatchReply
 	for first := true; ; first = false {
-		if !first || (len(cmds) == 0 && err == nil) {
+		if rest != nil {
+			cmds, rest = rest, nil
+		} else if !first || (len(cmds) == 0 && err == nil) {
 			if lh != nil && streak >= loopReturnAfter && sess.rd.Buffered() == 0 && lh.LoopReady(sess) {
 				if s.returnToLoop(loop, sess) {
 					returned = true
@@ -357,14 +360,28 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 			// again when it is done (WatchClose).
 			sess.lastActive.Store(time.Now().UnixNano())
 		}
-		for _, args := range cmds {
+		for i, args := range cmds {
 			s.Handler.ServeRESP(sess, args)
 			if sess.closeAfter {
+				break
+			}
+			if sess.W.Len() >= maxBatchReply && i+1 < len(cmds) {
+				// The replies go out before the rest of the batch runs, as
+				// a batch of its own: a pipeline of small commands with
+				// large replies (INFO, COMMAND DOCS) must not build them
+				// all in memory first.
+				rest = cmds[i+1:]
 				break
 			}
 		}
 		if bh != nil && len(cmds) > 0 {
 			bh.EndBatch(sess)
+		}
+		if rest != nil && !sess.closeAfter {
+			if sess.Flush() != nil || s.isClosing() {
+				return
+			}
+			continue // err, if any, comes after the rest
 		}
 		if err != nil && !sess.closeAfter {
 			if IsProtocolError(err) {
@@ -378,6 +395,11 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 		}
 	}
 }
+
+// maxBatchReply is how many reply bytes a batch builds before they are
+// written and the rest of the batch runs (see serveConn). The reader also
+// caps a batch at maxBatchCommands.
+const maxBatchReply = 1 << 20
 
 func (s *Server) isClosing() bool {
 	s.mu.Lock()
