@@ -330,7 +330,7 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 	if loop != nil {
 		lh, _ = s.Handler.(LoopHandler)
 	}
-	streak := 0 // batches in a row the loop could have served
+	streak := 0         // batches in a row the loop could have served
 	var rest [][][]byte // commands of a batch cut short by maxBatchReply
 	for first := true; ; first = false {
 		if rest != nil {

@@ -228,20 +228,22 @@ func (s *Session) asyncPoll() bool {
 
 // writeAsync is BeginAsync's write.
 func (s *Session) writeAsync(b []byte) {
-	if s.writeMu.TryLock() {
+	locked := s.writeMu.TryLock()
+	if locked {
 		s.rawBuf = b
 		err := s.raw.Write(s.rawFunc)
 		n, werr := s.rawN, s.rawErr
 		s.rawBuf = nil
-		s.writeMu.Unlock()
 		switch {
 		case err == nil && werr == nil && n == len(b):
+			s.writeMu.Unlock()
 			if len(s.pushes) > 0 {
 				go s.drainPushes()
 			}
 			s.asyncFinished()
 			return
 		case err == nil && werr != nil && werr != syscall.EAGAIN && werr != syscall.EINTR:
+			s.writeMu.Unlock()
 			s.cancel() // the client is gone
 			s.asyncFinished()
 			return
@@ -249,10 +251,14 @@ func (s *Session) writeAsync(b []byte) {
 			b = b[n:]
 		}
 		// Otherwise (a full socket buffer, a deadline passed on an idle
-		// connection) the blocking write below sorts it out.
+		// connection) the blocking write below sorts it out. The lock
+		// goes with it: part of the reply may be out, and nothing else (a
+		// push frame) may be written before the rest.
 	}
 	go func() {
-		s.writeMu.Lock()
+		if !locked {
+			s.writeMu.Lock()
+		}
 		s.wdeadline.Arm(s.conn, replyWriteTimeout)
 		_, err := s.out.Write(b)
 		s.writeMu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -154,5 +155,112 @@ func TestBeginAsync(t *testing.T) {
 	}
 	if got := readBulk(); string(got) != "xxx" {
 		t.Fatalf("second reply %q", got)
+	}
+}
+
+// pushAsyncHandler answers "ASYNC size" with a bulk string of size bytes
+// through BeginAsync, and anything else with +OK; it keeps the session for
+// the test to push to.
+type pushAsyncHandler struct{ sess atomic.Pointer[Session] }
+
+func (h *pushAsyncHandler) ServeRESP(s *Session, args [][]byte) {
+	h.sess.Store(s)
+	if string(args[0]) != "ASYNC" {
+		s.W.Simple("OK")
+		return
+	}
+	size, _ := strconv.Atoi(string(args[1]))
+	w := NewWriter()
+	w.Bulk(bytes.Repeat([]byte{'x'}, size))
+	if write, ok := s.BeginAsync(); ok {
+		write(w.Bytes())
+	} else {
+		s.W.Raw(w.Bytes())
+	}
+}
+
+func (h *pushAsyncHandler) Closed(*Session) {}
+
+// TestPushNotInsidePartialReply: a push frame (lock-lost) queued while an
+// asynchronous reply is half written goes out after the whole reply, never
+// inside it. The socket takes a 4 MB reply in parts, and pushes come every
+// few tens of µs meanwhile.
+func TestPushNotInsidePartialReply(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &pushAsyncHandler{}
+	srv := &Server{Handler: h}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	}()
+
+	push := []byte(">2\r\n$4\r\npush\r\n$1\r\nP\r\n")
+	deadline := time.Now().Add(20 * time.Second)
+	for trial := 0; trial < 20 && time.Now().Before(deadline); trial++ {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+		rd := bufio.NewReader(c)
+		if _, err := c.Write(relay.AppendCommand(nil, [][]byte{[]byte("HI")})); err != nil {
+			t.Fatal(err)
+		}
+		if line, err := rd.ReadString('\n'); err != nil || line != "+OK\r\n" {
+			t.Fatalf("HI: %q, %v", line, err)
+		}
+		s := h.sess.Load()
+		stop, pushed := make(chan struct{}), make(chan struct{})
+		go func() {
+			defer close(pushed)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				s.Push(push)
+				for t0 := time.Now(); time.Since(t0) < 60*time.Microsecond; {
+				}
+			}
+		}()
+		const size = 4 << 20
+		if _, err := c.Write(relay.AppendCommand(nil, [][]byte{[]byte("ASYNC"), []byte(strconv.Itoa(size))})); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(50 * time.Millisecond) // the socket fills: the reply goes out in parts
+		for {
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				t.Fatalf("trial %d: %v", trial, err)
+			}
+			if line == ">2\r\n" {
+				for range 4 {
+					_, _ = rd.ReadString('\n')
+				}
+				continue
+			}
+			if line != "$"+strconv.Itoa(size)+"\r\n" {
+				t.Fatalf("trial %d: %q; want the reply or a push", trial, line)
+			}
+			b := make([]byte, size+2)
+			if _, err := io.ReadFull(rd, b); err != nil {
+				t.Fatalf("trial %d: %v", trial, err)
+			}
+			if k := bytes.Index(b, []byte(">2\r\n")); k >= 0 {
+				t.Fatalf("trial %d: a push frame inside the reply at offset %d", trial, k)
+			}
+			break
+		}
+		close(stop)
+		<-pushed
+		c.Close()
 	}
 }
