@@ -73,11 +73,24 @@ type Reader struct {
 	// the event loop's views of one batch, reused (parseViews)
 	vargs [][]byte
 	vcmds [][][]byte
+	// part is how far parseOne got into the command at start when it was
+	// incomplete, so that the next parse resumes there instead of reading
+	// every argument again: a command of a million arguments arriving a
+	// segment at a time would otherwise cost time quadratic in its size.
+	part partial
 	// preAuth: the client has not authenticated yet; the pre-auth caps
 	// hold, and a batch is one command, so that the commands after an AUTH
 	// are parsed with the caps it lifts. cut: the last batch stopped
 	// there (pre-auth, or maxBatchCommands) with more input buffered.
 	preAuth, cut bool
+}
+
+// partial is an incomplete multibulk command at Reader.start. Positions
+// are from start, which stays valid when fill moves the data.
+type partial struct {
+	n    int64 // its argument count; 0 when no command is in progress
+	next int   // where its next argument's header starts
+	offs []int // its complete arguments, start and end of each
 }
 
 // NewReader returns a Reader over rd.
@@ -202,67 +215,97 @@ func (r *Reader) parse() (int, error) {
 	return 0, nil
 }
 
-// parseOne parses the command at i. It returns the position after it, or
-// -1 when the command is incomplete (with the bytes it still needs, if
-// known).
+// parseOne parses the command at i (always start). It returns the position
+// after it, or -1 when the command is incomplete (with the bytes it still
+// needs, if known); then r.part keeps how far it got.
 func (r *Reader) parseOne(i int) (next, need int, err error) {
 	b := r.buf[:r.end]
-	if b[i] != '*' {
-		return r.parseInline(i)
-	}
-	n, p, ok := readNumber(b, i+1)
-	if !ok {
-		return -1, 0, nil
-	}
-	if p < 0 {
-		return 0, 0, errMultibulkLen
-	}
-	if n > MaxArgs {
-		return 0, 0, errMultibulkLen
-	}
-	if r.preAuth && n > PreAuthMaxArgs {
-		return 0, 0, errPreAuthArgs
-	}
-	if n <= 0 {
-		return p, 0, nil // an empty command: ignored, as Redis does
-	}
-	mark := len(r.offs)
-	for j := int64(0); j < n; j++ {
-		if p >= len(b) {
-			r.offs = r.offs[:mark]
+	var n int64
+	var p int
+	rel := r.part.offs[:0]
+	if r.part.n > 0 {
+		// Resume: the header and the arguments in part were read before.
+		n, p, rel = r.part.n, i+r.part.next, r.part.offs
+	} else {
+		if b[i] != '*' {
+			return r.parseInline(i)
+		}
+		var ok bool
+		n, p, ok = readNumber(b, i+1)
+		if !ok {
 			return -1, 0, nil
 		}
+		if p < 0 {
+			return 0, 0, errMultibulkLen
+		}
+		if n > MaxArgs {
+			return 0, 0, errMultibulkLen
+		}
+		if r.preAuth && n > PreAuthMaxArgs {
+			return 0, 0, errPreAuthArgs
+		}
+		if n <= 0 {
+			return p, 0, nil // an empty command: ignored, as Redis does
+		}
+	}
+	incomplete := func(need int) (int, int, error) {
+		r.part = partial{n: n, next: p - i, offs: rel}
+		return -1, need, nil
+	}
+	fail := func(err error) (int, int, error) {
+		r.part = partial{offs: rel[:0]}
+		return 0, 0, err
+	}
+	for j := int64(len(rel) / 2); j < n; j++ {
+		if p >= len(b) {
+			return incomplete(0)
+		}
 		if b[p] != '$' {
-			r.offs = r.offs[:mark]
-			return 0, 0, &ProtocolError{"expected '$', got '" + printable(b[p]) + "'"}
+			return fail(&ProtocolError{"expected '$', got '" + printable(b[p]) + "'"})
 		}
 		size, q, ok := readNumber(b, p+1)
 		if !ok {
-			r.offs = r.offs[:mark]
-			return -1, 0, nil
+			return incomplete(0)
 		}
 		if q < 0 || size < 0 || size > MaxBulkLen {
-			r.offs = r.offs[:mark]
-			return 0, 0, errBulkLen
+			return fail(errBulkLen)
 		}
 		if r.preAuth && size > PreAuthMaxBulkLen {
-			r.offs = r.offs[:mark]
-			return 0, 0, errPreAuthBulk
+			return fail(errPreAuthBulk)
 		}
 		endArg := q + int(size)
 		if endArg+2 > len(b) {
-			r.offs = r.offs[:mark]
-			return -1, endArg + 2 - len(b), nil
+			return incomplete(endArg + 2 - len(b))
 		}
 		if b[endArg] != '\r' || b[endArg+1] != '\n' {
-			r.offs = r.offs[:mark]
-			return 0, 0, errBulkLen
+			return fail(errBulkLen)
 		}
-		r.offs = append(r.offs, q, endArg)
+		rel = append(rel, q-i, endArg-i)
 		p = endArg + 2
 	}
+	for k := 0; k < len(rel); k += 2 {
+		r.offs = append(r.offs, i+rel[k], i+rel[k+1])
+	}
+	if cap(rel) > 4096 {
+		rel = nil // a big command's scratch is not kept for the next
+	}
+	r.part = partial{offs: rel[:0]}
 	r.counts = append(r.counts, int(n))
 	return p, 0, nil
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
 }
 
 // readNumber reads "<digits>\r\n" at i. ok is false when the line is not
@@ -322,7 +365,11 @@ func (r *Reader) parseInline(i int) (int, int, error) {
 			closed := false
 			for p < lineEnd {
 				c := b[p]
-				if q == '"' && c == '\\' && p+1 < lineEnd {
+				if q == '"' && c == '\\' && p+3 < lineEnd && b[p+1] == 'x' && isHex(b[p+2]) && isHex(b[p+3]) {
+					// \xHH, as Redis's sdssplitargs reads it.
+					c = unhex(b[p+2])<<4 | unhex(b[p+3])
+					p += 3
+				} else if q == '"' && c == '\\' && p+1 < lineEnd {
 					p++
 					switch b[p] {
 					case 'n':
@@ -331,6 +378,10 @@ func (r *Reader) parseInline(i int) (int, int, error) {
 						c = '\r'
 					case 't':
 						c = '\t'
+					case 'b':
+						c = '\b'
+					case 'a':
+						c = '\a'
 					default:
 						c = b[p]
 					}

@@ -3,6 +3,7 @@ package resp
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"slices"
 	"strconv"
@@ -76,6 +77,8 @@ func TestReader(t *testing.T) {
 		{"inline", "LOCK  demo PX 100\r\n", [][]string{{"LOCK", "demo", "PX", "100"}}, ""},
 		{"inline LF only", "PING\n", [][]string{{"PING"}}, ""},
 		{"inline quotes", "ECHO \"a b\\n\" 'c d'\r\n", [][]string{{"ECHO", "a b\n", "c d"}}, ""},
+		{"inline hex escapes", "ECHO \"\\x41\\x62\\x0a\\xZZ\\x4\"\r\n", [][]string{{"ECHO", "Ab\nxZZx4"}}, ""},
+		{"inline hex escape at the end", "ECHO \"a\\x41\"\r\n", [][]string{{"ECHO", "aA"}}, ""},
 		{"inline empty line", "\r\nPING\r\n", [][]string{{"PING"}}, ""},
 		{"unbalanced quotes", "ECHO \"a\r\n", nil, "Protocol error: unbalanced quotes in request"},
 		{"bad bulk length", "*2\r\n$x\r\n", nil, "Protocol error: invalid bulk length"},
@@ -249,5 +252,122 @@ func TestReaderPreAuth(t *testing.T) {
 	}
 	if len(rest) != 2 || len(rest[0][1]) != 20000 || len(rest[1]) != 11 {
 		t.Fatalf("after AUTH: %d commands; want the 20 KB ECHO and the 11 arguments", len(rest))
+	}
+}
+
+// chunkReader hands out its input in reads of 1–7 bytes, the sizes taken
+// in turn from cuts (one byte at a time without them).
+type chunkReader struct {
+	b    []byte
+	cuts []byte
+	i    int
+}
+
+func (r *chunkReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	n := 1
+	if len(r.cuts) > 0 {
+		n = int(r.cuts[r.i%len(r.cuts)])%7 + 1
+		r.i++
+	}
+	n = min(n, len(p), len(r.b))
+	copy(p, r.b[:n])
+	r.b = r.b[n:]
+	return n, nil
+}
+
+// readAllWith is readAll with the pre-auth caps on or off.
+func readAllWith(rd io.Reader, preAuth bool) ([][]string, error) {
+	r := NewReader(rd)
+	r.preAuth = preAuth
+	var out [][]string
+	for {
+		cmds, err := r.ReadBatch()
+		for _, c := range cmds {
+			var s []string
+			for _, a := range c {
+				s = append(s, string(a))
+			}
+			out = append(out, s)
+		}
+		if err != nil {
+			return out, err
+		}
+	}
+}
+
+// FuzzReaderSplits: however the input is cut into reads, the same
+// commands, argument for argument, come out, and a protocol error where
+// the whole input has one. It covers the reader resuming a command it
+// found incomplete (Reader.part).
+func FuzzReaderSplits(f *testing.F) {
+	f.Add([]byte("*1\r\n$4\r\nPING\r\n"), []byte{3, 5}, false)
+	f.Add([]byte("*3\r\n$4\r\nLOCK\r\n$4\r\ndemo\r\n$5\r\n10000\r\n*1\r\n$4\r\nPING\r\n"), []byte{6, 0, 2}, false)
+	f.Add([]byte("ECHO \"a\\x\" 'b'\n*2\r\n$1\r\na\r\n$0\r\n\r\nPING\n"), []byte{1}, true)
+	f.Add([]byte("*2\r\n$1\r\na\r\n$x\r\n"), []byte{2}, false)
+	f.Fuzz(func(t *testing.T, in, cuts []byte, preAuth bool) {
+		whole, werr := readAllWith(bytes.NewReader(in), preAuth)
+		split, serr := readAllWith(&chunkReader{b: in, cuts: cuts}, preAuth)
+		if IsProtocolError(werr) != IsProtocolError(serr) || fmt.Sprint(whole) != fmt.Sprint(split) {
+			t.Fatalf("whole: %q, %v\nsplit: %q, %v", whole, werr, split, serr)
+		}
+	})
+}
+
+// TestReaderResumesManyArgs: a command of many arguments arriving a
+// segment at a time reads whole and intact, followed by the next command,
+// with a protocol error in the next still reported.
+func TestReaderResumesManyArgs(t *testing.T) {
+	args := make([]string, 5000)
+	for i := range args {
+		args[i] = strconv.Itoa(i)
+	}
+	in := append(encode([][]string{args, {"PING"}}), "*1\r\n$x\r\n"...)
+	got, err := readAllWith(&chunkReader{b: in, cuts: []byte{6, 2, 4, 1}}, false)
+	if !IsProtocolError(err) {
+		t.Errorf("error = %v; want the protocol error at the end", err)
+	}
+	if len(got) != 2 || fmt.Sprint(got[0]) != fmt.Sprint(args) || fmt.Sprint(got[1]) != "[PING]" {
+		t.Fatalf("read %d commands; want the %d-argument one and PING", len(got), len(args))
+	}
+}
+
+// segmentReader hands out its input in reads of at most n bytes.
+type segmentReader struct {
+	b []byte
+	n int
+}
+
+func (r *segmentReader) Read(p []byte) (int, error) {
+	if len(r.b) == 0 {
+		return 0, io.EOF
+	}
+	k := copy(p[:min(len(p), r.n)], r.b)
+	r.b = r.b[k:]
+	return k, nil
+}
+
+// BenchmarkReaderManyArgs reads one command of args one-byte arguments in
+// 1,460-byte reads (one TCP segment each). Its time per op grows linearly
+// with args: each read resumes the command where the last stopped.
+func BenchmarkReaderManyArgs(b *testing.B) {
+	for _, n := range []int{25000, 100000, 400000} {
+		args := make([]string, n)
+		for i := range args {
+			args[i] = "x"
+		}
+		in := encode([][]string{args})
+		b.Run("args="+strconv.Itoa(n), func(b *testing.B) {
+			b.SetBytes(int64(len(in)))
+			for range b.N {
+				r := NewReader(&segmentReader{b: in, n: 1460})
+				cmds, err := r.ReadBatch()
+				if err != nil || len(cmds) != 1 || len(cmds[0]) != n {
+					b.Fatalf("read %d commands, %v", len(cmds), err)
+				}
+			}
+		})
 	}
 }
