@@ -135,6 +135,12 @@ func TestCheck(t *testing.T) {
 		{"CLIENT KILL ID 1", "deny"},
 		{"client kill id 1", "deny"},
 		{"CLIENT LIST", ""},
+		{"EVAL redis.call('FLUSHALL') 0", "deny-script"},
+		{"EVAL redis.call(\"flushall\",\"async\") 0", "deny-script"},
+		{"EVAL redis.call('client','kill','id','1') 0", "deny-script"},
+		{"EVAL redis.call('client','list') 0", ""},
+		{"EVAL redis.call('get','flushall:count') 0", ""},
+		{"SCRIPT LOAD redis.call('flushall')", "deny-script"},
 	} {
 		args := strings.Fields(tc.args)
 		if strings.HasPrefix(tc.args, "EVAL redis") || strings.HasPrefix(tc.args, "SCRIPT LOAD") {
@@ -152,6 +158,9 @@ func TestCheck(t *testing.T) {
 		switch e := err.(type) {
 		case *DeniedError:
 			got = "deny"
+			if e.Script {
+				got = "deny-script"
+			}
 		case *ReservedError:
 			got = "key"
 			if e.Script {

@@ -127,9 +127,15 @@ func parseSpecs(f []byte) keySpecs {
 }
 
 // DeniedError is a command refused by upstream.deny_commands.
-type DeniedError struct{ Name string }
+type DeniedError struct {
+	Name   string
+	Script bool // a script's body names the command
+}
 
 func (e *DeniedError) Error() string {
+	if e.Script {
+		return fmt.Sprintf("ERR the script calls '%s', which is denied by lockproxy (upstream.deny_commands)", e.Name)
+	}
 	return fmt.Sprintf("ERR '%s' is denied by lockproxy (upstream.deny_commands)", e.Name)
 }
 
@@ -183,6 +189,11 @@ func (r *Relay) Check(name []byte, args [][]byte) error {
 			return &DeniedError{Name: string(name) + "|" + string(sub)}
 		}
 	}
+	if body := scriptBody(string(name), args); body != nil && (len(r.deny) > 0 || len(r.denySub) > 0) {
+		if d := r.deniedInScript(body); d != "" {
+			return &DeniedError{Name: d, Script: true}
+		}
+	}
 	if len(r.prefix) == 0 {
 		return nil
 	}
@@ -204,6 +215,39 @@ func lowerInto(b []byte, s []byte) []byte {
 		b = append(b, c)
 	}
 	return b
+}
+
+// deniedInScript names a denied command (or "command|sub") that a script
+// body names as a quoted string, as redis.call('flushall') does, or is "".
+// It is a guard against mistakes, not a boundary: a script can build a
+// command's name at run time. The upstream's ACL for lockproxy's user is
+// what holds against a client that means it (see README).
+func (r *Relay) deniedInScript(body []byte) string {
+	lower := bytes.ToLower(body)
+	quoted := func(w string) bool {
+		for _, q := range []byte{'\'', '"'} {
+			if bytes.Contains(lower, append(append(append(make([]byte, 0, len(w)+2), q), w...), q)) {
+				return true
+			}
+		}
+		return false
+	}
+	for name := range r.deny {
+		if quoted(name) {
+			return name
+		}
+	}
+	for name, subs := range r.denySub {
+		if !quoted(name) {
+			continue
+		}
+		for sub := range subs {
+			if quoted(sub) {
+				return name + "|" + sub
+			}
+		}
+	}
+	return ""
 }
 
 // scriptBody is the Lua or function source a command carries.
