@@ -3,11 +3,14 @@ package commands
 // KEEPALIVE: the watchdog that renews a lock while its holder's connection
 // is open and alive, and releases it when the connection closes.
 //
-// Each keepalive lock has one goroutine (run), which sleeps on a timer and
-// on one context: the holder's session context, wrapped so that UNLOCK and
-// Handler.Close can cancel it too. Nothing else starts goroutines here, and
-// the connection-closed path only cancels (the session's context is done
-// before Handler.Closed runs): every release is done by the lock's own
+// Each keepalive lock (a key and a token) has one goroutine (run), which
+// sleeps on a timer, on its own context (canceled when the lock stops being
+// kept, or by Handler.Close) and on a wake-up channel. Several connections
+// may hold the same lock with the same token (a client's pool, reentrant
+// holds): the lock is kept while any of them is alive, and each one's
+// close releases its own holds. A connection's close is seen through its
+// session context (context.AfterFunc), which only records the holds to
+// release and wakes the goroutine: every release is done by the lock's own
 // goroutine, with a bounded context.
 
 import (
@@ -144,13 +147,30 @@ type watchdog struct {
 	ttl        time.Duration
 	maxHold    time.Duration // 0: none
 	deadline   time.Time     // since + maxHold
-	owner      *connKeepalive
 	cancel     context.CancelFunc
+	wake       chan struct{} // cap 1: a holder's connection closed (drop)
 
 	// Guarded by keepalives.mu.
-	holds     int  // LOCKs of key with token granted while it runs
-	unlocking int  // UNLOCKs of key with token in flight
-	stopped   bool // ended by UNLOCK, a loss or a release; no longer in the map
+	holders   map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
+	loose     int                        // holds granted without KEEPALIVE while it runs
+	drop      int                        // holds of closed connections, for run to release
+	unlocking int                        // UNLOCKs of key with token in flight
+	stopped   bool                       // ended by UNLOCK, a loss or a release; no longer in the map
+}
+
+// holder is one connection's KEEPALIVE holds of a watchdog's lock.
+type holder struct {
+	n    int
+	stop func() bool // unregisters the close callback (context.AfterFunc)
+}
+
+// holds is how many holds w keeps in all. k.mu is held.
+func (w *watchdog) holds() int {
+	n := w.loose + w.drop
+	for _, h := range w.holders {
+		n += h.n
+	}
+	return n
 }
 
 // keepalives is the Handler's registry of watchdogs.
@@ -205,25 +225,67 @@ func (k *keepalives) full(ka *connKeepalive) bool {
 
 // granted counts a LOCK of key with token granted (reentrant or not) on a
 // lock a watchdog keeps, so that UNLOCKs end the watchdog only with the
-// last hold. It reports whether a watchdog was there.
-func (k *keepalives) granted(key, token string) bool {
+// last hold: for the connection that took it, with its session context
+// sessCtx, when it asked for KEEPALIVE (ka not nil), else as a loose hold.
+// It reports whether a watchdog was there.
+func (k *keepalives) granted(sessCtx context.Context, ka *connKeepalive, key, token string) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if w := k.m[heldKey{key, token}]; w != nil {
-		w.holds++
-		return true
+	w := k.m[heldKey{key, token}]
+	if w == nil {
+		return false
 	}
-	return false
+	if ka == nil {
+		w.loose++
+	} else {
+		k.addHolderLocked(w, sessCtx, ka)
+	}
+	return true
+}
+
+// addHolderLocked counts one KEEPALIVE hold of ka's connection on w, and
+// on its first watches the connection's close. k.mu is held.
+func (k *keepalives) addHolderLocked(w *watchdog, sessCtx context.Context, ka *connKeepalive) {
+	if h := w.holders[ka]; h != nil {
+		h.n++
+		return
+	}
+	ka.live.Add(1)
+	w.holders[ka] = &holder{n: 1, stop: context.AfterFunc(sessCtx, func() { k.holderGone(w, ka) })}
+}
+
+// holderGone handles the close of a holder's connection: its holds are
+// for w's goroutine to release, or, with no holder left, every hold.
+func (k *keepalives) holderGone(w *watchdog, ka *connKeepalive) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	h := w.holders[ka]
+	if w.stopped || h == nil {
+		return
+	}
+	delete(w.holders, ka)
+	ka.live.Add(-1)
+	w.drop += h.n
+	if len(w.holders) == 0 {
+		w.cancel() // run ends, releasing what is left (ended)
+		return
+	}
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
 }
 
 // start begins keeping key (held by token with ttl) alive for as long as
-// sessCtx, the holder's session context, lasts. Call it after granted
-// reported false. It returns false when the handler is closed; the lock is
-// then released before start returns.
+// sessCtx, the holder's session context, lasts (or another connection's
+// that takes it too). Call it after granted reported false. It returns
+// false when the handler is closed; the lock is then released before
+// start returns.
 func (k *keepalives) start(sessCtx context.Context, ka *connKeepalive, key, token string, ttl, maxHold time.Duration) bool {
-	ctx, cancel := context.WithCancel(sessCtx)
+	ctx, cancel := context.WithCancel(context.Background())
 	now := time.Now()
-	w := &watchdog{key: key, token: token, ttl: ttl, maxHold: maxHold, owner: ka, cancel: cancel, holds: 1}
+	w := &watchdog{key: key, token: token, ttl: ttl, maxHold: maxHold, cancel: cancel,
+		wake: make(chan struct{}, 1), holders: map[*connKeepalive]*holder{}}
 	if maxHold > 0 {
 		w.deadline = now.Add(maxHold)
 	}
@@ -236,14 +298,14 @@ func (k *keepalives) start(sessCtx context.Context, ka *connKeepalive, key, toke
 	}
 	if old := k.m[heldKey{key, token}]; old != nil {
 		// Granted concurrently through another connection: one watchdog.
-		old.holds++
+		k.addHolderLocked(old, sessCtx, ka)
 		k.mu.Unlock()
 		cancel()
 		return true
 	}
 	k.m[heldKey{key, token}] = w
+	k.addHolderLocked(w, sessCtx, ka)
 	k.wg.Add(1)
-	ka.live.Add(1)
 	k.active.Inc()
 	k.mu.Unlock()
 	go k.run(ctx, w)
@@ -263,18 +325,41 @@ func (k *keepalives) beginUnlock(key, token string) *watchdog {
 }
 
 // endUnlock ends what beginUnlock began; released says one hold was
-// released. The watchdog stops with the last hold.
-func (k *keepalives) endUnlock(w *watchdog, released bool) {
+// released, through the connection with keepalive state ka (nil when it
+// has none). The hold taken off is ka's own KEEPALIVE hold if it has one,
+// else a loose one, else another connection's: a token's holds are
+// alike. The watchdog stops with the last KEEPALIVE hold: loose holds left
+// then keep the lease they have.
+func (k *keepalives) endUnlock(w *watchdog, released bool, ka *connKeepalive) {
 	if w == nil {
 		return
 	}
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	w.unlocking--
-	if released {
-		w.holds--
+	if !released || w.stopped {
+		return
 	}
-	if w.holds <= 0 {
+	h := w.holders[ka]
+	if h == nil && w.loose > 0 {
+		w.loose--
+		return
+	}
+	if h == nil {
+		for other, oh := range w.holders {
+			ka, h = other, oh
+			break
+		}
+	}
+	if h == nil {
+		return
+	}
+	if h.n--; h.n == 0 {
+		h.stop()
+		delete(w.holders, ka)
+		ka.live.Add(-1)
+	}
+	if len(w.holders) == 0 {
 		k.stopLocked(w)
 	}
 }
@@ -287,8 +372,38 @@ func (k *keepalives) stopLocked(w *watchdog) bool {
 	}
 	w.stopped = true
 	delete(k.m, heldKey{w.key, w.token})
+	for ka, h := range w.holders {
+		h.stop()
+		ka.live.Add(-1)
+	}
 	w.cancel()
 	return true
+}
+
+// alive reports whether any connection holding w showed life within the
+// idle window.
+func (k *keepalives) alive(w *watchdog, now time.Time) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for ka := range w.holders {
+		if ka.alive(now, k.idle) {
+			return true
+		}
+	}
+	return false
+}
+
+// takeDrop returns the holds of closed connections that w's goroutine is
+// to release now.
+func (k *keepalives) takeDrop(w *watchdog) int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if w.stopped {
+		return 0
+	}
+	n := w.drop
+	w.drop = 0
+	return n
 }
 
 // close stops every watchdog and waits for them, each releasing its lock
@@ -310,12 +425,12 @@ func (k *keepalives) count() int {
 	return len(k.m)
 }
 
-// run is w's goroutine: it renews every ttl/3 while the owner is alive,
-// and ends when ctx is done (release, unless UNLOCK stopped it), when the
-// lock is lost, or when MAXHOLD runs out.
+// run is w's goroutine: it renews every ttl/3 while a holder is alive,
+// releases the holds of holders whose connection closed, and ends when ctx
+// is done (release, unless UNLOCK stopped it), when the lock is lost, or
+// when MAXHOLD runs out.
 func (k *keepalives) run(ctx context.Context, w *watchdog) {
 	defer func() {
-		w.owner.live.Add(-1)
 		k.active.Dec()
 		k.wg.Done()
 	}()
@@ -335,6 +450,11 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 		case <-ctx.Done():
 			k.ended(w)
 			return
+		case <-w.wake:
+			if n := k.takeDrop(w); n > 0 {
+				k.releaseHolds(w, n)
+			}
+			continue
 		case <-t.C:
 		}
 		if final {
@@ -342,7 +462,7 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			return
 		}
 		now := time.Now()
-		if !w.owner.alive(now, k.idle) {
+		if !k.alive(w, now) {
 			k.lose(w, lostIdle, "the connection sent no command for "+k.idle.String()+" (locks.keepalive_idle)")
 			return
 		}
@@ -395,7 +515,7 @@ func (k *keepalives) ended(w *watchdog) {
 		k.mu.Unlock()
 		return
 	}
-	holds := w.holds
+	holds := w.holds()
 	k.stopLocked(w)
 	k.mu.Unlock()
 	if k.delayLock(w) {
@@ -459,7 +579,7 @@ func (k *keepalives) lostByBackend(key, token string) {
 	}
 }
 
-// lose ends w as lost: the metric, the notice for the owner's next lock
+// lose ends w as lost: the metric, the notice for each holder's next lock
 // command on the key, and a RESP3 push.
 func (k *keepalives) lose(w *watchdog, r lostReason, why string) {
 	k.mu.Lock()
@@ -468,15 +588,21 @@ func (k *keepalives) lose(w *watchdog, r lostReason, why string) {
 		return
 	}
 	quiet := w.unlocking > 0 && r == lostRenewFailed // the UNLOCK in flight answers for it
+	owners := make([]*connKeepalive, 0, len(w.holders))
+	for ka := range w.holders {
+		owners = append(owners, ka)
+	}
 	k.stopLocked(w)
 	k.mu.Unlock()
 	if quiet {
 		return
 	}
 	k.lost[r].Inc()
-	w.owner.noteLost(w.key, why)
-	if w.owner.proto.Load() == 3 {
-		w.owner.push(lockLostFrame(w.key, w.token))
+	for _, ka := range owners {
+		ka.noteLost(w.key, why)
+		if ka.proto.Load() == 3 {
+			ka.push(lockLostFrame(w.key, w.token))
+		}
 	}
 	k.log.Info("keepalive lock lost", zap.String("reason", r.label()), zap.Duration("ttl", w.ttl))
 	if r != lostRenewFailed {

@@ -207,7 +207,7 @@ func TestWatchdog(t *testing.T) {
 				c.cancel()
 			case "unlock":
 				w := k.beginUnlock("k", "tok")
-				k.endUnlock(w, true)
+				k.endUnlock(w, true, c.ka)
 			}
 			ended := waitEnded(t, c)
 			renews, unlocks := b.counts()
@@ -270,17 +270,17 @@ func TestWatchdogReentrant(t *testing.T) {
 	b := &fakeBackend{}
 	k := newTestKeepalives(t, b, time.Second)
 	c := newTestConn(t, 2)
-	if k.granted("k", "tok") {
+	if k.granted(c.ctx, c.ka, "k", "tok") {
 		t.Fatalf("granted before start = true; want false")
 	}
 	k.start(c.ctx, c.ka, "k", "tok", time.Second, 0)
 	for i := 0; i < 2; i++ {
-		if !k.granted("k", "tok") {
+		if !k.granted(c.ctx, c.ka, "k", "tok") {
 			t.Fatalf("granted = false; want true while the watchdog runs")
 		}
 	}
-	k.endUnlock(k.beginUnlock("k", "tok"), true)
-	k.endUnlock(k.beginUnlock("k", "tok"), false) // UNLOCK :0 changes nothing
+	k.endUnlock(k.beginUnlock("k", "tok"), true, c.ka)
+	k.endUnlock(k.beginUnlock("k", "tok"), false, c.ka) // UNLOCK :0 changes nothing
 	if n := k.count(); n != 1 {
 		t.Fatalf("count after one of three UNLOCKs = %d; want 1", n)
 	}
@@ -289,6 +289,76 @@ func TestWatchdogReentrant(t *testing.T) {
 	if _, unlocks := b.counts(); unlocks != 2 {
 		t.Errorf("%d releases on close; want the 2 holds left", unlocks)
 	}
+}
+
+// TestWatchdogSharedToken: two connections hold one lock with the same
+// token (a client's pool, reentrant holds). The lock is kept while either
+// is alive; the first to close releases its own holds only, the other is
+// still renewed and, when lost, told; the last close releases the rest. A
+// hold granted without KEEPALIVE is released with the watchdog, and an
+// UNLOCK through a connection that holds none takes one hold all the same.
+func TestWatchdogSharedToken(t *testing.T) {
+	b := &fakeBackend{}
+	k := newTestKeepalives(t, b, time.Second)
+	a, c := newTestConn(t, 3), newTestConn(t, 3)
+	const ttl = 60 * time.Millisecond
+	k.start(a.ctx, a.ka, "k", "tok", ttl, 0)
+	if !k.granted(c.ctx, c.ka, "k", "tok") || !k.granted(c.ctx, c.ka, "k", "tok") {
+		t.Fatal("granted = false; want the other connection to join the watchdog")
+	}
+	if !k.granted(context.Background(), nil, "k", "tok") {
+		t.Fatal("granted (no KEEPALIVE) = false; want true")
+	}
+	a.cancel()
+	waitEnded(t, a)
+	waitFor(t, func() bool { _, u := b.counts(); return u == 1 }, "the closed connection's one hold released")
+	renews, _ := b.counts()
+	waitFor(t, func() bool { r, _ := b.counts(); return len(r) >= len(renews)+2 }, "renewals for the other connection")
+	if n := k.count(); n != 1 {
+		t.Fatalf("count = %d; want the watchdog still running", n)
+	}
+
+	// An UNLOCK through a third connection takes one of c's holds (there
+	// is a loose one, which goes first).
+	k.endUnlock(k.beginUnlock("k", "tok"), true, nil)
+	k.endUnlock(k.beginUnlock("k", "tok"), true, nil)
+	if n := k.count(); n != 1 {
+		t.Fatalf("count after two of four UNLOCKs = %d; want 1", n)
+	}
+	c.cancel()
+	waitEnded(t, c)
+	if n := k.count(); n != 0 {
+		t.Fatalf("count after both closed = %d; want 0", n)
+	}
+	if _, u := b.counts(); u != 2 {
+		t.Errorf("%d releases; want 2 (a's hold on its close, c's last one on its close)", u)
+	}
+
+	// Lost while two connections hold it: both are told.
+	b2 := &fakeBackend{renewZero: true}
+	k2 := newTestKeepalives(t, b2, time.Second)
+	a2, c2 := newTestConn(t, 3), newTestConn(t, 3)
+	k2.start(a2.ctx, a2.ka, "k", "tok", ttl, 0)
+	k2.granted(c2.ctx, c2.ka, "k", "tok")
+	waitEnded(t, a2)
+	waitEnded(t, c2)
+	for i, conn := range []*testConn{a2, c2} {
+		if _, lost := conn.ka.takeLost([]byte("k")); !lost || len(conn.pushed()) != 1 {
+			t.Errorf("connection %d: lost %v, pushes %q; want the notice and one push", i, lost, conn.pushed())
+		}
+	}
+}
+
+// waitFor waits (up to 5 s) until cond holds.
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		if cond() {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("waited 5 s for %s", what)
 }
 
 // TestWatchdogRenewDuringUnlock: a renewal that finds the lock gone while
@@ -300,7 +370,7 @@ func TestWatchdogRenewDuringUnlock(t *testing.T) {
 	k.start(c.ctx, c.ka, "k", "tok", 30*time.Millisecond, 0)
 	w := k.beginUnlock("k", "tok")
 	waitEnded(t, c)
-	k.endUnlock(w, true)
+	k.endUnlock(w, true, c.ka)
 	if _, lost := c.ka.takeLost([]byte("k")); lost || len(c.pushed()) != 0 {
 		t.Errorf("lost notice %v, pushes %q; want none", lost, c.pushed())
 	}

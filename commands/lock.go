@@ -281,8 +281,12 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	case err == nil:
 		h.metrics.acquired.Inc()
 		h.held.granted(req.Key, token, a.ttl)
-		if !h.keepalive.granted(req.Key, token) && a.keepalive &&
-			!h.keepalive.start(s.Context(), h.connKeepalive(s), req.Key, token, a.ttl, a.maxHold) {
+		var ka *connKeepalive
+		if a.keepalive {
+			ka = h.connKeepalive(s)
+		}
+		if !h.keepalive.granted(s.Context(), ka, req.Key, token) && a.keepalive &&
+			!h.keepalive.start(s.Context(), ka, req.Key, token, a.ttl, a.maxHold) {
 			// The server is shutting down; start released the lock.
 			s.W.Error(errShuttingDown.Error())
 			return
@@ -326,7 +330,7 @@ func (h *Handler) unlock(s *resp.Session, args [][]byte) {
 	key, token := string(args[1]), string(args[2])
 	w := h.keepalive.beginUnlock(key, token)
 	ok, err := h.backend.Unlock(s.Context(), key, token)
-	h.keepalive.endUnlock(w, ok && err == nil)
+	h.keepalive.endUnlock(w, ok && err == nil, state(s).ka)
 	if err != nil {
 		h.replyError(s, "unlock", err)
 		return

@@ -302,3 +302,49 @@ func TestReentrantKeepalive(t *testing.T) {
 	}
 	lc.MustLock(t, c, key, "PX", 5000)
 }
+
+// TestKeepaliveSharedToken: two connections take the same KEEPALIVE lock
+// with one token (a client's pool). When the first closes, only its hold is
+// released: the lock stays held, renewed for the second, past several
+// leases; the second's close releases it.
+func TestKeepaliveSharedToken(t *testing.T) {
+	t.Parallel()
+	cl := startCluster(t, 3)
+	in := startSemInstance(t, cl)
+	c := lc.NewClient(t, in.addr, 3)
+	key := "shared-keepalive-" + lockclient.RandID()
+	tok := "ka-" + lockclient.RandID()
+	const ttl = 600
+
+	first, second := lc.DialRaw(t, in.addr), lc.DialRaw(t, in.addr)
+	rawGrant(t, first, key, "PX", fmt.Sprint(ttl), "KEEPALIVE", "TOKEN", tok)
+	rawGrant(t, second, key, "PX", fmt.Sprint(ttl), "KEEPALIVE", "TOKEN", tok)
+	_ = first.Conn.Close()
+	if err := eventually(200, 25*time.Millisecond, func() error {
+		if li, held := lockInfoOf(t, c, key, tok); !held || len(li.Holders) != 1 || li.Holders[0].Holds != 1 {
+			return fmt.Errorf("LOCKINFO after the first connection closed = %+v (held %v); want one hold left", li, held)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(4 * ttl * time.Millisecond); time.Now().Before(end); {
+		if p := second.Do("PING"); p.Str != "PONG" {
+			t.Fatalf("PING = %v", p)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if li, held := lockInfoOf(t, c, key, tok); !held || li.Holders[0].Holds != 1 {
+		t.Fatalf("LOCKINFO four leases on = %+v (held %v); want the second connection's hold kept alive", li, held)
+	}
+	lc.Refused(t, c, "LOCK", key, "PX", 5000)
+	_ = second.Conn.Close()
+	if err := eventually(200, 25*time.Millisecond, func() error {
+		if li, held := lockInfoOf(t, c, key, ""); held {
+			return fmt.Errorf("LOCKINFO after both closed = %+v; want nil", li)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
