@@ -71,6 +71,11 @@ type Backend struct {
 	expired chan struct{}  // closed (and replaced) when the session expires
 	closed  bool
 	timers  sync.WaitGroup // lease timers armed or running
+
+	// Set by tests only, before use: run before a waiter sets its watch on
+	// its blocker, and before a reentry changes the held node.
+	testBeforeWatch   func(blocker string)
+	testBeforeReenter func()
 }
 
 // ownedNode is a granted lock node this instance created, whose lease it
@@ -83,6 +88,9 @@ type ownedNode struct {
 	ttl              time.Duration
 	timer            *time.Timer
 	gen              int // bumped on each re-arm, so a stale timer does nothing
+	// abandoned: a node of a gave-up waiter whose delete failed (see
+	// abandon); no hold, no key or token, only to be deleted.
+	abandoned bool
 }
 
 // Errors.
@@ -90,6 +98,8 @@ var (
 	errClosed    = errors.New("zookeeper: backend closed")
 	errNodeGone  = errors.New("zookeeper: the waiting lock node vanished")
 	errUnhandled = errors.New("zookeeper: a lock node kept changing under a hold change; gave up")
+	// errHoldGone: the node a reentry was to add a hold to is gone.
+	errHoldGone = errors.New("zookeeper: the held lock node is gone")
 )
 
 // unavailable is the error of an operation the ensemble could not decide:
@@ -254,7 +264,9 @@ func (b *Backend) sessionExpired() {
 	if f := b.onLost; f != nil && n > 0 {
 		lost := make([][2]string, 0, n)
 		for _, o := range b.owned {
-			lost = append(lost, [2]string{o.key, o.token})
+			if !o.abandoned {
+				lost = append(lost, [2]string{o.key, o.token})
+			}
 		}
 		// Not on go-zookeeper's event goroutine, which must not block.
 		go func() {

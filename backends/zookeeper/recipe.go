@@ -32,6 +32,28 @@ func (b *Backend) validity(ttl time.Duration, t0 time.Time) time.Duration {
 	return d - time.Since(t0) - time.Duration(float64(ttl)*b.cfg.DriftFactor) - b.cfg.DriftMin
 }
 
+// validityOf is validity for a change to node n: none when n lives in
+// another instance's session. That session, not this one, bounds the
+// node's life, and this instance cannot tell how long it has left (its
+// instance may be stopping, or gone and the session about to expire): a
+// renewal or reentry through it keeps the hold but promises nothing, as
+// the least positive validity the callers report says.
+func (b *Backend) validityOf(n node, ttl time.Duration, t0 time.Time) time.Duration {
+	if !b.ownSession(n) {
+		return 0
+	}
+	return b.validity(ttl, t0)
+}
+
+// ownSession reports whether n was made in this instance's session: it is
+// one this instance tracks, or its ephemeral owner is this session.
+func (b *Backend) ownSession(n node) bool {
+	b.mu.Lock()
+	_, tracked := b.owned[n.path]
+	b.mu.Unlock()
+	return tracked || n.stat != nil && n.stat.EphemeralOwner != 0 && n.stat.EphemeralOwner == b.conn.SessionID()
+}
+
 // node is a lock node as read: its place among the key's children, data
 // and stat.
 type node struct {
@@ -126,7 +148,7 @@ func (b *Backend) heldBy(ctx context.Context, dir string, kids []child, token, s
 			continue
 		}
 		n := node{path: p, idx: i, data: g.data, stat: g.stat, kids: kids, child: c}
-		blocker, err := b.blocker(ctx, dir, n)
+		blocker, _, err := b.blocker(ctx, dir, n)
 		if err != nil {
 			return node{}, false, err
 		}
@@ -149,13 +171,16 @@ func (b *Backend) heldBy(ctx context.Context, dir string, kids []child, token, s
 // with write holds waits for every earlier node; a reader waits for the
 // nearest earlier node that still has write holds (writer preference: a
 // waiting writer blocks later readers). A watch on the blocker fires when
-// it is deleted or, for a downgrade, changes its data.
-func (b *Backend) blocker(ctx context.Context, dir string, n node) (string, error) {
+// it is deleted or, for a downgrade, changes its data. For a reader's
+// blocker, version is the data version it was judged by (-1 otherwise): a
+// change between that read and the watch would not fire it, so the
+// watch's own stat must still show that version.
+func (b *Backend) blocker(ctx context.Context, dir string, n node) (name string, version int32, err error) {
 	if n.data.write > 0 {
 		if n.idx > 0 {
-			return n.kids[n.idx-1].name, nil
+			return n.kids[n.idx-1].name, -1, nil
 		}
-		return "", nil
+		return "", -1, nil
 	}
 	for j := n.idx - 1; j >= 0; j-- {
 		c := n.kids[j]
@@ -164,13 +189,13 @@ func (b *Backend) blocker(ctx context.Context, dir string, n node) (string, erro
 		}
 		g, ok, err := b.get(ctx, dir+"/"+c.name)
 		if err != nil {
-			return "", err
+			return "", -1, err
 		}
 		if ok && g.data.write > 0 {
-			return c.name, nil
+			return c.name, g.stat.Version, nil
 		}
 	}
-	return "", nil
+	return "", -1, nil
 }
 
 // Lock acquires req (see backends.Backend): a reentrant or downgrading
@@ -185,7 +210,11 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	dir := keyDir(b.cfg.Root, req.Key)
 
 	if held, ok := b.cached(req.Key, req.Token); ok {
-		return b.reenter(ctx, held, req, start)
+		lease, err := b.reenter(ctx, held, req, start)
+		if !errors.Is(err, errHoldGone) {
+			return lease, err
+		}
+		// Released meanwhile: take it the usual way.
 	}
 
 	want := lockData{ttl: req.TTL, token: req.Token}
@@ -251,10 +280,16 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 				return backends.Lease{}, err
 			}
 			if ok {
-				return b.reenter(ctx, held, req, start)
+				lease, err := b.reenter(ctx, held, req, start)
+				if !errors.Is(err, errHoldGone) {
+					return lease, err
+				}
+				// The hold went meanwhile: this node competes as a
+				// first grant (the children are read again).
+				continue
 			}
 		}
-		bl, err := b.blocker(ctx, dir, node{idx: idx, data: want, kids: kids})
+		bl, blVersion, err := b.blocker(ctx, dir, node{idx: idx, data: want, kids: kids})
 		if err != nil {
 			return backends.Lease{}, err
 		}
@@ -274,17 +309,27 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			b.mu.Unlock()
 		}
 		type exists struct {
-			ok bool
-			ch <-chan zk.Event
+			ok      bool
+			version int32
+			ch      <-chan zk.Event
+		}
+		if b.testBeforeWatch != nil {
+			b.testBeforeWatch(bl)
 		}
 		w, err := call(ctx, func() (exists, error) {
-			ok, _, ch, err := b.conn.ExistsW(dir + "/" + bl)
-			return exists{ok, ch}, err
+			ok, st, ch, err := b.conn.ExistsW(dir + "/" + bl)
+			var v int32
+			if st != nil {
+				v = st.Version
+			}
+			return exists{ok, v, ch}, err
 		})
 		if err != nil {
 			return backends.Lease{}, zkErr("exists", err)
 		}
-		if !w.ok {
+		if !w.ok || blVersion >= 0 && w.version != blVersion {
+			// Gone, or changed (a downgrade) since it was judged: look
+			// again rather than wait for a change that already happened.
 			continue
 		}
 		timer := time.NewTimer(time.Until(deadline))
@@ -322,10 +367,14 @@ func (b *Backend) create(ctx context.Context, dir, prefix string, data []byte) (
 		select {
 		case r = <-ch:
 		case <-ctx.Done():
-			// The node may still be made: delete it when the answer comes.
+			// The node may still be made: delete it when the answer comes,
+			// or find it by its nonce when the answer is lost.
 			go func() {
-				if r := <-ch; r.err == nil {
+				switch r := <-ch; {
+				case r.err == nil:
 					b.abandon(r.v)
+				case errors.Is(r.err, zk.ErrConnectionClosed):
+					b.abandonByNonce(dir, prefix)
 				}
 			}()
 			return "", ctx.Err()
@@ -350,34 +399,69 @@ func (b *Backend) create(ctx context.Context, dir, prefix string, data []byte) (
 }
 
 // abandon deletes a node this instance made but does not hold (a gave-up
-// waiter), within releaseTimeout.
+// waiter), within releaseTimeout. When that fails (a blip: the delete was
+// lost with the connection), the node would stay as long as the session,
+// which outlives a blip, and once the nodes before it go it would hold the
+// key for nobody: it is handed to the lease machinery with a lease already
+// ended, which deletes it, retrying while disconnected, until it is gone or
+// the session expires with it.
+//
+// The delete is conditional on the data version a waiting node has (0: its
+// instance never changes it). A node whose data changed was taken as a
+// hold meanwhile (the same token reentering through another instance, once
+// the node came first): the lease machinery then enforces its lease
+// instead of deleting it at once.
 func (b *Backend) abandon(path string) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(path, -1) })
-	if err != nil && !errors.Is(err, zk.ErrNoNode) {
-		b.log.Debug("zookeeper: could not delete an abandoned lock node; it goes with the session", zap.Error(err))
+	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(path, 0) })
+	if err == nil || errors.Is(err, zk.ErrNoNode) {
+		return
+	}
+	b.log.Debug("zookeeper: could not delete an abandoned lock node yet; retrying", zap.Error(err))
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if !b.closed && b.owned[path] == nil {
+		o := &ownedNode{path: path, version: 0, abandoned: true}
+		b.owned[path] = o
+		b.armLocked(o, leaseRetry)
 	}
 }
 
 // abandonByNonce deletes the node whose create's answer was lost, once the
-// session is back (if it expired, the node is gone anyway).
+// session is back (if it expired, the node is gone anyway). It tries for
+// a few session timeouts: longer than any blip the session survives.
 func (b *Backend) abandonByNonce(dir, prefix string) {
-	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.SessionTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*b.cfg.SessionTimeout)
 	defer cancel()
-	for ctx.Err() == nil && !b.connected.Load() {
+	b.mu.Lock()
+	expired := b.expired
+	b.mu.Unlock()
+	for {
+		for ctx.Err() == nil && !b.connected.Load() {
+			select {
+			case <-ctx.Done():
+			case <-expired:
+				return // the node went with the session
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		kids, err := b.children(ctx, dir)
+		if err == nil {
+			for _, c := range kids {
+				if c.name[:len(c.name)-seqDigits] == prefix {
+					b.abandon(dir + "/" + c.name)
+				}
+			}
+			return
+		}
 		select {
 		case <-ctx.Done():
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
-	kids, err := b.children(ctx, dir)
-	if err != nil {
-		return
-	}
-	for _, c := range kids {
-		if c.name[:len(c.name)-seqDigits] == prefix {
-			b.abandon(dir + "/" + c.name)
+			b.log.Warn("zookeeper: could not look for a lock node whose create's answer was lost", zap.Error(err))
+			return
+		case <-expired:
+			return
+		case <-time.After(leaseRetry):
 		}
 	}
 }
@@ -412,11 +496,18 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 
 // reenter adds a hold to the node token already holds: one more write hold
 // (reentrant), a read hold on a write node (downgrade) or on a read node
-// (reentrant read). Asking for write on a read hold is ErrUpgrade.
+// (reentrant read). Asking for write on a read hold is ErrUpgrade. When the
+// node is gone meanwhile (its lease ended, an UNLOCK through another
+// instance) it returns errHoldGone, and the caller takes the key the usual
+// way: not by calling Lock again, whose node would compete with the
+// caller's own, which the caller then deletes.
 func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest, t0 time.Time) (backends.Lease, error) {
 	if req.NoReentry {
 		// SET NX's rule (transparent mode): held is held, whoever asks.
 		return backends.Lease{}, backends.ErrNotAcquired
+	}
+	if b.testBeforeReenter != nil {
+		b.testBeforeReenter()
 	}
 	for range maxCAS {
 		d := n.data
@@ -433,7 +524,7 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 		switch {
 		case err == nil:
 			b.written(n.path, d, st.Version, t0, true)
-			v := b.validity(req.TTL, t0)
+			v := b.validityOf(n, req.TTL, t0)
 			holds := d.write
 			if req.Mode == backends.Read {
 				holds = d.read
@@ -448,14 +539,12 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 			}
 			if !ok {
 				b.forget(n.path)
-				return b.Lock(ctx, req)
+				return backends.Lease{}, errHoldGone
 			}
 			n.data, n.stat = g.data, g.stat
 		case errors.Is(err, zk.ErrNoNode):
-			// Released meanwhile (its lease ended, or an UNLOCK through
-			// another instance): take it the usual way.
 			b.forget(n.path)
-			return b.Lock(ctx, req)
+			return backends.Lease{}, errHoldGone
 		default:
 			return backends.Lease{}, zkErr("set", err)
 		}
@@ -556,7 +645,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 			b.written(n.path, d, st.Version, t0, true)
 			// A renewal that leaves no validity still renewed: report the
 			// least positive validity rather than "not held".
-			return max(b.validity(ttl, t0), time.Millisecond), nil
+			return max(b.validityOf(n, ttl, t0), time.Millisecond), nil
 		case errors.Is(err, zk.ErrNoNode):
 			b.forget(n.path)
 			return 0, nil
@@ -597,7 +686,7 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 		if !ok {
 			continue
 		}
-		bl, err := b.blocker(ctx, dir, node{idx: i, data: g.data, kids: kids})
+		bl, _, err := b.blocker(ctx, dir, node{idx: i, data: g.data, kids: kids})
 		if err != nil {
 			return backends.LockInfo{}, false, err
 		}
@@ -693,7 +782,7 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 	b.mu.Unlock()
 
 	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(o.path, version) })
-	if err == nil {
+	if err == nil && !o.abandoned {
 		b.leasesEnded.Add(1)
 	}
 	switch {
