@@ -106,7 +106,7 @@ func TestReaderSeesDowngradeBeforeItsWatch(t *testing.T) {
 	a.testBeforeWatch = func(string) {
 		once.Do(func() {
 			mustLock(t, a, "d", "W", 30*time.Second, backends.Read) // downgrade
-			if !unlock(t, a, "d", "W") {                              // the write hold goes
+			if !unlock(t, a, "d", "W") {                            // the write hold goes
 				t.Error("UNLOCK of the write hold = false")
 			}
 		})
