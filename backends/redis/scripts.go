@@ -144,9 +144,19 @@ if v == ARGV[1] and ARGV[6] ~= '1' then
   local fm = redis.call('MGET', KEYS[2], KEYS[3])
   local h, r = meta(fm[2], ARGV[1])
   h = h + 1
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
-  putmeta(KEYS[3], h, r, ARGV[1], 'PX', ARGV[2])
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  local ms = tonumber(ARGV[2])
+  if r == 'r' then
+    -- The token holds it for reading too (a downgrade): the key must not
+    -- end before that read lease does.
+    local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
+    if s then
+      local t = redis.call('TIME')
+      ms = math.max(ms, tonumber(s) - (t[1] * 1000 + math.floor(t[2] / 1000)))
+    end
+  end
+  redis.call('PEXPIRE', KEYS[2], ms)
+  putmeta(KEYS[3], h, r, ARGV[1], 'PX', ms)
+  redis.call('PEXPIRE', KEYS[1], ms)
   -- The fence is 0 when the hold's fence is not stored here (its SET is
   -- still on its way, or was lost with the grant's answer): the quorum
   -- takes the other nodes' fence, or this slot counter, which is at
@@ -184,14 +194,23 @@ local h = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
 local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
 local fence = tonumber(redis.call('HGET', KEYS[7], ARGV[3]) or '0')
 if v == ARGV[1] then
+  local p = redis.call('PTTL', KEYS[1])
+  if p >= 0 and keep > p then
+    -- The read hold outlives the write lease: the key (and the hold's
+    -- fence) must too, or its expiry lets a writer in during the read
+    -- lease.
+    redis.call('PEXPIRE', KEYS[2], keep)
+    redis.call('PEXPIRE', KEYS[1], keep)
+  end
   keep = math.max(keep, redis.call('PTTL', KEYS[1]))
   local fm = redis.call('MGET', KEYS[2], KEYS[3])
   -- The write hold's fence, or while it is not stored here the slot
   -- counter read above, which is at least it.
   local f = fenceOf(fm[1], ARGV[1])
   if f > 0 then fence = f end
-  local wh, r = meta(fm[2], ARGV[1])
-  if r ~= 'r' then putmeta(KEYS[3], wh, 'r', ARGV[1], 'KEY', KEYS[1]) end
+  local wh = meta(fm[2], ARGV[1])
+  -- Always: lockm, which flags the downgrade, expires with the key.
+  putmeta(KEYS[3], wh, 'r', ARGV[1], 'KEY', KEYS[1])
 else
   redis.call('SET', KEYS[1], ARGV[4], 'PX', keep)
 end

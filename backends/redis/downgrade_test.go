@@ -1,0 +1,81 @@
+package redis
+
+import (
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// newRealBackend is a Backend over n real redis-server nodes.
+func newRealBackend(t *testing.T, n int) *Backend {
+	t.Helper()
+	rs := harness.StartRedisN(t, n, harness.RedisOptions{})
+	cfg := Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}
+	for _, r := range rs {
+		cfg.Nodes = append(cfg.Nodes, NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second})
+	}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
+
+// TestDowngradeReadLeaseKeepsWritersOut: a write holder's read hold (a
+// downgrade) keeps other writers out for the whole read lease, also when
+// it outlives the write lease, when the holder takes another read hold,
+// when it takes another write hold with a shorter lease, and once its write
+// holds are released. Before, the
+// lock key kept the write lease, and its expiry let a writer in 0.7 s into
+// a 10 s read validity.
+func TestDowngradeReadLeaseKeepsWritersOut(t *testing.T) {
+	b := newRealBackend(t, 3)
+	ctx := ctxTimeout(t, 60*time.Second)
+	for _, tc := range []struct {
+		name    string
+		then    func(key string) // after the write (500 ms) and read (10 s) holds
+		readers bool             // other readers share it afterwards
+	}{
+		{"read lease outlives the write lease", func(string) {}, false},
+		{"a second read hold", func(key string) {
+			if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "a", TTL: 10 * time.Second, Mode: backends.Read}); err != nil {
+				t.Fatalf("second read hold: %v", err)
+			}
+		}, false},
+		{"a reentrant write hold with a shorter lease", func(key string) {
+			if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "a", TTL: 300 * time.Millisecond}); err != nil {
+				t.Fatalf("reentrant write hold: %v", err)
+			}
+		}, false},
+		{"the write holds released", func(key string) {
+			if ok, err := b.Unlock(ctx, key, "a"); !ok || err != nil {
+				t.Fatalf("UNLOCK of the write hold = %v, %v", ok, err)
+			}
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "k-" + tc.name
+			if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "a", TTL: 500 * time.Millisecond}); err != nil {
+				t.Fatal(err)
+			}
+			r, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "a", TTL: 10 * time.Second, Mode: backends.Read})
+			if err != nil || r.Validity < 5*time.Second {
+				t.Fatalf("downgrade = %+v, %v; want a read hold of about 10 s", r, err)
+			}
+			tc.then(key)
+			time.Sleep(700 * time.Millisecond) // past the write leases
+			if l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "b", TTL: 10 * time.Second}); err == nil {
+				t.Errorf("writer b granted (fence %d) 0.7 s into a's read validity of %v", l.Fence, r.Validity)
+			}
+			// A write hold not released lasts as long as the read hold it
+			// carries: other readers wait for it too (the conservative
+			// side); once released, they share.
+			if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "c", TTL: time.Second, Mode: backends.Read}); (err == nil) != tc.readers {
+				t.Errorf("another reader: %v; want shared %v", err, tc.readers)
+			}
+		})
+	}
+}
