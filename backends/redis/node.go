@@ -155,6 +155,9 @@ type Node struct {
 	// writes are written: it holds them back to order them after other
 	// operations.
 	beforeFenceStore func()
+	// subscribePing, set by tests only, replaces subscribePingEvery for
+	// the subscribers made on this node.
+	subscribePing time.Duration
 }
 
 // NewNode connects lazily to the node at cfg.Addr and starts its writers.

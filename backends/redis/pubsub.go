@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"net"
@@ -14,8 +15,10 @@ import (
 // Timings of a node's release subscription.
 const (
 	// subscribePingEvery is how long the subscription may stay silent
-	// before it sends a PING: a connection lost without a reset (a
-	// partition) is then found and redialed within about this long.
+	// before it sends a PING, whose answer must come within the node
+	// timeout: a connection lost without a reset (a partition, a NAT or
+	// firewall that forgot it) is then found and redialed within about
+	// this long.
 	subscribePingEvery = 30 * time.Second
 	// subscribeRetryMin and subscribeRetryMax bound the pause before
 	// redialing a node whose subscription connection failed: a node that is
@@ -32,11 +35,12 @@ const (
 // message that is missed (the subscription not active yet, the node down)
 // costs the waiter only its retry delay.
 type subscriber struct {
-	ps      *goredis.PubSub
-	prefix  string // <node prefix>released:
-	timeout time.Duration
-	wanted  func(key string) bool // whether key is watched by local waiters
-	wake    func(key string)      // a release of key was seen
+	ps        *goredis.PubSub
+	prefix    string // <node prefix>released:
+	timeout   time.Duration
+	pingEvery time.Duration         // subscribePingEvery
+	wanted    func(key string) bool // whether key is watched by local waiters
+	wake      func(key string)      // a release of key was seen
 
 	mu    sync.Mutex
 	dirty map[string]struct{} // keys whose subscription may need a change
@@ -47,15 +51,16 @@ type subscriber struct {
 
 func newSubscriber(n *Node, wanted func(string) bool, wake func(string)) *subscriber {
 	s := &subscriber{
-		ps:      n.client.Subscribe(context.Background()),
-		prefix:  n.prefix + "released:",
-		timeout: n.timeout,
-		wanted:  wanted,
-		wake:    wake,
-		dirty:   map[string]struct{}{},
-		kick:    make(chan struct{}, 1),
-		stop:    make(chan struct{}),
-		done:    make(chan struct{}),
+		ps:        n.client.Subscribe(context.Background()),
+		prefix:    n.prefix + "released:",
+		timeout:   n.timeout,
+		pingEvery: cmp.Or(n.subscribePing, subscribePingEvery),
+		wanted:    wanted,
+		wake:      wake,
+		dirty:     map[string]struct{}{},
+		kick:      make(chan struct{}, 1),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
 	}
 	go s.run()
 	return s
@@ -136,23 +141,39 @@ func (s *subscriber) run() {
 func (s *subscriber) receive(done chan<- struct{}) {
 	defer close(done)
 	pause := subscribeRetryMin
+	pinged := false // a PING went out after a silence; its answer is due
 	for {
-		msg, err := s.ps.ReceiveTimeout(context.Background(), subscribePingEvery)
+		var msg any
+		var err error
+		if pinged {
+			// The PING's answer (or any message) must come within the
+			// node timeout (at least a second). Read with no timeout of go-redis's own, a
+			// read deadline passing counts as a bad connection, which
+			// go-redis closes and redials: a write into a connection
+			// that a partition or a forgetful NAT left open succeeds, so
+			// only the missing answer tells.
+			ctx, cancel := context.WithTimeout(context.Background(), max(s.timeout, time.Second))
+			msg, err = s.ps.ReceiveTimeout(ctx, 0)
+			cancel()
+		} else {
+			msg, err = s.ps.ReceiveTimeout(context.Background(), s.pingEvery)
+		}
 		select {
 		case <-s.stop:
 			return
 		default:
 		}
+		var ne net.Error
+		if err != nil && !pinged && errors.As(err, &ne) && ne.Timeout() {
+			// Silence: make sure the connection is alive.
+			ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+			err = s.ps.Ping(ctx)
+			cancel()
+			pinged = err == nil // a failed write makes go-redis redial
+			continue
+		}
+		pinged = false
 		if err != nil {
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				// Silence: make sure the connection is alive. A failed
-				// write makes go-redis redial.
-				ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-				_ = s.ps.Ping(ctx)
-				cancel()
-				continue
-			}
 			t := time.NewTimer(pause)
 			select {
 			case <-s.stop:

@@ -317,6 +317,9 @@ type Link struct {
 	ln       net.Listener
 	upstream string
 	cut      atomic.Bool
+	// Connections are numbered as accepted; those numbered up to
+	// stranded drop every byte (Strand).
+	accepted, stranded atomic.Int64
 
 	mu    sync.Mutex
 	conns map[net.Conn]struct{}
@@ -342,6 +345,11 @@ func (l *Link) Addr() string { return l.ln.Addr().String() }
 
 // Cut drops every byte from now on, both ways, on open and new connections.
 func (l *Link) Cut() { l.cut.Store(true) }
+
+// Strand drops every byte, both ways and for good, of the connections open
+// now, as a NAT or firewall that forgot them does; they stay open, and new
+// connections pass.
+func (l *Link) Strand() { l.stranded.Store(l.accepted.Load()) }
 
 // Heal closes the connections that lost bytes (their streams have a hole)
 // and lets bytes through again.
@@ -386,14 +394,16 @@ func (l *Link) accept() {
 		}
 		l.track(c)
 		l.track(s)
+		id := l.accepted.Add(1)
 		l.wg.Add(2)
-		go l.pipe(c, s)
-		go l.pipe(s, c)
+		go l.pipe(c, s, id)
+		go l.pipe(s, c, id)
 	}
 }
 
-// pipe copies src to dst until either ends, dropping bytes while cut.
-func (l *Link) pipe(src, dst net.Conn) {
+// pipe copies src to dst until either ends, dropping bytes while cut, and
+// for good once its connection (number id) is stranded.
+func (l *Link) pipe(src, dst net.Conn, id int64) {
 	defer l.wg.Done()
 	defer func() {
 		_ = src.Close()
@@ -406,7 +416,7 @@ func (l *Link) pipe(src, dst net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !l.cut.Load() {
+		if n > 0 && !l.cut.Load() && id > l.stranded.Load() {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
