@@ -634,8 +634,8 @@ SELECT pg_notify('`+b.n.channel+`', md5(key)) FROM d`, req.Key, req.Token, int16
 // dropReentry takes back the hold a reentrant grant added when its reply
 // came too late to be of use, under the key's advisory lock, on a
 // goroutine of the backend's, bounded in time. Best effort: on failure the
-// token keeps one hold too many until its lease (already set short) ends.
-// The lease's end the reentry set is not restored.
+// token keeps one hold too many until its lease ends. The lease needs no
+// restoring: a reentry never shortens it (reenterSQL).
 func (b *Backend) dropReentry(req backends.LockRequest, fence uint64) {
 	b.background(func(ctx context.Context) error {
 		// Not under the key's advisory lock: queued behind grants, it

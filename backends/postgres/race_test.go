@@ -565,3 +565,38 @@ func waitListening(t *testing.T, b *Backend) {
 		}
 	}
 }
+
+// TestReentryTooSlowKeepsLease: a reentrant LOCK whose reply comes too
+// late to be of use (a deferred trigger holds its COMMIT 60 ms, past its
+// 20 ms lease) is answered no and its hold taken back; the holder's lease
+// stays the one it was told of, for a write and a read hold. Before, the
+// reentry had set the row's lease to 20 ms, nothing put it back, and
+// another writer was granted within the holder's 10 s.
+func TestReentryTooSlowKeepsLease(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	ctx := context.Background()
+	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
+		key := "k-" + mode.String()
+		if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "A", TTL: 10 * time.Second, Mode: mode}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	execAll(t, pg,
+		`CREATE FUNCTION `+p+`slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(0.06); RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER slow AFTER UPDATE ON `+p+`holds DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION `+p+`slow()`,
+	)
+	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
+		key := "k-" + mode.String()
+		if l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "A", TTL: 20 * time.Millisecond, Mode: mode}); !errors.Is(err, backends.ErrNotAcquired) {
+			t.Fatalf("%v reentry replying after 60 ms with a 20 ms lease = %+v, %v; want not acquired", mode, l, err)
+		}
+	}
+	time.Sleep(200 * time.Millisecond) // the dropped holds' clean-up, and past 20 ms
+	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
+		key := "k-" + mode.String()
+		if l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: 10 * time.Second}); err == nil {
+			t.Errorf("%v: writer B granted (fence %d) within A's 10 s lease", mode, l.Fence)
+		}
+	}
+}

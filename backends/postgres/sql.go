@@ -162,14 +162,17 @@ ON CONFLICT (key, token, mode) DO UPDATE SET holds = 1, expires_at = EXCLUDED.ex
 RETURNING fence`
 }
 
-// reenterSQL adds a hold to a live row ($2 token, $3 mode, $4 ttl ms).
+// reenterSQL adds a hold to a live row ($2 token, $3 mode, $4 ttl ms) and
+// extends its lease to at least the TTL, never shortening it: the caller
+// may yet be told no (too slow), and the holds it had must keep the lease
+// it was told of.
 //
 // No expiry test: the grant's read judged the row live and share-locked it
 // under the key's advisory lock, so no one else can have been granted the
 // key since, and the row cannot have changed; a lease that ran out in
 // between is caught by the validity check before COMMIT.
 func (n names) reenterSQL() string {
-	return `UPDATE ` + n.holds + ` SET holds = holds + 1, expires_at = clock_timestamp() + $4 * interval '1 millisecond'
+	return `UPDATE ` + n.holds + ` SET holds = holds + 1, expires_at = GREATEST(expires_at, clock_timestamp() + $4 * interval '1 millisecond')
 WHERE key = $1 AND token = $2 AND mode = $3
 RETURNING holds, fence`
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
 	"github.com/lockproxy/lockproxy/test/harness"
 )
 
@@ -12,7 +13,8 @@ import (
 func newRealBackend(t *testing.T, n int) *Backend {
 	t.Helper()
 	rs := harness.StartRedisN(t, n, harness.RedisOptions{})
-	cfg := Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond}
+	cfg := Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
+		Quorum: quorum.Config{DriftFactor: 0.01, DriftMin: 2 * time.Millisecond}}
 	for _, r := range rs {
 		cfg.Nodes = append(cfg.Nodes, NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second})
 	}
@@ -77,5 +79,32 @@ func TestDowngradeReadLeaseKeepsWritersOut(t *testing.T) {
 				t.Errorf("another reader: %v; want shared %v", err, tc.readers)
 			}
 		})
+	}
+}
+
+// TestReentryTooSlowKeepsLease: a reentrant LOCK whose grant is too late to
+// be of use (validity ≤ 0: here a 2 ms lease, all drift) is answered no
+// and its hold taken back; the holder's lease must stay the one it was
+// told of. Before, the reentry had already cut the lease to 2 ms on the
+// nodes, and another writer was granted at once.
+func TestReentryTooSlowKeepsLease(t *testing.T) {
+	b := newRealBackend(t, 3)
+	ctx := ctxTimeout(t, 30*time.Second)
+	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
+		key := "k-" + mode.String()
+		if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "a", TTL: 10 * time.Second, Mode: mode}); err != nil {
+			t.Fatal(err)
+		}
+		if l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "a", TTL: 2 * time.Millisecond, Mode: mode}); err == nil {
+			t.Fatalf("%v reentry with a 2 ms lease = %+v; want it refused (no validity left)", mode, l)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "b", TTL: 10 * time.Second}); err == nil {
+			t.Errorf("%v: writer b granted (fence %d) within the holder's 10 s lease", mode, l.Fence)
+		}
+		info, held, err := b.Info(ctx, key)
+		if err != nil || !held || len(info.Holders) != 1 || info.Holders[0].Holds != 1 {
+			t.Errorf("%v: LOCKINFO = %+v, %v, %v; want a's one hold", mode, info, held, err)
+		}
 	}
 }

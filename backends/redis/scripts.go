@@ -120,6 +120,8 @@ end
 `
 
 // acquireScript follows a failed SET NX PX (see Node.send), or runs alone.
+// A reentrant grant extends the lease to at least ARGV[2], never shortening
+// it.
 // KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms,
 // ARGV[3] slot, ARGV[4] writer-wait ms or 0, ARGV[5] readMarker, ARGV[6]
 // 1 to refuse reentry (SET NX's rule) or 0.
@@ -144,7 +146,10 @@ if v == ARGV[1] and ARGV[6] ~= '1' then
   local fm = redis.call('MGET', KEYS[2], KEYS[3])
   local h, r = meta(fm[2], ARGV[1])
   h = h + 1
-  local ms = tonumber(ARGV[2])
+  -- A reentrant grant never shortens the lease: its caller may yet be
+  -- told no (too slow, no majority), and the hold it had must keep the
+  -- lease it was told of.
+  local ms = math.max(tonumber(ARGV[2]), redis.call('PTTL', KEYS[1]))
   if r == 'r' then
     -- The token holds it for reading too (a downgrade): the key must not
     -- end before that read lease does.
@@ -189,7 +194,10 @@ else` + luaPrune + `
 end
 local mine = redis.call('ZSCORE', KEYS[4], ARGV[1])
 if not mine and v ~= ARGV[1] and redis.call('EXISTS', KEYS[6]) == 1 then return 0 end
-redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+-- A reader's reentry never shortens its lease (see acquireScript).
+if not mine or tonumber(mine) < now + tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+end
 local h = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
 local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
 local fence = tonumber(redis.call('HGET', KEYS[7], ARGV[3]) or '0')

@@ -519,7 +519,10 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 		} else {
 			d.read++
 		}
-		d.ttl = req.TTL
+		// Never shorter than the lease it had (which ran from the node's
+		// last change): as on the other backends, a reentry never
+		// shortens the holder's lease.
+		d.ttl = max(d.ttl, req.TTL)
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
 		switch {
 		case err == nil:
