@@ -273,6 +273,21 @@ func (b *Backend) Close() error {
 
 // Lock implements backends.Backend.
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
+	lease, err := b.lock(ctx, storable(req))
+	if err == nil {
+		lease.Token = req.Token
+	}
+	return lease, err
+}
+
+// storable is req with its key and token in the form the tables store.
+func storable(req backends.LockRequest) backends.LockRequest {
+	req.Key, req.Token = dbText(req.Key), dbText(req.Token)
+	return req
+}
+
+// lock is Lock with the key and token in the form the tables store.
+func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
 	if err := b.usable(); err != nil {
 		return backends.Lease{}, err
 	}
@@ -719,7 +734,7 @@ func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
 	octx, cancel := b.op(ctx)
 	defer cancel()
 	var before, notified int64
-	err := b.pool.QueryRow(octx, b.n.releaseSQL(), key, token).Scan(&before, &notified)
+	err := b.pool.QueryRow(octx, b.n.releaseSQL(), dbText(key), dbText(token)).Scan(&before, &notified)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
@@ -737,7 +752,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	start := time.Now()
 	octx, cancel := b.op(ctx)
 	defer cancel()
-	tag, err := b.pool.Exec(octx, b.n.renewSQL(), key, token, ttlMS(ttl.Milliseconds()))
+	tag, err := b.pool.Exec(octx, b.n.renewSQL(), dbText(key), dbText(token), ttlMS(ttl.Milliseconds()))
 	if err != nil {
 		return 0, b.fail(ctx, err)
 	}
@@ -756,6 +771,7 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 	if err := b.usable(); err != nil {
 		return backends.LockInfo{}, false, err
 	}
+	key = dbText(key)
 	octx, cancel := b.op(ctx)
 	defer cancel()
 	rs, err := b.pool.Query(octx, b.n.liveHoldersSQL(), key)
@@ -792,7 +808,7 @@ func summarize(rows []row) (backends.LockInfo, bool) {
 		if r.mode != info.Mode {
 			continue
 		}
-		info.Holders = append(info.Holders, backends.Holder{Token: r.token, Holds: r.holds, TTL: r.left})
+		info.Holders = append(info.Holders, backends.Holder{Token: fromDBText(r.token), Holds: r.holds, TTL: r.left})
 		if len(info.Holders) == 1 || r.left < info.TTL {
 			info.TTL = r.left
 		}

@@ -2,9 +2,12 @@ package postgres
 
 import (
 	"crypto/md5"
+	"encoding/base64"
 	"encoding/hex"
 	"fmt"
 	"regexp"
+	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -254,11 +257,15 @@ SELECT pg_notify('` + n.channel + `', md5(key)) FROM d`
 // are locked FOR UPDATE SKIP LOCKED, as they are found: a row a grant's
 // lazy DELETE (index order) or a RENEW holds is left to them, so the
 // sweep (ctid order) never waits on a grant while holding rows that grant
-// is about to delete, which deadlocked them.
+// is about to delete, which deadlocked them. The inner SELECT compares
+// with statement_timestamp(), which PostgreSQL can use as an index
+// condition on expires_at (a volatile clock_timestamp() made it read the
+// whole table, live rows and all, on every round); the outer check on
+// clock_timestamp() is what keeps a row granted anew.
 func (n names) sweepSQL(table string) string {
 	return `WITH gone AS (
 	DELETE FROM ` + table + ` WHERE ctid IN (
-		SELECT ctid FROM ` + table + ` WHERE expires_at < clock_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED)
+		SELECT ctid FROM ` + table + ` WHERE expires_at < statement_timestamp() LIMIT $1 FOR UPDATE SKIP LOCKED)
 		AND expires_at < clock_timestamp()
 	RETURNING key)
 SELECT (SELECT count(*) FROM gone),
@@ -279,3 +286,28 @@ func (n names) tablesExistSQL() (string, []any) {
 }
 
 func (n names) String() string { return fmt.Sprintf("%s, %s, %s", n.holds, n.waiters, n.fences) }
+
+// Keys and tokens are binary-safe, and a text column takes valid UTF-8
+// without NUL bytes only (anything else fails with SQLSTATE 22021). dbText
+// stores such a string as encodedMark and its base64, and every other one
+// as it is, except one that starts with encodedMark itself, which is
+// encoded too: so the mapping is injective, and the keys and tokens
+// clients use in practice are stored, and seen in the tables, as they are.
+const encodedMark = "\x01"
+
+func dbText(s string) string {
+	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) && !strings.HasPrefix(s, encodedMark) {
+		return s
+	}
+	return encodedMark + base64.RawStdEncoding.EncodeToString([]byte(s))
+}
+
+// fromDBText undoes dbText.
+func fromDBText(s string) string {
+	if rest, ok := strings.CutPrefix(s, encodedMark); ok {
+		if b, err := base64.RawStdEncoding.DecodeString(rest); err == nil {
+			return string(b)
+		}
+	}
+	return s
+}
