@@ -87,21 +87,8 @@ func TestBatchBounds(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
 			h := &batchHandler{}
-			srv := &Server{Handler: h}
-			done := make(chan error, 1)
-			go func() { done <- srv.Serve(ln) }()
-			defer func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				defer cancel()
-				_ = srv.Shutdown(ctx)
-				<-done
-			}()
-			c, err := net.Dial("tcp", ln.Addr().String())
+			c, err := net.Dial("tcp", serveTest(t, h))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -134,4 +121,24 @@ func TestBatchBounds(t *testing.T) {
 			}
 		})
 	}
+}
+
+// serveTest serves h on a free loopback port until the test ends, and
+// returns the address.
+func serveTest(t *testing.T, h Handler) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &Server{Handler: h}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	})
+	return ln.Addr().String()
 }

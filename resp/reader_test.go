@@ -43,24 +43,11 @@ func encode(cmds [][]string) []byte {
 
 // readAll reads every command until the input ends or is malformed.
 func readAll(rd io.Reader) ([][]string, error) {
-	r := NewReader(rd)
-	var out [][]string
-	for {
-		cmds, err := r.ReadBatch()
-		for _, c := range cmds {
-			var s []string
-			for _, a := range c {
-				s = append(s, string(a))
-			}
-			out = append(out, s)
-		}
-		if err != nil {
-			if errors.Is(err, io.EOF) {
-				return out, nil
-			}
-			return out, err
-		}
+	out, err := readAllWith(rd, false)
+	if errors.Is(err, io.EOF) {
+		err = nil
 	}
+	return out, err
 }
 
 func TestReader(t *testing.T) {

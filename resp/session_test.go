@@ -186,25 +186,13 @@ func (h *pushAsyncHandler) Closed(*Session) {}
 // inside it. The socket takes a 4 MB reply in parts, and pushes come every
 // few tens of µs meanwhile.
 func TestPushNotInsidePartialReply(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := &pushAsyncHandler{}
-	srv := &Server{Handler: h}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	}()
+	addr := serveTest(t, h)
 
 	push := []byte(">2\r\n$4\r\npush\r\n$1\r\nP\r\n")
 	deadline := time.Now().Add(20 * time.Second)
 	for trial := 0; trial < 20 && time.Now().Before(deadline); trial++ {
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
 			t.Fatal(err)
 		}
