@@ -87,6 +87,10 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 	isReset := string(name) == "quit" || string(name) == "reset"
 	switch {
 	case rs.pipe.Tunneling() && !isReset:
+		if what := h.notInTunnel(string(name), args, cmd); what != "" {
+			s.W.Error("ERR '" + relay.Clip(what) + "' is not allowed in pub/sub mode through lockproxy; unsubscribe first")
+			return true
+		}
 		h.relayTunnel(s, rs, string(name), args)
 		return true
 	case rs.multi && !isReset:
@@ -125,6 +129,35 @@ func (h *Handler) relayOne(s *resp.Session, args [][]byte) []byte {
 		h.relayCollect(s, rs, true)
 	}
 	return s.W.Bytes()[at:]
+}
+
+// notInTunnel names a command (name in lower case, cmd its table entry or
+// nil) that a connection in pub/sub mode may not send, or is "". Every
+// upstream frame then goes to the client as it comes (RESP3 allows any
+// command while subscribed), so what lockproxy does around a command
+// cannot happen: a lock command's reply would overtake the upstream's
+// replies before it, KEYS and SCAN replies could not be filtered, a
+// transaction or a state change would stay on the connection, which goes
+// back to the shared pool once the last subscription ends, and a blocking
+// command would hold it.
+func (h *Handler) notInTunnel(name string, args [][]byte, cmd *Command) string {
+	switch name {
+	case "subscribe", "psubscribe", "ssubscribe", "unsubscribe", "punsubscribe", "sunsubscribe", "ping":
+		return ""
+	case "multi", "exec", "discard", "watch", "unwatch", "keys", "scan":
+		return name
+	}
+	if cmd != nil && cmd.Group == groupLock || h.onLockKeys(args) || isBlocking(name) ||
+		(name == "xread" || name == "xreadgroup") && hasWord(args, "BLOCK") {
+		return name
+	}
+	if what := stateChangeInMulti(name, args); what != "" {
+		return what
+	}
+	if len(h.patterns) > 0 && h.up.KeyWhere([]byte(name), args, h.lockKey) != nil {
+		return name
+	}
+	return ""
 }
 
 // stateChangeInMulti names a command (with its subcommand) that changes a
@@ -400,6 +433,11 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		// way Redis would.
 		relayUnsubscribed(s, name, args[1:])
 	case name == "keys" || name == "scan":
+		// The replies before it first: the filter below reads one reply,
+		// which must be this one.
+		if rs.pipe.Pending() > 0 {
+			h.relayCollect(s, rs, true)
+		}
 		h.relayAdd(s, rs, args)
 		at := rs.at
 		h.relayCollect(s, rs, true)

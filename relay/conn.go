@@ -586,13 +586,20 @@ func (c *upConn) tunnelFrame(f []byte) {
 		c.mu.Lock()
 		c.marker = nil
 		c.mu.Unlock()
-		c.markerDone <- ended
+		// Not waited for: EndTunnel may have given up (its client gone),
+		// and fail may have filled the one slot already.
+		select {
+		case c.markerDone <- ended:
+		default:
+		}
 		return
 	}
 	if t, el, ok := elements(f); ok && (t == '*' || t == '>') && len(el) == 3 {
 		if kind, ok := str(el[0]); ok && pubsubKinds[string(kind)] {
 			if n, ok := integer(el[2]); ok {
-				if kind[0] == 's' {
+				// Shard channels are counted apart ("subscribe" starts with
+				// an s too, and is not one).
+				if k := string(kind); k == "ssubscribe" || k == "sunsubscribe" {
 					c.shardSubs = n
 				} else {
 					c.subs = n
