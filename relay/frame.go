@@ -6,9 +6,14 @@ import (
 	"strconv"
 )
 
-// maxLine bounds a frame's header or simple-string line, as Redis bounds
-// inline input: a longer line from the upstream is a broken stream.
-const maxLine = 64 << 10
+// maxLine bounds a frame's header line (a type and a length or number): a
+// longer one from the upstream is a broken stream. Simple strings and
+// errors are not bounded by Redis (a script's error_reply can be any
+// length); maxTextLine bounds them as Redis bounds a bulk string.
+const (
+	maxLine     = 64 << 10
+	maxTextLine = 512 << 20
+)
 
 // errBadFrame is a reply stream that is not RESP: the connection is
 // dropped, since nothing after it can be matched to a request.
@@ -28,7 +33,11 @@ func frameEnd(b []byte) (int, error) {
 		t := b[pos]
 		nl := indexCRLF(b[pos:])
 		if nl < 0 {
-			if len(b)-pos > maxLine {
+			limit := maxLine
+			if t == '+' || t == '-' {
+				limit = maxTextLine
+			}
+			if len(b)-pos > limit {
 				return 0, errBadFrame
 			}
 			return 0, nil
@@ -78,8 +87,12 @@ func frameEnd(b []byte) (int, error) {
 }
 
 func indexCRLF(b []byte) int {
-	if len(b) > maxLine+2 {
-		b = b[:maxLine+2]
+	limit := maxLine
+	if len(b) > 0 && (b[0] == '+' || b[0] == '-') {
+		limit = maxTextLine
+	}
+	if len(b) > limit+2 {
+		b = b[:limit+2]
 	}
 	i := bytes.IndexByte(b, '\n')
 	if i < 1 || b[i-1] != '\r' {

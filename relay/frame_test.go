@@ -53,9 +53,21 @@ func TestFrameEnd(t *testing.T) {
 	}
 }
 
+// TestFrameEndLongLine: a header line over maxLine is a broken stream;
+// a simple string or error is not bounded by Redis (a script's error_reply
+// can be any length) and must come through whole, complete or not yet.
 func TestFrameEndLongLine(t *testing.T) {
-	if _, err := frameEnd([]byte("+" + strings.Repeat("a", maxLine+10))); err == nil {
-		t.Errorf("a status line over %d bytes without CRLF: no error", maxLine)
+	if _, err := frameEnd([]byte("*" + strings.Repeat("1", maxLine+10))); err == nil {
+		t.Errorf("a header line over %d bytes without CRLF: no error", maxLine)
+	}
+	for _, t0 := range []string{"+", "-"} {
+		long := t0 + strings.Repeat("x", 70000)
+		if n, err := frameEnd([]byte(long)); n != 0 || err != nil {
+			t.Errorf("%s line of 70,000 bytes, no CRLF yet = %d, %v; want incomplete", t0, n, err)
+		}
+		if n, err := frameEnd([]byte(long + "\r\n:1\r\n")); n != len(long)+2 || err != nil {
+			t.Errorf("%s line of 70,000 bytes = %d, %v; want %d", t0, n, err, len(long)+2)
+		}
 	}
 }
 

@@ -199,7 +199,10 @@ func (p *pool) get(ctx context.Context, i int) (*upConn, error) {
 	if s.lastErr != nil && now.Before(s.retryAt) {
 		return nil, s.lastErr
 	}
-	c, err := p.r.dial(ctx, p.proto, 0, nil, nil)
+	// The slot is shared: a client that goes away while its connection is
+	// dialed must not fail the dial, and with it every other client of
+	// the slot for the backoff. The dial has its own timeout.
+	c, err := p.r.dial(context.WithoutCancel(ctx), p.proto, 0, nil, nil)
 	if err != nil {
 		s.backoff = min(max(2*s.backoff, minBackoff), maxBackoff)
 		s.retryAt = now.Add(s.backoff)
@@ -431,7 +434,7 @@ func (p *Pipe) Collect(ctx context.Context, proto int, timed bool) ([]byte, erro
 	req := p.out
 	p.out, p.n = p.out[:0], 0
 	cl := p.cl
-	cl.buf, cl.n, cl.deliver = cl.buf[:0], n, nil
+	cl.buf, cl.n, cl.deliver = cl.reuse(), n, nil
 	c := p.pin
 	var err error
 	if c == nil {
@@ -484,7 +487,7 @@ func (p *Pipe) CollectAsync(ctx context.Context, proto int, deliver func([]byte)
 	req := p.out
 	p.out, p.n = p.out[:0], 0
 	cl := p.cl
-	cl.buf, cl.n, cl.deliver = cl.buf[:0], n, deliver
+	cl.buf, cl.n, cl.deliver = cl.reuse(), n, deliver
 	pool := p.r.shared[proto-2]
 	var err error
 	if later != nil {
@@ -520,6 +523,21 @@ func (p *Pipe) CollectAsync(ctx context.Context, proto int, deliver func([]byte)
 		failCall(cl, err)
 	}
 	return true
+}
+
+// maxKeptReplies is the most reply memory a client keeps between batches:
+// one large reply (a 512 MB value) must not stay allocated for the life of
+// the connection.
+const maxKeptReplies = 1 << 20
+
+// reuse returns cl's reply buffer emptied for the next batch (the last
+// batch's replies are no longer in use), or none when it grew past
+// maxKeptReplies.
+func (cl *call) reuse() []byte {
+	if cap(cl.buf) > maxKeptReplies {
+		return nil
+	}
+	return cl.buf[:0]
 }
 
 // failCall answers every command of cl, which was not queued (no reader

@@ -359,6 +359,7 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 			// pipelined hot path, and a command that blocks moves it
 			// again when it is done (WatchClose).
 			sess.lastActive.Store(time.Now().UnixNano())
+			sess.serving.Store(true)
 		}
 		for i, args := range cmds {
 			s.Handler.ServeRESP(sess, args)
@@ -378,7 +379,7 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 			bh.EndBatch(sess)
 		}
 		if rest != nil && !sess.closeAfter {
-			if sess.Flush() != nil || s.isClosing() {
+			if sess.endBatch() != nil || s.isClosing() {
 				return
 			}
 			continue // err, if any, comes after the rest
@@ -387,10 +388,10 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 			if IsProtocolError(err) {
 				sess.W.Error("ERR " + err.Error())
 			}
-			_ = sess.Flush()
+			_ = sess.endBatch()
 			return
 		}
-		if sess.Flush() != nil || sess.closeAfter || s.isClosing() {
+		if sess.endBatch() != nil || sess.closeAfter || s.isClosing() {
 			return
 		}
 	}

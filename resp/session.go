@@ -52,6 +52,11 @@ type Session struct {
 	// wdeadline is the connection's write deadline (under writeMu).
 	wdeadline deadline.Write
 	pushes    chan []byte
+	// serving is set while the connection's goroutine runs a batch whose
+	// replies are not written yet: push frames wait for them, so that a
+	// push the upstream sent after a reply (a tracking invalidation after
+	// the value it invalidates) never reaches the client before it.
+	serving atomic.Bool
 
 	// Replies written by another goroutine (BeginAsync). asyncBusy is
 	// owned by the connection's goroutine; asyncDone gets a token when
@@ -316,6 +321,17 @@ func (s *Session) Flush() error {
 	return nil
 }
 
+// endBatch writes a batch's replies and lets the push frames that waited
+// for them (see serving) go.
+func (s *Session) endBatch() error {
+	err := s.Flush()
+	s.serving.Store(false)
+	if len(s.pushes) > 0 {
+		s.drainPushes()
+	}
+	return err
+}
+
 // Close closes the connection from any goroutine; the connection's loop
 // ends when its next read or write fails, and the session's context is
 // canceled. The relay uses it when the upstream connection that held the
@@ -363,7 +379,7 @@ func (s *Session) Push(frame []byte) bool {
 // writer that holds the lock drains after it lets go, so no frame waits
 // for the next reply.
 func (s *Session) drainPushes() {
-	for len(s.pushes) > 0 && s.writeMu.TryLock() {
+	for len(s.pushes) > 0 && !s.serving.Load() && s.writeMu.TryLock() {
 		for done := false; !done; {
 			select {
 			case p := <-s.pushes:
@@ -385,6 +401,12 @@ func (s *Session) drainPushes() {
 // Commands the client pipelines meanwhile are kept for after the blocking
 // one (up to a bound, past which the watch just stops).
 func (s *Session) WatchClose() (stop func()) {
+	// The replies before the blocking command are out (the caller flushed
+	// them): pushes (a lock lost meanwhile) need not wait for it to end.
+	serving := s.serving.Swap(false)
+	if len(s.pushes) > 0 {
+		s.drainPushes()
+	}
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -399,5 +421,6 @@ func (s *Session) WatchClose() (stop func()) {
 		// The server loop notes activity once per batch; a command that
 		// blocked for long would leave it stale for the rest of the batch.
 		s.lastActive.Store(time.Now().UnixNano())
+		s.serving.Store(serving)
 	}
 }

@@ -2,6 +2,7 @@ package clients
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -121,5 +122,68 @@ func TestRelayKeysBehindOtherCommands(t *testing.T) {
 	want := []string{`(nil)`, `*[$"lockproxy:v"]`, `*[$"l"]`, `*[$"0" *[$"l"]]`, `+"PONG"`}
 	if strings.Join(got, " | ") != strings.Join(want, " | ") {
 		t.Errorf("pipelined replies:\n%q\nwant\n%q", got, want)
+	}
+}
+
+// TestRelayTrackingPushOrder: with CLIENT TRACKING (RESP3), an
+// invalidation Redis sends after a reply reaches the client after that
+// reply, never before it: a client-side cache that saw the invalidation
+// first would keep the old value for good. Before, the push went out as
+// soon as the upstream connection's reader saw it, ahead of the replies
+// the client's goroutine had not written yet.
+func TestRelayTrackingPushOrder(t *testing.T) {
+	e := start(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	up := e.up.Client(t)
+	c := raw.DialRaw(t, e.proxy)
+	if r := c.Do("HELLO", "3"); r.Kind != '%' {
+		t.Fatalf("HELLO 3 = %v", r)
+	}
+	if r := c.Do("CLIENT", "TRACKING", "ON"); r.Kind != '+' {
+		t.Fatalf("CLIENT TRACKING ON = %v", r)
+	}
+	for i := range 20 {
+		key := "tracked" + strconv.Itoa(i)
+		if err := up.Set(ctx, key, "old", 0).Err(); err != nil {
+			t.Fatal(err)
+		}
+		c.Write(lockclient.Encode("GET", key) + lockclient.Encode("SET", key, "new") + lockclient.Encode("PING"))
+		var got []string
+		for len(got) < 4 {
+			r, err := c.ReadWithin(5 * time.Second)
+			if err != nil {
+				t.Fatalf("round %d after %q: %v", i, got, err)
+			}
+			got = append(got, r.String())
+		}
+		inv := `>[$"invalidate" *[$"` + key + `"]]`
+		if got[0] != `$"old"` || got[1] != `+"OK"` || !(got[2] == inv && got[3] == `+"PONG"` || got[2] == `+"PONG"` && got[3] == inv) {
+			t.Fatalf("round %d: %q; want the old value, OK, then the invalidation (before or after PONG)", i, got)
+		}
+	}
+}
+
+// TestRelayLongErrorLine: Redis does not bound a simple string or an
+// error (a script's error_reply can be any length): a 70,000-byte one is
+// relayed whole, and the shared upstream connection goes on serving.
+// Before, a line over 64 KiB was taken for a broken stream: the shared
+// connection was dropped, and every command in flight on it failed.
+func TestRelayLongErrorLine(t *testing.T) {
+	e := start(t)
+	c := raw.DialRaw(t, e.proxy)
+	c.Write(lockclient.Encode("SET", "a", "1") +
+		lockclient.Encode("EVAL", "return redis.error_reply(string.rep('x', 70000))", "0") +
+		lockclient.Encode("GET", "a"))
+	var got []lockclient.Reply
+	for range 3 {
+		r, err := c.ReadWithin(10 * time.Second)
+		if err != nil {
+			t.Fatalf("after %d replies: %v", len(got), err)
+		}
+		got = append(got, r)
+	}
+	if got[0].Str != "OK" || got[1].Kind != '-' || !strings.Contains(got[1].Str, strings.Repeat("x", 70000)) || got[2].Str != "1" {
+		t.Errorf("replies: %.40v, %c of %d bytes, %.40v; want OK, the 70,000-byte error, 1", got[0], got[1].Kind, len(got[1].Str), got[2])
 	}
 }
