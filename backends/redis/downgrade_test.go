@@ -60,6 +60,7 @@ func TestDowngradeReadLeaseKeepsWritersOut(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "k-" + tc.name
+			granted := time.Now()
 			if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "a", TTL: 500 * time.Millisecond}); err != nil {
 				t.Fatal(err)
 			}
@@ -68,6 +69,11 @@ func TestDowngradeReadLeaseKeepsWritersOut(t *testing.T) {
 				t.Fatalf("downgrade = %+v, %v; want a read hold of about 10 s", r, err)
 			}
 			tc.then(key)
+			if time.Since(granted) > 250*time.Millisecond {
+				// A loaded machine: the write lease may have ended before
+				// the downgrade, which then was a plain read grant.
+				t.Skipf("the downgrade came %v after the 500 ms write grant; nothing to judge", time.Since(granted))
+			}
 			time.Sleep(700 * time.Millisecond) // past the write leases
 			if l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "b", TTL: 10 * time.Second}); err == nil {
 				t.Errorf("writer b granted (fence %d) 0.7 s into a's read validity of %v", l.Fence, r.Validity)
