@@ -446,7 +446,10 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	return b.q.Extend(ctx, key, token, ttl)
 }
 
-// Ready implements backends.Backend: a majority of nodes must answer PING.
+// Ready implements backends.Backend: a majority of nodes must answer PING
+// and be allowed to vote. A node that answers while quarantined after a
+// restart, or out for its clock, grants nothing, so it counts as failed
+// here as in every quorum (the test lockproxy_node_voting makes).
 func (b *Backend) Ready(ctx context.Context) error {
 	type res struct {
 		name string
@@ -455,7 +458,13 @@ func (b *Backend) Ready(ctx context.Context) error {
 	ch := make(chan res, len(b.nodes))
 	for _, n := range b.nodes {
 		go func(n *Node) {
-			ch <- res{n.Name(), n.client.Ping(ctx).Err()}
+			err := n.client.Ping(ctx).Err()
+			if err == nil {
+				// Read after the PING: a restart that the PING's new
+				// connection revealed has quarantined the node by now.
+				err = n.health.refuse()
+			}
+			ch <- res{n.Name(), err}
 		}(n)
 	}
 	var failures []quorum.NodeError

@@ -1,0 +1,134 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// readyBackend is a backend over three real redis-servers whose
+// quarantine outlasts any test: a node put in it stays out.
+func readyBackend(t *testing.T, checkEvery time.Duration) (*Backend, []*harness.Redis) {
+	t.Helper()
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	rs := harness.StartRedisN(t, 3, harness.RedisOptions{})
+	cfg := Config{Quarantine: true, MaxTTL: time.Hour, CheckInterval: checkEvery,
+		Quorum: quorum.Config{DriftFactor: 0.01, DriftMin: 2 * time.Millisecond}}
+	for _, r := range rs {
+		cfg.Nodes = append(cfg.Nodes, NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Metrics: NewMetrics(nil)})
+	}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	for _, n := range b.nodes {
+		waitFor(t, n.Name()+": first run_id learned", func() bool {
+			n.health.mu.Lock()
+			defer n.health.mu.Unlock()
+			return n.health.seen
+		})
+	}
+	return b, rs
+}
+
+// TestReadyCountsVoters: Ready needs a majority of nodes that answer AND
+// may vote; one that answers PING while quarantined after a restart or
+// out for its clock grants nothing, so /readyz must not count it.
+func TestReadyCountsVoters(t *testing.T) {
+	tests := []struct {
+		name        string
+		quarantined []int         // put in quarantine as if restarted
+		clockOut    []int         // taken out for their clock
+		down        []int         // stopped
+		wantOK      int           // nodes that count; ready when >= 2
+		wantErr     map[int]error // by node; nil: any error (down)
+	}{
+		{name: "all vote", wantOK: 3},
+		{name: "one quarantined", quarantined: []int{0}, wantOK: 2},
+		{name: "one clock out", clockOut: []int{1}, wantOK: 2},
+		{name: "two quarantined", quarantined: []int{0, 2}, wantOK: 1, wantErr: map[int]error{0: errQuarantined, 2: errQuarantined}},
+		{name: "one quarantined, one clock out", quarantined: []int{0}, clockOut: []int{1}, wantOK: 1, wantErr: map[int]error{0: errQuarantined, 1: errClock}},
+		{name: "one down, one quarantined", quarantined: []int{1}, down: []int{2}, wantOK: 1, wantErr: map[int]error{1: errQuarantined, 2: nil}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, rs := readyBackend(t, 0)
+			for _, i := range tt.quarantined {
+				quarantine(t, b.nodes[i])
+			}
+			for _, i := range tt.clockOut {
+				b.nodes[i].health.setClockOut(true)
+			}
+			for _, i := range tt.down {
+				rs[i].Kill()
+			}
+			ctx := ctxTimeout(t, 5*time.Second)
+			err := b.Ready(ctx)
+			if tt.wantErr == nil {
+				if err != nil {
+					t.Fatalf("Ready = %v; want nil (%d of 3 nodes vote)", err, tt.wantOK)
+				}
+				return
+			}
+			var nq *quorum.NoQuorumError
+			if !errors.As(err, &nq) || !errors.Is(err, quorum.ErrNoQuorum) {
+				t.Fatalf("Ready = %v; want a *quorum.NoQuorumError", err)
+			}
+			if nq.OK != tt.wantOK || nq.Total != 3 || len(nq.Failures) != len(tt.wantErr) {
+				t.Fatalf("Ready = %v (%d/%d, %d failures); want %d/3, %d failures", err, nq.OK, nq.Total, len(nq.Failures), tt.wantOK, len(tt.wantErr))
+			}
+			// Failures come in the order the nodes answered.
+			got := map[string]error{}
+			for _, f := range nq.Failures {
+				got[f.Node] = f.Err
+			}
+			for i, want := range tt.wantErr {
+				name := b.nodes[i].Name()
+				if err, ok := got[name]; !ok || want != nil && !errors.Is(err, want) {
+					t.Errorf("Ready's failure for node %d = %v (listed %v); want %v", i, err, ok, want)
+				}
+			}
+		})
+	}
+}
+
+// TestReadyAfterRestarts restarts a majority of real redis-servers empty:
+// they answer PING at once, but are quarantined, so Ready must fail for as
+// long as the quarantine lasts, not only until the pools reconnect.
+func TestReadyAfterRestarts(t *testing.T) {
+	b, rs := readyBackend(t, 50*time.Millisecond)
+	ctx := ctxTimeout(t, 20*time.Second)
+	if err := b.Ready(ctx); err != nil {
+		t.Fatalf("Ready before the restarts = %v; want nil", err)
+	}
+	rs[0].Restart()
+	rs[1].Restart()
+	for _, n := range b.nodes[:2] {
+		waitFor(t, n.Name()+": restart seen", func() bool { return n.health.quarantined() })
+	}
+	// Several rounds: the first may fail on connections the restarts
+	// broke; later ones reach the nodes on new connections.
+	for i := 0; i < 20; i++ {
+		rctx, cancel := context.WithTimeout(ctx, time.Second)
+		err := b.Ready(rctx)
+		cancel()
+		if !errors.Is(err, quorum.ErrNoQuorum) {
+			t.Fatalf("Ready %d after two of three nodes restarted = %v; want no quorum (quarantined)", i, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	var nq *quorum.NoQuorumError
+	if err := b.Ready(ctx); !errors.As(err, &nq) || len(nq.Failures) != 2 {
+		t.Fatalf("Ready after the pools reconnected = %v; want two failures", err)
+	}
+	for _, f := range nq.Failures {
+		if !errors.Is(f.Err, errQuarantined) {
+			t.Errorf("Ready failure %v; want %v", f, errQuarantined)
+		}
+	}
+}
