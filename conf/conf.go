@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"path"
 	"reflect"
 	"regexp"
@@ -52,8 +53,13 @@ func (c Config) ProcsFixed() (int, error) {
 
 // Config is the whole lockproxy configuration.
 type Config struct {
-	Listen       string    `yaml:"listen"`        // RESP listener, host:port
-	Admin        string    `yaml:"admin"`         // HTTP /metrics /healthz /readyz; "" disables
+	Listen string `yaml:"listen"` // RESP listener, host:port
+	Admin  string `yaml:"admin"`  // HTTP /metrics /healthz /readyz; "" disables
+	// AdminPprof serves /debug/pprof/ on the admin listener to every peer.
+	// Off, it is served to loopback peers only, wherever admin binds:
+	// profiles show code paths and heap contents, and a CPU profile or
+	// trace costs the process while it runs.
+	AdminPprof   bool      `yaml:"admin_pprof"`
 	Backend      string    `yaml:"backend"`       // BackendRedlock, BackendZookeeper or BackendPostgres
 	Dev          bool      `yaml:"dev"`           // embedded in-process nodes, for trying out only
 	Procs        string    `yaml:"procs"`         // ProcsAuto or a number of Ps (GOMAXPROCS)
@@ -382,6 +388,9 @@ func Default() Config {
 		// Loopback: metrics and probes are for the local scraper; 9380
 		// pairs with 7380 in the 9xxx exporter range.
 		Admin: "127.0.0.1:9380",
+		// AdminPprof off: an admin port opened to a Prometheus on another
+		// host does not open profiling to it as well.
+		AdminPprof: false,
 		// RedLock needs nothing but Redis nodes.
 		Backend: BackendRedlock,
 		Procs:   ProcsAuto,
@@ -716,6 +725,13 @@ func (c Config) Validate() error {
 // wants, each prefixed with its key path, for logging at start-up.
 func (c Config) Warnings() []string {
 	var w []string
+	if c.Admin != "" && !loopbackAddr(c.Admin) {
+		if c.AdminPprof {
+			w = append(w, fmt.Sprintf("admin_pprof: /debug/pprof/ is served to every peer that reaches %s, not only to loopback", c.Admin))
+		} else {
+			w = append(w, fmt.Sprintf("admin: %s is not a loopback address; /debug/pprof/ is served to loopback peers only (admin_pprof: true serves it to every peer)", c.Admin))
+		}
+	}
 	if c.Dev {
 		w = append(w, "dev: embedded in-process nodes are for trying out only; locks do not survive a restart")
 	}
@@ -757,6 +773,21 @@ func (c Config) String() string {
 		return "# conf: " + err.Error() + "\n"
 	}
 	return b.String()
+}
+
+// loopbackAddr reports whether the listen address addr binds to loopback
+// only: localhost or a loopback IP. An empty host (every interface) or
+// another name is not.
+func loopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip, err := netip.ParseAddr(host)
+	return err == nil && ip.Unmap().IsLoopback()
 }
 
 // validator collects problems in the order the checks run.
@@ -817,16 +848,50 @@ func (v *validator) addr(key, s string, needHost bool) {
 }
 
 // addrs checks each dial target and reports duplicates, which would let one
-// node count twice towards a quorum.
+// node count twice towards a quorum. Addresses are compared as nodeID
+// spells them, so that two spellings of one node are caught too.
 func (v *validator) addrs(key string, list []string) {
 	seen := make(map[string]int, len(list))
 	for i, s := range list {
 		k := fmt.Sprintf("%s[%d]", key, i)
 		v.addr(k, s, true)
-		if j, dup := seen[s]; dup {
+		id := nodeID(s)
+		j, dup := seen[id]
+		switch {
+		case dup && list[j] == s:
 			v.add(k, "duplicate of %s[%d] (%s)", key, j, s)
-			continue
+		case dup:
+			v.add(k, "duplicate of %s[%d]: %q and %q name the same node", key, j, list[j], s)
+		default:
+			seen[id] = i
 		}
-		seen[s] = i
 	}
+}
+
+// nodeID is the form in which two dial targets that name the same node
+// compare equal: the host lower-cased (DNS names are case-insensitive),
+// an IP literal in its canonical form with an IPv4-mapped IPv6 address
+// unmapped (the dialer connects to the same IPv4 host), and the port as
+// a number ("06379" is 6379). Names that only resolve to the same address
+// (localhost and 127.0.0.1) cannot be told apart without DNS and are not
+// caught. A trailing dot is kept: "redis-a." is absolute, while "redis-a"
+// may be completed by a search domain to another host. A target that does
+// not parse is compared as written; addr reports it.
+func nodeID(s string) string {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil {
+		return s
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		return s
+	}
+	// An IPv6 zone is an interface name, which is case-sensitive: IP
+	// literals are canonicalised, not lower-cased.
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+	} else {
+		host = strings.ToLower(host)
+	}
+	return net.JoinHostPort(host, strconv.FormatUint(p, 10))
 }

@@ -19,6 +19,13 @@
 //     redacts it. A relative password_file in the YAML file is resolved
 //     against the file's directory; one from env or flags against the
 //     working directory.
+//   - A secret that may come inline or from a file (redlock.password or
+//     redlock.password_file, zookeeper.digest or zookeeper.digest_file,
+//     postgres.dsn or postgres.dsn_file) follows the precedence as one
+//     setting: a layer that gives either key replaces both keys of the
+//     layers below it. One layer giving both is an error.
+//   - Ill-typed values of secret keys are reported by their YAML kinds
+//     only, never quoted.
 //   - Durations need a unit ("250ms", "30s"): a bare number is an error, not
 //     nanoseconds.
 //   - LockPatterns are syntax-checked with path.Match; how keys are matched is

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -84,8 +85,26 @@ func FromArgs(args []string, environ []string) (Config, error) {
 		} else if err != nil {
 			return Config{}, err
 		}
+		problems = append(problems, secretTwice(&c, *file, func(string) bool { return true })...)
 	}
+	// A secret given in a layer replaces the lower layers' secret however
+	// either gives it, inline or as a _file key: clear both before the
+	// layer applies its own.
+	inEnv := func(path string) bool {
+		l, _ := leafByPath(path)
+		_, ok := env[l.env]
+		return ok
+	}
+	dropSecrets(&c, inEnv)
 	problems = append(problems, applyEnv(&c, env)...)
+	problems = append(problems, secretTwice(&c, "the environment", inEnv)...)
+	flagged := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) {
+		if fv, ok := f.Value.(*flagValue); ok {
+			flagged[fv.spec.path] = true
+		}
+	})
+	dropSecrets(&c, func(path string) bool { return flagged[path] })
 	applyFlags(&c, fs)
 	if len(problems) > 0 {
 		return Config{}, &ValidationError{Problems: problems}
@@ -177,7 +196,14 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, key string) {
 		return
 	}
 	if v.Kind() != reflect.Struct {
-		if err := n.Decode(v.Addr().Interface()); err != nil {
+		err := n.Decode(v.Addr().Interface())
+		switch l, _ := leafByPath(key); {
+		case err == nil:
+		case l.secret:
+			// yaml.v3 quotes up to 10 characters of the value, which
+			// here is (part of) a password: name only the kinds.
+			d.add(key, n.Line, "cannot decode %s into %s (the value is secret and not shown)", tagsOf(n), v.Type())
+		default:
 			d.add(key, n.Line, "%s", yamlErrorText(err, v.Type()))
 		}
 		return
@@ -246,6 +272,27 @@ func kindName(n *yaml.Node) string {
 	return "something else"
 }
 
+// tagsOf names the kind of n and, for a list, of its items, by their YAML
+// tags ("!!seq of !!str, !!map"), never by their values.
+func tagsOf(n *yaml.Node) string {
+	for n.Kind == yaml.AliasNode {
+		n = n.Alias
+	}
+	if n.Kind != yaml.SequenceNode || len(n.Content) == 0 {
+		return n.ShortTag()
+	}
+	var items []string
+	for _, c := range n.Content {
+		for c.Kind == yaml.AliasNode {
+			c = c.Alias
+		}
+		if t := c.ShortTag(); !slices.Contains(items, t) {
+			items = append(items, t)
+		}
+	}
+	return n.ShortTag() + " of " + strings.Join(items, ", ")
+}
+
 // yamlErrorText drops yaml.v3's "line N:" prefixes (the caller adds the
 // location) and hints at the duration syntax.
 func yamlErrorText(err error, t reflect.Type) string {
@@ -291,6 +338,58 @@ func yamlName(f reflect.StructField) (string, bool) {
 		return strings.ToLower(f.Name), true // yaml.v3's own default
 	}
 	return name, true
+}
+
+// secretPairs are the secrets that may be given inline or read from a
+// file, by key path.
+var secretPairs = []struct{ value, file string }{
+	{"redlock.password", "redlock.password_file"},
+	{"zookeeper.digest", "zookeeper.digest_file"},
+	{"postgres.dsn", "postgres.dsn_file"},
+}
+
+// dropSecrets clears both keys of each secret pair of which the layer about
+// to be applied sets either (set reports whether it sets a key path), so
+// that its value or its file wins over whatever lower layers gave. Without
+// it, a password_file in the YAML file and LOCKPROXY_REDLOCK_PASSWORD would
+// meet in resolvePassword as "both set", against the precedence. Both keys
+// set in the one layer are refused by secretTwice.
+func dropSecrets(c *Config, set func(path string) bool) {
+	v := reflect.ValueOf(c).Elem()
+	for _, p := range secretPairs {
+		if !set(p.value) && !set(p.file) {
+			continue
+		}
+		for _, path := range []string{p.value, p.file} {
+			l, ok := leafByPath(path)
+			if !ok {
+				panic("conf: secret pair names unknown key " + path)
+			}
+			v.FieldByIndex(l.index).SetString("")
+		}
+	}
+}
+
+// secretTwice lists a problem for each secret given both inline and as a
+// file by the layer just applied (where names it; set reports whether it
+// sets a key path), even when a higher layer will replace it: the layer
+// contradicts itself, and would be used as soon as the higher layer no
+// longer sets the secret. dropSecrets cleared the lower layers' keys of
+// every pair the layer sets, so both set means both come from this layer.
+func secretTwice(c *Config, where string, set func(path string) bool) []string {
+	var problems []string
+	v := reflect.ValueOf(c).Elem()
+	for _, p := range secretPairs {
+		if !set(p.value) && !set(p.file) {
+			continue
+		}
+		val, _ := leafByPath(p.value)
+		file, _ := leafByPath(p.file)
+		if v.FieldByIndex(val.index).String() != "" && v.FieldByIndex(file.index).String() != "" {
+			problems = append(problems, fmt.Sprintf("%s and %s: both set in %s; set only one", p.value, p.file, where))
+		}
+	}
+	return problems
 }
 
 // resolvePassword reads Redlock.PasswordFile into Redlock.Password and
@@ -484,6 +583,7 @@ type flagSpec struct {
 var flagSpecs = []flagSpec{
 	{"listen", "listen", "`host:port` to serve the Redis protocol on", false},
 	{"admin", "admin", "`host:port` for HTTP /metrics, /healthz, /readyz (\"\" disables)", false},
+	{"admin-pprof", "admin_pprof", "serve /debug/pprof/ on the admin listener to every peer, not only to loopback", false},
 	{"backend", "backend", "lock backend: `redlock|zookeeper|postgres`", false},
 	{"nodes", "redlock.nodes", "RedLock nodes, `host:port,...` (repeatable)", true},
 	{"upstream", "upstream.address", "`host:port` of the Redis that other commands are relayed to", false},

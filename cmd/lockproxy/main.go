@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"net/netip"
 	"os"
 	"os/signal"
 	"runtime"
@@ -472,9 +473,13 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	defer handler.Close()
 	srv.Handler = handler
 
+	// draining is set once the drain starts: /readyz then answers 503 so
+	// that a load balancer stops sending new clients to an instance that
+	// refuses them, while the drain still runs.
+	var draining atomic.Bool
 	var admin *http.Server
 	if cfg.Admin != "" {
-		admin, err = startAdmin(cfg.Admin, reg, backend, log)
+		admin, err = startAdmin(cfg.Admin, adminMux(reg, backend, cfg.AdminPprof, &draining), log)
 		if err != nil {
 			ln.Close()
 			return err
@@ -523,6 +528,9 @@ wait:
 			_, _ = sdnotify.Notify(sdnotify.Watchdog)
 		}
 	}
+	// Before Shutdown closes the listener: no probe may see ready while
+	// new connections are refused.
+	draining.Store(true)
 	_, _ = sdnotify.Notify(sdnotify.Stopping, sdnotify.Status("draining connections"))
 	log.Info("shutting down: draining connections")
 	sctx, cancel := context.WithTimeout(context.Background(), cfg.Limits.ShutdownTimeout)
@@ -575,18 +583,26 @@ func newRedlock(cfg conf.Config, nodes []string, reg *prometheus.Registry, backe
 	return redisbackend.New(bcfg)
 }
 
-func startAdmin(addr string, reg *prometheus.Registry, backend backends.Backend, log *zap.Logger) (*http.Server, error) {
+// adminMux serves /metrics, the probes and pprof. /readyz answers 503
+// "draining" once draining is set, else asks the backend whether a lock
+// can be granted. pprof is served to loopback peers only unless
+// pprofAnywhere (admin_pprof).
+func adminMux(reg *prometheus.Registry, backend backends.Backend, pprofAnywhere bool, draining *atomic.Bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	// Profiling on the admin port only, which binds to loopback by default.
-	mux.HandleFunc("/debug/pprof/", pprof.Index)
-	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	mux.HandleFunc("/debug/pprof/", pprofGuard(pprof.Index, pprofAnywhere))
+	mux.HandleFunc("/debug/pprof/profile", pprofGuard(pprof.Profile, pprofAnywhere))
+	mux.HandleFunc("/debug/pprof/symbol", pprofGuard(pprof.Symbol, pprofAnywhere))
+	mux.HandleFunc("/debug/pprof/trace", pprofGuard(pprof.Trace, pprofAnywhere))
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.WriteString(w, "ok\n")
 	})
 	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if draining.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			_, _ = io.WriteString(w, "draining\n")
+			return
+		}
 		ctx, cancel := context.WithTimeout(r.Context(), time.Second)
 		defer cancel()
 		if err := backend.Ready(ctx); err != nil {
@@ -596,6 +612,36 @@ func startAdmin(addr string, reg *prometheus.Registry, backend backends.Backend,
 		}
 		_, _ = io.WriteString(w, "ready\n")
 	})
+	return mux
+}
+
+// pprofGuard serves h to loopback peers only, unless anywhere is set: the
+// admin port is often opened to a remote Prometheus, and profiles show
+// code paths and heap contents while a CPU profile or trace costs the
+// process as long as it runs. A reverse proxy on the same host makes
+// every peer look local; it must do its own filtering.
+func pprofGuard(h http.HandlerFunc, anywhere bool) http.HandlerFunc {
+	if anywhere {
+		return h
+	}
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !loopbackPeer(r.RemoteAddr) {
+			http.Error(w, "pprof is served to loopback peers only (admin_pprof: true serves it to every peer)", http.StatusForbidden)
+			return
+		}
+		h(w, r)
+	}
+}
+
+// loopbackPeer reports whether an http.Request's RemoteAddr is a loopback
+// address, an IPv4-mapped one included.
+func loopbackPeer(remoteAddr string) bool {
+	ap, err := netip.ParseAddrPort(remoteAddr)
+	return err == nil && ap.Addr().Unmap().IsLoopback()
+}
+
+// startAdmin serves mux on addr until the returned server is shut down.
+func startAdmin(addr string, mux http.Handler, log *zap.Logger) (*http.Server, error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("admin listen %s: %w", addr, err)
