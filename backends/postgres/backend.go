@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"io/fs"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -109,6 +110,26 @@ type waiter struct {
 
 var errClosed = errors.New("postgres: backend closed")
 
+// The causes of a DSN that pgx cannot parse. They are fixed texts, as they
+// must never carry any of the DSN, which may hold the password.
+var (
+	errDSNFile     = errors.New("a file it names (sslrootcert, sslcert, sslkey or a service file) cannot be read")
+	errDSNURL      = errors.New("not a valid postgres:// URL, or a setting in it is invalid (reserved characters in the user name and password must be percent-encoded)")
+	errDSNKeywords = errors.New("not valid keyword=value settings, or a setting in it is invalid (a value with spaces or quotes goes in single quotes)")
+)
+
+// dsnParseCause is the cause shown for pgx's parse error err of dsn.
+func dsnParseCause(dsn string, err error) error {
+	var pe *fs.PathError
+	switch {
+	case errors.As(err, &pe):
+		return errDSNFile
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		return errDSNURL
+	}
+	return errDSNKeywords
+}
+
 // New connects to the database, creates the tables when missing (or checks
 // that they exist when the role may not create them), and starts the
 // listening connection and the sweep.
@@ -136,8 +157,11 @@ func New(cfg Config) (*Backend, error) {
 	}
 	pcfg, err := pgxpool.ParseConfig(cfg.DSN)
 	if err != nil {
-		// pgx's message names the problem and hides the password.
-		return nil, fmt.Errorf("postgres: dsn: %w", err)
+		// pgx's message quotes the DSN, whose password its redaction
+		// misses when spaces surround the '=' ("password = x"), and its
+		// inner errors may quote a value too: none of it is shown, only a
+		// fixed cause.
+		return nil, fmt.Errorf("postgres.dsn: cannot be parsed: %w", dsnParseCause(cfg.DSN, err))
 	}
 	if cfg.PoolSize > 0 {
 		pcfg.MaxConns = cfg.PoolSize
