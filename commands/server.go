@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"crypto/sha256"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -216,20 +217,40 @@ func userName(c *conn) string {
 
 const errWrongPass = "WRONGPASS invalid username-password pair or user is disabled."
 
-// passwordOK compares the password in constant time: a client must not
-// learn it a byte at a time from how long the answer takes. The default
-// user has a password only when auth.password is set.
+// passwordOK reports whether pass is user's password, in a time that
+// tells neither the password nor whether the user exists (passwordMatch).
+// The default user has a password only when auth.password is set.
 func (h *Handler) passwordOK(user, pass []byte) bool {
 	want, ok := h.password, h.password != ""
 	if string(user) != "default" {
 		want, ok = h.users[string(user)]
 	}
-	if !ok {
-		// Compare anyway, so that an unknown user takes as long.
-		_ = subtle.ConstantTimeCompare(pass, pass)
-		return false
+	return passwordMatch(pass, want, ok)
+}
+
+// unknownUser is hashed in place of the password of a user that does not
+// exist, so that such a user costs the same work as one that does.
+const unknownUser = "lockproxy: no such user"
+
+// passwordMatch reports whether given is want, the password of a user that
+// exists when known. It compares SHA-256 digests in constant time: a
+// client must not learn the password a byte at a time from how long the
+// answer takes, and subtle.ConstantTimeCompare returns at once when the
+// lengths differ, which would give the password's length away; digests
+// are always 32 bytes. An unknown user's password is a fixed dummy, and the
+// same hashing and comparison run, so that the time does not tell a
+// missing user from a wrong password either.
+func passwordMatch(given []byte, want string, known bool) bool {
+	if !known {
+		want = unknownUser
 	}
-	return subtle.ConstantTimeCompare(pass, []byte(want)) == 1
+	wantSum := sha256.Sum256([]byte(want))
+	givenSum := sha256.Sum256(given)
+	knownBit := 0
+	if known {
+		knownBit = 1
+	}
+	return subtle.ConstantTimeCompare(givenSum[:], wantSum[:])&knownBit == 1
 }
 
 func helloHasAuth(args [][]byte) bool {
