@@ -196,7 +196,16 @@ type LedgerEntry struct {
 // Ledger is the protected resource: a counter per key that clients
 // read-modify-write inside their critical section. A fenced ledger accepts
 // write(key, fence, value) only if fence ≥ the highest fence it has seen for
-// key; an unfenced one accepts every write (the negative control).
+// key, on a read or a write; an unfenced one accepts every write (the
+// negative control).
+//
+// Reads carry the fence too, as every operation on a fenced storage service
+// does: once a holder with a higher fence has read, a lower fence can no
+// longer write. Without that, two sections that overlap because the lease
+// lied (a fast clock) can both read n and both write n+1, the lower fence
+// first, and lose an update with every fence in order. With it, a lost
+// update or a non-linearizable ledger means a fence was out of order, so
+// rows that break RedLock's timing on purpose can still fail on them.
 type Ledger struct {
 	fenced bool
 
@@ -222,10 +231,14 @@ func NewLedger(fenced, keepLog bool) *Ledger {
 	}
 }
 
-// Read returns key's current value.
-func (l *Ledger) Read(key string) int64 {
+// Read returns key's current value to the holder of fence; a fenced
+// ledger remembers fence as the highest seen for key if it is.
+func (l *Ledger) Read(key string, fence int64) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.fenced && fence > l.maxFence[key] {
+		l.maxFence[key] = fence
+	}
 	return l.value[key]
 }
 

@@ -118,7 +118,7 @@ func TestLedger(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			l := NewLedger(tc.fenced, true)
 			for i, w := range tc.writes {
-				v := l.Read(w.key) + w.plus
+				v := l.Read(w.key, w.fence) + w.plus
 				if got := l.Write(w.key, w.fence, v); got != w.want {
 					t.Errorf("write %d: Write(%q, %d, %d) = %v; want %v", i, w.key, w.fence, v, got, w.want)
 				}
@@ -132,6 +132,36 @@ func TestLedger(t *testing.T) {
 			}
 			if n := len(l.Log()); n != len(tc.writes) {
 				t.Errorf("Log has %d entries; want %d", n, len(tc.writes))
+			}
+		})
+	}
+}
+
+// Two read-modify-writes that overlap, the lower fence writing first: a
+// fenced ledger refuses it (the higher fence has read since), so no update
+// is lost; an unfenced one loses one.
+func TestLedgerFencedReads(t *testing.T) {
+	for _, tc := range []struct {
+		name             string
+		fenced           bool
+		acceptA, acceptB bool
+		lost             int64
+	}{
+		{name: "fenced", fenced: true, acceptA: false, acceptB: true, lost: 0},
+		{name: "unfenced", fenced: false, acceptA: true, acceptB: true, lost: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := NewLedger(tc.fenced, false)
+			a := l.Read("k", 1)
+			b := l.Read("k", 2)
+			if got := l.Write("k", 1, a+1); got != tc.acceptA {
+				t.Errorf("Write(fence 1) after fence 2 read = %v; want %v", got, tc.acceptA)
+			}
+			if got := l.Write("k", 2, b+1); got != tc.acceptB {
+				t.Errorf("Write(fence 2) = %v; want %v", got, tc.acceptB)
+			}
+			if got := l.LostTotal(); got != tc.lost {
+				t.Errorf("LostTotal() = %d; want %d", got, tc.lost)
 			}
 		})
 	}

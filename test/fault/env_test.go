@@ -85,12 +85,17 @@ func (p *proxy) start() {
 	}
 }
 
-// kill SIGKILLs the running instance.
-func (p *proxy) kill() {
+// kill SIGKILLs the running instance and returns 1 if it is gone.
+func (p *proxy) kill() int {
 	p.mu.Lock()
 	cur := p.procs[len(p.procs)-1]
 	p.mu.Unlock()
 	cur.Kill()
+	if !cur.Exited() {
+		p.t.Errorf("lockproxy %s (pid %d) still running after SIGKILL", p.addr, cur.PID())
+		return 0
+	}
+	return 1
 }
 
 // restart starts the instance again on the same address.

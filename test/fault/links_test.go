@@ -286,6 +286,8 @@ func runLinkRow(t *testing.T, row linkRow) {
 	// apart, until the clients made their grants.
 	time.Sleep(300 * time.Millisecond)
 	notes := &rowNotes{}
+	holds, holdsDuring := longHoldsDuring(row.expect)
+	var holdsDone func() string
 	var windows []faultWindow
 	events, attemptsDuring := 0, int64(0)
 	for cycle := 0; anotherCycle(cycle, cycles, c.grants.Load(), int64(clients*grants), start, limit); cycle++ {
@@ -294,6 +296,9 @@ func runLinkRow(t *testing.T, row linkRow) {
 		}
 		notes.cutAt, notes.windows, notes.cycle = 0, nil, cycle
 		from, sent := e.hist.Now(), c.attempts()
+		if cycle == 0 && holds && holdsDuring {
+			holdsDone = startLongHolds(t, e.env, rowLongHolds, "during the fault")
+		}
 		events += row.fault(t, e, notes)
 		to := e.hist.Now()
 		attemptsDuring += c.attempts() - sent
@@ -307,8 +312,14 @@ func runLinkRow(t *testing.T, row linkRow) {
 			windows = append(windows, faultWindow{from, to})
 		}
 	}
+	if holds && !holdsDuring {
+		holdsDone = startLongHolds(t, e.env, rowLongHolds, "after the heal")
+	}
 	close(healed)
 	wait()
+	if holdsDone != nil {
+		notes.add("%s", holdsDone())
+	}
 	run := rowRun{name: row.name, clients: clients, grants: grants, windows: windows, events: events,
 		attemptsDuring: attemptsDuring, c: c, took: time.Since(start), res: res.finish(t), notes: notes.String()}
 	judge(t, e.env, run, row.expect)
@@ -336,9 +347,9 @@ func checkValidity(t *testing.T, gs []Grant) {
 
 // probeValidity sends single LOCKs (no WAIT, fresh keys) through instance
 // 0 while the fault is on. Each grant's validity must be in (0, TTL −
-// drift], and, counted from before the LOCK was sent (as a RedLock client
-// counts it), must end before the key expires on a majority of nodes: the
-// lease on the nodes outlives the promise. The expiry is read directly
+// drift], and, counted from the reply (as lockproxy promises it, and as
+// the checker's Enter counts it), must end before the key expires on a
+// majority of nodes: the lease on the nodes outlives the promise. The expiry is read directly
 // from each node as an absolute time (PEXPIRETIME, Unix ms on the node's
 // clock, which is this host's clock), so the check holds however late the
 // client, lockproxy or the read is scheduled. The client's own elapsed
@@ -356,9 +367,11 @@ func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 	for i := range 20 {
 		key := fmt.Sprintf("probe-%d", i)
 		sent := time.Now()
-		sentMS := sent.UnixMilli() // rounded down: the promise only gets earlier
 		r, ok, err := lockclient.TryLock(lockclient.CtxFor(t, 5*time.Second), cl, key, "PX", ttlMS)
-		elapsed := time.Since(sent)
+		replied := time.Now()
+		elapsed := replied.Sub(sent)
+		// Rounded up: the promise only gets later.
+		repliedMS := (replied.UnixNano() + int64(time.Millisecond) - 1) / int64(time.Millisecond)
 		if err != nil || !ok {
 			continue // a slow moment: no grant is fine
 		}
@@ -368,7 +381,7 @@ func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 		if r.ValidityMS <= 0 || r.ValidityMS > ttlMS-driftMS {
 			t.Errorf("probe %s: validity %d ms; want 0 < validity ≤ %d − %d ms", key, r.ValidityMS, ttlMS, driftMS)
 		}
-		promiseMS := sentMS + r.ValidityMS
+		promiseMS := repliedMS + r.ValidityMS
 		var margins []time.Duration
 		var seen []int64
 		for _, nc := range nodes {
@@ -379,7 +392,7 @@ func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 			}
 		}
 		if len(margins) <= len(nodes)/2 {
-			t.Errorf("probe %s: validity %v from the send (promise %d) outlasts the key on all but %d of %d nodes (expiry times %v); want a majority",
+			t.Errorf("probe %s: validity %v from the reply (promise %d) outlasts the key on all but %d of %d nodes (expiry times %v); want a majority",
 				key, validity, promiseMS, len(margins), len(nodes), seen)
 		} else {
 			slices.Sort(margins)
@@ -648,7 +661,7 @@ func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
 		}
 		if p, ok := v.(pushFrame); ok && len(p) == 3 && p[0] == "lock-lost" && p[1] == key {
 			lostAt = e.hist.Now()
-			held = nodesHolding(t, e, key, r.Token)
+			held = len(nodesWith(t, e.env, key, r.Token))
 		}
 	}
 	hg := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "keepalive-cut-holder", Enter: enter}
@@ -703,19 +716,6 @@ func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
 		e.hist.Add(res.g)
 	}
 	return events
-}
-
-// nodesHolding counts the nodes on which key's lock holds token, read
-// directly (not through the links).
-func nodesHolding(t *testing.T, e *linkEnv, key, token string) int {
-	t.Helper()
-	n := 0
-	for _, node := range e.nodes {
-		if v, err := node.Client(t).Get(lockclient.CtxFor(t, time.Second), "lockproxy:lock:"+key).Result(); err == nil && v == token {
-			n++
-		}
-	}
-	return n
 }
 
 // halfOpenClient: a KEEPALIVE holder whose link to lockproxy goes silent

@@ -88,7 +88,7 @@ func TestNegativePausedHolder(t *testing.T) {
 		}
 		a := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "paused",
 			Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
-		readF, readU := fenced.Read(key), unfenced.Read(key)
+		readF, readU := fenced.Read(key, a.Fence), unfenced.Read(key, a.Fence)
 
 		// The other client waits for the lock and does its increment.
 		done := make(chan error, 1)
@@ -103,7 +103,7 @@ func TestNegativePausedHolder(t *testing.T) {
 			}
 			b := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "other",
 				Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
-			vF, vU := fenced.Read(key), unfenced.Read(key)
+			vF, vU := fenced.Read(key, b.Fence), unfenced.Read(key, b.Fence)
 			b.Use, b.Read = e.hist.Now(), vF
 			b.Rejected = !fenced.Write(key, b.Fence, vF+1)
 			unfenced.Write(key, b.Fence, vU+1)

@@ -1,14 +1,17 @@
 package fault
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/lockproxy/lockproxy/test/faultproxy"
 	"github.com/lockproxy/lockproxy/test/harness"
 	"github.com/lockproxy/lockproxy/test/lockclient"
 )
@@ -65,7 +68,7 @@ func (e *env) takeVanish() bool {
 // critical is the work inside a critical section: read the key's counter,
 // sleep up to maxSleep, write it back plus one with the grant's fence.
 func (e *env) critical(key string, g *Grant) {
-	v := e.ledger.Read(key)
+	v := e.ledger.Read(key, g.Fence)
 	g.Read = v
 	time.Sleep(rand.N(maxSleep + 1))
 	g.Use = e.hist.Now()
@@ -213,14 +216,67 @@ func (e *env) client(name, addr string, w workload, healed, stop <-chan struct{}
 
 // fault is a named, reusable fault: inject starts it (and may run a
 // schedule, such as kill, wait, kill again) and returns how many fault
-// events it caused; heal ends it.
+// events it applied (counted from what it saw take effect); heal ends it.
 type fault struct {
 	name   string
-	inject func(t *testing.T, e *env) int
-	heal   func(t *testing.T, e *env)
+	inject func(t *testing.T, e *linkEnv, notes *rowNotes) int
+	heal   func(t *testing.T, e *linkEnv)
 	// environ for the lockproxy instances.
 	environ []string
-	expect  expect
+	// links: the instances reach the nodes through faultproxies (e.links),
+	// for a row that drops one instance's traffic to some nodes as part of
+	// its schedule; otherwise e.links is nil.
+	links  bool
+	expect expect
+}
+
+// killNode SIGKILLs node i and returns 1 if it is down.
+func killNode(t *testing.T, e *linkEnv, i int) int {
+	t.Helper()
+	e.nodes[i].Kill()
+	if e.nodes[i].Running() {
+		t.Errorf("node %d (%s) still running after SIGKILL", i, e.nodes[i].Addr)
+		return 0
+	}
+	return 1
+}
+
+// restartNode restarts node i empty (killing it first if it runs) and
+// returns 1 if a new process serves it.
+func restartNode(t *testing.T, e *linkEnv, i int) int {
+	t.Helper()
+	before := e.nodes[i].PID()
+	e.nodes[i].Restart()
+	if !e.nodes[i].Running() || e.nodes[i].PID() == before {
+		t.Errorf("node %d (%s) not restarted: pid %d before, %d after", i, e.nodes[i].Addr, before, e.nodes[i].PID())
+		return 0
+	}
+	return 1
+}
+
+// pauseNode SIGSTOPs node i and returns 1 once the kernel shows it stopped.
+func pauseNode(t *testing.T, e *linkEnv, i int) int {
+	t.Helper()
+	e.nodes[i].Pause()
+	pid := e.nodes[i].PID()
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if processStopped(pid) {
+			return 1
+		}
+	}
+	t.Errorf("node %d (%s, pid %d) not stopped a second after SIGSTOP", i, e.nodes[i].Addr, pid)
+	return 0
+}
+
+// processStopped reports whether /proc shows pid stopped by a signal.
+func processStopped(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return false
+	}
+	// pid (comm) state …: the state follows the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	return i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't')
 }
 
 // pastTTL is how long a killed node stays down before it is restarted
@@ -247,20 +303,20 @@ const quarantineMaxTTL = 3 * time.Second
 var faults = []fault{
 	{
 		name:   "none",
-		inject: func(*testing.T, *env) int { time.Sleep(500 * time.Millisecond); return 0 },
-		heal:   func(*testing.T, *env) {},
+		inject: func(*testing.T, *linkEnv, *rowNotes) int { time.Sleep(500 * time.Millisecond); return 0 },
+		heal:   func(*testing.T, *linkEnv) {},
 		expect: expect{progress: true, blocked: -1, clean: true},
 	},
 	{
 		name: "kill-2-nodes-restart-empty-past-ttl",
-		inject: func(t *testing.T, e *env) int {
-			e.nodes[0].Kill()
+		inject: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
+			n := killNode(t, e, 0)
 			time.Sleep(500 * time.Millisecond)
-			e.nodes[1].Kill()
+			n += killNode(t, e, 1)
 			time.Sleep(pastTTL)
-			return 2
+			return n
 		},
-		heal: func(t *testing.T, e *env) {
+		heal: func(t *testing.T, e *linkEnv) {
 			e.nodes[0].Restart()
 			e.nodes[1].Restart()
 			time.Sleep(500 * time.Millisecond)
@@ -268,35 +324,22 @@ var faults = []fault{
 		expect: expect{progress: true, blocked: -1},
 	},
 	{
-		// Restart quarantine under load: two nodes are killed and
-		// restarted empty at once, 300 ms apart, while the clients hold
-		// locks on them. Each must stay out of quorums for max TTL +
-		// drift (max TTL 3 s here, so the row ends in seconds) and get
-		// its fence counters back from a majority before it votes; the
-		// three others keep granting meanwhile.
-		name: "restart-2-nodes-empty-while-held",
-		inject: func(t *testing.T, e *env) int {
-			restarted := time.Now()
-			held := lockKeys(t, e.nodes[0])
-			e.nodes[0].Restart()
-			time.Sleep(300 * time.Millisecond)
-			held += lockKeys(t, e.nodes[1])
-			e.nodes[1].Restart()
-			// Both instances must have noticed (the row would pass on
-			// luck otherwise: few grants happen to need a restarted node).
-			if d, err := waitNodeStates(e, map[int]string{0: "quarantined", 1: "quarantined"}, 2*time.Second); err != nil {
-				t.Errorf("restarted nodes not quarantined: %v", err)
-			} else {
-				t.Logf("nodes 0 and 1 held %d lock keys when they were restarted empty; both instances showed them quarantined %v after the second restart",
-					held, d.Round(time.Millisecond))
-			}
-			if d := quarantineMaxTTL + 500*time.Millisecond - time.Since(restarted); d > 0 {
-				time.Sleep(d)
-			}
-			return 2
+		// Restart quarantine: a lock held on exactly a majority (nodes
+		// 0–2) loses node 0 to an empty restart while it is valid, so
+		// nodes 0, 3 and 4 form a majority that never saw it; a client
+		// of the other instance contends for it at once. Then node 1 is
+		// restarted empty too, 300 ms later, under load. Each restarted
+		// node must stay out of quorums for max TTL + drift (max TTL 3 s
+		// here, so the row ends in seconds) and get its fence counters
+		// back from a majority before it votes; the three others keep
+		// granting meanwhile.
+		name:  "restart-2-nodes-empty-while-held",
+		links: true,
+		inject: func(t *testing.T, e *linkEnv, notes *rowNotes) int {
+			return restartWhileHeld(t, e, notes)
 		},
-		heal: func(t *testing.T, e *env) {
-			if _, err := waitNodeStates(e, map[int]string{0: "ok", 1: "ok"}, 5*time.Second); err != nil {
+		heal: func(t *testing.T, e *linkEnv) {
+			if _, err := waitNodeStates(e.env, map[int]string{0: "ok", 1: "ok"}, 5*time.Second); err != nil {
 				t.Errorf("restarted nodes not back after the quarantine: %v", err)
 			}
 		},
@@ -306,12 +349,12 @@ var faults = []fault{
 	},
 	{
 		name: "sigstop-node-past-ttl",
-		inject: func(t *testing.T, e *env) int {
-			e.nodes[2].Pause()
+		inject: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
+			n := pauseNode(t, e, 2)
 			time.Sleep(3 * time.Second)
-			return 1
+			return n
 		},
-		heal: func(t *testing.T, e *env) {
+		heal: func(t *testing.T, e *linkEnv) {
 			e.nodes[2].Resume()
 			time.Sleep(500 * time.Millisecond)
 		},
@@ -319,14 +362,14 @@ var faults = []fault{
 	},
 	{
 		name: "kill-lockproxy-restart",
-		inject: func(t *testing.T, e *env) int {
-			e.proxies[1].kill()
+		inject: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
+			n := e.proxies[1].kill()
 			// Down past the TTL: the locks it granted run out and the
 			// clients of the other instance get them.
 			time.Sleep(pastTTL)
-			return 1
+			return n
 		},
-		heal: func(t *testing.T, e *env) {
+		heal: func(t *testing.T, e *linkEnv) {
 			e.proxies[1].restart()
 			time.Sleep(500 * time.Millisecond)
 		},
@@ -334,21 +377,178 @@ var faults = []fault{
 	},
 	{
 		name: "clients-vanish-holding",
-		inject: func(t *testing.T, e *env) int {
+		inject: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
 			const vanish = 4
 			e.vanish.Store(vanish)
-			n := keepaliveVanish(t, e, 3)
+			n := keepaliveVanish(t, e.env, 3)
 			for end := time.Now().Add(10 * time.Second); e.vanish.Load() > 0 && time.Now().Before(end); {
 				time.Sleep(10 * time.Millisecond)
 			}
 			return n + vanish - int(max(e.vanish.Load(), 0))
 		},
-		heal: func(t *testing.T, e *env) {
+		heal: func(t *testing.T, e *linkEnv) {
 			e.vanish.Store(0)
 			time.Sleep(pastTTL) // the vanished clients' locks run out under load
 		},
 		expect: expect{progress: true, blocked: -1},
 	},
+}
+
+// restartWhileHeld is the restart row's schedule. Instance 0 takes a lock
+// of quarantineMaxTTL while its links to nodes 3 and 4 drop everything, so
+// exactly nodes 0–2 hold it (read on the nodes; the set-up is tried again
+// otherwise). Node 0 is restarted empty at once: nodes 0, 3 and 4 are a
+// majority that does not know the lock, and only the restart quarantine
+// (and its guard for a restart seen mid-batch) keeps them from granting it
+// again. A client of instance 1 contends for the key meanwhile; the holder
+// keeps it for 90 % of its validity and then writes to the ledger. Node 1
+// is restarted empty 300 ms after node 0. It returns the faults applied:
+// the two links dropped and the two restarts.
+func restartWhileHeld(t *testing.T, e *linkEnv, notes *rowNotes) int {
+	t.Helper()
+	const key = "restart-held"
+	holder := newClient(e.proxies[0].addr)
+	defer func() { _ = holder.Close() }()
+	events := 0
+	var r lockclient.Grant
+	var enter time.Duration
+	var on []int
+	for attempt := 0; attempt < 3 && len(on) != 3; attempt++ {
+		events += e.on([]int{0}, []int{3, 4}, (*faultproxy.Proxy).Blackhole)
+		var ok bool
+		var err error
+		r, ok, err = setupLock(t, holder, key, "PX", quarantineMaxTTL.Milliseconds(), "WAIT", waitMS)
+		enter = e.hist.Now()
+		// lockproxy answers once 3 nodes granted; its attempts on nodes
+		// 3 and 4 are still pending until the node timeout (5 % of the
+		// TTL) and would be sent again on the links' new connections
+		// if they healed at once.
+		time.Sleep(blackholeAfterGrant)
+		e.on([]int{0}, []int{3, 4}, (*faultproxy.Proxy).PassThrough)
+		if err != nil || !ok {
+			t.Errorf("LOCK %s PX %d with nodes 3 and 4 cut off from instance 0 = %v, %v; want a grant from nodes 0-2",
+				key, quarantineMaxTTL.Milliseconds(), ok, err)
+			return events
+		}
+		on = nodesWith(t, e.env, key, r.Token)
+		if len(on) != 3 {
+			t.Logf("set-up %d: the lock landed on nodes %v, not exactly 0-2; trying again", attempt, on)
+			hg := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "p0.restart-holder", Enter: enter,
+				Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond, Exit: e.hist.Now()}
+			e.hist.Add(hg)
+			_ = holder.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
+		}
+	}
+	if len(on) != 3 {
+		t.Errorf("no lock held on exactly nodes 0-2 in three set-ups (last on %v): the row proves nothing", on)
+		return events
+	}
+	hg := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "p0.restart-holder", Enter: enter,
+		Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+	hg.Read = e.ledger.Read(key, hg.Fence)
+
+	restarted := time.Now()
+	held := lockKeys(t, e.nodes[0])
+	events += restartNode(t, e, 0)
+	left := nodesWith(t, e.env, key, r.Token)
+	restartAt := e.hist.Now()
+
+	// The contender: instance 1, for the same key, while the hold is
+	// valid. It tries again on NOQUORUM (quarantined nodes) until past
+	// the hold's lease.
+	type result struct {
+		g   Grant
+		ok  bool
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		cl := newClient(e.proxies[1].addr)
+		defer func() { _ = cl.Close() }()
+		var res result
+		for end := time.Now().Add(2 * quarantineMaxTTL); ; {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			wr, ok, err := lockclient.TryLock(ctx, cl, key, "PX", ttlMS, "WAIT", 2*quarantineMaxTTL.Milliseconds())
+			cancel()
+			res = result{ok: ok, err: err, g: Grant{Key: key, Token: wr.Token, Fence: wr.Fence,
+				Client: "p1.restart-contender", Enter: e.hist.Now()}}
+			if ok || !lockclient.IsNoQuorum(err) || time.Now().After(end) {
+				if ok {
+					res.g.Deadline = res.g.Enter + time.Duration(wr.ValidityMS)*time.Millisecond
+					e.critical(key, &res.g)
+					res.g.Exit = e.hist.Now()
+					_ = cl.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, wr.Token).Err()
+				}
+				break
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		got <- res
+	}()
+
+	time.Sleep(300 * time.Millisecond)
+	held += lockKeys(t, e.nodes[1])
+	events += restartNode(t, e, 1)
+	// Both instances must have noticed (the workload would pass on luck
+	// otherwise: few grants happen to need a restarted node).
+	if d, err := waitNodeStates(e.env, map[int]string{0: "quarantined", 1: "quarantined"}, 2*time.Second); err != nil {
+		t.Errorf("restarted nodes not quarantined: %v", err)
+	} else {
+		notes.add("nodes 0 and 1 held %d lock keys when they were restarted empty; both instances showed them quarantined %v after the second restart",
+			held, d.Round(time.Millisecond))
+	}
+
+	// The holder keeps the lock for 90 % of its validity, then writes.
+	if d := hg.Enter + (hg.Deadline-hg.Enter)*9/10 - e.hist.Now(); d > 0 {
+		time.Sleep(d)
+	}
+	hg.Use = e.hist.Now()
+	hg.Rejected = !e.ledger.Write(key, hg.Fence, hg.Read+1)
+	hg.Exit = e.hist.Now()
+	e.hist.Add(hg)
+	_ = holder.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
+
+	var res result
+	select {
+	case res = <-got:
+	case <-time.After(20 * time.Second):
+		t.Fatalf("the contender on instance 1 never answered")
+	}
+	switch {
+	case res.err != nil || !res.ok:
+		t.Errorf("contender on p1: LOCK %s = %v, %v; want a grant once the holder let go", key, res.ok, res.err)
+	default:
+		e.hist.Add(res.g)
+		if res.g.Enter < hg.Exit {
+			t.Errorf("contender on p1 got %s %v after node 0 (one of the 3 nodes holding it) restarted empty, while the holder still held it (validity left %v)",
+				key, (res.g.Enter - restartAt).Round(time.Millisecond), (hg.Deadline - res.g.Enter).Round(time.Millisecond))
+		}
+		notes.add("lock held on nodes %v (valid %d ms), on %v after node 0 restarted empty; the contender on p1 got it %v after the restart, %v after the holder let go",
+			on, r.ValidityMS, left, (res.g.Enter - restartAt).Round(time.Millisecond), (res.g.Enter - hg.Exit).Round(time.Millisecond))
+	}
+
+	if d := quarantineMaxTTL + 500*time.Millisecond - time.Since(restarted); d > 0 {
+		time.Sleep(d)
+	}
+	return events
+}
+
+// blackholeAfterGrant is how long the restart row keeps instance 0's
+// links to nodes 3 and 4 dropping after its hold was granted: past the
+// node timeout of the hold's attempts (5 % of quarantineMaxTTL, 150 ms).
+const blackholeAfterGrant = 400 * time.Millisecond
+
+// nodesWith lists the nodes whose lock on key holds token, read directly
+// (not through any link).
+func nodesWith(t *testing.T, e *env, key, token string) []int {
+	t.Helper()
+	var on []int
+	for i, node := range e.nodes {
+		if v, err := node.Client(t).Get(lockclient.CtxFor(t, time.Second), "lockproxy:lock:"+key).Result(); err == nil && v == token {
+			on = append(on, i)
+		}
+	}
+	return on
 }
 
 // keepaliveVanish runs rounds of: a client holds a KEEPALIVE lock through
@@ -431,33 +631,51 @@ func TestFaults(t *testing.T) {
 		t.Run(f.name, func(t *testing.T) {
 			rowSlot(t)
 			clients, grants, cycles, limit := rowSize()
-			e := newEnv(t, 5, 2, f.environ...)
+			var e *linkEnv
+			if f.links {
+				e = newLinkEnv(t, 5, 2, f.environ...)
+			} else {
+				e = &linkEnv{env: newEnv(t, 5, 2, f.environ...)}
+			}
 			res := watchResources(t, e.proxies)
 			w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit}
 			healed := make(chan struct{})
 			start := time.Now()
-			c, wait := w.run(t, e, healed)
+			c, wait := w.run(t, e.env, healed)
 
 			// Under load before the fault. Soak runs repeat the fault,
 			// a second apart, until the clients made their grants.
 			time.Sleep(300 * time.Millisecond)
+			notes := &rowNotes{}
+			holds, holdsDuring := longHoldsDuring(f.expect)
+			var holdsDone func() string
 			var windows []faultWindow
 			events, attemptsDuring := 0, int64(0)
 			for cycle := 0; anotherCycle(cycle, cycles, c.grants.Load(), int64(clients*grants), start, limit); cycle++ {
 				if cycle > 0 {
 					time.Sleep(time.Second)
 				}
+				notes.cycle = cycle
 				from, sent := e.hist.Now(), c.attempts()
-				events += f.inject(t, e)
+				if cycle == 0 && holds && holdsDuring {
+					holdsDone = startLongHolds(t, e.env, rowLongHolds, "during the fault")
+				}
+				events += f.inject(t, e, notes)
 				f.heal(t, e)
 				windows = append(windows, faultWindow{from, e.hist.Now()})
 				attemptsDuring += c.attempts() - sent
 			}
+			if holds && !holdsDuring {
+				holdsDone = startLongHolds(t, e.env, rowLongHolds, "after the heal")
+			}
 			close(healed)
 			wait()
+			if holdsDone != nil {
+				notes.add("%s", holdsDone())
+			}
 			run := rowRun{name: f.name, clients: clients, grants: grants, windows: windows, events: events,
-				attemptsDuring: attemptsDuring, c: c, took: time.Since(start), res: res.finish(t)}
-			judge(t, e, run, f.expect)
+				attemptsDuring: attemptsDuring, c: c, took: time.Since(start), res: res.finish(t), notes: notes.String()}
+			judge(t, e.env, run, f.expect)
 		})
 	}
 }
