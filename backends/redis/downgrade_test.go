@@ -9,21 +9,26 @@ import (
 	"github.com/lockproxy/lockproxy/test/harness"
 )
 
-// newRealBackend is a Backend over n real redis-server nodes.
-func newRealBackend(t *testing.T, n int) *Backend {
+// newRealBackend is a Backend over n real redis-server nodes, with drift
+// as lockproxy's default, its Config changed by tune.
+func newRealBackend(t *testing.T, n int, tune ...func(*Config)) (*Backend, []*harness.Redis) {
 	t.Helper()
+	harness.RequireBinary(t, "redis-server", "redis-server")
 	rs := harness.StartRedisN(t, n, harness.RedisOptions{})
 	cfg := Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Quorum: quorum.Config{DriftFactor: 0.01, DriftMin: 2 * time.Millisecond}}
 	for _, r := range rs {
-		cfg.Nodes = append(cfg.Nodes, NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second})
+		cfg.Nodes = append(cfg.Nodes, NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second, Metrics: NewMetrics(nil)})
+	}
+	for _, f := range tune {
+		f(&cfg)
 	}
 	b, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
-	return b
+	return b, rs
 }
 
 // TestDowngradeReadLeaseKeepsWritersOut: a write holder's read hold (a
@@ -34,7 +39,7 @@ func newRealBackend(t *testing.T, n int) *Backend {
 // lock key kept the write lease, and its expiry let a writer in 0.7 s into
 // a 10 s read validity.
 func TestDowngradeReadLeaseKeepsWritersOut(t *testing.T) {
-	b := newRealBackend(t, 3)
+	b, _ := newRealBackend(t, 3)
 	ctx := ctxTimeout(t, 60*time.Second)
 	for _, tc := range []struct {
 		name    string
@@ -94,7 +99,7 @@ func TestDowngradeReadLeaseKeepsWritersOut(t *testing.T) {
 // told of. Before, the reentry had already cut the lease to 2 ms on the
 // nodes, and another writer was granted at once.
 func TestReentryTooSlowKeepsLease(t *testing.T) {
-	b := newRealBackend(t, 3)
+	b, _ := newRealBackend(t, 3)
 	ctx := ctxTimeout(t, 30*time.Second)
 	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
 		key := "k-" + mode.String()

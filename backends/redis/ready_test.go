@@ -14,18 +14,9 @@ import (
 // quarantine outlasts any test: a node put in it stays out.
 func readyBackend(t *testing.T, checkEvery time.Duration) (*Backend, []*harness.Redis) {
 	t.Helper()
-	harness.RequireBinary(t, "redis-server", "redis-server")
-	rs := harness.StartRedisN(t, 3, harness.RedisOptions{})
-	cfg := Config{Quarantine: true, MaxTTL: time.Hour, CheckInterval: checkEvery,
-		Quorum: quorum.Config{DriftFactor: 0.01, DriftMin: 2 * time.Millisecond}}
-	for _, r := range rs {
-		cfg.Nodes = append(cfg.Nodes, NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Metrics: NewMetrics(nil)})
-	}
-	b, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
+	b, rs := newRealBackend(t, 3, func(cfg *Config) {
+		cfg.Quarantine, cfg.MaxTTL, cfg.CheckInterval = true, time.Hour, checkEvery
+	})
 	for _, n := range b.nodes {
 		waitFor(t, n.Name()+": first run_id learned", func() bool {
 			n.health.mu.Lock()
