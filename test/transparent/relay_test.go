@@ -21,10 +21,7 @@ import (
 // and the transaction aborts, as Redis does for a bad command.
 func TestWithUpstream(t *testing.T) {
 	t.Parallel()
-	up := harness.StartRedis(t, harness.RedisOptions{})
-	e := start(t, "--upstream", up.Addr)
-	c := e.client(t)
-	upc := up.Client(t)
+	e, c, upc := startWithUpstream(t)
 	ctx := lockclient.CtxFor(t, 30*time.Second)
 
 	cmds, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -131,10 +128,7 @@ func TestFenceThroughLockInfo(t *testing.T) {
 // either kind of key.
 func TestScriptsWithUpstream(t *testing.T) {
 	t.Parallel()
-	up := harness.StartRedis(t, harness.RedisOptions{})
-	e := start(t, "--upstream", up.Addr)
-	c := e.client(t)
-	upc := up.Client(t)
+	_, c, upc := startWithUpstream(t)
 	ctx := lockclient.CtxFor(t, 30*time.Second)
 
 	// A script on plain keys, the way redis-py's Script calls it.
@@ -200,10 +194,7 @@ func sha1hex(s string) string {
 // same name (a lock of one node, or a holder check that reads nothing).
 func TestLockKeysNeverReachUpstream(t *testing.T) {
 	t.Parallel()
-	up := harness.StartRedis(t, harness.RedisOptions{})
-	e := start(t, "--upstream", up.Addr)
-	c := e.client(t)
-	upc := up.Client(t)
+	_, c, upc := startWithUpstream(t)
 	ctx := lockclient.CtxFor(t, 30*time.Second)
 	fn := "#!lua name=lk\nredis.register_function('acq', function(k, a) return redis.call('set', k[1], a[1], 'NX', 'PX', a[2]) end)"
 	if err := upc.FunctionLoad(ctx, fn).Err(); err != nil {
@@ -250,4 +241,13 @@ func TestLockKeysNeverReachUpstream(t *testing.T) {
 	if n, err := c.Do(ctx, "FCALL", "acq", 1, "plain:f", "tok", 30000).Text(); err != nil || n != "OK" {
 		t.Errorf("FCALL on a plain key = %q, %v; want OK", n, err)
 	}
+}
+
+// startWithUpstream starts lockproxy in transparent mode in front of an
+// upstream Redis of its own, and returns a client of each.
+func startWithUpstream(t *testing.T) (*env, *redis.Client, *redis.Client) {
+	t.Helper()
+	up := harness.StartRedis(t, harness.RedisOptions{})
+	e := start(t, "--upstream", up.Addr)
+	return e, e.client(t), up.Client(t)
 }
