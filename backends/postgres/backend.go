@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	crand "crypto/rand"
 	"encoding/hex"
@@ -42,6 +43,8 @@ type Config struct {
 	// every validity, as for RedLock: ttl × DriftFactor + DriftMin.
 	DriftFactor float64
 	DriftMin    time.Duration
+	// ListenCheck replaces listenCheckEvery (tests); 0 keeps it.
+	ListenCheck time.Duration
 	// OpTimeout bounds each operation on the database (one lock try, an
 	// unlock, a renewal, a LOCKINFO), so that a database that hangs gets an
 	// error reply, not a client that hangs with it; 0 means 5 s.
@@ -75,6 +78,11 @@ const (
 	// listenBackoffMax caps the pause between reconnections of the
 	// listening connection.
 	listenBackoffMax = 5 * time.Second
+	// listenCheckEvery is how long the listening connection may stay
+	// silent before it is checked with a round trip (within OpTimeout): a
+	// connection a NAT or firewall forgot stays open and silent, and
+	// waiters would fall back to polling without a word.
+	listenCheckEvery = 30 * time.Second
 )
 
 // Backend is a backends.Backend over one PostgreSQL database.
@@ -935,7 +943,20 @@ func (b *Backend) listenOnce() error {
 	b.listening.Store(true)
 	b.wake("")
 	for {
-		n, err := conn.WaitForNotification(b.ctx)
+		wctx, cancel := context.WithTimeout(b.ctx, cmp.Or(b.cfg.ListenCheck, listenCheckEvery))
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil && b.ctx.Err() == nil && pgconn.Timeout(err) {
+			// Silence: the connection must still answer, or it is
+			// redialed (a timeout leaves a pgx connection usable).
+			pctx, pcancel := context.WithTimeout(b.ctx, b.cfg.OpTimeout)
+			err = conn.Ping(pctx)
+			pcancel()
+			if err != nil {
+				return fmt.Errorf("the listening connection did not answer: %w", err)
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // TestRenewInFlightNotTwoHolders: A's lease ends at T. A's RENEW updates
@@ -667,5 +668,43 @@ func TestSweepUsesExpiryIndex(t *testing.T) {
 	}
 	if text := strings.Join(plan, "\n"); !strings.Contains(text, "Index") || strings.Contains(text, "Seq Scan on") {
 		t.Errorf("the sweep's plan reads every row:\n%s", text)
+	}
+}
+
+// TestListenerRedialsStrandedConnection: a listening connection that a
+// NAT or firewall forgot stays open and silent; after a silence it must
+// answer a round trip, or it is redialed and listens again, so NOTIFYs
+// keep waking waiters. Before, it waited on the dead connection for good
+// and waiters polled without a word.
+func TestListenerRedialsStrandedConnection(t *testing.T) {
+	pg, p := testDB(t)
+	link := harness.StartLink(t, pg.Addr)
+	b, err := New(Config{DSN: strings.Replace(pg.DSN(), pg.Addr, link.Addr(), 1), TablePrefix: p,
+		SweepInterval: time.Hour, DriftFactor: 0.01, DriftMin: 2 * time.Millisecond, PoolSize: 2,
+		ListenCheck: 300 * time.Millisecond, OpTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	waitListening(t, b)
+	link.Strand()
+	for deadline := time.Now().Add(10 * time.Second); b.listening.Load(); time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the stranded listening connection was not given up within 10 s")
+		}
+	}
+	waitListening(t, b)
+
+	w := &waiter{key: "k", tag: keyTag("k"), wake: make(chan struct{}, 1)}
+	b.mu.Lock()
+	b.waiters[w.tag] = map[*waiter]struct{}{w: {}}
+	b.mu.Unlock()
+	if _, err := pg.Conn(t).Exec(context.Background(), "SELECT pg_notify($1, $2)", b.n.channel, w.tag); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-w.wake:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a NOTIFY after the redial woke no waiter")
 	}
 }
