@@ -242,7 +242,9 @@ func (b *Backend) setup(ctx context.Context) error {
 		return fmt.Errorf("postgres: create the lock tables: %s: %w", reason(err), err)
 	}
 	b.log.Info("postgres: lock tables ready", zap.String("tables", b.n.String()))
-	return nil
+	// CREATE SEQUENCE IF NOT EXISTS keeps a sequence made beforehand, with
+	// whatever cache or cycle it has.
+	return b.checkSequence(ctx)
 }
 
 // checkSequence refuses a fence sequence with a cache (each connection

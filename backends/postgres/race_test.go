@@ -708,3 +708,19 @@ func TestListenerRedialsStrandedConnection(t *testing.T) {
 		t.Fatal("a NOTIFY after the redial woke no waiter")
 	}
 }
+
+// TestSequenceCheckedBesideMissingTables: a fence sequence made beforehand
+// with a cache is refused also when the tables are missing and lockproxy
+// creates them (CREATE SEQUENCE IF NOT EXISTS keeps it). Before, only an
+// all-present schema had its sequence checked.
+func TestSequenceCheckedBesideMissingTables(t *testing.T) {
+	pg, p := testDB(t)
+	execAll(t, pg, `CREATE SEQUENCE `+p+`fence AS bigint CACHE 10`)
+	b, err := New(Config{DSN: pg.DSN(), TablePrefix: p, SweepInterval: time.Hour})
+	if err == nil {
+		b.Close()
+	}
+	if err == nil || !strings.Contains(err.Error(), "CACHE") {
+		t.Errorf("New beside a CACHE 10 fence sequence = %v; want a refusal naming CACHE", err)
+	}
+}
