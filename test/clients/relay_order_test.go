@@ -111,14 +111,7 @@ func TestRelayKeysBehindOtherCommands(t *testing.T) {
 	c := raw.DialRaw(t, e.proxy)
 	c.Write(lockclient.Encode("GET", "nosuch") + lockclient.Encode("LRANGE", "l", "0", "-1") +
 		lockclient.Encode("KEYS", "*") + lockclient.Encode("SCAN", "0", "COUNT", "100") + lockclient.Encode("PING"))
-	var got []string
-	for range 5 {
-		r, err := c.ReadWithin(5 * time.Second)
-		if err != nil {
-			t.Fatalf("after %q: %v", got, err)
-		}
-		got = append(got, r.String())
-	}
+	got := replyTexts(readReplies(t, c, 5))
 	want := []string{`(nil)`, `*[$"lockproxy:v"]`, `*[$"l"]`, `*[$"0" *[$"l"]]`, `+"PONG"`}
 	if strings.Join(got, " | ") != strings.Join(want, " | ") {
 		t.Errorf("pipelined replies:\n%q\nwant\n%q", got, want)
@@ -149,14 +142,7 @@ func TestRelayTrackingPushOrder(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.Write(lockclient.Encode("GET", key) + lockclient.Encode("SET", key, "new") + lockclient.Encode("PING"))
-		var got []string
-		for len(got) < 4 {
-			r, err := c.ReadWithin(5 * time.Second)
-			if err != nil {
-				t.Fatalf("round %d after %q: %v", i, got, err)
-			}
-			got = append(got, r.String())
-		}
+		got := replyTexts(readReplies(t, c, 4))
 		inv := `>[$"invalidate" *[$"` + key + `"]]`
 		if got[0] != `$"old"` || got[1] != `+"OK"` || !(got[2] == inv && got[3] == `+"PONG"` || got[2] == `+"PONG"` && got[3] == inv) {
 			t.Fatalf("round %d: %q; want the old value, OK, then the invalidation (before or after PONG)", i, got)
@@ -175,15 +161,31 @@ func TestRelayLongErrorLine(t *testing.T) {
 	c.Write(lockclient.Encode("SET", "a", "1") +
 		lockclient.Encode("EVAL", "return redis.error_reply(string.rep('x', 70000))", "0") +
 		lockclient.Encode("GET", "a"))
-	var got []lockclient.Reply
-	for range 3 {
-		r, err := c.ReadWithin(10 * time.Second)
-		if err != nil {
-			t.Fatalf("after %d replies: %v", len(got), err)
-		}
-		got = append(got, r)
-	}
+	got := readReplies(t, c, 3)
 	if got[0].Str != "OK" || got[1].Kind != '-' || !strings.Contains(got[1].Str, strings.Repeat("x", 70000)) || got[2].Str != "1" {
 		t.Errorf("replies: %.40v, %c of %d bytes, %.40v; want OK, the 70,000-byte error, 1", got[0], got[1].Kind, len(got[1].Str), got[2])
 	}
+}
+
+// readReplies reads n replies off c, failing t when one does not come
+// within 10 s.
+func readReplies(t *testing.T, c *lockclient.RawConn, n int) []lockclient.Reply {
+	t.Helper()
+	var got []lockclient.Reply
+	for range n {
+		r, err := c.ReadWithin(10 * time.Second)
+		if err != nil {
+			t.Fatalf("after %v: %v", replyTexts(got), err)
+		}
+		got = append(got, r)
+	}
+	return got
+}
+
+func replyTexts(rs []lockclient.Reply) []string {
+	out := make([]string, len(rs))
+	for i, r := range rs {
+		out[i] = r.String()
+	}
+	return out
 }
