@@ -603,23 +603,36 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 	return 0, q.noQuorum(atFence, failures)
 }
 
-// reentryFence is the fence of the hold a reentrant grant joins. A node
-// whose answer to the hold's grant was lost stored none (0), so the fence a
-// majority of nodes stored is taken: those nodes held the key for the
-// token since that grant, so no other holder can have been granted it
-// meanwhile. Without such a majority, the highest stored fence (or, with
-// none stored, the highest counter), which is at least that of any grant
-// the token's nodes have seen.
+// reentryFence is the fence of the hold a reentrant grant joins (see
+// HoldFence), from the nodes where the grant joined a hold.
 func reentryFence(granted []grantResult, need int) uint64 {
-	votes := map[uint64]int{}
-	var counter, highest uint64
+	var fences []uint64
+	var counter uint64
 	for _, g := range granted {
 		if g.grant.Holds > 1 {
 			counter = max(counter, g.grant.Counter)
-			if g.grant.Fence > 0 {
-				votes[g.grant.Fence]++
-				highest = max(highest, g.grant.Fence)
-			}
+			fences = append(fences, g.grant.Fence)
+		}
+	}
+	return HoldFence(fences, counter, need)
+}
+
+// HoldFence is the fence of a hold, from the fences the nodes holding it
+// stored (0 where none is: the node's answer to the grant was lost, or its
+// store is still on its way) and the highest of those nodes' counters. The
+// fence a majority stored is the one the hold was granted: those nodes
+// held the key for the token since that grant, so no other holder can
+// have been granted it meanwhile, and a node that answered the grant late
+// may store a fence of its own, higher or lower. Without such a majority,
+// the highest stored fence (or, with none stored, the counter), which is
+// at least that of any grant the token's nodes have seen.
+func HoldFence(stored []uint64, counter uint64, need int) uint64 {
+	votes := map[uint64]int{}
+	var highest uint64
+	for _, f := range stored {
+		if f > 0 {
+			votes[f]++
+			highest = max(highest, f)
 		}
 	}
 	for f, n := range votes {

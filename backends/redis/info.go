@@ -105,10 +105,15 @@ func parseLockState(v any) (nodeLockState, error) {
 // Info implements backends.Backend. It asks every node that may vote and
 // reports what a majority agrees on: a holder is one that holds the key on
 // a majority, and each number is the one a majority reaches (the
-// majority-th largest), so a TTL is never longer than a majority would
-// honour.
+// majority-th largest). A TTL is what a majority would still honour, less
+// the time the question took and the drift allowance for that span, as a
+// grant's validity is: never longer than a holder may rely on. When the
+// nodes that failed to answer could change the answer (a token seen on
+// fewer than a majority of those that answered, but on a majority with
+// them), it answers NOQUORUM rather than guess, as UNLOCK does.
 func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
 	need := b.q.Majority()
+	start := time.Now()
 	ctx, cancel := context.WithTimeout(ctx, b.q.NodeTimeout(time.Hour))
 	defer cancel()
 	type answer struct {
@@ -133,16 +138,27 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 		}
 		states = append(states, a.st)
 	}
+	noQuorum := &quorum.NoQuorumError{OK: len(states), Total: len(b.nodes), Failures: failures}
 	if len(states) < need {
-		return backends.LockInfo{}, false, &quorum.NoQuorumError{OK: len(states), Total: len(b.nodes), Failures: failures}
+		return backends.LockInfo{}, false, noQuorum
 	}
-	info, ok := combineLockStates(states, need)
+	elapsed := time.Since(start)
+	honoured := func(ttl time.Duration) time.Duration {
+		return max(ttl-elapsed-b.q.Drift(ttl), 0)
+	}
+	info, ok, decided := combineLockStates(states, need, len(failures), honoured)
+	if !decided {
+		return backends.LockInfo{}, false, noQuorum
+	}
 	info.Waiters = b.waiters.count(key)
 	return info, ok, nil
 }
 
 // combineLockStates reduces the nodes' views to what need of them agree on.
-func combineLockStates(states []nodeLockState, need int) (backends.LockInfo, bool) {
+// failed nodes did not answer; decided is false when their answers could
+// have made another token a holder. honoured turns the TTL a majority
+// reaches into the one reported.
+func combineLockStates(states []nodeLockState, need, failed int, honoured func(time.Duration) time.Duration) (info backends.LockInfo, held, decided bool) {
 	// kth is the need-th largest of xs: the value a majority reaches.
 	kth := func(xs []int64) int64 {
 		if len(xs) < need {
@@ -161,24 +177,33 @@ func combineLockStates(states []nodeLockState, need int) (backends.LockInfo, boo
 		if c < need {
 			continue
 		}
-		var ttls, holds, fences []int64
+		// Two write holders cannot both hold a majority: this one is
+		// the holder whatever the failed nodes would say.
+		var ttls, holds []int64
+		var fences []uint64
+		var counter uint64
 		for _, st := range states {
 			if st.held && st.value == tok {
 				ttls = append(ttls, int64(st.ttl))
 				holds = append(holds, st.extraHolds+1)
-				fences = append(fences, int64(st.fence))
+				fences = append(fences, st.fence)
+				counter = max(counter, st.counter)
 			}
 		}
-		ttl := time.Duration(kth(ttls))
+		ttl := honoured(time.Duration(kth(ttls)))
 		return backends.LockInfo{
 			Mode:    backends.Write,
 			Holders: []backends.Holder{{Token: tok, Holds: kth(holds), TTL: ttl}},
 			TTL:     ttl,
-			Fence:   uint64(slices.Max(fences)),
-		}, true
+			Fence:   quorum.HoldFence(fences, counter, need),
+		}, true, true
+	}
+	for _, c := range writers {
+		if c+failed >= need {
+			return backends.LockInfo{}, false, false
+		}
 	}
 	seen := map[string]bool{}
-	var info backends.LockInfo
 	info.Mode = backends.Read
 	var counters []int64
 	for _, st := range states {
@@ -196,19 +221,22 @@ func combineLockStates(states []nodeLockState, need int) (backends.LockInfo, boo
 				}
 			}
 			if len(ttls) < need {
+				if len(ttls)+failed >= need {
+					return backends.LockInfo{}, false, false
+				}
 				continue
 			}
-			h := backends.Holder{Token: tok, Holds: kth(holds), TTL: time.Duration(kth(ttls))}
+			h := backends.Holder{Token: tok, Holds: kth(holds), TTL: honoured(time.Duration(kth(ttls)))}
 			info.Holders = append(info.Holders, h)
-			if info.TTL == 0 || h.TTL < info.TTL {
+			if len(info.Holders) == 1 || h.TTL < info.TTL {
 				info.TTL = h.TTL
 			}
 		}
 	}
 	if len(info.Holders) == 0 {
-		return backends.LockInfo{}, false
+		return backends.LockInfo{}, false, true
 	}
 	slices.SortFunc(info.Holders, func(a, b backends.Holder) int { return int(b.TTL - a.TTL) })
 	info.Fence = uint64(kth(counters))
-	return info, true
+	return info, true, true
 }

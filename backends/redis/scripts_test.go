@@ -192,10 +192,17 @@ func describeState(st nodeLockState) string {
 }
 
 // TestCombineLockStates: LOCKINFO reports a holder only when a majority
-// has it, with the values a majority reaches.
+// has it, with the values a majority reaches and the fence the hold was
+// granted, and answers NOQUORUM ("undecided") when nodes that did not
+// answer could make another token a holder.
 func TestCombineLockStates(t *testing.T) {
 	w := func(tok string, ttl time.Duration, holds int64, fence uint64) nodeLockState {
 		return nodeLockState{held: true, value: tok, ttl: ttl, extraHolds: holds - 1, fence: fence}
+	}
+	wc := func(tok string, fence, counter uint64) nodeLockState {
+		st := w(tok, 900, 1, fence)
+		st.counter = counter
+		return st
 	}
 	r := func(counter uint64, readers map[string]readerState) nodeLockState {
 		return nodeLockState{held: true, value: readMarker, readers: readers, counter: counter}
@@ -204,24 +211,56 @@ func TestCombineLockStates(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
 		states []nodeLockState
+		failed int
 		want   string
+		need   int // 0: 2, three nodes
 	}{
-		{"writer on all", []nodeLockState{w("a", 900, 2, 5), w("a", 800, 2, 5), w("a", 700, 1, 5)}, "write a h=2 ttl=800ns fence=5"},
-		{"writer on a minority", []nodeLockState{w("a", 900, 1, 5), free, free}, "free"},
-		{"writer on a majority", []nodeLockState{w("a", 900, 1, 5), free, w("a", 500, 1, 5)}, "write a h=1 ttl=500ns fence=5"},
+		{"writer on all", []nodeLockState{w("a", 900, 2, 5), w("a", 800, 2, 5), w("a", 700, 1, 5)}, 0, "write a h=2 ttl=800ns fence=5", 0},
+		{"writer on a minority", []nodeLockState{w("a", 900, 1, 5), free, free}, 0, "free", 0},
+		{"writer on a majority", []nodeLockState{w("a", 900, 1, 5), free, w("a", 500, 1, 5)}, 0, "write a h=1 ttl=500ns fence=5", 0},
+		// A node that answered the grant late stores its own fence: the
+		// one the majority stored is the one granted, higher or lower.
+		{"late node stored a higher fence", []nodeLockState{wc("a", 11, 11), wc("a", 1, 1), wc("a", 1, 1)}, 0, "write a h=1 ttl=900ns fence=1", 0},
+		{"late node stored a lower fence", []nodeLockState{wc("a", 3, 3), wc("a", 9, 9), wc("a", 9, 9)}, 0, "write a h=1 ttl=900ns fence=9", 0},
+		// A lost fence store leaves the node's counter, which refused
+		// rivals raise: it must not outvote the stored fences.
+		{"lost store, counter raised", []nodeLockState{wc("a", 0, 7), wc("a", 1, 1), wc("a", 1, 1)}, 0, "write a h=1 ttl=900ns fence=1", 0},
+		{"no store on a majority", []nodeLockState{wc("a", 0, 7), wc("a", 4, 4), wc("a", 0, 6)}, 0, "write a h=1 ttl=900ns fence=4", 0},
+		{"nothing stored", []nodeLockState{wc("a", 0, 7), wc("a", 0, 6), free}, 0, "write a h=1 ttl=900ns fence=7", 0},
 		{"readers", []nodeLockState{
 			r(3, map[string]readerState{"x": {900, 1}, "y": {300, 1}}),
 			r(4, map[string]readerState{"x": {800, 2}}),
 			r(4, map[string]readerState{"x": {700, 2}, "y": {200, 1}}),
-		}, "read x h=2 ttl=800ns y h=1 ttl=200ns ttl=200ns fence=4"},
+		}, 0, "read x h=2 ttl=800ns y h=1 ttl=200ns ttl=200ns fence=4", 0},
 		{"reader on a minority only", []nodeLockState{
 			r(3, map[string]readerState{"x": {900, 1}}), free, free,
-		}, "free"},
+		}, 0, "free", 0},
+		// One node of three did not answer.
+		{"writer on a majority, one failed", []nodeLockState{w("a", 900, 1, 5), w("a", 800, 1, 5)}, 1, "write a h=1 ttl=800ns fence=5", 0},
+		{"writer on one of two, one failed", []nodeLockState{w("a", 900, 1, 5), free}, 1, "undecided", 0},
+		{"reader on one of two, one failed", []nodeLockState{r(3, map[string]readerState{"x": {900, 1}}), free}, 1, "undecided", 0},
+		{"free on both, one failed", []nodeLockState{free, free}, 1, "free", 0},
+		{"reader on both, another on one, one failed", []nodeLockState{
+			r(3, map[string]readerState{"x": {900, 1}, "y": {900, 1}}),
+			r(3, map[string]readerState{"x": {900, 1}}),
+		}, 1, "undecided", 0},
+		// Five nodes, two failed: a token on one of three answers could
+		// hold a majority.
+		{"writer on one of three, two failed", []nodeLockState{w("a", 900, 1, 5), free, free}, 2, "undecided", 3},
+		{"writer on three of three, two failed", []nodeLockState{w("a", 900, 1, 5), w("a", 900, 1, 5), w("a", 900, 1, 5)}, 2, "write a h=1 ttl=900ns fence=5", 3},
+		{"writers split, two failed", []nodeLockState{w("a", 900, 1, 5), w("b", 900, 1, 6), free}, 2, "undecided", 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			info, ok := combineLockStates(tc.states, 2)
+			need := tc.need
+			if need == 0 {
+				need = 2
+			}
+			info, ok, decided := combineLockStates(tc.states, need, tc.failed, func(d time.Duration) time.Duration { return d })
 			got := "free"
-			if ok {
+			switch {
+			case !decided:
+				got = "undecided"
+			case ok:
 				got = info.Mode.String()
 				for _, h := range info.Holders {
 					got += fmt.Sprintf(" %s h=%d ttl=%v", h.Token, h.Holds, h.TTL)
