@@ -168,13 +168,15 @@ if v == ARGV[1] and ARGV[6] ~= '1' then
   -- least the hold's fence.
   return {fenceOf(fm[1], ARGV[1]), h + 1, tonumber(redis.call('HGET', KEYS[7], ARGV[3]) or '0')}
 end
-if ARGV[4] ~= '0' then redis.call('SET', KEYS[6], '1', 'PX', ARGV[4]) end
 if v == ARGV[5] then
   local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
   if s then` + luaNow + `
     if tonumber(s) > now then return -1 end
   end
 end
+-- Only a writer refused because another token holds the key waits: an
+-- upgrade is refused for good, and its mark would turn readers away.
+if ARGV[4] ~= '0' then redis.call('SET', KEYS[6], '1', 'PX', ARGV[4]) end
 return 0
 `
 
@@ -337,7 +339,12 @@ local function release(k, fk, mk, rk, rhk, tok, marker, which, v, m)
     redis.call('DEL', k, rk, rhk)
     return 1, true
   end
-  redis.call('PEXPIRE', k, tonumber(top[2]) - now)
+  -- The reader keys expire with the lock key, or a released longer
+  -- lease would keep them after the last hold ends.
+  local keep = tonumber(top[2]) - now
+  redis.call('PEXPIRE', rk, keep)
+  redis.call('PEXPIRE', rhk, keep)
+  redis.call('PEXPIRE', k, keep)
   return 1, false
 end
 local n = #KEYS / 5
@@ -387,24 +394,36 @@ return out
 
 // extendScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
 // ttl ms, ARGV[3] readMarker. Compare-and-expire, for a write hold (with
-// the read hold of a downgrade) or a live reader's own lease. Returns 1
-// when the token held the key. The meta keys' expiries are set before the
-// lock key's, so that they never outlive it.
+// the read hold of a downgrade, whose lease it raises to the ttl but never
+// shortens) or a live reader's own lease. Returns 1 when the token held
+// the key. The meta keys' expiries are set before the lock key's, so that
+// they never outlive it.
 const extendScript = luaMeta + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
 if v == ARGV[1] then
-  redis.call('PEXPIRE', KEYS[2], ARGV[2])
+  local ms = tonumber(ARGV[2])
   local m = redis.call('GET', KEYS[3])
-  if m then redis.call('PEXPIRE', KEYS[3], ARGV[2]) end
-  redis.call('PEXPIRE', KEYS[1], ARGV[2])
   local _, r = meta(m, ARGV[1])
-  if r == 'r' and redis.call('ZSCORE', KEYS[4], ARGV[1]) then` + luaNow + `
-    redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
-    local keep = math.max(redis.call('PTTL', KEYS[4]), tonumber(ARGV[2]))
-    redis.call('PEXPIRE', KEYS[4], keep)
-    redis.call('PEXPIRE', KEYS[5], keep)
+  local s
+  if r == 'r' then s = redis.call('ZSCORE', KEYS[4], ARGV[1]) end
+  if s then` + luaNow + `
+    -- The token's read hold (a downgrade) rides along, but is never
+    -- shortened: it keeps others' writes out for the whole lease its
+    -- holder was told of. The keys live until the later of the two ends
+    -- (acquireScript's rule), and the reader keys no longer.
+    s = tonumber(s)
+    if s < now + ms then
+      redis.call('ZADD', KEYS[4], now + ms, ARGV[1])
+    else
+      ms = s - now
+    end
+    redis.call('PEXPIRE', KEYS[4], ms)
+    redis.call('PEXPIRE', KEYS[5], ms)
   end
+  redis.call('PEXPIRE', KEYS[2], ms)
+  if m then redis.call('PEXPIRE', KEYS[3], ms) end
+  redis.call('PEXPIRE', KEYS[1], ms)
   return 1
 end
 if v ~= ARGV[3] then return 0 end` + luaNow + `
@@ -420,9 +439,9 @@ return 1
 
 // infoScript: KEYS the lock keys (all seven); ARGV[1] slot, ARGV[2]
 // readMarker. Returns 0 when the key is free, else {value, pttl, stored
-// fence (the slot counter, which is at least it, while the store is on its
-// way), extra holds, now, {reader, lease end, ...}, {reader, holds, ...},
-// slot counter}, with the readers whose lease ended left out.
+// fence (0 when none is stored for the holder: its store is on its way or
+// was lost), extra holds, now, {reader, lease end, ...}, {reader, holds,
+// ...}, slot counter}, with the readers whose lease ended left out.
 const infoScript = luaMeta + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end` + luaNow + `
@@ -435,7 +454,6 @@ local counter = redis.call('HGET', KEYS[7], ARGV[1]) or '0'
 local fm = redis.call('MGET', KEYS[2], KEYS[3])
 local f = fenceOf(fm[1], v)
 local h = meta(fm[2], v)
-if f == 0 and v ~= ARGV[2] then f = tonumber(counter) end
 return {v, redis.call('PTTL', KEYS[1]), f, h, now, readers, holds, counter}
 `
 
