@@ -125,7 +125,13 @@ func TestPermitted(t *testing.T) {
 		{all, []string{"SET", "app:1", "v"}, "", false},
 		{all, []string{"LOCK", "other", "PX", "100"}, "NOPERM No permissions to access a key", false},
 		{all, []string{"EVAL", "return 1", "1", "app:1", "lock:1"}, "NOPERM User app has key patterns and may not run scripts ('eval'): a script reaches keys it does not declare", false},
-		{anyKey, []string{"EVAL", "return 1", "1", "other"}, "", false},
+		// A script runs as lockproxy's own user: only a user allowed
+		// every command, key and channel may run one.
+		{anyKey, []string{"EVAL", "return 1", "1", "other"}, "NOPERM User app is not allowed every command and may not run scripts ('eval'): lockproxy cannot check the commands a script calls", false},
+		{allOnly, []string{"EVAL", "return 1", "1", "other"}, "", false},
+		{allOnly, []string{"EVALSHA", "e0e1f9fabfc9d4800c877a703b823ac0578ff8db", "0"}, "", false},
+		{chans, []string{"EVAL", "return 1", "0"}, "NOPERM User app has channel patterns and may not run scripts ('eval'): a script reaches channels it does not declare", false},
+		{safe, []string{"FCALL", "f", "0"}, "NOPERM User app has no permissions to run the 'fcall' command", false}, // -@write: a category it may be in
 		{all, []string{"SORT", "app:l", "BY", "nosort", "GET", "other:*"}, "NOPERM BY and GET options of SORT read keys outside this user's patterns", false},
 		{all, []string{"SORT_RO", "app:l", "BY", "other:*"}, "NOPERM BY and GET options of SORT read keys outside this user's patterns", false},
 		{all, []string{"SORT", "app:l", "BY", "nosort", "GET", "#"}, "", false},
@@ -134,7 +140,7 @@ func TestPermitted(t *testing.T) {
 		{tx, []string{"DISCARD"}, "", false},
 		{app, []string{"EXEC"}, "NOPERM User app has no permissions to run the 'exec' command", false},
 		{all, []string{"DEL", "app:1", "lock:1"}, "NOPERM No permissions to access a key", false},
-		{allKeys, []string{"EVAL", "return 1", "1", "other"}, "", false}, // ~* is no limit
+		{allKeys, []string{"EVAL", "return 1", "1", "other"}, "NOPERM User app is not allowed every command and may not run scripts ('eval'): lockproxy cannot check the commands a script calls", false}, // ~* is no key limit, but +eval is not every command
 		{noKeys, []string{"GET", "x"}, "NOPERM No permissions to access a key", false},
 		{noKeys, []string{"PING"}, "", false},
 		// Subcommand rules, and the last matching rule decides.

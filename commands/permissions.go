@@ -61,6 +61,10 @@ type perm struct {
 	limitKeys     bool
 	channels      []string
 	limitChannels bool
+	// everything is true when the rules allow every command, key and
+	// channel: only such a user runs scripts or reads a lock key's value
+	// (see permitted).
+	everything bool
 }
 
 func newPerm(p Permission) *perm {
@@ -80,11 +84,28 @@ func newPerm(p Permission) *perm {
 		}
 		pm.rules = append(pm.rules, r)
 	}
-	// A "*" glob takes every name: the same as no limit, under which
-	// scripts may run too.
+	// A "*" glob takes every name: the same as no limit (allkeys,
+	// allchannels), which a user must have to run scripts.
 	pm.keys, pm.limitKeys = p.Keys, (p.LimitKeys || len(p.Keys) > 0) && !slices.Contains(p.Keys, "*")
 	pm.channels, pm.limitChannels = p.Channels, (p.LimitChannels || len(p.Channels) > 0) && !slices.Contains(p.Channels, "*")
+	pm.everything = allowsEveryCommand(pm.rules) && !pm.limitKeys && !pm.limitChannels
 	return pm
+}
+
+// allowsEveryCommand tells whether rules allow every command: a "+@all"
+// with no denying rule after it. It errs on the side of "no" ("+@all -get
+// +get" is taken as narrower), which only costs such a user its scripts.
+func allowsEveryCommand(rules []rule) bool {
+	all := false
+	for _, r := range rules {
+		switch {
+		case r.category == "@all":
+			all = r.allow
+		case !r.allow:
+			all = false
+		}
+	}
+	return all
 }
 
 // allows tells whether the rules let the user run the command name (with
@@ -235,20 +256,15 @@ func (h *Handler) permitted(p *perm, user, name string, c *Command, args [][]byt
 	case !p.allows(name, sub, cats, known) && !h.endsTransaction(p, name):
 		h.metrics.deniedCommand.Inc()
 		return "NOPERM User " + user + " has no permissions to run the '" + full + "' command", false
+	case scriptCommands[name] && !p.everything:
+		return h.refuseScript(p, user, name), false
 	}
 	if p.channelDenied(name, args) {
 		h.metrics.deniedChannel.Inc()
 		return "NOPERM No permissions to access a channel", false
 	}
 	if !p.limitKeys {
-		return "", true
-	}
-	if scriptCommands[name] {
-		// A script reaches whatever keys it names inside, on the upstream
-		// and (in transparent mode) on the lock nodes, lockproxy's own
-		// keys included: a user limited to some keys runs none.
-		h.metrics.deniedKey.Inc()
-		return "NOPERM User " + user + " has key patterns and may not run scripts ('" + name + "'): a script reaches keys it does not declare", false
+		return h.lockValueCheck(p, user, name, args)
 	}
 	if (name == "sort" || name == "sort_ro") && sortReadsOtherKeys(args) {
 		// BY and GET read keys made from a pattern, as Redis refuses
@@ -281,7 +297,63 @@ func (h *Handler) permitted(p *perm, user, name string, c *Command, args [][]byt
 		h.metrics.deniedKey.Inc()
 		return "NOPERM No permissions to access a key", false
 	}
-	return "", true
+	return h.lockValueCheck(p, user, name, args)
+}
+
+// refuseScript is the refusal of a script (EVAL, FCALL, …) to a user not
+// allowed everything, counted under the limit that stops it. A script
+// runs as lockproxy's own user, on the upstream and (in transparent mode)
+// on the lock nodes, and reaches whatever commands, keys and channels it
+// names inside, which lockproxy cannot check as Redis's ACL checks each
+// redis.call: so any limit at all keeps a user from scripts.
+func (h *Handler) refuseScript(p *perm, user, name string) string {
+	switch {
+	case p.limitKeys:
+		h.metrics.deniedKey.Inc()
+		return "NOPERM User " + user + " has key patterns and may not run scripts ('" + name + "'): a script reaches keys it does not declare"
+	case p.limitChannels:
+		h.metrics.deniedChannel.Inc()
+		return "NOPERM User " + user + " has channel patterns and may not run scripts ('" + name + "'): a script reaches channels it does not declare"
+	}
+	h.metrics.deniedCommand.Inc()
+	return "NOPERM User " + user + " is not allowed every command and may not run scripts ('" + name + "'): lockproxy cannot check the commands a script calls"
+}
+
+// lockValueCheck refuses, to a user not allowed everything, the commands
+// that show a lock key's value (transparent mode's GET, and SET … GET):
+// the value is the holder's token, with which UNLOCK releases the lock
+// and LOCK … TOKEN joins it under the same fence, so LOCKINFO shows it
+// only to the caller that names it. Lockproxy cannot tell whether LOCK or
+// a client's own SET NX put the value there, so it is refused for all;
+// such a user checks a lock with LOCKINFO key TOKEN token, PTTL or
+// EXISTS. A user allowed everything, who could read the value with a
+// script anyway, is served as before.
+func (h *Handler) lockValueCheck(p *perm, user, name string, args [][]byte) (string, bool) {
+	if p.everything || !h.readsLockValue(name, args) {
+		return "", true
+	}
+	h.metrics.deniedKey.Inc()
+	return "NOPERM User " + user + " may not read a lock key's value, its holder's token: use LOCKINFO key TOKEN token, PTTL or EXISTS", false
+}
+
+// readsLockValue tells whether args (named name, in lower case) is a
+// command transparent mode serves with a lock key's value in the reply:
+// GET, or SET with the GET option.
+func (h *Handler) readsLockValue(name string, args [][]byte) bool {
+	if name != "get" && name != "set" || len(args) < 2 || !h.isLockKey(args[1]) {
+		return false
+	}
+	if name == "get" {
+		return true
+	}
+	// A TTL cannot be "GET", so any option spelled so is the flag; every
+	// option is looked at, as tSet takes repeated ones.
+	for i := 3; i < len(args); i++ {
+		if resp.EqualFold(args[i], "GET") {
+			return true
+		}
+	}
+	return false
 }
 
 // endsTransaction tells whether name is EXEC or DISCARD and the user may

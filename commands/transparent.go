@@ -153,6 +153,9 @@ func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
 		}
 		h.tCount(s, name, func() { h.tSet(s, args) })
 	case "get", "pttl", "ttl":
+		// GET answers the holder's token, which LOCKINFO hides: a user
+		// whose auth.permissions do not allow everything was refused it
+		// before this (permitted, lockValueCheck), as SET … GET.
 		if !h.isLockKey(args[1]) {
 			return false
 		}
