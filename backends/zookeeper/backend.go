@@ -85,6 +85,7 @@ type ownedNode struct {
 	czxid            int64
 	data             lockData // as last written or read here
 	version          int32    // of data
+	mtime            int64    // of data, ms: a previous-format lease's start
 	ttl              time.Duration
 	timer            *time.Timer
 	gen              int // bumped on each re-arm, so a stale timer does nothing

@@ -126,10 +126,17 @@ func TestChildNamesAndData(t *testing.T) {
 			t.Errorf("parseChild(%q) ok; want rejected", bad)
 		}
 	}
-	d := lockData{write: 2, read: 1, ttl: 1500 * time.Millisecond, token: "t\x00\r\n"}
+	d := lockData{write: 2, read: 1, ttl: 1500 * time.Millisecond, startMS: 1700000000123, token: "t\x00\r\n"}
 	got, err := decodeData(d.encode())
 	if err != nil || got != d {
 		t.Fatalf("decode(encode(%+v)) = %+v, %v", d, got, err)
+	}
+	// The previous format (no lease start) is still read, during a rolling
+	// upgrade: its start is unknown (0), and the lease runs from mtime.
+	old := d
+	old.startMS = 0
+	if got, err := decodeData(encodeV1(d)); err != nil || got != old {
+		t.Fatalf("decode(v1 %+v) = %+v, %v; want %+v", d, got, err, old)
 	}
 	if _, err := decodeData([]byte("hello")); err == nil {
 		t.Fatal("decodeData(garbage) = nil error")

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/go-zookeeper/zk"
 )
 
 // keyDir is the parent znode of key's lock nodes: "k" and the key in
@@ -90,16 +92,34 @@ type lockData struct {
 	// gains read holds by a downgrade, and acts as a reader once its
 	// write holds are gone.
 	write, read int64
-	// ttl is the lease the last grant or renewal asked for; the creating
-	// instance deletes the node ttl after it saw the last change.
-	ttl   time.Duration
-	token string
+	// ttl is the lease the last grant, reentry or renewal asked for; the
+	// creating instance deletes the node ttl after it saw the last change
+	// that restarted the lease.
+	ttl time.Duration
+	// startMS is when that lease began, in Unix milliseconds on the clock
+	// of the instance that restarted it (taken before its request, so no
+	// later than the start its validity counts from). A change that does
+	// not restart the lease (an UNLOCK of one of several holds) keeps it:
+	// the node's mtime then no longer tells when the lease began. 0: not
+	// known, data in the previous format (version 1), whose lease runs
+	// from the node's last change (mtime).
+	startMS int64
+	token   string
 }
 
-const dataVersion = 1
+// Data format versions. Version 1 (no lease start) is still read: nodes an
+// instance not yet upgraded made or last changed, during a rolling upgrade.
+const (
+	dataV1      = 1
+	dataVersion = 2
+)
 
-// dataHeader: version byte, write, read, ttl in ms.
-const dataHeader = 1 + 8 + 8 + 8
+// dataHeaderV1: version byte, write, read, ttl in ms. dataHeader adds the
+// lease start in Unix ms.
+const (
+	dataHeaderV1 = 1 + 8 + 8 + 8
+	dataHeader   = dataHeaderV1 + 8
+)
 
 func (d lockData) encode() []byte {
 	b := make([]byte, dataHeader, dataHeader+len(d.token))
@@ -107,13 +127,19 @@ func (d lockData) encode() []byte {
 	binary.BigEndian.PutUint64(b[1:], uint64(d.write))
 	binary.BigEndian.PutUint64(b[9:], uint64(d.read))
 	binary.BigEndian.PutUint64(b[17:], uint64(d.ttl.Milliseconds()))
+	binary.BigEndian.PutUint64(b[25:], uint64(d.startMS))
 	return append(b, d.token...)
 }
 
 var errBadData = errors.New("zookeeper: lock node data is not lockproxy's")
 
 func decodeData(b []byte) (lockData, error) {
-	if len(b) < dataHeader || b[0] != dataVersion {
+	header := dataHeader
+	switch {
+	case len(b) >= dataHeaderV1 && b[0] == dataV1:
+		header = dataHeaderV1
+	case len(b) >= dataHeader && b[0] == dataVersion:
+	default:
 		return lockData{}, errBadData
 	}
 	write, read := int64(binary.BigEndian.Uint64(b[1:])), int64(binary.BigEndian.Uint64(b[9:]))
@@ -121,10 +147,26 @@ func decodeData(b []byte) (lockData, error) {
 	if write < 0 || read < 0 || ttlMS > uint64(math.MaxInt64/int64(time.Millisecond)) {
 		return lockData{}, errBadData
 	}
+	var startMS int64
+	if header == dataHeader {
+		if startMS = int64(binary.BigEndian.Uint64(b[25:])); startMS < 0 {
+			return lockData{}, errBadData
+		}
+	}
 	return lockData{
-		write: write,
-		read:  read,
-		ttl:   time.Duration(ttlMS) * time.Millisecond,
-		token: string(b[dataHeader:]),
+		write:   write,
+		read:    read,
+		ttl:     time.Duration(ttlMS) * time.Millisecond,
+		startMS: startMS,
+		token:   string(b[header:]),
 	}, nil
+}
+
+// leaseStart is when the lease of a node with data d and stat st began:
+// as recorded, or for data in the previous format its last change.
+func (d lockData) leaseStart(st *zk.Stat) time.Time {
+	if d.startMS > 0 {
+		return time.UnixMilli(d.startMS)
+	}
+	return time.UnixMilli(st.Mtime)
 }

@@ -28,8 +28,28 @@ const maxCAS = 16
 // session timeout (the session, and so the node, cannot end sooner after
 // that round trip reached a server), less elapsed time and drift.
 func (b *Backend) validity(ttl time.Duration, t0 time.Time) time.Duration {
+	return b.validityAt(ttl, t0, time.Now())
+}
+
+// validityAt is validity as of now.
+func (b *Backend) validityAt(ttl time.Duration, t0, now time.Time) time.Duration {
 	d := min(ttl, b.cfg.SessionTimeout)
-	return d - time.Since(t0) - time.Duration(float64(ttl)*b.cfg.DriftFactor) - b.cfg.DriftMin
+	return d - now.Sub(t0) - time.Duration(float64(ttl)*b.cfg.DriftFactor) - b.cfg.DriftMin
+}
+
+// leaseLeft is the TTL LOCKINFO shows for a node with data d and stat st
+// at now: the validity a grant or renewal at the lease's start would have
+// left by now, so never more than the holder was told it may count on
+// (the lease capped by the session timeout, less drift), as RedLock's
+// LOCKINFO never shows more than a majority would honour. The start may
+// come from another host's clock: one ahead of this one cannot make the
+// lease look longer than it is.
+func (b *Backend) leaseLeft(d lockData, st *zk.Stat, now time.Time) time.Duration {
+	start := d.leaseStart(st)
+	if start.After(now) {
+		start = now
+	}
+	return max(b.validityAt(d.ttl, start, now), 0)
 }
 
 // validityOf is validity for a change to node n: none when n lives in
@@ -113,7 +133,7 @@ func (b *Backend) cached(key, token string) (node, bool) {
 	if o == nil {
 		return node{}, false
 	}
-	return node{path: o.path, data: o.data, stat: &zk.Stat{Version: o.version, Czxid: o.czxid}}, true
+	return node{path: o.path, data: o.data, stat: &zk.Stat{Version: o.version, Czxid: o.czxid, Mtime: o.mtime}}, true
 }
 
 // findToken finds the node token holds on key (a write node before a read
@@ -217,7 +237,13 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		// Released meanwhile: take it the usual way.
 	}
 
-	want := lockData{ttl: req.TTL, token: req.Token}
+	// The lease of a first grant starts when it is judged granted, after
+	// the create: recording the time before it keeps LOCKINFO from showing
+	// more than the grant's validity, which counts from that judgment,
+	// without another write. A waiter's lease so looks as if it began
+	// when it queued, shorter than it is, until a renewal or reentry
+	// records its start.
+	want := lockData{ttl: req.TTL, startMS: time.Now().UnixMilli(), token: req.Token}
 	kind := byte(kindWrite)
 	if req.Mode == backends.Read {
 		want.read, kind = 1, kindRead
@@ -481,7 +507,7 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 		return backends.Lease{}, backends.ErrNotAcquired
 	}
 	o := &ownedNode{path: path, key: req.Key, token: req.Token, czxid: g.stat.Czxid, data: g.data,
-		version: g.stat.Version, ttl: req.TTL}
+		version: g.stat.Version, mtime: g.stat.Mtime, ttl: req.TTL}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -519,14 +545,15 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 		} else {
 			d.read++
 		}
-		// Never shorter than the lease it had (which ran from the node's
-		// last change): as on the other backends, a reentry never
-		// shortens the holder's lease.
+		// Never shorter than the lease it had (which began no later than
+		// t0): as on the other backends, a reentry never shortens the
+		// holder's lease. The lease restarts at t0.
 		d.ttl = max(d.ttl, req.TTL)
+		d.startMS = t0.UnixMilli()
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
 		switch {
 		case err == nil:
-			b.written(n.path, d, st.Version, t0, true)
+			b.written(n.path, d, st, t0, true)
 			v := b.validityOf(n, req.TTL, t0)
 			holds := d.write
 			if req.Mode == backends.Read {
@@ -556,15 +583,16 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 }
 
 // written records a data change this instance made to path (when it owns
-// the node) and, with rearm, restarts the lease from t0.
-func (b *Backend) written(path string, d lockData, version int32, t0 time.Time, rearm bool) {
+// the node), st being the node's stat after it, and, with rearm, restarts
+// the lease from t0.
+func (b *Backend) written(path string, d lockData, st *zk.Stat, t0 time.Time, rearm bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	o := b.owned[path]
 	if o == nil {
 		return
 	}
-	o.data, o.version = d, version
+	o.data, o.version, o.mtime = d, st.Version, st.Mtime
 	if rearm {
 		o.ttl = d.ttl
 		b.disarmLocked(o)
@@ -601,10 +629,18 @@ func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
 				return true, nil
 			}
 		} else {
+			// The lease goes on as it was: its start and TTL are kept,
+			// and so is the timer of the instance that made the node.
+			// This write moves the node's mtime, so a node in the
+			// previous format, whose lease ran from its last change,
+			// records the time of that change as its start.
+			if d.startMS == 0 {
+				d.startMS = n.stat.Mtime
+			}
 			var st *zk.Stat
 			st, err = call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
 			if err == nil {
-				b.written(n.path, d, st.Version, time.Time{}, false)
+				b.written(n.path, d, st, time.Time{}, false)
 				return true, nil
 			}
 		}
@@ -641,11 +677,11 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	}
 	for range maxCAS {
 		d := n.data
-		d.ttl = ttl
+		d.ttl, d.startMS = ttl, t0.UnixMilli()
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
 		switch {
 		case err == nil:
-			b.written(n.path, d, st.Version, t0, true)
+			b.written(n.path, d, st, t0, true)
 			// A renewal that leaves no validity still renewed: report the
 			// least positive validity rather than "not held".
 			return max(b.validityOf(n, ttl, t0), time.Millisecond), nil
@@ -668,8 +704,10 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	return 0, errUnhandled
 }
 
-// Info reports key's holders. Their TTLs are measured from each node's
-// last change on the server's clock (mtime) against this host's clock.
+// Info reports key's holders. Their TTLs are what each node's lease
+// leaves of the validity it gave (leaseLeft), measured from the lease's
+// start as recorded in the node (its mtime for the previous data format)
+// against this host's clock.
 func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
 	if err := b.usable(); err != nil {
 		return backends.LockInfo{}, false, err
@@ -680,7 +718,6 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 		return backends.LockInfo{}, false, err
 	}
 	var info backends.LockInfo
-	now := time.Now()
 	for i, c := range kids {
 		g, ok, err := b.get(ctx, dir+"/"+c.name)
 		if err != nil {
@@ -696,8 +733,7 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 		if bl != "" {
 			continue
 		}
-		left := g.data.ttl - now.Sub(time.UnixMilli(g.stat.Mtime))
-		left = max(min(left, g.data.ttl), 0)
+		left := b.leaseLeft(g.data, g.stat, time.Now())
 		holds := g.data.read
 		if g.data.write > 0 {
 			info.Mode, holds = backends.Write, g.data.write
@@ -765,7 +801,8 @@ func (b *Backend) disarmLocked(o *ownedNode) {
 // leaseEnded deletes o's node when its lease ran out without a renewal. A
 // change to its data that this instance did not make (a renewal or
 // reentry through another instance) restarts the lease from now, which
-// ends it no sooner than that change asked for.
+// ends it no sooner than that change asked for; one that kept the lease's
+// start and TTL (an UNLOCK of one of several holds) leaves it ended.
 func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.SessionTimeout)
 	defer cancel()
@@ -808,8 +845,13 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 			b.armLocked(o, leaseRetry)
 		case !ok:
 			b.forgetLocked(o)
+		case g.data.startMS != 0 && g.data.startMS == o.data.startMS && g.data.ttl == o.data.ttl:
+			// The lease was not restarted: delete the node now, as of its
+			// new version.
+			o.data, o.version, o.mtime = g.data, g.stat.Version, g.stat.Mtime
+			b.armLocked(o, 0)
 		default:
-			o.data, o.version, o.ttl = g.data, g.stat.Version, g.data.ttl
+			o.data, o.version, o.mtime, o.ttl = g.data, g.stat.Version, g.stat.Mtime, g.data.ttl
 			b.armLocked(o, g.data.ttl)
 		}
 	default:
