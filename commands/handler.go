@@ -207,6 +207,19 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 	if len(args) == 0 {
 		return
 	}
+	if c, ok := s.Data.(*conn); ok && c.ka != nil {
+		// A connection running a command is alive for its KEEPALIVE
+		// locks however long the command blocks: LOCK … WAIT, or a
+		// relayed BLPOP or XREAD BLOCK, whichever path serves it.
+		ka := c.ka
+		ka.busy.Add(1)
+		defer ka.busy.Add(-1)
+	}
+	h.serve(s, args)
+}
+
+// serve is ServeRESP's work.
+func (h *Handler) serve(s *resp.Session, args [][]byte) {
 	if h.authRequired() && !state(s).authed && !noAuthNeeded(args[0]) {
 		h.metrics.commands.WithLabelValues("unknown", "error").Inc()
 		s.W.Error("NOAUTH Authentication required.")
@@ -268,18 +281,9 @@ func (h *Handler) ServeRESP(s *resp.Session, args [][]byte) {
 		wrongArity(s, c.Name)
 		return
 	}
-	cs := state(s)
-	cs.lastCmd = c.Metric
+	state(s).lastCmd = c.Metric
 	before := s.W.Len()
-	if ka := cs.ka; ka != nil {
-		// A command that blocks (LOCK … WAIT) keeps the connection alive
-		// for its KEEPALIVE locks.
-		ka.busy.Store(true)
-		c.run(h, s, args)
-		ka.busy.Store(false)
-	} else {
-		c.run(h, s, args)
-	}
+	c.run(h, s, args)
 	h.count(c, s, before)
 }
 
@@ -290,6 +294,13 @@ func (h *Handler) count(c *Command, s *resp.Session, before int) {
 		i = 1
 	}
 	h.metrics.counters[c][i].Inc()
+}
+
+// ShuttingDown implements resp.ShutdownHandler: the server is shutting
+// down, so the KEEPALIVE locks of the connections it closes are released,
+// not kept for their lock-delay: their holders did not lose them.
+func (h *Handler) ShuttingDown() {
+	h.keepalive.shuttingDown()
 }
 
 // Closed implements resp.Handler. It runs after the session's context was

@@ -11,7 +11,10 @@ package commands
 // close releases its own holds. A connection's close is seen through its
 // session context (context.AfterFunc), which only records the holds to
 // release and wakes the goroutine: every release is done by the lock's own
-// goroutine, with a bounded context.
+// goroutine, with a bounded context. A token may hold a key both for
+// writing and for reading (a downgrade): the watchdog counts each hold's
+// kind, so that an UNLOCK, which releases write holds first, takes off the
+// kind it released.
 
 import (
 	"context"
@@ -95,9 +98,11 @@ type connKeepalive struct {
 	// proto is the connection's RESP version, kept here because the
 	// watchdogs may not read the connection's writer.
 	proto atomic.Int32
-	// busy is set while a command runs: a client blocked in LOCK … WAIT is
-	// alive, though it sends nothing.
-	busy atomic.Bool
+	// busy counts the commands running: a client blocked in LOCK … WAIT,
+	// or in a relayed BLPOP or XREAD BLOCK, is alive though it sends
+	// nothing. A counter rather than a flag, so that a command run within
+	// another cannot end the outer one's mark.
+	busy atomic.Int32
 	// live counts this connection's running watchdogs.
 	live atomic.Int32
 
@@ -113,7 +118,7 @@ func newConnKeepalive(lastActive func() time.Time, push func([]byte) bool, proto
 
 // alive reports whether the connection showed life within idle of now.
 func (ka *connKeepalive) alive(now time.Time, idle time.Duration) bool {
-	return ka.busy.Load() || now.Sub(ka.lastActive()) <= idle
+	return ka.busy.Load() > 0 || now.Sub(ka.lastActive()) <= idle
 }
 
 func (ka *connKeepalive) noteLost(key, why string) {
@@ -152,23 +157,45 @@ type watchdog struct {
 
 	// Guarded by keepalives.mu.
 	holders   map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
-	loose     int                        // holds granted without KEEPALIVE while it runs
+	loose     [2]int                     // holds granted without KEEPALIVE while it runs, by backends.Mode
 	drop      int                        // holds of closed connections, for run to release
 	unlocking int                        // UNLOCKs of key with token in flight
-	stopped   bool                       // ended by UNLOCK, a loss or a release; no longer in the map
+	// shared: a grant with the client's own TOKEN was counted, so the
+	// token may also hold write holds this watchdog does not count (taken
+	// before it started, or through another instance: a downgrade's),
+	// which UNLOCK releases before any read hold.
+	shared bool
+	// ending: no KEEPALIVE holder is left and run is releasing every hold
+	// it counts. It is out of the map already and takes no new hold: a
+	// hold granted to a live connection now would be released with the
+	// rest.
+	ending  bool
+	stopped bool // ended by UNLOCK, a loss or a release; no longer in the map
 }
 
 // holder is one connection's KEEPALIVE holds of a watchdog's lock.
 type holder struct {
-	n    int
+	n    [2]int      // by backends.Mode
 	stop func() bool // unregisters the close callback (context.AfterFunc)
 }
 
+func (h *holder) total() int { return h.n[backends.Write] + h.n[backends.Read] }
+
 // holds is how many holds w keeps in all. k.mu is held.
 func (w *watchdog) holds() int {
-	n := w.loose + w.drop
+	n := w.loose[backends.Write] + w.loose[backends.Read] + w.drop
 	for _, h := range w.holders {
-		n += h.n
+		n += h.total()
+	}
+	return n
+}
+
+// counted is how many holds of mode w counts, KEEPALIVE and loose (not
+// those of closed connections). k.mu is held.
+func (w *watchdog) counted(mode backends.Mode) int {
+	n := w.loose[mode]
+	for _, h := range w.holders {
+		n += h.n[mode]
 	}
 	return n
 }
@@ -189,7 +216,11 @@ type keepalives struct {
 	mu     sync.Mutex
 	m      map[heldKey]*watchdog
 	closed bool
-	wg     sync.WaitGroup
+	// shutdown: the server is shutting down (Handler.ShuttingDown). A
+	// lock whose connection closes now was not lost by its holder, so it
+	// is released, not kept for its lock-delay.
+	shutdown bool
+	wg       sync.WaitGroup
 }
 
 func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle time.Duration, reg prometheus.Registerer) *keepalives {
@@ -223,35 +254,45 @@ func (k *keepalives) full(ka *connKeepalive) bool {
 	return ka != nil && ka.live.Load() >= maxKeepalivePerConn
 }
 
-// granted counts a LOCK of key with token granted (reentrant or not) on a
-// lock a watchdog keeps, so that UNLOCKs end the watchdog only with the
-// last hold: for the connection that took it, with its session context
-// sessCtx, when it asked for KEEPALIVE (ka not nil), else as a loose hold.
-// It reports whether a watchdog was there.
+// granted is grantedHold of a write hold with the client's own token.
 func (k *keepalives) granted(sessCtx context.Context, ka *connKeepalive, key, token string) bool {
+	return k.grantedHold(sessCtx, ka, key, token, backends.Write, true)
+}
+
+// grantedHold counts a LOCK (mode Write) or RLOCK (Read) of key with
+// token granted (reentrant or not) on a lock a watchdog keeps, so that
+// UNLOCKs end the watchdog only with the last hold: for the connection
+// that took it, with its session context sessCtx, when it asked for
+// KEEPALIVE (ka not nil), else as a loose hold. shared says the token was
+// the client's own (TOKEN). It reports whether a watchdog was there.
+func (k *keepalives) grantedHold(sessCtx context.Context, ka *connKeepalive, key, token string, mode backends.Mode, shared bool) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	w := k.m[heldKey{key, token}]
 	if w == nil {
 		return false
 	}
+	w.shared = w.shared || shared
 	if ka == nil {
-		w.loose++
+		w.loose[mode]++
 	} else {
-		k.addHolderLocked(w, sessCtx, ka)
+		k.addHolderLocked(w, sessCtx, ka, mode)
 	}
 	return true
 }
 
-// addHolderLocked counts one KEEPALIVE hold of ka's connection on w, and
-// on its first watches the connection's close. k.mu is held.
-func (k *keepalives) addHolderLocked(w *watchdog, sessCtx context.Context, ka *connKeepalive) {
+// addHolderLocked counts one KEEPALIVE hold of mode of ka's connection on
+// w, and on its first watches the connection's close. k.mu is held.
+func (k *keepalives) addHolderLocked(w *watchdog, sessCtx context.Context, ka *connKeepalive, mode backends.Mode) {
 	if h := w.holders[ka]; h != nil {
-		h.n++
+		h.n[mode]++
 		return
 	}
 	ka.live.Add(1)
-	w.holders[ka] = &holder{n: 1, stop: context.AfterFunc(sessCtx, func() { k.holderGone(w, ka) })}
+	h := &holder{}
+	h.n[mode] = 1
+	w.holders[ka] = h
+	h.stop = context.AfterFunc(sessCtx, func() { k.holderGone(w, ka) })
 }
 
 // holderGone handles the close of a holder's connection: its holds are
@@ -265,9 +306,16 @@ func (k *keepalives) holderGone(w *watchdog, ka *connKeepalive) {
 	}
 	delete(w.holders, ka)
 	ka.live.Add(-1)
-	w.drop += h.n
+	w.drop += h.total()
 	if len(w.holders) == 0 {
-		w.cancel() // run ends, releasing what is left (ended)
+		// run ends, releasing every hold counted now (ended). Until it
+		// gets there the watchdog must take no new hold, which it would
+		// release with the rest though its connection is alive: it
+		// leaves the registry now, and a grant meanwhile starts a
+		// watchdog of its own.
+		w.ending = true
+		k.detachLocked(w)
+		w.cancel()
 		return
 	}
 	select {
@@ -276,16 +324,22 @@ func (k *keepalives) holderGone(w *watchdog, ka *connKeepalive) {
 	}
 }
 
-// start begins keeping key (held by token with ttl) alive for as long as
-// sessCtx, the holder's session context, lasts (or another connection's
-// that takes it too). Call it after granted reported false. It returns
-// false when the handler is closed; the lock is then released before
-// start returns.
+// start is startHold of a write hold with the client's own token.
 func (k *keepalives) start(sessCtx context.Context, ka *connKeepalive, key, token string, ttl, maxHold time.Duration) bool {
+	return k.startHold(sessCtx, ka, key, token, ttl, maxHold, backends.Write, true)
+}
+
+// startHold begins keeping key (held by token with ttl, in mode) alive for
+// as long as sessCtx, the holder's session context, lasts (or another
+// connection's that takes it too). shared says the token was the client's
+// own (TOKEN). Call it after grantedHold reported false. It returns false
+// when the handler is closed; the lock is then released before startHold
+// returns.
+func (k *keepalives) startHold(sessCtx context.Context, ka *connKeepalive, key, token string, ttl, maxHold time.Duration, mode backends.Mode, shared bool) bool {
 	ctx, cancel := context.WithCancel(context.Background())
 	now := time.Now()
 	w := &watchdog{key: key, token: token, ttl: ttl, maxHold: maxHold, cancel: cancel,
-		wake: make(chan struct{}, 1), holders: map[*connKeepalive]*holder{}}
+		wake: make(chan struct{}, 1), holders: map[*connKeepalive]*holder{}, shared: shared}
 	if maxHold > 0 {
 		w.deadline = now.Add(maxHold)
 	}
@@ -298,13 +352,14 @@ func (k *keepalives) start(sessCtx context.Context, ka *connKeepalive, key, toke
 	}
 	if old := k.m[heldKey{key, token}]; old != nil {
 		// Granted concurrently through another connection: one watchdog.
-		k.addHolderLocked(old, sessCtx, ka)
+		old.shared = old.shared || shared
+		k.addHolderLocked(old, sessCtx, ka, mode)
 		k.mu.Unlock()
 		cancel()
 		return true
 	}
 	k.m[heldKey{key, token}] = w
-	k.addHolderLocked(w, sessCtx, ka)
+	k.addHolderLocked(w, sessCtx, ka, mode)
 	k.wg.Add(1)
 	k.active.Inc()
 	k.mu.Unlock()
@@ -312,49 +367,106 @@ func (k *keepalives) start(sessCtx context.Context, ka *connKeepalive, key, toke
 	return true
 }
 
+// unlockOp is one UNLOCK of a key with a token a watchdog keeps.
+type unlockOp struct {
+	w *watchdog
+	// mode is the kind of hold the UNLOCK releases: the backend releases
+	// a write hold while the token has one, else a read hold.
+	mode backends.Mode
+	// ask: w's counts cannot tell mode (it counts read holds only, and
+	// the token may hold a write hold it does not count); whichHold asks
+	// the backend.
+	ask bool
+}
+
 // beginUnlock marks an UNLOCK of key with token in flight, so that a
-// renewal that finds the lock gone meanwhile is not taken for a loss.
-func (k *keepalives) beginUnlock(key, token string) *watchdog {
+// renewal that finds the lock gone meanwhile is not taken for a loss, and
+// tells which kind of hold it releases as far as the watchdog's counts
+// can. It returns nil when no watchdog keeps key with token.
+func (k *keepalives) beginUnlock(key, token string) *unlockOp {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	w := k.m[heldKey{key, token}]
-	if w != nil {
-		w.unlocking++
+	if w == nil {
+		return nil
 	}
-	return w
+	w.unlocking++
+	op := &unlockOp{w: w, mode: backends.Write}
+	if w.counted(backends.Write) == 0 && w.counted(backends.Read) > 0 {
+		// Only read holds are counted. A token lockproxy made for an
+		// RLOCK can hold no write hold the watchdog missed; the
+		// client's own may (LOCK … TOKEN t, then RLOCK … TOKEN t
+		// KEEPALIVE: a downgrade), and UNLOCK would release that first.
+		op.mode, op.ask = backends.Read, w.shared
+	}
+	return op
+}
+
+// whichHold settles op.mode, when the watchdog's counts could not, by
+// asking the backend whether the token holds the write lock. Call it
+// before the UNLOCK runs. When the backend cannot tell, the UNLOCK is
+// taken to release a write hold the watchdog does not count, and the
+// watchdog goes on: were it the read hold after all, the next renewal
+// finds the lock gone and says so, where stopping could let a read hold
+// still held expire unannounced.
+func (k *keepalives) whichHold(ctx context.Context, op *unlockOp) {
+	if op == nil || !op.ask {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, k.release)
+	defer cancel()
+	info, ok, err := k.backend.Info(ctx, op.w.key)
+	switch {
+	case err != nil:
+		k.log.Debug("keepalive: could not tell whether UNLOCK releases a write or a read hold; the watchdog goes on",
+			zap.Error(err))
+		op.mode = backends.Write
+	case ok && info.Mode == backends.Write && len(info.Holders) > 0 && info.Holders[0].Token == op.w.token:
+		op.mode = backends.Write
+	default:
+		op.mode = backends.Read
+	}
 }
 
 // endUnlock ends what beginUnlock began; released says one hold was
 // released, through the connection with keepalive state ka (nil when it
-// has none). The hold taken off is ka's own KEEPALIVE hold if it has one,
-// else a loose one, else another connection's: a token's holds are
-// alike. The watchdog stops with the last KEEPALIVE hold: loose holds left
-// then keep the lease they have.
-func (k *keepalives) endUnlock(w *watchdog, released bool, ka *connKeepalive) {
-	if w == nil {
+// has none). The hold taken off is of the kind the UNLOCK released
+// (op.mode): ka's own KEEPALIVE hold if it has one, else a loose one,
+// else another connection's, as a token's holds of one kind are alike;
+// or none, when the watchdog counts none of that kind (the UNLOCK
+// released a hold taken without it). The watchdog stops with the last
+// KEEPALIVE hold: loose holds left then keep the lease they have.
+func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
+	if op == nil {
 		return
 	}
+	w, mode := op.w, op.mode
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	w.unlocking--
-	if !released || w.stopped {
+	if !released || w.stopped || w.ending {
 		return
 	}
 	h := w.holders[ka]
-	if h == nil && w.loose > 0 {
-		w.loose--
+	if h != nil && h.n[mode] == 0 {
+		h = nil
+	}
+	if h == nil && w.loose[mode] > 0 {
+		w.loose[mode]--
 		return
 	}
 	if h == nil {
 		for other, oh := range w.holders {
-			ka, h = other, oh
-			break
+			if oh.n[mode] > 0 {
+				ka, h = other, oh
+				break
+			}
 		}
 	}
 	if h == nil {
 		return
 	}
-	if h.n--; h.n == 0 {
+	if h.n[mode]--; h.total() == 0 {
 		h.stop()
 		delete(w.holders, ka)
 		ka.live.Add(-1)
@@ -371,13 +483,21 @@ func (k *keepalives) stopLocked(w *watchdog) bool {
 		return false
 	}
 	w.stopped = true
-	delete(k.m, heldKey{w.key, w.token})
+	k.detachLocked(w)
 	for ka, h := range w.holders {
 		h.stop()
 		ka.live.Add(-1)
 	}
 	w.cancel()
 	return true
+}
+
+// detachLocked takes w out of the registry, unless a watchdog started
+// since w began ending holds its place. k.mu is held.
+func (k *keepalives) detachLocked(w *watchdog) {
+	if hk := (heldKey{w.key, w.token}); k.m[hk] == w {
+		delete(k.m, hk)
+	}
 }
 
 // alive reports whether any connection holding w showed life within the
@@ -404,6 +524,15 @@ func (k *keepalives) takeDrop(w *watchdog) int {
 	n := w.drop
 	w.drop = 0
 	return n
+}
+
+// shuttingDown records that the server is shutting down: the connections
+// it closes release their locks, none is kept for its lock-delay
+// ("On shutdown lockproxy releases every keepalive lock").
+func (k *keepalives) shuttingDown() {
+	k.mu.Lock()
+	k.shutdown = true
+	k.mu.Unlock()
 }
 
 // close stops every watchdog and waits for them, each releasing its lock
@@ -457,6 +586,12 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			continue
 		case <-t.C:
 		}
+		if ctx.Err() != nil {
+			// The timer and the end came together: the end wins, or
+			// the holds of a closed connection would be taken for lost.
+			k.ended(w)
+			return
+		}
 		if final {
 			k.lose(w, lostMaxHold, "MAXHOLD of "+strconv.FormatInt(w.maxHold.Milliseconds(), 10)+" ms reached")
 			return
@@ -508,7 +643,9 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 }
 
 // ended handles w's context being done: UNLOCK stopped it (nothing to do),
-// or the connection closed or the server is shutting down (release).
+// or the connection closed (release, or the lock-delay) or the server is
+// shutting down (release: its holder did not lose it). It releases the
+// holds counted now; none is added once w is ending (holderGone).
 func (k *keepalives) ended(w *watchdog) {
 	k.mu.Lock()
 	if w.stopped {
@@ -516,9 +653,10 @@ func (k *keepalives) ended(w *watchdog) {
 		return
 	}
 	holds := w.holds()
+	shutdown := k.shutdown || k.closed
 	k.stopLocked(w)
 	k.mu.Unlock()
-	if k.delayLock(w) {
+	if !shutdown && k.delayLock(w) {
 		return
 	}
 	k.releaseHolds(w, holds)

@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"time"
+
+	"go.uber.org/zap"
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/relay"
@@ -278,6 +281,13 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	lease, err := h.backend.Lock(ctx, req)
 	h.metrics.acquireDuration.Observe(time.Since(start).Seconds())
 	switch {
+	case err == nil && s.Context().Err() != nil:
+		// The grant landed after the client went away (or the server
+		// canceled what runs): nobody will learn of it, so it is given
+		// back now rather than left held for its whole TTL. Backends may
+		// answer a grant whose context was canceled mid-attempt.
+		h.releaseOrphan(s, req.Key, token)
+		s.W.Error(errShuttingDown.Error())
 	case err == nil:
 		h.metrics.acquired.Inc()
 		h.held.granted(req.Key, token, a.ttl)
@@ -285,13 +295,23 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		if a.keepalive {
 			ka = h.connKeepalive(s)
 		}
-		if !h.keepalive.granted(s.Context(), ka, req.Key, token) && a.keepalive &&
-			!h.keepalive.start(s.Context(), ka, req.Key, token, a.ttl, a.maxHold) {
+		// shared: the client named the token, which may then hold
+		// holds the watchdog does not count (keepalives.beginUnlock).
+		shared := a.token != nil
+		if !h.keepalive.grantedHold(s.Context(), ka, req.Key, token, mode, shared) && a.keepalive &&
+			!h.keepalive.startHold(s.Context(), ka, req.Key, token, a.ttl, a.maxHold, mode, shared) {
 			// The server is shutting down; start released the lock.
 			s.W.Error(errShuttingDown.Error())
 			return
 		}
 		writeLease(s.W, lease)
+	case errors.Is(err, backends.ErrNotAcquired) && s.Context().Err() != nil:
+		// The wait ended because the command was canceled (the client
+		// left, or the server's drain time ran out), not because WAIT
+		// ran out: the reply says so, as for any canceled command,
+		// rather than that the key stayed held.
+		h.metrics.acquireErr.Inc()
+		s.W.Error(errShuttingDown.Error())
 	case errors.Is(err, backends.ErrNotAcquired):
 		h.metrics.notAcquired.Inc()
 		s.W.Null()
@@ -306,6 +326,20 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 			h.metrics.acquireErr.Inc()
 		}
 		h.replyError(s, cmd, err)
+	}
+}
+
+// releaseOrphan releases the hold a grant added for a client that is gone,
+// within the keepalive release bound and whatever the session's context:
+// it is canceled already. (For the read grant of a downgrade the backend
+// releases the token's write hold instead, write holds first: the count
+// is right, not the kind, which Backend.Unlock cannot be told.)
+func (h *Handler) releaseOrphan(s *resp.Session, key, token string) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.Context()), h.keepalive.release)
+	defer cancel()
+	if _, err := h.backend.Unlock(ctx, key, token); err != nil {
+		h.log.Warn("releasing a grant whose client went away failed; the lease will expire on its own",
+			zap.Error(fmt.Errorf("unlock after the client left: %w", err)))
 	}
 }
 
@@ -328,9 +362,13 @@ func (h *Handler) unlock(s *resp.Session, args [][]byte) {
 		return
 	}
 	key, token := string(args[1]), string(args[2])
-	w := h.keepalive.beginUnlock(key, token)
+	op := h.keepalive.beginUnlock(key, token)
+	// Which kind of hold the UNLOCK releases (write first) decides
+	// which watchdog hold it ends: a downgrade's KEEPALIVE read hold
+	// must not stop with its write hold.
+	h.keepalive.whichHold(s.Context(), op)
 	ok, err := h.backend.Unlock(s.Context(), key, token)
-	h.keepalive.endUnlock(w, ok && err == nil, state(s).ka)
+	h.keepalive.endUnlock(op, ok && err == nil, state(s).ka)
 	if err != nil {
 		h.replyError(s, "unlock", err)
 		return

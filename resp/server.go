@@ -33,6 +33,13 @@ type BatchHandler interface {
 	EndBatch(s *Session)
 }
 
+// ShutdownHandler is a Handler told when the server starts shutting down,
+// before it closes any connection for it: what the handler does when a
+// connection closes may depend on whether the server is going away.
+type ShutdownHandler interface {
+	ShuttingDown()
+}
+
 // LoopHandler is a Handler some of whose batches can run on the server's
 // event loop (see loop_linux.go). ServeLoop serves cmds as ServeRESP for
 // each and then EndBatch would, when it can do so without blocking (no
@@ -49,6 +56,11 @@ type LoopHandler interface {
 	LoopSafe(s *Session, cmds [][][]byte) bool
 	LoopReady(s *Session) bool
 }
+
+// shutdownGrace is how long Shutdown, out of time, lets the commands it
+// canceled write their replies ("-ERR command canceled …") before it
+// closes the connections that still have not (a variable for tests).
+var shutdownGrace = 200 * time.Millisecond
 
 // tlsHandshakeTimeout bounds a client's TLS handshake (a variable for
 // tests).
@@ -409,10 +421,13 @@ func (s *Server) isClosing() bool {
 }
 
 // Shutdown stops accepting, lets every connection finish the commands it
-// is running (until ctx is done, after which their contexts are canceled),
-// and closes the connections.
+// is running (until ctx is done, after which their contexts are canceled
+// and they have shutdownGrace to answer), and closes the connections.
 func (s *Server) Shutdown(ctx context.Context) error {
 	s.init()
+	if sh, ok := s.Handler.(ShutdownHandler); ok {
+		sh.ShuttingDown()
+	}
 	s.mu.Lock()
 	s.closing = true
 	if s.ln != nil {
@@ -443,9 +458,19 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		s.cancel()
 		return nil
 	case <-ctx.Done():
-		// Out of time: cancel what runs and close every connection, so
-		// that no read or write can hold the drain up.
+		// Out of time: cancel what runs. A canceled command (LOCK …
+		// WAIT) answers with an error, which its client should get
+		// rather than a bare EOF: the connections have a short grace
+		// to write it, then every one left is closed, so that no read
+		// or write can hold the drain up.
 		s.cancel()
+		grace := time.NewTimer(shutdownGrace)
+		defer grace.Stop()
+		select {
+		case <-done:
+			return ctx.Err()
+		case <-grace.C:
+		}
 		s.mu.Lock()
 		for sess := range s.sessions {
 			sess.netConn().Close()
