@@ -143,6 +143,24 @@ func waitEnded(t *testing.T, c *testConn) time.Time {
 	return time.Time{}
 }
 
+// waitStopped waits until every watchdog of k has returned: a watchdog
+// stops counting on its connection (waitEnded) before it has finished
+// what it does last, such as setting a lock-delay.
+func waitStopped(t *testing.T, k *keepalives) {
+	t.Helper()
+	for i := 0; i < 500; i++ {
+		var m dto.Metric
+		if err := k.active.Write(&m); err != nil {
+			t.Fatalf("reading a gauge: %v", err)
+		}
+		if m.GetGauge().GetValue() == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("a watchdog goroutine still running after 5s")
+}
+
 func TestWatchdog(t *testing.T) {
 	// Long enough that a loaded machine's scheduling delays (tens of ms)
 	// stay well inside a renewal period.
@@ -480,6 +498,7 @@ func TestLockDelay(t *testing.T) {
 				c.cancel()
 			}
 			waitEnded(t, c)
+			waitStopped(t, k)
 			renews, unlocks := b.counts()
 			delayed := 0
 			for _, r := range renews {
