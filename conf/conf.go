@@ -73,6 +73,10 @@ type Config struct {
 	Limits       Limits    `yaml:"limits"`
 	Auth         Auth      `yaml:"auth"`
 	TLS          ServerTLS `yaml:"tls"` // TLS on the listener
+
+	// unknownEnv warns of LOCKPROXY_* variables that name no key, as
+	// FromArgs found them (Warnings).
+	unknownEnv []string
 }
 
 // Auth is what lockproxy's own clients must give before other commands:
@@ -732,6 +736,7 @@ func (c Config) Warnings() []string {
 			w = append(w, fmt.Sprintf("admin: %s is not a loopback address; /debug/pprof/ is served to loopback peers only (admin_pprof: true serves it to every peer)", c.Admin))
 		}
 	}
+	w = append(w, c.unknownEnv...)
 	if c.Dev {
 		w = append(w, "dev: embedded in-process nodes are for trying out only; locks do not survive a restart")
 	}

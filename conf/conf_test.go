@@ -897,13 +897,17 @@ func TestTLSConfig(t *testing.T) {
 	}{
 		{"upstream, relative paths", "upstream: {address: up:6380, tls: {enabled: true, ca_file: ca.pem, cert_file: c.pem, key_file: k.pem}}", nil, ""},
 		{"nodes, system roots", "redlock: {tls: {enabled: true}}", nil, ""},
-		{"missing CA file", "redlock: {tls: {enabled: true, ca_file: nope.pem}}", nil, "redlock.tls: ca_file: open"},
-		{"not a certificate", "redlock: {tls: {enabled: true, ca_file: c.yaml}}", nil, "redlock.tls: ca_file: no PEM certificate"},
-		{"cert without key", "upstream: {address: up:6380, tls: {enabled: true, cert_file: c.pem}}", nil, "upstream.tls: cert_file and key_file go together"},
+		{"missing CA file", "redlock: {tls: {enabled: true, ca_file: nope.pem}}", nil, "redlock.tls.ca_file: open"},
+		{"not a certificate", "redlock: {tls: {enabled: true, ca_file: c.yaml}}", nil, "redlock.tls.ca_file: no PEM certificate"},
+		{"cert without key", "upstream: {address: up:6380, tls: {enabled: true, cert_file: c.pem}}", nil, "upstream.tls.key_file: is required with upstream.tls.cert_file"},
 		{"files while off", "redlock: {tls: {ca_file: ca.pem}}", nil, "redlock.tls.enabled: is false while other redlock.tls keys are set"},
 		{"dev nodes", "redlock: {tls: {enabled: true}}", []string{"--dev"}, "redlock.tls.enabled: the --dev nodes speak no TLS"},
 		{"listener, mutual", "tls: {enabled: true, cert_file: c.pem, key_file: k.pem, client_ca_file: ca.pem}", nil, ""},
-		{"listener without a key", "tls: {enabled: true, cert_file: c.pem}", nil, "tls: cert_file and key_file are required"},
+		{"listener without a key", "tls: {enabled: true, cert_file: c.pem}", nil, "tls.key_file: is required"},
+		{"listener without a certificate", "tls: {enabled: true, key_file: k.pem}", nil, "tls.cert_file: is required"},
+		{"listener key not a key", "tls: {enabled: true, cert_file: c.pem, key_file: ca.pem}", nil, "tls.key_file: "},
+		{"listener certificate not a certificate", "tls: {enabled: true, cert_file: k.pem, key_file: k.pem}", nil, "tls.cert_file: no PEM certificate"},
+		{"listener missing client CA", "tls: {enabled: true, cert_file: c.pem, key_file: k.pem, client_ca_file: nope.pem}", nil, "tls.client_ca_file: open"},
 		{"listener files while off", "tls: {cert_file: c.pem}", nil, "tls.enabled: is false while other tls keys are set"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

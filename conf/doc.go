@@ -8,12 +8,19 @@
 // LOCKPROXY_REDLOCK_DRIFT_FACTOR); lists are comma-separated. Names come from
 // the yaml tags by reflection, so a new field gets its variable for free.
 //
-// conf knows nothing of sockets: it checks that addresses look like
-// host:port but never dials or listens.
+// conf never dials or listens: it checks that addresses look like
+// host:port, and its TLS helpers (ClientConfig, Handshake) work on
+// connections their callers made.
 //
 // Caveats:
 //   - Load and FromArgs report what cannot be decoded but do not call
-//     Validate; callers do, after any adjustment of their own.
+//     Validate; Parse is FromArgs and Validate with every problem of both
+//     in one *ValidationError, each under its key path, as lockproxy and
+//     check-config use it.
+//   - LOCKPROXY_* variables that name no key are Warnings, with the
+//     closest known variable, not errors: the tests' own LOCKPROXY_SOAK,
+//     LOCKPROXY_TEST_* and LOCKPROXY_PG_HOTKEY share the environment, and
+//     say nothing.
 //   - After loading, Redlock.Password holds the contents of
 //     Redlock.PasswordFile. Log the config only through String, which
 //     redacts it. A relative password_file in the YAML file is resolved

@@ -34,10 +34,65 @@ func Load(path string) (Config, error) {
 	if err := decodeFile(path, &c); err != nil {
 		return Config{}, err
 	}
-	if err := resolvePassword(&c); err != nil {
-		return Config{}, err
+	if problems := resolveSecrets(&c, true); len(problems) > 0 {
+		return Config{}, &ValidationError{Problems: problems}
 	}
 	return c, nil
+}
+
+// Parse is FromArgs followed by Validate: the configuration lockproxy
+// runs with. Its *ValidationError lists the problems of both, so that
+// check-config and a failed start name every problem at once (PROTOCOL.md:
+// "every problem listed"), not only those of the first stage that found
+// any. A key that could not be decoded keeps its default, which Validate
+// does not report again. The Config comes back with a *ValidationError
+// too, for its Warnings; with any other error it is the zero Config.
+func Parse(args []string, environ []string) (Config, error) {
+	c, err := FromArgs(args, environ)
+	var ve *ValidationError
+	if err != nil && !errors.As(err, &ve) {
+		return Config{}, err
+	}
+	var problems []string
+	if ve != nil {
+		problems = append(problems, ve.Problems...)
+	}
+	var vv *ValidationError
+	if verr := c.Validate(); errors.As(verr, &vv) {
+		problems = append(problems, unreported(vv.Problems, problems)...)
+	} else if verr != nil {
+		return Config{}, verr
+	}
+	if len(problems) > 0 {
+		return c, &ValidationError{Problems: problems}
+	}
+	return c, nil
+}
+
+// unreported drops the problems of later whose key (or an item or key
+// under it) one of earlier names already: Validate's complaint about the
+// default that an undecodable value left is noise next to the decoding
+// problem.
+func unreported(later, earlier []string) []string {
+	seen := map[string]bool{}
+	for _, p := range earlier {
+		k, _, _ := strings.Cut(p, ": ")
+		if l, ok := leafByEnv(k); ok {
+			k = l.path // "LOCKPROXY_X: invalid value … for x"
+		}
+		seen[k] = true
+	}
+	var out []string
+	for _, p := range later {
+		k, _, _ := strings.Cut(p, ": ")
+		if i := strings.IndexByte(k, '['); i >= 0 {
+			k = k[:i] // "auth.users[1]" is under auth.users
+		}
+		if !seen[k] {
+			out = append(out, p)
+		}
+	}
+	return out
 }
 
 // FromArgs builds the config from command-line args (without the program
@@ -45,7 +100,13 @@ func Load(path string) (Config, error) {
 // os.Environ). Precedence: flags > LOCKPROXY_* environment > file >
 // defaults. The file is given as -c FILE, --config FILE, a single positional
 // argument, or LOCKPROXY_CONFIG. For -h/--help the error wraps flag.ErrHelp
-// and its text is the usage. FromArgs does not call Validate.
+// and its text is the usage. FromArgs does not call Validate (Parse does).
+//
+// Problems with keys (unknown or undecodable keys, bad values in the
+// environment, secret files that cannot be read) are all listed in one
+// *ValidationError, returned with the Config as far as it could be built,
+// so that Validate can add its own. LOCKPROXY_* variables that name no
+// key are not errors but Warnings (see unknownEnv).
 func FromArgs(args []string, environ []string) (Config, error) {
 	env := make(map[string]string)
 	for _, kv := range environ {
@@ -106,11 +167,13 @@ func FromArgs(args []string, environ []string) (Config, error) {
 	})
 	dropSecrets(&c, func(path string) bool { return flagged[path] })
 	applyFlags(&c, fs)
+	c.unknownEnv = unknownEnv(env)
+	// Read even when other keys have problems, so that an unreadable
+	// secret file is listed with them. A secret set both ways was reported
+	// by secretTwice.
+	problems = append(problems, resolveSecrets(&c, false)...)
 	if len(problems) > 0 {
-		return Config{}, &ValidationError{Problems: problems}
-	}
-	if err := resolvePassword(&c); err != nil {
-		return Config{}, err
+		return c, &ValidationError{Problems: problems}
 	}
 	return c, nil
 }
@@ -121,9 +184,14 @@ func decodeFile(name string, c *Config) error {
 	if err != nil {
 		return fmt.Errorf("conf: %w", err)
 	}
-	if err := decode(data, name, c); err != nil {
+	err = decode(data, name, c)
+	var ve *ValidationError
+	if err != nil && !errors.As(err, &ve) {
 		return err
 	}
+	// Resolved also when some keys had problems: the files the others
+	// name are still read and checked (FromArgs, Validate).
+	//
 	// Like Prometheus: a path in a file is relative to that file.
 	if f := c.Redlock.PasswordFile; f != "" && !filepath.IsAbs(f) {
 		c.Redlock.PasswordFile = filepath.Join(filepath.Dir(name), f)
@@ -137,7 +205,7 @@ func decodeFile(name string, c *Config) error {
 	c.Upstream.TLS.resolve(filepath.Dir(name))
 	c.Redlock.TLS.resolve(filepath.Dir(name))
 	c.TLS.resolve(filepath.Dir(name))
-	return nil
+	return err
 }
 
 // decode decodes one YAML document over c. yaml.v3's KnownFields names
@@ -352,7 +420,7 @@ var secretPairs = []struct{ value, file string }{
 // to be applied sets either (set reports whether it sets a key path), so
 // that its value or its file wins over whatever lower layers gave. Without
 // it, a password_file in the YAML file and LOCKPROXY_REDLOCK_PASSWORD would
-// meet in resolvePassword as "both set", against the precedence. Both keys
+// meet in resolveSecrets as "both set", against the precedence. Both keys
 // set in the one layer are refused by secretTwice.
 func dropSecrets(c *Config, set func(path string) bool) {
 	v := reflect.ValueOf(c).Elem()
@@ -392,52 +460,50 @@ func secretTwice(c *Config, where string, set func(path string) bool) []string {
 	return problems
 }
 
-// resolvePassword reads Redlock.PasswordFile into Redlock.Password and
-// Zookeeper.DigestFile into Zookeeper.Digest, Postgres.DSNFile into
-// Postgres.DSN.
-func resolvePassword(c *Config) error {
-	if err := readSecret(&c.Zookeeper.Digest, c.Zookeeper.DigestFile, "zookeeper.digest"); err != nil {
-		return err
+// resolveSecrets reads Redlock.PasswordFile into Redlock.Password,
+// Zookeeper.DigestFile into Zookeeper.Digest and Postgres.DSNFile into
+// Postgres.DSN, and returns one problem per file that cannot be read or is
+// empty, under the _file key. A secret given both inline and as a file is
+// a problem too when reportBoth is set; FromArgs has secretTwice say it.
+func resolveSecrets(c *Config, reportBoth bool) []string {
+	var problems []string
+	for _, s := range []struct {
+		dst  *string
+		file string
+		key  string
+	}{
+		{&c.Redlock.Password, c.Redlock.PasswordFile, "redlock.password"},
+		{&c.Zookeeper.Digest, c.Zookeeper.DigestFile, "zookeeper.digest"},
+		{&c.Postgres.DSN, c.Postgres.DSNFile, "postgres.dsn"},
+	} {
+		if p := readSecret(s.dst, s.file, s.key, reportBoth); p != "" {
+			problems = append(problems, p)
+		}
 	}
-	if err := readSecret(&c.Postgres.DSN, c.Postgres.DSNFile, "postgres.dsn"); err != nil {
-		return err
-	}
-	r := &c.Redlock
-	if r.PasswordFile == "" {
-		return nil
-	}
-	if r.Password != "" {
-		return errors.New("conf: redlock.password and redlock.password_file are both set; set only one")
-	}
-	b, err := os.ReadFile(r.PasswordFile)
-	if err != nil {
-		return fmt.Errorf("conf: redlock.password_file: %w", err)
-	}
-	// Secret files usually end in a newline that is not part of the secret.
-	r.Password = strings.TrimRight(string(b), "\r\n")
-	if r.Password == "" {
-		return fmt.Errorf("conf: redlock.password_file: %s is empty", r.PasswordFile)
-	}
-	return nil
+	return problems
 }
 
-// readSecret reads file (when set) into *dst, the value of key.
-func readSecret(dst *string, file, key string) error {
-	if file == "" {
-		return nil
-	}
-	if *dst != "" {
-		return fmt.Errorf("conf: %s and %s_file are both set; set only one", key, key)
+// readSecret reads file (when set) into *dst, the value of key, and
+// returns the problem, or "".
+func readSecret(dst *string, file, key string, reportBoth bool) string {
+	switch {
+	case file == "":
+		return ""
+	case *dst != "" && reportBoth:
+		return fmt.Sprintf("%s and %s_file: both set; set only one", key, key)
+	case *dst != "":
+		return "" // reported by secretTwice
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
-		return fmt.Errorf("conf: %s_file: %w", key, err)
+		return fmt.Sprintf("%s_file: %v", key, err)
 	}
+	// Secret files usually end in a newline that is not part of the secret.
 	*dst = strings.TrimRight(string(b), "\r\n")
 	if *dst == "" {
-		return fmt.Errorf("conf: %s_file: %s is empty", key, file)
+		return fmt.Sprintf("%s_file: %s is empty", key, file)
 	}
-	return nil
+	return ""
 }
 
 // leaf is one settable (non-struct) field of Config.
@@ -485,6 +551,15 @@ var leaves = sync.OnceValue(func() []leaf {
 func leafByPath(path string) (leaf, bool) {
 	for _, l := range leaves() {
 		if l.path == path {
+			return l, true
+		}
+	}
+	return leaf{}, false
+}
+
+func leafByEnv(name string) (leaf, bool) {
+	for _, l := range leaves() {
+		if l.env == name {
 			return l, true
 		}
 	}
@@ -546,7 +621,8 @@ func splitList(s string) []string {
 }
 
 // applyEnv sets every leaf whose LOCKPROXY_* variable is in env and returns
-// one problem per bad value. Unknown LOCKPROXY_* variables are ignored.
+// one problem per bad value. Unknown LOCKPROXY_* variables are left to
+// unknownEnv.
 func applyEnv(c *Config, env map[string]string) []string {
 	var problems []string
 	v := reflect.ValueOf(c).Elem()
@@ -572,6 +648,88 @@ func applyEnv(c *Config, env map[string]string) []string {
 		v.FieldByIndex(l.index).Set(val)
 	}
 	return problems
+}
+
+// envNotKeys are the LOCKPROXY_* variables that name no key but are
+// read: by FromArgs, or by the tests and the Makefile, whose variables
+// share the environment lockproxy starts in (test/harness, test/fault,
+// backends/postgres). envNotKeyPrefixes are whole families of them.
+var (
+	envNotKeys = map[string]bool{
+		envConfig:               true,
+		envPrefix + "UPSTREAM":  true, // the short form of upstream.address
+		envPrefix + "SOAK":      true, // make soak
+		envPrefix + "PG_HOTKEY": true, // a measurement in backends/postgres
+	}
+	envNotKeyPrefixes = []string{envPrefix + "TEST_"} // LOCKPROXY_TEST_BUILDFLAGS
+)
+
+// unknownEnv returns one warning per LOCKPROXY_* variable of env that
+// names no key, with the closest known variable when one is close: a
+// typo (LOCKPROXY_TLS_CLIENTCA_FILE) would otherwise start lockproxy
+// without the setting, such as mutual TLS, and nothing would say so. It
+// is a warning rather than an error because other programs' variables
+// may share the prefix. Values are never shown: they may be secrets.
+func unknownEnv(env map[string]string) []string {
+	var names []string
+	for k := range env {
+		if _, ok := leafByEnv(k); ok || envNotKeys[k] {
+			continue
+		}
+		if slices.ContainsFunc(envNotKeyPrefixes, func(p string) bool { return strings.HasPrefix(k, p) }) {
+			continue
+		}
+		names = append(names, k)
+	}
+	slices.Sort(names)
+	var w []string
+	for _, k := range names {
+		msg := k + ": no such setting; the variable is ignored"
+		if near := closestEnv(k); near != "" {
+			msg += "; did you mean " + near + "?"
+		}
+		w = append(w, msg)
+	}
+	return w
+}
+
+// closestEnv is the known variable nearest to name by edit distance, when
+// it is near enough to be a typo of it (a third of the name's own part at
+// most), else "".
+func closestEnv(name string) string {
+	own := strings.TrimPrefix(name, envPrefix)
+	best, bestD := "", len(own)/3+1
+	candidates := []string{envConfig, envPrefix + "UPSTREAM"}
+	for _, l := range leaves() {
+		candidates = append(candidates, l.env)
+	}
+	for _, c := range candidates {
+		if d := editDistance(own, strings.TrimPrefix(c, envPrefix)); d < bestD {
+			best, bestD = c, d
+		}
+	}
+	return best
+}
+
+// editDistance is the Levenshtein distance between a and b, in bytes.
+func editDistance(a, b string) int {
+	prev := make([]int, len(b)+1)
+	cur := make([]int, len(b)+1)
+	for j := range prev {
+		prev[j] = j
+	}
+	for i := 1; i <= len(a); i++ {
+		cur[0] = i
+		for j := 1; j <= len(b); j++ {
+			cost := 1
+			if a[i-1] == b[j-1] {
+				cost = 0
+			}
+			cur[j] = min(prev[j]+1, cur[j-1]+1, prev[j-1]+cost)
+		}
+		prev, cur = cur, prev
+	}
+	return prev[len(b)]
 }
 
 // flagSpec maps one command-line flag onto a config key.

@@ -1,10 +1,13 @@
 package conf
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"sync"
@@ -82,6 +85,45 @@ func WithServerName(base *tls.Config, name string) *tls.Config {
 		}
 	}
 	return cfg
+}
+
+// HandshakeNoReplyError is a TLS client handshake whose deadline passed
+// before the server sent its hello: most likely TLS is on towards a port
+// that speaks plain text (a Redis without tls-port there), which waits for
+// a command and never answers the ClientHello. Said as a plain timeout,
+// that misconfiguration reads like a slow or dead server.
+type HandshakeNoReplyError struct {
+	Err error // the deadline's error
+}
+
+func (e *HandshakeNoReplyError) Error() string { return e.Reason() + ": " + e.Err.Error() }
+func (e *HandshakeNoReplyError) Unwrap() error { return e.Err }
+
+// Reason is the few words error replies give (quorum.Reason, the relay's
+// "upstream unavailable").
+func (e *HandshakeNoReplyError) Reason() string {
+	return "tls handshake: no reply (is TLS enabled on this port?)"
+}
+
+// Handshake runs tc's client handshake within ctx and the deadline set on
+// its connection. A handshake that ran out of time before the server's
+// hello came fails with a *HandshakeNoReplyError.
+func Handshake(ctx context.Context, tc *tls.Conn) error {
+	err := tc.HandshakeContext(ctx)
+	// The version is set once the ServerHello is read: still 0, the
+	// server said nothing a TLS client could read.
+	if err != nil && timeout(err) && tc.ConnectionState().Version == 0 {
+		return &HandshakeNoReplyError{Err: err}
+	}
+	return err
+}
+
+// timeout tells whether err is a deadline that passed: ctx's, or the
+// connection's.
+func timeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, os.ErrDeadlineExceeded) ||
+		errors.As(err, &ne) && ne.Timeout()
 }
 
 // loadCAs reads the PEM certificates of file.
@@ -271,7 +313,10 @@ func Reloaders() []*CertReloader {
 	return out
 }
 
-// validate adds t's problems under key (upstream.tls, redlock.tls).
+// validate adds t's problems under key (upstream.tls, redlock.tls), one
+// per key at fault (key.ca_file, key.cert_file, key.key_file), each file
+// loaded as ClientConfig would: ClientConfig stops at its first error, and
+// check-config must name every file that would not load.
 func (t TLS) validate(v *validator, key string) {
 	if !t.Enabled {
 		if t.CAFile != "" || t.CertFile != "" || t.KeyFile != "" || t.ServerName != "" {
@@ -279,9 +324,76 @@ func (t TLS) validate(v *validator, key string) {
 		}
 		return
 	}
-	if _, err := t.ClientConfig(); err != nil {
-		v.add(key, "%v", err)
+	if t.CAFile != "" {
+		if _, err := loadCAs(t.CAFile); err != nil {
+			v.add(key+".ca_file", "%v", err)
+		}
 	}
+	switch {
+	case t.CertFile == "" && t.KeyFile == "":
+		// No client certificate: the server may not ask for one.
+	case t.CertFile == "":
+		v.add(key+".cert_file", "is required with %s.key_file: the two go together", key)
+		checkReadable(v, key+".key_file", t.KeyFile)
+	case t.KeyFile == "":
+		v.add(key+".key_file", "is required with %s.cert_file: the two go together", key)
+		checkCert(v, key+".cert_file", t.CertFile)
+	default:
+		checkKeyPair(v, key, t.CertFile, t.KeyFile)
+	}
+}
+
+// checkKeyPair adds the problems of a certificate and its key, as
+// NewCertReloader would load them, under key.cert_file and key.key_file:
+// each file that cannot be read or holds no certificate, or else the key
+// when it does not go with the certificate.
+func checkKeyPair(v *validator, key, certFile, keyFile string) {
+	certPEM, certOK := checkCert(v, key+".cert_file", certFile)
+	keyPEM, keyOK := checkReadable(v, key+".key_file", keyFile)
+	if !certOK || !keyOK {
+		return
+	}
+	// The certificate parses (checkCert): what X509KeyPair refuses now is
+	// the key, missing from the file, unreadable or not the certificate's.
+	if _, err := tls.X509KeyPair(certPEM, keyPEM); err != nil {
+		v.add(key+".key_file", "%s: %v", keyFile, err)
+	}
+}
+
+// checkReadable adds key's problem when file cannot be read, and returns
+// its contents.
+func checkReadable(v *validator, key, file string) ([]byte, bool) {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		v.add(key, "%v", err)
+		return nil, false
+	}
+	return b, true
+}
+
+// checkCert adds key's problem when file cannot be read or holds no PEM
+// certificate that parses, and returns its contents.
+func checkCert(v *validator, key, file string) ([]byte, bool) {
+	b, ok := checkReadable(v, key, file)
+	if !ok {
+		return nil, false
+	}
+	for rest := b; ; {
+		var blk *pem.Block
+		if blk, rest = pem.Decode(rest); blk == nil {
+			break
+		}
+		if blk.Type != "CERTIFICATE" {
+			continue
+		}
+		if _, err := x509.ParseCertificate(blk.Bytes); err != nil {
+			v.add(key, "%s: %v", file, err)
+			return nil, false
+		}
+		return b, true
+	}
+	v.add(key, "no PEM certificate in %s", file)
+	return nil, false
 }
 
 // resolve makes t's file paths relative to dir, the directory of the
@@ -356,6 +468,9 @@ func (c *clientCAs) configForClient(*tls.ClientHelloInfo) (*tls.Config, error) {
 	return next, nil
 }
 
+// validate adds t's problems, one per key at fault (tls.cert_file,
+// tls.key_file, tls.client_ca_file), each file loaded as ServerConfig
+// would; ServerConfig stops at its first error.
 func (t ServerTLS) validate(v *validator) {
 	if !t.Enabled {
 		if t.CertFile != "" || t.KeyFile != "" || t.ClientCAFile != "" {
@@ -363,8 +478,25 @@ func (t ServerTLS) validate(v *validator) {
 		}
 		return
 	}
-	if _, err := t.ServerConfig(); err != nil {
-		v.add("tls", "%v", err)
+	switch {
+	case t.CertFile == "" || t.KeyFile == "":
+		if t.CertFile == "" {
+			v.add("tls.cert_file", "is required when tls.enabled is true")
+		} else {
+			checkCert(v, "tls.cert_file", t.CertFile)
+		}
+		if t.KeyFile == "" {
+			v.add("tls.key_file", "is required when tls.enabled is true")
+		} else {
+			checkReadable(v, "tls.key_file", t.KeyFile)
+		}
+	default:
+		checkKeyPair(v, "tls", t.CertFile, t.KeyFile)
+	}
+	if t.ClientCAFile != "" {
+		if _, err := loadCAs(t.ClientCAFile); err != nil {
+			v.add("tls.client_ca_file", "%v", err)
+		}
 	}
 }
 

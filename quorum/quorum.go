@@ -244,15 +244,19 @@ func Reason(err error) string {
 	if err == nil {
 		return "ok"
 	}
+	// An error that names its own cause comes before the deadline it may
+	// wrap: a TLS handshake the node never answered (TLS towards a
+	// plain-text port, conf.HandshakeNoReplyError) ran out its deadline
+	// too, and "timeout" would hide why.
+	var r interface{ Reason() string }
+	if errors.As(err, &r) {
+		return r.Reason()
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return "timeout"
 	}
 	if errors.Is(err, context.Canceled) {
 		return "canceled"
-	}
-	var r interface{ Reason() string }
-	if errors.As(err, &r) {
-		return r.Reason()
 	}
 	if why := tlsReason(err); why != "" {
 		return why

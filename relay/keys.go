@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // keySpec is where a command's keys are, from the upstream's COMMAND.
@@ -102,6 +103,13 @@ func parseSpecs(f []byte) keySpecs {
 		b, _ := integer(el[4])
 		c, _ := integer(el[5])
 		s.first, s.last, s.step = int(a), int(b), int(c)
+		if len(el) >= 9 && onlyNotKeys(el[8]) {
+			// SPUBLISH, SSUBSCRIBE, SUNSUBSCRIBE: first/last/step point
+			// at the shard channel, for cluster routing, but the key
+			// specs say it is no key, and Redis's ACL checks it against
+			// the channel patterns only.
+			s.first, s.last, s.step = 0, 0, 0
+		}
 		if len(el) >= 7 {
 			if _, cats, ok := elements(el[6]); ok {
 				for _, cat := range cats {
@@ -124,6 +132,41 @@ func parseSpecs(f []byte) keySpecs {
 		add(e)
 	}
 	return ks
+}
+
+// onlyNotKeys tells whether f, a command's key specifications (the ninth
+// field of its COMMAND entry), lists at least one and every one carries
+// the not_key flag: the legacy first/last/step then name arguments that
+// are no keys.
+// A command whose specs mix both keeps its legacy positions: checking a
+// channel as a key as well errs on the safe side.
+func onlyNotKeys(f []byte) bool {
+	_, specs, ok := elements(f)
+	if !ok || len(specs) == 0 {
+		return false
+	}
+	for _, spec := range specs {
+		_, fields, ok := elements(spec) // RESP2 array or RESP3 map: name, value, …
+		if !ok {
+			return false
+		}
+		notKey := false
+		for i := 0; i+1 < len(fields); i += 2 {
+			if name, _ := str(fields[i]); string(name) != "flags" {
+				continue
+			}
+			_, flags, _ := elements(fields[i+1])
+			for _, fl := range flags {
+				if v, _ := str(fl); lower(string(v)) == "not_key" {
+					notKey = true
+				}
+			}
+		}
+		if !notKey {
+			return false
+		}
+	}
+	return true
 }
 
 // DeniedError is a command refused by upstream.deny_commands.
@@ -308,9 +351,11 @@ func (r *Relay) Command(name []byte, args [][]byte) (full string, categories []s
 // needSpecs makes sure the key positions are known when the upstream can
 // tell them: they come with the first connection's handshake, so one is
 // dialed now (or fails fast in a backoff) rather than every argument be
-// taken for a key.
+// taken for a key. While the upstream is unreachable it dials nothing: the
+// command's own Collect fails at once then too (pool.get), so a command
+// costs at most one dial_timeout.
 func (r *Relay) needSpecs() {
-	if r.specs.Load() != nil {
+	if r.specs.Load() != nil || r.unreachable(time.Now()) != nil {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.DialTimeout)
@@ -383,13 +428,7 @@ func (r *Relay) keyWhere(name string, args [][]byte, match func([]byte) bool) []
 	case "georadius", "georadiusbymember":
 		return first(span(1, 1), after("store"), after("storedist"))
 	case "migrate":
-		k := span(3, 1)
-		for i := 1; i < len(args) && k == nil; i++ {
-			if bytes.EqualFold(args[i], []byte("keys")) {
-				k = span(i+1, len(args))
-			}
-		}
-		return k
+		return migrateKeys(args, span)
 	}
 	all := func() []byte { return span(1, len(args)) }
 	t := r.specs.Load()
@@ -413,6 +452,33 @@ func (r *Relay) keyWhere(name string, args [][]byte, match func([]byte) bool) []
 		return nil
 	}
 	return s.keyWhere(args, match)
+}
+
+// migrateKeys are the key spans of MIGRATE host port key|"" db timeout
+// [COPY] [REPLACE] [AUTH password] [AUTH2 username password] [KEYS
+// key…], as Redis's migrateGetKeys finds them: the KEYS clause is looked
+// for from the sixth argument on, past the options' values (a password
+// may be "keys"), and with it the "" at position 3 is a placeholder, no
+// key. A non-empty key with a KEYS clause, which Redis refuses, is checked
+// with the clause's keys: a refusal either way.
+func migrateKeys(args [][]byte, span func(from, n int) []byte) []byte {
+	for i := 6; i < len(args); i++ {
+		switch {
+		case bytes.EqualFold(args[i], []byte("keys")):
+			if len(args[3]) == 0 {
+				return span(i+1, len(args))
+			}
+			if k := span(3, 1); k != nil {
+				return k
+			}
+			return span(i+1, len(args))
+		case bytes.EqualFold(args[i], []byte("auth")):
+			i++
+		case bytes.EqualFold(args[i], []byte("auth2")):
+			i += 2
+		}
+	}
+	return span(3, 1)
 }
 
 // FilterKeys removes lock keys from a KEYS reply (an array of names) or a

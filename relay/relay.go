@@ -65,7 +65,49 @@ type Relay struct {
 	// as another version, or with other modules), so the next dial reads
 	// the upstream's COMMAND table again (upConn.fail).
 	specsStale atomic.Bool
+	// down is the upstream found unreachable by a failed dial (nil once a
+	// dial succeeds): until it passes, a command whose slot has no live
+	// connection fails at once with its error instead of dialing again.
+	// It spans the slots and protocols, so that one command costs at most
+	// one dial: needSpecs dials slot 0, then Collect would dial the
+	// client's own slot, each for up to dial_timeout.
+	down atomic.Pointer[downState]
 }
+
+// downState is an unreachable upstream: the dial's error, and when the
+// next dial may be tried.
+type downState struct {
+	err   error
+	until time.Time
+}
+
+// unreachable is the last dial's error while the upstream counts as
+// unreachable at now, else nil.
+func (r *Relay) unreachable(now time.Time) error {
+	if d := r.down.Load(); d != nil && now.Before(d.until) {
+		return d.err
+	}
+	return nil
+}
+
+// dialFailed records a failed dial until retryAt, unless the upstream
+// answered and refused (AUTH, HELLO 3): the upstream is reachable then,
+// and other connections (another protocol) may well work. Nor does a
+// dial that its client gave up on say anything of the upstream.
+func (r *Relay) dialFailed(err error, retryAt time.Time) {
+	var refused *refusedError
+	if !errors.As(err, &refused) && !errors.Is(err, context.Canceled) {
+		r.down.Store(&downState{err: err, until: retryAt})
+	}
+}
+
+// refusedError is an error reply to a connection's handshake (AUTH,
+// HELLO, SELECT, COMMAND).
+type refusedError struct {
+	addr, cmd, msg string
+}
+
+func (e *refusedError) Error() string { return fmt.Sprintf("%s %s: %s", e.addr, e.cmd, e.msg) }
 
 // DialStats tells how many connections to the upstream were attempted and
 // how many of those failed, since the start.
@@ -199,17 +241,27 @@ func (p *pool) get(ctx context.Context, i int) (*upConn, error) {
 	if s.lastErr != nil && now.Before(s.retryAt) {
 		return nil, s.lastErr
 	}
+	if err := p.r.unreachable(now); err != nil {
+		// Another slot's dial just failed: this one would too, after
+		// as long.
+		return nil, err
+	}
 	// The slot is shared: a client that goes away while its connection is
 	// dialed must not fail the dial, and with it every other client of
 	// the slot for the backoff. The dial has its own timeout.
 	c, err := p.r.dial(context.WithoutCancel(ctx), p.proto, 0, nil, nil)
 	if err != nil {
 		s.backoff = min(max(2*s.backoff, minBackoff), maxBackoff)
-		s.retryAt = now.Add(s.backoff)
+		// From when the dial failed, not when it began: a dial that ran
+		// out its dial_timeout would otherwise leave no backoff at all,
+		// and the next command would wait as long again.
+		s.retryAt = time.Now().Add(s.backoff)
 		s.lastErr = err
+		p.r.dialFailed(err, s.retryAt)
 		return nil, err
 	}
 	s.c, s.lastErr, s.backoff = c, nil, 0
+	p.r.down.Store(nil)
 	return c, nil
 }
 
@@ -226,8 +278,11 @@ func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte), lost
 
 func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
 	reloaded := false
-	d := net.Dialer{Timeout: r.cfg.DialTimeout}
 	dialStart := time.Now()
+	// TCP and TLS together within dial_timeout: a TLS handshake given a
+	// dial_timeout of its own after a slow connect would double it.
+	dialDeadline := dialStart.Add(r.cfg.DialTimeout)
+	d := net.Dialer{Deadline: dialDeadline}
 	nc, err := d.DialContext(ctx, "tcp", r.cfg.Addr)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", r.cfg.Addr, err)
@@ -237,7 +292,7 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 		_ = tc.SetNoDelay(true)
 	}
 	if r.cfg.TLS != nil {
-		if nc, err = tlsClient(ctx, nc, r.cfg.TLS, r.cfg.Addr, r.cfg.DialTimeout); err != nil {
+		if nc, err = tlsClient(ctx, nc, r.cfg.TLS, r.cfg.Addr, dialDeadline); err != nil {
 			return nil, fmt.Errorf("tls with %s: %w", r.cfg.Addr, err)
 		}
 	}
@@ -296,7 +351,7 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 			if f[0] == '-' {
 				nc.Close()
 				msg, _ := str(f)
-				return nil, fmt.Errorf("%s %s: %s", r.cfg.Addr, lower(string(hs[i][0])), msg)
+				return nil, &refusedError{addr: r.cfg.Addr, cmd: lower(string(hs[i][0])), msg: string(msg)}
 			}
 			if loadSpecs && i == len(hs)-1 {
 				if ks := parseSpecs(f); ks != nil {
@@ -350,8 +405,12 @@ func (r *Relay) takePinned(ctx context.Context, proto, db int, push func([]byte)
 		r.idle[proto-2] = l
 	}
 	r.mu.Unlock()
+	if err := r.unreachable(time.Now()); err != nil {
+		return nil, err
+	}
 	c, err := r.dial(ctx, proto, db, push, lost)
 	if err != nil {
+		r.dialFailed(err, time.Now().Add(minBackoff))
 		return nil, err
 	}
 	r.mu.Lock()
@@ -664,16 +723,19 @@ func lower(s string) string {
 	return string(b)
 }
 
-// tlsClient runs the TLS handshake on nc, as a client of addr, within
-// timeout; nc is closed when it fails.
-func tlsClient(ctx context.Context, nc net.Conn, base *tls.Config, addr string, timeout time.Duration) (net.Conn, error) {
+// tlsClient runs the TLS handshake on nc, as a client of addr, by
+// deadline; nc is closed when it fails.
+func tlsClient(ctx context.Context, nc net.Conn, base *tls.Config, addr string, deadline time.Time) (net.Conn, error) {
 	// ServerName, unless set, is addr's host, for the verifier of a
 	// reloadable CA file too (conf.WithServerName).
 	host, _, _ := net.SplitHostPort(addr)
 	tc := tls.Client(nc, conf.WithServerName(base, host))
-	hctx, cancel := context.WithTimeout(ctx, timeout)
+	hctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	if err := tc.HandshakeContext(hctx); err != nil {
+	// An upstream that never answers the hello (a plain-text port) reads
+	// "tls handshake: no reply (is TLS enabled on this port?)" in the
+	// "upstream unavailable" reply, not a bare deadline.
+	if err := conf.Handshake(hctx, tc); err != nil {
 		_ = nc.Close()
 		return nil, err
 	}

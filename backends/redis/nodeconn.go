@@ -78,7 +78,9 @@ func (n *Node) connect(ctx context.Context) (*nodeConn, error) {
 	_ = nc.SetDeadline(deadline)
 	if n.tls != nil {
 		tc := tls.Client(nc, n.tls)
-		if err := tc.HandshakeContext(ctx); err != nil {
+		// A node that never answers the hello (a plain-text port) fails
+		// with a reason that says so, not as a bare timeout.
+		if err := conf.Handshake(ctx, tc); err != nil {
 			_ = nc.Close()
 			return nil, fmt.Errorf("tls with %s: %w", n.name, err)
 		}

@@ -100,12 +100,13 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "check-config" {
 		return checkConfig(args[1:], os.Environ(), stdout, stderr)
 	}
-	cfg, err := conf.FromArgs(args, os.Environ())
-	if err == nil {
-		err = cfg.Validate()
-	}
+	cfg, err := conf.Parse(args, os.Environ())
 	if err != nil {
 		fmt.Fprintf(stderr, "lockproxy: %v\n", err)
+		// A misspelt variable may be why a setting is missing.
+		for _, w := range cfg.Warnings() {
+			fmt.Fprintf(stderr, "lockproxy: warning: %s\n", w)
+		}
 		return 2
 	}
 	log, err := newLogger(cfg.Log)
@@ -114,6 +115,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	defer func() { _ = log.Sync() }()
+	// go-redis logs through a global logger, plain text on stderr unless
+	// told otherwise: set once, before any node client is made, so that
+	// every line lockproxy writes is in log.format.
+	redisbackend.SetGoRedisLogger(log)
 	for _, w := range cfg.Warnings() {
 		log.Warn("config: " + w)
 	}
@@ -236,7 +241,9 @@ func reloadOnHUP(ctx context.Context, log *zap.Logger, ready *atomic.Bool) {
 
 // checkConfig checks FILE as lockproxy would start with it: the
 // LOCKPROXY_* variables of environ applied over it (a unit's
-// EnvironmentFile may hold the secrets), then Validate.
+// EnvironmentFile may hold the secrets), then Validate, every problem
+// listed (conf.Parse). Warnings, such as a LOCKPROXY_* variable that names
+// no key, go to stderr and do not change the exit code.
 func checkConfig(args []string, environ []string, stdout, stderr io.Writer) int {
 	if len(args) != 1 {
 		fmt.Fprintln(stderr, "usage: lockproxy check-config FILE")
@@ -248,12 +255,14 @@ func checkConfig(args []string, environ []string, stdout, stderr io.Writer) int 
 			env = append(env, kv)
 		}
 	}
-	cfg, err := conf.FromArgs([]string{"--config", args[0]}, env)
-	if err == nil {
-		err = cfg.Validate()
-	}
+	cfg, err := conf.Parse([]string{"--config", args[0]}, env)
 	if err != nil {
 		fmt.Fprintf(stderr, "%s: invalid\n%v\n", args[0], err)
+	}
+	for _, w := range cfg.Warnings() {
+		fmt.Fprintf(stderr, "warning: %s\n", w)
+	}
+	if err != nil {
 		return 1
 	}
 	fmt.Fprintf(stdout, "%s: ok\n", args[0])
