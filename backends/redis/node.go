@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/lockproxy/lockproxy/conf"
 	"github.com/lockproxy/lockproxy/quorum"
 )
 
@@ -221,7 +223,7 @@ func NewNode(cfg NodeConfig) *Node {
 		// quarantined before it can vote, however soon after the restart
 		// the connection is made.
 		OnConnect: n.onConnect,
-		TLSConfig: n.tls,
+		Dialer:    n.dialGoRedis,
 	})
 	if n.metrics != nil {
 		for k := range n.durations {
@@ -239,6 +241,31 @@ func NewNode(cfg NodeConfig) *Node {
 		go n.work(n.queues[i])
 	}
 	return n
+}
+
+// dialGoRedis dials the node for the go-redis client (health checks,
+// LOCKINFO, pub/sub, transparent mode). It does the TLS handshake itself,
+// as the batching writers' connections do, so that a node that never
+// answers it (a plain-text port) reads "tls handshake: no reply" in
+// /readyz and the node's errors instead of a bare timeout.
+func (n *Node) dialGoRedis(ctx context.Context, network, addr string) (net.Conn, error) {
+	d := net.Dialer{Timeout: n.dialTimeout, KeepAlive: 5 * time.Minute}
+	nc, err := d.DialContext(ctx, network, addr)
+	if err != nil || n.tls == nil {
+		return nc, err
+	}
+	deadline := time.Now().Add(n.dialTimeout)
+	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {
+		deadline = dl
+	}
+	_ = nc.SetDeadline(deadline)
+	tc := tls.Client(nc, n.tls)
+	if err := conf.Handshake(ctx, tc); err != nil {
+		_ = nc.Close()
+		return nil, fmt.Errorf("tls with %s: %w", addr, err)
+	}
+	_ = nc.SetDeadline(time.Time{})
+	return tc, nil
 }
 
 // clockFunc is c's Now, or nil for the system clock.
