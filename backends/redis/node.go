@@ -524,6 +524,7 @@ func (n *Node) work(q chan *op) {
 	defer n.wg.Done()
 	w := &writer{}
 	defer w.drop()
+	defer w.abandonDial()
 	batch := make([]*op, 0, n.maxBatch)
 	for {
 		if w.pending > 0 && len(q) == 0 {
@@ -556,6 +557,8 @@ func (n *Node) work(q chan *op) {
 // transport error, when its state is unknown.
 type writer struct {
 	conn *nodeConn
+	// dialing, while a connection is being made, brings its outcome.
+	dialing chan dialResult
 	// pending is how many answers to fence writes (see exec) are still to
 	// be read on conn, ahead of anything sent after them.
 	pending int
@@ -575,13 +578,63 @@ func (w *writer) get(ctx context.Context, n *Node) (*nodeConn, error) {
 		}
 	}
 	if w.conn == nil {
-		c, err := n.connect(ctx)
-		if err != nil {
-			return nil, err
+		// The connection is made under the dial timeout, not the
+		// operation's node timeout: its set-up (TCP, TLS, AUTH, INFO) is
+		// a few round trips where an operation is one, and bounded by
+		// the operation it would be lost with it, and made again for the
+		// next, forever, on links slow enough (a 60 ms round trip against
+		// a 100 ms node timeout: TestConnectOverSlowLinks). An operation
+		// that cannot wait for it fails unsent; the connection is there
+		// for the next batch.
+		if w.dialing == nil {
+			ch := make(chan dialResult, 1)
+			w.dialing = ch
+			go func() {
+				dctx, cancel := context.WithTimeout(context.Background(), n.dialTimeout)
+				defer cancel()
+				c, err := n.connect(dctx)
+				ch <- dialResult{c, err}
+			}()
 		}
-		w.conn = c
+		select {
+		case r := <-w.dialing:
+			w.dialing = nil
+			if r.err != nil {
+				return nil, r.err
+			}
+			w.conn = r.c
+			// A batch left less than a round trip cannot be answered in
+			// time, and its timeout would drop the connection just
+			// made: it goes unsent, and the connection waits for the
+			// next batch, which has its whole node timeout.
+			if d, ok := ctx.Deadline(); ok && time.Until(d) < r.c.rtt {
+				return nil, fmt.Errorf("connecting to %s: %w (set-up left less than its %v round trip)",
+					n.name, context.DeadlineExceeded, r.c.rtt.Round(time.Millisecond))
+			}
+		case <-ctx.Done():
+			return nil, fmt.Errorf("connecting to %s: %w", n.name, ctx.Err())
+		}
 	}
 	return w.conn, nil
+}
+
+// dialResult is the outcome of a writer's connect.
+type dialResult struct {
+	c   *nodeConn
+	err error
+}
+
+// abandonDial closes the connection a stopping writer was still making,
+// once it is made (within the dial timeout).
+func (w *writer) abandonDial() {
+	if ch := w.dialing; ch != nil {
+		w.dialing = nil
+		go func() {
+			if r := <-ch; r.c != nil {
+				r.c.close()
+			}
+		}()
+	}
 }
 
 func (w *writer) drop() {

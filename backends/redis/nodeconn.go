@@ -32,6 +32,9 @@ type nodeConn struct {
 	nc   net.Conn
 	rd   *bufio.Reader
 	wbuf []byte
+	// rtt is the round trip of the connection's first commands, as its
+	// set-up measured it.
+	rtt time.Duration
 }
 
 // serverError is an error reply from the node: the node is there and
@@ -97,6 +100,7 @@ func (n *Node) connect(ctx context.Context) (*nodeConn, error) {
 	}
 	c.add("INFO", "server")
 	c.add("HINCRBY", n.fenceKey, fenceHashPad, "0")
+	sent := time.Now()
 	if err := c.flush(); err != nil {
 		c.close()
 		return nil, err
@@ -133,6 +137,7 @@ func (n *Node) connect(ctx context.Context) (*nodeConn, error) {
 		c.close()
 		return nil, err
 	}
+	c.rtt = time.Since(sent)
 	return c, nil
 }
 
