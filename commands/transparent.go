@@ -325,7 +325,9 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 	switch {
 	case err == nil:
 		s.W.Simple("OK")
-	case errors.Is(err, backends.ErrNotAcquired):
+	case errors.Is(err, backends.ErrNotAcquired), errors.Is(err, backends.ErrUpgrade):
+		// The key is held, by readers among which the value's token is:
+		// SET NX finds it taken, as Redis would.
 		s.W.Null()
 	default:
 		h.replyError(s, "set", err)
