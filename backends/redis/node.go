@@ -557,8 +557,10 @@ func (n *Node) work(q chan *op) {
 // transport error, when its state is unknown.
 type writer struct {
 	conn *nodeConn
-	// dialing, while a connection is being made, brings its outcome.
+	// dialing, while a connection is being made, brings its outcome;
+	// dialTLS is true while its TLS handshake runs.
 	dialing chan dialResult
+	dialTLS *atomic.Bool
 	// pending is how many answers to fence writes (see exec) are still to
 	// be read on conn, ahead of anything sent after them.
 	pending int
@@ -587,12 +589,12 @@ func (w *writer) get(ctx context.Context, n *Node) (*nodeConn, error) {
 		// that cannot wait for it fails unsent; the connection is there
 		// for the next batch.
 		if w.dialing == nil {
-			ch := make(chan dialResult, 1)
-			w.dialing = ch
+			ch, inTLS := make(chan dialResult, 1), new(atomic.Bool)
+			w.dialing, w.dialTLS = ch, inTLS
 			go func() {
 				dctx, cancel := context.WithTimeout(context.Background(), n.dialTimeout)
 				defer cancel()
-				c, err := n.connect(dctx)
+				c, err := n.connectTracked(dctx, inTLS)
 				ch <- dialResult{c, err}
 			}()
 		}
@@ -612,6 +614,13 @@ func (w *writer) get(ctx context.Context, n *Node) (*nodeConn, error) {
 					n.name, context.DeadlineExceeded, r.c.rtt.Round(time.Millisecond))
 			}
 		case <-ctx.Done():
+			if w.dialTLS.Load() {
+				// The node has not answered the TLS hello within the
+				// operation's whole node timeout: most likely a
+				// plain-text port, which never will. Said as a bare
+				// timeout, that reads like a slow node.
+				return nil, fmt.Errorf("tls with %s: %w", n.name, &conf.HandshakeNoReplyError{Err: ctx.Err()})
+			}
 			return nil, fmt.Errorf("connecting to %s: %w", n.name, ctx.Err())
 		}
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/lockproxy/lockproxy/conf"
@@ -62,6 +63,13 @@ const maxReplyElements = 4096
 
 // connect dials the node and reads INFO server on the new connection.
 func (n *Node) connect(ctx context.Context) (*nodeConn, error) {
+	return n.connectTracked(ctx, nil)
+}
+
+// connectTracked is connect, telling inTLS (when not nil) while the TLS
+// handshake is under way: an operation that gives up on the connection
+// meanwhile can say why (see writer.get).
+func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeConn, error) {
 	d := net.Dialer{Timeout: n.dialTimeout}
 	nc, err := d.DialContext(ctx, "tcp", n.name)
 	if err != nil {
@@ -83,6 +91,10 @@ func (n *Node) connect(ctx context.Context) (*nodeConn, error) {
 		tc := tls.Client(nc, n.tls)
 		// A node that never answers the hello (a plain-text port) fails
 		// with a reason that says so, not as a bare timeout.
+		if inTLS != nil {
+			inTLS.Store(true)
+			defer inTLS.Store(false)
+		}
 		if err := conf.Handshake(ctx, tc); err != nil {
 			_ = nc.Close()
 			return nil, fmt.Errorf("tls with %s: %w", n.name, err)
