@@ -91,6 +91,46 @@ type LossNotifier interface {
 	OnLost(func(key, token string))
 }
 
+// HoldKeeper is implemented by backends that can release and renew one
+// kind of a token's holds. A token may hold a key both for writing and for
+// reading (a downgrade), and the two holds may have different keepers: a
+// KEEPALIVE watchdog that keeps only the read hold must release and renew
+// that one, where Unlock would release the write hold first and Renew
+// would reset the write lease to the read TTL, ending early a write hold
+// its holder was told it has for its whole validity.
+type HoldKeeper interface {
+	// UnlockHold releases one hold of key by token of the kind mode says;
+	// false when token holds no hold of that kind.
+	UnlockHold(ctx context.Context, key, token string, mode Mode) (bool, error)
+	// RenewHold resets the lease of token's hold of key of the kind mode
+	// says to ttl and returns the new validity, or 0 when token holds no
+	// hold of that kind. It never shortens the token's hold of the other
+	// kind: renewing a read hold leaves the write lease at least as long
+	// as it was, and renewing a write hold may extend the read lease with
+	// it (as Renew does) but never shortens it.
+	RenewHold(ctx context.Context, key, token string, mode Mode, ttl time.Duration) (time.Duration, error)
+}
+
+// UnlockHold releases one hold of key by token of the kind mode says,
+// through b's HoldKeeper. A backend without one releases with Unlock,
+// write holds first, which is right unless token also holds the other kind.
+func UnlockHold(ctx context.Context, b Backend, key, token string, mode Mode) (bool, error) {
+	if hk, ok := b.(HoldKeeper); ok {
+		return hk.UnlockHold(ctx, key, token, mode)
+	}
+	return b.Unlock(ctx, key, token)
+}
+
+// RenewHold renews token's hold of key of the kind mode says, through b's
+// HoldKeeper. A backend without one renews with Renew, in whichever mode,
+// which is right unless token also holds the other kind.
+func RenewHold(ctx context.Context, b Backend, key, token string, mode Mode, ttl time.Duration) (time.Duration, error) {
+	if hk, ok := b.(HoldKeeper); ok {
+		return hk.RenewHold(ctx, key, token, mode, ttl)
+	}
+	return b.Renew(ctx, key, token, ttl)
+}
+
 // Backend serves lock commands. Every method returns by the time ctx is
 // done.
 type Backend interface {

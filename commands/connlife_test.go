@@ -20,12 +20,21 @@ type blockingRenewBackend struct {
 }
 
 func (b *blockingRenewBackend) Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
+	b.block()
+	return b.fakeBackend.Renew(ctx, key, token, ttl)
+}
+
+func (b *blockingRenewBackend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
+	b.block()
+	return b.fakeBackend.RenewHold(ctx, key, token, mode, ttl)
+}
+
+func (b *blockingRenewBackend) block() {
 	select {
 	case b.renewing <- struct{}{}:
 	default:
 	}
 	<-b.proceed
-	return b.fakeBackend.Renew(ctx, key, token, ttl)
 }
 
 // TestWatchdogJoinWhileEnding: connection A, the only KEEPALIVE holder of

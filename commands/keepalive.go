@@ -14,11 +14,14 @@ package commands
 // goroutine, with a bounded context. A token may hold a key both for
 // writing and for reading (a downgrade): the watchdog counts each hold's
 // kind, so that an UNLOCK, which releases write holds first, takes off the
-// kind it released.
+// kind it released, and it releases and renews exactly the kinds it keeps
+// (backends.HoldKeeper): the token's other kind may be held outside it,
+// with a lease of its own that its holder was told of.
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -158,7 +161,7 @@ type watchdog struct {
 	// Guarded by keepalives.mu.
 	holders   map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
 	loose     [2]int                     // holds granted without KEEPALIVE while it runs, by backends.Mode
-	drop      int                        // holds of closed connections, for run to release
+	drop      [2]int                     // holds of closed connections, by backends.Mode, for run to release
 	unlocking int                        // UNLOCKs of key with token in flight
 	// shared: a grant with the client's own TOKEN was counted, so the
 	// token may also hold write holds this watchdog does not count (taken
@@ -181,13 +184,35 @@ type holder struct {
 
 func (h *holder) total() int { return h.n[backends.Write] + h.n[backends.Read] }
 
-// holds is how many holds w keeps in all. k.mu is held.
-func (w *watchdog) holds() int {
-	n := w.loose[backends.Write] + w.loose[backends.Read] + w.drop
-	for _, h := range w.holders {
-		n += h.total()
+// holds is how many holds of each kind w keeps in all. k.mu is held.
+func (w *watchdog) holds() [2]int {
+	n := w.loose
+	for m := range n {
+		n[m] += w.drop[m]
+		for _, h := range w.holders {
+			n[m] += h.n[m]
+		}
 	}
 	return n
+}
+
+// renewMode is the kind of hold w's renewals (and lock-delay) are for:
+// write while a KEEPALIVE hold it keeps (or one of a connection that just
+// closed) is a write hold, renewing with it a downgrade's read hold
+// (backends.HoldKeeper.RenewHold never shortens the other kind); else
+// read, leaving alone a write hold of the token's that is not kept with
+// KEEPALIVE (a downgrade's, taken without it), whose lease a renewal with
+// the read TTL would cut short. k.mu is held.
+func (w *watchdog) renewMode() backends.Mode {
+	if w.drop[backends.Write] > 0 {
+		return backends.Write
+	}
+	for _, h := range w.holders {
+		if h.n[backends.Write] > 0 {
+			return backends.Write
+		}
+	}
+	return backends.Read
 }
 
 // counted is how many holds of mode w counts, KEEPALIVE and loose (not
@@ -306,7 +331,9 @@ func (k *keepalives) holderGone(w *watchdog, ka *connKeepalive) {
 	}
 	delete(w.holders, ka)
 	ka.live.Add(-1)
-	w.drop += h.total()
+	for m := range w.drop {
+		w.drop[m] += h.n[m]
+	}
 	if len(w.holders) == 0 {
 		// run ends, releasing every hold counted now (ended). Until it
 		// gets there the watchdog must take no new hold, which it would
@@ -347,7 +374,9 @@ func (k *keepalives) startHold(sessCtx context.Context, ka *connKeepalive, key, 
 	if k.closed {
 		k.mu.Unlock()
 		cancel()
-		k.releaseHolds(w, 1)
+		var one [2]int
+		one[mode] = 1
+		k.releaseHolds(w, one)
 		return false
 	}
 	if old := k.m[heldKey{key, token}]; old != nil {
@@ -513,16 +542,16 @@ func (k *keepalives) alive(w *watchdog, now time.Time) bool {
 	return false
 }
 
-// takeDrop returns the holds of closed connections that w's goroutine is
-// to release now.
-func (k *keepalives) takeDrop(w *watchdog) int {
+// takeDrop returns the holds of closed connections, by kind, that w's
+// goroutine is to release now.
+func (k *keepalives) takeDrop(w *watchdog) [2]int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if w.stopped {
-		return 0
+		return [2]int{}
 	}
 	n := w.drop
-	w.drop = 0
+	w.drop = [2]int{}
 	return n
 }
 
@@ -580,9 +609,7 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			k.ended(w)
 			return
 		case <-w.wake:
-			if n := k.takeDrop(w); n > 0 {
-				k.releaseHolds(w, n)
-			}
+			k.releaseHolds(w, k.takeDrop(w))
 			continue
 		case <-t.C:
 		}
@@ -612,9 +639,12 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			}
 			ttl = min(ttl, left)
 		}
+		k.mu.Lock()
+		mode := w.renewMode()
+		k.mu.Unlock()
 		sent := time.Now()
 		rctx, cancel := context.WithTimeout(ctx, period)
-		validity, err := k.backend.Renew(rctx, w.key, w.token, ttl)
+		validity, err := backends.RenewHold(rctx, k.backend, w.key, w.token, mode, ttl)
 		cancel()
 		switch {
 		case ctx.Err() != nil:
@@ -652,11 +682,11 @@ func (k *keepalives) ended(w *watchdog) {
 		k.mu.Unlock()
 		return
 	}
-	holds := w.holds()
+	holds, mode := w.holds(), w.renewMode()
 	shutdown := k.shutdown || k.closed
 	k.stopLocked(w)
 	k.mu.Unlock()
-	if !shutdown && k.delayLock(w) {
+	if !shutdown && k.delayLock(w, mode) {
 		return
 	}
 	k.releaseHolds(w, holds)
@@ -665,16 +695,17 @@ func (k *keepalives) ended(w *watchdog) {
 // delayLock applies the key's lock-delay to w's lock, which its holder
 // lost without releasing: the lease is set to the delay, from now, and
 // left to run out, so nobody gets the key meanwhile (a holder that was
-// only paused may still be acting on it). It reports whether a delay
-// applies; if setting it fails the lease runs out on its own.
-func (k *keepalives) delayLock(w *watchdog) bool {
+// only paused may still be acting on it). mode is the kind of hold w
+// renewed (watchdog.renewMode). It reports whether a delay applies; if
+// setting it fails the lease runs out on its own.
+func (k *keepalives) delayLock(w *watchdog, mode backends.Mode) bool {
 	delay := k.delayFor(w.key)
 	if delay <= 0 {
 		return false
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), k.release)
 	defer cancel()
-	validity, err := k.backend.Renew(ctx, w.key, w.token, delay)
+	validity, err := backends.RenewHold(ctx, k.backend, w.key, w.token, mode, delay)
 	switch {
 	case err != nil:
 		k.log.Warn("keepalive: setting the lock-delay failed; the lease will expire on its own",
@@ -686,23 +717,31 @@ func (k *keepalives) delayLock(w *watchdog) bool {
 	return true
 }
 
-// releaseHolds releases up to holds holds of w's lock, all within the
-// release bound. It runs on w's goroutine (or, for a lock granted while
-// the handler closes, on the connection's), never in Handler.Closed.
-func (k *keepalives) releaseHolds(w *watchdog, holds int) {
+// releaseHolds releases up to holds[m] holds of each kind m of w's lock,
+// each of its own kind: the token's holds of a kind w does not count (a
+// downgrade's write hold taken without KEEPALIVE) are not w's to end. All
+// run within the release bound. It runs on w's goroutine (or, for a lock
+// granted while the handler closes, on the connection's), never in
+// Handler.Closed.
+func (k *keepalives) releaseHolds(w *watchdog, holds [2]int) {
+	if holds == ([2]int{}) {
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), k.release)
 	defer cancel()
-	for i := 0; i < holds; i++ {
-		ok, err := k.backend.Unlock(ctx, w.key, w.token)
-		if err != nil {
-			k.log.Warn("keepalive: release failed; the lease will expire on its own",
-				zap.Duration("ttl", w.ttl), zap.Error(err))
-			return
+	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
+		for i := 0; i < holds[mode]; i++ {
+			ok, err := backends.UnlockHold(ctx, k.backend, w.key, w.token, mode)
+			if err != nil {
+				k.log.Warn("keepalive: release failed; the lease will expire on its own",
+					zap.Duration("ttl", w.ttl), zap.Error(fmt.Errorf("release of a %v hold: %w", mode, err)))
+				return
+			}
+			if !ok {
+				break
+			}
+			k.held.released(w.key, w.token)
 		}
-		if !ok {
-			return
-		}
-		k.held.released(w.key, w.token)
 	}
 }
 
@@ -730,6 +769,7 @@ func (k *keepalives) lose(w *watchdog, r lostReason, why string) {
 	for ka := range w.holders {
 		owners = append(owners, ka)
 	}
+	mode := w.renewMode()
 	k.stopLocked(w)
 	k.mu.Unlock()
 	if quiet {
@@ -745,6 +785,6 @@ func (k *keepalives) lose(w *watchdog, r lostReason, why string) {
 	k.log.Info("keepalive lock lost", zap.String("reason", r.label()), zap.Duration("ttl", w.ttl))
 	if r != lostRenewFailed {
 		// Lost without a release: the holder may still act on it.
-		k.delayLock(w)
+		k.delayLock(w, mode)
 	}
 }

@@ -17,21 +17,25 @@ import (
 	"github.com/lockproxy/lockproxy/quorum"
 )
 
-// fakeBackend records renewals and releases and answers as told.
+// fakeBackend records renewals and releases and answers as told. It is a
+// backends.HoldKeeper: what UnlockHold and RenewHold do is counted as
+// Unlock's and Renew's, with the kind they were for.
 type fakeBackend struct {
 	renewErr    error // Renew's error
 	failFirst   int   // the first failFirst renewals fail with renewErr; 0: all do
 	renewZero   bool  // Renew answers 0: not held
 	unlockBlock bool  // Unlock waits for its context
 
-	mu      sync.Mutex
-	renews  []renewCall
-	unlocks int
+	mu          sync.Mutex
+	renews      []renewCall
+	unlocks     int
+	unlockKinds []string // each release's kind: "any" (Unlock), "write" or "read"
 }
 
 type renewCall struct {
-	at  time.Time
-	ttl time.Duration
+	at   time.Time
+	ttl  time.Duration
+	kind string // "any" (Renew), "write" or "read"
 }
 
 func (f *fakeBackend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
@@ -43,8 +47,17 @@ func (f *fakeBackend) Info(ctx context.Context, key string) (backends.LockInfo, 
 }
 
 func (f *fakeBackend) Unlock(ctx context.Context, key, token string) (bool, error) {
+	return f.unlock(ctx, "any")
+}
+
+func (f *fakeBackend) UnlockHold(ctx context.Context, key, token string, mode backends.Mode) (bool, error) {
+	return f.unlock(ctx, mode.String())
+}
+
+func (f *fakeBackend) unlock(ctx context.Context, kind string) (bool, error) {
 	f.mu.Lock()
 	f.unlocks++
+	f.unlockKinds = append(f.unlockKinds, kind)
 	f.mu.Unlock()
 	if f.unlockBlock {
 		<-ctx.Done()
@@ -54,8 +67,16 @@ func (f *fakeBackend) Unlock(ctx context.Context, key, token string) (bool, erro
 }
 
 func (f *fakeBackend) Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
+	return f.renew(ttl, "any")
+}
+
+func (f *fakeBackend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
+	return f.renew(ttl, mode.String())
+}
+
+func (f *fakeBackend) renew(ttl time.Duration, kind string) (time.Duration, error) {
 	f.mu.Lock()
-	f.renews = append(f.renews, renewCall{time.Now(), ttl})
+	f.renews = append(f.renews, renewCall{time.Now(), ttl, kind})
 	n := len(f.renews)
 	f.mu.Unlock()
 	switch {
@@ -74,6 +95,16 @@ func (f *fakeBackend) counts() ([]renewCall, int) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	return append([]renewCall(nil), f.renews...), f.unlocks
+}
+
+// kinds returns the kinds of the renewals and releases so far.
+func (f *fakeBackend) kinds() (renews, unlocks []string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range f.renews {
+		renews = append(renews, r.kind)
+	}
+	return renews, append([]string(nil), f.unlockKinds...)
 }
 
 func counterValue(t *testing.T, c prometheus.Counter) float64 {

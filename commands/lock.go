@@ -286,7 +286,7 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		// canceled what runs): nobody will learn of it, so it is given
 		// back now rather than left held for its whole TTL. Backends may
 		// answer a grant whose context was canceled mid-attempt.
-		h.releaseOrphan(s, req.Key, token)
+		h.releaseOrphan(s, req.Key, token, mode)
 		s.W.Error(errShuttingDown.Error())
 	case err == nil:
 		h.metrics.acquired.Inc()
@@ -329,17 +329,17 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	}
 }
 
-// releaseOrphan releases the hold a grant added for a client that is gone,
-// within the keepalive release bound and whatever the session's context:
-// it is canceled already. (For the read grant of a downgrade the backend
-// releases the token's write hold instead, write holds first: the count
-// is right, not the kind, which Backend.Unlock cannot be told.)
-func (h *Handler) releaseOrphan(s *resp.Session, key, token string) {
+// releaseOrphan releases the hold of mode a grant added for a client that
+// is gone, within the keepalive release bound and whatever the session's
+// context: it is canceled already. It releases that kind only: the read
+// grant of a downgrade must not end the token's write hold, which UNLOCK's
+// release takes first and which its holder was told it has.
+func (h *Handler) releaseOrphan(s *resp.Session, key, token string, mode backends.Mode) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(s.Context()), h.keepalive.release)
 	defer cancel()
-	if _, err := h.backend.Unlock(ctx, key, token); err != nil {
+	if _, err := backends.UnlockHold(ctx, h.backend, key, token, mode); err != nil {
 		h.log.Warn("releasing a grant whose client went away failed; the lease will expire on its own",
-			zap.Error(fmt.Errorf("unlock after the client left: %w", err)))
+			zap.Error(fmt.Errorf("unlock of a %v hold after the client left: %w", mode, err)))
 	}
 }
 

@@ -799,6 +799,44 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	return max(validity(ttl, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin), 0), nil
 }
 
+// UnlockHold implements backends.HoldKeeper: one hold of the token's row
+// of mode (a downgraded token has a write row and a read row).
+func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backends.Mode) (bool, error) {
+	if err := b.usable(); err != nil {
+		return false, err
+	}
+	octx, cancel := b.op(ctx)
+	defer cancel()
+	var before, notified int64
+	err := b.pool.QueryRow(octx, b.n.releaseHoldSQL(), dbText(key), dbText(token), int16(mode)).Scan(&before, &notified)
+	switch {
+	case errors.Is(err, pgx.ErrNoRows):
+		return false, nil
+	case err != nil:
+		return false, b.fail(ctx, fmt.Errorf("release of a %v hold: %w", mode, err))
+	}
+	return true, nil
+}
+
+// RenewHold implements backends.HoldKeeper: the token's row of mode is
+// reset to ttl, a downgrade's other row never shortened (renewHoldSQL).
+func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
+	if err := b.usable(); err != nil {
+		return 0, err
+	}
+	start := time.Now()
+	octx, cancel := b.op(ctx)
+	defer cancel()
+	tag, err := b.pool.Exec(octx, b.n.renewHoldSQL(), dbText(key), dbText(token), int16(mode), ttlMS(ttl.Milliseconds()))
+	if err != nil {
+		return 0, b.fail(ctx, fmt.Errorf("renewal of a %v hold: %w", mode, err))
+	}
+	if tag.RowsAffected() == 0 {
+		return 0, nil
+	}
+	return max(validity(ttl, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin), 0), nil
+}
+
 // Info implements backends.Backend. It reads without the key's lock: one
 // statement sees one snapshot.
 func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
@@ -1028,4 +1066,7 @@ func newID() string {
 	return hex.EncodeToString(x[:])
 }
 
-var _ backends.Backend = (*Backend)(nil)
+var (
+	_ backends.Backend    = (*Backend)(nil)
+	_ backends.HoldKeeper = (*Backend)(nil)
+)

@@ -202,10 +202,17 @@ SELECT count(*) FROM (SELECT pg_notify('` + n.channel + `', md5($1)) FROM target
 // the key's waiters (at commit) when a row went. The row lock (FOR UPDATE)
 // makes two releases of one token run one after the other; a grant that
 // runs at the same time only sees the row a little longer.
-func (n names) releaseSQL() string {
+func (n names) releaseSQL() string { return n.releaseWhereSQL("") }
+
+// releaseHoldSQL is releaseSQL for the token's row of mode $3 only
+// (backends.HoldKeeper): a downgraded token's other row is left as it is.
+func (n names) releaseHoldSQL() string { return n.releaseWhereSQL(" AND mode = $3") }
+
+// releaseWhereSQL is releaseSQL with cond added to the choice of the row.
+func (n names) releaseWhereSQL(cond string) string {
 	return `WITH target AS (
 	SELECT mode, holds FROM ` + n.holds + `
-	WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()
+	WHERE key = $1 AND token = $2` + cond + ` AND expires_at > clock_timestamp()
 	ORDER BY mode LIMIT 1 FOR UPDATE),
 dec AS (
 	UPDATE ` + n.holds + ` h SET holds = h.holds - 1 FROM target t
@@ -235,6 +242,22 @@ func (n names) renewSQL() string {
 	ORDER BY mode FOR NO KEY UPDATE)
 UPDATE ` + n.holds + ` h SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
 FROM l WHERE h.key = $1 AND h.token = $2 AND h.mode = l.mode RETURNING h.mode`
+}
+
+// renewHoldSQL resets the token's ($2) live row of mode $3 on key to $4
+// ms (backends.HoldKeeper). Renewing the write row raises a downgrade's
+// live read row to the same end but never shortens it, as renewing a
+// write hold does on the other backends; renewing the read row leaves the
+// write row alone. Nothing changes when the token has no live row of
+// mode $3. The rows are locked in mode order, as renewSQL's are.
+func (n names) renewHoldSQL() string {
+	return `WITH l AS (
+	SELECT mode FROM ` + n.holds + ` WHERE key = $1 AND token = $2 AND mode >= $3 AND expires_at > clock_timestamp()
+	ORDER BY mode FOR NO KEY UPDATE)
+UPDATE ` + n.holds + ` h SET expires_at = CASE WHEN h.mode = $3 THEN clock_timestamp() + $4 * interval '1 millisecond'
+	ELSE GREATEST(h.expires_at, clock_timestamp() + $4 * interval '1 millisecond') END
+FROM l WHERE h.key = $1 AND h.token = $2 AND h.mode = l.mode AND EXISTS (SELECT 1 FROM l WHERE l.mode = $3)
+RETURNING h.mode`
 }
 
 // markWriterSQL records or refreshes a waiting writer ($2 waiter id, $3 ms).

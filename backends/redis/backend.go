@@ -46,6 +46,7 @@ type Config struct {
 type Backend struct {
 	nodes    []*Node
 	q        *quorum.Quorum
+	holdQ    [2]*quorum.Quorum // by backends.Mode: releases and renews one kind of hold (holdkind.go)
 	retryMin time.Duration
 	retryMax time.Duration
 	waiters  *waitQueues
@@ -122,6 +123,10 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("redis backend: %w", err)
 	}
 	b.q = q
+	if b.holdQ, err = newHoldQuorums(b.nodes, qc); err != nil {
+		b.Close()
+		return nil, fmt.Errorf("redis backend: %w", err)
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	b.stop = stop
 	if cfg.CheckInterval > 0 {

@@ -494,11 +494,12 @@ var (
 type Script struct{ Src, SHA string }
 
 // LeaseScripts are the lock scripts whose ARGV[2] is a lease in ms
-// (acquire, read, extend); plain SET … PX carries the others. Test tools
-// that rewrite leases on the wire (test/faultproxy's fast clock) use it.
+// (acquire, read, extend, and a watchdog's renewal of one kind of hold);
+// plain SET … PX carries the others. Test tools that rewrite leases on the
+// wire (test/faultproxy's fast clock) use it.
 func LeaseScripts() []Script {
 	var out []Script
-	for _, s := range []script{scriptAcquire, scriptRead, scriptExtend} {
+	for _, s := range append([]script{scriptAcquire, scriptRead, scriptExtend}, scriptExtendHold[:]...) {
 		out = append(out, Script{Src: s.src, SHA: s.sha})
 	}
 	return out

@@ -413,4 +413,7 @@ func (b *Backend) NodeStates() []string {
 // behind, never one per waiter per release.
 func (b *Backend) Wakeups() int64 { return b.wakeups.Load() }
 
-var _ backends.Backend = (*Backend)(nil)
+var (
+	_ backends.Backend    = (*Backend)(nil)
+	_ backends.HoldKeeper = (*Backend)(nil)
+)

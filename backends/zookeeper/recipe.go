@@ -153,6 +153,21 @@ func (b *Backend) findToken(ctx context.Context, key, token string) (node, bool,
 // heldBy finds among kids the granted node of token (a write node before
 // a read node), other than the one named skip.
 func (b *Backend) heldBy(ctx context.Context, dir string, kids []child, token, skip string) (node, bool, error) {
+	found, err := b.heldNodes(ctx, dir, kids, token, skip)
+	if err != nil || len(found) == 0 {
+		return node{}, false, err
+	}
+	for _, n := range found {
+		if n.data.write > 0 {
+			return n, true, nil
+		}
+	}
+	return found[0], true, nil
+}
+
+// heldNodes finds among kids every granted node of token, other than the
+// one named skip.
+func (b *Backend) heldNodes(ctx context.Context, dir string, kids []child, token, skip string) ([]node, error) {
 	h := tokenHash(token)
 	var found []node
 	for i, c := range kids {
@@ -162,7 +177,7 @@ func (b *Backend) heldBy(ctx context.Context, dir string, kids []child, token, s
 		p := dir + "/" + c.name
 		g, ok, err := b.get(ctx, p)
 		if err != nil {
-			return node{}, false, err
+			return nil, err
 		}
 		if !ok || g.data.token != token {
 			continue
@@ -170,21 +185,68 @@ func (b *Backend) heldBy(ctx context.Context, dir string, kids []child, token, s
 		n := node{path: p, idx: i, data: g.data, stat: g.stat, kids: kids, child: c}
 		blocker, _, err := b.blocker(ctx, dir, n)
 		if err != nil {
-			return node{}, false, err
+			return nil, err
 		}
 		if blocker == "" {
 			found = append(found, n)
 		}
 	}
-	if len(found) == 0 {
-		return node{}, false, nil
+	return found, nil
+}
+
+// holdKind says which of a token's holds a release or renewal is for.
+type holdKind uint8
+
+const (
+	anyHold   holdKind = iota // UNLOCK and RENEW: write holds first
+	writeHold                 // backends.HoldKeeper, backends.Write
+	readHold                  // backends.HoldKeeper, backends.Read
+)
+
+func kindOf(mode backends.Mode) holdKind {
+	if mode == backends.Read {
+		return readHold
+	}
+	return writeHold
+}
+
+// has reports whether d has a hold of kind k.
+func (k holdKind) has(d lockData) bool {
+	switch k {
+	case writeHold:
+		return d.write > 0
+	case readHold:
+		return d.read > 0
+	}
+	return d.write > 0 || d.read > 0
+}
+
+// findTokenHold is findToken for a hold of kind k: the node token holds
+// on key with such a hold. A cached copy without one may be stale (the
+// hold added through another instance) and a token may, rarely, hold two
+// nodes of a key: the key's nodes are read then.
+func (b *Backend) findTokenHold(ctx context.Context, key, token string, k holdKind) (node, bool, error) {
+	if k == anyHold {
+		return b.findToken(ctx, key, token)
+	}
+	if n, ok := b.cached(key, token); ok && k.has(n.data) {
+		return n, true, nil
+	}
+	dir := keyDir(b.cfg.Root, key)
+	kids, err := b.children(ctx, dir)
+	if err != nil {
+		return node{}, false, err
+	}
+	found, err := b.heldNodes(ctx, dir, kids, token, "")
+	if err != nil {
+		return node{}, false, err
 	}
 	for _, n := range found {
-		if n.data.write > 0 {
+		if k.has(n.data) {
 			return n, true, nil
 		}
 	}
-	return found[0], true, nil
+	return node{}, false, nil
 }
 
 // blocker names the node n waits for, or "" when n holds its lock. A node
@@ -604,19 +666,30 @@ func (b *Backend) written(path string, d lockData, st *zk.Stat, t0 time.Time, re
 
 // Unlock releases one hold of key by token: write holds first.
 func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
+	return b.release(ctx, key, token, anyHold)
+}
+
+// UnlockHold implements backends.HoldKeeper: one hold of the kind mode
+// says, the node's other holds and its lease left as they are.
+func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backends.Mode) (bool, error) {
+	return b.release(ctx, key, token, kindOf(mode))
+}
+
+// release releases one hold of key by token of kind k.
+func (b *Backend) release(ctx context.Context, key, token string, k holdKind) (bool, error) {
 	if err := b.usable(); err != nil {
 		return false, err
 	}
-	n, ok, err := b.findToken(ctx, key, token)
+	n, ok, err := b.findTokenHold(ctx, key, token, k)
 	if err != nil || !ok {
 		return false, err
 	}
 	for range maxCAS {
 		d := n.data
 		switch {
-		case d.write > 0:
+		case k != readHold && d.write > 0:
 			d.write--
-		case d.read > 0:
+		case k != writeHold && d.read > 0:
 			d.read--
 		default:
 			return false, nil
@@ -667,17 +740,39 @@ func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
 
 // Renew resets the lease of the node token holds on key to ttl.
 func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
+	return b.renew(ctx, key, token, anyHold, ttl)
+}
+
+// RenewHold implements backends.HoldKeeper. A downgraded token's write and
+// read holds are one node with one lease: renewing one kind must not
+// shorten the other's, so on a node with both the lease restarts with the
+// longer of ttl and the TTL it had, as a reentry's does (the lease so
+// ends no sooner than before, without comparing this host's clock with
+// the one that started it). A node with holds of one kind only is renewed
+// as Renew does.
+func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
+	return b.renew(ctx, key, token, kindOf(mode), ttl)
+}
+
+// renew resets the lease of the node with token's hold of kind k on key.
+func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl time.Duration) (time.Duration, error) {
 	if err := b.usable(); err != nil {
 		return 0, err
 	}
 	t0 := time.Now()
-	n, ok, err := b.findToken(ctx, key, token)
+	n, ok, err := b.findTokenHold(ctx, key, token, k)
 	if err != nil || !ok {
 		return 0, err
 	}
 	for range maxCAS {
 		d := n.data
+		if !k.has(d) {
+			return 0, nil
+		}
 		d.ttl, d.startMS = ttl, t0.UnixMilli()
+		if k != anyHold && d.write > 0 && d.read > 0 {
+			d.ttl = max(ttl, n.data.ttl)
+		}
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
 		switch {
 		case err == nil:

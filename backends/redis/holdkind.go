@@ -1,0 +1,232 @@
+package redis
+
+// Releasing and renewing one kind of a token's holds (backends.HoldKeeper).
+// A downgraded token holds a key both for writing and for reading, and a
+// KEEPALIVE watchdog may keep only one of the two: it must release and
+// renew that one. UNLOCK's release takes the write hold first, and RENEW's
+// extend script resets the write lease to the TTL it is given, which for a
+// watchdog of the read hold is the read TTL.
+//
+// These run on a quorum per kind, over the same nodes seen through
+// holdNode, so that majorities, failures and validities are judged exactly
+// as for UNLOCK and RENEW. They are off the hot path (a watchdog's
+// renewals every TTL/3, and its release when its connection closes):
+// releases go through the nodes' batching writers, renewals through each
+// node's go-redis client, as LOCKINFO's reads do, with scripts of their
+// own that renew one kind of hold only.
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+var _ backends.HoldKeeper = (*Backend)(nil)
+
+// newHoldQuorums builds the quorum of each kind of hold over nodes.
+func newHoldQuorums(nodes []*Node, qc quorum.Config) ([2]*quorum.Quorum, error) {
+	var qs [2]*quorum.Quorum
+	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
+		hn := make([]quorum.Node, len(nodes))
+		for i, n := range nodes {
+			hn[i] = holdNode{n: n, mode: mode}
+		}
+		q, err := quorum.New(hn, qc)
+		if err != nil {
+			return qs, fmt.Errorf("%v hold quorum: %w", mode, err)
+		}
+		qs[mode] = q
+	}
+	return qs, nil
+}
+
+// UnlockHold implements backends.HoldKeeper: one hold of the kind mode
+// says, the other kind left as it is. The nodes where the release frees the
+// key for others announce it, as UNLOCK's do.
+func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backends.Mode) (bool, error) {
+	return b.holdQ[mode].Release(ctx, key, token, 0)
+}
+
+// RenewHold implements backends.HoldKeeper: extendWriteScript or
+// extendReadScript on every node.
+func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
+	return b.holdQ[mode].Extend(ctx, key, token, ttl)
+}
+
+// holdNode is a node as the quorum of one kind of hold sees it: its
+// Release releases a hold of that kind only, and its Extend renews one.
+// It is not a quorum.AsyncNode: the quorum runs each call on a goroutine
+// of its own, and the node's Start methods, which take no hold kind, are
+// not reached through it.
+type holdNode struct {
+	n    *Node
+	mode backends.Mode
+}
+
+func (h holdNode) Name() string { return h.n.Name() }
+
+// Acquire and RaiseFence are never called on a hold quorum; they are there
+// for quorum.Node.
+func (h holdNode) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGrant, error) {
+	return h.n.Acquire(ctx, req)
+}
+
+func (h holdNode) RaiseFence(ctx context.Context, key, token string, fence uint64) (bool, error) {
+	return h.n.RaiseFence(ctx, key, token, fence)
+}
+
+// Release removes one hold of h's kind and, when that frees the key for
+// others on this node, announces it there.
+func (h holdNode) Release(ctx context.Context, key, token string, _ quorum.Hold) (bool, error) {
+	hold := quorum.WriteHold
+	if h.mode == backends.Read {
+		hold = quorum.ReadHold
+	}
+	ok, err := h.n.Release(ctx, key, token, hold)
+	if ok && err == nil {
+		h.n.announceHoldRelease(ctx, key, token, h.mode)
+	}
+	return ok, err
+}
+
+// Extend renews the token's hold of h's kind.
+func (h holdNode) Extend(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
+	return h.n.extendHold(ctx, key, token, h.mode, ttl)
+}
+
+// extendWriteScript: KEYS the lock keys (first five); ARGV[1] token,
+// ARGV[2] ttl ms. The extend script's write path alone: the write lease
+// set to the ttl, the read hold of a downgrade raised to it but never
+// shortened (and the keys kept until the later of the two ends). Unlike
+// RENEW's script it does not renew a read lease when the token holds the
+// key for reading only: a renewal of a write hold that reaches a node
+// after an UNLOCK released that hold there must not cut the token's read
+// lease, which its holder was told of, to the write TTL. Returns 1 when
+// the token held the key for writing.
+const extendWriteScript = luaMeta + `
+local v = redis.call('GET', KEYS[1])
+if v ~= ARGV[1] then return 0 end
+local ms = tonumber(ARGV[2])
+local m = redis.call('GET', KEYS[3])
+local _, r = meta(m, ARGV[1])
+local s
+if r == 'r' then s = redis.call('ZSCORE', KEYS[4], ARGV[1]) end
+if s then` + luaNow + `
+  s = tonumber(s)
+  if s < now + ms then
+    redis.call('ZADD', KEYS[4], now + ms, ARGV[1])
+  else
+    ms = s - now
+  end
+  redis.call('PEXPIRE', KEYS[4], ms)
+  redis.call('PEXPIRE', KEYS[5], ms)
+end
+redis.call('PEXPIRE', KEYS[2], ms)
+if m then redis.call('PEXPIRE', KEYS[3], ms) end
+redis.call('PEXPIRE', KEYS[1], ms)
+return 1
+`
+
+// extendReadScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
+// ttl ms, ARGV[3] readMarker. Resets the token's live read lease to the
+// ttl. The lock key lives as long as the longest reader; when the token
+// also holds it for writing (a downgrade) the lock key is the write hold
+// too, and its lease is only ever raised here, never shortened: a renewal
+// of the read hold must not end early the write hold its holder was told
+// it has. The meta keys' expiries are set before the lock key's, so that
+// they never outlive it. Returns 1 when the token held the key for
+// reading.
+const extendReadScript = `
+local v = redis.call('GET', KEYS[1])
+if v ~= ARGV[3] and v ~= ARGV[1] then return 0 end` + luaNow + `
+local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
+if not s or tonumber(s) <= now then return 0 end
+redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
+if v == ARGV[1] then
+  local p = redis.call('PTTL', KEYS[1])
+  if p >= 0 and keep > p then
+    redis.call('PEXPIRE', KEYS[2], keep)
+    redis.call('PEXPIRE', KEYS[3], keep)
+    redis.call('PEXPIRE', KEYS[1], keep)
+  end
+  keep = math.max(keep, redis.call('PTTL', KEYS[1]))
+else
+  redis.call('PEXPIRE', KEYS[1], keep)
+end
+redis.call('PEXPIRE', KEYS[4], keep)
+redis.call('PEXPIRE', KEYS[5], keep)
+return 1
+`
+
+// announceHoldScript: KEYS[1] the lock key; ARGV[1] token, ARGV[2] release
+// channel, ARGV[3] 'w' or 'r', the kind of hold just released. It
+// announces the release, as the release script does for UNLOCK, when it
+// made the key free for someone else: the token's last write hold (the
+// key is no longer the token's), or the last reader (the key is gone).
+// Run after the release, it may announce a key taken again meanwhile,
+// which only wakes a waiter early. The PUBLISH is a pcall: a node user
+// whose ACL denies it still released, and waiters fall back to their
+// retry.
+const announceHoldScript = `
+local v = redis.call('GET', KEYS[1])
+if v and (ARGV[3] == 'r' or v == ARGV[1]) then return 0 end
+redis.pcall('PUBLISH', ARGV[2], '')
+return 1
+`
+
+var (
+	scriptExtendHold   = [2]script{backends.Write: newScript(extendWriteScript), backends.Read: newScript(extendReadScript)}
+	scriptAnnounceHold = newScript(announceHoldScript)
+)
+
+// eval runs s on the node through its go-redis client, loading it when
+// the node does not have it cached.
+func (n *Node) eval(ctx context.Context, s script, keys []string, args ...any) (any, error) {
+	v, err := n.client.EvalSha(ctx, s.sha, keys, args...).Result()
+	if err != nil && goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		v, err = n.client.Eval(ctx, s.src, keys, args...).Result()
+	}
+	return v, err
+}
+
+// extendHold renews token's hold of key of mode on this node (see
+// extendWriteScript and extendReadScript), counted in the node's extend
+// metrics as RENEW's are.
+func (n *Node) extendHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (ok bool, err error) {
+	if err := n.health.refuse(); err != nil {
+		return false, err
+	}
+	start := time.Now()
+	defer func() { n.observe(opExtend, start, err) }()
+	keys := n.lockKeys(n.LockKey(key), key, keyWriterWaits)
+	v, err := n.eval(ctx, scriptExtendHold[mode], keys, token, ttl.Milliseconds(), readMarker)
+	if err != nil {
+		return false, fmt.Errorf("extend %v hold: %w", mode, err)
+	}
+	i, isInt := v.(int64)
+	if !isInt {
+		return false, fmt.Errorf("unexpected reply to the extend %v hold script: %.60v", mode, v)
+	}
+	return i == 1, nil
+}
+
+// announceHoldRelease announces on this node the release of a hold of
+// mode by token, when it freed key (see announceHoldScript). A failure
+// only leaves waiters to their retry.
+func (n *Node) announceHoldRelease(ctx context.Context, key, token string, mode backends.Mode) {
+	which := "w"
+	if mode == backends.Read {
+		which = "r"
+	}
+	if _, err := n.eval(ctx, scriptAnnounceHold, []string{n.LockKey(key)}, token, n.ReleaseChannel(key), which); err != nil {
+		n.log.Debug("redis node: a hold's release was not announced; waiters find it by their retry",
+			zap.String("node", n.Name()), zap.Error(err))
+	}
+}
