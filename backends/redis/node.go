@@ -579,15 +579,15 @@ func (w *writer) get(ctx context.Context, n *Node) (*nodeConn, error) {
 			w.drop()
 		}
 	}
-	if w.conn == nil {
-		// The connection is made under the dial timeout, not the
-		// operation's node timeout: its set-up (TCP, TLS, AUTH, INFO) is
-		// a few round trips where an operation is one, and bounded by
-		// the operation it would be lost with it, and made again for the
-		// next, forever, on links slow enough (a 60 ms round trip against
-		// a 100 ms node timeout: TestConnectOverSlowLinks). An operation
-		// that cannot wait for it fails unsent; the connection is there
-		// for the next batch.
+	// The connection is made under the dial timeout, not the operation's
+	// node timeout: its set-up (TCP, TLS, AUTH, INFO) is a few round trips
+	// where an operation is one, and bounded by the operation it would be
+	// lost with it, and made again for the next, forever, on links slow
+	// enough (a 60 ms round trip against a 100 ms node timeout:
+	// TestConnectOverSlowLinks). An operation that cannot wait for it
+	// fails unsent; the connection is there for the next batch.
+	asked := time.Now()
+	for w.conn == nil {
 		if w.dialing == nil {
 			ch, inTLS := make(chan dialResult, 1), new(atomic.Bool)
 			w.dialing, w.dialTLS = ch, inTLS
@@ -595,14 +595,25 @@ func (w *writer) get(ctx context.Context, n *Node) (*nodeConn, error) {
 				dctx, cancel := context.WithTimeout(context.Background(), n.dialTimeout)
 				defer cancel()
 				c, err := n.connectTracked(dctx, inTLS)
-				ch <- dialResult{c, err}
+				ch <- dialResult{c, err, time.Now()}
 			}()
 		}
 		select {
 		case r := <-w.dialing:
 			w.dialing = nil
+			// A dial that ended before this batch asked, its batch gone,
+			// says nothing of the node now: a failure is dialed again
+			// (TestStaleDialErrorNotReplayed), a connection checked.
+			stale := r.at.Before(asked)
 			if r.err != nil {
+				if stale {
+					continue
+				}
 				return nil, r.err
+			}
+			if stale && alive(r.c.nc) != nil {
+				r.c.close()
+				continue
 			}
 			w.conn = r.c
 			// A batch left less than a round trip cannot be answered in
@@ -631,6 +642,7 @@ func (w *writer) get(ctx context.Context, n *Node) (*nodeConn, error) {
 type dialResult struct {
 	c   *nodeConn
 	err error
+	at  time.Time // when the dial ended
 }
 
 // abandonDial closes the connection a stopping writer was still making,
