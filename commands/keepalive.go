@@ -155,8 +155,16 @@ type watchdog struct {
 	ttl        time.Duration
 	maxHold    time.Duration // 0: none
 	deadline   time.Time     // since + maxHold
-	cancel     context.CancelFunc
-	wake       chan struct{} // cap 1: a holder's connection closed (drop)
+	// sent is when the grant's LOCK was sent: the lease may have begun
+	// as soon as the backend got it (on PostgreSQL at the INSERT, before a
+	// COMMIT that may be slow), so it is counted from then, not from the
+	// reply.
+	sent time.Time
+	// validity is what the grant's reply told the holder, from the reply:
+	// the first renewal comes within it, however short.
+	validity time.Duration
+	cancel   context.CancelFunc
+	wake     chan struct{} // cap 1: a holder's connection closed (drop)
 
 	// Guarded by keepalives.mu.
 	holders   map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
@@ -356,17 +364,31 @@ func (k *keepalives) start(sessCtx context.Context, ka *connKeepalive, key, toke
 	return k.startHold(sessCtx, ka, key, token, ttl, maxHold, backends.Write, true)
 }
 
-// startHold begins keeping key (held by token with ttl, in mode) alive for
-// as long as sessCtx, the holder's session context, lasts (or another
-// connection's that takes it too). shared says the token was the client's
-// own (TOKEN). Call it after grantedHold reported false. It returns false
-// when the handler is closed; the lock is then released before startHold
-// returns.
+// startHold is startGrant of a grant sent now and told its whole TTL.
 func (k *keepalives) startHold(sessCtx context.Context, ka *connKeepalive, key, token string, ttl, maxHold time.Duration, mode backends.Mode, shared bool) bool {
+	return k.startGrant(sessCtx, ka, key, token, ttl, maxHold, mode, shared, grantTiming{sent: time.Now(), validity: ttl})
+}
+
+// grantTiming is when a grant's LOCK was sent to the backend and the
+// validity its reply told.
+type grantTiming struct {
+	sent     time.Time
+	validity time.Duration
+}
+
+// startGrant begins keeping key (held by token with ttl, in mode) alive
+// for as long as sessCtx, the holder's session context, lasts (or another
+// connection's that takes it too). shared says the token was the client's
+// own (TOKEN); g is the grant's timing: its lease is counted from g.sent,
+// and the first renewal comes within g.validity. Call it after grantedHold
+// reported false. It returns false when the handler is closed; the lock is
+// then released before startGrant returns.
+func (k *keepalives) startGrant(sessCtx context.Context, ka *connKeepalive, key, token string, ttl, maxHold time.Duration, mode backends.Mode, shared bool, g grantTiming) bool {
 	ctx, cancel := context.WithCancel(context.Background())
 	now := time.Now()
 	w := &watchdog{key: key, token: token, ttl: ttl, maxHold: maxHold, cancel: cancel,
-		wake: make(chan struct{}, 1), holders: map[*connKeepalive]*holder{}, shared: shared}
+		wake: make(chan struct{}, 1), holders: map[*connKeepalive]*holder{}, shared: shared,
+		sent: g.sent, validity: g.validity}
 	if maxHold > 0 {
 		w.deadline = now.Add(maxHold)
 	}
@@ -596,11 +618,17 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 	// A renewal that errs (a node timeout, no quorum this time) is tried
 	// again while the lease it would extend has time left: one slow moment
 	// on a busy host should not cost the lock. lastOK is when the last
-	// successful renewal (or the grant) was sent; its lease runs ttl from
-	// then, less a tenth kept as margin for drift and the grant's own time.
-	lastOK := time.Now()
+	// successful renewal (or the grant's LOCK) was sent; its lease runs ttl
+	// from then, less a tenth kept as margin for drift and the grant's own
+	// time. Not from when the watchdog starts, after the grant's reply: a
+	// slow grant's lease began long before that.
+	lastOK := w.sent
 	retry := max(period/6, 10*time.Millisecond)
-	t := time.NewTimer(period)
+	// The first renewal comes within the validity the grant told, however
+	// short (a slow grant's): the holder relies on the lock until told it
+	// is lost, and the lease may end when that validity does. Halfway
+	// leaves the renewal the other half to get through.
+	t := time.NewTimer(renewAfter(period, w.validity))
 	defer t.Stop()
 	final := false // MAXHOLD: no more renewals; the lease ends at the deadline
 	for {
@@ -668,8 +696,15 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 		}
 		lastOK = sent
 		k.held.renewed(w.key, w.token, ttl)
-		t.Reset(period)
+		t.Reset(renewAfter(period, validity))
 	}
+}
+
+// renewAfter is how long after a grant's or a renewal's reply, which told
+// validity, a watchdog renewing every period renews next: period, or half
+// the validity when that is sooner (a slow reply's); never negative.
+func renewAfter(period, validity time.Duration) time.Duration {
+	return max(min(period, validity/2), 0)
 }
 
 // ended handles w's context being done: UNLOCK stopped it (nothing to do),

@@ -298,8 +298,11 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		// shared: the client named the token, which may then hold
 		// holds the watchdog does not count (keepalives.beginUnlock).
 		shared := a.token != nil
+		// The watchdog counts the lease from the LOCK's send (it may
+		// have begun then) and renews first within the validity told.
+		timing := grantTiming{sent: start, validity: lease.Validity}
 		if !h.keepalive.grantedHold(s.Context(), ka, req.Key, token, mode, shared) && a.keepalive &&
-			!h.keepalive.startHold(s.Context(), ka, req.Key, token, a.ttl, a.maxHold, mode, shared) {
+			!h.keepalive.startGrant(s.Context(), ka, req.Key, token, a.ttl, a.maxHold, mode, shared, timing) {
 			// The server is shutting down; start released the lock.
 			s.W.Error(errShuttingDown.Error())
 			return

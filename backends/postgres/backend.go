@@ -75,6 +75,10 @@ const (
 	// ended (a waiting writer's marker removed, a grant the caller never
 	// saw dropped).
 	cleanupTimeout = 5 * time.Second
+	// listenBackoffMin is the first pause before the listening connection
+	// is dialed again, doubled after each loss up to listenBackoffMax, and
+	// back to it once a connection worked for longer than the pause.
+	listenBackoffMin = 100 * time.Millisecond
 	// listenBackoffMax caps the pause between reconnections of the
 	// listening connection.
 	listenBackoffMax = 5 * time.Second
@@ -107,6 +111,17 @@ type Backend struct {
 	waiters map[string]map[*waiter]struct{} // keyTag → Lock calls waiting here
 	byKey   map[string]int                  // key → Lock calls waiting here
 	waiting int
+	gates   map[string]*keyGate // key → this instance's first tries of it (enterGate)
+}
+
+// keyGate lets one first try of a key at a time run its transaction, which
+// queues on the key's advisory lock inside a pooled connection: the
+// others wait in the process, holding no connection. A channel of one
+// slot: goroutines blocked sending on it are served in arrival order, as
+// the database's queue on the advisory lock would serve them.
+type keyGate struct {
+	slot chan struct{}
+	refs int // tries holding or waiting for slot; guarded by Backend.mu
 }
 
 // waiter is one waiting Lock call; wake gets a value when the key may
@@ -191,6 +206,7 @@ func New(cfg Config) (*Backend, error) {
 		addr:      net.JoinHostPort(pcfg.ConnConfig.Host, strconv.Itoa(int(pcfg.ConnConfig.Port))),
 		waiters:   map[string]map[*waiter]struct{}{},
 		byKey:     map[string]int{},
+		gates:     map[string]*keyGate{},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout)
 	defer cancel()
@@ -389,6 +405,36 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 	}
 }
 
+// enterGate waits, within ctx, until key's gate is this call's; release
+// gives it to the next call waiting, in arrival order.
+func (b *Backend) enterGate(ctx context.Context, key string) (release func(), err error) {
+	b.mu.Lock()
+	g := b.gates[key]
+	if g == nil {
+		g = &keyGate{slot: make(chan struct{}, 1)}
+		b.gates[key] = g
+	}
+	g.refs++
+	b.mu.Unlock()
+	leave := func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if g.refs--; g.refs == 0 {
+			delete(b.gates, key)
+		}
+	}
+	select {
+	case g.slot <- struct{}{}:
+	case <-ctx.Done():
+		leave()
+		return nil, ctx.Err()
+	}
+	return func() {
+		<-g.slot
+		leave()
+	}, nil
+}
+
 // A retry that found the key's advisory lock taken looks again once after
 // 20–50 ms (longer than a check of the key takes), then as any refused try.
 const (
@@ -423,6 +469,20 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 	caller := ctx
 	ctx, cancel := b.op(ctx)
 	defer cancel()
+	if !tryLock {
+		// A first try waits for the key's advisory lock in the database,
+		// holding a pooled connection: while another transaction holds
+		// that lock (an instance stalled in a grant, up to op_timeout),
+		// the LOCKs of a hot key would take the whole pool, and RENEWs and
+		// UNLOCKs of other keys (a KEEPALIVE watchdog's among them) would
+		// wait for a connection. One first try per key waits there; the
+		// others wait here, in order, within their op_timeout.
+		release, err := b.enterGate(ctx, req.Key)
+		if err != nil {
+			return backends.Lease{}, 0, b.fail(caller, fmt.Errorf("waiting for this instance's try of the key before: %w", err))
+		}
+		defer release()
+	}
 	var act action
 	var granted bool // a first hold was inserted: fence is its row's
 	for attempt := 0; ; attempt++ {
@@ -844,6 +904,7 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 		return backends.LockInfo{}, false, err
 	}
 	key = dbText(key)
+	start := time.Now()
 	octx, cancel := b.op(ctx)
 	defer cancel()
 	rs, err := b.pool.Query(octx, b.n.liveHoldersSQL(), key)
@@ -853,6 +914,14 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 	rows, err := scanRows(rs)
 	if err != nil {
 		return backends.LockInfo{}, false, b.fail(ctx, err)
+	}
+	// A lease left is shown as what its holder may still rely on, as a
+	// grant's validity and RedLock's LOCKINFO are: less the time the
+	// question took and the drift allowance for what is left, never
+	// more than the holder was told.
+	elapsed := time.Since(start)
+	for i := range rows {
+		rows[i].left = max(validity(rows[i].left, elapsed, b.cfg.DriftFactor, b.cfg.DriftMin), 0)
 	}
 	b.mu.Lock()
 	waiting := b.byKey[key]
@@ -947,15 +1016,23 @@ func (b *Backend) wake(tag string) {
 // is woken, as releases may have gone unheard.
 func (b *Backend) listen() {
 	defer b.bg.Done()
-	backoff := 100 * time.Millisecond
+	backoff := listenBackoffMin
 	for b.ctx.Err() == nil {
-		err := b.listenOnce()
+		listened, err := b.listenOnce()
 		b.listening.Store(false)
 		if b.ctx.Err() != nil {
 			return
 		}
 		b.log.Warn("postgres: listening connection lost; waiters poll until it is back", zap.Error(err))
 		b.wake("")
+		if !listened.IsZero() && time.Since(listened) > backoff {
+			// The connection worked, for longer than the pause before
+			// the next dial: the database is reachable again, and the
+			// backoff, meant for one that stays unreachable, starts
+			// over, or after a few losses over the process's life every
+			// loss would leave waiters polling for 5 s.
+			backoff = listenBackoffMin
+		}
 		t := time.NewTimer(backoff)
 		select {
 		case <-t.C:
@@ -967,10 +1044,12 @@ func (b *Backend) listen() {
 	}
 }
 
-func (b *Backend) listenOnce() error {
+// listenOnce dials the listening connection and serves it until it fails.
+// listened is when its LISTEN went through (zero if it never did).
+func (b *Backend) listenOnce() (listened time.Time, err error) {
 	conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
 	if err != nil {
-		return err
+		return time.Time{}, fmt.Errorf("dial: %w", err)
 	}
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -978,8 +1057,9 @@ func (b *Backend) listenOnce() error {
 		_ = conn.Close(ctx)
 	}()
 	if _, err := conn.Exec(b.ctx, "LISTEN "+b.n.channelIdent); err != nil {
-		return err
+		return time.Time{}, fmt.Errorf("LISTEN: %w", err)
 	}
+	listened = time.Now()
 	b.listening.Store(true)
 	b.wake("")
 	for {
@@ -993,12 +1073,12 @@ func (b *Backend) listenOnce() error {
 			err = conn.Ping(pctx)
 			pcancel()
 			if err != nil {
-				return fmt.Errorf("the listening connection did not answer: %w", err)
+				return listened, fmt.Errorf("the listening connection did not answer: %w", err)
 			}
 			continue
 		}
 		if err != nil {
-			return err
+			return listened, fmt.Errorf("waiting for a notification: %w", err)
 		}
 		b.wake(n.Payload)
 	}

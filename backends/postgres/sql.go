@@ -231,16 +231,22 @@ func (n names) notifySQL() string {
 	return `SELECT pg_notify('` + n.channel + `', md5($1))`
 }
 
-// renewSQL resets every live row of the token ($2) on key to $3 ms. No
-// advisory lock is needed: a row the database's clock has expired can
-// never match again, and a live row is the token's own. The rows (two for
-// a downgraded token) are locked in mode order first, the order a grant's
-// read locks them in, so the two never deadlock.
+// renewSQL resets the token's ($2) live rows on key to $3 ms. A
+// downgraded token (a write row and a read row) renews its write hold: the
+// write row gets exactly $3 ms, the read row is raised to as much but
+// never shortened, as on the other backends, since the read hold's lease,
+// told to its holder, keeps writers out for all of it. A token holding one
+// row gets exactly $3 ms. No advisory lock is needed: a row the database's
+// clock has expired can never match again, and a live row is the token's
+// own. The rows are locked in mode order first, the order a grant's read
+// locks them in, so the two never deadlock.
 func (n names) renewSQL() string {
 	return `WITH l AS (
 	SELECT mode FROM ` + n.holds + ` WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()
 	ORDER BY mode FOR NO KEY UPDATE)
-UPDATE ` + n.holds + ` h SET expires_at = clock_timestamp() + $3 * interval '1 millisecond'
+UPDATE ` + n.holds + ` h SET expires_at = CASE WHEN h.mode = 1 AND EXISTS (SELECT 1 FROM l WHERE l.mode = 0) -- read, beside a write row
+	THEN GREATEST(h.expires_at, clock_timestamp() + $3 * interval '1 millisecond')
+	ELSE clock_timestamp() + $3 * interval '1 millisecond' END
 FROM l WHERE h.key = $1 AND h.token = $2 AND h.mode = l.mode RETURNING h.mode`
 }
 
