@@ -109,28 +109,9 @@ func (h holdNode) Extend(ctx context.Context, key, token string, ttl time.Durati
 // after an UNLOCK released that hold there must not cut the token's read
 // lease, which its holder was told of, to the write TTL. Returns 1 when
 // the token held the key for writing.
-const extendWriteScript = luaMeta + `
-local v = redis.call('GET', KEYS[1])
-if v ~= ARGV[1] then return 0 end
-local ms = tonumber(ARGV[2])
-local m = redis.call('GET', KEYS[3])
-local _, r = meta(m, ARGV[1])
-local s
-if r == 'r' then s = redis.call('ZSCORE', KEYS[4], ARGV[1]) end
-if s then` + luaNow + `
-  s = tonumber(s)
-  if s < now + ms then
-    redis.call('ZADD', KEYS[4], now + ms, ARGV[1])
-  else
-    ms = s - now
-  end
-  redis.call('PEXPIRE', KEYS[4], ms)
-  redis.call('PEXPIRE', KEYS[5], ms)
-end
-redis.call('PEXPIRE', KEYS[2], ms)
-if m then redis.call('PEXPIRE', KEYS[3], ms) end
-redis.call('PEXPIRE', KEYS[1], ms)
-return 1
+const extendWriteScript = luaMeta + luaExtendWrite + `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+return extendWrite()
 `
 
 // extendReadScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]

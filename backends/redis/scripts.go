@@ -392,16 +392,13 @@ end
 return out
 `
 
-// extendScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
-// ttl ms, ARGV[3] readMarker. Compare-and-expire, for a write hold (with
-// the read hold of a downgrade, whose lease it raises to the ttl but never
-// shortens) or a live reader's own lease. Returns 1 when the token held
-// the key. The meta keys' expiries are set before the lock key's, so that
-// they never outlive it.
-const extendScript = luaMeta + `
-local v = redis.call('GET', KEYS[1])
-if not v then return 0 end
-if v == ARGV[1] then
+// luaExtendWrite defines extendWrite, the write path of a renewal (KEYS
+// the lock keys, first five; ARGV[1] the token, which holds the key for
+// writing; ARGV[2] ttl ms): the write lease set to the ttl, the read hold
+// of a downgrade raised to it but never shortened. Shared by extendScript
+// and extendWriteScript (holdkind.go).
+const luaExtendWrite = `
+local function extendWrite()
   local ms = tonumber(ARGV[2])
   local m = redis.call('GET', KEYS[3])
   local _, r = meta(m, ARGV[1])
@@ -426,6 +423,18 @@ if v == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ms)
   return 1
 end
+`
+
+// extendScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
+// ttl ms, ARGV[3] readMarker. Compare-and-expire, for a write hold (with
+// the read hold of a downgrade, whose lease it raises to the ttl but never
+// shortens) or a live reader's own lease. Returns 1 when the token held
+// the key. The meta keys' expiries are set before the lock key's, so that
+// they never outlive it.
+const extendScript = luaMeta + luaExtendWrite + `
+local v = redis.call('GET', KEYS[1])
+if not v then return 0 end
+if v == ARGV[1] then return extendWrite() end
 if v ~= ARGV[3] then return 0 end` + luaNow + `
 local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
 if not s or tonumber(s) <= now then return 0 end
