@@ -167,10 +167,19 @@ type watchdog struct {
 	wake     chan struct{} // cap 1: a holder's connection closed (drop)
 
 	// Guarded by keepalives.mu.
-	holders   map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
-	loose     [2]int                     // holds granted without KEEPALIVE while it runs, by backends.Mode
-	drop      [2]int                     // holds of closed connections, by backends.Mode, for run to release
-	unlocking int                        // UNLOCKs of key with token in flight
+	holders map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
+	loose   [2]int                     // holds granted without KEEPALIVE while it runs, by backends.Mode
+	drop    [2]int                     // holds of closed connections, by backends.Mode, for run to release
+	// unlocking counts the UNLOCKs of key with token in flight, by the
+	// kind of hold each is taken to release (unlockOp.mode).
+	unlocking [2]int
+	// unlocks counts the UNLOCKs counted in unlocking that released a
+	// hold: a renewal that found nothing tells by it whether one ended
+	// since the renewal was sent.
+	unlocks uint64
+	// settled gets a value when the last UNLOCK in flight ends, for
+	// ended, which waits for it before counting the holds to release.
+	settled chan struct{} // cap 1
 	// shared: a grant with the client's own TOKEN was counted, so the
 	// token may also hold write holds this watchdog does not count (taken
 	// before it started, or through another instance: a downgrade's),
@@ -179,7 +188,10 @@ type watchdog struct {
 	// ending: no KEEPALIVE holder is left and run is releasing every hold
 	// it counts. It is out of the map already and takes no new hold: a
 	// hold granted to a live connection now would be released with the
-	// rest.
+	// rest. Until it has counted them it is in keepalives.ending, so that
+	// an UNLOCK of key with token still takes the hold it releases off
+	// w's counts: the token's holds are alike on the nodes, and one
+	// released by an UNLOCK and again by w would take another's.
 	ending  bool
 	stopped bool // ended by UNLOCK, a loss or a release; no longer in the map
 }
@@ -191,6 +203,10 @@ type holder struct {
 }
 
 func (h *holder) total() int { return h.n[backends.Write] + h.n[backends.Read] }
+
+// inFlight is how many UNLOCKs of w's key and token are in flight. k.mu
+// is held.
+func (w *watchdog) inFlight() int { return w.unlocking[backends.Write] + w.unlocking[backends.Read] }
 
 // holds is how many holds of each kind w keeps in all. k.mu is held.
 func (w *watchdog) holds() [2]int {
@@ -246,8 +262,11 @@ type keepalives struct {
 	// delayFor is the lock-delay for a key (locks.lock_delay), 0 for none.
 	delayFor func(key string) time.Duration
 
-	mu     sync.Mutex
-	m      map[heldKey]*watchdog
+	mu sync.Mutex
+	m  map[heldKey]*watchdog
+	// ending holds the watchdogs that are ending (watchdog.ending) and
+	// have not yet counted the holds they release.
+	ending map[heldKey][]*watchdog
 	closed bool
 	// shutdown: the server is shutting down (Handler.ShuttingDown). A
 	// lock whose connection closes now was not lost by its holder, so it
@@ -274,7 +293,7 @@ func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle ti
 	})
 	reg.MustRegister(lost, active, delayed)
 	k := &keepalives{backend: b, held: held, log: log, idle: idle, release: releaseTimeout,
-		active: active, delayed: delayed, m: map[heldKey]*watchdog{},
+		active: active, delayed: delayed, m: map[heldKey]*watchdog{}, ending: map[heldKey][]*watchdog{},
 		delayFor: func(string) time.Duration { return 0 }}
 	for r := lostReason(0); r < numLostReasons; r++ {
 		k.lost[r] = lost.WithLabelValues(r.label())
@@ -348,8 +367,7 @@ func (k *keepalives) holderGone(w *watchdog, ka *connKeepalive) {
 		// release with the rest though its connection is alive: it
 		// leaves the registry now, and a grant meanwhile starts a
 		// watchdog of its own.
-		w.ending = true
-		k.detachLocked(w)
+		k.endingLocked(w)
 		w.cancel()
 		return
 	}
@@ -387,7 +405,8 @@ func (k *keepalives) startGrant(sessCtx context.Context, ka *connKeepalive, key,
 	ctx, cancel := context.WithCancel(context.Background())
 	now := time.Now()
 	w := &watchdog{key: key, token: token, ttl: ttl, maxHold: maxHold, cancel: cancel,
-		wake: make(chan struct{}, 1), holders: map[*connKeepalive]*holder{}, shared: shared,
+		wake: make(chan struct{}, 1), settled: make(chan struct{}, 1),
+		holders: map[*connKeepalive]*holder{}, shared: shared,
 		sent: g.sent, validity: g.validity}
 	if maxHold > 0 {
 		w.deadline = now.Add(maxHold)
@@ -418,112 +437,207 @@ func (k *keepalives) startGrant(sessCtx context.Context, ka *connKeepalive, key,
 	return true
 }
 
-// unlockOp is one UNLOCK of a key with a token a watchdog keeps.
+// unlockOp is one UNLOCK of a key with a token watchdogs keep.
 type unlockOp struct {
-	w *watchdog
+	key, token string
+	// ws are the watchdogs that count holds of key with token: the one in
+	// the registry, if any, and those ending (keepalives.ending). Each
+	// counts the UNLOCK in its unlocking until endUnlock.
+	ws []*watchdog
 	// mode is the kind of hold the UNLOCK releases: the backend releases
 	// a write hold while the token has one, else a read hold.
 	mode backends.Mode
-	// ask: w's counts cannot tell mode (it counts read holds only, and
-	// the token may hold a write hold it does not count); whichHold asks
+	// ask: the counts cannot tell mode (they count read holds only, and
+	// the token may hold a write hold they do not count); whichHold asks
 	// the backend.
 	ask bool
 }
 
 // beginUnlock marks an UNLOCK of key with token in flight, so that a
-// renewal that finds the lock gone meanwhile is not taken for a loss, and
-// tells which kind of hold it releases as far as the watchdog's counts
-// can. It returns nil when no watchdog keeps key with token.
+// renewal that finds the lock gone meanwhile is not taken for a loss and
+// an ending watchdog does not count the hold it releases, and tells
+// which kind of hold it releases as far as the watchdogs' counts can. It
+// returns nil when no watchdog keeps key with token.
 func (k *keepalives) beginUnlock(key, token string) *unlockOp {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	w := k.m[heldKey{key, token}]
-	if w == nil {
+	hk := heldKey{key, token}
+	op := &unlockOp{key: key, token: token, mode: backends.Write}
+	if w := k.m[hk]; w != nil {
+		op.ws = append(op.ws, w)
+	}
+	op.ws = append(op.ws, k.ending[hk]...)
+	if len(op.ws) == 0 {
 		return nil
 	}
-	w.unlocking++
-	op := &unlockOp{w: w, mode: backends.Write}
-	if w.counted(backends.Write) == 0 && w.counted(backends.Read) > 0 {
+	var n [2]int
+	shared := false
+	for _, w := range op.ws {
+		c := w.holds() // an ending watchdog's holds are all on the nodes until it counts them
+		if !w.ending {
+			// A closed connection's holds may be released before the
+			// UNLOCK gets there.
+			c = [2]int{w.counted(backends.Write), w.counted(backends.Read)}
+		}
+		n[backends.Write] += c[backends.Write]
+		n[backends.Read] += c[backends.Read]
+		shared = shared || w.shared
+	}
+	if n[backends.Write] == 0 && n[backends.Read] > 0 {
 		// Only read holds are counted. A token lockproxy made for an
-		// RLOCK can hold no write hold the watchdog missed; the
+		// RLOCK can hold no write hold the watchdogs missed; the
 		// client's own may (LOCK … TOKEN t, then RLOCK … TOKEN t
 		// KEEPALIVE: a downgrade), and UNLOCK would release that first.
-		op.mode, op.ask = backends.Read, w.shared
+		op.mode, op.ask = backends.Read, shared
+	}
+	for _, w := range op.ws {
+		w.unlocking[op.mode]++
 	}
 	return op
 }
 
-// whichHold settles op.mode, when the watchdog's counts could not, by
+// whichHold settles op.mode, when the watchdogs' counts could not, by
 // asking the backend whether the token holds the write lock. Call it
 // before the UNLOCK runs. When the backend cannot tell, the UNLOCK is
-// taken to release a write hold the watchdog does not count, and the
-// watchdog goes on: were it the read hold after all, the next renewal
-// finds the lock gone and says so, where stopping could let a read hold
-// still held expire unannounced.
+// taken to release a write hold the watchdogs do not count, and they go
+// on: were it the read hold after all, the next renewal finds the lock
+// gone and says so, where stopping could let a read hold still held
+// expire unannounced.
 func (k *keepalives) whichHold(ctx context.Context, op *unlockOp) {
 	if op == nil || !op.ask {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, k.release)
 	defer cancel()
-	info, ok, err := k.backend.Info(ctx, op.w.key)
+	mode := backends.Read
+	info, ok, err := k.backend.Info(ctx, op.key)
 	switch {
 	case err != nil:
 		k.log.Debug("keepalive: could not tell whether UNLOCK releases a write or a read hold; the watchdog goes on",
-			zap.Error(err))
-		op.mode = backends.Write
-	case ok && info.Mode == backends.Write && len(info.Holders) > 0 && info.Holders[0].Token == op.w.token:
-		op.mode = backends.Write
-	default:
-		op.mode = backends.Read
+			zap.Error(fmt.Errorf("lock info of the key an UNLOCK releases: %w", err)))
+		mode = backends.Write
+	case ok && info.Mode == backends.Write && len(info.Holders) > 0 && info.Holders[0].Token == op.token:
+		mode = backends.Write
 	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for _, w := range op.ws {
+		w.unlocking[op.mode]--
+		w.unlocking[mode]++
+	}
+	op.mode = mode
 }
 
 // endUnlock ends what beginUnlock began; released says one hold was
 // released, through the connection with keepalive state ka (nil when it
 // has none). The hold taken off is of the kind the UNLOCK released
-// (op.mode): ka's own KEEPALIVE hold if it has one, else a loose one,
-// else another connection's, as a token's holds of one kind are alike;
-// or none, when the watchdog counts none of that kind (the UNLOCK
-// released a hold taken without it). The watchdog stops with the last
-// KEEPALIVE hold: loose holds left then keep the lease they have.
+// (op.mode), and from one count only, as a token's holds of one kind are
+// alike on the nodes: ka's own KEEPALIVE hold if it has one; else one an
+// ending watchdog counts (takeEndingLocked), which it then does not
+// release; else a loose one, and last another connection's. Ending ones
+// come before a live connection's: a wrong guess then costs a lease left
+// to run out, not a hold released or left unrenewed under a holder that
+// relies on it. Or none, when no watchdog counts one of that kind
+// (the UNLOCK released a hold taken without it). A watchdog stops with
+// its last KEEPALIVE hold: loose holds left then keep the lease they have.
 func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 	if op == nil {
 		return
 	}
-	w, mode := op.w, op.mode
+	mode := op.mode
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	w.unlocking--
-	if !released || w.stopped || w.ending {
-		return
-	}
-	h := w.holders[ka]
-	if h != nil && h.n[mode] == 0 {
-		h = nil
-	}
-	if h == nil && w.loose[mode] > 0 {
-		w.loose[mode]--
-		return
-	}
-	if h == nil {
-		for other, oh := range w.holders {
-			if oh.n[mode] > 0 {
-				ka, h = other, oh
-				break
+	var live *watchdog
+	for _, w := range op.ws {
+		w.unlocking[mode]--
+		if released {
+			w.unlocks++
+		}
+		if w.inFlight() == 0 {
+			select {
+			case w.settled <- struct{}{}:
+			default:
 			}
 		}
+		if !w.stopped && !w.ending {
+			live = w
+		}
 	}
-	if h == nil {
+	if !released {
 		return
 	}
+	if live != nil {
+		if h := live.holders[ka]; h != nil && h.n[mode] > 0 {
+			k.takeHolderLocked(live, ka, h, mode)
+			return
+		}
+	}
+	// An ending watchdog has not counted its holds yet (settle waits for
+	// the UNLOCKs in flight), so the one taken off is not released twice;
+	// it is not stopped here, as it releases what it counts.
+	for _, w := range op.ws {
+		if w.ending && !w.stopped && takeEndingLocked(w, ka, mode) {
+			return
+		}
+	}
+	if live == nil {
+		return
+	}
+	if live.loose[mode] > 0 {
+		live.loose[mode]--
+		return
+	}
+	for other, oh := range live.holders {
+		if oh.n[mode] > 0 {
+			k.takeHolderLocked(live, other, oh, mode)
+			return
+		}
+	}
+}
+
+// takeEndingLocked takes one hold of mode off the counts of w, which is
+// ending: a loose one, else a closed connection's, else (w was ending
+// when Handler.close canceled it, its holders still counted) ka's own
+// KEEPALIVE hold, else another connection's. It reports whether w counted
+// one. k.mu is held.
+func takeEndingLocked(w *watchdog, ka *connKeepalive, mode backends.Mode) bool {
+	switch {
+	case w.loose[mode] > 0:
+		w.loose[mode]--
+		return true
+	case w.drop[mode] > 0:
+		w.drop[mode]--
+		return true
+	}
+	if h := w.holders[ka]; h != nil && h.n[mode] > 0 {
+		dropHolderLocked(w, ka, h, mode)
+		return true
+	}
+	for other, oh := range w.holders {
+		if oh.n[mode] > 0 {
+			dropHolderLocked(w, other, oh, mode)
+			return true
+		}
+	}
+	return false
+}
+
+// takeHolderLocked takes one hold of mode off ka's KEEPALIVE holds of w,
+// stopping w with its last KEEPALIVE hold. k.mu is held.
+func (k *keepalives) takeHolderLocked(w *watchdog, ka *connKeepalive, h *holder, mode backends.Mode) {
+	dropHolderLocked(w, ka, h, mode)
+	if len(w.holders) == 0 {
+		k.stopLocked(w)
+	}
+}
+
+// dropHolderLocked takes one hold of mode off ka's KEEPALIVE holds h of
+// w, and ka off w with its last. k.mu is held.
+func dropHolderLocked(w *watchdog, ka *connKeepalive, h *holder, mode backends.Mode) {
 	if h.n[mode]--; h.total() == 0 {
 		h.stop()
 		delete(w.holders, ka)
 		ka.live.Add(-1)
-	}
-	if len(w.holders) == 0 {
-		k.stopLocked(w)
 	}
 }
 
@@ -535,12 +649,44 @@ func (k *keepalives) stopLocked(w *watchdog) bool {
 	}
 	w.stopped = true
 	k.detachLocked(w)
+	k.settledLocked(w)
 	for ka, h := range w.holders {
 		h.stop()
 		ka.live.Add(-1)
 	}
 	w.cancel()
 	return true
+}
+
+// endingLocked marks w ending: out of the registry, so that it takes no
+// new hold, but in k.ending, so that UNLOCKs still count on it. k.mu is
+// held.
+func (k *keepalives) endingLocked(w *watchdog) {
+	if w.ending || w.stopped {
+		return
+	}
+	w.ending = true
+	k.detachLocked(w)
+	hk := heldKey{w.key, w.token}
+	k.ending[hk] = append(k.ending[hk], w)
+}
+
+// settledLocked takes w out of k.ending: it counted its holds, and an
+// UNLOCK begun now is not its to count. k.mu is held.
+func (k *keepalives) settledLocked(w *watchdog) {
+	hk := heldKey{w.key, w.token}
+	ws := k.ending[hk]
+	for i, e := range ws {
+		if e == w {
+			ws = append(ws[:i:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(k.ending, hk)
+	} else {
+		k.ending[hk] = ws
+	}
 }
 
 // detachLocked takes w out of the registry, unless a watchdog started
@@ -667,18 +813,14 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			}
 			ttl = min(ttl, left)
 		}
-		k.mu.Lock()
-		mode := w.renewMode()
-		k.mu.Unlock()
-		sent := time.Now()
-		rctx, cancel := context.WithTimeout(ctx, period)
-		validity, err := backends.RenewHold(rctx, k.backend, w.key, w.token, mode, ttl)
-		cancel()
+		sent, validity, err := k.renew(ctx, w, ttl, period)
+		// Whether the lease has time left for another try.
+		canRetry := time.Now().Add(retry + period).Before(lastOK.Add(w.ttl - w.ttl/10))
 		switch {
 		case ctx.Err() != nil:
 			k.ended(w)
 			return
-		case err != nil && time.Now().Add(retry+period).Before(lastOK.Add(w.ttl-w.ttl/10)):
+		case err != nil && canRetry:
 			t.Reset(retry)
 			continue
 		case err != nil:
@@ -690,6 +832,12 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			}
 			k.lose(w, lostRenewFailed, why)
 			return
+		case validity <= 0 && canRetry && k.unlockInFlight(w):
+			// An UNLOCK in flight may have released what the renewal
+			// looked for: whether a hold w still keeps is gone is known
+			// once it has ended (and taken its hold off, or stopped w).
+			t.Reset(retry)
+			continue
 		case validity <= 0:
 			k.lose(w, lostRenewFailed, "a renewal found it no longer held")
 			return
@@ -698,6 +846,55 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 		k.held.renewed(w.key, w.token, ttl)
 		t.Reset(renewAfter(period, validity))
 	}
+}
+
+// renew renews the holds w keeps, of the kind it renews
+// (watchdog.renewMode), with ttl, each try within period; sent is when the
+// renewal answered was sent. Renewals are per kind, and UNLOCK releases a
+// write hold before a read hold: a renewal of a write hold that an UNLOCK
+// released meanwhile finds none though w may still keep a read hold. So a
+// renewal that finds nothing is tried again at once when what w keeps
+// may have changed since it was sent: with the kind w now renews, when an
+// UNLOCK ended since or that kind changed; with the read hold w keeps,
+// when it found no write hold while an UNLOCK is in flight (which takes
+// the write hold off w's counts only when it ends). Only a renewal of the
+// kind w still keeps that finds nothing, with no UNLOCK since, is left to
+// run to take for a loss. Each try again needs an UNLOCK or a change of
+// kind since the last, or is the one read try, so the tries are bounded.
+func (k *keepalives) renew(ctx context.Context, w *watchdog, ttl, period time.Duration) (sent time.Time, validity time.Duration, err error) {
+	k.mu.Lock()
+	want, seen := w.renewMode(), w.unlocks
+	k.mu.Unlock()
+	mode := want
+	for {
+		sent = time.Now()
+		rctx, cancel := context.WithTimeout(ctx, period)
+		validity, err = backends.RenewHold(rctx, k.backend, w.key, w.token, mode, ttl)
+		cancel()
+		if err != nil || validity > 0 || ctx.Err() != nil {
+			return sent, validity, err
+		}
+		k.mu.Lock()
+		now, unlocks := w.renewMode(), w.unlocks
+		readLeft := mode == backends.Write && w.inFlight() > 0 && w.holds()[backends.Read] > 0
+		k.mu.Unlock()
+		switch {
+		case now != want || unlocks != seen:
+			want, seen, mode = now, unlocks, now
+		case readLeft:
+			mode = backends.Read
+		default:
+			return sent, validity, err
+		}
+	}
+}
+
+// unlockInFlight reports whether an UNLOCK of w's key and token is in
+// flight.
+func (k *keepalives) unlockInFlight(w *watchdog) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return w.inFlight() > 0
 }
 
 // renewAfter is how long after a grant's or a renewal's reply, which told
@@ -710,21 +907,69 @@ func renewAfter(period, validity time.Duration) time.Duration {
 // ended handles w's context being done: UNLOCK stopped it (nothing to do),
 // or the connection closed (release, or the lock-delay) or the server is
 // shutting down (release: its holder did not lose it). It releases the
-// holds counted now; none is added once w is ending (holderGone).
+// holds counted once no UNLOCK is in flight (settle); none is added once
+// w is ending (holderGone).
 func (k *keepalives) ended(w *watchdog) {
-	k.mu.Lock()
-	if w.stopped {
-		k.mu.Unlock()
+	holds, mode, shutdown, ok := k.settle(w)
+	if !ok {
 		return
 	}
-	holds, mode := w.holds(), w.renewMode()
-	shutdown := k.shutdown || k.closed
-	k.stopLocked(w)
-	k.mu.Unlock()
 	if !shutdown && k.delayLock(w, mode) {
 		return
 	}
 	k.releaseHolds(w, holds)
+}
+
+// settle stops w, which is ending, and returns the holds it is to
+// release, the kind it renewed, and whether the server is shutting down;
+// ok is false when w was stopped already. An UNLOCK in flight releases
+// one of the token's holds, alike on the nodes, and endUnlock takes it
+// off w's counts; counted before that, it would be released twice, and
+// the second release would take a hold granted since to a live
+// connection. So settle waits, within the release bound, until none is
+// in flight; past the bound it leaves one hold unreleased for each still
+// in flight, whose lease then runs out on its own.
+func (k *keepalives) settle(w *watchdog) (holds [2]int, mode backends.Mode, shutdown, ok bool) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if w.stopped {
+		return holds, mode, false, false
+	}
+	// Handler.close canceled it in the registry: it takes no new hold
+	// from now, but UNLOCKs still count on it.
+	k.endingLocked(w)
+	if w.inFlight() > 0 {
+		bound := time.NewTimer(k.release)
+		defer bound.Stop()
+	wait:
+		for w.inFlight() > 0 && !w.stopped {
+			k.mu.Unlock()
+			select {
+			case <-w.settled:
+				k.mu.Lock()
+			case <-bound.C:
+				k.mu.Lock()
+				break wait
+			}
+		}
+		if w.stopped {
+			return holds, mode, false, false
+		}
+	}
+	holds, mode = w.holds(), w.renewMode()
+	for _, m := range []backends.Mode{backends.Write, backends.Read} {
+		// An UNLOCK taken to release one kind may release the other
+		// (whichHold could not tell): take any left off the other.
+		left := w.unlocking[m]
+		for _, n := range []backends.Mode{m, 1 - m} {
+			d := min(left, holds[n])
+			holds[n] -= d
+			left -= d
+		}
+	}
+	shutdown = k.shutdown || k.closed
+	k.stopLocked(w)
+	return holds, mode, shutdown, true
 }
 
 // delayLock applies the key's lock-delay to w's lock, which its holder
@@ -799,7 +1044,7 @@ func (k *keepalives) lose(w *watchdog, r lostReason, why string) {
 		k.mu.Unlock()
 		return
 	}
-	quiet := w.unlocking > 0 && r == lostRenewFailed // the UNLOCK in flight answers for it
+	quiet := w.inFlight() > 0 && r == lostRenewFailed // the UNLOCK in flight answers for it
 	owners := make([]*connKeepalive, 0, len(w.holders))
 	for ka := range w.holders {
 		owners = append(owners, ka)
