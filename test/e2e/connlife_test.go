@@ -51,13 +51,18 @@ func TestWaitGrantAfterDisconnect(t *testing.T) {
 				nd.Resume()
 			}
 
-			// Well within the node timeout and far below the 20 s TTL.
-			time.Sleep(1500 * time.Millisecond)
+			// Released within 1.5 s: far below the 20 s TTL.
 			var held []string
-			for i := range cl.nodes {
-				if v, ok := cl.lockValue(t, i, key); ok {
-					pttl := cl.clients[i].PTTL(lockclient.CtxFor(t, 2*time.Second), keyPrefix+"lock:"+key).Val()
-					held = append(held, fmt.Sprintf("node %d: %q pttl %v", i, v, pttl))
+			for deadline := time.Now().Add(1500 * time.Millisecond); ; time.Sleep(50 * time.Millisecond) {
+				held = held[:0]
+				for i := range cl.nodes {
+					if v, ok := cl.lockValue(t, i, key); ok {
+						pttl := cl.clients[i].PTTL(lockclient.CtxFor(t, 2*time.Second), keyPrefix+"lock:"+key).Val()
+						held = append(held, fmt.Sprintf("node %d: %q pttl %v", i, v, pttl))
+					}
+				}
+				if len(held) == 0 || time.Now().After(deadline) {
+					break
 				}
 			}
 			if len(held) > 0 {
@@ -133,9 +138,9 @@ func TestKeepaliveAliveDuringRelayedBlockingCommand(t *testing.T) {
 		name string
 		cmd  []string
 	}{
-		{"relayed BLPOP", []string{"BLPOP", "nolist", "3"}},
-		{"relayed XREAD BLOCK", []string{"XREAD", "BLOCK", "3000", "STREAMS", "nostream", "$"}},
-		{"LOCK … WAIT (control)", []string{"LOCK", "other-held", "PX", "5000", "WAIT", "3000"}},
+		{"relayed BLPOP", []string{"BLPOP", "nolist", "2"}},
+		{"relayed XREAD BLOCK", []string{"XREAD", "BLOCK", "2000", "STREAMS", "nostream", "$"}},
+		{"LOCK … WAIT (control)", []string{"LOCK", "other-held", "PX", "5000", "WAIT", "2000"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cl := startCluster(t, 3)
@@ -151,7 +156,7 @@ func TestKeepaliveAliveDuringRelayedBlockingCommand(t *testing.T) {
 			key := "busy-" + lockclient.RandID()
 			tok := rawGrant(t, holder, key, "PX", "600", "KEEPALIVE")
 			holder.Send(tc.cmd...)
-			time.Sleep(2500 * time.Millisecond) // the idle window and two leases pass while it blocks
+			time.Sleep(1600 * time.Millisecond) // the idle window (500 ms) and a lease (600 ms) pass while it blocks
 			if n := cl.holders(t, key, tok); n < 2 {
 				t.Errorf("while %v blocks, the KEEPALIVE lock is held on %d of 3 nodes; want it kept", tc.cmd, n)
 			}

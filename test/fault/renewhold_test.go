@@ -21,6 +21,9 @@ import (
 // nodes: a lease shorter on the nodes than reported lets the writer in
 // while the holder still holds.
 func TestRenewedLongHold(t *testing.T) {
+	// Its own nodes and instances: it runs beside the other single-purpose
+	// tests once the rows are done (most of its time is spent waiting).
+	t.Parallel()
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	e := newEnv(t, 5, 2)
 	for _, tc := range []struct {

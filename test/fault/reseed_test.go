@@ -23,6 +23,9 @@ import (
 // key on the three remaining nodes all through the quarantine, which
 // brings all three up to every key's fence.
 func TestRestartedNodesReseeded(t *testing.T) {
+	// Its own nodes and instances: it runs beside the other single-purpose
+	// tests once the rows are done (most of its time is spent waiting).
+	t.Parallel()
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	for _, tc := range []struct {
 		name    string

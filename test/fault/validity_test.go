@@ -19,6 +19,9 @@ import (
 // 60 ms or more, so a validity that leaves the elapsed time out outlasts
 // the keys on the nodes.
 func TestValiditySlowMajority(t *testing.T) {
+	// Its own nodes and instances: it runs beside the other single-purpose
+	// tests once the rows are done (most of its time is spent waiting).
+	t.Parallel()
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	for _, tc := range []struct {
 		name  string
