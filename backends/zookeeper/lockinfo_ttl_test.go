@@ -63,6 +63,7 @@ func TestInfoTTLAfterPartialUnlock(t *testing.T) {
 		{"downgrade, unlocked elsewhere", []backends.Mode{backends.Write, backends.Read}, b},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each on its own key; most of a row is waiting
 			key := "k-" + tc.name
 			for _, m := range tc.modes {
 				mustLock(t, a, key, "A", ttl, m)
