@@ -129,23 +129,7 @@ func TestOrphanGrantReleasesItsKind(t *testing.T) {
 	} {
 		t.Run(tc.cmd, func(t *testing.T) {
 			b := &orphanBackend{}
-			h := NewHandler(Options{Limits: testLimits, Backend: b})
-			srv := &resp.Server{Handler: h}
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			go func() { _ = srv.Serve(ln) }()
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				_ = srv.Shutdown(ctx)
-				h.Close()
-			})
-			conn, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
+			conn := dialHandler(t, b)
 			var cmd [][]byte
 			for _, a := range []string{tc.cmd, "k", "PX", "10000", "TOKEN", "t", "WAIT", "5000"} {
 				cmd = append(cmd, []byte(a))
@@ -162,4 +146,28 @@ func TestOrphanGrantReleasesItsKind(t *testing.T) {
 			}
 		})
 	}
+}
+
+// dialHandler serves a Handler on backend b on a loopback port for the
+// test's life and returns a connection to it.
+func dialHandler(t *testing.T, b backends.Backend) net.Conn {
+	t.Helper()
+	h := NewHandler(Options{Limits: testLimits, Backend: b})
+	srv := &resp.Server{Handler: h}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		h.Close()
+	})
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return conn
 }

@@ -3,13 +3,11 @@ package commands
 import (
 	"bufio"
 	"context"
-	"net"
 	"testing"
 	"time"
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/relay"
-	"github.com/lockproxy/lockproxy/resp"
 )
 
 // slowGrantBackend answers a LOCK after delay with the validity told: a
@@ -47,23 +45,7 @@ func TestKeepaliveSlowGrantRenewsWithinValidity(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := &slowGrantBackend{delay: tc.delay, validity: tc.validity}
-			h := NewHandler(Options{Limits: testLimits, Backend: b})
-			srv := &resp.Server{Handler: h}
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			go func() { _ = srv.Serve(ln) }()
-			t.Cleanup(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				_ = srv.Shutdown(ctx)
-				h.Close()
-			})
-			conn, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
+			conn := dialHandler(t, b)
 			defer conn.Close()
 			var cmd [][]byte
 			for _, a := range []string{tc.cmd, "k", "PX", "3000", "TOKEN", "t", "KEEPALIVE"} {
