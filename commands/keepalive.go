@@ -627,7 +627,20 @@ func takeEndingLocked(w *watchdog, ka *connKeepalive, mode backends.Mode) bool {
 func (k *keepalives) takeHolderLocked(w *watchdog, ka *connKeepalive, h *holder, mode backends.Mode) {
 	dropHolderLocked(w, ka, h, mode)
 	if len(w.holders) == 0 {
+		// Holds of connections that closed while a renewal ran wait in
+		// drop for w's goroutine, which stopping ends without a release:
+		// they are released here, or they would stay held by nobody
+		// until their lease ran out.
+		drop := w.drop
+		w.drop = [2]int{}
 		k.stopLocked(w)
+		if drop != ([2]int{}) {
+			k.wg.Add(1)
+			go func() {
+				defer k.wg.Done()
+				k.releaseHolds(w, drop)
+			}()
+		}
 	}
 }
 
@@ -1032,19 +1045,33 @@ func (k *keepalives) lostByBackend(key, token string) {
 	w := k.m[heldKey{key, token}]
 	k.mu.Unlock()
 	if w != nil {
-		k.lose(w, lostRenewFailed, "the lock store reported it lost (ZooKeeper session expired)")
+		k.loseWith(w, lostRenewFailed, "the lock store reported it lost (ZooKeeper session expired)", true)
 	}
 }
 
 // lose ends w as lost: the metric, the notice for each holder's next lock
 // command on the key, and a RESP3 push.
 func (k *keepalives) lose(w *watchdog, r lostReason, why string) {
+	k.loseWith(w, r, why, false)
+}
+
+// loseWith is lose; byBackend says the lock store itself reported the loss.
+func (k *keepalives) loseWith(w *watchdog, r lostReason, why string, byBackend bool) {
 	k.mu.Lock()
 	if w.stopped {
 		k.mu.Unlock()
 		return
 	}
-	quiet := w.inFlight() > 0 && r == lostRenewFailed // the UNLOCK in flight answers for it
+	// An UNLOCK in flight answers its caller for the hold it releases: a
+	// renewal that found nothing because of it is no loss to tell. Only
+	// when the UNLOCKs in flight account for every hold kept, though: the
+	// other holders' holds were lost, and each must hear of it. A loss the
+	// lock store reported is never quiet.
+	quiet := false
+	if r == lostRenewFailed && !byBackend {
+		held := w.holds()
+		quiet = w.inFlight() > 0 && w.inFlight() >= held[backends.Write]+held[backends.Read]
+	}
 	owners := make([]*connKeepalive, 0, len(w.holders))
 	for ka := range w.holders {
 		owners = append(owners, ka)
