@@ -316,12 +316,16 @@ func (k *keepalives) granted(sessCtx context.Context, ka *connKeepalive, key, to
 // UNLOCKs end the watchdog only with the last hold: for the connection
 // that took it, with its session context sessCtx, when it asked for
 // KEEPALIVE (ka not nil), else as a loose hold. shared says the token was
-// the client's own (TOKEN). It reports whether a watchdog was there.
+// the client's own (TOKEN). It reports whether a watchdog was there to
+// count it (none is while the handler closes).
 func (k *keepalives) grantedHold(sessCtx context.Context, ka *connKeepalive, key, token string, mode backends.Mode, shared bool) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	w := k.m[heldKey{key, token}]
-	if w == nil {
+	if w == nil || k.closed {
+		// Closing, the handler has canceled every watchdog, which will
+		// release every hold it counts: a hold granted now must not be
+		// one of them (startGrant refuses a KEEPALIVE one).
 		return false
 	}
 	w.shared = w.shared || shared

@@ -98,3 +98,48 @@ func TestClosedHoldersReleasedAfterLastUnlock(t *testing.T) {
 		t.Errorf("%d holds left on the nodes after A closed and C UNLOCKed; want 0 (A's hold released)", n)
 	}
 }
+
+// TestGrantDuringCloseKeepsItsLease: the handler is closing (shutdown) and
+// has canceled a watchdog whose goroutine is still busy in a renewal. A
+// plain LOCK of the same token granted meanwhile must not join that
+// watchdog, which releases every hold it counts when it ends: its client
+// was told it holds the lock for its TTL, and nothing ties that hold to
+// the closing server.
+func TestGrantDuringCloseKeepsItsLease(t *testing.T) {
+	b := &countingBackend{gate: make(chan struct{}), inRenew: make(chan struct{}, 1)}
+	t.Cleanup(b.open)
+	k := newTestKeepalives(t, b, time.Minute)
+	a := newTestConn(t, 3)
+	b.grant()
+	if !k.startHold(a.ctx, a.ka, "k", "tok", 60*time.Millisecond, 0, backends.Write, true) {
+		t.Fatal("startHold = false")
+	}
+	select {
+	case <-b.inRenew:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no renewal")
+	}
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		k.close()
+	}()
+	waitFor(t, func() bool {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		return k.closed
+	}, "the close begun")
+	b.grant()
+	if k.grantedHold(context.Background(), nil, "k", "tok", backends.Write, true) {
+		t.Error("a plain grant joined a watchdog the closing handler had canceled")
+	}
+	b.open()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("close did not return")
+	}
+	if n := b.holds(); n != 1 {
+		t.Errorf("%d holds left after the close; want 1, the plain grant's", n)
+	}
+}
