@@ -14,8 +14,11 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/lockproxy/lockproxy/relay"
 )
@@ -187,6 +190,53 @@ func dialTest(t *testing.T, addr string) *testClient {
 	return &testClient{t: t, c: c, rd: bufio.NewReaderSize(c, 64<<10)}
 }
 
+// serverInq is how many bytes the client at addr sent that the server has
+// not read yet (its socket's receive queue), and whether it was found.
+func serverInq(srv *Server, addr string) (int, bool) {
+	for _, sess := range srv.Sessions() {
+		if sess.remoteAddr != addr {
+			continue
+		}
+		q, err := -1, error(nil)
+		if fc, ok := sess.netConn().(*fdConn); ok {
+			fc.mu.RLock()
+			if fc.fd >= 0 {
+				q, err = unix.IoctlGetInt(fc.fd, unix.SIOCINQ)
+			}
+			fc.mu.RUnlock()
+		} else if sc, ok := sess.netConn().(syscall.Conn); ok {
+			rc, rerr := sc.SyscallConn()
+			if rerr != nil {
+				return 0, false
+			}
+			_ = rc.Control(func(fd uintptr) { q, err = unix.IoctlGetInt(int(fd), unix.SIOCINQ) })
+		}
+		if q < 0 || err != nil {
+			return 0, false // between sockets (a hand-off): look again
+		}
+		return q, true
+	}
+	return 0, false
+}
+
+// readByServer waits until srv has read everything tc sent, so that what
+// tc sends next reaches the server in a read of its own: on a loaded
+// machine a sleep does not ensure that.
+func (tc *testClient) readByServer(srv *Server) {
+	tc.t.Helper()
+	addr := tc.c.LocalAddr().String()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		if q, ok := serverInq(srv, addr); ok && q == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			tc.t.Fatalf("the server did not read what %s sent in 10s", addr)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func encodeCmds(cmds ...string) []byte {
 	var b []byte
 	for _, cmd := range cmds {
@@ -240,7 +290,7 @@ func (tc *testClient) want(prefixes ...string) {
 // reply, and the first batch the loop cannot run moves the connection to
 // a goroutine for good, commands pipelined behind it included.
 func TestLoopServes(t *testing.T) {
-	_, _, addr := loopServer(t)
+	srv, _, addr := loopServer(t)
 	for _, tc := range []struct {
 		name  string
 		sends [][]string // each one write
@@ -251,9 +301,9 @@ func TestLoopServes(t *testing.T) {
 		{"pipelined async", [][]string{{"ASYNC 10 5", "ASYNC 20 0", "ASYNC 5 1"}}, []string{"loop", "loop", "loop"}},
 		{"next batch waits for a slow reply", [][]string{{"ASYNC 10 50"}, {"ASYNC 10 0"}, {"ASYNC 5 0"}},
 			[]string{"loop", "loop", "loop"}},
-		// Read while the first reply is in flight, the two arrive as one
-		// batch, a mixed one.
-		{"batches read while stalled", [][]string{{"ASYNC 10 50"}, {"ASYNC 10 0"}, {"LOCAL c"}},
+		// Read while the first reply is in flight (long enough for a
+		// loaded machine), the two arrive as one batch, a mixed one.
+		{"batches read while stalled", [][]string{{"ASYNC 10 300"}, {"ASYNC 10 0"}, {"LOCAL c"}},
 			[]string{"loop", "goroutine", "goroutine:c"}},
 		{"mixed batch moves", [][]string{{"ASYNC 10 20", "LOCAL d"}, {"ASYNC 10 0"}},
 			[]string{"goroutine", "goroutine:d", "goroutine"}},
@@ -264,7 +314,7 @@ func TestLoopServes(t *testing.T) {
 			c := dialTest(t, addr)
 			for _, s := range tc.sends {
 				c.send(s...)
-				time.Sleep(2 * time.Millisecond) // separate reads, mostly
+				c.readByServer(srv) // each write a read of its own
 			}
 			c.want(tc.want...)
 			// Still served afterwards.
@@ -278,11 +328,13 @@ func TestLoopServes(t *testing.T) {
 // than the socket takes at once later, in full and in order, and the loop
 // goes on serving others meanwhile.
 func TestLoopSlowReader(t *testing.T) {
-	_, _, addr := loopServer(t)
+	srv, _, addr := loopServer(t)
 	slow := dialTest(t, addr)
 	const big = 8 << 20
 	slow.send("ASYNC "+strconv.Itoa(big)+" 0", "ASYNC 10 0")
-	time.Sleep(5 * time.Millisecond)
+	// Read apart from the ASYNCs: in one batch with them it would be a
+	// mixed one, which moves to a goroutine.
+	slow.readByServer(srv)
 	slow.send("LOCAL after") // stalls behind the big reply
 
 	other := dialTest(t, addr)
@@ -321,7 +373,7 @@ func TestLoopClientGoes(t *testing.T) {
 
 	half := dialTest(t, addr)
 	half.send("ASYNC 10 20", "ASYNC 10 0")
-	time.Sleep(5 * time.Millisecond)
+	half.readByServer(srv)
 	half.send("LOCAL last")
 	if err := half.c.(*net.TCPConn).CloseWrite(); err != nil {
 		t.Fatal(err)
@@ -353,10 +405,10 @@ func TestLoopClientGoes(t *testing.T) {
 // TestLoopProtocolError: malformed input is answered after the commands
 // before it, as Redis does, and the connection closed.
 func TestLoopProtocolError(t *testing.T) {
-	_, _, addr := loopServer(t)
+	srv, _, addr := loopServer(t)
 	c := dialTest(t, addr)
 	c.send("ASYNC 10 10")
-	time.Sleep(2 * time.Millisecond)
+	c.readByServer(srv)
 	if _, err := c.c.Write([]byte("*1\r\n$4\r\nLOCAL\r\n")); err != nil { // bad bulk end
 		t.Fatal(err)
 	}
@@ -375,7 +427,7 @@ func TestLoopShutdown(t *testing.T) {
 	idle.want("loop:hi")
 	busy := dialTest(t, addr)
 	busy.send("ASYNC 10 200")
-	time.Sleep(20 * time.Millisecond)
+	busy.readByServer(srv)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -459,7 +511,7 @@ func TestLoopManyClients(t *testing.T) {
 // for a stalled connection (1 MB) is read on and served, with and without
 // a reply in flight before it.
 func TestLoopBigCommand(t *testing.T) {
-	_, _, addr := loopServer(t)
+	srv, _, addr := loopServer(t)
 	big := strings.Repeat("x", 3<<20)
 	for _, tc := range []struct {
 		name   string
@@ -472,7 +524,7 @@ func TestLoopBigCommand(t *testing.T) {
 			c := dialTest(t, addr)
 			if tc.before != nil {
 				c.send(tc.before...)
-				time.Sleep(5 * time.Millisecond)
+				c.readByServer(srv)
 			}
 			c.send("LOCAL " + big)
 			if tc.before != nil {
@@ -526,10 +578,10 @@ func TestLoopReturns(t *testing.T) {
 // reply is read up to a bound, then left unread (out of the epoll set)
 // until the reply is out; then every reply comes, in order.
 func TestLoopPausedResumes(t *testing.T) {
-	_, _, addr := loopServer(t)
+	srv, _, addr := loopServer(t)
 	c := dialTest(t, addr)
 	c.send("ASYNC 10 300")
-	time.Sleep(20 * time.Millisecond)
+	c.readByServer(srv)
 	arg := strings.Repeat("p", 1000)
 	const n = 3000 // 3 MB of requests
 	cmds := make([]string, n)
