@@ -147,7 +147,8 @@ func QuarantinePeriod(maxTTL time.Duration, qc quorum.Config) time.Duration {
 
 // watchNode reads node i's run_id every interval (at once first, so that a
 // restart soon after start-up is seen as one) and re-seeds the node when
-// its quarantine period is over. It returns when ctx ends.
+// its quarantine period is over; the same read learns its role (INFO
+// replication). It returns when ctx ends.
 func (b *Backend) watchNode(ctx context.Context, i int, every time.Duration) {
 	defer b.wg.Done()
 	n := b.nodes[i]
@@ -180,16 +181,18 @@ var errSeedSources = errors.New("redis: too few nodes answered with their fence 
 // reseed raises node i's fence counters to the per-slot maximum read from
 // the other nodes, then lets it vote again. Every fence granted before the
 // restart is on a majority; without node i at least Majority-1 of those
-// kept it, so reading N-Majority+1 healthy (not quarantined) other nodes
-// meets at least one of them. If fewer healthy nodes exist at all, a
-// majority lost its state and no read can restore the fences: the node is
-// seeded from whatever answers, with an error logged, rather than staying
-// out forever.
+// kept it, so reading N-Majority+1 healthy other nodes meets at least one
+// of them. Healthy is neither quarantined nor a replica: a replica's
+// counters are its master's copy, not a state of its own, so it cannot
+// stand for a node that kept the fences. If fewer healthy nodes exist at
+// all, a majority lost its state and no read can restore the fences: the
+// node is seeded from whatever answers, with an error logged, rather than
+// staying out forever.
 func (b *Backend) reseed(ctx context.Context, i int) error {
 	need := len(b.nodes) - b.q.Majority() + 1
 	healthy := 0
 	for j, o := range b.nodes {
-		if j != i && !o.health.restarting() {
+		if j != i && !o.health.stateLost() {
 			healthy++
 		}
 	}
@@ -201,7 +204,7 @@ func (b *Backend) reseed(ctx context.Context, i int) error {
 	answers := make(chan answer, len(b.nodes))
 	asked := 0
 	for j, o := range b.nodes {
-		if j == i || (!lost && o.health.restarting()) {
+		if j == i || (!lost && o.health.stateLost()) {
 			continue
 		}
 		asked++
@@ -230,7 +233,7 @@ func (b *Backend) reseed(ctx context.Context, i int) error {
 }
 
 // NodeStates describes each node for INFO, in configuration order, as
-// "addr=…,state=ok|quarantined|clock|down,quarantine_left_ms=…,restarts=…,
+// "addr=…,state=ok|quarantined|replica|clock|down,quarantine_left_ms=…,restarts=…,
 // rate_error_ppm=…", the last -1 until the node's clock rate is estimated.
 func (b *Backend) NodeStates() []string {
 	out := make([]string, len(b.nodes))
@@ -453,8 +456,12 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 
 // Ready implements backends.Backend: a majority of nodes must answer PING
 // and be allowed to vote. A node that answers while quarantined after a
-// restart, or out for its clock, grants nothing, so it counts as failed
-// here as in every quorum (the test lockproxy_node_voting makes).
+// restart or a promotion from replica, out for its clock, or a replica,
+// grants nothing, so it counts as failed here as in every quorum (the test
+// lockproxy_node_voting makes). The role is also read here, with the PING:
+// a node made a replica since its last health check grants nothing
+// already, and /readyz promises a lock can be granted now. That read
+// changes nothing in the node's health: only the checks do, in order.
 func (b *Backend) Ready(ctx context.Context) error {
 	type res struct {
 		name string
@@ -463,11 +470,22 @@ func (b *Backend) Ready(ctx context.Context) error {
 	ch := make(chan res, len(b.nodes))
 	for _, n := range b.nodes {
 		go func(n *Node) {
-			err := n.client.Ping(ctx).Err()
+			pipe := n.client.Pipeline()
+			ping := pipe.Ping(ctx)
+			repl := pipe.Info(ctx, "replication")
+			_, _ = pipe.Exec(ctx) // per-command errors are read from the commands
+			err := ping.Err()
 			if err == nil {
 				// Read after the PING: a restart that the PING's new
 				// connection revealed has quarantined the node by now.
 				err = n.health.refuse()
+			}
+			if err == nil {
+				// A refused INFO (an ACL, a server without it) leaves
+				// the role to what the checks know.
+				if info, ierr := repl.Result(); ierr == nil && parseReplInfo(info).role == "slave" {
+					err = errReplica
+				}
 			}
 			ch <- res{n.Name(), err}
 		}(n)

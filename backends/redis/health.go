@@ -20,12 +20,25 @@ import (
 // the node in quarantine for the quarantine period. While quarantined the
 // node counts neither for nor against a quorum; when the period is over,
 // its fence counters are re-seeded from the other nodes and it votes again.
+//
+// A node made a replica (REPLICAOF: a failover gone wrong, a Sentinel
+// pointed at the lock nodes) still answers, but grants nothing: a
+// read-only replica refuses every lock write with READONLY, and what a
+// writable one accepts is replaced at its master's next full sync. It
+// must not vote, nor count as ready. health learns the role from INFO
+// replication at each periodic check. Once the node is a master again its
+// data may be its old master's instead of its own — the locks it granted
+// lost, as in a restart — so it is quarantined like a restarted node. A
+// replica and back between two checks shows as a new replication ID with
+// the old one kept as the secondary (master_replid2), which only a
+// promotion sets: that is quarantined too.
 
 // Node states as INFO shows them.
 const (
 	stateOK          = "ok"
 	stateQuarantined = "quarantined"
 	stateClock       = "clock"
+	stateReplica     = "replica"
 	stateDown        = "down"
 )
 
@@ -36,6 +49,10 @@ const (
 	blockRestart uint32 = 1 << iota
 	// blockClock: the node's clock rate error is out of bound.
 	blockClock
+	// blockReplica: the last INFO replication said role:slave. It ends
+	// only when the node is seen a master again, which quarantines it
+	// (blockRestart) before this bit is cleared.
+	blockReplica
 )
 
 // uptimeSlack absorbs the whole seconds of uptime_in_seconds and the time
@@ -51,8 +68,9 @@ type health struct {
 	period time.Duration
 
 	// blocked is read on every operation: blockRestart from a detected
-	// restart until the node is re-seeded, blockClock while the node's
-	// clock rate error is out of bound.
+	// restart (or promotion from replica) until the node is re-seeded,
+	// blockClock while the node's clock rate error is out of bound,
+	// blockReplica while the node is a replica.
 	blocked atomic.Uint32
 	// gen counts the restarts seen; the writer compares it around a batch.
 	gen atomic.Uint64
@@ -65,6 +83,13 @@ type health struct {
 	down    bool
 	reached bool   // the node answered at least once
 	restart uint64 // restarts seen
+
+	// From INFO replication (observeRole).
+	replica bool   // the last role seen was a replica
+	replID  string // master_replid last seen while a master; "" unknown
+
+	// noRoleLog says once that INFO replication cannot be read.
+	noRoleLog sync.Once
 }
 
 func newHealth(period time.Duration, now func() time.Time) *health {
@@ -101,6 +126,102 @@ func parseServerInfo(s string) serverInfo {
 		}
 	}
 	return si
+}
+
+// replInfo is what INFO replication tells about a node's role.
+type replInfo struct {
+	role string // "master", "slave", or "" when missing
+	// replID and replID2 are master_replid and master_replid2 (Redis 4
+	// and later); a replica's replID is its master's.
+	replID, replID2 string
+	master          string // a replica's master_host:master_port
+}
+
+// noReplID is master_replid2 when the server has no secondary ID.
+const noReplID = "0000000000000000000000000000000000000000"
+
+// parseReplInfo reads the role and replication IDs from an INFO reply.
+func parseReplInfo(s string) replInfo {
+	var ri replInfo
+	var host, port string
+	sc := bufio.NewScanner(strings.NewReader(s))
+	for sc.Scan() {
+		k, v, ok := strings.Cut(strings.TrimSpace(sc.Text()), ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "role":
+			ri.role = v
+		case "master_replid":
+			ri.replID = v
+		case "master_replid2":
+			ri.replID2 = v
+		case "master_host":
+			host = v
+		case "master_port":
+			port = v
+		}
+	}
+	if host != "" {
+		ri.master = host + ":" + port
+	}
+	return ri
+}
+
+// Role changes observeRole reports.
+type roleChange uint8
+
+const (
+	roleSame     roleChange = iota
+	roleReplica             // now a replica: it stopped voting
+	rolePromoted            // a master after being a replica: quarantined
+)
+
+// observeRole records one INFO replication answer. A replica stops voting
+// at once. A master that was a replica, at the last answer or between the
+// two (its replication ID changed, the old one kept as master_replid2,
+// which only a promotion does; a master's ID also changes when its first
+// replica attaches or its backlog expires, but those clear
+// master_replid2), may hold another server's data instead of the locks it
+// granted: it is quarantined as after a restart, with the same period and
+// re-seed, and its restarts are not counted. The first answer about a
+// master is never a promotion, as a first run_id is never a restart. An
+// answer without a role changes nothing.
+func (h *health) observeRole(ri replInfo) roleChange {
+	if ri.role != "master" && ri.role != "slave" {
+		return roleSame
+	}
+	now := h.now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if ri.role == "slave" {
+		h.replID = "" // its master's; a promotion is seen by the role
+		if h.replica {
+			return roleSame
+		}
+		h.replica = true
+		h.blocked.Or(blockReplica)
+		return roleReplica
+	}
+	promoted := h.replica ||
+		h.replID != "" && ri.replID != "" && ri.replID != h.replID && ri.replID2 != "" && ri.replID2 != noReplID
+	h.replica = false
+	h.replID = ri.replID
+	if !promoted {
+		return roleSame
+	}
+	if h.period > 0 {
+		h.until = now.Add(h.period)
+		h.blocked.Or(blockRestart)
+	}
+	// Cleared after the quarantine is set: the node never votes in
+	// between.
+	h.blocked.And(^blockReplica)
+	// As after a restart: a batch under way when the promotion is seen
+	// does not count (Node.exec).
+	h.gen.Add(1)
+	return rolePromoted
 }
 
 // observe records one INFO server answer and reports whether it shows a
@@ -172,6 +293,10 @@ func (h *health) refuse() error {
 	switch b := h.blocked.Load(); {
 	case b == 0:
 		return nil
+	case b&blockReplica != 0:
+		// First: a replica stays out until it is a master again, which
+		// starts a new quarantine, whatever time its last one has left.
+		return errReplica
 	case b&blockRestart != 0:
 		return errQuarantined
 	default:
@@ -183,6 +308,15 @@ func (h *health) refuse() error {
 // lock keys and fence counters may be lost), as opposed to its clock.
 func (h *health) restarting() bool { return h.blocked.Load()&blockRestart != 0 }
 
+// isReplica reports whether the last INFO replication said role:slave.
+func (h *health) isReplica() bool { return h.blocked.Load()&blockReplica != 0 }
+
+// stateLost reports whether the node's lock keys and fence counters are
+// not its own now: it restarted (or was promoted) and waits for its
+// re-seed, or it is a replica, whose data is its master's copy. Such a
+// node is no source for re-seeding another.
+func (h *health) stateLost() bool { return h.blocked.Load()&(blockRestart|blockReplica) != 0 }
+
 // setClockOut takes the node out of (or back into) every quorum for its
 // clock and reports whether that changed anything.
 func (h *health) setClockOut(out bool) bool {
@@ -193,9 +327,10 @@ func (h *health) setClockOut(out bool) bool {
 }
 
 // seedDue reports whether the quarantine period is over and the node
-// waits only for its fence counters to be re-seeded.
+// waits only for its fence counters to be re-seeded. Never while it is a
+// replica: it refuses the writes, and its promotion starts a new period.
 func (h *health) seedDue() bool {
-	if !h.restarting() {
+	if !h.restarting() || h.isReplica() {
 		return false
 	}
 	h.mu.Lock()
@@ -235,6 +370,9 @@ func (h *health) status() (state string, left time.Duration, restarts uint64) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	switch {
+	case h.isReplica():
+		// Before the quarantine: see refuse.
+		state = stateReplica
 	case h.restarting():
 		state = stateQuarantined
 	case h.quarantined():

@@ -35,7 +35,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		}, []string{"node"}),
 		quarantined: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "lockproxy_node_quarantined",
-			Help: "1 while a Redis node that restarted is kept out of every quorum, else 0.",
+			Help: "1 while a Redis node that restarted, or is a master again after being a replica, is kept out of every quorum, else 0.",
 		}, []string{"node"}),
 		restarts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lockproxy_node_restarts_total",
@@ -62,9 +62,12 @@ var (
 	nodeUpDesc = prometheus.NewDesc("lockproxy_node_up",
 		"1 when the last health check of a Redis node reached it, else 0.", []string{"node"}, nil)
 	nodeVotingDesc = prometheus.NewDesc("lockproxy_node_voting",
-		"1 when a Redis node counts in quorums now (reached, not quarantined after a restart, its clock "+
-			"within redlock.max_clock_rate_error), else 0. Grants need a majority of all nodes voting.",
+		"1 when a Redis node counts in quorums now (reached, not quarantined after a restart, not a replica, "+
+			"its clock within redlock.max_clock_rate_error), else 0. Grants need a majority of all nodes voting.",
 		[]string{"node"}, nil)
+	nodeReplicaDesc = prometheus.NewDesc("lockproxy_node_replica",
+		"1 while the last health check found a Redis node a replica (INFO replication role:slave), which "+
+			"does not vote, else 0.", []string{"node"}, nil)
 )
 
 // stateCollector reads the nodes' states at each scrape.
@@ -78,6 +81,7 @@ func (b *Backend) StateCollector() prometheus.Collector { return stateCollector{
 func (c stateCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- nodeUpDesc
 	ch <- nodeVotingDesc
+	ch <- nodeReplicaDesc
 }
 
 func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
@@ -91,5 +95,6 @@ func (c stateCollector) Collect(ch chan<- prometheus.Metric) {
 		up := n.health.reachable()
 		ch <- prometheus.MustNewConstMetric(nodeUpDesc, prometheus.GaugeValue, b2f(up), n.Name())
 		ch <- prometheus.MustNewConstMetric(nodeVotingDesc, prometheus.GaugeValue, b2f(up && !n.health.quarantined()), n.Name())
+		ch <- prometheus.MustNewConstMetric(nodeReplicaDesc, prometheus.GaugeValue, b2f(n.health.isReplica()), n.Name())
 	}
 }

@@ -1339,7 +1339,7 @@ func acquireResult(r *reply) opResult {
 // reasonLabel maps an error to a closed set of metric label values.
 func reasonLabel(err error) string {
 	switch r := quorum.Reason(err); r {
-	case "timeout", "canceled", "connection refused", "connection reset", "connection closed", "quarantined", "clock":
+	case "timeout", "canceled", "connection refused", "connection reset", "connection closed", "quarantined", "replica", "clock":
 		return strings.ReplaceAll(r, " ", "_")
 	default:
 		return "error"

@@ -28,11 +28,21 @@ func (clockError) Reason() string { return "clock" }
 
 var errClock error = clockError{}
 
+// replicaError is the answer of a node that is a replica (INFO
+// replication role:slave): its lock writes fail with READONLY or are
+// replaced by its master's data. It is given without any network I/O.
+type replicaError struct{}
+
+func (replicaError) Error() string  { return "redis: node is a replica" }
+func (replicaError) Reason() string { return "replica" }
+
+var errReplica error = replicaError{}
+
 // isServerError reports an error reply from the server (as opposed to a
 // transport failure): the node is there, it refused the command.
 func isServerError(err error) bool {
 	var re goredis.Error
-	return errors.As(err, &re) && !errors.Is(err, errQuarantined) && !errors.Is(err, errClock)
+	return errors.As(err, &re) && !errors.Is(err, errQuarantined) && !errors.Is(err, errClock) && !errors.Is(err, errReplica)
 }
 
 // onConnect is go-redis's hook on every new connection to the node. It
@@ -56,10 +66,13 @@ func (n *Node) onConnect(ctx context.Context, cn *goredis.Conn) error {
 
 // check reads the node's INFO server (a periodic check) and, once, its
 // persistence settings. A TIME rides in the same pipeline, so measuring
-// the node's clock rate costs no round trip of its own.
+// the node's clock rate costs no round trip of its own, and so does INFO
+// replication, for the node's role (a separate command: Redis before 7
+// takes one INFO section at a time).
 func (n *Node) check(ctx context.Context) {
 	pipe := n.client.Pipeline()
 	infoCmd := pipe.Info(ctx, "server")
+	replCmd := pipe.Info(ctx, "replication")
 	timeCmd := pipe.Time(ctx)
 	sent := n.health.now()
 	_, _ = pipe.Exec(ctx) // per-command errors are read from the commands
@@ -71,12 +84,16 @@ func (n *Node) check(ctx context.Context) {
 	switch {
 	case err == nil:
 		n.learn(parseServerInfo(info))
+		// After the restart detector: a node that restarted and is a
+		// master again is quarantined either way.
+		n.learnRole(replCmd)
 		n.checkPersistence(ctx)
 	case errors.Is(err, errQuarantined):
 		// onConnect saw the restart on a new connection.
 	case isServerError(err):
 		n.health.setDown(false)
 		n.noInfo(err)
+		n.learnRole(replCmd)
 	default:
 		n.health.setDown(true)
 	}
@@ -103,6 +120,48 @@ func (n *Node) learn(si serverInfo) bool {
 			zap.String("run_id", si.runID))
 	}
 	return true
+}
+
+// learnRole feeds the answer to INFO replication to the role detector.
+func (n *Node) learnRole(cmd *goredis.StringCmd) {
+	info, err := cmd.Result()
+	var ri replInfo
+	if err == nil {
+		ri = parseReplInfo(info)
+	}
+	if ri.role == "" {
+		if err == nil || isServerError(err) {
+			// Denied by an ACL, or a server without roles.
+			n.health.noRoleLog.Do(func() {
+				reason := "no role in the answer"
+				if err != nil {
+					reason = reasonOf(err)
+				}
+				n.log.Warn("cannot read the role from INFO replication on the redis node: "+
+					"if it is made a replica it is not taken out of quorums, nor quarantined once a master again",
+					zap.String("reason", reason))
+			})
+		}
+		return
+	}
+	switch n.health.observeRole(ri) {
+	case roleReplica:
+		n.log.Warn("redis node is a replica: it no longer votes, as its lock writes fail (READONLY) "+
+			"or are replaced by its master's data; once a master again it is quarantined, then votes",
+			zap.String("master", ri.master))
+	case rolePromoted:
+		if n.health.period > 0 {
+			if n.quarantined != nil {
+				n.quarantined.Set(1)
+			}
+			n.log.Warn("redis node is a master again after being a replica: its data may be another server's, "+
+				"not the locks it granted, so it is quarantined as after a restart",
+				zap.Duration("quarantine", n.health.period))
+		} else {
+			n.log.Warn("redis node is a master again after being a replica; redlock.quarantine is off, so it votes " +
+				"at once and locks its data no longer holds may be granted twice")
+		}
+	}
 }
 
 // noInfo says once that the node's restarts cannot be seen.
@@ -179,11 +238,12 @@ func (n *Node) endQuarantine() bool {
 	if n.quarantined != nil {
 		n.quarantined.Set(0)
 	}
-	n.log.Info("redis node re-seeded after its restart; it votes again")
+	n.log.Info("redis node re-seeded after its quarantine (a restart, or a promotion from replica); it votes again")
 	return true
 }
 
-// State describes the node for INFO: its state (ok, quarantined or down),
+// State describes the node for INFO: its state (ok, quarantined, replica,
+// clock or down),
 // the quarantine time left and the restarts seen.
 func (n *Node) State() (state string, quarantineLeftMS int64, restarts uint64) {
 	st, left, r := n.health.status()
