@@ -419,6 +419,10 @@ func (l *eventLoop) serve(sess *Session) {
 	if sess.W.Len() > 0 {
 		sess.writeBuffered()
 	}
+	// The batch is served and its views are dead: give back what a big
+	// command grew now, as the client may idle from here on and the loop
+	// reads it only when it sends more.
+	sess.rd.release()
 	if sess.rd.cut {
 		// The batch stopped with more commands buffered (a client not yet
 		// authenticated pipelined more than one, or more than

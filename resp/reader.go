@@ -39,6 +39,17 @@ const maxGrowStep = 1 << 20
 // tens of MB, not hundreds.
 const initialReadBuffer = 4 << 10
 
+// What a big command grew is given back once it is served: a read buffer
+// over maxKeptBuffer, and argument scratch (offsets, the event loop's
+// views) for more than maxKeptArgs arguments. A connection that once sent
+// a 32 MB value or a million-argument DEL must not keep tens of MB while
+// it idles. The bounds let a full batch of ordinary commands reuse its
+// memory, so that the hot path does not allocate.
+const (
+	maxKeptBuffer = 64 << 10
+	maxKeptArgs   = 4 * maxBatchCommands
+)
+
 // ProtocolError is malformed input; the connection is answered with
 // "-ERR Protocol error: …" and closed, as Redis does.
 type ProtocolError struct{ Msg string }
@@ -50,6 +61,7 @@ var (
 	errBulkLen      = &ProtocolError{"invalid bulk length"}
 	errInlineSize   = &ProtocolError{"too big inline request"}
 	errQuotes       = &ProtocolError{"unbalanced quotes in request"}
+	errInlineNUL    = &ProtocolError{"NUL byte in inline request"}
 	// Redis's texts for the pre-auth caps.
 	errPreAuthArgs = &ProtocolError{"unauthenticated multibulk length"}
 	errPreAuthBulk = &ProtocolError{"unauthenticated bulk length"}
@@ -144,7 +156,60 @@ func (r *Reader) parseViews() ([][][]byte, error) {
 
 // detach copies the commands of the last parseViews, for a batch that
 // outlives the next read.
-func (r *Reader) detach() [][][]byte { return r.batch() }
+func (r *Reader) detach() [][][]byte {
+	cmds := r.batch()
+	r.forgetViews()
+	return cmds
+}
+
+// release ends the event loop's batch once it is served, when no view of
+// it is in use any more (ServeLoop keeps none). An idle client on the loop
+// is not read again until it sends more, so this, not the next fill, is
+// where the memory a big command grew is given back: the views are
+// forgotten, so that they keep no old buffer alive, big scratch is
+// dropped, and so is a big read buffer when what is left fits a small one.
+// The old buffer is replaced, never written to.
+func (r *Reader) release() {
+	r.forgetViews()
+	r.offs, r.counts = r.offs[:0], r.counts[:0]
+	r.trim()
+	r.shrink(r.need)
+}
+
+// forgetViews clears the loop's views of the last batch. Clearing them
+// after every batch means no stale view is ever left beyond len, so
+// dropping or replacing what they point into frees it. (vcmds, like
+// counts, holds at most maxBatchCommands entries: not worth dropping.)
+func (r *Reader) forgetViews() {
+	clear(r.vargs)
+	clear(r.vcmds)
+	r.vargs, r.vcmds = r.vargs[:0], r.vcmds[:0]
+	if cap(r.vargs) > maxKeptArgs {
+		r.vargs = nil
+	}
+}
+
+// trim drops the argument offsets a big command grew, once its batch is
+// served or copied.
+func (r *Reader) trim() {
+	if cap(r.offs) > 2*maxKeptArgs {
+		r.offs = nil
+	}
+}
+
+// shrink gives back a read buffer that a big command grew, once what is
+// buffered and what the command in progress still needs (need) fit a
+// small one; a buffer about to be filled by a big command in progress is
+// kept. Positions in r.part are from start, so they stay valid.
+func (r *Reader) shrink(need int) {
+	rest := r.end - r.start
+	if len(r.buf) <= maxKeptBuffer || rest+need > initialReadBuffer {
+		return
+	}
+	nb := make([]byte, initialReadBuffer)
+	copy(nb, r.buf[r.start:r.end])
+	r.buf, r.start, r.end = nb, 0, rest
+}
 
 // maxWatchBuffer bounds what a client may pipeline behind a blocked
 // command while the reader watches for it to go away.
@@ -169,9 +234,9 @@ func (r *Reader) fill(need int) error {
 		r.end -= r.start
 		r.start = 0
 	}
-	if r.end == 0 && len(r.buf) > 64<<10 {
-		r.buf = make([]byte, initialReadBuffer) // give back a buffer a big command grew
-	}
+	// Give back a buffer a big command grew before waiting for more: on a
+	// goroutine, the read below is where an idle client waits.
+	r.shrink(need)
 	// Grow towards what the command says it needs, but no faster than the
 	// data arrives: a client announcing a 512 MB bulk string gets memory as
 	// it sends it, not on the header's word.
@@ -329,8 +394,14 @@ func readNumber(b []byte, i int) (n int64, next int, ok bool) {
 	return v, i + nl + 1, true
 }
 
-// parseInline splits a line on spaces, with "…" (C escapes) and '…' quoting
-// as redis-cli and Redis accept.
+// parseInline splits a line into arguments as Redis's sdssplitargs does,
+// so that an inline command means to the proxy what it means to Redis:
+// blanks (isspace) separate arguments; within a word a space, tab or
+// carriage return ends it (\v and \f do not), and a quote opens a quoted
+// part of the same argument: "…" with C escapes (\xHH, \n, \r, \t, \b,
+// \a, \<any>), '…' with only \'. A closing quote must be followed by a
+// blank or the end of the line, else the line has unbalanced quotes.
+// A line with a NUL byte is refused.
 func (r *Reader) parseInline(i int) (int, int, error) {
 	b := r.buf[:r.end]
 	nl := bytes.IndexByte(b[i:], '\n')
@@ -345,67 +416,77 @@ func (r *Reader) parseInline(i int) (int, int, error) {
 	if lineEnd > i && b[lineEnd-1] == '\r' {
 		lineEnd--
 	}
+	if bytes.IndexByte(b[i:lineEnd], 0) >= 0 {
+		// sdssplitargs would end the line at the NUL and run the part
+		// before it: a different command from the one sent. redis-server
+		// never runs such a line at all (it looks for the newline with
+		// strchr, waits, and fails the connection at 64 KB): refuse it now.
+		return 0, 0, errInlineNUL
+	}
 	mark := len(r.offs)
-	// Unquoting rewrites the line in place, which is safe: the output is
-	// never longer than the input.
+	unbalanced := func() (int, int, error) {
+		r.offs = r.offs[:mark]
+		return 0, 0, errQuotes
+	}
+	// Unquoting rewrites the line in place, which is safe: every byte
+	// written consumes at least one read, so w never passes p.
 	p := i
 	for {
-		for p < lineEnd && (b[p] == ' ' || b[p] == '\t') {
+		for p < lineEnd && isSpace(b[p]) {
 			p++
 		}
 		if p >= lineEnd {
 			break
 		}
-		w := p // write position
-		argStart := p
-		switch b[p] {
-		case '"', '\'':
-			q := b[p]
-			p++
-			closed := false
-			for p < lineEnd {
-				c := b[p]
-				if q == '"' && c == '\\' && p+3 < lineEnd && b[p+1] == 'x' && isHex(b[p+2]) && isHex(b[p+3]) {
-					// \xHH, as Redis's sdssplitargs reads it.
-					c = unhex(b[p+2])<<4 | unhex(b[p+3])
-					p += 3
-				} else if q == '"' && c == '\\' && p+1 < lineEnd {
-					p++
-					switch b[p] {
-					case 'n':
-						c = '\n'
-					case 'r':
-						c = '\r'
-					case 't':
-						c = '\t'
-					case 'b':
-						c = '\b'
-					case 'a':
-						c = '\a'
-					default:
-						c = b[p]
-					}
-				} else if q == '\'' && c == '\\' && p+1 < lineEnd && b[p+1] == '\'' {
-					p++
-					c = '\''
-				} else if c == q {
-					p++
-					closed = true
-					break
+		argStart, w := p, p
+		var quote byte // the quote of the part p is in; 0 outside quotes
+	word:
+		for ; ; p++ {
+			if p >= lineEnd {
+				if quote != 0 {
+					return unbalanced()
 				}
-				b[w] = c
-				w++
+				break
+			}
+			c := b[p]
+			switch {
+			case quote == 0:
+				switch c {
+				case ' ', '\t', '\r':
+					break word
+				case '"', '\'':
+					quote = c
+					continue
+				}
+			case c == quote:
+				if p+1 < lineEnd && !isSpace(b[p+1]) {
+					return unbalanced()
+				}
 				p++
-			}
-			if !closed || (p < lineEnd && b[p] != ' ' && b[p] != '\t') {
-				r.offs = r.offs[:mark]
-				return 0, 0, errQuotes
-			}
-		default:
-			for p < lineEnd && b[p] != ' ' && b[p] != '\t' {
+				break word
+			case quote == '"' && c == '\\' && p+3 < lineEnd && b[p+1] == 'x' && isHex(b[p+2]) && isHex(b[p+3]):
+				c = unhex(b[p+2])<<4 | unhex(b[p+3])
+				p += 3
+			case quote == '"' && c == '\\' && p+1 < lineEnd:
 				p++
+				switch c = b[p]; c {
+				case 'n':
+					c = '\n'
+				case 'r':
+					c = '\r'
+				case 't':
+					c = '\t'
+				case 'b':
+					c = '\b'
+				case 'a':
+					c = '\a'
+				}
+			case quote == '\'' && c == '\\' && p+1 < lineEnd && b[p+1] == '\'':
+				p++
+				c = '\''
 			}
-			w = p
+			b[w] = c
+			w++
 		}
 		if r.preAuth {
 			// The pre-auth caps hold for inline commands too: a 64 KB
@@ -425,6 +506,12 @@ func (r *Reader) parseInline(i int) (int, int, error) {
 		r.counts = append(r.counts, n)
 	}
 	return next, 0, nil
+}
+
+// isSpace is C's isspace in the C locale, which sdssplitargs skips
+// between arguments.
+func isSpace(c byte) bool {
+	return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'
 }
 
 // batch copies the parsed commands out of the read buffer into memory of
@@ -448,6 +535,7 @@ func (r *Reader) batch() [][][]byte {
 		k += n
 	}
 	r.offs, r.counts = r.offs[:0], r.counts[:0]
+	r.trim()
 	return cmds
 }
 
