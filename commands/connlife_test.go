@@ -74,6 +74,9 @@ func TestWatchdogJoinWhileEnding(t *testing.T) {
 				}
 			}
 			close(b.proceed)
+			// A's watchdog ends (its goroutine returns, its release
+			// done) however late it runs; then B's keeps the lock.
+			waitFor(t, func() bool { return gaugeValue(t, k) <= 1 }, "A's watchdog's end")
 			time.Sleep(3 * ttl)
 			_, unlocks := b.counts()
 			if unlocks != 1 {

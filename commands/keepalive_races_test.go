@@ -329,6 +329,7 @@ func TestWatchdogRenewalFindingNothingDuringUnlock(t *testing.T) {
 	op := k.beginUnlock("k", "t")
 	waitEnded(t, c)
 	k.endUnlock(op, true, c.ka)
+	waitStopped(t, k) // the notice comes after the watchdog stops counting on c
 	// Each try: a write renewal and one read renewal, every 10 ms retry
 	// at most while the 60 ms lease lasts.
 	if n := b.renewals(); n > 10 {

@@ -25,6 +25,10 @@ type fakeBackend struct {
 	failFirst   int   // the first failFirst renewals fail with renewErr; 0: all do
 	renewZero   bool  // Renew answers 0: not held
 	unlockBlock bool  // Unlock waits for its context
+	// renewGate, when set, holds each renewal until it is closed (or the
+	// renewal's context ends), so that a test can do something while the
+	// renewal is in flight whatever the scheduling.
+	renewGate chan struct{}
 
 	mu          sync.Mutex
 	renews      []renewCall
@@ -67,14 +71,21 @@ func (f *fakeBackend) unlock(ctx context.Context, kind string) (bool, error) {
 }
 
 func (f *fakeBackend) Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
-	return f.renew(ttl, "any")
+	return f.renew(ctx, ttl, "any")
 }
 
 func (f *fakeBackend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
-	return f.renew(ttl, mode.String())
+	return f.renew(ctx, ttl, mode.String())
 }
 
-func (f *fakeBackend) renew(ttl time.Duration, kind string) (time.Duration, error) {
+func (f *fakeBackend) renew(ctx context.Context, ttl time.Duration, kind string) (time.Duration, error) {
+	if f.renewGate != nil {
+		select {
+		case <-f.renewGate:
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
 	f.mu.Lock()
 	f.renews = append(f.renews, renewCall{time.Now(), ttl, kind})
 	n := len(f.renews)
@@ -259,6 +270,9 @@ func TestWatchdog(t *testing.T) {
 				k.endUnlock(w, true, c.ka)
 			}
 			ended := waitEnded(t, c)
+			// The watchdog stops counting on the connection before it
+			// releases, or tells of the loss: wait for its goroutine.
+			waitStopped(t, k)
 			renews, unlocks := b.counts()
 			if len(renews) < tc.minRenews || len(renews) > tc.maxRenews {
 				t.Errorf("%d renewals in %v; want %d to %d", len(renews), ended.Sub(start), tc.minRenews, tc.maxRenews)
@@ -335,6 +349,7 @@ func TestWatchdogReentrant(t *testing.T) {
 	}
 	c.cancel()
 	waitEnded(t, c)
+	waitStopped(t, k) // the releases come after the watchdog stops counting on c
 	if _, unlocks := b.counts(); unlocks != 2 {
 		t.Errorf("%d releases on close; want the 2 holds left", unlocks)
 	}
@@ -376,6 +391,7 @@ func TestWatchdogSharedToken(t *testing.T) {
 	}
 	c.cancel()
 	waitEnded(t, c)
+	waitStopped(t, k) // the releases come after the watchdog stops counting on c
 	if n := k.count(); n != 0 {
 		t.Fatalf("count after both closed = %d; want 0", n)
 	}
@@ -383,14 +399,22 @@ func TestWatchdogSharedToken(t *testing.T) {
 		t.Errorf("%d releases; want 2 (a's hold on its close, c's last one on its close)", u)
 	}
 
-	// Lost while two connections hold it: both are told.
-	b2 := &fakeBackend{renewZero: true}
+	// Lost while two connections hold it: both are told. The renewal
+	// that finds it gone is held until c2 joined: on a loaded machine it
+	// could otherwise come (a third of the TTL after start) before c2's
+	// grant, which then starts no watchdog of its own here. Held no longer
+	// than its try's timeout (a third of the TTL), hence a longer TTL.
+	b2 := &fakeBackend{renewZero: true, renewGate: make(chan struct{})}
 	k2 := newTestKeepalives(t, b2, time.Second)
 	a2, c2 := newTestConn(t, 3), newTestConn(t, 3)
-	k2.start(a2.ctx, a2.ka, "k", "tok", ttl, 0)
-	k2.granted(c2.ctx, c2.ka, "k", "tok")
+	k2.start(a2.ctx, a2.ka, "k", "tok", 600*time.Millisecond, 0)
+	if !k2.granted(c2.ctx, c2.ka, "k", "tok") {
+		t.Fatal("granted = false; want the other connection to join the watchdog")
+	}
+	close(b2.renewGate)
 	waitEnded(t, a2)
 	waitEnded(t, c2)
+	waitStopped(t, k2) // the notices come after the watchdog stops counting on them
 	for i, conn := range []*testConn{a2, c2} {
 		if _, lost := conn.ka.takeLost([]byte("k")); !lost || len(conn.pushed()) != 1 {
 			t.Errorf("connection %d: lost %v, pushes %q; want the notice and one push", i, lost, conn.pushed())
@@ -413,13 +437,20 @@ func waitFor(t *testing.T, cond func() bool, what string) {
 // TestWatchdogRenewDuringUnlock: a renewal that finds the lock gone while
 // an UNLOCK of it is in flight is that UNLOCK's doing, not a loss.
 func TestWatchdogRenewDuringUnlock(t *testing.T) {
-	b := &fakeBackend{renewZero: true}
+	// The renewal answers only once the UNLOCK is in flight: on a loaded
+	// machine it could otherwise come (a third of the TTL after start)
+	// before it, and be a loss indeed. It can be held no longer than its
+	// try's timeout (a third of the TTL too), hence a TTL that leaves a
+	// loaded machine's delays far inside both.
+	b := &fakeBackend{renewZero: true, renewGate: make(chan struct{})}
 	k := newTestKeepalives(t, b, time.Second)
 	c := newTestConn(t, 3)
-	k.start(c.ctx, c.ka, "k", "tok", 30*time.Millisecond, 0)
+	k.start(c.ctx, c.ka, "k", "tok", 600*time.Millisecond, 0)
 	w := k.beginUnlock("k", "tok")
+	close(b.renewGate)
 	waitEnded(t, c)
 	k.endUnlock(w, true, c.ka)
+	waitStopped(t, k) // a notice would come after the watchdog stops counting on c
 	if _, lost := c.ka.takeLost([]byte("k")); lost || len(c.pushed()) != 0 {
 		t.Errorf("lost notice %v, pushes %q; want none", lost, c.pushed())
 	}

@@ -3,6 +3,8 @@ package postgres
 import (
 	"context"
 	"fmt"
+	"runtime"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -105,7 +107,9 @@ func TestKeyGate(t *testing.T) {
 			mu.Unlock()
 			release()
 		}()
-		time.Sleep(20 * time.Millisecond) // queued in this order
+		// Queued in this order: wait until it waits for the gate, not a
+		// while (a loaded machine may run it later than that).
+		waitGateQueue(t, i+1)
 	}
 	other, err := b.enterGate(ctx, "other") // another key is not held up
 	if err != nil {
@@ -119,5 +123,27 @@ func TestKeyGate(t *testing.T) {
 	}
 	if len(b.gates) != 0 {
 		t.Errorf("%d gates left with no try; want none", len(b.gates))
+	}
+}
+
+// waitGateQueue waits (up to 10 s) until n goroutines wait in enterGate
+// for a key's slot: a channel's queue of senders is first come, first
+// served, so the order they started waiting in is the order they get it.
+func waitGateQueue(t *testing.T, n int) {
+	t.Helper()
+	buf := make([]byte, 1<<20)
+	for end := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		waiting := 0
+		for _, g := range strings.Split(string(buf[:runtime.Stack(buf, true)]), "\n\n") {
+			if strings.Contains(g, " [select") && strings.Contains(g, "postgres.(*Backend).enterGate(") {
+				waiting++
+			}
+		}
+		if waiting == n {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d tries wait for the gate; want %d", waiting, n)
+		}
 	}
 }

@@ -342,13 +342,17 @@ func TestLeaseEnds(t *testing.T) {
 		t.Errorf("RENEW of an ended lease = %v; want 0", v)
 	}
 	// Renewed through the other instance: the creator's timer must not
-	// delete it at the first lease's end.
+	// delete it at the first lease's end. The first lease leaves the
+	// RENEW (a ZooKeeper round trip on a loaded machine) time to land
+	// inside it; the look comes past its end.
 	unlock(t, b, "lease", "B")
-	mustLock(t, a, "lease2", "A", 300*time.Millisecond, backends.Write)
+	const first = 1500 * time.Millisecond
+	locked := time.Now()
+	mustLock(t, a, "lease2", "A", first, backends.Write)
 	if v, err := b.Renew(ctxT(t, 30*time.Second), "lease2", "A", 5*time.Second); err != nil || v <= 0 {
 		t.Fatalf("RENEW via b = %v, %v", v, err)
 	}
-	time.Sleep(700 * time.Millisecond)
+	time.Sleep(time.Until(locked.Add(first + 400*time.Millisecond)))
 	wantNotAcquired(t, b, "lease2", "B", backends.Write)
 }
 

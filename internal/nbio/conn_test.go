@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // tcpPair is a connected loopback TCP pair: the client side wrapped, the
@@ -148,14 +150,41 @@ func TestConnBigWrite(t *testing.T) {
 }
 
 func TestConnWriteDeadline(t *testing.T) {
-	c, _ := tcpPair(t)
-	if err := c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond)); err != nil {
+	c, peer := tcpPair(t)
+	// Nobody reads: the buffers fill, and the write ends at the deadline
+	// with what it wrote so far. The deadline is set once the write has
+	// written something (the peer's receive queue is not empty): set
+	// before the write, it could pass before the write began on a loaded
+	// machine, which then writes nothing.
+	rc, err := peer.(*net.TCPConn).SyscallConn()
+	if err != nil {
 		t.Fatal(err)
 	}
-	// Nobody reads: the buffers fill, and the write ends at the deadline
-	// with what it wrote so far.
+	deadlineSet := make(chan error, 1)
+	go func() {
+		for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			q, qerr := 0, error(nil)
+			if err := rc.Control(func(fd uintptr) { q, qerr = unix.IoctlGetInt(int(fd), unix.SIOCINQ) }); err != nil {
+				qerr = err
+			}
+			if qerr != nil {
+				deadlineSet <- qerr
+				_ = c.SetWriteDeadline(time.Now())
+				return
+			}
+			if q > 0 {
+				deadlineSet <- c.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
+				return
+			}
+		}
+		deadlineSet <- errors.New("nothing written in 10s")
+		_ = c.SetWriteDeadline(time.Now())
+	}()
 	chunk := make([]byte, 64<<20)
 	n, err := c.Write(chunk)
+	if derr := <-deadlineSet; derr != nil {
+		t.Fatalf("setting the deadline: %v", derr)
+	}
 	if !errors.Is(err, os.ErrDeadlineExceeded) || n <= 0 || n >= len(chunk) {
 		t.Fatalf("write past the deadline = %d, %v; want part, os.ErrDeadlineExceeded", n, err)
 	}

@@ -464,11 +464,28 @@ func TestRelayTrackingAndStreams(t *testing.T) {
 	if d := time.Since(start); d < 250*time.Millisecond {
 		t.Errorf("XREAD BLOCK 300 returned after %v; want it to wait", d)
 	}
+	// The XADD comes once the XREAD blocks upstream: "$" reads only what
+	// is added after the XREAD began, and a loaded machine may take
+	// longer than any fixed while to relay it.
+	up := e.up.Client(t)
+	added := make(chan error, 1)
 	go func() {
-		time.Sleep(200 * time.Millisecond)
-		other.XAdd(ctx, &redis.XAddArgs{Stream: "st", Values: []string{"f", "v"}})
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+			info, _ := up.Info(ctx, "clients").Result()
+			if strings.Contains(info, "blocked_clients:1") {
+				break
+			}
+			if time.Now().After(deadline) {
+				added <- fmt.Errorf("the XREAD never blocked upstream:\n%s", info)
+				return
+			}
+		}
+		added <- other.XAdd(ctx, &redis.XAddArgs{Stream: "st", Values: []string{"f", "v"}}).Err()
 	}()
 	res, err = c.XRead(ctx, &redis.XReadArgs{Streams: []string{"st", "$"}, Block: 5 * time.Second}).Result()
+	if aerr := <-added; aerr != nil {
+		t.Fatalf("XADD: %v", aerr)
+	}
 	if err != nil || len(res) != 1 || len(res[0].Messages) != 1 {
 		t.Errorf("XREAD BLOCK woken by XADD = %v, %v; want one message", res, err)
 	}

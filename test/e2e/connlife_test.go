@@ -90,7 +90,10 @@ func TestShutdownCancelsLongWait(t *testing.T) {
 	rawGrant(t, holder, key, "PX", "30000")
 	waiter := lc.DialRaw(t, in.addr)
 	waiter.Send("LOCK", key, "PX", "10000", "WAIT", "20000")
-	time.Sleep(300 * time.Millisecond)
+	// The waiter is waiting (INFO's blocked_clients) before SIGTERM: a
+	// LOCK not yet read then is not canceled but never run, its
+	// connection closed.
+	waitBlocked(t, lc.NewClient(t, in.addr, 2), 1)
 	start := time.Now()
 	if err := in.proc.Signal(syscall.SIGTERM); err != nil {
 		t.Fatalf("SIGTERM: %v", err)

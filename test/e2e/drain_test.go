@@ -30,7 +30,9 @@ func TestReadyzDuringDrain(t *testing.T) {
 	rawGrant(t, holder, key, "PX", "30000")
 	waiter := lc.DialRaw(t, in.addr)
 	waiter.Write(lockclient.Encode("LOCK", key, "PX", "10000", "WAIT", fmt.Sprint(wait.Milliseconds())))
-	time.Sleep(300 * time.Millisecond) // the waiter is waiting now
+	// The waiter is waiting now (INFO's blocked_clients): a LOCK not yet
+	// read when SIGTERM comes is not waited for, its connection closed.
+	waitBlocked(t, lc.NewClient(t, in.addr, 2), 1)
 
 	if code, body, err := probe(readyz); err != nil || code != http.StatusOK {
 		t.Fatalf("GET /readyz before SIGTERM = %d %q, %v; want 200", code, body, err)

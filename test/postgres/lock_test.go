@@ -60,7 +60,11 @@ func TestWaitWokenAcrossInstances(t *testing.T) {
 		}
 		got <- err
 	}()
-	time.Sleep(500 * time.Millisecond)
+	// The waiter waits once its first try was refused: a waiting writer
+	// marks the key (writer preference). A fixed while may not be enough
+	// on a loaded machine, and an UNLOCK before that try leaves nothing
+	// to wake.
+	waitForRow(t, prefix+"waiting_writers", key)
 	select {
 	case err := <-got:
 		t.Fatalf("B's waiter returned while A held the lock: %v", err)
