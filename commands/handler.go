@@ -263,9 +263,9 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 				return
 			}
 			state(s).lastCmd = sc.Metric
-			before := s.W.Len()
+			before, resets := s.W.Len(), s.W.Resets()
 			sc.run(h, s, args)
-			h.count(sc, s, before)
+			h.count(sc, s, before, resets)
 			return
 		}
 		if h.up != nil {
@@ -282,18 +282,53 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 		return
 	}
 	state(s).lastCmd = c.Metric
-	before := s.W.Len()
+	before, resets := s.W.Len(), s.W.Resets()
 	c.run(h, s, args)
-	h.count(c, s, before)
+	h.count(c, s, before, resets)
 }
 
-// count records the command's outcome by looking at the reply's first byte.
-func (h *Handler) count(c *Command, s *resp.Session, before int) {
+// count records the command's outcome by looking at the reply's first
+// byte; before and resets are s.W's Len and Resets when it began.
+func (h *Handler) count(c *Command, s *resp.Session, before int, resets uint64) {
 	i := 0
-	if b := s.W.Bytes(); len(b) > before && b[before] == '-' {
+	if replyFailed(s.W, before, resets) {
 		i = 1
 	}
 	h.metrics.counters[c][i].Inc()
+}
+
+// replyFailed reports whether the reply of the command that just ran is
+// an error; before and resets are w's Len and Resets when it began. Its
+// reply is the last frame in the buffer, not always the one at before:
+// replies of relayed commands pipelined before it may have been appended
+// ahead of it (relayOne); and a reset means before says nothing of the
+// buffer any more: the command flushed the replies before it (LOCK …
+// WAIT), after which its reply starts lower, or replies were inserted
+// ahead of it or taken back out (the relay's splice, upstreamReply). So
+// the frames are walked, from before when the buffer was not reset (a
+// frame boundary, and then the walk is over the command's reply alone,
+// mostly one short frame), else from the start: the buffer holds whole
+// frames only. A buffer the walk cannot read is judged by the byte at
+// where the walk began.
+func replyFailed(w *resp.Writer, before int, resets uint64) bool {
+	b := w.Bytes()
+	from := before
+	if w.Resets() != resets {
+		from = 0
+	}
+	if from >= len(b) {
+		return false
+	}
+	last := from
+	for at := from; at < len(b); {
+		n, err := relay.FrameEnd(b[at:])
+		if err != nil || n == 0 {
+			return b[from] == '-'
+		}
+		last = at
+		at += n
+	}
+	return b[last] == '-'
 }
 
 // ShuttingDown implements resp.ShutdownHandler: the server is shutting

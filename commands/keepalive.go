@@ -1037,7 +1037,7 @@ func (k *keepalives) releaseHolds(w *watchdog, holds [2]int) {
 			if !ok {
 				break
 			}
-			k.held.released(w.key, w.token)
+			k.held.releasedHold(w.key, w.token, mode)
 		}
 	}
 }

@@ -285,12 +285,15 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		// The grant landed after the client went away (or the server
 		// canceled what runs): nobody will learn of it, so it is given
 		// back now rather than left held for its whole TTL. Backends may
-		// answer a grant whose context was canceled mid-attempt.
+		// answer a grant whose context was canceled mid-attempt. Its
+		// client, if anyone hears, is answered an error: so it counts.
+		h.metrics.acquireErr.Inc()
 		h.releaseOrphan(s, req.Key, token, mode)
 		s.W.Error(errShuttingDown.Error())
 	case err == nil:
-		h.metrics.acquired.Inc()
-		h.held.granted(req.Key, token, a.ttl)
+		// Counted before the watchdog may release it (releaseHolds
+		// takes it off then).
+		h.held.granted(req.Key, token, mode, a.ttl)
 		var ka *connKeepalive
 		if a.keepalive {
 			ka = h.connKeepalive(s)
@@ -303,10 +306,13 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		timing := grantTiming{sent: start, validity: lease.Validity}
 		if !h.keepalive.grantedHold(s.Context(), ka, req.Key, token, mode, shared) && a.keepalive &&
 			!h.keepalive.startGrant(s.Context(), ka, req.Key, token, a.ttl, a.maxHold, mode, shared, timing) {
-			// The server is shutting down; start released the lock.
+			// The server is shutting down; start released the lock
+			// (and took it off h.held). Its client is answered an error.
+			h.metrics.acquireErr.Inc()
 			s.W.Error(errShuttingDown.Error())
 			return
 		}
+		h.metrics.acquired.Inc()
 		writeLease(s.W, lease)
 	case errors.Is(err, backends.ErrNotAcquired) && s.Context().Err() != nil:
 		// The wait ended because the command was canceled (the client

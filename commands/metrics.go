@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/lockproxy/lockproxy/backends"
 )
 
 type metrics struct {
@@ -31,7 +33,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"cmd", "result"}),
 		acquire: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lockproxy_lock_acquire_total",
-			Help: "Lock acquisitions by result: acquired, not_acquired, no_quorum, error.",
+			Help: "Lock acquisitions by result: acquired, not_acquired, no_quorum, error (a grant given back because its client left or the server is closing included).",
 		}, []string{"result"}),
 		acquireDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "lockproxy_lock_acquire_duration_seconds",
@@ -40,12 +42,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		heldDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "lockproxy_lock_held_duration_seconds",
-			Help:    "How long locks granted through this instance were held, until release or expiry.",
+			Help:    "How long locks granted through this instance were held: from the first grant of a key to a token until its last hold was released, or it expired.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 3, 14),
 		}),
 		locksHeld: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "lockproxy_locks_held",
-			Help: "Locks granted through this instance and neither released nor expired.",
+			Help: "Locks (a key and a token) granted through this instance with a hold neither released nor expired; reentrant and downgrade holds count with their lock.",
 		}),
 	}
 	authFailures := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -82,9 +84,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 }
 
 // heldLocks tracks the locks granted through this instance, for the
-// holding-time histogram and the held gauge. Entries leave on UNLOCK or
-// when their lease runs out (a sweep each second), so memory follows the
-// number of live locks.
+// holding-time histogram and the held gauge. A lock is a key and a token;
+// it counts the token's holds of the key, by kind, as the lock store does
+// (a reentrant LOCK adds a write hold, a downgrade's RLOCK a read hold,
+// each UNLOCK takes one off), and is held until the last hold goes: only
+// then is its holding time observed. Entries leave then, or when their
+// lease runs out (a sweep each second), whatever holds they still count:
+// a lock lost or left to expire is never released, so memory and the
+// gauge follow the number of live locks.
 type heldLocks struct {
 	mu   sync.Mutex
 	m    map[heldKey]heldLock
@@ -96,8 +103,12 @@ type heldLocks struct {
 type heldKey struct{ key, token string }
 
 type heldLock struct {
-	since   time.Time
+	since time.Time
+	// expires is when the last lease of the token's holds ends: the holds
+	// of one token share a lease (a downgrade's write hold lasts as long
+	// as its read hold), so one time serves them all.
 	expires time.Time
+	holds   [2]int // by backends.Mode
 }
 
 func newHeldLocks(m *metrics) *heldLocks {
@@ -106,39 +117,78 @@ func newHeldLocks(m *metrics) *heldLocks {
 	return h
 }
 
-func (h *heldLocks) granted(key, token string, ttl time.Duration) {
+// granted counts a hold of mode of key by token granted with ttl. A
+// reentrant grant, or a downgrade, extends the lease counted, never
+// shortens it: neither shortens the lease of the holds the token has.
+func (h *heldLocks) granted(key, token string, mode backends.Mode, ttl time.Duration) {
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	k := heldKey{key, token}
-	if old, ok := h.m[k]; ok {
-		old.expires = now.Add(ttl)
-		h.m[k] = old
-		return
+	l, ok := h.m[k]
+	if !ok {
+		l = heldLock{since: now}
 	}
-	h.m[k] = heldLock{since: now, expires: now.Add(ttl)}
+	if e := now.Add(ttl); e.After(l.expires) {
+		l.expires = e
+	}
+	l.holds[mode]++
+	h.m[k] = l
 	h.met.locksHeld.Set(float64(len(h.m)))
 }
 
+// renewed sets the lease of key held by token to ttl from now. With holds
+// of both kinds it only extends it: renewing one kind leaves the other's
+// lease as it is.
 func (h *heldLocks) renewed(key, token string, ttl time.Duration) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	k := heldKey{key, token}
 	if l, ok := h.m[k]; ok {
-		l.expires = time.Now().Add(ttl)
+		e := time.Now().Add(ttl)
+		if l.holds[backends.Write] == 0 || l.holds[backends.Read] == 0 || e.After(l.expires) {
+			l.expires = e
+		}
 		h.m[k] = l
 	}
 }
 
+// released takes off the hold an UNLOCK of key by token released: a write
+// hold while the token has one, else a read hold, as the lock store
+// releases them.
 func (h *heldLocks) released(key, token string) {
+	h.release(key, token, backends.Write)
+}
+
+// releasedHold takes off a hold of mode that was released.
+func (h *heldLocks) releasedHold(key, token string, mode backends.Mode) {
+	h.release(key, token, mode)
+}
+
+// release takes one hold of mode off key by token, of the other kind when
+// it counts none of mode (the hold released was granted through another
+// instance, or counted before a loss), and ends the lock with its last.
+func (h *heldLocks) release(key, token string, mode backends.Mode) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	k := heldKey{key, token}
-	if l, ok := h.m[k]; ok {
-		h.met.heldDuration.Observe(time.Since(l.since).Seconds())
-		delete(h.m, k)
-		h.met.locksHeld.Set(float64(len(h.m)))
+	l, ok := h.m[k]
+	if !ok {
+		return
 	}
+	if l.holds[mode] == 0 {
+		mode = 1 - mode
+	}
+	if l.holds[mode] > 0 {
+		l.holds[mode]--
+	}
+	if l.holds != ([2]int{}) {
+		h.m[k] = l
+		return
+	}
+	h.met.heldDuration.Observe(time.Since(l.since).Seconds())
+	delete(h.m, k)
+	h.met.locksHeld.Set(float64(len(h.m)))
 }
 
 func (h *heldLocks) count() int {
@@ -156,17 +206,23 @@ func (h *heldLocks) sweep() {
 		case <-h.stop:
 			return
 		case now := <-t.C:
-			h.mu.Lock()
-			for k, l := range h.m {
-				if now.After(l.expires) {
-					h.met.heldDuration.Observe(l.expires.Sub(l.since).Seconds())
-					delete(h.m, k)
-				}
-			}
-			h.met.locksHeld.Set(float64(len(h.m)))
-			h.mu.Unlock()
+			h.expire(now)
 		}
 	}
+}
+
+// expire ends the locks whose lease ran out by now, however many holds
+// they count.
+func (h *heldLocks) expire(now time.Time) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for k, l := range h.m {
+		if now.After(l.expires) {
+			h.met.heldDuration.Observe(l.expires.Sub(l.since).Seconds())
+			delete(h.m, k)
+		}
+	}
+	h.met.locksHeld.Set(float64(len(h.m)))
 }
 
 func (h *heldLocks) close() {

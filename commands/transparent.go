@@ -206,11 +206,11 @@ func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
 // tCount runs a transparent command and counts it in
 // lockproxy_commands_total under a closed set of names.
 func (h *Handler) tCount(s *resp.Session, name string, run func()) {
-	before := s.W.Len()
+	before, resets := s.W.Len(), s.W.Resets()
 	state(s).lastCmd = name
 	run()
 	result := "ok"
-	if b := s.W.Bytes(); len(b) > before && b[before] == '-' {
+	if replyFailed(s.W, before, resets) {
 		result = "error"
 	}
 	h.metrics.commands.WithLabelValues("transparent_"+name, result).Inc()

@@ -11,6 +11,9 @@ import (
 type Writer struct {
 	b     []byte
 	proto int
+	// resets counts Reset calls: what a caller noted of the buffer (an
+	// offset) before a Reset says nothing of it after (Resets).
+	resets uint64
 }
 
 // NewWriter returns a RESP2 writer.
@@ -27,6 +30,7 @@ func (w *Writer) Bytes() []byte { return w.b }
 
 // Reset empties the buffer, keeping its memory unless it grew large.
 func (w *Writer) Reset() {
+	w.resets++
 	if cap(w.b) > 1<<20 {
 		w.b = make([]byte, 0, 4096)
 		return
@@ -36,6 +40,12 @@ func (w *Writer) Reset() {
 
 // Len is the number of bytes buffered.
 func (w *Writer) Len() int { return len(w.b) }
+
+// Resets is how many times the buffer was Reset: flushed to the client
+// (Session.Flush), or rebuilt by a caller that inserts or takes out
+// replies. An offset noted with Len stands for the same reply only while
+// Resets stays the same.
+func (w *Writer) Resets() uint64 { return w.resets }
 
 func (w *Writer) header(c byte, n int64) {
 	w.b = append(w.b, c)
