@@ -77,7 +77,14 @@ type Config struct {
 	// unknownEnv warns of LOCKPROXY_* variables that name no key, as
 	// FromArgs found them (Warnings).
 	unknownEnv []string
+	// file is the config file FromArgs read, absolute (File).
+	file string
 }
+
+// File returns the absolute path of the config file the config was read
+// from, or "" when none was given. INFO shows it as config_file, as Redis
+// does, so that an operator can tell which file a running instance read.
+func (c Config) File() string { return c.file }
 
 // Auth is what lockproxy's own clients must give before other commands:
 // the default user's password (AUTH <password>, or HELLO … AUTH default
@@ -730,10 +737,13 @@ func (c Config) Validate() error {
 func (c Config) Warnings() []string {
 	var w []string
 	if c.Admin != "" && !loopbackAddr(c.Admin) {
+		// Printed also when Validate refused admin, which may then be a
+		// URL with a password.
+		admin := hideCredentials(c.Admin)
 		if c.AdminPprof {
-			w = append(w, fmt.Sprintf("admin_pprof: /debug/pprof/ is served to every peer that reaches %s, not only to loopback", c.Admin))
+			w = append(w, fmt.Sprintf("admin_pprof: /debug/pprof/ is served to every peer that reaches %s, not only to loopback", admin))
 		} else {
-			w = append(w, fmt.Sprintf("admin: %s is not a loopback address; /debug/pprof/ is served to loopback peers only (admin_pprof: true serves it to every peer)", c.Admin))
+			w = append(w, fmt.Sprintf("admin: %s is not a loopback address; /debug/pprof/ is served to loopback peers only (admin_pprof: true serves it to every peer)", admin))
 		}
 	}
 	w = append(w, c.unknownEnv...)
@@ -832,9 +842,126 @@ func (v *validator) oneOf(key, s string, set ...string) {
 	v.add(key, "must be one of %s; got %q", strings.Join(set, ", "), s)
 }
 
+// addrCredentials splits an address given as a URL
+// (scheme://user:password@host:port/path?query) or with user info but no
+// scheme (user:password@host:port), as Redis and PostgreSQL clients take
+// them, into what may be shown of it and the host[:port] it names. ok is
+// false for anything else: neither "://" nor "@" in s.
+//
+// Everything before the last '@' is user info, hidden whole: a password
+// need not be percent-encoded for an operator to type it, so it may hold
+// '/', '?' or '@' itself, and some clients (Lettuce) read
+// "redis://secret@host" as a password alone, so the user name goes too.
+// A query or fragment is hidden as well (redis://host?password=…). url.Parse
+// is not used: it refuses a password with a bad %-escape, and an error
+// must still not show it.
+func addrCredentials(s string) (shown, hostPort, scheme string, ok bool) {
+	rest := s
+	if i := strings.Index(s, "://"); i >= 0 {
+		scheme, rest = s[:i], s[i+len("://"):]
+		shown = scheme + "://"
+	}
+	at := strings.LastIndexByte(rest, '@')
+	if scheme == "" && at < 0 {
+		return "", "", "", false
+	}
+	if at >= 0 {
+		shown += redacted + "@"
+		rest = rest[at+1:]
+	}
+	if i := strings.IndexAny(rest, "?#"); i >= 0 {
+		rest = rest[:i]
+		shown += rest + "?" + redacted
+	} else {
+		shown += rest
+	}
+	hostPort, _, _ = strings.Cut(rest, "/")
+	return shown, hostPort, scheme, true
+}
+
+// hideCredentials returns s, or, when s is an address with user info or
+// a scheme (addrCredentials), what may be shown of it; and, when s is
+// something else that names a password (a PostgreSQL key=value DSN),
+// "<redacted>". For messages that quote a value.
+func hideCredentials(s string) string {
+	if shown, _, _, ok := addrCredentials(s); ok {
+		return shown
+	}
+	if l := strings.ToLower(s); strings.Contains(l, "password") || strings.Contains(l, "passwd") {
+		return redacted
+	}
+	return s
+}
+
+// hidePathCredentials is hideCredentials for a value meant as a file
+// path (the config file): a path may hold '@' (/etc/lockproxy@a/, as
+// systemd instance names go), so only a URL or user@host:port is taken
+// for an address.
+func hidePathCredentials(s string) string {
+	_, hostPort, scheme, ok := addrCredentials(s)
+	if !ok {
+		return s
+	}
+	if scheme == "" {
+		// user:password@host:port: all of what follows the '@' is a
+		// host and a numeric port.
+		_, port, err := net.SplitHostPort(hostPort)
+		if err != nil || hostPort != s[strings.LastIndexByte(s, '@')+1:] {
+			return s
+		}
+		if _, err := strconv.ParseUint(port, 10, 16); err != nil {
+			return s
+		}
+	}
+	return hideCredentials(s)
+}
+
+// credentialKeys says, for an address key, where the user name and
+// password that a URL would carry go instead, and which key turns on the
+// TLS that rediss:// asks for; "" for keys (listeners) that take neither.
+func credentialKeys(key string) (creds, tls string) {
+	switch {
+	case key == "upstream.address":
+		return "the user name and password, if any, in upstream.username and upstream.password (LOCKPROXY_UPSTREAM_PASSWORD)", "upstream.tls.enabled"
+	case strings.HasPrefix(key, "redlock.nodes"):
+		return "the user name and password, if any, in redlock.username and redlock.password or redlock.password_file (LOCKPROXY_REDLOCK_PASSWORD)", "redlock.tls.enabled"
+	case strings.HasPrefix(key, "zookeeper.servers"):
+		return "the credentials, if any, in zookeeper.digest (user:password) or zookeeper.digest_file", ""
+	}
+	return "", ""
+}
+
+// addrURL reports, without the credentials, an address given as a URL or
+// with user info, where addr wants host:port.
+func (v *validator) addrURL(key, shown, hostPort, scheme string) {
+	what := "a URL"
+	if scheme == "" {
+		what = "user info before the host"
+	}
+	give := "host:port"
+	if h, p, err := net.SplitHostPort(hostPort); err == nil && h != "" && p != "" {
+		give = hostPort
+	}
+	msg := fmt.Sprintf("want host:port, got %s, %q: give %s here", what, shown, give)
+	creds, tls := credentialKeys(key)
+	if creds != "" {
+		msg += " and " + creds
+	}
+	if tls != "" && strings.EqualFold(scheme, "rediss") {
+		msg += "; for the TLS that rediss:// means, set " + tls
+	}
+	v.add(key, "%s", msg)
+}
+
 // addr checks host:port with a numeric port in 1..65535. Listeners may
-// leave the host empty (all interfaces); dial targets may not.
+// leave the host empty (all interfaces); dial targets may not. A URL or
+// user info is refused without being quoted: it may carry a password,
+// and the problem is printed to the journal and by check-config.
 func (v *validator) addr(key, s string, needHost bool) {
+	if shown, hostPort, scheme, ok := addrCredentials(s); ok {
+		v.addrURL(key, shown, hostPort, scheme)
+		return
+	}
 	host, port, err := net.SplitHostPort(s)
 	if err != nil {
 		var ae *net.AddrError
@@ -864,9 +991,9 @@ func (v *validator) addrs(key string, list []string) {
 		j, dup := seen[id]
 		switch {
 		case dup && list[j] == s:
-			v.add(k, "duplicate of %s[%d] (%s)", key, j, s)
+			v.add(k, "duplicate of %s[%d] (%s)", key, j, hideCredentials(s))
 		case dup:
-			v.add(k, "duplicate of %s[%d]: %q and %q name the same node", key, j, list[j], s)
+			v.add(k, "duplicate of %s[%d]: %q and %q name the same node", key, j, hideCredentials(list[j]), hideCredentials(s))
 		default:
 			seen[id] = i
 		}

@@ -127,9 +127,15 @@ func FromArgs(args []string, environ []string) (Config, error) {
 	fs.Visit(func(f *flag.Flag) { fileSet = fileSet || f.Name == "c" || f.Name == "config" })
 	switch {
 	case len(positional) > 1:
-		return Config{}, fmt.Errorf("conf: want at most one config file argument, got %q", positional)
+		// An address given without its flag may be a URL with a
+		// password in it: quoted without.
+		shown := make([]string, len(positional))
+		for i, p := range positional {
+			shown[i] = hidePathCredentials(p)
+		}
+		return Config{}, fmt.Errorf("conf: want at most one config file argument, got %q", shown)
 	case len(positional) == 1 && fileSet && *file != positional[0]:
-		return Config{}, fmt.Errorf("conf: config file given twice: %q (-c) and %q", *file, positional[0])
+		return Config{}, fmt.Errorf("conf: config file given twice: %q (-c) and %q", hidePathCredentials(*file), hidePathCredentials(positional[0]))
 	case len(positional) == 1:
 		*file = positional[0]
 	case !fileSet:
@@ -147,6 +153,14 @@ func FromArgs(args []string, environ []string) (Config, error) {
 			return Config{}, err
 		}
 		problems = append(problems, secretTwice(&c, *file, func(string) bool { return true })...)
+		// Absolute, as the process's working directory is not in INFO.
+		// The file was read, so the working directory exists: Abs fails
+		// only if it cannot be found, and then the path as given is
+		// better than none.
+		c.file = *file
+		if abs, err := filepath.Abs(*file); err == nil {
+			c.file = abs
+		}
 	}
 	// A secret given in a layer replaces the lower layers' secret however
 	// either gives it, inline or as a _file key: clear both before the
@@ -182,6 +196,13 @@ func FromArgs(args []string, environ []string) (Config, error) {
 func decodeFile(name string, c *Config) error {
 	data, err := os.ReadFile(name)
 	if err != nil {
+		// An address with a password given where the file goes (a
+		// positional argument, LOCKPROXY_CONFIG): the *PathError would
+		// quote it whole.
+		var pe *os.PathError
+		if shown := hidePathCredentials(name); shown != name && errors.As(err, &pe) {
+			return fmt.Errorf("conf: config file %q: %w (an address goes in its key or flag, such as --upstream or --nodes)", shown, pe.Err)
+		}
 		return fmt.Errorf("conf: %w", err)
 	}
 	err = decode(data, name, c)
@@ -335,7 +356,9 @@ func kindName(n *yaml.Node) string {
 	case yaml.MappingNode:
 		return "a mapping"
 	case yaml.ScalarNode:
-		return fmt.Sprintf("%s %q", n.ShortTag(), n.Value)
+		// "postgres: postgres://app:pw@db/locks" is a likely slip for
+		// postgres.dsn: the value is quoted without its credentials.
+		return fmt.Sprintf("%s %q", n.ShortTag(), hideCredentials(n.Value))
 	}
 	return "something else"
 }

@@ -123,9 +123,23 @@ func run(args []string, stdout, stderr io.Writer) int {
 		log.Warn("config: " + w)
 	}
 
+	// SIGTERM or SIGINT starts the drain. One that arrives during the
+	// drain is caught too (stop runs only when run returns) and does
+	// nothing: the drain is bounded by limits.shutdown_timeout, and
+	// SIGKILL (systemd's after TimeoutStopSec) is the way to cut it short.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	go reloadOnHUP(ctx, log, &systemdReady)
+	// SIGHUP stays caught until run returns, the drain included: with
+	// signal.Stop any earlier, Go restores its default action, and a
+	// certificate renewal hook's `kill -HUP` during a stop would kill
+	// lockproxy mid-drain (commands in flight cut, KEEPALIVE locks left
+	// to their leases).
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	hupDone := make(chan struct{})
+	defer close(hupDone)
+	go reloadOnHUP(ctx, hupDone, hup, log, &systemdReady)
 	sizeProcs(ctx, cfg, log)
 	if err := serve(ctx, cfg, log, stderr); err != nil {
 		log.Error("lockproxy stopped", zap.Error(err))
@@ -191,23 +205,28 @@ func (certExpiry) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// reloadOnHUP reads every TLS certificate, key and CA file again on
-// SIGHUP (a renewed certificate, as cert-manager or certbot leave it, or a
-// rotated CA), so that new handshakes use them without a restart. A file
-// that does not load leaves what was read before in use.
 // systemdReady is set once systemd was told READY=1: a SIGHUP before
 // that must not say READY=1, which systemd would take for the start.
 var systemdReady atomic.Bool
 
-func reloadOnHUP(ctx context.Context, log *zap.Logger, ready *atomic.Bool) {
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
+// reloadOnHUP reads every TLS certificate, key and CA file again on each
+// SIGHUP from hup (a renewed certificate, as cert-manager or certbot
+// leave it, or a rotated CA), so that new handshakes use them without a
+// restart. A file that does not load leaves what was read before in use.
+// Once ctx is done (the drain) a SIGHUP is logged and ignored: the
+// listener takes no new handshakes, and RELOADING=1 then READY=1 after
+// STOPPING=1 would tell systemd the service is up again. It returns when
+// done is closed.
+func reloadOnHUP(ctx context.Context, done <-chan struct{}, hup <-chan os.Signal, log *zap.Logger, ready *atomic.Bool) {
 	for {
 		select {
-		case <-ctx.Done():
+		case <-done:
 			return
 		case <-hup:
+		}
+		if ctx.Err() != nil {
+			log.Info("SIGHUP during shutdown: ignored; the drain goes on")
+			continue
 		}
 		notify := ready.Load()
 		if notify {
@@ -233,7 +252,9 @@ func reloadOnHUP(ctx context.Context, log *zap.Logger, ready *atomic.Bool) {
 		if len(rs) == 0 && len(cas) == 0 {
 			log.Info("SIGHUP: no TLS certificate to reload")
 		}
-		if notify {
+		// A drain that began during the reload has said STOPPING=1:
+		// READY=1 now would take it back.
+		if notify && ctx.Err() == nil {
 			_, _ = sdnotify.Notify(sdnotify.Ready)
 		}
 	}
@@ -461,6 +482,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		},
 		Info: commands.Info{
 			Version: version, Commit: commit(), Backend: cfg.Backend, Nodes: nodes, Port: port, Dev: cfg.Dev,
+			ConfigFile: cfg.File(),
 		},
 		Logger:    log,
 		Registry:  reg,
@@ -708,6 +730,23 @@ func lockDelays(ds []conf.LockDelay) []commands.LockDelay {
 	return out
 }
 
+// selfCheckTargets is where selfCheck dials the listener at addr, in
+// order: the address itself, or for a wildcard listener (":port",
+// "0.0.0.0:port", "[::]:port") loopback, 127.0.0.1 first. Go listens on a
+// wildcard with one dual-stack socket, which 127.0.0.1 reaches too, while
+// [::1] fails on a host with IPv6 disabled (no ::1 on lo), and a
+// self-check that always fails has systemd restart lockproxy every
+// WatchdogSec. [::1] is tried after it, for a host without IPv4 on lo. A
+// listener on a given IPv6 address ([::1]:port) is dialed at it.
+func selfCheckTargets(addr net.Addr) []string {
+	ta, ok := addr.(*net.TCPAddr)
+	if !ok || (len(ta.IP) > 0 && !ta.IP.IsUnspecified()) {
+		return []string{addr.String()}
+	}
+	port := strconv.Itoa(ta.Port)
+	return []string{net.JoinHostPort("127.0.0.1", port), net.JoinHostPort("::1", port)}
+}
+
 // selfCheck connects to lockproxy's own listener, for the systemd
 // watchdog. In plain text it sends PING: any reply (PONG, or NOAUTH with a
 // password set) means the accept loop and the serving of a connection
@@ -715,20 +754,27 @@ func lockDelays(ds []conf.LockDelay) []commands.LockDelay {
 // count as a failed one under mutual TLS, it waits for the accept loop to
 // take the connection (accepted grows) and closes it unspoken.
 func selfCheck(addr net.Addr, overTLS bool, stats func() (accepted, rejected int64), timeout time.Duration) error {
-	target := addr.String()
-	if ta, ok := addr.(*net.TCPAddr); ok && ta.IP.IsUnspecified() {
-		lo := net.IPv4(127, 0, 0, 1)
-		if ta.IP.To4() == nil {
-			lo = net.IPv6loopback
-		}
-		target = net.JoinHostPort(lo.String(), strconv.Itoa(ta.Port))
-	}
 	deadline := time.Now().Add(timeout)
 	n0, r0 := stats()
 	before := n0 + r0
-	c, err := net.DialTimeout("tcp", target, timeout)
-	if err != nil {
-		return fmt.Errorf("self-check: %w", err)
+	var c net.Conn
+	var errs []error
+	for _, target := range selfCheckTargets(addr) {
+		left := time.Until(deadline)
+		if left <= 0 { // DialTimeout takes 0 for no timeout
+			break
+		}
+		var err error
+		if c, err = net.DialTimeout("tcp", target, left); err == nil {
+			break
+		}
+		errs = append(errs, err)
+	}
+	if c == nil {
+		if len(errs) == 0 {
+			return errors.New("self-check: no time left to connect")
+		}
+		return fmt.Errorf("self-check: %w", errors.Join(errs...))
 	}
 	defer c.Close()
 	_ = c.SetDeadline(deadline)
