@@ -33,6 +33,10 @@ type relayConn struct {
 	watch    bool
 	db       int
 	tracking bool
+	// monitor: the tunnel is MONITOR's, not pub/sub's. The upstream feeds
+	// the monitor every command, the marker PING too, and has no
+	// subscription to count: tunnelSync cannot tell when it is done.
+	monitor bool
 }
 
 func (h *Handler) relayState(s *resp.Session) *relayConn {
@@ -85,14 +89,29 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 		local = len(args) >= 2 && cmd.Subs[string(resp.Lower(sbuf[:], args[1]))] != nil
 	}
 	isReset := string(name) == "quit" || string(name) == "reset"
-	switch {
-	case rs.pipe.Tunneling() && !isReset:
-		if what := h.notInTunnel(string(name), args, cmd); what != "" {
+	if rs.pipe.Tunneling() {
+		what := ""
+		if !isReset {
+			if what = h.notInTunnel(string(name), args, cmd); what == "" {
+				h.relayTunnel(s, rs, string(name), args)
+				return true
+			}
+		}
+		// A reply of lockproxy's own (a refusal, QUIT's, RESET's) goes
+		// after those of the commands tunnelled before it, as Redis would
+		// answer them: QUIT must not close the connection, nor RESET drop
+		// the upstream one, with replies still on their way.
+		if !h.tunnelSync(s, rs) {
+			return true
+		}
+		if what != "" && rs.pipe.Tunneling() {
 			s.W.Error("ERR '" + relay.Clip(what) + "' is not allowed in pub/sub mode through lockproxy; unsubscribe first")
 			return true
 		}
-		h.relayTunnel(s, rs, string(name), args)
-		return true
+		// QUIT or RESET, or the tunnel ended meanwhile: served as on any
+		// other connection.
+	}
+	switch {
 	case rs.multi && !isReset:
 		if cmd == nil && h.onLockKeys(args) {
 			rs.dirty = true
@@ -422,8 +441,16 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 			return
 		}
 		h.relayCollect(s, rs, true)
-		_ = s.Flush() // replies before it go out before the first message
+		// Replies before it go out before the first message, and the
+		// tunnel's frames go out as they come (see relayTunnel).
+		_ = s.PassPushes()
+		// Before it is sent: its reply may reach the client before
+		// Tunnel returns, and CLIENT LIST TYPE pubsub must list it then.
+		rs.monitor = name == "monitor"
+		s.SetPubSub(!rs.monitor)
 		if err := rs.pipe.Tunnel(args); err != nil {
+			rs.monitor = false
+			s.SetPubSub(false)
 			relayError(s, "ERR upstream unavailable: "+err.Error())
 		}
 	case name == "unsubscribe" || name == "punsubscribe" || name == "sunsubscribe":
@@ -538,27 +565,69 @@ func (h *Handler) relayBlocking(s *resp.Session, rs *relayConn, args [][]byte) {
 // upstream whether any subscription is left.
 func (h *Handler) relayTunnel(s *resp.Session, rs *relayConn, name string, args [][]byte) {
 	if err := h.up.Check([]byte(name), args); err != nil {
-		relayError(s, err.Error())
+		// lockproxy's own refusal: after the replies before it.
+		if h.tunnelSync(s, rs) {
+			relayError(s, err.Error())
+		}
 		return
 	}
-	_ = s.Flush()
+	// The replies so far go out before this command's, which, like every
+	// frame of the tunnel, go to the client as they come: held until the
+	// end of the batch, they would fill the push queue and stall the
+	// upstream connection's reader (and with it the marker PING
+	// tunnelSync waits for).
+	_ = s.PassPushes()
 	if err := rs.pipe.Tunnel(args); err != nil {
 		relayError(s, "ERR upstream unavailable: "+err.Error())
 		rs.pipe.Close()
+		rs.monitor = false
+		s.SetPubSub(false)
 		return
 	}
 	switch name {
 	case "unsubscribe", "punsubscribe", "sunsubscribe":
-		ended, err := rs.pipe.EndTunnel(s.Context())
-		if err != nil {
-			h.log.Debug("relay: leaving pub/sub mode failed", zap.Error(err))
-			rs.pipe.Close()
-			return
-		}
-		if ended {
-			h.maybeUnpin(rs)
-		}
+		// Whether any subscription is left: the same marker.
+		h.tunnelSync(s, rs)
 	}
+}
+
+// tunnelSync makes sure, before lockproxy writes a reply of its own on a
+// tunnelled connection, that the replies to the commands tunnelled before
+// it have come back and are written to the client: they come as push
+// frames, in the order the upstream sends them, so a reply written at once
+// would overtake them. The marker PING of EndTunnel follows those
+// commands, and its answer comes after theirs; it also tells whether the
+// last subscription ended. The wait is bounded by the relay's read
+// timeout and the client's context. tunnelSync reports false when the
+// upstream did not answer: the client's connection is then closed, as for
+// a lost pinned connection, since the replies it waits for can no longer
+// come before any other.
+func (h *Handler) tunnelSync(s *resp.Session, rs *relayConn) bool {
+	// Frames go out as they come while it waits (see relayTunnel).
+	_ = s.PassPushes()
+	if rs.monitor {
+		// No marker can be told apart from the feed: the replies that
+		// arrived are written, and that is all.
+		return true
+	}
+	ended, err := rs.pipe.EndTunnel(s.Context())
+	if err != nil {
+		h.log.Debug("relay: no answer on a pub/sub connection; closing the client's", zap.Int64("client", s.ID()), zap.Error(err))
+		rs.pipe.Close()
+		s.SetPubSub(false)
+		s.Close()
+		return false
+	}
+	// Frames another writer (a KEEPALIVE push) held up are written before
+	// any reply of the caller's.
+	_ = s.PassPushes()
+	if ended {
+		// The batch's replies go to s.W again, and pushes wait for them.
+		s.HoldPushes()
+		s.SetPubSub(false)
+		h.maybeUnpin(rs)
+	}
+	return true
 }
 
 // selectCmd is SELECT: database 0 only without an upstream; with one, any
@@ -596,10 +665,16 @@ func (h *Handler) selectCmd(s *resp.Session, args [][]byte) {
 func (h *Handler) reset(s *resp.Session, args [][]byte) {
 	c := state(s)
 	if c.rl != nil {
+		// After the replies in flight, when tunnelled (relayRoute).
 		c.rl.pipe.Close()
-		c.rl.multi, c.rl.dirty, c.rl.watch, c.rl.db, c.rl.tracking = false, false, false, 0, false
+		c.rl.multi, c.rl.dirty, c.rl.watch, c.rl.db, c.rl.tracking, c.rl.monitor = false, false, false, 0, false, false
 	}
+	// No tunnel any more: the batch's replies go to s.W, pushes wait for
+	// them.
+	s.HoldPushes()
+	s.SetPubSub(false)
 	c.name = ""
+	s.SetName("")
 	c.authed = false // RESET signs the connection out, as in Redis
 	c.perm = nil
 	if h.authRequired() {

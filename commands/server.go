@@ -330,6 +330,7 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 	}
 	if name != nil {
 		state(s).name = string(name)
+		s.SetName(string(name))
 	}
 	s.W.SetProto(proto)
 	if c, ok := s.Data.(*conn); ok && c.ka != nil {
@@ -369,6 +370,7 @@ func (h *Handler) clientSetName(s *resp.Session, args [][]byte) {
 		return
 	}
 	state(s).name = string(args[2])
+	s.SetName(string(args[2]))
 	s.W.Simple("OK")
 }
 
@@ -404,39 +406,105 @@ func (h *Handler) clientSetInfo(s *resp.Session, args [][]byte) {
 
 func clientLine(s *resp.Session, now time.Time) string {
 	c := state(s)
+	// Redis names a subcommand "client|list"; the metric label that
+	// lastCmd holds is "client_list" (no command name has a "_").
 	return fmt.Sprintf("id=%d addr=%s laddr=%s name=%s age=%d idle=%d db=0 cmd=%s user=%s resp=%d lib-name=%s lib-ver=%s",
 		s.ID(), s.RemoteAddr(), s.LocalAddr(), c.name,
 		int64(now.Sub(s.Created()).Seconds()), int64(now.Sub(s.LastActive()).Seconds()),
-		c.lastCmd, userName(c), s.W.Proto(), c.libName, c.libVer)
+		strings.Replace(c.lastCmd, "_", "|", 1), userName(c), s.W.Proto(), c.libName, c.libVer)
+}
+
+// otherClientLine is CLIENT LIST's line for another connection than the
+// caller's: that connection's state belongs to its goroutine, so it shows
+// only what is safe to read from here.
+func otherClientLine(s *resp.Session, now time.Time) string {
+	return fmt.Sprintf("id=%d addr=%s laddr=%s name=%s age=%d idle=%d db=0",
+		s.ID(), s.RemoteAddr(), s.LocalAddr(), s.Name(),
+		int64(now.Sub(s.Created()).Seconds()), int64(now.Sub(s.LastActive()).Seconds()))
 }
 
 func (h *Handler) clientInfo(s *resp.Session, args [][]byte) {
 	s.W.Verbatim(clientLine(s, time.Now()) + "\n")
 }
 
+// clientList: CLIENT LIST [TYPE normal|master|replica|pubsub] | [ID id
+// [id ...]], parsed as Redis 7 does (one filter or none), with its
+// errors: libraries look a connection up with CLIENT LIST ID, and count
+// subscribers with TYPE pubsub. lockproxy has no master or replica
+// connections; a subscribed one is pubsub, any other normal.
 func (h *Handler) clientList(s *resp.Session, args [][]byte) {
-	var b strings.Builder
-	now := time.Now()
-	if h.clients != nil {
-		for _, other := range h.clients() {
-			if other == s {
-				b.WriteString(clientLine(s, now))
-			} else {
-				// Other sessions' state belongs to their goroutines: show
-				// only what is safe to read from here.
-				fmt.Fprintf(&b, "id=%d addr=%s laddr=%s age=%d idle=%d db=0",
-					other.ID(), other.RemoteAddr(), other.LocalAddr(),
-					int64(now.Sub(other.Created()).Seconds()), int64(now.Sub(other.LastActive()).Seconds()))
-			}
-			b.WriteByte('\n')
+	kind := "" // a TYPE filter
+	var ids []int64
+	switch {
+	case len(args) == 4 && resp.EqualFold(args[2], "TYPE"):
+		switch kind = strings.ToLower(string(args[3])); kind {
+		case "normal", "pubsub", "master":
+		case "replica", "slave":
+			kind = "replica"
+		default:
+			s.W.Error("ERR Unknown client type '" + relay.Clip(string(args[3])) + "'")
+			return
 		}
-	} else {
-		b.WriteString(clientLine(s, now) + "\n")
+	case len(args) > 3 && resp.EqualFold(args[2], "ID"):
+		for _, a := range args[3:] {
+			id, ok := resp.ParseInt(a)
+			if !ok {
+				s.W.Error("ERR Invalid client ID")
+				return
+			}
+			ids = append(ids, id)
+		}
+	case len(args) != 2:
+		s.W.Error("ERR syntax error")
+		return
+	}
+	sessions := []*resp.Session{s}
+	if h.clients != nil {
+		sessions = h.clients()
+	}
+	now := time.Now()
+	var b strings.Builder
+	line := func(other *resp.Session) {
+		if other == s {
+			b.WriteString(clientLine(s, now))
+		} else {
+			b.WriteString(otherClientLine(other, now))
+		}
+		b.WriteByte('\n')
+	}
+	if ids != nil {
+		// In the order asked, as Redis lists them; unknown ids are left
+		// out.
+		byID := make(map[int64]*resp.Session, len(sessions))
+		for _, other := range sessions {
+			byID[other.ID()] = other
+		}
+		for _, id := range ids {
+			if other := byID[id]; other != nil {
+				line(other)
+			}
+		}
+		s.W.Verbatim(b.String())
+		return
+	}
+	for _, other := range sessions {
+		if kind == "" || kind == "normal" && !other.PubSub() || kind == "pubsub" && other.PubSub() {
+			line(other)
+		}
 	}
 	s.W.Verbatim(b.String())
 }
 
-func (h *Handler) clientNoop(s *resp.Session, args [][]byte) { s.W.Simple("OK") }
+// clientNoop is CLIENT NO-EVICT and NO-TOUCH, which take ON or OFF as in
+// Redis and change nothing: lockproxy evicts no clients, and keeps no LRU
+// clock to spare.
+func (h *Handler) clientNoop(s *resp.Session, args [][]byte) {
+	if !resp.EqualFold(args[2], "ON") && !resp.EqualFold(args[2], "OFF") {
+		s.W.Error("ERR syntax error")
+		return
+	}
+	s.W.Simple("OK")
+}
 
 // info: INFO [section ...]
 func (h *Handler) infoCmd(s *resp.Session, args [][]byte) {

@@ -57,6 +57,15 @@ type Session struct {
 	// push the upstream sent after a reply (a tracking invalidation after
 	// the value it invalidates) never reaches the client before it.
 	serving atomic.Bool
+	// passed: PassPushes cleared serving for the rest of the batch (owned
+	// by the connection's goroutine), so HoldPushes may set it again.
+	passed bool
+
+	// What the command layer says of the connection for CLIENT LIST,
+	// which other connections' goroutines read: its name, and whether it
+	// is subscribed (TYPE pubsub).
+	name   atomic.Pointer[string]
+	pubsub atomic.Bool
 
 	// Replies written by another goroutine (BeginAsync). asyncBusy is
 	// owned by the connection's goroutine; asyncDone gets a token when
@@ -326,6 +335,7 @@ func (s *Session) Flush() error {
 func (s *Session) endBatch() error {
 	err := s.Flush()
 	s.serving.Store(false)
+	s.passed = false
 	if len(s.pushes) > 0 {
 		s.drainPushes()
 	}
@@ -380,20 +390,77 @@ func (s *Session) Push(frame []byte) bool {
 // for the next reply.
 func (s *Session) drainPushes() {
 	for len(s.pushes) > 0 && !s.serving.Load() && s.writeMu.TryLock() {
-		for done := false; !done; {
-			select {
-			case p := <-s.pushes:
-				s.wdeadline.Set(s.conn, time.Now().Add(pushWriteTimeout))
-				if _, err := s.out.Write(p); err != nil {
-					s.cancel()
-				}
-			default:
-				done = true
-			}
-		}
+		s.writePushesLocked()
 		s.writeMu.Unlock()
 	}
 }
+
+// writePushesLocked writes every queued push frame; under writeMu.
+func (s *Session) writePushesLocked() {
+	for {
+		select {
+		case p := <-s.pushes:
+			s.wdeadline.Set(s.conn, time.Now().Add(pushWriteTimeout))
+			if _, err := s.out.Write(p); err != nil {
+				s.cancel()
+			}
+		default:
+			return
+		}
+	}
+}
+
+// PassPushes writes the replies buffered in W, then every push frame
+// queued so far, and lets the frames that come later go to the client as
+// they come for the rest of the batch, instead of after the batch's
+// replies (see serving). It is for a command whose replies are push
+// frames themselves (a pub/sub tunnel's): they must keep the order the
+// upstream sends them in, and a reply written to W after the caller made
+// sure they arrived must come after them, not before. Frames a writer
+// still holds are written before it returns: it waits for the lock, not
+// just tries it. Only the connection's goroutine calls it.
+func (s *Session) PassPushes() error {
+	err := s.Flush()
+	if s.serving.Swap(false) {
+		s.passed = true
+	}
+	if err != nil {
+		return err
+	}
+	s.writeMu.Lock()
+	s.writePushesLocked()
+	s.writeMu.Unlock()
+	return nil
+}
+
+// HoldPushes undoes PassPushes for the rest of the batch: the command
+// layer's replies go to W again (the tunnel ended), and a push that comes
+// after one of them waits for it again.
+func (s *Session) HoldPushes() {
+	if s.passed {
+		s.passed = false
+		s.serving.Store(true)
+	}
+}
+
+// SetName records the connection's name (CLIENT SETNAME), for CLIENT LIST
+// run on other connections.
+func (s *Session) SetName(name string) { s.name.Store(&name) }
+
+// Name is the name SetName recorded, "" if none; any goroutine may ask.
+func (s *Session) Name() string {
+	if n := s.name.Load(); n != nil {
+		return *n
+	}
+	return ""
+}
+
+// SetPubSub records whether the client is subscribed to any channel, for
+// CLIENT LIST TYPE run on other connections.
+func (s *Session) SetPubSub(on bool) { s.pubsub.Store(on) }
+
+// PubSub tells what SetPubSub recorded; any goroutine may ask.
+func (s *Session) PubSub() bool { return s.pubsub.Load() }
 
 // WatchClose watches the connection while the command running on it
 // blocks, and cancels the session's context as soon as the peer goes away.
