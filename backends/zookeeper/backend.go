@@ -56,7 +56,11 @@ type Backend struct {
 	// connected is true while the session is established on a server.
 	connected atomic.Bool
 	// wakeups counts watches fired for waiting Lock calls.
-	wakeups     atomic.Int64
+	wakeups atomic.Int64
+	// rearms counts watches a waiter set again on the same node after a
+	// change that did not unblock it (a renewal or reentry of the node
+	// before it): not wakeups, and no children read.
+	rearms      atomic.Int64
 	expirations atomic.Int64  // sessions expired
 	leasesEnded atomic.Int64  // nodes deleted at the end of their lease
 	hadSession  chan struct{} // closed on the first session
@@ -142,7 +146,7 @@ func zkErr(op string, err error) error {
 }
 
 // New connects to the ensemble, waits for the first session (up to
-// StartTimeout) and makes sure Root exists.
+// StartTimeout) and makes sure Root and the gates' parent exist.
 func New(cfg Config) (*Backend, error) {
 	if len(cfg.Servers) == 0 {
 		return nil, errors.New("zookeeper: no servers")
@@ -222,6 +226,11 @@ func (b *Backend) start(ctx context.Context, wait time.Duration) error {
 		if err != nil && !errors.Is(err, zk.ErrNodeExists) {
 			return fmt.Errorf("zookeeper: create root %s: %w", path, err)
 		}
+	}
+	gates := gatesDir(b.cfg.Root)
+	_, err := call(ctx, func() (string, error) { return b.conn.Create(gates, nil, 0, b.acl) })
+	if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+		return fmt.Errorf("zookeeper: create %s: %w", gates, err)
 	}
 	return nil
 }

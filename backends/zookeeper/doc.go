@@ -1,8 +1,11 @@
 // Package zookeeper serves lock commands from a ZooKeeper ensemble: each
 // lock is an ephemeral sequential znode under <root>/<encoded key>, the
-// lowest holds, and each waiter watches only the node it waits for, so
-// waiters are served in arrival order across every lockproxy instance and a
-// release wakes one waiter (no herd).
+// lowest holds, and each waiter watches only the node it waits for (a
+// reader: the gate of the writer it waits for, which exists while that
+// writer has write holds and never changes), so waiters are served in
+// arrival order across every lockproxy instance, a release wakes one
+// waiter (no herd), and a renewal or reentry of a holder wakes none (a
+// writer right behind it sets its watch again, one request).
 //
 // It owns the lock recipe (exclusive and read-write), the znode naming and
 // data, lease enforcement (ZooKeeper has no TTL on ephemeral nodes, so the

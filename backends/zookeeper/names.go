@@ -22,6 +22,34 @@ func keyDir(root, key string) string {
 	return root + "/k" + base64.RawURLEncoding.EncodeToString([]byte(key))
 }
 
+// gatesDir is the parent znode of every gate. A gate is an ephemeral node
+// made with a write node, in the same transaction, and deleted in the
+// transaction that ends the node's write holds (its release, its lease's
+// end, a downgraded holder's last write UNLOCK) or with the session: it
+// exists exactly while its write node has write holds. Readers queued
+// behind a writer watch its gate, whose data never changes, not the
+// writer's node, whose data every renewal and reentry changes: a renewal
+// so wakes no reader. Gates live outside the key's directory so that the
+// key's children stay its lock nodes; the name is not a key directory's
+// ("k…").
+func gatesDir(root string) string {
+	return root + "/gates"
+}
+
+// gatePath is the gate of the write node made under dir (a keyDir) with
+// prefix (a childPrefix): the key's directory name and the prefix, which
+// the node's nonce makes unique, joined by a '.', which neither contains.
+func gatePath(root, dir, prefix string) string {
+	return gatesDir(root) + "/" + dir[strings.LastIndexByte(dir, '/')+1:] + "." + strings.TrimSuffix(prefix, "-")
+}
+
+// gateOf is the gate of the write node at path.
+func gateOf(root, path string) string {
+	i := strings.LastIndexByte(path, '/')
+	name := path[i+1:]
+	return gatePath(root, path[:i], name[:max(len(name)-seqDigits, 0)])
+}
+
 // tokenHash is 64 bits of the token's SHA-256 in hex: enough to find a
 // token's node among a key's children without a read per child; the token
 // itself, in the node's data, settles a collision.
@@ -104,14 +132,23 @@ type lockData struct {
 	// known, data in the previous format (version 1), whose lease runs
 	// from the node's last change (mtime).
 	startMS int64
-	token   string
+	// gated: the node is of format 3, whose write nodes have a gate (see
+	// gatesDir) while they have write holds. A node of an earlier format
+	// keeps its format, and so has no gate, when changed.
+	gated bool
+	token string
 }
 
-// Data format versions. Version 1 (no lease start) is still read: nodes an
-// instance not yet upgraded made or last changed, during a rolling upgrade.
+// hasGate reports whether a node with data d has a gate.
+func (d lockData) hasGate() bool { return d.gated && d.write > 0 }
+
+// Data format versions. Versions 1 (no lease start) and 2 (no gate) are
+// still read: nodes an instance not yet upgraded made or last changed,
+// during a rolling upgrade. Version 3 has version 2's layout.
 const (
 	dataV1      = 1
-	dataVersion = 2
+	dataV2      = 2
+	dataVersion = 3
 )
 
 // dataHeaderV1: version byte, write, read, ttl in ms. dataHeader adds the
@@ -123,7 +160,10 @@ const (
 
 func (d lockData) encode() []byte {
 	b := make([]byte, dataHeader, dataHeader+len(d.token))
-	b[0] = dataVersion
+	b[0] = dataV2
+	if d.gated {
+		b[0] = dataVersion
+	}
 	binary.BigEndian.PutUint64(b[1:], uint64(d.write))
 	binary.BigEndian.PutUint64(b[9:], uint64(d.read))
 	binary.BigEndian.PutUint64(b[17:], uint64(d.ttl.Milliseconds()))
@@ -138,7 +178,7 @@ func decodeData(b []byte) (lockData, error) {
 	switch {
 	case len(b) >= dataHeaderV1 && b[0] == dataV1:
 		header = dataHeaderV1
-	case len(b) >= dataHeader && b[0] == dataVersion:
+	case len(b) >= dataHeader && (b[0] == dataV2 || b[0] == dataVersion):
 	default:
 		return lockData{}, errBadData
 	}
@@ -158,6 +198,7 @@ func decodeData(b []byte) (lockData, error) {
 		read:    read,
 		ttl:     time.Duration(ttlMS) * time.Millisecond,
 		startMS: startMS,
+		gated:   b[0] == dataVersion,
 		token:   string(b[header:]),
 	}, nil
 }

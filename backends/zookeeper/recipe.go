@@ -3,6 +3,8 @@ package zookeeper
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
 	"time"
 
 	"github.com/go-zookeeper/zk"
@@ -137,9 +139,12 @@ func (b *Backend) cached(key, token string) (node, bool) {
 }
 
 // findToken finds the node token holds on key (a write node before a read
-// node); ok is false when it holds none. Only granted nodes count.
-func (b *Backend) findToken(ctx context.Context, key, token string) (node, bool, error) {
-	if n, ok := b.cached(key, token); ok {
+// node); ok is false when it holds none. Only granted nodes count. With
+// useCache, this instance's copy of a node it created is taken as is: it
+// may be of a node gone since, released and taken again through another
+// instance, so a caller whose write finds it gone looks again without.
+func (b *Backend) findToken(ctx context.Context, key, token string, useCache bool) (node, bool, error) {
+	if n, ok := b.cached(key, token); ok && useCache {
 		return n, true, nil
 	}
 	dir := keyDir(b.cfg.Root, key)
@@ -168,8 +173,16 @@ func (b *Backend) heldBy(ctx context.Context, dir string, kids []child, token, s
 // heldNodes finds among kids every granted node of token, other than the
 // one named skip.
 func (b *Backend) heldNodes(ctx context.Context, dir string, kids []child, token, skip string) ([]node, error) {
+	held, _, err := b.tokenNodes(ctx, dir, kids, token, skip)
+	return held, err
+}
+
+// tokenNodes finds among kids every node of token other than the one named
+// skip: granted ones, and waiting ones (in queue order). Only children
+// whose name has the token's hash are read, so it costs no request when
+// the token has no other node.
+func (b *Backend) tokenNodes(ctx context.Context, dir string, kids []child, token, skip string) (held, waiting []node, err error) {
 	h := tokenHash(token)
-	var found []node
 	for i, c := range kids {
 		if c.hash != h || c.name == skip {
 			continue
@@ -177,21 +190,23 @@ func (b *Backend) heldNodes(ctx context.Context, dir string, kids []child, token
 		p := dir + "/" + c.name
 		g, ok, err := b.get(ctx, p)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if !ok || g.data.token != token {
 			continue
 		}
 		n := node{path: p, idx: i, data: g.data, stat: g.stat, kids: kids, child: c}
-		blocker, _, err := b.blocker(ctx, dir, n)
+		bl, err := b.blocker(ctx, dir, n)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
-		if blocker == "" {
-			found = append(found, n)
+		if bl.name == "" {
+			held = append(held, n)
+		} else {
+			waiting = append(waiting, n)
 		}
 	}
-	return found, nil
+	return held, waiting, nil
 }
 
 // holdKind says which of a token's holds a release or renewal is for.
@@ -225,11 +240,11 @@ func (k holdKind) has(d lockData) bool {
 // on key with such a hold. A cached copy without one may be stale (the
 // hold added through another instance) and a token may, rarely, hold two
 // nodes of a key: the key's nodes are read then.
-func (b *Backend) findTokenHold(ctx context.Context, key, token string, k holdKind) (node, bool, error) {
+func (b *Backend) findTokenHold(ctx context.Context, key, token string, k holdKind, useCache bool) (node, bool, error) {
 	if k == anyHold {
-		return b.findToken(ctx, key, token)
+		return b.findToken(ctx, key, token, useCache)
 	}
-	if n, ok := b.cached(key, token); ok && k.has(n.data) {
+	if n, ok := b.cached(key, token); ok && useCache && k.has(n.data) {
 		return n, true, nil
 	}
 	dir := keyDir(b.cfg.Root, key)
@@ -249,20 +264,31 @@ func (b *Backend) findTokenHold(ctx context.Context, key, token string, k holdKi
 	return node{}, false, nil
 }
 
-// blocker names the node n waits for, or "" when n holds its lock. A node
-// with write holds waits for every earlier node; a reader waits for the
-// nearest earlier node that still has write holds (writer preference: a
-// waiting writer blocks later readers). A watch on the blocker fires when
-// it is deleted or, for a downgrade, changes its data. For a reader's
-// blocker, version is the data version it was judged by (-1 otherwise): a
-// change between that read and the watch would not fire it, so the
-// watch's own stat must still show that version.
-func (b *Backend) blocker(ctx context.Context, dir string, n node) (name string, version int32, err error) {
+// blocking is what a node waits for.
+type blocking struct {
+	// name is the blocking node's, "" when the node holds its lock.
+	name string
+	// reader: the node waiting is a reader, blocked by name's write holds
+	// rather than by name itself.
+	reader bool
+	// version is, for a reader's blocker, the data version it was judged
+	// by (-1 otherwise): a change between that read and the watch would
+	// not fire the watch, so the watch's own stat must still show it.
+	version int32
+	// gated: the reader's blocker has a gate, which the reader watches.
+	gated bool
+}
+
+// blocker says what node n waits for. A node with write holds waits for
+// every earlier node; a reader waits for the nearest earlier node that
+// still has write holds (writer preference: a waiting writer blocks later
+// readers).
+func (b *Backend) blocker(ctx context.Context, dir string, n node) (blocking, error) {
 	if n.data.write > 0 {
 		if n.idx > 0 {
-			return n.kids[n.idx-1].name, -1, nil
+			return blocking{name: n.kids[n.idx-1].name, version: -1}, nil
 		}
-		return "", -1, nil
+		return blocking{version: -1}, nil
 	}
 	for j := n.idx - 1; j >= 0; j-- {
 		c := n.kids[j]
@@ -271,18 +297,113 @@ func (b *Backend) blocker(ctx context.Context, dir string, n node) (name string,
 		}
 		g, ok, err := b.get(ctx, dir+"/"+c.name)
 		if err != nil {
-			return "", -1, err
+			return blocking{}, err
 		}
 		if ok && g.data.write > 0 {
-			return c.name, g.stat.Version, nil
+			return blocking{name: c.name, reader: true, version: g.stat.Version, gated: g.data.hasGate()}, nil
 		}
 	}
-	return "", -1, nil
+	return blocking{version: -1}, nil
+}
+
+// waitTarget is what a waiting Lock watches.
+type waitTarget struct {
+	path string // the node waited for
+	// gate, when set, is watched instead: path's gate, deleted when
+	// path's write holds end.
+	gate string
+	// version: see blocking.version.
+	version int32
+	// reader: a change to path's data that leaves it write holds does not
+	// unblock; one that ends them does.
+	reader bool
+	// any: every change to path is looked at (the token's own earlier
+	// node, whose grant is such a change).
+	any bool
+}
+
+// watched is a node read with a watch set on it.
+type watched struct {
+	data []byte
+	stat *zk.Stat
+	ch   <-chan zk.Event
+}
+
+// watch reads path and sets a watch on it, which fires when it changes or
+// is deleted. When path is gone, ok is false and no watch is set: an
+// exists watch would wait for its creation, which never comes (names are
+// never reused), and would stay with the session, resent on every
+// reconnect, for as long as it lives.
+func (b *Backend) watch(ctx context.Context, path string) (watched, bool, error) {
+	w, err := call(ctx, func() (watched, error) {
+		data, st, ch, err := b.conn.GetW(path)
+		return watched{data, st, ch}, err
+	})
+	if errors.Is(err, zk.ErrNoNode) {
+		return watched{}, false, nil
+	}
+	if err != nil {
+		return watched{}, false, zkErr("watch", err)
+	}
+	return w, true, nil
+}
+
+// arm sets the watch of a waiter waiting for w. ok is false when there is
+// nothing to wait for (w's node or gate is gone, or changed since it was
+// judged): the waiter looks again.
+func (b *Backend) arm(ctx context.Context, w *waitTarget) (<-chan zk.Event, bool, error) {
+	if w.gate != "" {
+		g, ok, err := b.watch(ctx, w.gate)
+		if err != nil || ok {
+			return g.ch, ok, err
+		}
+		// The writer's write holds ended, or it is gone. Unless its gate
+		// went without them (deleted by hand): then wait on its data.
+		n, ok, err := b.get(ctx, w.path)
+		if err != nil || !ok || n.data.write == 0 {
+			return nil, false, err
+		}
+		w.gate = ""
+	}
+	n, ok, err := b.watch(ctx, w.path)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	if w.version >= 0 && n.stat.Version != w.version {
+		// Changed (a downgrade) since it was judged: look again rather
+		// than wait for a change that already happened.
+		return nil, false, nil
+	}
+	return n.ch, true, nil
+}
+
+// rearm is called when the data of the node a waiter waits for changed (a
+// renewal, a reentry, a release of one of several holds): it sets the
+// watch again, without reading the key's children, while the node still
+// blocks the waiter. ok is false when it no longer does: the waiter looks
+// again.
+func (b *Backend) rearm(ctx context.Context, w *waitTarget) (<-chan zk.Event, bool, error) {
+	if w.any || w.gate != "" {
+		// Any change is looked at; a gate's data never changes.
+		return nil, false, nil
+	}
+	n, ok, err := b.watch(ctx, w.path)
+	if err != nil || !ok {
+		return nil, false, err
+	}
+	if w.reader {
+		if d, err := decodeData(n.data); err != nil || d.write == 0 {
+			return nil, false, nil
+		}
+	}
+	b.rearms.Add(1)
+	return n.ch, true, nil
 }
 
 // Lock acquires req (see backends.Backend): a reentrant or downgrading
 // grant changes the token's node; otherwise it creates a node and waits,
-// watching only its blocker, until it holds or req.Wait runs out.
+// watching only its blocker (a reader: the blocking writer's gate), until
+// it holds or req.Wait runs out.
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
 	if err := b.usable(); err != nil {
 		return backends.Lease{}, err
@@ -312,7 +433,14 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	} else {
 		want.write = 1
 	}
-	path, err := b.create(ctx, dir, childPrefix(kind, tokenHash(req.Token), newNonce()), want.encode())
+	// Format 3: a write node comes with its gate.
+	want.gated = true
+	prefix := childPrefix(kind, tokenHash(req.Token), newNonce())
+	gate := ""
+	if kind == kindWrite {
+		gate = gatePath(b.cfg.Root, dir, prefix)
+	}
+	path, err := b.createNode(ctx, dir, prefix, want.encode(), gate)
 	if err != nil {
 		return backends.Lease{}, err
 	}
@@ -339,7 +467,6 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			b.abandon(path)
 		}
 	}()
-	first := true
 	for {
 		t0 := time.Now()
 		kids, err := b.children(ctx, dir)
@@ -358,33 +485,50 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			// another instance took the node while it waited.
 			return backends.Lease{}, noQuorum("lock node lost", errNodeGone)
 		}
-		if first {
-			// The node is made before looking, which saves a round trip
-			// on every first grant; a token that already holds the key
-			// through another instance reenters (and this node goes).
-			first = false
-			held, ok, err := b.heldBy(ctx, dir, kids, req.Token, name)
-			if err != nil {
-				return backends.Lease{}, err
-			}
-			if ok {
-				lease, err := b.reenter(ctx, held, req, start)
-				if !errors.Is(err, errHoldGone) {
-					return lease, err
-				}
-				// The hold went meanwhile: this node competes as a
-				// first grant (the children are read again).
-				continue
-			}
-		}
-		bl, blVersion, err := b.blocker(ctx, dir, node{idx: idx, data: want, kids: kids})
+		// The node is made before looking, which saves a round trip on
+		// every first grant. A token that holds the key through another
+		// node (another instance, another LOCK with this token queued
+		// before this one and granted since) reenters it, and this node
+		// goes; one queued before this one and still waiting is waited
+		// for: its grant makes this LOCK a reentry. Neither costs a
+		// request unless the token has another node.
+		held, ahead, err := b.tokenNodes(ctx, dir, kids, req.Token, name)
 		if err != nil {
 			return backends.Lease{}, err
 		}
-		if bl == "" {
-			lease, err := b.granted(ctx, req, path, t0)
-			granted = err == nil
-			return lease, err
+		if len(held) > 0 {
+			n := held[0]
+			for _, h := range held {
+				if h.data.write > 0 {
+					n = h
+					break
+				}
+			}
+			lease, err := b.reenter(ctx, n, req, start)
+			if !errors.Is(err, errHoldGone) {
+				return lease, err
+			}
+			// The hold went meanwhile: this node competes as a first
+			// grant (the children are read again).
+			continue
+		}
+		var w waitTarget
+		if len(ahead) > 0 && ahead[0].idx < idx {
+			w = waitTarget{path: ahead[0].path, version: ahead[0].stat.Version, any: true}
+		} else {
+			bl, err := b.blocker(ctx, dir, node{idx: idx, data: want, kids: kids})
+			if err != nil {
+				return backends.Lease{}, err
+			}
+			if bl.name == "" {
+				lease, err := b.granted(ctx, req, path, t0, kids, idx)
+				granted = err == nil
+				return lease, err
+			}
+			w = waitTarget{path: dir + "/" + bl.name, version: bl.version, reader: bl.reader}
+			if bl.gated {
+				w.gate = gateOf(b.cfg.Root, w.path)
+			}
 		}
 		if !time.Now().Before(deadline) {
 			return backends.Lease{}, backends.ErrNotAcquired
@@ -396,60 +540,91 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			b.waiting++
 			b.mu.Unlock()
 		}
-		type exists struct {
-			ok      bool
-			version int32
-			ch      <-chan zk.Event
-		}
 		if b.testBeforeWatch != nil {
-			b.testBeforeWatch(bl)
+			b.testBeforeWatch(w.path[len(dir)+1:])
 		}
-		w, err := call(ctx, func() (exists, error) {
-			ok, st, ch, err := b.conn.ExistsW(dir + "/" + bl)
-			var v int32
-			if st != nil {
-				v = st.Version
-			}
-			return exists{ok, v, ch}, err
-		})
+		ch, ok, err := b.arm(ctx, &w)
 		if err != nil {
-			return backends.Lease{}, zkErr("exists", err)
+			return backends.Lease{}, err
 		}
-		if !w.ok || blVersion >= 0 && w.version != blVersion {
-			// Gone, or changed (a downgrade) since it was judged: look
-			// again rather than wait for a change that already happened.
+		if !ok {
 			continue
 		}
-		timer := time.NewTimer(time.Until(deadline))
-		select {
-		case ev := <-w.ch:
-			timer.Stop()
-			b.wakeups.Add(1)
-			if ev.Err != nil {
-				return backends.Lease{}, zkErr("watch", ev.Err)
-			}
-		case <-timer.C:
-			// One more look: the blocker may have gone just now.
-		case <-expired:
-			timer.Stop()
-			return backends.Lease{}, noQuorum("session expired", zk.ErrSessionExpired)
-		case <-ctx.Done():
-			timer.Stop()
-			return backends.Lease{}, ctx.Err()
+		if err := b.await(ctx, &w, ch, deadline, expired); err != nil {
+			return backends.Lease{}, err
 		}
 	}
 }
 
-// create makes an ephemeral sequential node under dir, making dir (a
-// container, which the server deletes once it is empty) when missing. If
-// the answer is lost with the connection, it looks for the node by its
-// nonce and deletes it: the caller gets an error either way.
+// await waits, watching ch, until what w names no longer blocks (then the
+// caller looks again), the deadline passes (one more look: the blocker may
+// have gone just now), the session expires or ctx is done. A change that
+// leaves it blocking, such as a renewal of the holder waited for, only
+// sets the watch again.
+func (b *Backend) await(ctx context.Context, w *waitTarget, ch <-chan zk.Event, deadline time.Time, expired <-chan struct{}) error {
+	timer := time.NewTimer(time.Until(deadline))
+	defer timer.Stop()
+	for {
+		select {
+		case ev := <-ch:
+			if ev.Err != nil {
+				return zkErr("watch", ev.Err)
+			}
+			if ev.Type == zk.EventNodeDataChanged {
+				next, ok, err := b.rearm(ctx, w)
+				if err != nil {
+					return err
+				}
+				if ok {
+					ch = next
+					continue
+				}
+			}
+			b.wakeups.Add(1)
+			return nil
+		case <-timer.C:
+			return nil
+		case <-expired:
+			return noQuorum("session expired", zk.ErrSessionExpired)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// create makes an ephemeral sequential node under dir, without a gate.
 func (b *Backend) create(ctx context.Context, dir, prefix string, data []byte) (string, error) {
+	return b.createNode(ctx, dir, prefix, data, "")
+}
+
+// createNode makes an ephemeral sequential node under dir, and with it, in
+// the same transaction, the gate at gate unless that is "" (see gatesDir).
+// It makes dir (a container, which the server deletes once it is empty)
+// when missing. If the answer is lost with the connection, it looks for
+// the node by its nonce and deletes it: the caller gets an error either
+// way.
+func (b *Backend) createNode(ctx context.Context, dir, prefix string, data []byte, gate string) (string, error) {
 	for attempt := 0; ; attempt++ {
 		ch := make(chan result[string], 1)
 		go func() {
-			p, err := b.conn.Create(dir+"/"+prefix, data, zk.FlagEphemeralSequential, b.acl)
-			ch <- result[string]{p, err}
+			if gate == "" {
+				p, err := b.conn.Create(dir+"/"+prefix, data, zk.FlagEphemeralSequential, b.acl)
+				ch <- result[string]{p, err}
+				return
+			}
+			r, err := b.conn.Multi(
+				&zk.CreateRequest{Path: dir + "/" + prefix, Data: data, Acl: b.acl, Flags: zk.FlagEphemeralSequential},
+				&zk.CreateRequest{Path: gate, Acl: b.acl, Flags: zk.FlagEphemeral})
+			switch {
+			case err == nil && len(r) == 2:
+				ch <- result[string]{r[0].String, nil}
+			case err == nil:
+				ch <- result[string]{"", fmt.Errorf("zookeeper: create: %d results for 2 operations", len(r))}
+			case len(r) == 2 && r[0].Error == nil && errors.Is(r[1].Error, zk.ErrNoNode):
+				ch <- result[string]{"", errNoGates}
+			default:
+				ch <- result[string]{"", err}
+			}
 		}()
 		var r result[string]
 		select {
@@ -470,6 +645,12 @@ func (b *Backend) create(ctx context.Context, dir, prefix string, data []byte) (
 		switch {
 		case r.err == nil:
 			return r.v, nil
+		case errors.Is(r.err, errNoGates) && attempt < 3:
+			// Made at start; deleted by hand since.
+			_, err := call(ctx, func() (string, error) { return b.conn.Create(gatesDir(b.cfg.Root), nil, 0, b.acl) })
+			if err != nil && !errors.Is(err, zk.ErrNodeExists) {
+				return "", zkErr("create gates", err)
+			}
 		case errors.Is(r.err, zk.ErrNoNode) && attempt < 3:
 			// The key's container is missing (never made, or just
 			// deleted by the server for being empty).
@@ -484,6 +665,57 @@ func (b *Backend) create(ctx context.Context, dir, prefix string, data []byte) (
 			return "", zkErr("create", r.err)
 		}
 	}
+}
+
+// errNoGates: the parent of the gates is missing.
+var errNoGates = errors.New("zookeeper: the gates' parent znode is missing")
+
+// remove deletes the lock node at path if its data version is version,
+// and with it its gate when withGate (its data at that version has one):
+// the error is the node's delete's. A gate already gone (deleted by hand)
+// does not keep the node from being deleted.
+func (b *Backend) remove(ctx context.Context, path string, version int32, withGate bool) error {
+	del := func() error {
+		_, err := call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(path, version) })
+		return err
+	}
+	if !withGate {
+		return del()
+	}
+	r, err := call(ctx, func() ([]zk.MultiResponse, error) {
+		return b.conn.Multi(&zk.DeleteRequest{Path: path, Version: version},
+			&zk.DeleteRequest{Path: gateOf(b.cfg.Root, path), Version: -1})
+	})
+	if err != nil && len(r) == 2 && r[0].Error == nil && errors.Is(r[1].Error, zk.ErrNoNode) {
+		return del()
+	}
+	return err
+}
+
+// setData writes d to the lock node at path if its data version is
+// version, deleting its gate in the same transaction when d ends the write
+// holds of a node that has one (had is its data at that version). The
+// error is the node's write's.
+func (b *Backend) setData(ctx context.Context, path string, d lockData, version int32, had lockData) (*zk.Stat, error) {
+	set := func() (*zk.Stat, error) {
+		return call(ctx, func() (*zk.Stat, error) { return b.conn.Set(path, d.encode(), version) })
+	}
+	if !had.hasGate() || d.hasGate() {
+		return set()
+	}
+	r, err := call(ctx, func() ([]zk.MultiResponse, error) {
+		return b.conn.Multi(&zk.SetDataRequest{Path: path, Data: d.encode(), Version: version},
+			&zk.DeleteRequest{Path: gateOf(b.cfg.Root, path), Version: -1})
+	})
+	switch {
+	case err == nil && len(r) == 2 && r[0].Stat != nil:
+		return r[0].Stat, nil
+	case err == nil:
+		return nil, fmt.Errorf("zookeeper: set: %d results for 2 operations", len(r))
+	case len(r) == 2 && r[0].Error == nil && errors.Is(r[1].Error, zk.ErrNoNode):
+		return set()
+	}
+	return nil, err
 }
 
 // abandon deletes a node this instance made but does not hold (a gave-up
@@ -502,7 +734,13 @@ func (b *Backend) create(ctx context.Context, dir, prefix string, data []byte) (
 func (b *Backend) abandon(path string) {
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(path, 0) })
+	// The node's data as this instance made it (version 0): a write node
+	// has a gate.
+	var d lockData
+	if c, ok := parseChild(path[strings.LastIndexByte(path, '/')+1:]); ok && c.kind == kindWrite {
+		d = lockData{write: 1, gated: true}
+	}
+	err := b.remove(ctx, path, 0, d.hasGate())
 	if err == nil || errors.Is(err, zk.ErrNoNode) {
 		return
 	}
@@ -510,7 +748,7 @@ func (b *Backend) abandon(path string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if !b.closed && b.owned[path] == nil {
-		o := &ownedNode{path: path, version: 0, abandoned: true}
+		o := &ownedNode{path: path, data: d, version: 0, abandoned: true}
 		b.owned[path] = o
 		b.armLocked(o, leaseRetry)
 	}
@@ -554,9 +792,9 @@ func (b *Backend) abandonByNonce(dir, prefix string) {
 	}
 }
 
-// granted completes a first grant: reads the node's czxid (the fence) and
-// starts enforcing its lease.
-func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path string, t0 time.Time) (backends.Lease, error) {
+// granted completes a first grant of the node at path, kids[idx]: reads
+// the node's czxid (the fence) and starts enforcing its lease.
+func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path string, t0 time.Time, kids []child, idx int) (backends.Lease, error) {
 	g, ok, err := b.get(ctx, path)
 	if err != nil {
 		return backends.Lease{}, err
@@ -567,6 +805,19 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	v := b.validity(req.TTL, t0)
 	if v <= 0 {
 		return backends.Lease{}, backends.ErrNotAcquired
+	}
+	if laterOfToken(kids, idx) {
+		// Another LOCK with this token queued behind this one waits for a
+		// change to this node (see Lock): the grant makes it a reentry.
+		// Rewriting the data as it is fires its watch. Best effort: if the
+		// write fails, that LOCK sees the grant when it looks again (its
+		// WAIT's end at the latest).
+		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(path, g.data.encode(), g.stat.Version) })
+		if err == nil {
+			g.stat = st
+		} else {
+			b.log.Debug("zookeeper: could not tell a LOCK with the same token of the grant", zap.Error(err))
+		}
 	}
 	o := &ownedNode{path: path, key: req.Key, token: req.Token, czxid: g.stat.Czxid, data: g.data,
 		version: g.stat.Version, mtime: g.stat.Mtime, ttl: req.TTL}
@@ -580,6 +831,17 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	b.armLocked(o, req.TTL-time.Since(t0))
 	b.mu.Unlock()
 	return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(g.stat.Czxid), Holds: 1}, nil
+}
+
+// laterOfToken reports whether a node queued after kids[idx] has its
+// token's hash.
+func laterOfToken(kids []child, idx int) bool {
+	for _, c := range kids[idx+1:] {
+		if c.hash == kids[idx].hash {
+			return true
+		}
+	}
+	return false
 }
 
 // reenter adds a hold to the node token already holds: one more write hold
@@ -680,7 +942,7 @@ func (b *Backend) release(ctx context.Context, key, token string, k holdKind) (b
 	if err := b.usable(); err != nil {
 		return false, err
 	}
-	n, ok, err := b.findTokenHold(ctx, key, token, k)
+	n, ok, err := b.findTokenHold(ctx, key, token, k, true)
 	if err != nil || !ok {
 		return false, err
 	}
@@ -696,7 +958,7 @@ func (b *Backend) release(ctx context.Context, key, token string, k holdKind) (b
 		}
 		var err error
 		if d.write == 0 && d.read == 0 {
-			_, err = call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(n.path, n.stat.Version) })
+			err = b.remove(ctx, n.path, n.stat.Version, n.data.hasGate())
 			if err == nil {
 				b.forget(n.path)
 				return true, nil
@@ -711,31 +973,48 @@ func (b *Backend) release(ctx context.Context, key, token string, k holdKind) (b
 				d.startMS = n.stat.Mtime
 			}
 			var st *zk.Stat
-			st, err = call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
+			st, err = b.setData(ctx, n.path, d, n.stat.Version, n.data)
 			if err == nil {
 				b.written(n.path, d, st, time.Time{}, false)
 				return true, nil
 			}
 		}
+		gone := false
 		switch {
 		case errors.Is(err, zk.ErrNoNode):
-			b.forget(n.path)
-			return false, nil
+			gone = true
 		case errors.Is(err, zk.ErrBadVersion):
 			g, ok, err := b.get(ctx, n.path)
 			if err != nil {
 				return false, err
 			}
-			if !ok {
-				b.forget(n.path)
-				return false, nil
+			if gone = !ok || g.data.token != token; !gone {
+				n.data, n.stat = g.data, g.stat
 			}
-			n.data, n.stat = g.data, g.stat
 		default:
 			return false, zkErr("unlock", err)
 		}
+		if gone {
+			if n, ok, err = b.lookAgain(ctx, n.path, key, token, k); err != nil || !ok {
+				return false, err
+			}
+		}
 	}
 	return false, errUnhandled
+}
+
+// lookAgain forgets the node at path, found gone by a release or renewal
+// of token's hold of kind k on key, and looks for the token's node by
+// reading the key's children: the node may have been this instance's copy
+// of one released since through another instance, and the token may hold
+// the key again through a new node.
+func (b *Backend) lookAgain(ctx context.Context, path, key, token string, k holdKind) (node, bool, error) {
+	b.forget(path)
+	n, ok, err := b.findTokenHold(ctx, key, token, k, false)
+	if err != nil {
+		return node{}, false, fmt.Errorf("zookeeper: looking again for the held node: %w", err)
+	}
+	return n, ok, nil
 }
 
 // Renew resets the lease of the node token holds on key to ttl.
@@ -760,7 +1039,7 @@ func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl 
 		return 0, err
 	}
 	t0 := time.Now()
-	n, ok, err := b.findTokenHold(ctx, key, token, k)
+	n, ok, err := b.findTokenHold(ctx, key, token, k, true)
 	if err != nil || !ok {
 		return 0, err
 	}
@@ -781,17 +1060,21 @@ func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl 
 			// least positive validity rather than "not held".
 			return max(b.validityOf(n, ttl, t0), time.Millisecond), nil
 		case errors.Is(err, zk.ErrNoNode):
-			b.forget(n.path)
-			return 0, nil
+			if n, ok, err = b.lookAgain(ctx, n.path, key, token, k); err != nil || !ok {
+				return 0, err
+			}
 		case errors.Is(err, zk.ErrBadVersion):
 			g, ok, err := b.get(ctx, n.path)
 			if err != nil {
 				return 0, err
 			}
-			if !ok || g.data.token != token {
-				return 0, nil
+			if ok && g.data.token == token {
+				n.data, n.stat = g.data, g.stat
+				continue
 			}
-			n.data, n.stat = g.data, g.stat
+			if n, ok, err = b.lookAgain(ctx, n.path, key, token, k); err != nil || !ok {
+				return 0, err
+			}
 		default:
 			return 0, zkErr("renew", err)
 		}
@@ -821,11 +1104,11 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 		if !ok {
 			continue
 		}
-		bl, _, err := b.blocker(ctx, dir, node{idx: i, data: g.data, kids: kids})
+		bl, err := b.blocker(ctx, dir, node{idx: i, data: g.data, kids: kids})
 		if err != nil {
 			return backends.LockInfo{}, false, err
 		}
-		if bl != "" {
+		if bl.name != "" {
 			continue
 		}
 		left := b.leaseLeft(g.data, g.stat, time.Now())
@@ -906,7 +1189,7 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 		b.mu.Unlock()
 		return
 	}
-	version := o.version
+	version, gated := o.version, o.data.hasGate()
 	if !b.connected.Load() {
 		// Suspended: the session comes back (then delete) or expires
 		// (then the node is gone); sending now would only queue requests.
@@ -916,7 +1199,7 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 	}
 	b.mu.Unlock()
 
-	_, err := call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(o.path, version) })
+	err := b.remove(ctx, o.path, version, gated)
 	if err == nil && !o.abandoned {
 		b.leasesEnded.Add(1)
 	}
