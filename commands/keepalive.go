@@ -155,10 +155,11 @@ type watchdog struct {
 	ttl        time.Duration
 	maxHold    time.Duration // 0: none
 	deadline   time.Time     // since + maxHold
-	// sent is when the grant's LOCK was sent: the lease may have begun
-	// as soon as the backend got it (on PostgreSQL at the INSERT, before a
-	// COMMIT that may be slow), so it is counted from then, not from the
-	// reply.
+	// sent is when the backend's attempt that granted the lock was sent
+	// (or earlier; not the start of a WAIT before it: grantSent): the
+	// lease may have begun as soon as the backend got it (on PostgreSQL at
+	// the INSERT, before a COMMIT that may be slow), so it is counted from
+	// then, not from the reply.
 	sent time.Time
 	// validity is what the grant's reply told the holder, from the reply:
 	// the first renewal comes within it, however short.
@@ -391,8 +392,8 @@ func (k *keepalives) startHold(sessCtx context.Context, ka *connKeepalive, key, 
 	return k.startGrant(sessCtx, ka, key, token, ttl, maxHold, mode, shared, grantTiming{sent: time.Now(), validity: ttl})
 }
 
-// grantTiming is when a grant's LOCK was sent to the backend and the
-// validity its reply told.
+// grantTiming is when a grant's granting attempt was sent to the backend
+// (no later: grantSent) and the validity its reply told.
 type grantTiming struct {
 	sent     time.Time
 	validity time.Duration
@@ -781,10 +782,10 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 	// A renewal that errs (a node timeout, no quorum this time) is tried
 	// again while the lease it would extend has time left: one slow moment
 	// on a busy host should not cost the lock. lastOK is when the last
-	// successful renewal (or the grant's LOCK) was sent; its lease runs ttl
-	// from then, less a tenth kept as margin for drift and the grant's own
-	// time. Not from when the watchdog starts, after the grant's reply: a
-	// slow grant's lease began long before that.
+	// successful renewal (or the grant's granting attempt) was sent; its
+	// lease runs ttl from then, less a tenth kept as margin for drift and
+	// the grant's own time. Not from when the watchdog starts, after the
+	// grant's reply: a slow grant's lease began long before that.
 	lastOK := w.sent
 	retry := max(period/6, 10*time.Millisecond)
 	// The first renewal comes within the validity the grant told, however

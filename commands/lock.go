@@ -279,7 +279,8 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	}
 	start := time.Now()
 	lease, err := h.backend.Lock(ctx, req)
-	h.metrics.acquireDuration.Observe(time.Since(start).Seconds())
+	done := time.Now()
+	h.metrics.acquireDuration.Observe(done.Sub(start).Seconds())
 	switch {
 	case err == nil && s.Context().Err() != nil:
 		// The grant landed after the client went away (or the server
@@ -301,9 +302,10 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		// shared: the client named the token, which may then hold
 		// holds the watchdog does not count (keepalives.beginUnlock).
 		shared := a.token != nil
-		// The watchdog counts the lease from the LOCK's send (it may
-		// have begun then) and renews first within the validity told.
-		timing := grantTiming{sent: start, validity: lease.Validity}
+		// The watchdog counts the lease from when the granting attempt
+		// was sent (it may have begun then) and renews first within the
+		// validity told.
+		timing := grantTiming{sent: grantSent(start, done, a.ttl, lease.Validity), validity: lease.Validity}
 		if !h.keepalive.grantedHold(s.Context(), ka, req.Key, token, mode, shared) && a.keepalive &&
 			!h.keepalive.startGrant(s.Context(), ka, req.Key, token, a.ttl, a.maxHold, mode, shared, timing) {
 			// The server is shutting down; start released the lock
@@ -336,6 +338,21 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		}
 		h.replyError(s, cmd, err)
 	}
+}
+
+// grantSent is the latest time the lease of a grant may have begun: when
+// the backend's granting attempt was sent, or earlier. Not start, when
+// Backend.Lock was called: after a WAIT that began long before the attempt
+// that granted, and the watchdog would count a just-granted lease as spent
+// and give the lock up at the first renewal that errs. The backends count
+// the validity they tell from the granting attempt's send (TTL less that
+// attempt's time and drift), so done, when the grant came back, less what
+// the validity lacks of the TTL is no later than that send. Never before
+// start (the attempt was sent after it), never after done (a validity
+// above the TTL, as a reentry joining a longer lease may tell, adds
+// nothing).
+func grantSent(start, done time.Time, ttl, validity time.Duration) time.Time {
+	return start.Add(max(done.Sub(start)-(ttl-min(validity, ttl)), 0))
 }
 
 // releaseOrphan releases the hold of mode a grant added for a client that
