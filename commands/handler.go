@@ -230,8 +230,26 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 	var nbuf [32]byte
 	name := resp.Lower(nbuf[:], args[0])
 	c := table[string(name)]
-	if cs := state(s); cs.perm != nil && h.checkPermission(s, cs, string(name), c, args) {
-		return
+	if cs := state(s); cs.perm != nil {
+		if rl := cs.rl; rl != nil && rl.pipe.Tunneling() {
+			// On a subscribed connection the replies to the commands
+			// tunnelled before come as they arrive: the refusal waits
+			// for them (tunnelSync), or it would overtake them.
+			if msg, ok := h.permitted(cs.perm, userName(cs), string(name), c, args, true); !ok {
+				if !h.tunnelSync(s, rl) {
+					return // the client's connection is closing
+				}
+				if rl.pipe.Tunneling() {
+					s.W.Error(msg)
+					return
+				}
+				// The tunnel ended meanwhile: judged as on any other
+				// connection below.
+			}
+		}
+		if h.checkPermission(s, cs, string(name), c, args) {
+			return
+		}
 	}
 	if h.up != nil && h.relayRoute(s, args, name, c) {
 		return

@@ -2,6 +2,7 @@ package commands
 
 import (
 	"bytes"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -37,7 +38,34 @@ type relayConn struct {
 	// the monitor every command, the marker PING too, and has no
 	// subscription to count: tunnelSync cannot tell when it is done.
 	monitor bool
+	// broken: the pinned connection was lost, and with it the state (a
+	// WATCH, a transaction, a database, subscriptions) the client's later
+	// commands were sent in. None of them is served, not even on another
+	// connection, and the client's connection closes, as Redis closing
+	// it would.
+	broken bool
+	// watchLost: a WATCH got no pinned connection, so the transaction
+	// after it cannot be protected: it fails (MULTI, its commands and
+	// EXEC are refused) until EXEC, DISCARD or UNWATCH.
+	watchLost bool
+	// waiter: the client sent WAIT or WAITAOF, which count the writes
+	// made on the connection they run on: it keeps its pinned connection
+	// from then on, so that its later writes and WAITs go on the same one.
+	waiter bool
+	// wroteOn is the pinned connection (Pipe.PinID) that carried every
+	// command of the client that may write, 0 when there was none, or
+	// wroteElsewhere when one went over a shared connection or one the
+	// client no longer has: WAIT cannot count those (waitCounts).
+	wroteOn uint64
 }
+
+// wroteElsewhere is relayConn.wroteOn for writes WAIT cannot count.
+const wroteElsewhere = ^uint64(0)
+
+// errLostState answers the commands of a client whose pinned connection
+// was lost (relayConn.broken).
+const errLostState = "ERR upstream unavailable: the upstream connection that held this connection's state " +
+	"(a WATCH, a transaction, a database, subscriptions) was lost; the connection is closing"
 
 func (h *Handler) relayState(s *resp.Session) *relayConn {
 	c := state(s)
@@ -83,6 +111,12 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 		return false
 	}
 	rs := c.rl
+	if rs.broken {
+		// Its pinned connection was lost: nothing more runs, here or
+		// upstream (the connection is closing).
+		s.W.Error(errLostState)
+		return true
+	}
 	local := cmd != nil
 	if local && cmd.Subs != nil {
 		var sbuf [32]byte
@@ -113,6 +147,22 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 	}
 	switch {
 	case rs.multi && !isReset:
+		if n := string(name); !rs.pipe.Pinned() && n != "exec" && n != "discard" {
+			// MULTI got no upstream connection (or its WATCH none): what
+			// the client queues after it must not run outside the
+			// transaction, on the shared connection.
+			rs.dirty = true
+			s.W.Error("ERR the transaction failed through lockproxy: it has no upstream connection (see the reply to MULTI or WATCH); " +
+				"nothing is queued, and EXEC will abort")
+			return true
+		}
+		if n := string(name); (n == "keys" || n == "scan") && h.up.KeyPrefix() != "" {
+			// Outside a transaction their replies are filtered of the
+			// lock keys; EXEC's reply is not.
+			rs.dirty = true
+			s.W.Error("ERR '" + n + "' is not allowed inside MULTI through lockproxy: EXEC's reply could not be filtered of lock keys (redlock.key_prefix); run it outside the transaction")
+			return true
+		}
 		if cmd == nil && h.onLockKeys(args) {
 			rs.dirty = true
 			s.W.Error("ERR '" + relay.Clip(string(args[0])) + "' on a lock key is not allowed inside MULTI: lock keys (lock_patterns) are served by the lock nodes, not in the upstream's transaction")
@@ -173,7 +223,7 @@ func (h *Handler) notInTunnel(name string, args [][]byte, cmd *Command) string {
 	if what := stateChangeInMulti(name, args); what != "" {
 		return what
 	}
-	if len(h.patterns) > 0 && h.up.KeyWhere([]byte(name), args, h.lockKey) != nil {
+	if len(h.patterns) > 0 && (h.up.KeyWhere([]byte(name), args, h.lockKey) != nil || h.sortLockPattern([]byte(name), args) != nil) {
 		return name
 	}
 	return ""
@@ -253,6 +303,17 @@ func (h *Handler) relayAdd(s *resp.Session, rs *relayConn, args [][]byte) {
 		// before it, and this command's after.
 		h.relayCollect(s, rs, true)
 	}
+	if rs.broken {
+		// The collect above found the pinned connection lost: this
+		// command was meant for it. Answered in its place (rs.at marks
+		// the answer, as the reply of a relayed command).
+		rs.at = s.W.Len()
+		s.W.Error(errLostState)
+		return
+	}
+	if rs.wroteOn != wroteElsewhere {
+		h.noteWrite(rs, args)
+	}
 	if p.Pending() == 0 {
 		rs.at = s.W.Len()
 	}
@@ -300,10 +361,83 @@ func (h *Handler) relayCollect(s *resp.Session, rs *relayConn, timed bool) {
 	}
 	splice(s.W, rs.at, out)
 	if rs.pipe.Lost() {
-		// The pinned connection failed, and its transaction, watches and
-		// database with it.
-		rs.multi, rs.dirty, rs.watch, rs.db, rs.tracking = false, false, false, 0, false
+		// The pinned connection failed, and its transaction, watches,
+		// database or subscriptions with it: the commands after these
+		// were sent in that state, and run nowhere else.
+		h.relayBroken(s, rs)
 	}
+}
+
+// relayBroken stops a client whose pinned connection was lost: its later
+// commands are refused (relayRoute, relayAdd), and its connection closes
+// once the replies so far are written. The lost hook closes it too, from
+// the upstream's reader; this covers a connection lockproxy closed
+// itself, and the commands the client goroutine serves meanwhile.
+func (h *Handler) relayBroken(s *resp.Session, rs *relayConn) {
+	rs.broken = true
+	rs.pipe.Close()
+	rs.multi, rs.dirty, rs.watch, rs.watchLost, rs.db, rs.tracking, rs.monitor = false, false, false, false, 0, false, false
+	s.SetPubSub(false)
+	s.CloseAfterReply()
+}
+
+// noteWrite records where a command that may write goes (rs.wroteOn), for
+// WAIT: on the client's pinned connection, or elsewhere.
+func (h *Handler) noteWrite(rs *relayConn, args [][]byte) {
+	id := rs.pipe.PinID()
+	if id != 0 && rs.wroteOn == id {
+		return // nothing changes, whatever the command
+	}
+	var buf [32]byte
+	if !h.up.MayWrite(resp.Lower(buf[:], args[0]), args) {
+		return
+	}
+	if id == 0 || rs.wroteOn != 0 {
+		rs.wroteOn = wroteElsewhere
+	} else {
+		rs.wroteOn = id
+	}
+}
+
+// waitCounts tells whether WAIT or WAITAOF, run on the client's pinned
+// connection (the one it has, or the one it is about to get), would count
+// the client's writes: Redis counts those made on the connection WAIT
+// runs on. That holds when the client wrote nothing yet (WAIT then
+// answers at once, as on Redis), or wrote only on its current pinned
+// connection. Writes over a shared connection, which carries other
+// clients' too, cannot be waited for: another connection's WAIT would
+// answer at once that every replica has them. A client that passes keeps
+// its pinned connection from then on (waiter), so its later writes count.
+func (h *Handler) waitCounts(rs *relayConn) bool {
+	if rs.wroteOn != 0 && rs.wroteOn != rs.pipe.PinID() {
+		return false
+	}
+	rs.waiter = true
+	return true
+}
+
+// sortLockPattern returns a BY or GET pattern of a SORT or SORT_RO (name
+// in lower case) that may look up a key matching a lock pattern, or nil.
+// Such keys are served by the lock nodes: on the upstream the pattern
+// would read other keys of the same names.
+func (h *Handler) sortLockPattern(name []byte, args [][]byte) []byte {
+	for _, p := range relay.SortPatterns(name, args) {
+		for _, lp := range h.patterns {
+			if relay.PatternMayReach(p, globLiteral(lp)) {
+				return p
+			}
+		}
+	}
+	return nil
+}
+
+// globLiteral is the text every key a glob matches starts with: the glob
+// up to its first special character.
+func globLiteral(g string) []byte {
+	if i := strings.IndexAny(g, `*?[\`); i >= 0 {
+		g = g[:i]
+	}
+	return []byte(g)
 }
 
 // splice inserts data into w at offset at, before what was written since.
@@ -342,7 +476,7 @@ func (h *Handler) pin(s *resp.Session, rs *relayConn) bool {
 // maybeUnpin gives the pinned connection back once no state needs it.
 func (h *Handler) maybeUnpin(rs *relayConn) {
 	if rs.pipe.Pinned() && rs.pipe.Pending() == 0 && !rs.multi && !rs.watch && rs.db == 0 &&
-		!rs.tracking && !rs.pipe.Tunneling() {
+		!rs.tracking && !rs.waiter && !rs.pipe.Tunneling() {
 		rs.pipe.Unpin(true)
 	}
 }
@@ -391,9 +525,28 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 				relay.Clip(string(k))+"'); supported: "+transparentCommands)
 			return
 		}
+		if p := h.sortLockPattern(lname, args); p != nil {
+			if rs.multi {
+				rs.dirty = true
+			}
+			h.rm.refused.Inc()
+			relayError(s, "ERR transparent mode: SORT's BY/GET pattern '"+relay.Clip(string(p))+
+				"' may read keys matching lock_patterns, which the lock nodes serve; use a pattern that starts with other text")
+			return
+		}
+	}
+	name := string(lname) // compared below, not kept: no allocation
+	if (name == "wait" || name == "waitaof") && !h.waitCounts(rs) {
+		if rs.multi {
+			rs.dirty = true
+		}
+		h.rm.refused.Inc()
+		relayError(s, "ERR '"+name+"' through lockproxy cannot count this connection's writes: some went over an upstream connection "+
+			"shared with other clients, which it does not see. Send WAIT 0 0 before the connection's first write: "+
+			"lockproxy then keeps its writes and WAITs on one upstream connection")
+		return
 	}
 	h.rm.relayed.Inc()
-	name := string(lname) // compared below, not kept: no allocation
 	if !rs.multi && relayPlain(name, args) {
 		// The hot path, and the only one the event loop runs (LoopSafe).
 		h.relayAdd(s, rs, args)
@@ -401,11 +554,30 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 	}
 	switch {
 	case name == "multi":
+		if rs.watchLost {
+			// Its WATCH got no upstream connection: the transaction
+			// could not be protected, so it fails as a whole.
+			rs.multi, rs.dirty = true, true
+			relayError(s, "ERR the transaction failed through lockproxy: its WATCH got no upstream connection; nothing is queued, and EXEC will abort")
+			return
+		}
 		if !h.pin(s, rs) {
+			// A failed transaction, with no connection: the commands the
+			// client queues after it are refused (relayRoute), not run
+			// on the shared connection, and EXEC aborts.
+			rs.multi, rs.dirty = true, true
 			return
 		}
 		rs.multi = true
 		h.relayAdd(s, rs, args)
+	case (name == "exec" || name == "discard") && rs.multi && !rs.pipe.Pinned():
+		// A failed transaction (above): nothing was queued upstream.
+		if name == "exec" {
+			s.W.Error("EXECABORT Transaction discarded because of previous errors.")
+		} else {
+			s.W.Simple("OK")
+		}
+		rs.multi, rs.dirty, rs.watch, rs.watchLost = false, false, false, false
 	case (name == "exec" || name == "discard") && rs.multi:
 		if rs.dirty && name == "exec" {
 			h.relayAdd(s, rs, [][]byte{[]byte("DISCARD")})
@@ -421,10 +593,11 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 			h.relayAdd(s, rs, args)
 			h.relayCollect(s, rs, true)
 		}
-		rs.multi, rs.dirty, rs.watch = false, false, false
+		rs.multi, rs.dirty, rs.watch, rs.watchLost = false, false, false, false
 		h.maybeUnpin(rs)
 	case name == "watch" && !rs.multi:
 		if !h.pin(s, rs) {
+			rs.watchLost = true
 			return
 		}
 		rs.watch = true
@@ -432,11 +605,17 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 	case name == "unwatch" && !rs.multi:
 		h.relayAdd(s, rs, args)
 		h.relayCollect(s, rs, true)
-		rs.watch = false
+		rs.watch, rs.watchLost = false, false
 		h.maybeUnpin(rs)
 	case rs.multi:
 		h.relayAdd(s, rs, args)
 	case name == "subscribe" || name == "psubscribe" || name == "ssubscribe" || name == "monitor":
+		if name == "monitor" && len(args) != 1 || name != "monitor" && len(args) < 2 {
+			// Redis refuses it for its arity and the connection stays as
+			// it was: it must not enter tunnel mode.
+			relayError(s, "ERR wrong number of arguments for '"+name+"' command")
+			return
+		}
 		if !h.pin(s, rs) {
 			return
 		}
@@ -453,6 +632,10 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 			s.SetPubSub(false)
 			relayError(s, "ERR upstream unavailable: "+err.Error())
 		}
+		// A SUBSCRIBE the upstream refuses for another reason (an ACL on
+		// channels) leaves no subscription: the next command that cannot
+		// be tunnelled finds the tunnel over (tunnelSync) and is served as
+		// on any other connection.
 	case name == "unsubscribe" || name == "punsubscribe" || name == "sunsubscribe":
 		// Not subscribed (a subscribed connection is in tunnel mode): Redis
 		// answers one frame per channel, which on a shared connection
@@ -577,11 +760,13 @@ func (h *Handler) relayTunnel(s *resp.Session, rs *relayConn, name string, args 
 	// upstream connection's reader (and with it the marker PING
 	// tunnelSync waits for).
 	_ = s.PassPushes()
+	if rs.wroteOn != wroteElsewhere {
+		h.noteWrite(rs, args) // PUBLISH, on the tunnel's connection
+	}
 	if err := rs.pipe.Tunnel(args); err != nil {
 		relayError(s, "ERR upstream unavailable: "+err.Error())
-		rs.pipe.Close()
-		rs.monitor = false
-		s.SetPubSub(false)
+		// The subscriptions went with the connection.
+		h.relayBroken(s, rs)
 		return
 	}
 	switch name {
@@ -613,8 +798,7 @@ func (h *Handler) tunnelSync(s *resp.Session, rs *relayConn) bool {
 	ended, err := rs.pipe.EndTunnel(s.Context())
 	if err != nil {
 		h.log.Debug("relay: no answer on a pub/sub connection; closing the client's", zap.Int64("client", s.ID()), zap.Error(err))
-		rs.pipe.Close()
-		s.SetPubSub(false)
+		h.relayBroken(s, rs)
 		s.Close()
 		return false
 	}
@@ -668,6 +852,7 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 		// After the replies in flight, when tunnelled (relayRoute).
 		c.rl.pipe.Close()
 		c.rl.multi, c.rl.dirty, c.rl.watch, c.rl.db, c.rl.tracking, c.rl.monitor = false, false, false, 0, false, false
+		c.rl.watchLost, c.rl.waiter = false, false
 	}
 	// No tunnel any more: the batch's replies go to s.W, pushes wait for
 	// them.

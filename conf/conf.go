@@ -242,10 +242,12 @@ type Upstream struct {
 }
 
 // DefaultDenyCommands reconfigure, wipe or stop the shared upstream, or
-// watch every client's traffic.
+// watch every client's traffic. SWAPDB would move every lock of an
+// upstream that is also a lock node out of its database at once.
 var DefaultDenyCommands = []string{
 	"config", "debug", "flushall", "flushdb", "shutdown", "monitor", "acl", "module",
 	"replicaof", "slaveof", "sync", "psync", "failover", "script|flush", "function|flush", "client|kill",
+	"swapdb",
 }
 
 // Log configures the zap logger.

@@ -32,6 +32,12 @@ func frameEnd(b []byte) (int, error) {
 		}
 		t := b[pos]
 		nl := indexCRLF(b[pos:])
+		if nl == 0 || nl == badLine {
+			// A line with no type byte (the bare newlines a replication
+			// stream sends as keepalives) or ending in a lone LF: no
+			// reply of Redis's, and nothing after it can be framed.
+			return 0, errBadFrame
+		}
 		if nl < 0 {
 			limit := maxLine
 			if t == '+' || t == '-' {
@@ -86,6 +92,11 @@ func frameEnd(b []byte) (int, error) {
 	return pos, nil
 }
 
+// badLine is indexCRLF's answer for a line that ends in LF without CR.
+const badLine = -2
+
+// indexCRLF returns where the line at the start of b ends (its CR), -1
+// when b holds no LF yet, or badLine.
 func indexCRLF(b []byte) int {
 	limit := maxLine
 	if len(b) > 0 && (b[0] == '+' || b[0] == '-') {
@@ -95,8 +106,11 @@ func indexCRLF(b []byte) int {
 		b = b[:limit+2]
 	}
 	i := bytes.IndexByte(b, '\n')
-	if i < 1 || b[i-1] != '\r' {
+	if i < 0 {
 		return -1
+	}
+	if i < 1 || b[i-1] != '\r' {
+		return badLine
 	}
 	return i - 1
 }

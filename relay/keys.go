@@ -13,6 +13,11 @@ import (
 type keySpec struct {
 	first, last, step int
 	movable           bool
+	// writes: the command may change what the upstream replicates (its
+	// flags say write or may_replicate), for WAIT (MayWrite).
+	writes bool
+	// container: the command has subcommands, whose entries tell.
+	container bool
 	// categories are the command's ACL categories ("@write", …), for
 	// per-user rules (auth.permissions).
 	categories []string
@@ -94,8 +99,11 @@ func parseSpecs(f []byte) keySpecs {
 		var s keySpec
 		if _, flags, ok := elements(el[2]); ok {
 			for _, fl := range flags {
-				if v, _ := str(fl); string(v) == "movablekeys" {
+				switch v, _ := str(fl); string(v) {
+				case "movablekeys":
 					s.movable = true
+				case "write", "may_replicate":
+					s.writes = true
 				}
 			}
 		}
@@ -119,14 +127,15 @@ func parseSpecs(f []byte) keySpecs {
 				}
 			}
 		}
-		ks[lower(string(name))] = s
 		if len(el) >= 10 {
-			if _, subs, ok := elements(el[9]); ok {
+			if _, subs, ok := elements(el[9]); ok && len(subs) > 0 {
+				s.container = true
 				for _, sub := range subs {
 					add(sub)
 				}
 			}
 		}
+		ks[lower(string(name))] = s
 	}
 	for _, e := range entries {
 		add(e)
@@ -182,14 +191,49 @@ func (e *DeniedError) Error() string {
 	return fmt.Sprintf("ERR '%s' is denied by lockproxy (upstream.deny_commands)", e.Name)
 }
 
+// UnsupportedError is a command never relayed, whatever
+// upstream.deny_commands says (see neverRelayed).
+type UnsupportedError struct {
+	Name string // "replconf", "script|debug"
+}
+
+func (e *UnsupportedError) Error() string {
+	return fmt.Sprintf("ERR '%s' is not supported through lockproxy: the upstream connection is shared with other clients, "+
+		"and it would not answer with exactly one reply or would leave state on the connection", e.Name)
+}
+
+// neverRelayed names the commands that break what a shared upstream
+// connection relies on: one reply per command, in order, and no state
+// left on the connection for the next client's commands. Redis never
+// answers REPLCONF ACK from a connection that is no replica's, so every
+// reply behind it would go to the wrong client; SYNC and PSYNC turn the
+// connection into a replication stream (an RDB, then every write); SCRIPT
+// DEBUG (below) makes the next EVAL on the connection, any client's, open
+// a Lua debugger that takes the other clients' commands for debugger
+// commands. CLIENT REPLY, of the same kind, is refused by the commands
+// package; MONITOR and the subscribe commands run on a pinned connection
+// in tunnel mode; DEBUG is left to deny_commands (its subcommands each
+// answer once, or take the upstream down).
+var neverRelayed = map[string]bool{"replconf": true, "sync": true, "psync": true}
+
+// neverRelayedSub are neverRelayed's subcommands, by command.
+var neverRelayedSub = map[string]string{"script": "debug"}
+
 // ReservedError is a command that would touch lockproxy's lock keys.
 type ReservedError struct {
 	Key    string
 	Prefix string
 	Script bool
+	// Pattern: Key is a SORT BY or GET pattern that may look up a key
+	// under the prefix.
+	Pattern bool
 }
 
 func (e *ReservedError) Error() string {
+	if e.Pattern {
+		return fmt.Sprintf("ERR SORT's BY/GET pattern '%s' may read keys under the prefix '%s', which is reserved for lockproxy's locks; "+
+			"use a pattern that starts with other text", Clip(e.Key), e.Prefix)
+	}
 	if e.Script {
 		return fmt.Sprintf("ERR script names the key prefix '%s', which is reserved for lockproxy's locks", e.Prefix)
 	}
@@ -223,6 +267,12 @@ func (r *Relay) Check(name []byte, args [][]byte) error {
 			return nil
 		}
 	}
+	if neverRelayed[string(name)] {
+		return &UnsupportedError{Name: string(name)}
+	}
+	if sub, ok := neverRelayedSub[string(name)]; ok && len(args) > 1 && bytes.EqualFold(args[1], []byte(sub)) {
+		return &UnsupportedError{Name: string(name) + "|" + sub}
+	}
 	if r.deny[string(name)] {
 		return &DeniedError{Name: string(name)}
 	}
@@ -243,6 +293,11 @@ func (r *Relay) Check(name []byte, args [][]byte) error {
 	r.needSpecs()
 	if bad := r.reservedKey(string(name), args); bad != nil {
 		return &ReservedError{Key: string(bad), Prefix: r.cfg.KeyPrefix}
+	}
+	for _, p := range SortPatterns(name, args) {
+		if PatternMayReach(p, r.prefix) {
+			return &ReservedError{Key: string(p), Prefix: r.cfg.KeyPrefix, Pattern: true}
+		}
 	}
 	if body := scriptBody(string(name), args); body != nil && bytes.Contains(body, r.prefix) {
 		return &ReservedError{Prefix: r.cfg.KeyPrefix, Script: true}
@@ -313,6 +368,77 @@ func scriptBody(name string, args [][]byte) []byte {
 func (r *Relay) reservedKey(name string, args [][]byte) []byte {
 	return r.keyWhere(name, args, func(k []byte) bool { return bytes.HasPrefix(k, r.prefix) })
 }
+
+// SortPatterns returns the BY and GET patterns of a SORT or SORT_RO (name
+// in lower case) that make Redis look keys up, or nil: those with a '*',
+// which the value of each element replaces ("#", and a pattern with no
+// '*', BY nosort among them, look nothing up). The options are read in
+// order, as Redis's parser reads them, so that LIMIT's and STORE's values
+// are not taken for options.
+func SortPatterns(name []byte, args [][]byte) [][]byte {
+	if n := string(name); n != "sort" && n != "sort_ro" {
+		return nil
+	}
+	var out [][]byte
+	for i := 2; i < len(args); i++ {
+		switch a := args[i]; {
+		case bytes.EqualFold(a, []byte("limit")):
+			i += 2
+		case bytes.EqualFold(a, []byte("store")):
+			i++
+		case bytes.EqualFold(a, []byte("by")), bytes.EqualFold(a, []byte("get")):
+			if i+1 < len(args) && bytes.IndexByte(args[i+1], '*') >= 0 {
+				out = append(out, args[i+1])
+			}
+			i++
+		}
+	}
+	return out
+}
+
+// PatternMayReach tells whether a SORT pattern (see SortPatterns) may look
+// up a key that starts with prefix. Every key it looks up starts with the
+// text before its first '*' (what follows, a "->field" too, comes after
+// the element's value): when neither that text nor prefix starts with the
+// other, no such key can start with prefix. Otherwise one may, since the
+// value is any text.
+func PatternMayReach(pattern, prefix []byte) bool {
+	lit := pattern
+	if i := bytes.IndexByte(pattern, '*'); i >= 0 {
+		lit = pattern[:i]
+	}
+	return bytes.HasPrefix(lit, prefix) || bytes.HasPrefix(prefix, lit)
+}
+
+// MayWrite tells whether the command (name in lower case) may change what
+// the upstream replicates, as WAIT counts: the upstream's COMMAND table
+// flags it write or may_replicate (scripts, PUBLISH), for a container
+// that of its subcommand. A command the table does not describe, or any
+// while the table is not read, counts as a write. It dials nothing: the
+// event loop calls it.
+func (r *Relay) MayWrite(name []byte, args [][]byte) bool {
+	t := r.specs.Load()
+	if t == nil {
+		return true
+	}
+	s, ok := t.all[string(name)]
+	if !ok || s.writes {
+		return true
+	}
+	if s.container && len(args) > 1 && len(args[1]) <= 64 {
+		var buf [128]byte
+		sub := lowerInto(append(append(buf[:0], name...), '|'), args[1])
+		if sp, ok := t.all[string(sub)]; ok {
+			return sp.writes
+		}
+		return true
+	}
+	return false
+}
+
+// KeyPrefix is the lock key prefix relayed commands may not touch; ""
+// when none is reserved.
+func (r *Relay) KeyPrefix() string { return r.cfg.KeyPrefix }
 
 // KeyWhere returns the first key of the command (name in lower case) for
 // which match is true, or nil: for per-user key rules.

@@ -384,6 +384,12 @@ func (c *upConn) setHooks(push func([]byte), lost func()) {
 // takePinned returns a connection of the client's own: an idle clean one,
 // or a new one.
 func (r *Relay) takePinned(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
+	if err := ctx.Err(); err != nil {
+		// The client is gone, or its pinned connection was lost (the
+		// lost hook closes it): an idle connection, clean, would carry
+		// the rest of its commands without the state they were sent in.
+		return nil, fmt.Errorf("relay: client closing: %w", err)
+	}
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
@@ -454,6 +460,9 @@ type Pipe struct {
 	pin   *upConn
 	proto int // of the pinned connection
 	gone  bool
+	// pins counts the connections the client was given (Pin): PinID
+	// tells one from the next, the same upConn handed out again included.
+	pins uint64
 }
 
 // NewPipe returns a Pipe for a client; id spreads clients over the shared
@@ -489,6 +498,13 @@ func (p *Pipe) Collect(ctx context.Context, proto int, timed bool) ([]byte, erro
 	n := p.n
 	if n == 0 {
 		return nil, nil
+	}
+	if err := ctx.Err(); err != nil {
+		// Nothing is sent for a client that is gone, or whose pinned
+		// connection was lost (the lost hook closes it): the commands
+		// were meant for the state that went with it.
+		p.Discard()
+		return nil, err
 	}
 	req := p.out
 	p.out, p.n = p.out[:0], 0
@@ -637,7 +653,18 @@ func (p *Pipe) Pin(ctx context.Context, proto, db int) error {
 		return err
 	}
 	p.pin, p.proto = c, proto
+	p.pins++
 	return nil
+}
+
+// PinID names the client's current pinned connection, 0 when it has
+// none: it changes whenever the client is given one, so that a write made
+// on one pinned connection is not taken for one made on the next.
+func (p *Pipe) PinID() uint64 {
+	if p.pin == nil {
+		return 0
+	}
+	return p.pins
 }
 
 // Unpin gives the pinned connection back; clean says its state is as new
