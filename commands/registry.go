@@ -19,17 +19,24 @@ var (
 )
 
 func init() {
+	// In Redis every command is @fast or @slow: LOCK, RLOCK and LOCKINFO
+	// wait on a quorum round trip (or a queue), so they are @slow and a
+	// "-@slow" rule refuses them; UNLOCK and RENEW are @fast.
+	// LOCK and RLOCK are "blocking" and @blocking: with WAIT they hold the
+	// connection until the lock is free. Redis marks a command that blocks
+	// only with an option the same way (XREAD, for BLOCK), so "-@blocking"
+	// refuses them with or without WAIT, as Redis refuses XREAD.
 	register(&Command{
-		Name: "lock", Arity: -2, Flags: []string{"write", "denyoom"}, FirstKey: 1, LastKey: 1, Step: 1,
-		Categories: []string{"@write", "@lock"}, Group: groupLock, Since: "1.0.0",
+		Name: "lock", Arity: -2, Flags: []string{"write", "denyoom", "blocking"}, FirstKey: 1, LastKey: 1, Step: 1,
+		Categories: []string{"@write", "@lock", "@slow", "@blocking"}, Group: groupLock, Since: "1.0.0",
 		Summary:    "Acquires an exclusive lock from a majority of the lock nodes; replies token, validity_ms and fence, or nil when held. KEEPALIVE (implied without PX/EX) renews it while the connection is open and alive.",
 		Complexity: "O(N) where N is the number of lock nodes.",
 		Args:       []Arg{argKey, argTTL, argWait, argTokenOpt, argKeepalive, argMaxHold},
 		run:        (*Handler).lock,
 	})
 	register(&Command{
-		Name: "rlock", Arity: -2, Flags: []string{"write", "denyoom"}, FirstKey: 1, LastKey: 1, Step: 1,
-		Categories: []string{"@write", "@lock"}, Group: groupLock, Since: "1.0.0",
+		Name: "rlock", Arity: -2, Flags: []string{"write", "denyoom", "blocking"}, FirstKey: 1, LastKey: 1, Step: 1,
+		Categories: []string{"@write", "@lock", "@slow", "@blocking"}, Group: groupLock, Since: "1.0.0",
 		Summary:    "Acquires a shared read lock: many readers at once, none while a writer holds or waits. The write holder may take it with its own TOKEN (downgrade). Replies like LOCK.",
 		Complexity: "O(N) where N is the number of lock nodes.",
 		Args:       []Arg{argKey, argTTL, argWait, argTokenOpt, argKeepalive, argMaxHold},
@@ -37,7 +44,7 @@ func init() {
 	})
 	register(&Command{
 		Name: "lockinfo", Arity: -2, Flags: []string{"readonly"}, FirstKey: 1, LastKey: 1, Step: 1,
-		Categories: []string{"@read", "@lock"}, Group: groupLock, Since: "1.0.0",
+		Categories: []string{"@read", "@lock", "@slow"}, Group: groupLock, Since: "1.0.0",
 		Summary:    "Describes a lock as a majority of nodes sees it: mode, holders (tokens shown in full only to their holder), holds, ttl_ms, fence, waiters on this instance; nil when free.",
 		Complexity: "O(N+R) where N is the number of lock nodes and R the number of readers.",
 		Args:       []Arg{argKey, argTokenOpt},

@@ -541,6 +541,16 @@ func (c Config) RestartCheckEvery() time.Duration {
 	return d
 }
 
+// EmbeddedNodes reports whether the locks come from --dev's three embedded
+// in-process nodes: dev on the RedLock backend with no redlock.nodes. Given
+// nodes, or another backend, dev starts nothing and the locks come from
+// there. Every place that speaks of the embedded nodes (the start banner,
+// the TLS refusal, the node-count warning, INFO's lockproxy_dev_mode)
+// asks this, so that none claims them while real nodes serve the locks.
+func (c Config) EmbeddedNodes() bool {
+	return c.Dev && c.Backend == BackendRedlock && len(c.Redlock.Nodes) == 0
+}
+
 // ValidationError lists every problem found in a configuration, one per
 // line, each starting with the key path (or environment variable) at fault.
 type ValidationError struct {
@@ -629,12 +639,14 @@ func (c Config) Validate() error {
 	v.oneOf("log.format", c.Log.Format, "json", "console")
 
 	r := c.Redlock
-	if c.Backend == BackendRedlock && !c.Dev && len(r.Nodes) == 0 {
+	if c.Backend == BackendRedlock && len(r.Nodes) == 0 && !c.EmbeddedNodes() {
 		v.add("redlock.nodes", "at least one node is required (or use --dev)")
 	}
 	v.addrs("redlock.nodes", r.Nodes)
 	r.TLS.validate(&v, "redlock.tls")
-	if c.Dev && r.TLS.Enabled {
+	// Only the embedded nodes speak no TLS: --dev with real nodes given
+	// talks to them as configured.
+	if c.EmbeddedNodes() && r.TLS.Enabled {
 		v.add("redlock.tls.enabled", "the --dev nodes speak no TLS")
 	}
 	if r.KeyPrefix == "" {
@@ -749,10 +761,19 @@ func (c Config) Warnings() []string {
 		}
 	}
 	w = append(w, c.unknownEnv...)
-	if c.Dev {
+	switch {
+	case c.EmbeddedNodes():
 		w = append(w, "dev: embedded in-process nodes are for trying out only; locks do not survive a restart")
+	case c.Dev && c.Backend == BackendRedlock:
+		// dev then starts nothing: an operator who believes the locks
+		// are throwaway should learn they are on real nodes.
+		w = append(w, "dev: redlock.nodes are given, so no embedded nodes start; the locks are on those nodes")
+	case c.Dev:
+		w = append(w, fmt.Sprintf("dev: the %s backend starts no embedded nodes; the locks are on its servers", c.Backend))
 	}
-	if n := len(c.Redlock.Nodes); c.Backend == BackendRedlock && !c.Dev && n > 0 {
+	// Real nodes, --dev or not: one --dev --nodes host is as fragile as
+	// one configured in a file.
+	if n := len(c.Redlock.Nodes); c.Backend == BackendRedlock && n > 0 {
 		switch {
 		case n < 3:
 			w = append(w, fmt.Sprintf("redlock.nodes: %d node(s) tolerate no node failure; use 3 or 5", n))

@@ -891,7 +891,15 @@ func (e *helpError) Unwrap() error { return flag.ErrHelp }
 
 func usage(fs *flag.FlagSet) string {
 	var b strings.Builder
-	b.WriteString("Usage: lockproxy [flags] [config.yaml]\n\nFlags (-x and --x are the same):\n")
+	// Every form PROTOCOL.md's "Command line" gives, not only the one the
+	// flags belong to: --help is where an operator looks for them first.
+	b.WriteString("Usage: lockproxy [flags] [config.yaml]   serve (the file also as -c FILE)\n" +
+		"       lockproxy --dev                   try it out: three embedded in-process lock\n" +
+		"                                         nodes when no nodes are given; never for production\n" +
+		"       lockproxy check-config FILE       check FILE, opening no socket; exit 0, or 1\n" +
+		"                                         with every problem listed\n" +
+		"       lockproxy --version               print the version and commit\n" +
+		"\nFlags (-x and --x are the same):\n")
 	fs.SetOutput(&b)
 	fs.PrintDefaults()
 	fs.SetOutput(io.Discard)

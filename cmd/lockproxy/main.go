@@ -14,6 +14,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -101,6 +102,12 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return checkConfig(args[1:], os.Environ(), stdout, stderr)
 	}
 	cfg, err := conf.Parse(args, os.Environ())
+	if errors.Is(err, flag.ErrHelp) {
+		// Asked for, not a mistake: the usage (the error's text) on
+		// stdout, where `lockproxy --help | less` finds it, and success.
+		fmt.Fprint(stdout, err.Error())
+		return 0
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "lockproxy: %v\n", err)
 		// A misspelt variable may be why a setting is missing.
@@ -267,8 +274,10 @@ func reloadOnHUP(ctx context.Context, done <-chan struct{}, hup <-chan os.Signal
 // no key, go to stderr and do not change the exit code.
 func checkConfig(args []string, environ []string, stdout, stderr io.Writer) int {
 	if len(args) != 1 {
-		fmt.Fprintln(stderr, "usage: lockproxy check-config FILE")
-		return 2
+		// PROTOCOL.md gives check-config only 0 and 1: a missing or extra
+		// FILE is one more problem, listed where the others are.
+		fmt.Fprintf(stderr, "usage: lockproxy check-config FILE (got %d arguments)\n", len(args))
+		return 1
 	}
 	var env []string
 	for _, kv := range environ {
@@ -313,7 +322,7 @@ func newLogger(c conf.Log) (*zap.Logger, error) {
 func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writer) error {
 	nodes := cfg.Redlock.Nodes
 	backendLog := log
-	if cfg.Backend == conf.BackendRedlock && cfg.Dev && len(nodes) == 0 {
+	if cfg.EmbeddedNodes() {
 		// Embedded nodes live and die with this process, so they cannot
 		// restart behind its back; miniredis has no INFO server section,
 		// and warning about that would only be noise.
@@ -481,7 +490,10 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			LockDelays:    lockDelays(cfg.Locks.LockDelays()),
 		},
 		Info: commands.Info{
-			Version: version, Commit: commit(), Backend: cfg.Backend, Nodes: nodes, Port: port, Dev: cfg.Dev,
+			Version: version, Commit: commit(), Backend: cfg.Backend, Nodes: nodes, Port: port,
+			// Dev mode is the embedded nodes: --dev with real nodes or
+			// another backend serves real locks, and says so.
+			Dev:        cfg.EmbeddedNodes(),
 			ConfigFile: cfg.File(),
 		},
 		Logger:    log,
@@ -521,12 +533,9 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	go func() { serveErr <- srv.Serve(ln) }()
 	log.Info("lockproxy listening", zap.String("addr", ln.Addr().String()), zap.Strings("nodes", nodes),
 		zap.String("upstream", cfg.Upstream.Address),
-		zap.String("admin", cfg.Admin), zap.String("version", version), zap.Bool("dev", cfg.Dev))
+		zap.String("admin", cfg.Admin), zap.String("version", version), zap.Bool("dev", cfg.EmbeddedNodes()))
 	if cfg.Dev {
-		fmt.Fprintf(banner, "\nlockproxy %s --dev: three embedded in-process lock nodes (for trying out only).\n"+
-			"Listening on %s. Try:\n\n"+
-			"  redis-cli -p %d LOCK demo PX 10000\n"+
-			"  redis-cli -p %d UNLOCK demo <token>\n\n", version, ln.Addr(), port, port)
+		fmt.Fprint(banner, devBanner(cfg, nodes, ln.Addr().String(), port))
 	}
 
 	// systemd (Type=notify): started once the listener is up.
@@ -684,6 +693,30 @@ func startAdmin(addr string, mux http.Handler, log *zap.Logger) (*http.Server, e
 		}
 	}()
 	return hs, nil
+}
+
+// devBanner is what --dev prints once listening: where the locks come
+// from and how to try them. It claims the embedded nodes only when they
+// serve the locks (conf.EmbeddedNodes); given nodes or another backend,
+// it names those, so that nobody takes real locks for throwaway ones or
+// throwaway ones for real.
+func devBanner(cfg conf.Config, nodes []string, addr string, port int) string {
+	var from string
+	switch {
+	case cfg.EmbeddedNodes():
+		from = "three embedded in-process lock nodes (for trying out only)"
+	case cfg.Backend == conf.BackendRedlock:
+		from = "lock nodes " + strings.Join(nodes, ",")
+	case cfg.Backend == conf.BackendZookeeper:
+		from = "ZooKeeper servers " + strings.Join(cfg.Zookeeper.Servers, ",")
+	default:
+		// The DSN may hold a password: the backend's name only.
+		from = cfg.Backend + " backend"
+	}
+	return fmt.Sprintf("\nlockproxy %s --dev: %s.\n"+
+		"Listening on %s. Try:\n\n"+
+		"  redis-cli -p %d LOCK demo PX 10000\n"+
+		"  redis-cli -p %d UNLOCK demo <token>\n\n", version, from, addr, port, port)
 }
 
 // startDevNodes starts n in-process Redis nodes for --dev.
