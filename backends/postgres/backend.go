@@ -226,41 +226,110 @@ func New(cfg Config) (*Backend, error) {
 	return b, nil
 }
 
-// setup checks the database answers and makes the schema's objects. The
-// CREATEs run under an advisory lock so that lockproxies starting together
-// do not trip over each other's CREATE … IF NOT EXISTS.
+// setup checks the database answers and makes the schema's objects, or
+// brings a schema made by an earlier version up to date (makeSchema). When
+// all is there, it changes nothing, so a role that may not create or
+// alter the tables runs on tables an owner made.
 func (b *Backend) setup(ctx context.Context) error {
-	q, args := b.n.tablesExistSQL()
-	var exist bool
-	if err := b.pool.QueryRow(ctx, q, args...).Scan(&exist); err != nil {
+	q, args := b.n.schemaStateSQL()
+	var tables, indexes, oldKeys bool
+	if err := b.pool.QueryRow(ctx, q, args...).Scan(&tables, &indexes, &oldKeys); err != nil {
 		return fmt.Errorf("postgres: %s: %s: %w", b.addr, reason(err), err)
 	}
-	if exist {
-		return b.checkSequence(ctx)
+	switch {
+	case !tables:
+		if err := b.makeSchema(ctx); err != nil {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && (pe.Code == "42501" || pe.Code == "3F000") {
+				return fmt.Errorf("postgres: cannot create the lock tables (%s) in schema %q: %s; "+
+					"have an owner create them (see the README's \"PostgreSQL backend\") or grant CREATE on the schema", b.n, b.cfg.Schema, pe.Message)
+			}
+			return fmt.Errorf("postgres: create the lock tables: %s: %w", reason(err), err)
+		}
+		b.log.Info("postgres: lock tables ready", zap.String("tables", b.n.String()))
+	case !indexes || oldKeys:
+		if err := b.makeSchema(ctx); err != nil {
+			var pe *pgconn.PgError
+			if errors.As(err, &pe) && pe.Code == "42501" {
+				return fmt.Errorf("postgres: the lock tables (%s) were made by an earlier version and must be upgraded "+
+					"(unique indexes on the keys' SHA-256 instead of primary keys on the keys), which this role may not do: %s; "+
+					"have their owner start this version once, or run the upgrade in the README's \"PostgreSQL backend\"", b.n, pe.Message)
+			}
+			return fmt.Errorf("postgres: upgrade the lock tables (%s): %s: %w", b.n, reason(err), err)
+		}
+		b.log.Warn("postgres: lock tables upgraded: keys and tokens are indexed by their SHA-256; "+
+			"lockproxy instances of earlier versions on these tables now fail every grant",
+			zap.String("tables", b.n.String()))
 	}
-	err := pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{}, func(tx pgx.Tx) error {
+	// CREATE SEQUENCE IF NOT EXISTS keeps a sequence made beforehand, with
+	// whatever cache or cycle it has.
+	return b.checkSequence(ctx)
+}
+
+// makeSchema creates what is missing and drops the tables' primary keys
+// (an earlier version's, on the whole key: see digest), in one
+// transaction, under an advisory lock so that lockproxies starting
+// together do not trip over each other's CREATE … IF NOT EXISTS or
+// migrate twice. Rows held across it stay, with their fences: only the
+// indexes change. A transaction rolled back for a deadlock (an earlier
+// version's grant running on the tables) is tried again, a few times.
+func (b *Backend) makeSchema(ctx context.Context) error {
+	var err error
+	for range 3 {
+		if err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{}, b.makeSchemaTx(ctx)); !retryable(err) {
+			return err
+		}
+		b.log.Info("postgres: making the lock tables rolled back; trying again", zap.Error(err))
+	}
+	return err
+}
+
+func (b *Backend) makeSchemaTx(ctx context.Context) func(pgx.Tx) error {
+	return func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1, 0))`, "lockproxy schema "+b.n.holds); err != nil {
 			return err
+		}
+		q, args := b.n.schemaStateSQL()
+		var tables, indexes, oldKeys bool
+		if err := tx.QueryRow(ctx, q, args...).Scan(&tables, &indexes, &oldKeys); err != nil {
+			return err
+		}
+		if tables && indexes && !oldKeys {
+			return nil // another lockproxy did it while this one waited
+		}
+		if tables {
+			// Both at once, before any other statement: taken one by
+			// one, or a weaker lock raised later, they could deadlock
+			// with an earlier version's grant running on them.
+			if _, err := tx.Exec(ctx, b.n.lockTablesSQL()); err != nil {
+				return err
+			}
 		}
 		for _, s := range b.n.schemaSQL() {
 			if _, err := tx.Exec(ctx, s); err != nil {
 				return err
 			}
 		}
-		return nil
-	})
-	if err != nil {
-		var pe *pgconn.PgError
-		if errors.As(err, &pe) && (pe.Code == "42501" || pe.Code == "3F000") {
-			return fmt.Errorf("postgres: cannot create the lock tables (%s) in schema %q: %s; "+
-				"have an owner create them (see the README's \"PostgreSQL backend\") or grant CREATE on the schema", b.n, b.cfg.Schema, pe.Message)
+		q, args = b.n.oldKeysSQL()
+		rs, err := tx.Query(ctx, q, args...)
+		if err != nil {
+			return err
 		}
-		return fmt.Errorf("postgres: create the lock tables: %s: %w", reason(err), err)
+		var tabs, keys []string
+		var tab, key string
+		if _, err := pgx.ForEachRow(rs, []any{&tab, &key}, func() error {
+			tabs, keys = append(tabs, tab), append(keys, key)
+			return nil
+		}); err != nil {
+			return fmt.Errorf("read the tables' primary keys: %w", err)
+		}
+		for i := range keys {
+			if _, err := tx.Exec(ctx, dropKeySQL(tabs[i], keys[i])); err != nil {
+				return fmt.Errorf("drop the primary key %s of %s: %w", keys[i], tabs[i], err)
+			}
+		}
+		return nil
 	}
-	b.log.Info("postgres: lock tables ready", zap.String("tables", b.n.String()))
-	// CREATE SEQUENCE IF NOT EXISTS keeps a sequence made beforehand, with
-	// whatever cache or cycle it has.
-	return b.checkSequence(ctx)
 }
 
 // checkSequence refuses a fence sequence with a cache (each connection
@@ -734,7 +803,7 @@ func scanHeldRows(rs pgx.Rows) ([]row, rowIDs, error) {
 func (b *Backend) dropGrant(req backends.LockRequest, fence uint64) {
 	b.background(func(ctx context.Context) error {
 		_, err := b.pool.Exec(ctx, `WITH d AS (DELETE FROM `+b.n.holds+
-			` WHERE key = $1 AND token = $2 AND mode = $3 AND fence = $4 AND holds = 1 RETURNING key)
+			` WHERE `+keyIs("key")+` AND token = $2 AND mode = $3 AND fence = $4 AND holds = 1 RETURNING key)
 SELECT pg_notify('`+b.n.channel+`', md5(key)) FROM d`, req.Key, req.Token, int16(req.Mode), int64(fence))
 		return err
 	})

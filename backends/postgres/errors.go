@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 
@@ -25,8 +26,11 @@ func (e *unavailable) Reason() string { return e.reason }
 func (e *unavailable) Unwrap() error  { return e.err }
 
 // fail turns a pgx error into the one a caller whose context is ctx gets:
-// its context's error when that ended, else a NOQUORUM whose reason names
-// the cause (an operation that ran out of OpTimeout reads "timeout").
+// its context's error when that ended; a plain error when the database
+// refused the statement for what it was given (refusedInput), as that is
+// no outage and another try gets the same answer; else a NOQUORUM whose
+// reason names the cause (an operation that ran out of OpTimeout reads
+// "timeout").
 func (b *Backend) fail(ctx context.Context, err error) error {
 	switch {
 	case err == nil:
@@ -35,10 +39,23 @@ func (b *Backend) fail(ctx context.Context, err error) error {
 		return ctx.Err()
 	case errors.Is(err, errClosed):
 		return err
+	case refusedInput(err):
+		return fmt.Errorf("postgres: the database refused the request's data: %s: %w", reason(err), err)
 	}
 	return &quorum.NoQuorumError{OK: 0, Total: 1, Failures: []quorum.NodeError{
 		{Node: "postgres", Err: &unavailable{reason: reason(err), err: err}},
 	}}
+}
+
+// refusedInput reports an error of SQLSTATE class 22 (data exception: a
+// value the column or function does not take) or 54 (program limit
+// exceeded: a value too large for an index entry, a NOTIFY payload, …):
+// the database is up and decided, against the request's key, token or
+// TTL. Read as a NOQUORUM it would count as an outage (no_quorum, the
+// LockproxyNoQuorum alert) and tell the client to look at the database.
+func refusedInput(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (strings.HasPrefix(pe.Code, "22") || strings.HasPrefix(pe.Code, "54"))
 }
 
 // sqlStates names the SQLSTATEs and classes an operator meets; the rest
@@ -59,6 +76,10 @@ var sqlStates = []struct{ code, reason string }{
 	{"25006", "read-only transaction (a standby?)"},
 	{"40", "transaction rolled back"},
 	{"57014", "statement canceled"},
+	{"54000", "value too large (program limit exceeded)"},
+	{"54", "program limit exceeded"},
+	{"22021", "invalid byte sequence"},
+	{"22", "invalid data"},
 }
 
 // reason is a short cause for err: its SQLSTATE's name, or what the

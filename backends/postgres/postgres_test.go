@@ -153,7 +153,8 @@ func TestSQL(t *testing.T) {
 			`CREATE TABLE IF NOT EXISTS "locks"."app_holds"`,
 			`CREATE INDEX IF NOT EXISTS "app_holds_expires_at" ON "locks"."app_holds"`,
 			`CREATE TABLE IF NOT EXISTS "locks"."app_waiting_writers"`,
-			"PRIMARY KEY (key, token, mode)",
+			`CREATE UNIQUE INDEX IF NOT EXISTS "app_holds_key" ON "locks"."app_holds" (pg_catalog.sha256(`,
+			`CREATE UNIQUE INDEX IF NOT EXISTS "app_waiting_writers_key" ON "locks"."app_waiting_writers" (pg_catalog.sha256(`,
 		}},
 	} {
 		for _, w := range tt.want {

@@ -34,26 +34,67 @@ func ValidIdent(s string, prefix bool) bool {
 // and the statements over them.
 type names struct {
 	holds, waiters, fences string // schema.prefixholds, …
-	channel                string // NOTIFY channel, unqualified
-	channelIdent           string // the channel quoted for LISTEN
+	// holdsKey and waitersKey are the tables' unique indexes, qualified
+	// (for to_regclass); holdsKeyIdent and waitersKeyIdent the same names
+	// unqualified, as CREATE INDEX takes them.
+	holdsKey, waitersKey           string
+	holdsKeyIdent, waitersKeyIdent string
+	channel                        string // NOTIFY channel, unqualified
+	channelIdent                   string // the channel quoted for LISTEN
 }
 
 func newNames(schema, prefix string) names {
 	q := func(name string) string { return pgx.Identifier{schema, prefix + name}.Sanitize() }
 	ch := prefix + "released"
 	return names{
-		holds:        q("holds"),
-		waiters:      q("waiting_writers"),
-		fences:       q("fence"),
-		channel:      ch,
-		channelIdent: pgx.Identifier{ch}.Sanitize(),
+		holds:           q("holds"),
+		waiters:         q("waiting_writers"),
+		fences:          q("fence"),
+		holdsKey:        q("holds_key"),
+		waitersKey:      q("waiting_writers_key"),
+		holdsKeyIdent:   pgx.Identifier{prefix + "holds_key"}.Sanitize(),
+		waitersKeyIdent: pgx.Identifier{prefix + "waiting_writers_key"}.Sanitize(),
+		channel:         ch,
+		channelIdent:    pgx.Identifier{ch}.Sanitize(),
 	}
+}
+
+// digest is the SQL of the SHA-256 of the bytes of text expression e (in
+// the database's encoding). Keys and tokens are indexed by it, not as they
+// are: a B-tree entry holds at most about 2,700 bytes, and keys may be
+// up to limits.max_key_bytes (64 KiB by default, a third more once
+// base64-encoded by dbText), tokens up to limits.max_token_bytes, both
+// without an upper bound. SHA-256, never md5, whose collisions can be
+// made: two keys with one digest would share a unique index entry.
+//
+// It is built of immutable functions only, as an index expression must
+// be: convert_to() and textsend() are only stable, and a cast of text to
+// bytea reads backslash escapes. decode(…, 'escape') turns a doubled
+// backslash into one and takes every other byte as it is, so doubling the
+// backslashes first gives back e's bytes exactly. The literals are E'…'
+// strings, read the same whatever standard_conforming_strings says, and
+// the functions are qualified so that the statements' expressions are the
+// index's (ON CONFLICT and the planner match them) whatever the
+// search_path.
+func digest(e string) string {
+	return `pg_catalog.sha256(pg_catalog.decode(pg_catalog.replace(` + e + `, E'\\', E'\\\\'), 'escape'))`
+}
+
+// keyIs is the condition that column col (key, or h.key) is key $1: by
+// the digest, so that the unique index finds the rows, and by the key
+// itself, so that two keys never share rows.
+func keyIs(col string) string {
+	return digest(col) + ` = ` + digest(`$1`) + ` AND ` + col + ` = $1`
 }
 
 // schemaSQL creates what is missing, in order. One row per holder and
 // mode: a downgraded token has a write row and a read row. mode is
 // backends.Mode (0 write, 1 read), so ORDER BY mode puts write holds
-// first, as UNLOCK releases them.
+// first, as UNLOCK releases them. The tables have no primary key: (key,
+// token, mode) would put whole keys in a B-tree. Their unique indexes, on
+// the digests (see digest), are what ON CONFLICT names; the statements
+// find a key's rows through them (keyIs). A schema made before them is
+// brought up to date by Backend.makeSchema.
 func (n names) schemaSQL() []string {
 	return []string{
 		`CREATE SEQUENCE IF NOT EXISTS ` + n.fences + ` AS bigint`,
@@ -63,15 +104,52 @@ func (n names) schemaSQL() []string {
 	mode       smallint    NOT NULL CHECK (mode IN (0, 1)),
 	holds      bigint      NOT NULL CHECK (holds > 0),
 	expires_at timestamptz NOT NULL,
-	fence      bigint      NOT NULL,
-	PRIMARY KEY (key, token, mode))`,
+	fence      bigint      NOT NULL)`,
+		`CREATE UNIQUE INDEX IF NOT EXISTS ` + n.holdsKeyIdent + ` ON ` + n.holds + ` (` + n.holdsConflict() + `)`,
 		`CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{unq(n.holds) + "_expires_at"}.Sanitize() + ` ON ` + n.holds + ` (expires_at)`,
 		`CREATE TABLE IF NOT EXISTS ` + n.waiters + ` (
 	key        text        NOT NULL,
 	waiter     text        NOT NULL,
-	expires_at timestamptz NOT NULL,
-	PRIMARY KEY (key, waiter))`,
+	expires_at timestamptz NOT NULL)`,
+		`CREATE UNIQUE INDEX IF NOT EXISTS ` + n.waitersKeyIdent + ` ON ` + n.waiters + ` (` + n.waitersConflict() + `)`,
 	}
+}
+
+// holdsConflict and waitersConflict are the unique indexes' columns, as
+// ON CONFLICT names them. A waiter id is 24 hex digits: it is indexed as
+// it is.
+func (n names) holdsConflict() string   { return digest("key") + `, ` + digest("token") + `, mode` }
+func (n names) waitersConflict() string { return digest("key") + `, waiter` }
+
+// schemaStateSQL reads, in one row, whether the tables and the sequence
+// exist, whether both unique indexes do, and whether either table still
+// has a primary key (the schema before the digests had (key, token, mode)
+// and (key, waiter)).
+func (n names) schemaStateSQL() (string, []any) {
+	return `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL,
+	to_regclass($4) IS NOT NULL AND to_regclass($5) IS NOT NULL,
+	EXISTS (SELECT 1 FROM pg_catalog.pg_constraint WHERE contype = 'p' AND conrelid IN (to_regclass($1), to_regclass($2)))`,
+		[]any{n.holds, n.waiters, n.fences, n.holdsKey, n.waitersKey}
+}
+
+// oldKeysSQL names the primary key constraints of the tables (makeSchema
+// drops them): the table, sanitized, and the constraint's name.
+func (n names) oldKeysSQL() (string, []any) {
+	return `SELECT CASE WHEN conrelid = to_regclass($1) THEN $1 ELSE $2 END, conname
+FROM pg_catalog.pg_constraint WHERE contype = 'p' AND conrelid IN (to_regclass($1), to_regclass($2))
+ORDER BY 1`, []any{n.holds, n.waiters}
+}
+
+// lockTablesSQL takes both tables at once, first in a migration, so that
+// it does not deadlock, moving from one lock to a stronger one, with an
+// older lockproxy's transaction still running on them.
+func (n names) lockTablesSQL() string {
+	return `LOCK TABLE ` + n.holds + `, ` + n.waiters + ` IN ACCESS EXCLUSIVE MODE`
+}
+
+// dropKeySQL drops constraint name of table (sanitized).
+func dropKeySQL(table, name string) string {
+	return `ALTER TABLE ` + table + ` DROP CONSTRAINT ` + pgx.Identifier{name}.Sanitize()
 }
 
 // unq is the last part of a sanitized qualified name, unquoted.
@@ -86,8 +164,9 @@ func unq(s string) string {
 // ttlMS is how a duration is sent: whole milliseconds, at least 1.
 func ttlMS(ttlMillis int64) int64 { return max(ttlMillis, 1) }
 
-// Statements. $1 is always the key. Expiry is judged by clock_timestamp()
-// in the statement that reads, never by lockproxy's clock.
+// Statements. $1 is always the key, whose rows are found with keyIs.
+// Expiry is judged by clock_timestamp() in the statement that reads, never
+// by lockproxy's clock.
 func (n names) lockKeySQL() string {
 	// hashtextextended: 64 bits, so two keys share a lock (and wait for
 	// each other's transactions, nothing more) about never.
@@ -106,15 +185,15 @@ func (n names) tryLockKeySQL() string {
 // so that a herd of readers held back by a writer does not keep the key's
 // lock busy when that writer tries it.
 func (n names) readerTryLockKeySQL() string {
-	return `SELECT CASE WHEN EXISTS (SELECT 1 FROM ` + n.waiters + ` WHERE key = $1 AND expires_at > clock_timestamp())
-	AND NOT EXISTS (SELECT 1 FROM ` + n.holds + ` WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp())
+	return `SELECT CASE WHEN EXISTS (SELECT 1 FROM ` + n.waiters + ` WHERE ` + keyIs("key") + ` AND expires_at > clock_timestamp())
+	AND NOT EXISTS (SELECT 1 FROM ` + n.holds + ` WHERE ` + keyIs("key") + ` AND token = $2 AND expires_at > clock_timestamp())
 	THEN NULL ELSE pg_try_advisory_xact_lock(hashtextextended($1, 0)) END`
 }
 
 func (n names) liveHoldersSQL() string {
 	return `SELECT token, mode, holds, fence,
 	GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint)
-FROM ` + n.holds + ` WHERE key = $1 AND expires_at > clock_timestamp() ORDER BY mode, fence`
+FROM ` + n.holds + ` WHERE ` + keyIs("key") + ` AND expires_at > clock_timestamp() ORDER BY mode, fence`
 }
 
 // heldRowsSQL reads every row of the key the lazy DELETE left, with no
@@ -138,30 +217,34 @@ func (n names) heldRowsSQL() string {
 	return `SELECT token, mode, holds, fence,
 	GREATEST(0, (EXTRACT(EPOCH FROM expires_at - clock_timestamp()) * 1000)::bigint),
 	expires_at > clock_timestamp()
-FROM ` + n.holds + ` WHERE key = $1 ORDER BY mode, fence FOR SHARE`
+FROM ` + n.holds + ` WHERE ` + keyIs("key") + ` ORDER BY mode, fence FOR SHARE`
 }
 
 func (n names) writerWaitsSQL() string {
-	return `SELECT EXISTS (SELECT 1 FROM ` + n.waiters + ` WHERE key = $1 AND expires_at > clock_timestamp())`
+	return `SELECT EXISTS (SELECT 1 FROM ` + n.waiters + ` WHERE ` + keyIs("key") + ` AND expires_at > clock_timestamp())`
 }
 
 // dropRowsSQL deletes the rows of key $1 named by token ($2) and mode
 // ($3) arrays: those a grant's read found expired.
 func (n names) dropRowsSQL() string {
-	return `DELETE FROM ` + n.holds + ` WHERE key = $1 AND (token, mode) IN (SELECT * FROM unnest($2::text[], $3::smallint[]))`
+	return `DELETE FROM ` + n.holds + ` WHERE ` + keyIs("key") + ` AND (token, mode) IN (SELECT * FROM unnest($2::text[], $3::smallint[]))`
 }
 
 func (n names) dropExpiredOfKeySQL() string {
-	return `DELETE FROM ` + n.holds + ` WHERE key = $1 AND expires_at <= clock_timestamp()`
+	return `DELETE FROM ` + n.holds + ` WHERE ` + keyIs("key") + ` AND expires_at <= clock_timestamp()`
 }
 
 // grantSQL inserts a first hold ($2 token, $3 mode, $4 ttl ms) with a new
 // fence taken from the sequence in the same statement, replacing an
-// expired row of the same token and mode if the sweep has not yet.
+// expired row of the same token and mode if the sweep has not yet. The
+// conflict is judged on the digests; the row replaced must also have the
+// same key and token, or it is left alone and nothing is returned, so the
+// grant fails rather than take another key's row.
 func (n names) grantSQL() string {
-	return `INSERT INTO ` + n.holds + ` (key, token, mode, holds, expires_at, fence)
+	return `INSERT INTO ` + n.holds + ` AS h (key, token, mode, holds, expires_at, fence)
 VALUES ($1, $2, $3, 1, clock_timestamp() + $4 * interval '1 millisecond', nextval('` + n.fences + `'))
-ON CONFLICT (key, token, mode) DO UPDATE SET holds = 1, expires_at = EXCLUDED.expires_at, fence = EXCLUDED.fence
+ON CONFLICT (` + n.holdsConflict() + `) DO UPDATE SET holds = 1, expires_at = EXCLUDED.expires_at, fence = EXCLUDED.fence
+WHERE h.key = EXCLUDED.key AND h.token = EXCLUDED.token
 RETURNING fence`
 }
 
@@ -176,7 +259,7 @@ RETURNING fence`
 // between is caught by the validity check before COMMIT.
 func (n names) reenterSQL() string {
 	return `UPDATE ` + n.holds + ` SET holds = holds + 1, expires_at = GREATEST(expires_at, clock_timestamp() + $4 * interval '1 millisecond')
-WHERE key = $1 AND token = $2 AND mode = $3
+WHERE ` + keyIs("key") + ` AND token = $2 AND mode = $3
 RETURNING holds, fence`
 }
 
@@ -186,13 +269,13 @@ RETURNING holds, fence`
 // own UNLOCK comes first, the two take the two holds.
 func (n names) dropHoldSQL() string {
 	return `WITH target AS (
-	SELECT holds FROM ` + n.holds + ` WHERE key = $1 AND token = $2 AND mode = $3 AND fence = $4 FOR UPDATE),
+	SELECT holds FROM ` + n.holds + ` WHERE ` + keyIs("key") + ` AND token = $2 AND mode = $3 AND fence = $4 FOR UPDATE),
 dec AS (
 	UPDATE ` + n.holds + ` h SET holds = h.holds - 1 FROM target t
-	WHERE h.key = $1 AND h.token = $2 AND h.mode = $3 AND h.fence = $4 AND t.holds > 1),
+	WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = $3 AND h.fence = $4 AND t.holds > 1),
 del AS (
 	DELETE FROM ` + n.holds + ` h USING target t
-	WHERE h.key = $1 AND h.token = $2 AND h.mode = $3 AND h.fence = $4 AND t.holds = 1)
+	WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = $3 AND h.fence = $4 AND t.holds = 1)
 SELECT count(*) FROM (SELECT pg_notify('` + n.channel + `', md5($1)) FROM target t WHERE t.holds = 1) x`
 }
 
@@ -212,14 +295,14 @@ func (n names) releaseHoldSQL() string { return n.releaseWhereSQL(" AND mode = $
 func (n names) releaseWhereSQL(cond string) string {
 	return `WITH target AS (
 	SELECT mode, holds FROM ` + n.holds + `
-	WHERE key = $1 AND token = $2` + cond + ` AND expires_at > clock_timestamp()
+	WHERE ` + keyIs("key") + ` AND token = $2` + cond + ` AND expires_at > clock_timestamp()
 	ORDER BY mode LIMIT 1 FOR UPDATE),
 dec AS (
 	UPDATE ` + n.holds + ` h SET holds = h.holds - 1 FROM target t
-	WHERE h.key = $1 AND h.token = $2 AND h.mode = t.mode AND t.holds > 1),
+	WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = t.mode AND t.holds > 1),
 del AS (
 	DELETE FROM ` + n.holds + ` h USING target t
-	WHERE h.key = $1 AND h.token = $2 AND h.mode = t.mode AND t.holds = 1)
+	WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = t.mode AND t.holds = 1)
 SELECT t.holds, (SELECT count(*) FROM (SELECT pg_notify('` + n.channel + `', md5($1)) WHERE t.holds = 1) x)
 FROM target t`
 }
@@ -242,12 +325,12 @@ func (n names) notifySQL() string {
 // locks them in, so the two never deadlock.
 func (n names) renewSQL() string {
 	return `WITH l AS (
-	SELECT mode FROM ` + n.holds + ` WHERE key = $1 AND token = $2 AND expires_at > clock_timestamp()
+	SELECT mode FROM ` + n.holds + ` WHERE ` + keyIs("key") + ` AND token = $2 AND expires_at > clock_timestamp()
 	ORDER BY mode FOR NO KEY UPDATE)
 UPDATE ` + n.holds + ` h SET expires_at = CASE WHEN h.mode = 1 AND EXISTS (SELECT 1 FROM l WHERE l.mode = 0) -- read, beside a write row
 	THEN GREATEST(h.expires_at, clock_timestamp() + $3 * interval '1 millisecond')
 	ELSE clock_timestamp() + $3 * interval '1 millisecond' END
-FROM l WHERE h.key = $1 AND h.token = $2 AND h.mode = l.mode RETURNING h.mode`
+FROM l WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = l.mode RETURNING h.mode`
 }
 
 // renewHoldSQL resets the token's ($2) live row of mode $3 on key to $4
@@ -258,24 +341,27 @@ FROM l WHERE h.key = $1 AND h.token = $2 AND h.mode = l.mode RETURNING h.mode`
 // mode $3. The rows are locked in mode order, as renewSQL's are.
 func (n names) renewHoldSQL() string {
 	return `WITH l AS (
-	SELECT mode FROM ` + n.holds + ` WHERE key = $1 AND token = $2 AND mode >= $3 AND expires_at > clock_timestamp()
+	SELECT mode FROM ` + n.holds + ` WHERE ` + keyIs("key") + ` AND token = $2 AND mode >= $3 AND expires_at > clock_timestamp()
 	ORDER BY mode FOR NO KEY UPDATE)
 UPDATE ` + n.holds + ` h SET expires_at = CASE WHEN h.mode = $3 THEN clock_timestamp() + $4 * interval '1 millisecond'
 	ELSE GREATEST(h.expires_at, clock_timestamp() + $4 * interval '1 millisecond') END
-FROM l WHERE h.key = $1 AND h.token = $2 AND h.mode = l.mode AND EXISTS (SELECT 1 FROM l WHERE l.mode = $3)
+FROM l WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = l.mode AND EXISTS (SELECT 1 FROM l WHERE l.mode = $3)
 RETURNING h.mode`
 }
 
-// markWriterSQL records or refreshes a waiting writer ($2 waiter id, $3 ms).
+// markWriterSQL records or refreshes a waiting writer ($2 waiter id, $3
+// ms); a row of the same digest and waiter but another key is left alone,
+// as grantSQL leaves one.
 func (n names) markWriterSQL() string {
-	return `INSERT INTO ` + n.waiters + ` (key, waiter, expires_at) VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
-ON CONFLICT (key, waiter) DO UPDATE SET expires_at = EXCLUDED.expires_at`
+	return `INSERT INTO ` + n.waiters + ` AS w (key, waiter, expires_at) VALUES ($1, $2, clock_timestamp() + $3 * interval '1 millisecond')
+ON CONFLICT (` + n.waitersConflict() + `) DO UPDATE SET expires_at = EXCLUDED.expires_at
+WHERE w.key = EXCLUDED.key`
 }
 
 // unmarkWriterNotifySQL deletes a waiting writer's marker ($2) and wakes
 // the readers it held back (at commit).
 func (n names) unmarkWriterNotifySQL() string {
-	return `WITH d AS (DELETE FROM ` + n.waiters + ` WHERE key = $1 AND waiter = $2 RETURNING key)
+	return `WITH d AS (DELETE FROM ` + n.waiters + ` WHERE ` + keyIs("key") + ` AND waiter = $2 RETURNING key)
 SELECT pg_notify('` + n.channel + `', md5(key)) FROM d`
 }
 
@@ -305,13 +391,6 @@ SELECT (SELECT count(*) FROM gone),
 func keyTag(key string) string {
 	s := md5.Sum([]byte(key))
 	return hex.EncodeToString(s[:])
-}
-
-// tablesExistSQL reports whether every table and the sequence exist, so a
-// role without CREATE rights can run on objects an owner made.
-func (n names) tablesExistSQL() (string, []any) {
-	return `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL`,
-		[]any{n.holds, n.waiters, n.fences}
 }
 
 func (n names) String() string { return fmt.Sprintf("%s, %s, %s", n.holds, n.waiters, n.fences) }

@@ -1,0 +1,15 @@
+package postgres
+
+import (
+	"testing"
+
+	"github.com/lockproxy/lockproxy/test/suite"
+)
+
+// TestConformance checks PROTOCOL.md's lock commands option by option on
+// PostgreSQL (test/e2e runs it on RedLock).
+func TestConformance(t *testing.T) {
+	suite.RunConformance(t, func(t *testing.T) string {
+		return startInstance(t, shared.DSN(), newPrefix()).addr
+	})
+}

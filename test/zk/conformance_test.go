@@ -1,0 +1,15 @@
+package zk
+
+import (
+	"testing"
+
+	"github.com/lockproxy/lockproxy/test/suite"
+)
+
+// TestConformance checks PROTOCOL.md's lock commands option by option on
+// the ZooKeeper ensemble (test/e2e runs it on RedLock).
+func TestConformance(t *testing.T) {
+	suite.RunConformance(t, func(t *testing.T) string {
+		return startInstance(t, zkServers(), newRoot(t)).addr
+	})
+}
