@@ -77,9 +77,11 @@ type Backend struct {
 	timers  sync.WaitGroup // lease timers armed or running
 
 	// Set by tests only, before use: run before a waiter sets its watch on
-	// its blocker, and before a reentry changes the held node.
+	// its blocker, before a reentry changes the held node, and before a
+	// grant rewrites its node to wake a LOCK with the same token.
 	testBeforeWatch   func(blocker string)
 	testBeforeReenter func()
+	testBeforeWake    func()
 }
 
 // ownedNode is a granted lock node this instance created, whose lease it
@@ -90,9 +92,11 @@ type ownedNode struct {
 	data             lockData // as last written or read here
 	version          int32    // of data
 	mtime            int64    // of data, ms: a previous-format lease's start
-	ttl              time.Duration
-	timer            *time.Timer
-	gen              int // bumped on each re-arm, so a stale timer does nothing
+	// end is when timer fires: the lease's end as this instance enforces
+	// it, on its own clock, never before a validity it reported.
+	end   time.Time
+	timer *time.Timer
+	gen   int // bumped on each re-arm, so a stale timer does nothing
 	// abandoned: a node of a gave-up waiter whose delete failed (see
 	// abandon); no hold, no key or token, only to be deleted.
 	abandoned bool

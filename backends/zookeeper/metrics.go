@@ -26,6 +26,10 @@ func (b *Backend) register(reg prometheus.Registerer) {
 			Help: "Watches fired for waiting LOCK calls: one per release a waiter here was queued behind.",
 		}, func() float64 { return float64(b.wakeups.Load()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "lockproxy_zookeeper_watch_rearms_total",
+			Help: "Watches a waiting LOCK call set again on the node it waits for after a change that left it blocked (a renewal or reentry of that node): no wakeup, no children read.",
+		}, func() float64 { return float64(b.rearms.Load()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "lockproxy_zookeeper_leases_ended_total",
 			Help: "Lock nodes lockproxy deleted because their lease ran out without a renewal.",
 		}, func() float64 { return float64(b.leasesEnded.Load()) }),

@@ -120,9 +120,10 @@ type lockData struct {
 	// gains read holds by a downgrade, and acts as a reader once its
 	// write holds are gone.
 	write, read int64
-	// ttl is the lease the last grant, reentry or renewal asked for; the
-	// creating instance deletes the node ttl after it saw the last change
-	// that restarted the lease.
+	// ttl is the lease the last grant, reentry or renewal that restarted
+	// it asked for (a reentry whose lease would end sooner keeps the one
+	// the node has: see raised); the creating instance deletes the node
+	// ttl after it saw the last change that restarted the lease.
 	ttl time.Duration
 	// startMS is when that lease began, in Unix milliseconds on the clock
 	// of the instance that restarted it (taken before its request, so no
@@ -210,4 +211,27 @@ func (d lockData) leaseStart(st *zk.Stat) time.Time {
 		return time.UnixMilli(d.startMS)
 	}
 	return time.UnixMilli(st.Mtime)
+}
+
+// raised is d with its lease made to end no sooner than it did nor than
+// ttl after t0 (st is the node's stat with d): the lease it had when that
+// ends later, otherwise one of ttl from t0. A reentry so never moves a
+// lease's end earlier, even when its t0 is before the lease began (the
+// grant of another LOCK with the token, made while this one was on its
+// way), and when the new end is the later it stores exactly its own lease,
+// which LOCKINFO then shows as the validity it gave. The ends are compared
+// as stored, on the clocks of the instances that started them; the
+// creating instance's timer, on its own clock, never moves earlier either
+// (see written).
+func (d lockData) raised(st *zk.Stat, t0 time.Time, ttl time.Duration) lockData {
+	start := d.leaseStart(st).UnixMilli()
+	if d.startMS == 0 {
+		// A previous-format lease, running from the last change, which
+		// the write to come moves: record its start.
+		d.startMS = start
+	}
+	if t0.UnixMilli()+ttl.Milliseconds() >= start+d.ttl.Milliseconds() {
+		d.startMS, d.ttl = t0.UnixMilli(), ttl
+	}
+	return d
 }

@@ -504,7 +504,11 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 					break
 				}
 			}
-			lease, err := b.reenter(ctx, n, req, start)
+			// From this look's start, not the LOCK's: the lease the token
+			// holds may have been granted while this LOCK waited (another
+			// LOCK with the token, queued before it), later than the LOCK
+			// began; t0 is still before this attempt's write was sent.
+			lease, err := b.reenter(ctx, n, req, t0)
 			if !errors.Is(err, errHoldGone) {
 				return lease, err
 			}
@@ -809,18 +813,12 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	if laterOfToken(kids, idx) {
 		// Another LOCK with this token queued behind this one waits for a
 		// change to this node (see Lock): the grant makes it a reentry.
-		// Rewriting the data as it is fires its watch. Best effort: if the
-		// write fails, that LOCK sees the grant when it looks again (its
-		// WAIT's end at the latest).
-		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(path, g.data.encode(), g.stat.Version) })
-		if err == nil {
+		if st := b.wake(ctx, path, g); st != nil {
 			g.stat = st
-		} else {
-			b.log.Debug("zookeeper: could not tell a LOCK with the same token of the grant", zap.Error(err))
 		}
 	}
 	o := &ownedNode{path: path, key: req.Key, token: req.Token, czxid: g.stat.Czxid, data: g.data,
-		version: g.stat.Version, mtime: g.stat.Mtime, ttl: req.TTL}
+		version: g.stat.Version, mtime: g.stat.Mtime}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
@@ -828,9 +826,79 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	}
 	b.owned[path] = o
 	b.byToken[heldKey{req.Key, req.Token}] = o
-	b.armLocked(o, req.TTL-time.Since(t0))
+	b.armUntilLocked(o, t0.Add(req.TTL))
 	b.mu.Unlock()
 	return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(g.stat.Czxid), Holds: 1}, nil
+}
+
+// wake rewrites the data of the granted node at path as read (g), which
+// fires the watch of a LOCK with the same token queued behind it: the
+// grant makes that LOCK a reentry. It returns the node's stat after the
+// write, nil when the write failed. That LOCK would then wait until its
+// WAIT ends, nothing else changing the node: unless the failure says the
+// node changed or went (which fired the watch), the write is tried again
+// in the background (see wakeLater).
+func (b *Backend) wake(ctx context.Context, path string, g got) *zk.Stat {
+	if b.testBeforeWake != nil {
+		b.testBeforeWake()
+	}
+	data, version := g.data.encode(), g.stat.Version
+	set := func(ctx context.Context) (*zk.Stat, error) {
+		return call(ctx, func() (*zk.Stat, error) { return b.conn.Set(path, data, version) })
+	}
+	st, err := set(ctx)
+	switch {
+	case err == nil:
+		return st
+	case errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode):
+		return nil
+	}
+	b.log.Debug("zookeeper: could not tell a LOCK with the same token of the grant yet; retrying", zap.Error(err))
+	go b.wakeLater(path, version, set)
+	return nil
+}
+
+// wakeLater retries wake's write, at the node's data version as granted,
+// with a context of its own (the grant's may be done: its client gone),
+// whenever the session is on a server (the connection may have dropped),
+// until it is made, the node changed or went, or the session expired or
+// the backend closed (the node then goes, which fires the watch); for a
+// few session timeouts at most, as abandonByNonce.
+func (b *Backend) wakeLater(path string, version int32, set func(context.Context) (*zk.Stat, error)) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*b.cfg.SessionTimeout)
+	defer cancel()
+	b.mu.Lock()
+	expired := b.expired
+	b.mu.Unlock()
+	for {
+		if b.connected.Load() {
+			st, err := set(ctx)
+			switch {
+			case err == nil:
+				b.mu.Lock()
+				if o := b.owned[path]; o != nil && o.version == version {
+					o.version, o.mtime = st.Version, st.Mtime
+				}
+				b.mu.Unlock()
+				return
+			case errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrClosing),
+				errors.Is(err, zk.ErrSessionExpired):
+				return
+			}
+		}
+		if errors.Is(b.usable(), errClosed) {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			b.log.Warn("zookeeper: could not tell a LOCK with the same token of the grant; it waits until its WAIT ends",
+				zap.String("node", path))
+			return
+		case <-expired:
+			return
+		case <-time.After(leaseRetry):
+		}
+	}
 }
 
 // laterOfToken reports whether a node queued after kids[idx] has its
@@ -869,15 +937,18 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 		} else {
 			d.read++
 		}
-		// Never shorter than the lease it had (which began no later than
-		// t0): as on the other backends, a reentry never shortens the
-		// holder's lease. The lease restarts at t0.
-		d.ttl = max(d.ttl, req.TTL)
-		d.startMS = t0.UnixMilli()
+		// As on the other backends, a reentry never shortens the holder's
+		// lease: it ends no sooner than it did, nor than req.TTL after t0.
+		// The lease it had may have begun after t0 (granted to another
+		// LOCK with this token while this one was on its way): restarting
+		// it at t0 would end it early.
+		d = d.raised(n.stat, t0, req.TTL)
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
 		switch {
 		case err == nil:
-			b.written(n.path, d, st, t0, true)
+			b.written(n.path, n.data, d, st, leaseRaised, t0.Add(req.TTL))
+			// Counted from t0, before the write was sent, for req.TTL: no
+			// more than the lease now stored, which ends no sooner.
 			v := b.validityOf(n, req.TTL, t0)
 			holds := d.write
 			if req.Mode == backends.Read {
@@ -906,24 +977,67 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 	return backends.Lease{}, errUnhandled
 }
 
+// leaseChange is how a data change moves the lease of the node.
+type leaseChange uint8
+
+const (
+	// leaseKept: the lease goes on as it was (an UNLOCK of one of several
+	// holds).
+	leaseKept leaseChange = iota
+	// leaseRaised: the lease ends no sooner than it did, nor than the
+	// given end (a reentry, RenewHold of a node with both kinds).
+	leaseRaised
+	// leaseSet: the lease ends at the given end (RENEW sets it exactly).
+	leaseSet
+)
+
 // written records a data change this instance made to path (when it owns
-// the node), st being the node's stat after it, and, with rearm, restarts
-// the lease from t0.
-func (b *Backend) written(path string, d lockData, st *zk.Stat, t0 time.Time, rearm bool) {
+// the node): prev is the data the change was made to, d and st the node's
+// data and stat after it. The lease timer then fires at end (leaseSet),
+// or no sooner than end and than it would have (leaseRaised: it never
+// moves earlier, whatever t0 the change was judged from).
+//
+// prev may carry a restart through another instance that this one has not
+// seen yet (its timer would have seen it when it fired, by the version,
+// and counted its TTL from then); this write makes the version current, so
+// the timer would no longer see it: it is counted now, from now, unless
+// the change set the lease anew (leaseSet).
+func (b *Backend) written(path string, prev, d lockData, st *zk.Stat, how leaseChange, end time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	o := b.owned[path]
-	if o == nil {
+	if o == nil || st.Version < o.version {
+		// Not its node; or a later change (made here, or read by its
+		// timer) is recorded already, made to this one's data, and its
+		// timer counts this one's lease.
 		return
 	}
+	unseen := prev.startMS != o.data.startMS || prev.ttl != o.data.ttl
 	o.data, o.version, o.mtime = d, st.Version, st.Mtime
-	if rearm {
-		o.ttl = d.ttl
-		b.disarmLocked(o)
-		if !b.closed {
-			b.armLocked(o, d.ttl-time.Since(t0))
-		}
+	switch how {
+	case leaseKept:
+		end = o.end
+	case leaseRaised:
+		end = later(end, o.end)
 	}
+	if unseen && how != leaseSet {
+		end = later(end, time.Now().Add(prev.ttl))
+	}
+	if how == leaseKept && end.Equal(o.end) {
+		return // the timer stands
+	}
+	b.disarmLocked(o)
+	if !b.closed {
+		b.armUntilLocked(o, end)
+	}
+}
+
+// later is the later of t and u.
+func later(t, u time.Time) time.Time {
+	if u.After(t) {
+		return u
+	}
+	return t
 }
 
 // Unlock releases one hold of key by token: write holds first.
@@ -975,7 +1089,7 @@ func (b *Backend) release(ctx context.Context, key, token string, k holdKind) (b
 			var st *zk.Stat
 			st, err = b.setData(ctx, n.path, d, n.stat.Version, n.data)
 			if err == nil {
-				b.written(n.path, d, st, time.Time{}, false)
+				b.written(n.path, n.data, d, st, leaseKept, time.Time{})
 				return true, nil
 			}
 		}
@@ -1024,11 +1138,10 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 
 // RenewHold implements backends.HoldKeeper. A downgraded token's write and
 // read holds are one node with one lease: renewing one kind must not
-// shorten the other's, so on a node with both the lease restarts with the
-// longer of ttl and the TTL it had, as a reentry's does (the lease so
-// ends no sooner than before, without comparing this host's clock with
-// the one that started it). A node with holds of one kind only is renewed
-// as Renew does.
+// shorten the other's, so on a node with both the lease is raised as a
+// reentry raises it: it ends no sooner than it did, nor than ttl after the
+// renewal began (lockData.raised). A node with holds of one kind only is
+// renewed as Renew does.
 func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
 	return b.renew(ctx, key, token, kindOf(mode), ttl)
 }
@@ -1048,14 +1161,20 @@ func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl 
 		if !k.has(d) {
 			return 0, nil
 		}
-		d.ttl, d.startMS = ttl, t0.UnixMilli()
+		how := leaseSet
 		if k != anyHold && d.write > 0 && d.read > 0 {
-			d.ttl = max(ttl, n.data.ttl)
+			// Not shortening the other kind's lease: raised as a reentry
+			// raises it. Restarting it at t0 with the longer TTL would not
+			// do: a reentry or renewal of the other kind may have begun
+			// its lease after t0.
+			d, how = d.raised(n.stat, t0, ttl), leaseRaised
+		} else {
+			d.ttl, d.startMS = ttl, t0.UnixMilli()
 		}
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
 		switch {
 		case err == nil:
-			b.written(n.path, d, st, t0, true)
+			b.written(n.path, n.data, d, st, how, t0.Add(ttl))
 			// A renewal that leaves no validity still renewed: report the
 			// least positive validity rather than "not held".
 			return max(b.validityOf(n, ttl, t0), time.Millisecond), nil
@@ -1156,12 +1275,18 @@ func (b *Backend) forgetLocked(o *ownedNode) {
 	}
 }
 
-// armLocked starts o's lease timer; b.mu is held.
+// armLocked starts o's lease timer, to fire in d; b.mu is held.
 func (b *Backend) armLocked(o *ownedNode, d time.Duration) {
+	b.armUntilLocked(o, time.Now().Add(d))
+}
+
+// armUntilLocked starts o's lease timer, to fire at end; b.mu is held.
+func (b *Backend) armUntilLocked(o *ownedNode, end time.Time) {
 	o.gen++
 	gen := o.gen
+	o.end = end
 	b.timers.Add(1)
-	o.timer = time.AfterFunc(max(d, 0), func() {
+	o.timer = time.AfterFunc(max(time.Until(end), 0), func() {
 		defer b.timers.Done()
 		b.leaseEnded(o, gen)
 	})
@@ -1229,7 +1354,7 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 			o.data, o.version, o.mtime = g.data, g.stat.Version, g.stat.Mtime
 			b.armLocked(o, 0)
 		default:
-			o.data, o.version, o.mtime, o.ttl = g.data, g.stat.Version, g.stat.Mtime, g.data.ttl
+			o.data, o.version, o.mtime = g.data, g.stat.Version, g.stat.Mtime
 			b.armLocked(o, g.data.ttl)
 		}
 	default:
