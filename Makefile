@@ -41,8 +41,10 @@ test-e2e: deps
 	$(GO) test -count=1 -p 1 -timeout 9m ./test/...
 
 ## soak: the fault suite at full size: 20 clients × 10,000 grants per row (2,000 in slow-3-nodes, which grants only between its faults; fast-clock-1.5x-on-3-nodes injects its fault once), faults repeated until done or the row's 30 min (CI: 20 × 500).
+## It also runs the ZooKeeper and PostgreSQL fault rows kept out of `make test` for time.
 soak: deps
 	LOCKPROXY_SOAK=1 $(GO) test -count=1 -p 1 -v -timeout 120m ./test/fault/
+	LOCKPROXY_SOAK=1 $(GO) test -count=1 -p 1 -v -timeout 20m -run 'UnderServerFaults|UnderFaults' ./test/zk/ ./test/postgres/
 
 ## bench: LOCK+UNLOCK cycles through lockproxy vs redsync on the same real nodes, the
 ## passthrough table (redis-benchmark directly, through lockproxy, through twemproxy),

@@ -1,0 +1,116 @@
+package fault
+
+import (
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// pauseProxy SIGSTOPs lockproxy instance i (its running process) and
+// returns 1 once the kernel shows it stopped, and a function that
+// continues it.
+func pauseProxy(t *testing.T, e *linkEnv, i int) (int, func()) {
+	t.Helper()
+	p := e.proxies[i]
+	p.mu.Lock()
+	cur := p.procs[len(p.procs)-1]
+	p.mu.Unlock()
+	pid := cur.PID()
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Errorf("SIGSTOP lockproxy %s (pid %d): %v", p.addr, pid, err)
+		return 0, func() {}
+	}
+	resume := func() { _ = syscall.Kill(pid, syscall.SIGCONT) }
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
+		if processStopped(pid) {
+			return 1, resume
+		}
+	}
+	t.Errorf("lockproxy %s (pid %d) not stopped a second after SIGSTOP", p.addr, pid)
+	return 0, resume
+}
+
+// proxyPauseFaults are the fault matrix's "pause" nemesis aimed at a
+// lockproxy instance rather than a node: the process that computed a
+// grant's validity stops (GC stall, VM pause, SIGSTOP) with its clients'
+// commands in flight, grants half-answered and waiters queued.
+var proxyPauseFaults = []fault{
+	{
+		// Past the TTL: every lock the instance's clients held runs out
+		// on the nodes, and the other instance's clients take them.
+		name: "sigstop-lockproxy-past-ttl",
+		inject: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
+			n, resume := pauseProxy(t, e, 1)
+			time.Sleep(pastTTL)
+			resume()
+			return n
+		},
+		heal:   func(*testing.T, *linkEnv) { time.Sleep(500 * time.Millisecond) },
+		expect: expect{progress: true, blocked: 1},
+	},
+	{
+		// Many short stops at random points of the instance's work, so
+		// some fall between a grant's validity being computed and its
+		// reply being written: the long holds (during the fault, on the
+		// paused instance too) then overstay the lease if the reply's
+		// validity does not count the stop.
+		name: "sigstop-lockproxy-short-repeated",
+		inject: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
+			n := 0
+			for range 8 {
+				k, resume := pauseProxy(t, e, 1)
+				n += k
+				time.Sleep(400 * time.Millisecond)
+				resume()
+				time.Sleep(300 * time.Millisecond)
+			}
+			return n
+		},
+		heal:   func(*testing.T, *linkEnv) {},
+		expect: expect{progress: true, blocked: -1},
+	},
+}
+
+// TestProxyPaused runs the workload with a lockproxy instance SIGSTOPped
+// and judges each row as TestFaults does (long holds included).
+func TestProxyPaused(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	harness.BuildLockproxy(t)
+	for _, f := range proxyPauseFaults {
+		t.Run(f.name, func(t *testing.T) {
+			rowSlot(t)
+			clients, grants, _, limit := rowSize()
+			e := &linkEnv{env: newEnv(t, 5, 2, f.environ...)}
+			res := watchResources(t, e.proxies)
+			w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit}
+			healed := make(chan struct{})
+			start := time.Now()
+			c, wait := w.run(t, e.env, healed)
+			time.Sleep(300 * time.Millisecond)
+			notes := &rowNotes{}
+			holds, holdsDuring := longHoldsDuring(f.expect)
+			var holdsDone func() string
+			from, sent := e.hist.Now(), c.attempts()
+			if holds && holdsDuring {
+				holdsDone = startLongHolds(t, e.env, rowLongHolds, "during the fault")
+			}
+			events := f.inject(t, e, notes)
+			f.heal(t, e)
+			windows := []faultWindow{{from, e.hist.Now()}}
+			attemptsDuring := c.attempts() - sent
+			if holds && !holdsDuring {
+				holdsDone = startLongHolds(t, e.env, rowLongHolds, "after the heal")
+			}
+			close(healed)
+			wait()
+			if holdsDone != nil {
+				notes.add("%s", holdsDone())
+			}
+			run := rowRun{name: f.name, clients: clients, grants: grants, windows: windows, events: events,
+				attemptsDuring: attemptsDuring, c: c, took: time.Since(start), res: res.finish(t), notes: notes.String()}
+			judge(t, e.env, run, f.expect)
+		})
+	}
+}
