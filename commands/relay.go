@@ -163,7 +163,18 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 			s.W.Error("ERR '" + n + "' is not allowed inside MULTI through lockproxy: EXEC's reply could not be filtered of lock keys (redlock.key_prefix); run it outside the transaction")
 			return true
 		}
-		if cmd == nil && h.onLockKeys(args) {
+		if cmd == nil && len(h.patterns) > 0 && string(name) == "script" {
+			if len(args) > 1 && (resp.EqualFold(args[1], "LOAD") || resp.EqualFold(args[1], "EXISTS") || resp.EqualFold(args[1], "FLUSH")) {
+				// Served partly here (tScript): LOAD and FLUSH change what
+				// this instance remembers for EVALSHA, and EXISTS answers
+				// for both; EXEC's reply is not read for them.
+				rs.dirty = true
+				s.W.Error("ERR 'script|" + strings.ToLower(string(args[1])) + "' is not allowed inside MULTI through lockproxy: " +
+					"lockproxy remembers scripts for EVALSHA on lock keys outside transactions only; run it before MULTI")
+				return true
+			}
+			// Other subcommands name no lock key: relayed below.
+		} else if cmd == nil && h.onLockKeys(args) {
 			rs.dirty = true
 			s.W.Error("ERR '" + relay.Clip(string(args[0])) + "' on a lock key is not allowed inside MULTI: lock keys (lock_patterns) are served by the lock nodes, not in the upstream's transaction")
 			return true
@@ -223,7 +234,8 @@ func (h *Handler) notInTunnel(name string, args [][]byte, cmd *Command) string {
 	if what := stateChangeInMulti(name, args); what != "" {
 		return what
 	}
-	if len(h.patterns) > 0 && (h.up.KeyWhere([]byte(name), args, h.lockKey) != nil || h.sortLockPattern([]byte(name), args) != nil) {
+	if len(h.patterns) > 0 && (h.up.KeyWhere([]byte(name), args, h.lockKey) != nil || h.sortLockPattern([]byte(name), args) != nil ||
+		h.scriptLockKey([]byte(name), args) != "") {
 		return name
 	}
 	return ""
@@ -440,6 +452,78 @@ func globLiteral(g string) []byte {
 	return []byte(g)
 }
 
+// selectedDB is the database the client selected (SELECT, which lets a
+// client leave database 0 only with an upstream), 0 when it selected none.
+func selectedDB(s *resp.Session) int {
+	if c, ok := s.Data.(*conn); ok && c.rl != nil {
+		return c.rl.db
+	}
+	return 0
+}
+
+// keysLockPattern returns the pattern of a KEYS or SCAN … MATCH (name in
+// lower case) that may match a key matching lock_patterns, or nil. Lock
+// keys are on the lock nodes, never on the upstream that answers KEYS and
+// SCAN, so such a reply would leave out every lock held: a check for
+// holders (the seed's read-write lock asks KEYS lock:x:read:* before it
+// takes the write lock) would find none. A pattern of '*' alone, and SCAN
+// without MATCH, list the whole keyspace and are relayed: they list the
+// upstream's keys, not the locks, as a listing of another database would.
+// Every MATCH of a SCAN is checked (Redis uses the last), and a "MATCH"
+// that is another option's value too: a refusal beats a miss.
+func (h *Handler) keysLockPattern(name []byte, args [][]byte) []byte {
+	var pats [][]byte
+	switch string(name) {
+	case "keys":
+		if len(args) == 2 {
+			pats = args[1:]
+		}
+	case "scan":
+		for i := 2; i+1 < len(args); i++ {
+			if resp.EqualFold(args[i], "MATCH") {
+				pats = append(pats, args[i+1])
+			}
+		}
+	default:
+		return nil
+	}
+	for _, p := range pats {
+		if len(bytes.Trim(p, "*")) == 0 && len(p) > 0 {
+			continue // the whole keyspace
+		}
+		if h.patternMayMatchLockKey(p) {
+			return p
+		}
+	}
+	return nil
+}
+
+// scriptLockKey returns the refusal of a relayed script command (name in
+// lower case: EVAL, EVALSHA, FCALL, their _RO forms, SCRIPT LOAD, FUNCTION
+// LOAD) whose ARGV or body names a lock key (lockKeyOutsideKeys), or "".
+// An EVALSHA's body is known when this instance remembers it; one loaded
+// through lockproxy was checked when loaded.
+func (h *Handler) scriptLockKey(name []byte, args [][]byte) string {
+	var body []byte
+	switch string(name) {
+	case "eval", "eval_ro", "fcall", "fcall_ro":
+		body = relay.ScriptBody(name, args)
+	case "evalsha", "evalsha_ro":
+		if len(args) > 1 {
+			if b, ok := h.scripts.get(string(args[1])); ok {
+				body = []byte(b)
+			}
+		}
+	case "script", "function":
+		if body = relay.ScriptBody(name, args); body == nil {
+			return ""
+		}
+	default:
+		return ""
+	}
+	return h.lockKeyOutsideKeys(relay.ScriptArgs(name, args), body)
+}
+
 // splice inserts data into w at offset at, before what was written since.
 func splice(w *resp.Writer, at int, data []byte) {
 	if w.Len() == at {
@@ -532,6 +616,24 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 			h.rm.refused.Inc()
 			relayError(s, "ERR transparent mode: SORT's BY/GET pattern '"+relay.Clip(string(p))+
 				"' may read keys matching lock_patterns, which the lock nodes serve; use a pattern that starts with other text")
+			return
+		}
+		if p := h.keysLockPattern(lname, args); p != nil {
+			if rs.multi {
+				rs.dirty = true
+			}
+			h.rm.refused.Inc()
+			relayError(s, "ERR transparent mode: '"+relay.Clip(string(lname))+"' pattern '"+relay.Clip(string(p))+
+				"' may match lock keys (lock_patterns), which are on the lock nodes, not the upstream: the reply would not list them. "+
+				"Ask for one lock key with EXISTS, PTTL or LOCKINFO, or use a pattern that cannot match lock_patterns")
+			return
+		}
+		if why := h.scriptLockKey(lname, args); why != "" {
+			if rs.multi {
+				rs.dirty = true
+			}
+			h.rm.refused.Inc()
+			relayError(s, why)
 			return
 		}
 	}
@@ -679,12 +781,16 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 // relayPlain tells whether relayNamed relays name (lower case) on the
 // shared connection with nothing else to do, outside a transaction: not a
 // command that pins the connection, changes its state, blocks, or whose
-// reply is filtered or refused.
+// reply is filtered or refused. SORT and FUNCTION are not either: the
+// event loop relays what this admits after checking its keys only, and
+// relayNamed also checks SORT's BY/GET patterns and FUNCTION LOAD's body
+// against lock_patterns (sortLockPattern, scriptLockKey).
 func relayPlain(name string, args [][]byte) bool {
 	switch name {
 	case "multi", "exec", "discard", "watch", "unwatch",
 		"subscribe", "psubscribe", "ssubscribe", "monitor",
-		"unsubscribe", "punsubscribe", "sunsubscribe", "keys", "scan":
+		"unsubscribe", "punsubscribe", "sunsubscribe", "keys", "scan",
+		"sort", "sort_ro", "function":
 		return false
 	case "client":
 		return len(args) < 2 || !resp.EqualFold(args[1], "REPLY") && !resp.EqualFold(args[1], "TRACKING")

@@ -2,6 +2,7 @@ package commands
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"crypto/sha1"
 	"encoding/hex"
@@ -47,43 +48,69 @@ import (
 // plain Redis commands on.
 const errTransparentFanout = "ERR transparent mode: this lock backend serves only SET key value NX PX|EX ttl on lock keys; use LOCK, UNLOCK and RENEW for the rest"
 
-// maxScripts bounds the scripts remembered for EVALSHA. A script that no
-// longer fits gets NOSCRIPT on EVALSHA, which every client answers with
-// EVAL or SCRIPT LOAD.
-const maxScripts = 4096
+// maxScripts and maxScriptBytes bound the scripts remembered for EVALSHA,
+// in number and in total size of their bodies. When a new body would
+// exceed either, the least recently used are forgotten: a body just loaded
+// or run is always remembered (even one larger than maxScriptBytes, alone),
+// so that a client's NOSCRIPT → SCRIPT LOAD → EVALSHA fallback (redis-py's
+// Script) finds it. An EVALSHA of a forgotten body gets NOSCRIPT, which
+// every client answers with EVAL or SCRIPT LOAD.
+const (
+	maxScripts     = 4096
+	maxScriptBytes = 32 << 20
+)
 
 // scriptCache maps SHA1 (lower-case hex) to script bodies seen in EVAL and
-// SCRIPT LOAD on this instance. EVALSHA is served by sending EVAL with the
-// body, so it needs the body here.
+// SCRIPT LOAD on this instance, least recently used first out. EVALSHA is
+// served by sending EVAL with the body, so it needs the body here.
 type scriptCache struct {
-	mu     sync.RWMutex
-	bodies map[string]string
+	mu     sync.Mutex
+	bodies map[string]*list.Element // of *scriptEntry, in lru
+	lru    list.List                // most recently used at the front
+	size   int                      // total bytes of the bodies
 }
+
+type scriptEntry struct{ sha, body string }
 
 func (c *scriptCache) add(body string) string {
 	sum := sha1.Sum([]byte(body))
 	sha := hex.EncodeToString(sum[:])
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.bodies == nil {
-		c.bodies = map[string]string{}
+		c.bodies = map[string]*list.Element{}
 	}
-	if len(c.bodies) < maxScripts {
-		c.bodies[sha] = body
+	if e, ok := c.bodies[sha]; ok {
+		c.lru.MoveToFront(e)
+		return sha
 	}
-	c.mu.Unlock()
+	c.bodies[sha] = c.lru.PushFront(&scriptEntry{sha: sha, body: body})
+	c.size += len(body)
+	for c.lru.Len() > 1 && (c.lru.Len() > maxScripts || c.size > maxScriptBytes) {
+		old := c.lru.Remove(c.lru.Back()).(*scriptEntry)
+		delete(c.bodies, old.sha)
+		c.size -= len(old.body)
+	}
 	return sha
 }
 
+// get returns the body of sha, which counts as a use of it.
 func (c *scriptCache) get(sha string) (string, bool) {
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	b, ok := c.bodies[strings.ToLower(sha)]
-	return b, ok
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.bodies[strings.ToLower(sha)]
+	if !ok {
+		return "", false
+	}
+	c.lru.MoveToFront(e)
+	return e.Value.(*scriptEntry).body, true
 }
 
 func (c *scriptCache) flush() {
 	c.mu.Lock()
 	c.bodies = nil
+	c.lru.Init()
+	c.size = 0
 	c.mu.Unlock()
 }
 
@@ -146,6 +173,21 @@ func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
 	}
 	var buf [16]byte
 	name := string(resp.Lower(buf[:], args[0]))
+	if db := selectedDB(s); db != 0 && name != "script" && h.onLockKeys(args) {
+		// Lock keys have no database: on the lock nodes there is one of
+		// each name. Served here, a SET NX PX in database 1 would find
+		// database 0's holder, and a DEL release it; refused instead, as
+		// sharing them silently is not what Redis does.
+		label := name
+		if unsupportedOnLockKeys[name] {
+			label = "unsupported"
+		}
+		h.tCount(s, label, func() {
+			s.W.Error("ERR transparent mode: lock keys (lock_patterns) live in database 0 of the lock nodes, and this connection selected database " +
+				strconv.Itoa(db) + "; SELECT 0 to use them (LOCK and the other lock commands ignore SELECT)")
+		})
+		return true
+	}
 	switch name {
 	case "set":
 		if !h.isLockKey(args[1]) {
@@ -421,6 +463,13 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 				relay.Clip(h.nodeKeyPrefix) + "); a lock script reaches its lock through KEYS")
 			return
 		}
+		if why := h.lockKeyOutsideKeys(args[3+nk:], []byte(body)); why != "" {
+			// On the nodes the script's other arguments and its literals
+			// are used as they are, outside lockproxy's key namespace: a
+			// lock key there is no one's lock, and taking it is no grant.
+			s.W.Error(why)
+			return
+		}
 		if ro := strings.HasSuffix(name, "_ro"); ro || !scriptMayAcquire(body) {
 			verb := "eval"
 			if ro {
@@ -535,6 +584,12 @@ func (h *Handler) tScript(s *resp.Session, args [][]byte) bool {
 		h.tCount(s, "script_load", func() {
 			if len(args) != 3 {
 				s.W.Error("ERR wrong number of arguments for 'script|load' command")
+				return
+			}
+			if why := h.lockKeyOutsideKeys(nil, args[2]); why != "" {
+				// Refused when loaded, as the upstream's EVALSHA of it
+				// could not be checked once this instance forgot it.
+				s.W.Error(why)
 				return
 			}
 			if h.up != nil {
@@ -988,6 +1043,362 @@ func matchClass(pattern string, p int, b byte) (int, bool) {
 		return 0, false // unterminated: conf rejects such patterns
 	}
 	return i + 1, matched != neg
+}
+
+// globPos is one position of a glob: a '*', or one byte out of set.
+type globPos struct {
+	star bool
+	set  [4]uint64 // bit b: byte b may be here
+}
+
+func (g *globPos) add(lo, hi byte) {
+	for b := int(lo); b <= int(hi); b++ {
+		g.set[b/64] |= 1 << (b % 64)
+	}
+}
+
+var anyByte = globPos{set: [4]uint64{^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0)}}
+
+// globPositions reads a Redis glob into positions. Where Redis's reading
+// (stringmatchlen) and globMatch's could differ, or a class is not closed
+// (a class that starts with ']', a range that ends in ']' or '\' or
+// starts with an escaped byte), the rest of the glob is read as '*':
+// more keys than either reading matches, so that an intersection is
+// never missed.
+func globPositions(g []byte) []globPos {
+	var out []globPos
+	star := func() []globPos {
+		if len(out) == 0 || !out[len(out)-1].star {
+			out = append(out, globPos{star: true})
+		}
+		return out
+	}
+	for i := 0; i < len(g); i++ {
+		switch c := g[i]; c {
+		case '*':
+			star()
+		case '?':
+			out = append(out, anyByte)
+		case '\\':
+			if i+1 < len(g) {
+				i++
+			}
+			var p globPos
+			p.add(g[i], g[i])
+			out = append(out, p)
+		case '[':
+			j := i + 1
+			neg := j < len(g) && g[j] == '^'
+			if neg {
+				j++
+			}
+			if j < len(g) && g[j] == ']' {
+				return star()
+			}
+			var p globPos
+			for {
+				switch {
+				case j >= len(g):
+					return star()
+				case g[j] == ']':
+				case g[j] == '\\' && j+1 < len(g):
+					if j+2 < len(g) && g[j+2] == '-' {
+						return star()
+					}
+					p.add(g[j+1], g[j+1])
+					j += 2
+					continue
+				case j+1 < len(g) && g[j+1] == '-':
+					if j+2 >= len(g) || g[j+2] == ']' || g[j+2] == '\\' {
+						return star()
+					}
+					p.add(min(g[j], g[j+2]), max(g[j], g[j+2]))
+					j += 3
+					continue
+				default:
+					p.add(g[j], g[j])
+					j++
+					continue
+				}
+				break
+			}
+			if neg {
+				for k := range p.set {
+					p.set[k] = ^p.set[k]
+				}
+			}
+			out = append(out, p)
+			i = j
+		default:
+			var p globPos
+			p.add(c, c)
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// maxGlobProduct bounds the work of globsIntersect: past it, the answer
+// is "they may" (a glob of that length is no one's lock pattern or key
+// pattern).
+const maxGlobProduct = 1 << 20
+
+// globsIntersect reports whether some key matches both globs (positions
+// from globPositions). It walks the pairs of positions both globs can be
+// at after the same bytes: (len(a), len(b)) reached is a common key.
+func globsIntersect(a, b []globPos) bool {
+	n, m := len(a)+1, len(b)+1
+	if n*m > maxGlobProduct {
+		return true
+	}
+	seen := make([]bool, n*m)
+	stack := []int{0}
+	seen[0] = true
+	push := func(i, j int) {
+		if k := i*m + j; !seen[k] {
+			seen[k] = true
+			stack = append(stack, k)
+		}
+	}
+	for len(stack) > 0 {
+		k := stack[len(stack)-1]
+		stack = stack[:len(stack)-1]
+		i, j := k/m, k%m
+		if i == len(a) && j == len(b) {
+			return true
+		}
+		// A '*' may match nothing.
+		if i < len(a) && a[i].star {
+			push(i+1, j)
+		}
+		if j < len(b) && b[j].star {
+			push(i, j+1)
+		}
+		if i == len(a) || j == len(b) {
+			continue
+		}
+		// One byte both may take; a '*' takes any and stays.
+		sa, sb := a[i], b[j]
+		if sa.star {
+			sa = anyByte
+		}
+		if sb.star {
+			sb = anyByte
+		}
+		if sa.set[0]&sb.set[0] == 0 && sa.set[1]&sb.set[1] == 0 && sa.set[2]&sb.set[2] == 0 && sa.set[3]&sb.set[3] == 0 {
+			continue
+		}
+		ni, nj := i+1, j+1
+		if a[i].star {
+			ni = i
+		}
+		if b[j].star {
+			nj = j
+		}
+		push(ni, nj)
+	}
+	return false
+}
+
+// patternMayMatchLockKey reports whether a KEYS or SCAN MATCH glob may
+// match a key that matches one of the lock patterns.
+func (h *Handler) patternMayMatchLockKey(glob []byte) bool {
+	g := globPositions(glob)
+	for _, lp := range h.patterns {
+		if globsIntersect(g, globPositions([]byte(lp))) {
+			return true
+		}
+	}
+	return false
+}
+
+// longestLiteral is the longest run of plain bytes in a glob, which every
+// key it matches contains.
+func longestLiteral(g string) string {
+	var best, run []byte
+	end := func() {
+		if len(run) > len(best) {
+			best = append(best[:0], run...)
+		}
+		run = run[:0]
+	}
+	for i := 0; i < len(g); i++ {
+		switch c := g[i]; c {
+		case '*', '?':
+			end()
+		case '\\':
+			if i+1 < len(g) {
+				i++
+			}
+			run = append(run, g[i])
+		case '[':
+			end()
+			j := i + 1
+			if j < len(g) && g[j] == '^' {
+				j++
+			}
+			for j++; j < len(g) && g[j] != ']'; j++ {
+				if g[j] == '\\' {
+					j++
+				}
+			}
+			i = j
+		default:
+			run = append(run, c)
+		}
+	}
+	end()
+	return string(best)
+}
+
+// namesLockKey reports whether s, a string literal of a script, names a
+// key matching lock pattern lp or its beginning ('lock:' .. ARGV[1]): it
+// starts with the pattern's literal start and some lock key starts with
+// it. For a pattern whose literal start is empty ('*:lock:*'), whether it
+// contains the pattern's longest literal run.
+func namesLockKey(lp string, s []byte) bool {
+	if lit := globLiteral(lp); len(lit) > 0 {
+		if !bytes.HasPrefix(s, lit) {
+			return false
+		}
+		g := make([]globPos, 0, len(s)+1)
+		for _, c := range s {
+			var p globPos
+			p.add(c, c)
+			g = append(g, p)
+		}
+		return globsIntersect(globPositions([]byte(lp)), append(g, globPos{star: true}))
+	}
+	run := longestLiteral(lp)
+	return run != "" && bytes.Contains(s, []byte(run))
+}
+
+// luaStrings calls f with the contents of each string literal of a Lua
+// chunk ('…', "…", [[…]], [==[…]==]), escapes left as written, comments
+// skipped, until f returns true; it reports whether f did. A string left
+// open runs to the end of its line (a long one to the end of the chunk).
+func luaStrings(src []byte, f func([]byte) bool) bool {
+	// longOpen returns the level of a long bracket [=*[ at src[i], or -1.
+	longOpen := func(i int) int {
+		if i >= len(src) || src[i] != '[' {
+			return -1
+		}
+		j := i + 1
+		for j < len(src) && src[j] == '=' {
+			j++
+		}
+		if j < len(src) && src[j] == '[' {
+			return j - i - 1
+		}
+		return -1
+	}
+	// longBody returns the contents of the long bracket of level lvl
+	// opened at i, and where it ends.
+	longBody := func(i, lvl int) ([]byte, int) {
+		from := i + lvl + 2
+		closing := "]" + strings.Repeat("=", lvl) + "]"
+		k := bytes.Index(src[from:], []byte(closing))
+		if k < 0 {
+			return src[from:], len(src)
+		}
+		return src[from : from+k], from + k + len(closing)
+	}
+	for i := 0; i < len(src); {
+		switch c := src[i]; {
+		case c == '-' && i+1 < len(src) && src[i+1] == '-':
+			i += 2
+			if lvl := longOpen(i); lvl >= 0 {
+				_, i = longBody(i, lvl)
+				continue
+			}
+			for i < len(src) && src[i] != '\n' {
+				i++
+			}
+		case c == '\'' || c == '"':
+			j := i + 1
+			for j < len(src) && src[j] != c && src[j] != '\n' {
+				if src[j] == '\\' {
+					j++
+				}
+				j++
+			}
+			if f(src[i+1 : min(j, len(src))]) {
+				return true
+			}
+			i = j + 1
+		case c == '[':
+			lvl := longOpen(i)
+			if lvl < 0 {
+				i++
+				continue
+			}
+			body, end := longBody(i, lvl)
+			if f(body) {
+				return true
+			}
+			i = end
+		default:
+			i++
+		}
+	}
+	return false
+}
+
+// lockKeyOutsideKeys returns the refusal of a script whose ARGV or body
+// (nil when unknown) names a key matching lock_patterns, or "".
+// Transparent mode goes by a script's KEYS: a script that names its lock
+// key elsewhere is relayed to the upstream, where it would take another
+// key of the same name while the lock is held on the lock nodes, or, with
+// lock keys in KEYS, run on the nodes with that name used as it is,
+// outside lockproxy's key namespace: no one's lock either way. The body
+// is searched for string literals that name one ('lock:x', 'lock:' ..
+// ARGV[1]); like the redlock.key_prefix check it guards against
+// mistakes, and a script that builds the name at run time is not caught.
+func (h *Handler) lockKeyOutsideKeys(argv [][]byte, body []byte) string {
+	if len(h.patterns) == 0 {
+		return ""
+	}
+	const must = "; lock keys must be passed in KEYS, through which the lock nodes serve them"
+	for _, a := range argv {
+		if h.isLockKey(a) {
+			return "ERR transparent mode: the script's argument '" + relay.Clip(string(a)) +
+				"' is a lock key (matching lock_patterns)" + must
+		}
+	}
+	if !h.mayNameLockKey(body) {
+		return ""
+	}
+	var named []byte
+	luaStrings(body, func(lit []byte) bool {
+		for _, lp := range h.patterns {
+			if namesLockKey(lp, lit) {
+				named = lit
+				return true
+			}
+		}
+		return false
+	})
+	if named != nil {
+		return "ERR transparent mode: the script's string '" + relay.Clip(string(named)) +
+			"' names a lock key (matching lock_patterns)" + must
+	}
+	return ""
+}
+
+// mayNameLockKey reports whether body contains the text namesLockKey
+// looks for in its string literals: most bodies do not, and are not read
+// further.
+func (h *Handler) mayNameLockKey(body []byte) bool {
+	for _, lp := range h.patterns {
+		text := globLiteral(lp)
+		if len(text) == 0 {
+			text = []byte(longestLiteral(lp))
+		}
+		if len(text) > 0 && bytes.Contains(body, text) {
+			return true
+		}
+	}
+	return false
 }
 
 // onLockKeys reports whether transparent mode would serve args (a command

@@ -363,6 +363,33 @@ func scriptBody(name string, args [][]byte) []byte {
 	return nil
 }
 
+// ScriptBody is the Lua or function source that a command (name in lower
+// case) carries: EVAL's and EVAL_RO's script, SCRIPT LOAD's and FUNCTION
+// LOAD's body; nil for any other. EVALSHA carries none: only the caller
+// that remembers bodies by SHA1 knows it.
+func ScriptBody(name []byte, args [][]byte) []byte { return scriptBody(string(name), args) }
+
+// ScriptArgs returns the ARGV of EVAL, EVALSHA, FCALL and their _RO forms
+// (name in lower case), the arguments after numkeys keys, or nil for any
+// other command. A numkeys that is no count Redis accepts (the upstream
+// refuses the command) gives every argument after it: a false alarm on a
+// key beats a missed argument.
+func ScriptArgs(name []byte, args [][]byte) [][]byte {
+	switch string(name) {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+	default:
+		return nil
+	}
+	if len(args) < 3 {
+		return nil
+	}
+	n, err := strconv.Atoi(string(args[2]))
+	if err != nil || n < 0 || n > len(args)-3 {
+		return args[3:]
+	}
+	return args[3+n:]
+}
+
 // reservedKey returns the first key of the command under the lock prefix,
 // or nil.
 func (r *Relay) reservedKey(name string, args [][]byte) []byte {
