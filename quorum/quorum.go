@@ -53,8 +53,10 @@ type Request struct {
 	Mode  Mode
 	// WriterWait, for an exclusive request that will try again (LOCK …
 	// WAIT), asks nodes where the key is held to mark a writer waiting
-	// for this long, so that new readers queue behind it (writer
-	// preference across instances). Zero for a single attempt.
+	// for at most this long (a node ends the mark sooner, when the lease
+	// that refused it ends plus a grace), so that new readers queue
+	// behind it (writer preference across instances). Zero for a single
+	// attempt.
 	WriterWait time.Duration
 	// NoReentry: a node where the token already holds the key refuses,
 	// like SET NX, instead of adding a hold.

@@ -22,7 +22,10 @@ type Config struct {
 	Nodes  []NodeConfig
 	Quorum quorum.Config
 	// RetryMin and RetryMax bound the random delay between attempts while a
-	// LOCK waits: random so that contending clients fall out of step.
+	// LOCK waits and the lease that refused it is not known (or releases
+	// are not announced to it yet): random so that contending clients fall
+	// out of step. With the lease known, the waiter tries again when it
+	// ends, up to RetryMin later.
 	RetryMin, RetryMax time.Duration
 	// Quarantine keeps a node that restarted out of every quorum for
 	// MaxTTL plus drift, then re-seeds its fence counters from the other
@@ -99,6 +102,7 @@ func New(cfg Config) (*Backend, error) {
 	qnodes := make([]quorum.Node, len(cfg.Nodes))
 	for i, nc := range cfg.Nodes {
 		nc.Quarantine = period
+		nc.WriterMark = b.writerMark()
 		nc.MaxClockRateError = cfg.MaxClockRateError
 		if nc.Clock == nil {
 			nc.Clock = cfg.Quorum.Clock
@@ -109,7 +113,10 @@ func New(cfg Config) (*Backend, error) {
 		b.nodes = append(b.nodes, NewNode(nc))
 		b.nodes[i].onClock = b.updateDrift
 		qnodes[i] = b.nodes[i]
-		b.subs = append(b.subs, newSubscriber(b.nodes[i], b.waiters.watched, func(key string) { b.waiters.wake(key, i) }))
+		b.subs = append(b.subs, newSubscriberLive(b.nodes[i], b.waiters.watched,
+			func(key string) { b.waiters.wake(key, i) },
+			func(key string, on bool) { b.waiters.subscribed(key, i, on) },
+			func() { b.waiters.lost(i) }))
 	}
 	qc := cfg.Quorum
 	if prev := qc.ExtraDrift; prev != nil {
@@ -318,8 +325,22 @@ const earlyWake = 5 * time.Millisecond
 // none, whenever a majority of nodes announced a release of the key
 // (through whichever instance it was made), earlyWake after a release was
 // announced by fewer (a node's subscription is down or lagging), and
-// otherwise after a random delay in [RetryMin, RetryMax], which covers
-// expiries and missed announcements.
+// otherwise, for an expiry (never announced), when the lease of the hold
+// that refused its last attempt on a majority of nodes ends (see
+// refusals.until; a promoted head takes the lease of the grant before
+// it), up to RetryMin later so that waiters of several instances fall out
+// of step, and not before RetryMin. So a head makes about one attempt per
+// release however long the key stays held. Where no one hold refused it on
+// a majority (the votes were split between attempts, whose grants are
+// rolled back unannounced; nodes failed; a key without expiry), or no node
+// had confirmed the key's subscription when it tried (a release could go
+// unheard), it tries again after a random delay in [RetryMin, RetryMax],
+// as before leases were reported.
+//
+// A writer's refused attempts mark it waiting on the nodes (writer
+// preference); one that leaves without the lock takes its mark off them
+// (Node.Unmark) before the waiter behind it is signaled, so that a reader
+// behind it is not refused by the mark of a writer that is gone.
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
 	qreq := quorum.Request{Key: req.Key, Token: req.Token, TTL: req.TTL, Mode: quorum.Exclusive, NoReentry: req.NoReentry}
 	if req.Mode == backends.Read {
@@ -332,12 +353,24 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	deadline := time.NewTimer(req.Wait)
 	defer deadline.Stop()
 	w := b.join(req.Key, req.Mode == backends.Read)
-	granted := false
-	defer func() { b.leave(w, granted) }()
+	var (
+		granted   bool
+		heldUntil time.Time // the granted lease's end at the latest
+		marked    bool      // an attempt may have left this writer's mark
+		refused   bool      // an attempt of this writer was refused somewhere
+	)
+	defer func() {
+		if marked && !granted {
+			// Queued on the nodes before the next waiter is signaled,
+			// so its attempt finds the mark gone.
+			b.unmark(b.nodes, req.Key, req.Token)
+		}
+		b.leave(w, granted, heldUntil)
+	}()
 
 	err := backends.ErrNotAcquired
 	var retry *time.Timer
-	var retryC <-chan time.Time // nil until this waiter is the head
+	var retryC <-chan time.Time // nil while no retry is due
 	// A waiter that never reached the head returns ErrNotAcquired without
 	// having tried: first come, first served.
 	defer func() {
@@ -345,14 +378,30 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			retry.Stop()
 		}
 	}()
-	armRetry := func() {
-		delay := b.retryMin + rand.N(b.retryMax-b.retryMin+1)
+	// armRetry sets the fallback attempt for a key that may be free at
+	// until (zero: not known, or releases may go unheard).
+	armRetry := func(until time.Time) {
+		var delay time.Duration
+		if until.IsZero() {
+			delay = b.retryMin + rand.N(b.retryMax-b.retryMin+1)
+		} else {
+			if !until.Before(end) {
+				// Only a release frees the key before the WAIT ends,
+				// and releases are announced: no fallback.
+				if retry != nil {
+					retry.Stop()
+				}
+				retryC = nil
+				return
+			}
+			delay = max(time.Until(until)+rand.N(b.retryMin+1), b.retryMin)
+		}
 		if retry == nil {
 			retry = time.NewTimer(delay)
-			retryC = retry.C
 		} else {
 			retry.Reset(delay)
 		}
+		retryC = retry.C
 	}
 	for {
 		// Only the head is signaled, and only the head's retry timer runs.
@@ -360,7 +409,11 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		case <-w.turn:
 		case <-retryC:
 		case <-w.promoted:
-			armRetry()
+			var until time.Time
+			if b.waiters.hearsReleases(req.Key) {
+				until = b.waiters.promotion(w)
+			}
+			armRetry(until)
 			continue
 		case <-deadline.C:
 			return backends.Lease{}, err
@@ -369,27 +422,59 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		}
 		if qreq.Mode == quorum.Exclusive {
 			// Mark this writer waiting on the nodes until well after its
-			// next attempt, so readers on every instance queue behind it.
-			qreq.WriterWait = min(time.Until(end), b.writerMark())
+			// next attempt (see luaMarks), so readers on every instance
+			// queue behind it, but not past its WAIT.
+			qreq.WriterWait = time.Until(end)
+			marked = marked || qreq.WriterWait > 0
 		}
+		// Read before the attempt: a release after it is then announced.
+		heard := b.waiters.hearsReleases(req.Key)
+		rs := &refusals{}
+		started := time.Now()
 		var lease backends.Lease
-		lease, err = b.tryOnce(ctx, qreq)
+		lease, err = b.tryOnce(withRefusals(ctx, rs), qreq)
 		if err == nil {
 			granted = true
+			heldUntil = started.Add(req.TTL)
+			if qreq.WriterWait > 0 {
+				// The nodes that granted took this writer's mark off.
+				// Those that refused set it, also those whose refusal
+				// comes after the majority's grants (they take it off
+				// themselves: see refusals.won), and those that did not
+				// grant may keep one from an earlier attempt: a mark
+				// left keeps readers out until it ends.
+				b.unmark(rs.won(b.nodes, refused, req.Key, req.Token), req.Key, req.Token)
+			}
 			return lease, nil
 		}
 		if ctx.Err() != nil || errors.Is(err, backends.ErrUpgrade) {
 			return backends.Lease{}, err
 		}
+		refused = refused || rs.refusedAny()
 		b.watch(req.Key)
-		armRetry()
+		b.waiters.refused(req.Key)
+		until, ok := rs.until(b.q.Majority())
+		if !ok || !heard {
+			until = time.Time{}
+		}
+		armRetry(until)
 	}
 }
 
-// writerMark is how long a waiting writer's mark lasts on the nodes: three
-// of its longest retry delays, so the mark outlives the gap to the next
-// attempt, which renews it, and a writer that gave up stops holding
-// readers back soon after.
+// unmark takes token's waiting-writer mark on key off nodes, without
+// waiting for them (Node.Unmark).
+func (b *Backend) unmark(nodes []*Node, key, token string) {
+	for _, n := range nodes {
+		n.Unmark(key, token)
+	}
+}
+
+// writerMark is the margin by which a waiting writer's mark on the nodes
+// outlasts the lease that refused it (when its next attempt is due at the
+// latest): three of its longest retry delays, so the mark outlives the
+// gap to that attempt, which renews it, also where the lease was not
+// known, and a writer whose instance is gone stops holding readers back
+// soon after.
 func (b *Backend) writerMark() time.Duration { return max(3*b.retryMax, time.Second) }
 
 // join queues a waiter for key. One that joins behind another subscribes
@@ -411,9 +496,10 @@ func (b *Backend) watch(key string) {
 }
 
 // leave takes w out of its queue and, after the last waiter of a watched
-// key, unsubscribes the key's announcements.
-func (b *Backend) leave(w *waiter, granted bool) {
-	if b.waiters.leave(w, granted) {
+// key, unsubscribes the key's announcements. heldUntil is the end of a
+// granted w's lease, for the waiter promoted behind it.
+func (b *Backend) leave(w *waiter, granted bool, heldUntil time.Time) {
+	if b.waiters.leaveHeld(w, granted, heldUntil) {
 		b.updateSubscriptions(w.key)
 	}
 }

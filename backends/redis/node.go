@@ -56,6 +56,10 @@ type NodeConfig struct {
 	// proxy's clock) beyond which the node stops voting; 0 never takes it
 	// out.
 	MaxClockRateError float64
+	// WriterMark is how long a waiting writer's mark outlasts the lease
+	// that refused it (see luaMarks); the Backend sets it from its retry
+	// delays. 0 takes defaultMarkMargin.
+	WriterMark time.Duration
 }
 
 type opKind uint8
@@ -65,10 +69,11 @@ const (
 	opRaiseFence
 	opRelease
 	opExtend
+	opUnmark // a waiting writer's mark taken away (unmarkScript)
 	numOps
 )
 
-var opNames = [numOps]string{"acquire", "raise_fence", "release", "extend"}
+var opNames = [numOps]string{"acquire", "raise_fence", "release", "extend", "unmark"}
 
 // opResult is a node's answer to one op: n is 1/0 for a compare-and-act,
 // the fence (or acquireRefused, acquireUpgrade) for an acquire, whose hold
@@ -77,7 +82,13 @@ type opResult struct {
 	n       int64
 	holds   int64
 	counter int64 // a reentrant acquire's slot counter
-	err     error
+	// A refused acquire's lease: the ms left until the key may be free
+	// again unless released (see acquireScript), when leased; and who
+	// holds it (the holder's token, readMarker, or a waiting writer's).
+	lease  int64
+	leased bool
+	holder string
+	err    error
 }
 
 // Acquire answers other than a fence.
@@ -92,7 +103,7 @@ type op struct {
 	mode      quorum.Mode
 	noReentry bool
 	hold      quorum.Hold // which holds a release may remove
-	waitMs    int64       // writer-waiting mark to leave when refused, ms
+	waitMs    int64       // writer-waiting mark to leave when refused: at most this long, ms
 	token     string
 	ms        int64 // TTL in ms
 	slot      uint16
@@ -160,7 +171,13 @@ type Node struct {
 	// subscribePing, set by tests only, replaces subscribePingEvery for
 	// the subscribers made on this node.
 	subscribePing time.Duration
+	// markMargin is NodeConfig.WriterMark in ms.
+	markMargin int64
 }
+
+// defaultMarkMargin is a waiting writer's mark margin in ms on a Node
+// used without a Backend: the Backend's least (Backend.writerMark).
+const defaultMarkMargin = 1000
 
 // NewNode connects lazily to the node at cfg.Addr and starts its writers.
 func NewNode(cfg NodeConfig) *Node {
@@ -200,6 +217,10 @@ func NewNode(cfg NodeConfig) *Node {
 
 		maxRateError: cfg.MaxClockRateError,
 		tls:          nodeTLS(cfg.TLS, cfg.Addr),
+		markMargin:   defaultMarkMargin,
+	}
+	if cfg.WriterMark > 0 {
+		n.markMargin = max(1, cfg.WriterMark.Milliseconds())
 	}
 	n.client = goredis.NewClient(&goredis.Options{
 		Addr:     cfg.Addr,
@@ -322,7 +343,11 @@ func (n *Node) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGran
 		return quorum.NodeGrant{}, unsent(err)
 	}
 	o := n.acquireOp(req)
-	return acquireGrant(n.do(ctx, o))
+	r := n.do(ctx, o)
+	if r.n < 0 || req.WriterWait > 0 {
+		noteAnswer(ctx, n, r)
+	}
+	return acquireGrant(r)
 }
 
 func (n *Node) acquireOp(req quorum.Request) *op {
@@ -390,8 +415,42 @@ func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(q
 		return
 	}
 	o := n.acquireOp(req)
-	o.done = func(r opResult) { done(acquireGrant(r)) }
+	// Refusals, and a waiting writer's grants, are gathered for a LOCK …
+	// WAIT (see refusals): other grants, the hot path, skip the look-up.
+	writerWaits := req.WriterWait > 0
+	o.done = func(r opResult) {
+		if r.n < 0 || writerWaits {
+			noteAnswer(ctx, n, r)
+		}
+		done(acquireGrant(r))
+	}
 	n.start(ctx, o)
+}
+
+// Unmark takes the waiting writer token's mark on key off the node (see
+// unmarkScript), without waiting for the answer. It is queued before it
+// returns, unless the key's writer queue is full: an operation on the key
+// queued after it runs after it on the node. The node timeout bounds it.
+func (n *Node) Unmark(key, token string) {
+	o := n.newOp(opUnmark, key, token)
+	o.done = func(opResult) {}
+	o.start = time.Now()
+	o.deadline = o.start.Add(n.timeout)
+	n.closing.RLock()
+	defer n.closing.RUnlock()
+	if n.closed {
+		n.finish(o, opResult{err: unsent(errClosed)})
+		return
+	}
+	select {
+	case n.queue(o) <- o:
+	default:
+		go func() {
+			ctx, cancel := context.WithDeadline(context.Background(), o.deadline)
+			defer cancel()
+			n.enqueue(ctx, o)
+		}()
+	}
 }
 
 // StartRaiseFence implements quorum.AsyncNode.
@@ -785,12 +844,13 @@ func (n *Node) exec(w *writer, batch []*op) {
 	}
 }
 
-// failVotes answers every op of batch but the releases with err (the
-// reason the node may not vote) and returns the releases.
+// failVotes answers every op of batch but the releases (and unmarks,
+// which give up something too) with err (the reason the node may not
+// vote) and returns those.
 func (n *Node) failVotes(batch []*op, err error) []*op {
 	keep := batch[:0]
 	for _, o := range batch {
-		if o.kind == opRelease {
+		if o.kind == opRelease || o.kind == opUnmark {
 			keep = append(keep, o)
 			continue
 		}
@@ -821,7 +881,7 @@ type fenceWrite struct {
 	token string // lockf names the hold it is for
 	fence int64
 	ms    int64
-	mark  bool // clear lockw: a waiting writer was granted
+	mark  bool // take the granted waiting writer's mark off lockw
 	op    int  // the grant's place in its batch
 	gone  bool // the batch released the hold: only the mark is left to clear
 }
@@ -913,6 +973,15 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			n.addScript(c, scriptExtend, sha, o, keyWriterWaits, 3)
 			c.bulk(o.token)
 			c.bulkInt(o.ms)
+			c.bulk(readMarker)
+		case opUnmark:
+			// Always EVAL: a NOSCRIPT answer would send it again after
+			// the batch's other operations, among them the attempt of
+			// the waiter signaled after it, which must find the mark
+			// gone. It is rare enough for its source's bytes.
+			n.addScript(c, scriptUnmark, false, o, keyWriterWaits+1, 3)
+			c.bulk(o.token)
+			c.bulk3(n.prefix, "released:", o.base)
 			c.bulk(readMarker)
 		}
 	}
@@ -1038,13 +1107,14 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 	if len(held) > 0 {
 		for _, i := range held {
 			o := ops[i]
-			n.addScript(c, scriptAcquire, sha, o, numLockKeys, 6)
+			n.addScript(c, scriptAcquire, sha, o, numLockKeys, 7)
 			c.bulk(o.token)
 			c.bulkInt(o.ms)
 			c.bulkInt(int64(o.slot))
 			c.bulkInt(o.waitMs)
 			c.bulk(readMarker)
 			c.bulk(boolArg(o.noReentry))
+			c.bulkInt(n.markMargin)
 		}
 		if err := c.flush(); err != nil {
 			return fail(err)
@@ -1135,7 +1205,8 @@ func (n *Node) addReleaseArgs(c *nodeConn, o *op) {
 }
 
 // addFenceWrite adds SET lockf:<key> "<fence>,<token>" PX ms, and the
-// DEL of a granted writer's mark.
+// ZREM of a granted writer's mark (an older lockproxy's string mark
+// answers WRONGTYPE and stays: it is not this writer's).
 func (n *Node) addFenceWrite(c *nodeConn, fw fenceWrite) {
 	if !fw.gone {
 		c.begin(5)
@@ -1146,9 +1217,10 @@ func (n *Node) addFenceWrite(c *nodeConn, fw fenceWrite) {
 		c.bulkInt(fw.ms)
 	}
 	if fw.mark {
-		c.begin(2)
-		c.bulk("DEL")
+		c.begin(3)
+		c.bulk("ZREM")
 		c.bulk3(n.prefix, "lockw:", fw.base)
+		c.bulk(fw.token)
 	}
 }
 
@@ -1308,7 +1380,8 @@ func boolArg(b bool) string {
 var releaseHoldArg = [...]string{quorum.AnyHold: "", quorum.WriteHold: "w", quorum.ReadHold: "r"}
 
 // acquireResult reads an acquire script's answer: {fence, holds} or
-// {fence, holds, slot counter}, 0 or -1.
+// {fence, holds, slot counter} (granted), {-1, lease ms or -1, holder}
+// (refused), 0 (refused, lease unknown) or -1 (upgrade).
 func acquireResult(r *reply) opResult {
 	switch {
 	case r.err != nil:
@@ -1318,6 +1391,11 @@ func acquireResult(r *reply) opResult {
 			return opResult{n: acquireUpgrade}
 		}
 		return opResult{n: acquireRefused}
+	case r.kind == '*' && !r.null && len(r.arr) == 3 && r.arr[0].kind == ':' && r.arr[0].n == -1:
+		// A refusal: a grant's first element is a fence, never negative.
+		if l, h := &r.arr[1], &r.arr[2]; l.kind == ':' && l.n >= -1 && h.kind == '$' && !h.null {
+			return opResult{n: acquireRefused, lease: max(l.n, 0), leased: l.n >= 0, holder: string(h.s)}
+		}
 	case r.kind == '*' && !r.null && (len(r.arr) == 2 || len(r.arr) == 3):
 		var v [3]int64
 		ok := true

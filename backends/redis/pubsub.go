@@ -41,6 +41,13 @@ type subscriber struct {
 	pingEvery time.Duration         // subscribePingEvery
 	wanted    func(key string) bool // whether key is watched by local waiters
 	wake      func(key string)      // a release of key was seen
+	// live, when set, learns each subscription the node confirmed (on
+	// true) or ended (on false); lost, that the connection failed, and
+	// every subscription on it with it, until go-redis has subscribed
+	// again on a new one (confirmed again through live). A waiter relies
+	// on announcements only while its key's subscription is live.
+	live func(key string, on bool)
+	lost func()
 
 	mu    sync.Mutex
 	dirty map[string]struct{} // keys whose subscription may need a change
@@ -50,6 +57,12 @@ type subscriber struct {
 }
 
 func newSubscriber(n *Node, wanted func(string) bool, wake func(string)) *subscriber {
+	return newSubscriberLive(n, wanted, wake, nil, nil)
+}
+
+// newSubscriberLive is newSubscriber that also reports which
+// subscriptions are live (see subscriber.live and lost).
+func newSubscriberLive(n *Node, wanted func(string) bool, wake func(string), live func(string, bool), lost func()) *subscriber {
 	s := &subscriber{
 		ps:        n.client.Subscribe(context.Background()),
 		prefix:    n.prefix + "released:",
@@ -57,6 +70,8 @@ func newSubscriber(n *Node, wanted func(string) bool, wake func(string)) *subscr
 		pingEvery: cmp.Or(n.subscribePing, subscribePingEvery),
 		wanted:    wanted,
 		wake:      wake,
+		live:      live,
+		lost:      lost,
 		dirty:     map[string]struct{}{},
 		kick:      make(chan struct{}, 1),
 		stop:      make(chan struct{}),
@@ -170,10 +185,14 @@ func (s *subscriber) receive(done chan<- struct{}) {
 			err = s.ps.Ping(ctx)
 			cancel()
 			pinged = err == nil // a failed write makes go-redis redial
+			if err != nil {
+				s.connLost()
+			}
 			continue
 		}
 		pinged = false
 		if err != nil {
+			s.connLost()
 			t := time.NewTimer(pause)
 			select {
 			case <-s.stop:
@@ -185,10 +204,24 @@ func (s *subscriber) receive(done chan<- struct{}) {
 			continue
 		}
 		pause = subscribeRetryMin
-		if m, ok := msg.(*goredis.Message); ok {
+		switch m := msg.(type) {
+		case *goredis.Message:
 			if key, ok := strings.CutPrefix(m.Channel, s.prefix); ok {
 				s.wake(key)
 			}
+		case *goredis.Subscription:
+			// The node's confirmation: from now on it publishes the
+			// key's releases to us (or, unsubscribed, no longer).
+			if key, ok := strings.CutPrefix(m.Channel, s.prefix); ok && s.live != nil {
+				s.live(key, m.Kind == "subscribe")
+			}
 		}
+	}
+}
+
+// connLost reports that the subscription connection failed.
+func (s *subscriber) connLost() {
+	if s.lost != nil {
+		s.lost()
 	}
 }

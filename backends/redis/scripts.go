@@ -34,7 +34,9 @@ import (
 //	            earlier hold) counts as none.
 //	P lockr:k   sorted set: reader tokens scored by lease end (node ms)
 //	P lockrh:k  hash: reader token -> holds
-//	P lockw:k   string: a writer waits (PX); new readers queue behind it
+//	P lockw:k   sorted set: the tokens of writers waiting with WAIT,
+//	            scored by the node time their mark ends; while one has
+//	            not ended, new readers queue behind them (see luaMarks)
 //
 // Meta keys are written to expire with the lock key, but a late lockf, or
 // a lock key deleted by hand, can leave one behind for a while: lockf and
@@ -119,26 +121,86 @@ if #gone > 0 then
 end
 `
 
+// luaMarks reads and writes the waiting writers' marks (lockw). Each
+// writer has its own member, so one that leaves without the lock takes
+// only its own mark away (unmarkScript), and a granted one likewise. A
+// mark ends when its writer's next attempt is due at the latest (the end
+// of the lease that refused it) plus a margin (ARGV of the acquire
+// script), so it outlives the gap to that attempt, which renews it, and a
+// writer whose instance died holds readers back no longer than that. The
+// key itself expires with its last mark.
+//
+// A string in lockw is the one mark of an older lockproxy, for all its
+// writers (during a rolling upgrade): it counts until it expires by
+// itself, and a new mark keeps it as a member of its own (oldMark) ending
+// when it would have.
+const luaMarks = `
+local oldMark = '\0lockproxy:old-mark'
+local function nodeNow()
+  local t = redis.call('TIME')
+  return t[1] * 1000 + math.floor(t[2] / 1000)
+end
+-- markLeft is how long the first of the unexpired marks on wk lasts (ms,
+-- -1 when it does not expire) and whose it is, or nil when no writer
+-- waits.
+local function markLeft(wk, now)
+  local ty = redis.call('TYPE', wk).ok
+  if ty == 'none' then return nil end
+  if ty == 'zset' then
+    local m = redis.call('ZRANGEBYSCORE', wk, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    if #m == 0 then return nil end
+    return tonumber(m[2]) - now, m[1]
+  end
+  return redis.call('PTTL', wk), oldMark
+end
+-- mark sets tok's mark on wk to end at node time t, dropping the marks
+-- that ended.
+local function mark(wk, tok, now, t)
+  local ty = redis.call('TYPE', wk).ok
+  if ty == 'zset' then
+    redis.call('ZREMRANGEBYSCORE', wk, '-inf', now)
+  elseif ty ~= 'none' then
+    local p = redis.call('PTTL', wk)
+    redis.call('DEL', wk)
+    if p > 0 then redis.call('ZADD', wk, now + p, oldMark) end
+  end
+  redis.call('ZADD', wk, t, tok)
+  if redis.call('PTTL', wk) < t - now then redis.call('PEXPIRE', wk, t - now) end
+end
+-- unmark takes tok's mark off wk; it reports whether there was one. An
+-- older lockproxy's string mark is not this writer's: it stays.
+local function unmark(wk, tok)
+  local r = redis.pcall('ZREM', wk, tok)
+  return type(r) == 'number' and r > 0
+end
+`
+
 // acquireScript follows a failed SET NX PX (see Node.send), or runs alone.
 // A reentrant grant extends the lease to at least ARGV[2], never shortening
 // it.
 // KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms,
-// ARGV[3] slot, ARGV[4] writer-wait ms or 0, ARGV[5] readMarker, ARGV[6]
-// 1 to refuse reentry (SET NX's rule) or 0.
+// ARGV[3] slot, ARGV[4] writer-wait ms or 0 (the most its mark may last:
+// what is left of its WAIT), ARGV[5] readMarker, ARGV[6] 1 to refuse
+// reentry (SET NX's rule) or 0, ARGV[7] the mark's margin in ms.
 // Returns {fence, holds} when granted, or {stored fence or 0, holds, slot
 // counter} for a reentrant grant (the token already holds it: one more
-// hold, the lease reset), 0 when held by another, -1 when the token holds
-// it for reading (upgrade). A refused writer that will wait marks itself
-// on the node (lockw) so new readers stop joining.
+// hold, the lease reset), {-1, ms, holder} when held by another, ms the
+// lock key's PTTL (the holder's lease, or the longest reader's: when the
+// key may be free again unless released first; -1 when it does not
+// expire) and holder the lock key's value (the holder's token, or
+// readMarker), and -1 when the token holds it for reading (upgrade). A
+// refused writer that will wait marks itself on the node (lockw) until
+// that lease's end plus the margin, at most ARGV[4], so new readers stop
+// joining; a granted one takes its mark away.
 //
 // A reentrant grant sets the meta keys' expiries before the lock key's,
 // so that they never outlive it.
-const acquireScript = luaMeta + `
+const acquireScript = luaMeta + luaMarks + `
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local f = redis.call('HINCRBY', KEYS[7], ARGV[3], 1)
   redis.call('SET', KEYS[2], f .. ',' .. ARGV[1], 'PX', ARGV[2])
   redis.call('DEL', KEYS[3])
-  if ARGV[4] ~= '0' then redis.call('DEL', KEYS[6]) end
+  if ARGV[4] ~= '0' then unmark(KEYS[6], ARGV[1]) end
   return {f, 1}
 end
 local v = redis.call('GET', KEYS[1])
@@ -162,6 +224,7 @@ if v == ARGV[1] and ARGV[6] ~= '1' then
   redis.call('PEXPIRE', KEYS[2], ms)
   putmeta(KEYS[3], h, r, ARGV[1], 'PX', ms)
   redis.call('PEXPIRE', KEYS[1], ms)
+  if ARGV[4] ~= '0' then unmark(KEYS[6], ARGV[1]) end
   -- The fence is 0 when the hold's fence is not stored here (its SET is
   -- still on its way, or was lost with the grant's answer): the quorum
   -- takes the other nodes' fence, or this slot counter, which is at
@@ -174,28 +237,38 @@ if v == ARGV[5] then
     if tonumber(s) > now then return -1 end
   end
 end
+local left = redis.call('PTTL', KEYS[1])
 -- Only a writer refused because another token holds the key waits: an
 -- upgrade is refused for good, and its mark would turn readers away.
-if ARGV[4] ~= '0' then redis.call('SET', KEYS[6], '1', 'PX', ARGV[4]) end
-return 0
+if ARGV[4] ~= '0' then
+  local now = nodeNow()
+  mark(KEYS[6], ARGV[1], now, now + math.min(tonumber(ARGV[4]), math.max(left, 0) + tonumber(ARGV[7])))
+end
+return {-1, left, v}
 `
 
 // readScript: KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms, ARGV[3]
-// slot, ARGV[4] readMarker. Returns {fence, holds} when granted, 0 when a
-// writer holds the key or waits for it. Each reader's lease is its own
-// score; the lock key lives as long as the longest. The write holder may
+// slot, ARGV[4] readMarker. Returns {fence, holds} when granted,
+// {-1, ms, holder} when a writer holds the key (ms its lease left and
+// holder its token, as acquireScript's) or waits for it (ms what is left
+// of the first waiting writer's mark, which lasts until that writer's
+// next attempt is due, and holder that writer's token). Each reader's
+// lease is its own score; the lock key lives as long as the longest. The write holder may
 // take a read hold too (a downgrade, flagged in its lockm). The fence is
 // the slot's counter (for a downgrade, the write hold's, or the counter
 // while it is not stored here): at least that of every earlier write.
-const readScript = luaMeta + luaNow + `
+const readScript = luaMeta + luaMarks + luaNow + `
 local v = redis.call('GET', KEYS[1])
-if v and v ~= ARGV[4] and v ~= ARGV[1] then return 0 end
+if v and v ~= ARGV[4] and v ~= ARGV[1] then return {-1, redis.call('PTTL', KEYS[1]), v} end
 if not v then
   redis.call('DEL', KEYS[4], KEYS[5])
 else` + luaPrune + `
 end
 local mine = redis.call('ZSCORE', KEYS[4], ARGV[1])
-if not mine and v ~= ARGV[1] and redis.call('EXISTS', KEYS[6]) == 1 then return 0 end
+if not mine and v ~= ARGV[1] then
+  local left, who = markLeft(KEYS[6], now)
+  if left then return {-1, left, who} end
+end
 -- A reader's reentry never shortens its lease (see acquireScript).
 if not mine or tonumber(mine) < now + tonumber(ARGV[2]) then
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
@@ -466,6 +539,27 @@ local h = meta(fm[2], v)
 return {v, redis.call('PTTL', KEYS[1]), f, h, now, readers, holds, counter}
 `
 
+// unmarkScript takes a waiting writer's mark off the node when it leaves
+// without the lock (its WAIT ran out, its client went away) or was
+// granted without this node. KEYS the lock keys (first six); ARGV[1]
+// token, ARGV[2] release channel, ARGV[3] readMarker. Returns 1 when the
+// token had a mark here. When that was the last mark and no writer holds
+// the key, readers may now be let in: that is announced on the channel
+// like a release (only where someone listens, as releaseScript does), so
+// readers waiting on every instance try at once rather than when the mark
+// would have ended.
+const unmarkScript = luaMarks + `
+if not unmark(KEYS[6], ARGV[1]) then return 0 end
+local v = redis.call('GET', KEYS[1])
+if (v and v ~= ARGV[3]) or markLeft(KEYS[6], nodeNow()) then return 1 end
+local subs
+if redis.pcall('PUBSUB', 'NUMPAT') == 0 then
+  subs = redis.pcall('PUBSUB', 'NUMSUB', ARGV[2])
+end
+if not subs or subs.err or subs[2] > 0 then redis.pcall('PUBLISH', ARGV[2], '') end
+return 1
+`
+
 // seedFenceScript: KEYS[1] fence hash; ARGV field, value pairs. Raises
 // each field to at least its value, in one call, so a counter never goes
 // down even if acquires run on the node meanwhile. It re-seeds a node that
@@ -496,6 +590,7 @@ var (
 	scriptRelease    = newScript(releaseScript)
 	scriptExtend     = newScript(extendScript)
 	scriptInfo       = newScript(infoScript)
+	scriptUnmark     = newScript(unmarkScript)
 )
 
 // Script is a lock script's source and the SHA1 lockproxy sends in

@@ -1,7 +1,9 @@
 package redis
 
 import (
+	"context"
 	"math/bits"
+	"slices"
 	"sync"
 	"time"
 )
@@ -19,6 +21,15 @@ import (
 // is contended: a waiter joined behind another, or an attempt failed. A
 // LOCK … WAIT granted at its first attempt, alone, costs the nodes no
 // subscription.
+//
+// The head does not poll while the key stays held: between announced
+// releases it tries again only when the lease that refused it ends (an
+// expiry is not announced). That is sound only while the announcements
+// reach it, so the queues also track which nodes confirmed the key's
+// subscription (live): an attempt made while none had is followed by the
+// short retry instead, and the first confirmation (at the start, or after
+// every node's subscription was lost) signals the head to try once more,
+// for a release it may have missed meanwhile.
 type waitQueues struct {
 	// need is how many nodes' announcements make a release: a majority,
 	// since before that the key is still held on a majority and an
@@ -32,6 +43,10 @@ type waitQueues struct {
 	mu    sync.Mutex
 	keys  map[string]*waitQueue
 	total int // waiters over all keys
+	// live has, per key, a bit per node whose subscription to the key's
+	// announcements the node confirmed and that has not ended or been
+	// lost since. It outlives the key's queue: the subscription may too.
+	live map[string]uint64
 }
 
 type waitQueue struct {
@@ -77,10 +92,14 @@ type waiter struct {
 	queued bool
 	// read is set for RLOCK: readers at the head are let in together.
 	read bool
+	// heldUntil, set with a promotion, is when the lease of the waiter
+	// granted before it ends (at the latest: its TTL from the start of its
+	// attempt), or zero.
+	heldUntil time.Time
 }
 
 func newWaitQueues(need int, soon time.Duration) *waitQueues {
-	return &waitQueues{need: max(need, 1), soon: soon, keys: map[string]*waitQueue{}}
+	return &waitQueues{need: max(need, 1), soon: soon, keys: map[string]*waitQueue{}, live: map[string]uint64{}}
 }
 
 // join queues a waiter for key at the tail. A waiter that finds the queue
@@ -130,6 +149,12 @@ func (qs *waitQueues) watch(key string) bool {
 // at the head of a queue share the lock and a writer behind them waits.
 // unwatch reports whether the key was watched and has no waiters any more.
 func (qs *waitQueues) leave(w *waiter, granted bool) (unwatch bool) {
+	return qs.leaveHeld(w, granted, time.Time{})
+}
+
+// leaveHeld is leave, where a granted w's lease ends at heldUntil: a
+// waiter promoted to the head learns it (see promotion).
+func (qs *waitQueues) leaveHeld(w *waiter, granted bool, heldUntil time.Time) (unwatch bool) {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
 	if !w.queued {
@@ -159,6 +184,7 @@ func (qs *waitQueues) leave(w *waiter, granted bool) (unwatch bool) {
 	case wasHead && granted && w.read && q.head.read:
 		signal(q.head)
 	case wasHead && granted:
+		q.head.heldUntil = heldUntil
 		select {
 		case q.head.promoted <- struct{}{}:
 		default:
@@ -217,6 +243,81 @@ func (qs *waitQueues) signalEarly(key string, q *waitQueue, gen uint64) {
 	signal(q.head)
 }
 
+// refused notes that the head's attempt on key was refused: the
+// announcements heard so far are of releases that attempt has seen (or
+// may have: those that came during it), and every one that comes from now
+// on counts afresh. Without this, a release whose announcements complete
+// no new majority (the bits of its nodes were set, in no order, by an
+// earlier release's) would wake nobody, and the head, which no longer
+// polls, would sleep until the lease end. A late announcement of a
+// release already seen costs one more attempt. An early signal pending
+// stays: it may be for a release during the attempt.
+func (qs *waitQueues) refused(key string) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	if q := qs.keys[key]; q != nil {
+		q.heard = 0
+	}
+}
+
+// promotion is when the lease of the grant that made w the head ends, or
+// zero when unknown.
+func (qs *waitQueues) promotion(w *waiter) time.Time {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	return w.heldUntil
+}
+
+// liveBit is node's bit in live: nodes past 63 share the last.
+func liveBit(node int) uint64 { return 1 << min(max(node, 0), 63) }
+
+// subscribed records that node confirmed (on) or ended its subscription
+// to key's announcements. The first node to confirm, while none had,
+// signals the head: a release before then went unheard, and the head may
+// be sleeping until a lease end.
+func (qs *waitQueues) subscribed(key string, node int, on bool) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	was := qs.live[key]
+	now := was &^ liveBit(node)
+	if on {
+		now |= liveBit(node)
+	}
+	if now == 0 {
+		delete(qs.live, key)
+	} else {
+		qs.live[key] = now
+	}
+	if was == 0 && now != 0 {
+		if q := qs.keys[key]; q != nil && q.head != nil {
+			signal(q.head)
+		}
+	}
+}
+
+// lost records that node's subscription connection failed, and every
+// subscription on it with it.
+func (qs *waitQueues) lost(node int) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	for key, m := range qs.live {
+		if m &^= liveBit(node); m == 0 {
+			delete(qs.live, key)
+		} else {
+			qs.live[key] = m
+		}
+	}
+}
+
+// hearsReleases reports whether a release of key is announced to this
+// instance now: at least one node confirmed its subscription, and it was
+// not lost since.
+func (qs *waitQueues) hearsReleases(key string) bool {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	return qs.live[key] != 0
+}
+
 // watched reports whether key has waiters and is contended.
 func (qs *waitQueues) watched(key string) bool {
 	qs.mu.Lock()
@@ -258,4 +359,133 @@ func signal(w *waiter) {
 	case w.turn <- struct{}{}:
 	default:
 	}
+}
+
+// refusals gathers, for one attempt of a LOCK … WAIT, what the nodes that
+// refused it said (noteAnswer, through the attempt's context: the quorum
+// passes their answers on in its own terms, which have no lease): which
+// nodes refused, who holds the key on each, and when that hold ends; and
+// for a writer's, which nodes granted. A
+// failed attempt has all its answers in by the time the quorum returns: it
+// rolls back every node that did not refuse, and waits for that, which
+// comes after the node's answer.
+type refusals struct {
+	mu      sync.Mutex
+	nodes   []*Node // every node that refused
+	granted []*Node // every node that granted
+	// wasGranted is set with key and token once the writer's attempt was
+	// granted (won): a refusal that comes later takes its mark off at
+	// once.
+	wasGranted bool
+	key, token string
+	// holds has, per holder, how many refusals told its lease, and the
+	// earliest end among them.
+	holds map[string]heldBy
+}
+
+type heldBy struct {
+	nodes int
+	end   time.Time
+}
+
+type refusalsKey struct{}
+
+// withRefusals is ctx, whose acquire refusals rs gathers.
+func withRefusals(ctx context.Context, rs *refusals) context.Context {
+	return context.WithValue(ctx, refusalsKey{}, rs)
+}
+
+// noteAnswer adds node n's answer r to an acquire (a refusal, or a grant
+// of a waiting writer's) to the refusals gathered through ctx, if ctx
+// gathers them.
+func noteAnswer(ctx context.Context, n *Node, r opResult) {
+	if r.err != nil || (r.n < 0 && r.n != acquireRefused) {
+		return
+	}
+	rs, ok := ctx.Value(refusalsKey{}).(*refusals)
+	if !ok {
+		return
+	}
+	if r.n >= 0 {
+		rs.mu.Lock()
+		rs.granted = append(rs.granted, n)
+		rs.mu.Unlock()
+		return
+	}
+	end := time.Now().Add(time.Duration(r.lease) * time.Millisecond)
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.nodes = append(rs.nodes, n)
+	if rs.wasGranted {
+		// Queued behind the attempt on the node, so it finds its mark.
+		n.Unmark(rs.key, rs.token)
+		return
+	}
+	if !r.leased {
+		return
+	}
+	if rs.holds == nil {
+		rs.holds = map[string]heldBy{}
+	}
+	h := rs.holds[r.holder]
+	if h.nodes == 0 || end.Before(h.end) {
+		h.end = end
+	}
+	h.nodes++
+	rs.holds[r.holder] = h
+}
+
+// until is when the key may be free again unless it is released first:
+// the earliest end of the hold that refused the attempt on at least
+// majority nodes (a write holder, the readers, a waiting writer's marks
+// for a reader). The earliest is the safe choice: trying early costs an
+// attempt, which tells the lease again, where trying late would leave the
+// lock free for nothing after an expiry. Such a hold ends by a release,
+// which is announced, or by that lease's end. It reports false when no
+// one holder refused on a majority: the votes were split between
+// attempts (this one and another instance's, say), or stale holds on a
+// minority of nodes joined a competing attempt's, and those are rolled
+// back without an announcement, so the leases they tell may be gone long
+// before they end; or too few refusals told a lease (nodes failed, a key
+// without expiry).
+func (rs *refusals) until(majority int) (time.Time, bool) {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for _, h := range rs.holds {
+		if h.nodes >= majority {
+			return h.end, true
+		}
+	}
+	return time.Time{}, false
+}
+
+// refusedAny reports whether a node refused, so far.
+func (rs *refusals) refusedAny() bool {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	return len(rs.nodes) > 0
+}
+
+// won notes that the attempt, a waiting writer's (key, token), was
+// granted, and returns the nodes whose mark of it must be taken off now:
+// those that refused so far, or, when an earlier attempt was refused
+// (before), every node of all that has not granted this one (an earlier
+// mark may be there). A refusal that comes from now on takes its own off
+// (noteAnswer): one that came after the majority's grants, after the
+// caller was answered, and whose mark would otherwise hold readers back
+// until it ends.
+func (rs *refusals) won(all []*Node, before bool, key, token string) []*Node {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	rs.wasGranted, rs.key, rs.token = true, key, token
+	if !before {
+		return append([]*Node(nil), rs.nodes...)
+	}
+	var out []*Node
+	for _, n := range all {
+		if !slices.Contains(rs.granted, n) {
+			out = append(out, n)
+		}
+	}
+	return out
 }

@@ -82,8 +82,9 @@ func TestWaitWokenAcrossInstances(t *testing.T) {
 		}
 		t.Logf("grant on B after an UNLOCK through A, per trial: %v", delays)
 		sort.Slice(delays, func(i, j int) bool { return delays[i] < delays[j] })
-		// B's own retry comes every 20-200 ms: a median this low means it
-		// was woken.
+		// Without the release's announcement B would try again only when
+		// A's lease ended (or every 20-200 ms where that is unknown): a
+		// median this low means it was woken.
 		if median := delays[trials/2]; median >= 50*time.Millisecond {
 			t.Errorf("median delay %v from an UNLOCK through A to the grant on B; want < 50ms", median)
 		} else {
@@ -249,7 +250,8 @@ func TestWaitDisconnectLeavesQueue(t *testing.T) {
 			t.Fatalf("UNLOCK %q = %v; want :1", key, got)
 		}
 		// The waiter that went away must not take the free lock: give a
-		// retry (20-200 ms) several chances, then check every node.
+		// retry (the release's announcement, or 20-200 ms) several
+		// chances, then check every node.
 		time.Sleep(500 * time.Millisecond)
 		for i := range cl.nodes {
 			if v, ok := cl.lockValue(t, i, key); ok {
@@ -300,7 +302,9 @@ func TestWaitExpiryAfterHandover(t *testing.T) {
 		if err != nil {
 			t.Fatalf("LOCK %q WAIT 10000 behind an expiring grant = %v; want a grant (%v)", key, r, err)
 		}
-		// The lease runs 300 ms; the retry comes every 20-200 ms.
+		// The lease runs 300 ms; the head tries again when it ends (the
+		// refusal tells it how long is left), or every 20-200 ms where
+		// that is unknown.
 		waited := time.Since(granted)
 		t.Logf("granted %v after the expiring grant", waited)
 		if waited > 3*time.Second {

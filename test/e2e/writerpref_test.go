@@ -182,8 +182,9 @@ wait:
 	// fence writes that follow a grant (at the head of the node's next
 	// batch, or alone right after: see Node.work), so a direct look at the
 	// nodes may come just before. Within 250 ms it must be gone from a
-	// majority: the mark's own lease (1 s, renewed by each failed
-	// attempt) cannot have run out by then.
+	// majority: the writer's own mark (which lasts until the refusing
+	// lease ends plus a second, at most its WAIT) cannot have run out by
+	// then, so only the grant's ZREM can have taken it off.
 	if err := eventually(25, 10*time.Millisecond, func() error {
 		if n := cl.markedNodes(t, key); n > len(cl.nodes)/2 {
 			return fmt.Errorf("writer's mark on %d of %d nodes 250 ms after its grant; want it cleared on a majority", n, len(cl.nodes))
