@@ -77,11 +77,13 @@ type Backend struct {
 	timers  sync.WaitGroup // lease timers armed or running
 
 	// Set by tests only, before use: run before a waiter sets its watch on
-	// its blocker, before a reentry changes the held node, and before a
-	// grant rewrites its node to wake a LOCK with the same token.
+	// its blocker, before a reentry changes the held node, before a grant
+	// rewrites its node to wake a LOCK with the same token, and between a
+	// reentry's or renewal's write and its written.
 	testBeforeWatch   func(blocker string)
 	testBeforeReenter func()
 	testBeforeWake    func()
+	testBeforeWritten func()
 }
 
 // ownedNode is a granted lock node this instance created, whose lease it
@@ -100,6 +102,9 @@ type ownedNode struct {
 	// abandoned: a node of a gave-up waiter whose delete failed (see
 	// abandon); no hold, no key or token, only to be deleted.
 	abandoned bool
+	// changing counts the reentries and renewals this instance has in
+	// flight on the node (see Backend.changing).
+	changing int
 }
 
 // Errors.

@@ -525,7 +525,7 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 				return backends.Lease{}, err
 			}
 			if bl.name == "" {
-				lease, err := b.granted(ctx, req, path, t0, kids, idx)
+				lease, err := b.granted(ctx, req, path, want, t0, kids, idx)
 				granted = err == nil
 				return lease, err
 			}
@@ -796,74 +796,127 @@ func (b *Backend) abandonByNonce(dir, prefix string) {
 	}
 }
 
-// granted completes a first grant of the node at path, kids[idx]: reads
-// the node's czxid (the fence) and starts enforcing its lease.
-func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path string, t0 time.Time, kids []child, idx int) (backends.Lease, error) {
-	g, ok, err := b.get(ctx, path)
-	if err != nil {
-		return backends.Lease{}, err
-	}
-	if !ok {
-		return backends.Lease{}, noQuorum("lock node lost", errNodeGone)
-	}
-	v := b.validity(req.TTL, t0)
-	if v <= 0 {
-		return backends.Lease{}, backends.ErrNotAcquired
-	}
-	if laterOfToken(kids, idx) {
-		// Another LOCK with this token queued behind this one waits for a
-		// change to this node (see Lock): the grant makes it a reentry.
-		if st := b.wake(ctx, path, g); st != nil {
-			g.stat = st
-		}
-	}
-	o := &ownedNode{path: path, key: req.Key, token: req.Token, czxid: g.stat.Czxid, data: g.data,
-		version: g.stat.Version, mtime: g.stat.Mtime}
+// granted completes a first grant of the node at path, kids[idx], made
+// with data want: starts enforcing its lease, reads the node's czxid (the
+// fence) and answers. It makes one round trip (the read): a LOCK with this
+// token queued behind the node is woken in the background (see wake).
+//
+// The node may have been reentered before the grant completes: another
+// LOCK with this token (through this instance or another) finds it held as
+// soon as nothing blocks it, and adds its hold and, maybe, a longer lease,
+// on which the validity it answered counts. The node is therefore tracked
+// before it is read: such a change is either made before the read, which
+// sees it, or recorded by written once the node is tracked, never neither;
+// and the timer ends the node no sooner than the lease the read finds.
+func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path string, want lockData, t0 time.Time, kids []child, idx int) (backends.Lease, error) {
+	o := &ownedNode{path: path, key: req.Key, token: req.Token, data: want}
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
 		return backends.Lease{}, errClosed
 	}
 	b.owned[path] = o
-	b.byToken[heldKey{req.Key, req.Token}] = o
 	b.armUntilLocked(o, t0.Add(req.TTL))
 	b.mu.Unlock()
-	return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(g.stat.Czxid), Holds: 1}, nil
+
+	g, ok, err := b.get(ctx, path)
+	if err == nil && !ok {
+		err = noQuorum("lock node lost", errNodeGone)
+	}
+	if err != nil {
+		// Lock abandons the node: deleted unless reentered meanwhile,
+		// whose lease the abandoned node's timer then enforces.
+		b.forget(path)
+		return backends.Lease{}, fmt.Errorf("zookeeper: reading the granted lock node: %w", err)
+	}
+	read := time.Now()
+
+	b.mu.Lock()
+	switch {
+	case b.closed:
+		b.mu.Unlock()
+		return backends.Lease{}, errClosed
+	case b.owned[path] != o:
+		// The session expired (the node went with it), or the lease ran
+		// out while it was read.
+		b.mu.Unlock()
+		return backends.Lease{}, noQuorum("lock node lost", errNodeGone)
+	}
+	if g.stat.Version >= o.version {
+		// Unless a later change made here is recorded already (written),
+		// made to this data: it raised the timer itself.
+		o.data, o.version, o.mtime = g.data, g.stat.Version, g.stat.Mtime
+	}
+	o.czxid = g.stat.Czxid
+	if g.stat.Version > 0 {
+		// Reentered before this grant (this instance never changes a
+		// waiting node): the node's lease, as read, may end later than
+		// this grant's. Its start may be on another host's clock, behind
+		// or ahead of this one: the timer counts it from when it was read
+		// (no sooner than it began) and as stored, whichever ends later.
+		// For the timer a later end is the safe side: it deletes the node.
+		stored := later(read.Add(g.data.ttl), g.data.leaseStart(g.stat).Add(g.data.ttl))
+		if stored.After(o.end) {
+			b.disarmLocked(o)
+			b.armUntilLocked(o, stored)
+		}
+	}
+	// Counted after the read, this grant's last round trip: nothing after
+	// it is waited for.
+	v := b.validity(req.TTL, t0)
+	if v <= 0 && o.version == 0 {
+		// Not reentered: Lock deletes the node.
+		b.forgetLocked(o)
+		b.mu.Unlock()
+		return backends.Lease{}, backends.ErrNotAcquired
+	}
+	// A reentered node keeps this grant's hold, as a reentry keeps its
+	// own: the least positive validity is reported rather than none.
+	b.byToken[heldKey{req.Key, req.Token}] = o
+	b.mu.Unlock()
+
+	if laterOfToken(kids, idx) {
+		// Another LOCK with this token queued behind this one waits for a
+		// change to this node (see Lock): the grant makes it a reentry.
+		b.wake(path, g)
+	}
+	// The token's holds of this kind in the node as read: a reentry made
+	// before the grant counts.
+	holds := g.data.write
+	if req.Mode == backends.Read {
+		holds = g.data.read
+	}
+	return backends.Lease{Token: req.Token, Validity: max(v, time.Millisecond), Fence: uint64(g.stat.Czxid), Holds: max(holds, 1)}, nil
 }
 
 // wake rewrites the data of the granted node at path as read (g), which
 // fires the watch of a LOCK with the same token queued behind it: the
-// grant makes that LOCK a reentry. It returns the node's stat after the
-// write, nil when the write failed. That LOCK would then wait until its
-// WAIT ends, nothing else changing the node: unless the failure says the
-// node changed or went (which fired the watch), the write is tried again
-// in the background (see wakeLater).
-func (b *Backend) wake(ctx context.Context, path string, g got) *zk.Stat {
-	if b.testBeforeWake != nil {
-		b.testBeforeWake()
-	}
+// grant makes that LOCK a reentry. The write is made in the background:
+// the grant's validity and lease must not depend on a second round trip,
+// which a stalled connection can hold up for seconds after the lease was
+// armed and the validity counted. A change to the node meanwhile fires the
+// watch too, and fails the write (its version).
+func (b *Backend) wake(path string, g got) {
 	data, version := g.data.encode(), g.stat.Version
 	set := func(ctx context.Context) (*zk.Stat, error) {
 		return call(ctx, func() (*zk.Stat, error) { return b.conn.Set(path, data, version) })
 	}
-	st, err := set(ctx)
-	switch {
-	case err == nil:
-		return st
-	case errors.Is(err, zk.ErrBadVersion), errors.Is(err, zk.ErrNoNode):
-		return nil
-	}
-	b.log.Debug("zookeeper: could not tell a LOCK with the same token of the grant yet; retrying", zap.Error(err))
-	go b.wakeLater(path, version, set)
-	return nil
+	hook := b.testBeforeWake // read here: a test resets it once the grant is answered
+	go func() {
+		if hook != nil {
+			hook()
+		}
+		b.wakeLater(path, version, set)
+	}()
 }
 
-// wakeLater retries wake's write, at the node's data version as granted,
+// wakeLater makes wake's write, at the node's data version as granted,
 // with a context of its own (the grant's may be done: its client gone),
 // whenever the session is on a server (the connection may have dropped),
 // until it is made, the node changed or went, or the session expired or
 // the backend closed (the node then goes, which fires the watch); for a
-// few session timeouts at most, as abandonByNonce.
+// few session timeouts at most, as abandonByNonce. That LOCK would
+// otherwise wait until its WAIT ends, nothing else changing the node.
 func (b *Backend) wakeLater(path string, version int32, set func(context.Context) (*zk.Stat, error)) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*b.cfg.SessionTimeout)
 	defer cancel()
@@ -885,6 +938,7 @@ func (b *Backend) wakeLater(path string, version int32, set func(context.Context
 				errors.Is(err, zk.ErrSessionExpired):
 				return
 			}
+			b.log.Debug("zookeeper: could not tell a LOCK with the same token of the grant yet; retrying", zap.Error(err))
 		}
 		if errors.Is(b.usable(), errClosed) {
 			return
@@ -943,10 +997,17 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 		// LOCK with this token while this one was on its way): restarting
 		// it at t0 would end it early.
 		d = d.raised(n.stat, t0, req.TTL)
+		done := b.changing(n.path)
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
+		if err == nil {
+			if b.testBeforeWritten != nil {
+				b.testBeforeWritten()
+			}
+			b.written(n.path, n.data, d, st, leaseRaised, t0.Add(req.TTL))
+		}
+		done()
 		switch {
 		case err == nil:
-			b.written(n.path, n.data, d, st, leaseRaised, t0.Add(req.TTL))
 			// Counted from t0, before the write was sent, for req.TTL: no
 			// more than the lease now stored, which ends no sooner.
 			v := b.validityOf(n, req.TTL, t0)
@@ -1029,6 +1090,31 @@ func (b *Backend) written(path string, prev, d lockData, st *zk.Stat, how leaseC
 	b.disarmLocked(o)
 	if !b.closed {
 		b.armUntilLocked(o, end)
+	}
+}
+
+// changing marks a reentry or renewal about to be written to the node at
+// path, when this instance enforces its lease, until done is called (after
+// written). A change that keeps the node's stored lease (lockData.raised)
+// changes its version without restarting it; the lease timer, firing
+// between that change and its written, would take it for a change that
+// left the lease ended (see leaseEnded) and delete the node. Yet the
+// stored lease may have been started through an instance whose clock is
+// ahead of this one: it ends, as stored, later than this timer, and the
+// change may have been judged to fit in it with a validity past the timer's
+// end, which only its written moves.
+func (b *Backend) changing(path string) (done func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	o := b.owned[path]
+	if o == nil {
+		return func() {}
+	}
+	o.changing++
+	return func() {
+		b.mu.Lock()
+		o.changing--
+		b.mu.Unlock()
 	}
 }
 
@@ -1171,10 +1257,17 @@ func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl 
 		} else {
 			d.ttl, d.startMS = ttl, t0.UnixMilli()
 		}
+		done := b.changing(n.path)
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
+		if err == nil {
+			if b.testBeforeWritten != nil {
+				b.testBeforeWritten()
+			}
+			b.written(n.path, n.data, d, st, how, t0.Add(ttl))
+		}
+		done()
 		switch {
 		case err == nil:
-			b.written(n.path, n.data, d, st, how, t0.Add(ttl))
 			// A renewal that leaves no validity still renewed: report the
 			// least positive validity rather than "not held".
 			return max(b.validityOf(n, ttl, t0), time.Millisecond), nil
@@ -1305,7 +1398,8 @@ func (b *Backend) disarmLocked(o *ownedNode) {
 // change to its data that this instance did not make (a renewal or
 // reentry through another instance) restarts the lease from now, which
 // ends it no sooner than that change asked for; one that kept the lease's
-// start and TTL (an UNLOCK of one of several holds) leaves it ended.
+// start and TTL (an UNLOCK of one of several holds) leaves it ended. While
+// a reentry or renewal made here is in flight it waits (see changing).
 func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.SessionTimeout)
 	defer cancel()
@@ -1315,6 +1409,14 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 		return
 	}
 	version, gated := o.version, o.data.hasGate()
+	if o.changing > 0 {
+		// A reentry or renewal made here is on its way (see changing):
+		// its written moves the timer; failed, it leaves it to fire again
+		// shortly.
+		b.armLocked(o, leaseRetry)
+		b.mu.Unlock()
+		return
+	}
 	if !b.connected.Load() {
 		// Suspended: the session comes back (then delete) or expires
 		// (then the node is gone); sending now would only queue requests.
@@ -1350,9 +1452,15 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 			b.forgetLocked(o)
 		case g.data.startMS != 0 && g.data.startMS == o.data.startMS && g.data.ttl == o.data.ttl:
 			// The lease was not restarted: delete the node now, as of its
-			// new version.
+			// new version. Unless the change may be a reentry or renewal
+			// made here whose written has yet to come (see changing): the
+			// timer then fires again shortly, unless written moves it.
 			o.data, o.version, o.mtime = g.data, g.stat.Version, g.stat.Mtime
-			b.armLocked(o, 0)
+			if o.changing > 0 {
+				b.armLocked(o, leaseRetry)
+			} else {
+				b.armLocked(o, 0)
+			}
 		default:
 			o.data, o.version, o.mtime = g.data, g.stat.Version, g.stat.Mtime
 			b.armLocked(o, g.data.ttl)
