@@ -1273,11 +1273,30 @@ func namesLockKey(lp string, s []byte) bool {
 	return run != "" && bytes.Contains(s, []byte(run))
 }
 
-// luaStrings calls f with the contents of each string literal of a Lua
-// chunk ('…', "…", [[…]], [==[…]==]), escapes left as written, comments
-// skipped, until f returns true; it reports whether f did. A string left
-// open runs to the end of its line (a long one to the end of the chunk).
+// luaStrings calls f with the value of each string literal of a Lua 5.1
+// chunk, as Redis's Lua reads it (llex.c), until f returns true; it reports
+// whether f did. Quoted strings ('…', "…") have their escapes decoded:
+// \a \b \f \n \r \t \v, \ddd in decimal, a backslash before a line break
+// is that line break, before any other byte that byte (Lua 5.1 has no \x,
+// \z or \u). Long strings ([[…]], [==[…]==]) take no escapes, drop a line
+// break right after their opening and read every line break as \n.
+// Comments are skipped; a line comment ends at \n or \r. A string left
+// open runs to the end of its line (a long one to the end of the chunk):
+// Lua refuses such a chunk, so what is read there can only err on the side
+// of refusing. The value is decoded because a check on the text as written
+// would let 'lock\58k1' (lock:k1) through.
 func luaStrings(src []byte, f func([]byte) bool) bool {
+	isNL := func(c byte) bool { return c == '\n' || c == '\r' }
+	// skipNL skips the line break at i: \n, \r, \r\n or \n\r, one line
+	// as Lua's inclinenumber counts it.
+	skipNL := func(i int) int {
+		c := src[i]
+		i++
+		if i < len(src) && isNL(src[i]) && src[i] != c {
+			i++
+		}
+		return i
+	}
 	// longOpen returns the level of a long bracket [=*[ at src[i], or -1.
 	longOpen := func(i int) int {
 		if i >= len(src) || src[i] != '[' {
@@ -1292,17 +1311,37 @@ func luaStrings(src []byte, f func([]byte) bool) bool {
 		}
 		return -1
 	}
-	// longBody returns the contents of the long bracket of level lvl
-	// opened at i, and where it ends.
+	// longBody returns the value of the long bracket of level lvl opened
+	// at i, and where it ends.
 	longBody := func(i, lvl int) ([]byte, int) {
 		from := i + lvl + 2
-		closing := "]" + strings.Repeat("=", lvl) + "]"
-		k := bytes.Index(src[from:], []byte(closing))
-		if k < 0 {
-			return src[from:], len(src)
+		if from < len(src) && isNL(src[from]) {
+			from = skipNL(from)
 		}
-		return src[from : from+k], from + k + len(closing)
+		closing := "]" + strings.Repeat("=", lvl) + "]"
+		body, end := src[from:], len(src)
+		if k := bytes.Index(src[from:], []byte(closing)); k >= 0 {
+			body, end = src[from:from+k], from+k+len(closing)
+		}
+		if bytes.IndexByte(body, '\r') >= 0 {
+			var nb []byte
+			for k := 0; k < len(body); {
+				if c := body[k]; isNL(c) {
+					nb = append(nb, '\n')
+					k++
+					if k < len(body) && isNL(body[k]) && body[k] != c {
+						k++
+					}
+					continue
+				}
+				nb = append(nb, body[k])
+				k++
+			}
+			body = nb
+		}
+		return body, end
 	}
+	var buf []byte
 	for i := 0; i < len(src); {
 		switch c := src[i]; {
 		case c == '-' && i+1 < len(src) && src[i+1] == '-':
@@ -1311,18 +1350,42 @@ func luaStrings(src []byte, f func([]byte) bool) bool {
 				_, i = longBody(i, lvl)
 				continue
 			}
-			for i < len(src) && src[i] != '\n' {
+			for i < len(src) && !isNL(src[i]) {
 				i++
 			}
 		case c == '\'' || c == '"':
+			buf = buf[:0]
 			j := i + 1
-			for j < len(src) && src[j] != c && src[j] != '\n' {
-				if src[j] == '\\' {
+			for j < len(src) && src[j] != c && !isNL(src[j]) {
+				if src[j] != '\\' {
+					buf = append(buf, src[j])
 					j++
+					continue
 				}
 				j++
+				if j >= len(src) {
+					break
+				}
+				switch e := src[j]; {
+				case isNL(e):
+					buf = append(buf, '\n')
+					j = skipNL(j)
+				case e >= '0' && e <= '9':
+					n := 0
+					for k := 0; k < 3 && j < len(src) && src[j] >= '0' && src[j] <= '9'; k++ {
+						n = n*10 + int(src[j]-'0')
+						j++
+					}
+					buf = append(buf, byte(min(n, 255))) // Lua refuses above 255
+				default:
+					if d, ok := luaEscapes[e]; ok {
+						e = d
+					}
+					buf = append(buf, e)
+					j++
+				}
 			}
-			if f(src[i+1 : min(j, len(src))]) {
+			if f(buf) {
 				return true
 			}
 			i = j + 1
@@ -1343,6 +1406,9 @@ func luaStrings(src []byte, f func([]byte) bool) bool {
 	}
 	return false
 }
+
+// luaEscapes are Lua 5.1's one-letter escapes in quoted strings.
+var luaEscapes = map[byte]byte{'a': '\a', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t', 'v': '\v'}
 
 // lockKeyOutsideKeys returns the refusal of a script whose ARGV or body
 // (nil when unknown) names a key matching lock_patterns, or "".
@@ -1372,7 +1438,7 @@ func (h *Handler) lockKeyOutsideKeys(argv [][]byte, body []byte) string {
 	luaStrings(body, func(lit []byte) bool {
 		for _, lp := range h.patterns {
 			if namesLockKey(lp, lit) {
-				named = lit
+				named = bytes.Clone(lit) // lit is luaStrings' buffer
 				return true
 			}
 		}
@@ -1386,9 +1452,12 @@ func (h *Handler) lockKeyOutsideKeys(argv [][]byte, body []byte) string {
 }
 
 // mayNameLockKey reports whether body contains the text namesLockKey
-// looks for in its string literals: most bodies do not, and are not read
-// further.
+// looks for in its string literals, or an escape that could spell it
+// ('lock\58k'): most bodies do neither, and are not read further.
 func (h *Handler) mayNameLockKey(body []byte) bool {
+	if bytes.IndexByte(body, '\\') >= 0 {
+		return true
+	}
 	for _, lp := range h.patterns {
 		text := globLiteral(lp)
 		if len(text) == 0 {
