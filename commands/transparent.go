@@ -42,7 +42,16 @@ import (
 //     less the time taken and the drift, is positive. Otherwise the
 //     written values are compare-and-deleted on every node that wrote them
 //     and the client gets the reply of the nodes that did not write (their
-//     "not acquired"), or an error when there is none to give.
+//     "not acquired"), or an error when there is none to give. A script
+//     whose agreed reply is an error (it failed after writing, or stored a
+//     non-string value at one of its lock keys) is no acquisition either:
+//     its written values are rolled back the same way, and the client gets
+//     the error. What a script deleted cannot be put back.
+//   - Renewals: every command or script that may write a lock key is
+//     followed on each node by a line-up of the hold's other keys (see
+//     backends/redis syncHoldsScript): a PEXPIRE, EXPIRE, SET XX PX or
+//     compare-and-PEXPIRE script that extends a held key renews the whole
+//     hold as RENEW would, the holder's reentrant holds and fence included.
 
 // errTransparentFanout is the reply when the backend has no nodes to run
 // plain Redis commands on.
@@ -378,6 +387,10 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 
 // tExpire serves PEXPIRE and EXPIRE on a lock key. The TTL is held to
 // locks.max_ttl: the restart quarantine counts on no lock outliving it.
+// The reply is Redis's (1 when the TTL was set, else 0); on each node the
+// backend follows it with the line-up of the hold's other keys (Run), so
+// that it renews a LOCK holder's whole hold, reentrant holds and fence
+// included, as RENEW does for the token the key holds.
 func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
 	if len(args) < 3 || len(args) > 4 {
 		wrongArity(s, name)
@@ -875,7 +888,11 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 			leases = append(leases, lease[i])
 		}
 		v, err := agree(hr, total)
-		if err == nil && validLease(leases, need, elapsed, drift) {
+		// An error reply is no grant, whatever the script wrote before
+		// it failed (or the node refused it: a non-string value at
+		// another of its lock keys): the client is told it failed and
+		// will not release, so what it wrote is rolled back.
+		if _, failed := v.(backends.ReplyError); err == nil && !failed && validLease(leases, need, elapsed, drift) {
 			return scriptDecision{reply: v, holders: holders, written: written}
 		}
 	}
@@ -923,6 +940,14 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 	if v, err := agree(others, len(others)*2-1); len(others) > 0 && err == nil {
 		d.reply = v
 		return d
+	}
+	// Otherwise the error a majority answered (the script failed after
+	// its writes, or was refused), now that its writes are rolled back.
+	if v, err := agree(rs, total); err == nil {
+		if _, failed := v.(backends.ReplyError); failed {
+			d.reply = v
+			return d
+		}
 	}
 	d.err = &scriptFailedError{holders: len(holders), need: need, total: total}
 	return d

@@ -465,18 +465,20 @@ end
 return out
 `
 
-// luaExtendWrite defines extendWrite, the write path of a renewal (KEYS
-// the lock keys, first five; ARGV[1] the token, which holds the key for
-// writing; ARGV[2] ttl ms): the write lease set to the ttl, the read hold
-// of a downgrade raised to it but never shortened. Shared by extendScript
-// and extendWriteScript (holdkind.go).
+// luaExtendWrite defines extendWriteOf, the write path of a renewal: k
+// the lock keys (first five, in the scripts' order), tok the token,
+// which holds the key for writing, ms the ttl: the write lease set to the
+// ttl, the read hold of a downgrade raised to it but never shortened.
+// extendWrite is it for KEYS, ARGV[1] token and ARGV[2] ttl ms. Shared by
+// extendScript, extendWriteScript (holdkind.go) and transparent mode's
+// renewals (syncHoldsScript), so a plain PEXPIRE does to a hold what
+// RENEW does.
 const luaExtendWrite = `
-local function extendWrite()
-  local ms = tonumber(ARGV[2])
-  local m = redis.call('GET', KEYS[3])
-  local _, r = meta(m, ARGV[1])
+local function extendWriteOf(k, tok, ms)
+  local m = redis.call('GET', k[3])
+  local _, r = meta(m, tok)
   local s
-  if r == 'r' then s = redis.call('ZSCORE', KEYS[4], ARGV[1]) end
+  if r == 'r' then s = redis.call('ZSCORE', k[4], tok) end
   if s then` + luaNow + `
     -- The token's read hold (a downgrade) rides along, but is never
     -- shortened: it keeps others' writes out for the whole lease its
@@ -484,17 +486,20 @@ local function extendWrite()
     -- (acquireScript's rule), and the reader keys no longer.
     s = tonumber(s)
     if s < now + ms then
-      redis.call('ZADD', KEYS[4], now + ms, ARGV[1])
+      redis.call('ZADD', k[4], now + ms, tok)
     else
       ms = s - now
     end
-    redis.call('PEXPIRE', KEYS[4], ms)
-    redis.call('PEXPIRE', KEYS[5], ms)
+    redis.call('PEXPIRE', k[4], ms)
+    redis.call('PEXPIRE', k[5], ms)
   end
-  redis.call('PEXPIRE', KEYS[2], ms)
-  if m then redis.call('PEXPIRE', KEYS[3], ms) end
-  redis.call('PEXPIRE', KEYS[1], ms)
+  redis.call('PEXPIRE', k[2], ms)
+  if m then redis.call('PEXPIRE', k[3], ms) end
+  redis.call('PEXPIRE', k[1], ms)
   return 1
+end
+local function extendWrite()
+  return extendWriteOf(KEYS, ARGV[1], tonumber(ARGV[2]))
 end
 `
 
@@ -516,6 +521,57 @@ local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - 
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[4], keep)
 redis.call('PEXPIRE', KEYS[5], keep)
+return 1
+`
+
+// syncHoldsScript follows every transparent-mode command that may write
+// lock keys (PEXPIRE, EXPIRE, SET, DEL, UNLINK, EVAL) in the same MULTI,
+// so that a hold's other keys follow what the command did to its lock
+// key. Transparent code renews a lock by extending the lock key alone
+// (PEXPIRE, a compare-and-PEXPIRE script, SET XX PX of its own token);
+// were the hold's fence (lockf) and extra reentrant holds (lockm) left to
+// expire at the first TTL, a token holding the lock twice with LOCK would
+// lose its second hold and one UNLOCK would free a lock it still holds.
+// KEYS are the first five lock keys of each lock key the command named;
+// ARGV[1] readMarker. For each lock key:
+//   - held for writing (a string token) with a TTL: the token's hold is
+//     renewed to that TTL as RENEW renews it (extendWriteOf: lockf and
+//     lockm expire with the key, a downgrade's read hold is never
+//     shortened, the key living until it ends). The value is the token:
+//     a transparent client does not say it, and a command that changed
+//     the value made a new hold, whose keys this only lines up. A lockm
+//     of another token (left where a command overwrote a hold) is
+//     dropped, so a later hold of that token does not inherit it.
+//   - held for writing without expiry: lockf and lockm lose theirs too.
+//   - absent (DEL, a release, PEXPIRE 0): lockm is dropped; a later
+//     hold of the same token must not count the deleted hold's extra
+//     holds. lockf stays: it names its token, which no later holder's
+//     fence takes from it (see above).
+//   - held by readers, or another type: left alone (a reader's lease is
+//     its own; a non-string value is refused, see nonStringLock).
+//
+// Returns 1.
+const syncHoldsScript = luaMeta + luaExtendWrite + `
+for i = 0, #KEYS / 5 - 1 do
+  local k = {KEYS[5 * i + 1], KEYS[5 * i + 2], KEYS[5 * i + 3], KEYS[5 * i + 4], KEYS[5 * i + 5]}
+  local ty = redis.call('TYPE', k[1]).ok
+  if ty == 'none' then
+    redis.call('DEL', k[3])
+  elseif ty == 'string' then
+    local v = redis.call('GET', k[1])
+    if v ~= ARGV[1] then
+      local m = redis.call('GET', k[3])
+      if m and select(3, string.match(m, '^(%d+),(%a*),(.*)$')) ~= v then redis.call('DEL', k[3]) end
+      local p = redis.call('PTTL', k[1])
+      if p > 0 then
+        extendWriteOf(k, v, p)
+      elseif p == -1 then
+        redis.call('PERSIST', k[2])
+        redis.call('PERSIST', k[3])
+      end
+    end
+  end
+end
 return 1
 `
 
@@ -591,6 +647,7 @@ var (
 	scriptExtend     = newScript(extendScript)
 	scriptInfo       = newScript(infoScript)
 	scriptUnmark     = newScript(unmarkScript)
+	scriptSyncHolds  = newScript(syncHoldsScript)
 )
 
 // Script is a lock script's source and the SHA1 lockproxy sends in

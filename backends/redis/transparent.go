@@ -47,7 +47,10 @@ func (b *Backend) fanoutTimeout() time.Duration {
 // into NOQUORUM as readily as the 250 ms an acquisition allows.
 const minFanoutTimeout = time.Second
 
-// Run implements backends.Fanout.
+// Run implements backends.Fanout. A command that may write (not
+// readOnly) and names lock keys is followed, in the same MULTI, by
+// syncHoldsScript: a PEXPIRE of a lock key renews the whole hold, as
+// RENEW would, and a DEL leaves no extra holds behind.
 func (b *Backend) Run(ctx context.Context, args []string, keys []int, readOnly bool) []backends.NodeReply {
 	return b.each(ctx, readOnly, func(ctx context.Context, n *Node) backends.NodeReply {
 		cmd := make([]any, len(args))
@@ -57,16 +60,79 @@ func (b *Backend) Run(ctx context.Context, args []string, keys []int, readOnly b
 		for _, k := range keys {
 			cmd[k] = n.LockKey(args[k])
 		}
-		v, err := n.client.Do(ctx, cmd...).Result()
-		return nodeReply(v, err)
+		if readOnly || len(keys) == 0 {
+			return nodeReply(n.client.Do(ctx, cmd...).Result())
+		}
+		bases := make([]string, len(keys))
+		for i, k := range keys {
+			bases[i] = args[k]
+		}
+		var c, sync *goredis.Cmd
+		_, err := n.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+			c = p.Do(ctx, cmd...)
+			sync = n.syncHolds(ctx, p, bases)
+			return nil
+		})
+		if err != nil && !isReply(err) {
+			return backends.NodeReply{Err: err}
+		}
+		r := nodeReply(c.Result())
+		if r.Err == nil {
+			if err := n.syncHoldsDone(ctx, sync, bases); err != nil {
+				return backends.NodeReply{Err: err}
+			}
+		}
+		return r
 	})
 }
 
+// syncHolds adds syncHoldsScript for the lock keys of bases (client keys)
+// to a MULTI.
+func (n *Node) syncHolds(ctx context.Context, p goredis.Pipeliner, bases []string) *goredis.Cmd {
+	keys := n.syncHoldsKeys(bases)
+	eval := make([]any, 0, 4+len(keys))
+	eval = append(eval, "evalsha", scriptSyncHolds.sha, len(keys))
+	for _, k := range keys {
+		eval = append(eval, k)
+	}
+	return p.Do(ctx, append(eval, readMarker)...)
+}
+
+func (n *Node) syncHoldsKeys(bases []string) []string {
+	keys := make([]string, 0, keyWriterWaits*len(bases))
+	for _, b := range bases {
+		keys = append(keys, n.lockKeys(n.LockKey(b), b, keyWriterWaits)...)
+	}
+	return keys
+}
+
+// syncHoldsDone checks syncHolds's answer. A node that had not cached the
+// script (restarted, SCRIPT FLUSH) answers NOSCRIPT when the MULTI runs:
+// it is run again right after, alone; it only reads and lines up the
+// holds' keys, so it may come late. An EXECABORT (the command itself was
+// refused when queued) ran nothing, and needs nothing.
+func (n *Node) syncHoldsDone(ctx context.Context, sync *goredis.Cmd, bases []string) error {
+	err := sync.Err()
+	switch {
+	case err == nil:
+		return nil
+	case goredis.HasErrorPrefix(err, "EXECABORT"):
+		return nil
+	case goredis.HasErrorPrefix(err, "NOSCRIPT"):
+		_, err = n.eval(ctx, scriptSyncHolds, n.syncHoldsKeys(bases), readMarker)
+		if err == nil {
+			return nil
+		}
+	}
+	return fmt.Errorf("redis: lining up the holds' keys on %s after a transparent command: %w", n.name, err)
+}
+
 // RunScript implements backends.Fanout: MULTI, GET of each key, the
-// script, GET and PTTL of each key, EXEC. Scripts are always sent with
-// EVAL (the node caches them by their SHA1 like for EVALSHA), so a node
-// that lost its script cache never answers NOSCRIPT half-way through a
-// fan-out.
+// script, syncHoldsScript (see Run: a script that renews a lock renews
+// the whole hold), GET and PTTL of each key, EXEC. Scripts are always
+// sent with EVAL (the node caches them by their SHA1 like for EVALSHA),
+// so a node that lost its script cache never answers NOSCRIPT half-way
+// through a fan-out.
 func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []string) []backends.NodeReply {
 	return b.each(ctx, false, func(ctx context.Context, n *Node) backends.NodeReply {
 		nkeys := make([]string, len(keys))
@@ -82,12 +148,13 @@ func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []strin
 			eval = append(eval, a)
 		}
 		var before, after, pttls []*goredis.Cmd
-		var script *goredis.Cmd
+		var script, sync *goredis.Cmd
 		_, err := n.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
 			for _, k := range nkeys {
 				before = append(before, p.Do(ctx, "get", k))
 			}
 			script = p.Do(ctx, eval...)
+			sync = n.syncHolds(ctx, p, keys)
 			for _, k := range nkeys {
 				after = append(after, p.Do(ctx, "get", k))
 				pttls = append(pttls, p.Do(ctx, "pttl", k))
@@ -101,13 +168,23 @@ func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []strin
 		if r.Err != nil {
 			return r
 		}
+		if err := n.syncHoldsDone(ctx, sync, keys); err != nil {
+			return backends.NodeReply{Err: err}
+		}
 		r.Writes = make([]backends.KeyWrite, len(keys))
+		// Lock keys the script found or left holding another type than a
+		// string, and of those the ones it created.
+		var nonString, created []string
 		for i := range keys {
 			was, errB := before[i].Result()
 			now, errA := after[i].Result()
 			ttl, errT := pttls[i].Int64()
 			if wrongType(errB) || wrongType(errA) {
-				return n.nonStringLock(ctx, nkeys[i], notNil(errB) == nil && was == nil && wrongType(errA))
+				nonString = append(nonString, nkeys[i])
+				if notNil(errB) == nil && was == nil && wrongType(errA) {
+					created = append(created, nkeys[i])
+				}
+				continue
 			}
 			if e := errors.Join(notNil(errB), notNil(errA), errT); e != nil {
 				if isReply(e) {
@@ -125,6 +202,12 @@ func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []strin
 				Value:  nowS,
 				PTTL:   ttl,
 			}
+		}
+		if len(nonString) > 0 {
+			// The writes to the script's string keys are kept in the
+			// answer: the caller rolls them back (a refused script is no
+			// acquisition).
+			return n.nonStringLock(ctx, created, r.Writes)
 		}
 		return r
 	})
@@ -147,16 +230,19 @@ var dropNonStringScript = goredis.NewScript(`if redis.call("type", KEYS[1]).ok ~
 // there was nothing) a value other than a string at a lock key. The
 // acquisition rule sees writes by comparing string values, so such a
 // script's effect cannot be judged, nor rolled back where it is a
-// minority: it is refused, and what it created is deleted, which puts the
-// node back as it was (lock keys hold nothing but string tokens, so no
-// other client's value of another type can be there).
-func (n *Node) nonStringLock(ctx context.Context, key string, created bool) backends.NodeReply {
-	if created {
+// minority: it is refused, and what it created is deleted, which puts
+// those keys back as they were (lock keys hold nothing but string
+// tokens, so no other client's value of another type can be there). The
+// answer keeps writes, what the script did to its string lock keys, for
+// the caller to roll back the values it wrote there; what it deleted
+// cannot be put back.
+func (n *Node) nonStringLock(ctx context.Context, created []string, writes []backends.KeyWrite) backends.NodeReply {
+	for _, key := range created {
 		if err := dropNonStringScript.Run(ctx, n.client, []string{key}).Err(); err != nil {
 			return backends.NodeReply{Err: fmt.Errorf("redis: deleting a script's non-string lock value on %s: %w", n.name, err)}
 		}
 	}
-	return backends.NodeReply{Val: backends.ReplyError(errNonStringLock)}
+	return backends.NodeReply{Val: backends.ReplyError(errNonStringLock), Writes: writes}
 }
 
 // undoScript deletes KEYS[1] if it still holds ARGV[1].
