@@ -25,7 +25,8 @@ type Config struct {
 	// LOCK waits and the lease that refused it is not known (or releases
 	// are not announced to it yet): random so that contending clients fall
 	// out of step. With the lease known, the waiter tries again when it
-	// ends, up to RetryMin later.
+	// ends, up to RetryMin later, but no later than leaseSleepMax after
+	// its last attempt (see Backend.leaseSleepMax).
 	RetryMin, RetryMax time.Duration
 	// Quarantine keeps a node that restarted out of every quorum for
 	// MaxTTL plus drift, then re-seeds its fence counters from the other
@@ -329,13 +330,16 @@ const earlyWake = 5 * time.Millisecond
 // that refused its last attempt on a majority of nodes ends (see
 // refusals.until; a promoted head takes the lease of the grant before
 // it), up to RetryMin later so that waiters of several instances fall out
-// of step, and not before RetryMin. So a head makes about one attempt per
-// release however long the key stays held. Where no one hold refused it on
-// a majority (the votes were split between attempts, whose grants are
-// rolled back unannounced; nodes failed; a key without expiry), or no node
-// had confirmed the key's subscription when it tried (a release could go
-// unheard), it tries again after a random delay in [RetryMin, RetryMax],
-// as before leases were reported.
+// of step, and not before RetryMin; but never more than leaseSleepMax
+// after its last attempt, since the key can also become free unannounced
+// long before that lease ends (see leaseSleepMax). So a head makes about
+// one attempt per release, and one per leaseSleepMax while the key stays
+// held. Where no one hold refused it on a majority (the votes were split
+// between attempts, whose grants are rolled back unannounced; nodes
+// failed; a key without expiry), or no node had confirmed the key's
+// subscription when it tried (a release could go unheard), it tries again
+// after a random delay in [RetryMin, RetryMax], as before leases were
+// reported.
 //
 // A writer's refused attempts mark it waiting on the nodes (writer
 // preference); one that leaves without the lock takes its mark off them
@@ -379,22 +383,16 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		}
 	}()
 	// armRetry sets the fallback attempt for a key that may be free at
-	// until (zero: not known, or releases may go unheard).
+	// until (zero: not known, or releases may go unheard). There is always
+	// one, also when until is past the WAIT's end: a lease told is only
+	// the latest the key may stay held, and some freeings before it are
+	// never announced (see leaseSleepMax).
 	armRetry := func(until time.Time) {
 		var delay time.Duration
 		if until.IsZero() {
 			delay = b.retryMin + rand.N(b.retryMax-b.retryMin+1)
 		} else {
-			if !until.Before(end) {
-				// Only a release frees the key before the WAIT ends,
-				// and releases are announced: no fallback.
-				if retry != nil {
-					retry.Stop()
-				}
-				retryC = nil
-				return
-			}
-			delay = max(time.Until(until)+rand.N(b.retryMin+1), b.retryMin)
+			delay = max(min(time.Until(until), b.leaseSleepMax())+rand.N(b.retryMin+1), b.retryMin)
 		}
 		if retry == nil {
 			retry = time.NewTimer(delay)
@@ -460,6 +458,25 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		armRetry(until)
 	}
 }
+
+// leaseSleepMax is the longest a head sleeps on a lease it was told
+// (a refusal's, or its predecessor's grant's) before trying again:
+// max(1 s, 5 × RetryMax). The lease is only the latest the key may stay
+// held; it becomes free earlier without an announcement this instance
+// hears when it is deleted in transparent mode (DEL, UNLINK, a library's
+// compare-and-delete script), when the longest reader unlocks while a
+// shorter one remains (nothing is freed, so nothing is published) and
+// the shorter lease then ends, when RENEW shortens a lease that then
+// ends, or when the node user may SUBSCRIBE but not PUBLISH (the release
+// script's PUBLISH fails quietly); a promoted head, which sleeps on its
+// predecessor's TTL, meets the same cases. Each is then found within
+// this bound rather than at the lease's end, past the WAIT for long
+// leases.
+// 1 s keeps a head on a held key at about one attempt a second, several
+// times below the jittered retry's (one per RetryMin–RetryMax, 13–16 in
+// 1.5 s by default); scaling with RetryMax keeps it so where an operator
+// raised RetryMax to spare the nodes.
+func (b *Backend) leaseSleepMax() time.Duration { return max(time.Second, 5*b.retryMax) }
 
 // unmark takes token's waiting-writer mark on key off nodes, without
 // waiting for them (Node.Unmark).

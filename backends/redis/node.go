@@ -431,12 +431,32 @@ func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(q
 // unmarkScript), without waiting for the answer. It is queued before it
 // returns, unless the key's writer queue is full: an operation on the key
 // queued after it runs after it on the node. The node timeout bounds it.
-func (n *Node) Unmark(key, token string) {
+func (n *Node) Unmark(key, token string) { n.unmark(key, token, false) }
+
+// unmarkFromAnswer is Unmark called from an operation's answer callback,
+// on a writer goroutine (noteAnswer: a refusal that came after the
+// waiting writer's grant). That writer must never block: Close holds
+// the closing lock's write side pending while it waits for every enqueue
+// under way, one of which may be waiting for room in this writer's own
+// queue, and a pending write side blocks RLock, so the writer, that
+// enqueue and Close would wait for one another (the enqueue's context is
+// its caller's, which may have no end). When Close is under way the mark
+// is left: it ends by itself soon after the lease that refused the
+// writer, as a dead instance's does.
+func (n *Node) unmarkFromAnswer(key, token string) { n.unmark(key, token, true) }
+
+func (n *Node) unmark(key, token string, fromAnswer bool) {
 	o := n.newOp(opUnmark, key, token)
 	o.done = func(opResult) {}
 	o.start = time.Now()
 	o.deadline = o.start.Add(n.timeout)
-	n.closing.RLock()
+	if !fromAnswer {
+		n.closing.RLock()
+	} else if !n.closing.TryRLock() {
+		// Close holds or awaits the write side.
+		n.finish(o, opResult{err: unsent(errClosed)})
+		return
+	}
 	defer n.closing.RUnlock()
 	if n.closed {
 		n.finish(o, opResult{err: unsent(errClosed)})

@@ -33,7 +33,11 @@ const (
 // it deletes a lock, so a release made through any lockproxy instance wakes
 // the waiters here. It holds one go-redis PubSub (one connection); a
 // message that is missed (the subscription not active yet, the node down)
-// costs the waiter only its retry delay.
+// costs the waiter only its retry delay. A release that is never
+// published (a lock key deleted in transparent mode or by hand, a node
+// user allowed SUBSCRIBE but denied PUBLISH, which the release script's
+// pcall hides) is found by a waiter that sleeps on a lease within
+// Backend.leaseSleepMax.
 type subscriber struct {
 	ps        *goredis.PubSub
 	prefix    string // <node prefix>released:

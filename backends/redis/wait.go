@@ -22,10 +22,12 @@ import (
 // LOCK … WAIT granted at its first attempt, alone, costs the nodes no
 // subscription.
 //
-// The head does not poll while the key stays held: between announced
-// releases it tries again only when the lease that refused it ends (an
-// expiry is not announced). That is sound only while the announcements
-// reach it, so the queues also track which nodes confirmed the key's
+// The head hardly polls while the key stays held: between announced
+// releases it tries again when the lease that refused it ends (an expiry
+// is not announced), or Backend.leaseSleepMax after its last attempt if
+// that comes first (some freeings are never announced). Sleeping on the
+// lease is sound only while the announcements reach it, so the queues
+// also track which nodes confirmed the key's
 // subscription (live): an attempt made while none had is followed by the
 // short retry instead, and the first confirmation (at the start, or after
 // every node's subscription was lost) signals the head to try once more,
@@ -248,8 +250,8 @@ func (qs *waitQueues) signalEarly(key string, q *waitQueue, gen uint64) {
 // may have: those that came during it), and every one that comes from now
 // on counts afresh. Without this, a release whose announcements complete
 // no new majority (the bits of its nodes were set, in no order, by an
-// earlier release's) would wake nobody, and the head, which no longer
-// polls, would sleep until the lease end. A late announcement of a
+// earlier release's) would wake nobody, and the head, which hardly polls,
+// would sleep until the lease end or its cap. A late announcement of a
 // release already seen costs one more attempt. An early signal pending
 // stays: it may be for a release during the attempt.
 func (qs *waitQueues) refused(key string) {
@@ -417,8 +419,9 @@ func noteAnswer(ctx context.Context, n *Node, r opResult) {
 	defer rs.mu.Unlock()
 	rs.nodes = append(rs.nodes, n)
 	if rs.wasGranted {
-		// Queued behind the attempt on the node, so it finds its mark.
-		n.Unmark(rs.key, rs.token)
+		// Queued behind the attempt on the node, so it finds its mark;
+		// from the writer's answer callback, which must not block.
+		n.unmarkFromAnswer(rs.key, rs.token)
 		return
 	}
 	if !r.leased {
@@ -441,13 +444,14 @@ func noteAnswer(ctx context.Context, n *Node, r opResult) {
 // for a reader). The earliest is the safe choice: trying early costs an
 // attempt, which tells the lease again, where trying late would leave the
 // lock free for nothing after an expiry. Such a hold ends by a release,
-// which is announced, or by that lease's end. It reports false when no
-// one holder refused on a majority: the votes were split between
-// attempts (this one and another instance's, say), or stale holds on a
-// minority of nodes joined a competing attempt's, and those are rolled
-// back without an announcement, so the leases they tell may be gone long
-// before they end; or too few refusals told a lease (nodes failed, a key
-// without expiry).
+// which is announced, or by that lease's end, or earlier without an
+// announcement (the caller caps its sleep: see Backend.leaseSleepMax).
+// It reports false when no one holder refused on a majority: the votes
+// were split between attempts (this one and another instance's, say), or
+// stale holds on a minority of nodes joined a competing attempt's, and
+// those are rolled back without an announcement, so the leases they tell
+// may be gone long before they end; or too few refusals told a lease
+// (nodes failed, a key without expiry).
 func (rs *refusals) until(majority int) (time.Time, bool) {
 	rs.mu.Lock()
 	defer rs.mu.Unlock()

@@ -113,7 +113,7 @@ func TestWaitReaderNotHeldBackByWriterThatLeft(t *testing.T) {
 }
 
 // TestWaitGrantedSoonAfterExpiry: an expiry is not announced; the head,
-// which no longer polls, tries when the lease that refused it ends, and is
+// which polls at most about once a second, tries when the lease that refused it ends, and is
 // granted soon after, with no more than a few attempts.
 func TestWaitGrantedSoonAfterExpiry(t *testing.T) {
 	b, _ := newRealBackend(t, 3)
