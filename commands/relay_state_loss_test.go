@@ -32,22 +32,7 @@ func defaultsProxy(t *testing.T, up *harness.Redis, poolSize int) string {
 func serveRelay(t *testing.T, rl *relay.Relay, patterns []string) string {
 	t.Helper()
 	h := NewHandler(Options{Limits: testLimits, Backend: &fakeBackend{}, Relay: rl, LockPatterns: patterns})
-	srv := &resp.Server{Handler: h}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-		h.Close()
-		rl.Close()
-	})
-	return ln.Addr().String()
+	return serveRelayed(t, &resp.Server{Handler: h}, h, rl)
 }
 
 // frameConn is a client on a raw connection that reads whole replies of

@@ -41,6 +41,14 @@ func proxyWithRedis(t *testing.T, o Options) (proxy string, upstream *harness.Re
 	o.Clients = srv.Sessions
 	h := NewHandler(o)
 	srv.Handler = h
+	return serveRelayed(t, srv, h, r), up
+}
+
+// serveRelayed serves h (srv's handler, relaying with rl) on a loopback
+// port for the test's life, and returns the address; the cleanup shuts
+// the server down before it closes the handler and the relay.
+func serveRelayed(t *testing.T, srv *resp.Server, h *Handler, rl *relay.Relay) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -53,9 +61,9 @@ func proxyWithRedis(t *testing.T, o Options) (proxy string, upstream *harness.Re
 		_ = srv.Shutdown(ctx)
 		<-done
 		h.Close()
-		r.Close()
+		rl.Close()
 	})
-	return ln.Addr().String(), up
+	return ln.Addr().String()
 }
 
 // rawConn is a client connection that sends inline commands and reads
