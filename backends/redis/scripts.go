@@ -322,6 +322,36 @@ end
 return 0
 `
 
+// luaAnnounce defines announce(chans), which tells the waiters listening
+// on each channel of chans (distinct release channels) that its key is
+// free, in as few calls as it can: PUBSUB NUMPAT, then one NUMSUB for all
+// of chans, and a PUBLISH only on the channels someone subscribes to (a
+// PUBLISH that reaches nobody costs the node a call for nothing). NUMSUB
+// does not count pattern listeners (PSUBSCRIBE): while there is one, or
+// where the node user's ACL denies PUBSUB, every channel is announced
+// blind. Every call is a pcall, so a node user denied PUBSUB, PUBLISH or
+// the channel still does the script's work, and waiters fall back to
+// their retry. Shared by releaseScript and syncHoldsScript, so that an
+// UNLOCK and a transparent release are announced alike.
+const luaAnnounce = `
+local function announce(chans)
+  if #chans == 0 then return end
+  local subs
+  if redis.pcall('PUBSUB', 'NUMPAT') == 0 then
+    subs = redis.pcall('PUBSUB', 'NUMSUB', unpack(chans))
+  end
+  if not subs or subs.err then
+    -- PUBSUB denied, or a pattern listener: announce blind, each PUBLISH
+    -- on its own.
+    for _, ch in ipairs(chans) do redis.pcall('PUBLISH', ch, '') end
+  else
+    for j = 2, #subs, 2 do
+      if subs[j] > 0 then redis.pcall('PUBLISH', subs[j - 1], '') end
+    end
+  end
+end
+`
+
 // releaseScript releases any number of holds in one call: a script call
 // costs the node a fixed overhead several times a plain command's, so a
 // batch's releases share one. For release i (from 0), KEYS[5i+1..5i+5] are
@@ -356,7 +386,7 @@ return 0
 // The releases of one call are for distinct keys (Node.send sees to it),
 // so their order within the call does not matter, and the DEL that ends
 // the single holds can wait for the end of the call.
-const releaseScript = luaMeta + `
+const releaseScript = luaMeta + luaAnnounce + `
 local function prune(rk, rhk, now)
   local gone = redis.call('ZRANGEBYSCORE', rk, '-inf', now)
   if #gone > 0 then
@@ -445,23 +475,7 @@ for i = 0, n - 1 do
   if freed and which == '' then chans[#chans + 1] = ARGV[4 * i + 2] end
 end
 if #dels > 0 then redis.call('DEL', unpack(dels)) end
-if #chans > 0 then
-  -- NUMSUB counts channel subscribers only: while anyone listens by
-  -- pattern (PSUBSCRIBE), every release is announced.
-  local subs
-  if redis.pcall('PUBSUB', 'NUMPAT') == 0 then
-    subs = redis.pcall('PUBSUB', 'NUMSUB', unpack(chans))
-  end
-  if not subs or subs.err then
-    -- PUBSUB denied, or a pattern listener: announce blind, each PUBLISH
-    -- on its own.
-    for _, ch in ipairs(chans) do redis.pcall('PUBLISH', ch, '') end
-  else
-    for j = 2, #subs, 2 do
-      if subs[j] > 0 then redis.pcall('PUBLISH', subs[j - 1], '') end
-    end
-  end
-end
+announce(chans)
 return out
 `
 
@@ -533,7 +547,8 @@ return 1
 // expire at the first TTL, a token holding the lock twice with LOCK would
 // lose its second hold and one UNLOCK would free a lock it still holds.
 // KEYS are the first five lock keys of each lock key the command named;
-// ARGV[1] readMarker. For each lock key:
+// ARGV[1] readMarker, then ARGV[i+2] the release channel of the i-th lock
+// key (from 0, in the order of KEYS). For each lock key:
 //   - held for writing (a string token) with a TTL: the token's hold is
 //     renewed to that TTL as RENEW renews it (extendWriteOf: lockf and
 //     lockm expire with the key, a downgrade's read hold is never
@@ -546,17 +561,30 @@ return 1
 //   - absent (DEL, a release, PEXPIRE 0): lockm is dropped; a later
 //     hold of the same token must not count the deleted hold's extra
 //     holds. lockf stays: it names its token, which no later holder's
-//     fence takes from it (see above).
+//     fence takes from it (see above). The key's freeing is announced on
+//     its release channel as an UNLOCK's is (announce, once per channel
+//     however often the command named the key), so LOCK … WAIT waiters
+//     try at once rather than at their fallback retry, up to a second
+//     later. It is announced whenever the key is absent after the
+//     command, even where the command did not delete it (a PEXPIRE of a
+//     free key): "the key is free now" is all a waiter needs, and a
+//     waiter woken for nothing tries once and waits again.
 //   - held by readers, or another type: left alone (a reader's lease is
 //     its own; a non-string value is refused, see nonStringLock).
 //
 // Returns 1.
-const syncHoldsScript = luaMeta + luaExtendWrite + `
+const syncHoldsScript = luaMeta + luaExtendWrite + luaAnnounce + `
+local chans, seen = {}, {}
 for i = 0, #KEYS / 5 - 1 do
   local k = {KEYS[5 * i + 1], KEYS[5 * i + 2], KEYS[5 * i + 3], KEYS[5 * i + 4], KEYS[5 * i + 5]}
   local ty = redis.call('TYPE', k[1]).ok
   if ty == 'none' then
     redis.call('DEL', k[3])
+    local ch = ARGV[i + 2]
+    if ch and not seen[ch] then
+      seen[ch] = true
+      chans[#chans + 1] = ch
+    end
   elseif ty == 'string' then
     local v = redis.call('GET', k[1])
     if v ~= ARGV[1] then
@@ -572,6 +600,7 @@ for i = 0, #KEYS / 5 - 1 do
     end
   end
 end
+announce(chans)
 return 1
 `
 
@@ -604,15 +633,11 @@ return {v, redis.call('PTTL', KEYS[1]), f, h, now, readers, holds, counter}
 // like a release (only where someone listens, as releaseScript does), so
 // readers waiting on every instance try at once rather than when the mark
 // would have ended.
-const unmarkScript = luaMarks + `
+const unmarkScript = luaMarks + luaAnnounce + `
 if not unmark(KEYS[6], ARGV[1]) then return 0 end
 local v = redis.call('GET', KEYS[1])
 if (v and v ~= ARGV[3]) or markLeft(KEYS[6], nodeNow()) then return 1 end
-local subs
-if redis.pcall('PUBSUB', 'NUMPAT') == 0 then
-  subs = redis.pcall('PUBSUB', 'NUMSUB', ARGV[2])
-end
-if not subs or subs.err or subs[2] > 0 then redis.pcall('PUBLISH', ARGV[2], '') end
+announce({ARGV[2]})
 return 1
 `
 

@@ -50,7 +50,8 @@ const minFanoutTimeout = time.Second
 // Run implements backends.Fanout. A command that may write (not
 // readOnly) and names lock keys is followed, in the same MULTI, by
 // syncHoldsScript: a PEXPIRE of a lock key renews the whole hold, as
-// RENEW would, and a DEL leaves no extra holds behind.
+// RENEW would, and a DEL leaves no extra holds behind and is announced to
+// LOCK … WAIT waiters as an UNLOCK is.
 func (b *Backend) Run(ctx context.Context, args []string, keys []int, readOnly bool) []backends.NodeReply {
 	return b.each(ctx, readOnly, func(ctx context.Context, n *Node) backends.NodeReply {
 		cmd := make([]any, len(args))
@@ -90,12 +91,26 @@ func (b *Backend) Run(ctx context.Context, args []string, keys []int, readOnly b
 // to a MULTI.
 func (n *Node) syncHolds(ctx context.Context, p goredis.Pipeliner, bases []string) *goredis.Cmd {
 	keys := n.syncHoldsKeys(bases)
-	eval := make([]any, 0, 4+len(keys))
+	args := n.syncHoldsArgs(bases)
+	eval := make([]any, 0, 3+len(keys)+len(args))
 	eval = append(eval, "evalsha", scriptSyncHolds.sha, len(keys))
 	for _, k := range keys {
 		eval = append(eval, k)
 	}
-	return p.Do(ctx, append(eval, readMarker)...)
+	return p.Do(ctx, append(eval, args...)...)
+}
+
+// syncHoldsArgs is syncHoldsScript's ARGV for bases: readMarker, then
+// each key's release channel in the order of its keys, on which the
+// script announces the keys the command left free (a transparent
+// release), as an UNLOCK does.
+func (n *Node) syncHoldsArgs(bases []string) []any {
+	args := make([]any, 0, 1+len(bases))
+	args = append(args, readMarker)
+	for _, b := range bases {
+		args = append(args, n.ReleaseChannel(b))
+	}
+	return args
 }
 
 func (n *Node) syncHoldsKeys(bases []string) []string {
@@ -108,8 +123,9 @@ func (n *Node) syncHoldsKeys(bases []string) []string {
 
 // syncHoldsDone checks syncHolds's answer. A node that had not cached the
 // script (restarted, SCRIPT FLUSH) answers NOSCRIPT when the MULTI runs:
-// it is run again right after, alone; it only reads and lines up the
-// holds' keys, so it may come late. An EXECABORT (the command itself was
+// it is run again right after, alone, with the same ARGV; it only reads,
+// lines up the holds' keys and announces keys found free, so it may come
+// late. An EXECABORT (the command itself was
 // refused when queued) ran nothing, and needs nothing.
 func (n *Node) syncHoldsDone(ctx context.Context, sync *goredis.Cmd, bases []string) error {
 	err := sync.Err()
@@ -119,7 +135,7 @@ func (n *Node) syncHoldsDone(ctx context.Context, sync *goredis.Cmd, bases []str
 	case goredis.HasErrorPrefix(err, "EXECABORT"):
 		return nil
 	case goredis.HasErrorPrefix(err, "NOSCRIPT"):
-		_, err = n.eval(ctx, scriptSyncHolds, n.syncHoldsKeys(bases), readMarker)
+		_, err = n.eval(ctx, scriptSyncHolds, n.syncHoldsKeys(bases), n.syncHoldsArgs(bases)...)
 		if err == nil {
 			return nil
 		}

@@ -20,6 +20,12 @@ import (
 // the refusal told is 30 s. Before, the head slept until that lease's end
 // (past the WAIT: no fallback at all) and the WAIT failed with the key
 // free; now its sleep is capped (Backend.leaseSleepMax).
+//
+// A transparent release is announced too (syncHoldsScript publishes on
+// the key's release channel where the key is gone after the command):
+// those cases must be granted well under the 1 s cap after the release,
+// which they are freed about 100 ms after the head's last attempt, so
+// that the fallback alone would take about 900 ms.
 func TestWaitFindsUnannouncedFreeing(t *testing.T) {
 	b, _ := newRealBackend(t, 3)
 	ctx := ctxTimeout(t, 60*time.Second)
@@ -29,22 +35,25 @@ func TestWaitFindsUnannouncedFreeing(t *testing.T) {
 		hold  func(t *testing.T, key string) // the holds that refuse the waiter
 		free  func(t *testing.T, key string) // makes the key free, or about to be
 		waitR bool                           // the waiter is a reader
+		// announced: the freeing is announced, so the grant must come
+		// within announcedGrant of it rather than by the fallback retry.
+		announced bool
 	}{
 		{"transparent DEL", func(t *testing.T, key string) {
 			holdKey(t, ctx, b, key, "h", 30*time.Second, backends.Write)
 		}, func(t *testing.T, key string) {
 			b.Run(ctx, []string{"DEL", key}, []int{1}, false)
-		}, false},
+		}, false, true},
 		{"transparent compare-and-delete script", func(t *testing.T, key string) {
 			holdKey(t, ctx, b, key, "h", 30*time.Second, backends.Write)
 		}, func(t *testing.T, key string) {
 			b.Run(ctx, []string{"EVAL", cad, "1", key, "h"}, []int{3}, false)
-		}, false},
+		}, false, true},
 		{"transparent DEL, a reader waits", func(t *testing.T, key string) {
 			holdKey(t, ctx, b, key, "h", 30*time.Second, backends.Write)
 		}, func(t *testing.T, key string) {
 			b.Run(ctx, []string{"DEL", key}, []int{1}, false)
-		}, true},
+		}, true, true},
 		{"longest reader unlocks, a shorter one expires", func(t *testing.T, key string) {
 			holdKey(t, ctx, b, key, "r-long", 30*time.Second, backends.Read)
 			holdKey(t, ctx, b, key, "r-short", 1500*time.Millisecond, backends.Read)
@@ -52,14 +61,14 @@ func TestWaitFindsUnannouncedFreeing(t *testing.T) {
 			if ok, err := b.Unlock(ctx, key, "r-long"); !ok || err != nil {
 				t.Fatalf("UNLOCK r-long = %v, %v", ok, err)
 			}
-		}, false},
+		}, false, false},
 		{"RENEW shortens the lease, which expires", func(t *testing.T, key string) {
 			holdKey(t, ctx, b, key, "h", 30*time.Second, backends.Write)
 		}, func(t *testing.T, key string) {
 			if _, err := b.Renew(ctx, key, "h", time.Second); err != nil {
 				t.Fatalf("RENEW: %v", err)
 			}
-		}, false},
+		}, false, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "unheard-" + tc.name
@@ -77,14 +86,83 @@ func TestWaitFindsUnannouncedFreeing(t *testing.T) {
 			// Refused, then once more when the subscription is confirmed.
 			waitFor(t, "waiter tried twice", func() bool { return acquireAttempts(t, b)-before >= 2 })
 			time.Sleep(100 * time.Millisecond)
+			start := time.Now()
 			tc.free(t, key)
 			freed := acquireAttempts(t, b)
 			err := <-got
+			took := time.Since(start)
 			if err != nil {
 				t.Errorf("LOCK … WAIT 4 s = %v (%d attempts after the key was freed); want a grant: the key was free (or its last lease ended) about 1 s into the WAIT",
 					err, acquireAttempts(t, b)-freed)
 			}
+			if tc.announced {
+				t.Logf("granted %v after the release", took)
+				if err == nil && took > announcedGrant {
+					t.Errorf("LOCK … WAIT granted %v after the transparent release; want within %v: the release is announced, the 1 s fallback retry must not be what finds it",
+						took, announcedGrant)
+				}
+			}
 		})
+	}
+}
+
+// announcedGrant is how soon after an announced release a waiting head
+// must be granted: well under the 1 s cap on its sleep (leaseSleepMax),
+// with room for a loaded machine.
+const announcedGrant = 500 * time.Millisecond
+
+// TestTransparentReleaseAnnouncedOnce: a transparent command that leaves
+// a lock key free announces it on the key's release channel, as UNLOCK
+// does, so that LOCK … WAIT waiters try at once: once per key however
+// often the command names it (DEL a a b), through a script too
+// (RunScript's compare-and-delete, on a node whose script cache was
+// flushed: syncHoldsDone's re-run), and not at all for a key the command
+// leaves held (a PEXPIRE renewal). Before, transparent releases were
+// never announced and waiters found them by their 1 s fallback retry.
+func TestTransparentReleaseAnnouncedOnce(t *testing.T) {
+	b, rs := newRealBackend(t, 1)
+	direct := rs[0].Client(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	for _, k := range []string{"a", "b", "c", "d"} {
+		holdKey(t, ctx, b, k, "h", time.Minute, backends.Write)
+	}
+	sub := direct.Subscribe(ctx, "lp:released:a", "lp:released:b", "lp:released:c", "lp:released:d")
+	defer sub.Close()
+	for range 4 { // the confirmations
+		if _, err := sub.Receive(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := direct.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	const cad = `if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) else return 0 end`
+	for _, r := range b.Run(ctx, []string{"DEL", "a", "a", "b"}, []int{1, 2, 3}, false) {
+		if r.Err != nil || r.Val != int64(2) {
+			t.Fatalf("DEL a a b = %v, %v; want 2", r.Val, r.Err)
+		}
+	}
+	for _, r := range b.Run(ctx, []string{"PEXPIRE", "d", "60000"}, []int{1}, false) {
+		if r.Err != nil || r.Val != int64(1) {
+			t.Fatalf("PEXPIRE d = %v, %v; want 1", r.Val, r.Err)
+		}
+	}
+	// A node that lost its script cache answers syncHoldsScript's
+	// EVALSHA with NOSCRIPT; the script runs again alone, with the same
+	// ARGV, and announces too.
+	if err := direct.ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range b.RunScript(ctx, cad, []string{"c"}, []string{"h"}) {
+		if r.Err != nil || r.Val != int64(1) {
+			t.Fatalf("compare-and-delete c = %v, %v; want 1", r.Val, r.Err)
+		}
+	}
+	// A repeated announcement of a, or one of d, would be read here in
+	// place of c's.
+	expectAnnouncements(t, sub, []string{"a", "b", "c"})
+	if got := statCalls(direct.Info(ctx, "commandstats").Val(), "publish"); got != 3 {
+		t.Errorf("%d PUBLISH calls; want 3, one per freed key", got)
 	}
 }
 

@@ -13,13 +13,15 @@ import (
 // TestWaitSeesTransparentRelease: README, Transparent mode: "LOCK/UNLOCK
 // and transparent commands see the same locks". A lock library's holder
 // (SET NX PX 30 s) releases with its compare-and-delete script (or DEL)
-// about half a second into another client's LOCK … WAIT 4000 on the same
-// key, through the same instance or another one. The waiter must get the
-// lock, as it did when the head retried every 20–200 ms. Before, the head
-// slept on the 30 s lease its refusal told (past the WAIT: no fallback)
-// and the release, not announced, went unnoticed; now it tries again at
-// least once a second (the cap on that sleep), and at once where the
-// release is announced.
+// a quarter of a second into another client's LOCK … WAIT 4000 on the
+// same key, through the same instance or another one. The waiter must get
+// the lock, as it did when the head retried every 20–200 ms. Before, the
+// head slept on the 30 s lease its refusal told (past the WAIT: no
+// fallback) and the release, not announced, went unnoticed; then it tried
+// again at least once a second (the cap on that sleep), about 750 ms after
+// such a release. Now a transparent release is announced on every node
+// (syncHoldsScript publishes it), so the grant must come well under that
+// cap after the release.
 func TestWaitSeesTransparentRelease(t *testing.T) {
 	t.Parallel()
 	cl := startCluster(t, 3)
@@ -60,15 +62,30 @@ func TestWaitSeesTransparentRelease(t *testing.T) {
 				}
 				got <- v
 			}()
-			time.Sleep(500 * time.Millisecond)
+			// Long enough for the waiter to be refused and subscribed, and
+			// well before its fallback retry about 1 s after its attempts.
+			time.Sleep(250 * time.Millisecond)
+			released := time.Now()
 			if err := tc.release(ctx, lib, key); err != nil {
 				t.Fatalf("release: %v", err)
 			}
-			if v := <-got; v == nil || v == redis.Nil {
-				t.Errorf("LOCK … WAIT 4000 after the holder released at 0.5 s = %v; want a grant", v)
+			v := <-got
+			took := time.Since(released)
+			if v == nil || v == redis.Nil {
+				t.Fatalf("LOCK … WAIT 4000 after the holder released at 0.25 s = %v; want a grant", v)
 			} else if err, ok := v.(error); ok {
-				t.Errorf("LOCK … WAIT 4000 after the holder released at 0.5 s: %v; want a grant", err)
+				t.Fatalf("LOCK … WAIT 4000 after the holder released at 0.25 s: %v; want a grant", err)
+			}
+			t.Logf("granted %v after the release", took)
+			if took > announcedGrant {
+				t.Errorf("LOCK … WAIT granted %v after the transparent release; want within %v: the release is announced, the 1 s fallback retry must not be what finds it",
+					took, announcedGrant)
 			}
 		})
 	}
 }
+
+// announcedGrant is how soon after an announced release a waiter must be
+// granted: well under the 1 s cap on a waiting head's sleep, with room for
+// a loaded machine.
+const announcedGrant = 500 * time.Millisecond
