@@ -323,6 +323,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 // lease ends, and a waiter on another instance gets it then, with a larger
 // fence; a renewed one lives on.
 func TestLeaseEnds(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
 	b := newBackend(t, []string{zkAddr}, root, 10*time.Second)
@@ -460,6 +461,7 @@ func TestWaiterGivesUp(t *testing.T) {
 // session and grants the lock to the other instance, and once back the
 // first instance reports the lock not held and its waiter got an error.
 func TestSessionExpiry(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	p := harness.StartLink(t, zkAddr)
 	const session = 2 * time.Second
@@ -605,6 +607,7 @@ func TestDigestACL(t *testing.T) {
 // suspends the instance's locks (renewals fail) without losing them; a
 // lease that ended meanwhile is enforced once the link is back.
 func TestSuspendedThenBack(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	link := harness.StartLink(t, zkAddr)
 	a := newBackend(t, []string{link.Addr()}, root, 6*time.Second)

@@ -23,6 +23,7 @@ import (
 // (two holders); and it must answer the node's hold count, which counts
 // the reentry's hold.
 func TestGrantTimerKeepsLeaseOfReentryMadeBeforeIt(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
 	b := newBackend(t, []string{zkAddr}, root, 10*time.Second)
@@ -95,6 +96,7 @@ func TestGrantTimerKeepsLeaseOfReentryMadeBeforeIt(t *testing.T) {
 // it, it made the holder count on the key seconds after the node was
 // deleted and a rival granted (two holders).
 func TestGrantValidityNotStretchedByStalledWakeWrite(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	link := harness.StartLink(t, zkAddr)
 	a := newBackend(t, []string{link.Addr()}, root, 10*time.Second)
@@ -176,6 +178,7 @@ func TestGrantValidityNotStretchedByStalledWakeWrite(t *testing.T) {
 // the change for one that left the lease ended and deleted the node at
 // once: a rival was granted while the holder still counted on the key.
 func TestLeaseTimerWaitsForChangeInFlight(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
 	b := newBackend(t, []string{zkAddr}, root, 10*time.Second)

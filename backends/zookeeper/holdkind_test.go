@@ -19,6 +19,7 @@ import (
 // instance and through another one (whose node data this one's cache has
 // not seen).
 func TestHoldKindLeavesOtherKind(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
 	other := newBackend(t, []string{zkAddr}, root, 10*time.Second)

@@ -155,6 +155,7 @@ func encodeV1(d lockData) []byte {
 // one of its holds through an upgraded instance does not restart that
 // lease either.
 func TestInfoTTLOldFormatNode(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
 	const ttl = 3 * time.Second

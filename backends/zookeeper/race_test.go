@@ -16,6 +16,7 @@ import (
 // not, or once the holder releases it would hold the key for nobody until
 // the instance restarts.
 func TestAbandonedNodeDeletedAfterBlip(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	link := harness.StartLink(t, zkAddr)
 	a := newBackend(t, []string{link.Addr()}, root, 10*time.Second)

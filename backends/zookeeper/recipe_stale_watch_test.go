@@ -180,6 +180,7 @@ func TestContentionLeavesNoWatch(t *testing.T) {
 // behind the holder may see the change, but only re-arms its watch: one
 // request, no children read, not a wakeup.
 func TestRenewalWakesNoWaiter(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
 	b := newBackend(t, []string{zkAddr}, root, 10*time.Second)
@@ -451,6 +452,7 @@ func (d *replyDropper) dropOpen() { d.mu.Lock(); d.drop = d.n; d.mu.Unlock() }
 // with the connection given up while the LOCK waits for the answer, once
 // with the client gone (context done) before that.
 func TestLostCreateAnswerLeavesNoNode(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	const session = 2 * time.Second // the LOCK's connection is given up after 2/3 of it
 	b := newBackend(t, []string{zkAddr}, root, 10*time.Second)

@@ -24,6 +24,7 @@ import (
 // shorter. A reentry must never move the lease's end earlier, in the node
 // or in the creating instance's timer.
 func TestSameTokenWaiterReentryNeverShortensGrant(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
 	b := newBackend(t, []string{zkAddr}, root, 10*time.Second)
@@ -101,6 +102,7 @@ func TestSameTokenWaiterReentryNeverShortensGrant(t *testing.T) {
 // surviving) the later LOCK must still be woken soon, as a repeat LOCK,
 // not left waiting until its WAIT ends.
 func TestSameTokenWaiterWokenDespiteFailedWake(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	link := harness.StartLink(t, zkAddr)
 	a := newBackend(t, []string{link.Addr()}, root, 10*time.Second)
@@ -211,6 +213,7 @@ func TestRaisedLeaseNeverEndsSooner(t *testing.T) {
 // current: its timer must count the renewal it so stepped over, or it
 // deletes the node at the old end, long before the renewal said.
 func TestHoldChangeKeepsUnseenRenewal(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
 	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
 	b := newBackend(t, []string{zkAddr}, root, 10*time.Second)
