@@ -63,16 +63,21 @@ bench: deps
 bench-passthrough: deps
 	$(GO) test -run '^$$' -bench Passthrough -benchtime 1x -timeout 20m ./test/bench/
 
-## fuzz: run each fuzz target for FUZZTIME.
+## fuzz: run each fuzz target for FUZZTIME (names anchored: -fuzz takes a pattern that must match
+## exactly one target).
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzReader -fuzztime $(FUZZTIME) ./resp/
-	$(GO) test -run '^$$' -fuzz FuzzParseInt -fuzztime $(FUZZTIME) ./resp/
-	$(GO) test -run '^$$' -fuzz FuzzParseLock -fuzztime $(FUZZTIME) ./commands/
-	$(GO) test -run '^$$' -fuzz FuzzLoad -fuzztime $(FUZZTIME) ./conf/
-	$(GO) test -run '^$$' -fuzz FuzzFrameEnd -fuzztime $(FUZZTIME) ./relay/
-	$(GO) test -run '^$$' -fuzz FuzzParseChild -fuzztime $(FUZZTIME) ./backends/zookeeper/
-	$(GO) test -run '^$$' -fuzz FuzzReadReply -fuzztime $(FUZZTIME) ./backends/redis/
-	$(GO) test -run '^$$' -fuzz FuzzDecodeData -fuzztime $(FUZZTIME) ./backends/zookeeper/
+	$(GO) test -run '^$$' -fuzz '^FuzzReader$$' -fuzztime $(FUZZTIME) ./resp/
+	$(GO) test -run '^$$' -fuzz '^FuzzReaderSplits$$' -fuzztime $(FUZZTIME) ./resp/
+	$(GO) test -run '^$$' -fuzz '^FuzzInlineSplit$$' -fuzztime $(FUZZTIME) ./resp/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseInt$$' -fuzztime $(FUZZTIME) ./resp/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseLock$$' -fuzztime $(FUZZTIME) ./commands/
+	$(GO) test -run '^$$' -fuzz '^FuzzGlobsIntersect$$' -fuzztime $(FUZZTIME) ./commands/
+	$(GO) test -run '^$$' -fuzz '^FuzzLuaStrings$$' -fuzztime $(FUZZTIME) ./commands/
+	$(GO) test -run '^$$' -fuzz '^FuzzLoad$$' -fuzztime $(FUZZTIME) ./conf/
+	$(GO) test -run '^$$' -fuzz '^FuzzFrameEnd$$' -fuzztime $(FUZZTIME) ./relay/
+	$(GO) test -run '^$$' -fuzz '^FuzzParseChild$$' -fuzztime $(FUZZTIME) ./backends/zookeeper/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadReply$$' -fuzztime $(FUZZTIME) ./backends/redis/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeData$$' -fuzztime $(FUZZTIME) ./backends/zookeeper/
 
 vet:
 	$(GO) vet ./...
