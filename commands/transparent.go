@@ -502,7 +502,7 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		// Not canceled with the client: what the scripts wrote must be
 		// seen, to be rolled back if it is not a grant.
 		rs := h.fanout.RunScript(context.WithoutCancel(s.Context()), body, ks, argv)
-		d := decideScript(rs, h.fanout.NodeCount(), time.Since(start), h.fanout.Drift)
+		d := decideScript(rs, h.fanout.NodeCount(), time.Since(start), h.fanout.Drift, h.limits.MaxTTL)
 		if len(d.undo) > 0 {
 			h.undo(s.Context(), ks, d.undo)
 		}
@@ -826,8 +826,13 @@ type scriptDecision struct {
 // decideScript applies the acquisition rule to a script's replies (see the
 // comment at the top of this file). elapsed is the time the fan-out took;
 // drift gives the allowance for a lease.
-func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, drift func(time.Duration) time.Duration) scriptDecision {
+func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, drift func(time.Duration) time.Duration, maxTTL time.Duration) scriptDecision {
 	need := total/2 + 1
+	// unbounded: a node where the script left a key it wrote without an
+	// expiry, or with one beyond maxTTL. That is no lock: it would outlive
+	// its holder, and the restart quarantine counts on max_ttl (as SET
+	// without PX/EX or above max_ttl is refused).
+	unbounded := false
 	// written[j] is the value the script wrote to key j, if any node wrote
 	// one.
 	var written []*string
@@ -871,7 +876,11 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 				holds = false
 				break
 			}
-			if w.PTTL >= 0 && (min < 0 || w.PTTL < min) {
+			if w.PTTL < 0 || (maxTTL > 0 && time.Duration(w.PTTL)*time.Millisecond > maxTTL) {
+				unbounded, holds = true, false
+				break
+			}
+			if min < 0 || w.PTTL < min {
 				min = w.PTTL
 			}
 		}
@@ -933,6 +942,10 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 			}
 		}
 	}
+	if unbounded {
+		d.err = errScriptUnbounded
+		return d
+	}
 	if answered < need {
 		d.err = noQuorum(rs, total)
 		return d
@@ -974,6 +987,10 @@ func validLease(leases []int64, need int, elapsed time.Duration, drift func(time
 
 // scriptFailedError is the reply when a script's acquisition was rolled
 // back and no node gave a "not acquired" reply to pass on.
+// errScriptUnbounded answers a script that left a lock key without an
+// expiry or beyond locks.max_ttl, after its writes were rolled back.
+var errScriptUnbounded = errors.New("ERR transparent mode: the script left a lock key without an expiry or beyond locks.max_ttl, so it was rolled back; a lock needs PX or EX within max_ttl")
+
 type scriptFailedError struct{ holders, need, total int }
 
 func (e *scriptFailedError) Error() string {

@@ -557,7 +557,10 @@ return 1
 //     the value made a new hold, whose keys this only lines up. A lockm
 //     of another token (left where a command overwrote a hold) is
 //     dropped, so a later hold of that token does not inherit it.
-//   - held for writing without expiry: lockf and lockm lose theirs too.
+//   - held for writing without expiry: left alone. No lock is: a script
+//     that leaves one is rolled back (decideScript), and making lockf
+//     persistent would keep a fence record, possibly another token's,
+//     for good.
 //   - absent (DEL, a release, PEXPIRE 0): lockm is dropped; a later
 //     hold of the same token must not count the deleted hold's extra
 //     holds. lockf stays: it names its token, which no later holder's
@@ -591,12 +594,7 @@ for i = 0, #KEYS / 5 - 1 do
       local m = redis.call('GET', k[3])
       if m and select(3, string.match(m, '^(%d+),(%a*),(.*)$')) ~= v then redis.call('DEL', k[3]) end
       local p = redis.call('PTTL', k[1])
-      if p > 0 then
-        extendWriteOf(k, v, p)
-      elseif p == -1 then
-        redis.call('PERSIST', k[2])
-        redis.call('PERSIST', k[3])
-      end
+      if p > 0 then extendWriteOf(k, v, p) end
     end
   end
 end
