@@ -232,9 +232,15 @@ func New(cfg Config) (*Backend, error) {
 // alter the tables runs on tables an owner made.
 func (b *Backend) setup(ctx context.Context) error {
 	q, args := b.n.schemaStateSQL()
-	var tables, indexes, oldKeys bool
-	if err := b.pool.QueryRow(ctx, q, args...).Scan(&tables, &indexes, &oldKeys); err != nil {
+	var tables, indexes, keyed bool
+	if err := b.pool.QueryRow(ctx, q, args...).Scan(&tables, &indexes, &keyed); err != nil {
 		return fmt.Errorf("postgres: %s: %s: %w", b.addr, reason(err), err)
+	}
+	if tables {
+		// Before any upgrade: one refused leaves the tables as they were.
+		if err := b.checkIndexes(ctx, b.pool); err != nil {
+			return err
+		}
 	}
 	switch {
 	case !tables:
@@ -244,20 +250,28 @@ func (b *Backend) setup(ctx context.Context) error {
 				return fmt.Errorf("postgres: cannot create the lock tables (%s) in schema %q: %s; "+
 					"have an owner create them (see the README's \"PostgreSQL backend\") or grant CREATE on the schema", b.n, b.cfg.Schema, pe.Message)
 			}
+			var ue *unfitIndexError
+			if errors.As(err, &ue) {
+				return ue
+			}
 			return fmt.Errorf("postgres: create the lock tables: %s: %w", reason(err), err)
 		}
 		b.log.Info("postgres: lock tables ready", zap.String("tables", b.n.String()))
-	case !indexes || oldKeys:
+	case !indexes || !keyed:
 		if err := b.makeSchema(ctx); err != nil {
 			var pe *pgconn.PgError
 			if errors.As(err, &pe) && pe.Code == "42501" {
 				return fmt.Errorf("postgres: the lock tables (%s) were made by an earlier version and must be upgraded "+
-					"(unique indexes on the keys' SHA-256 instead of primary keys on the keys), which this role may not do: %s; "+
+					"(unique indexes on the keys' SHA-256 and a surrogate primary key id instead of primary keys on the keys), which this role may not do: %s; "+
 					"have their owner start this version once, or run the upgrade in the README's \"PostgreSQL backend\"", b.n, pe.Message)
+			}
+			var ue *unfitIndexError
+			if errors.As(err, &ue) {
+				return ue
 			}
 			return fmt.Errorf("postgres: upgrade the lock tables (%s): %s: %w", b.n, reason(err), err)
 		}
-		b.log.Warn("postgres: lock tables upgraded: keys and tokens are indexed by their SHA-256; "+
+		b.log.Warn("postgres: lock tables upgraded: keys and tokens are indexed by their SHA-256, the primary keys are a surrogate id; "+
 			"lockproxy instances of earlier versions on these tables now fail every grant",
 			zap.String("tables", b.n.String()))
 	}
@@ -266,12 +280,14 @@ func (b *Backend) setup(ctx context.Context) error {
 	return b.checkSequence(ctx)
 }
 
-// makeSchema creates what is missing and drops the tables' primary keys
-// (an earlier version's, on the whole key: see digest), in one
+// makeSchema creates what is missing, checks the unique indexes fit
+// (checkIndexes), and replaces the tables' primary keys (an earlier
+// version's, on the whole key: see digest) with the surrogate ones, or
+// adds those (the first version with the digests had none), in one
 // transaction, under an advisory lock so that lockproxies starting
 // together do not trip over each other's CREATE … IF NOT EXISTS or
 // migrate twice. Rows held across it stay, with their fences: only the
-// indexes change. A transaction rolled back for a deadlock (an earlier
+// indexes and keys change. A transaction rolled back for a deadlock (an earlier
 // version's grant running on the tables) is tried again, a few times.
 func (b *Backend) makeSchema(ctx context.Context) error {
 	var err error
@@ -290,12 +306,13 @@ func (b *Backend) makeSchemaTx(ctx context.Context) func(pgx.Tx) error {
 			return err
 		}
 		q, args := b.n.schemaStateSQL()
-		var tables, indexes, oldKeys bool
-		if err := tx.QueryRow(ctx, q, args...).Scan(&tables, &indexes, &oldKeys); err != nil {
+		var tables, indexes, keyed bool
+		if err := tx.QueryRow(ctx, q, args...).Scan(&tables, &indexes, &keyed); err != nil {
 			return err
 		}
-		if tables && indexes && !oldKeys {
-			return nil // another lockproxy did it while this one waited
+		if tables && indexes && keyed {
+			// Another lockproxy did it while this one waited.
+			return b.checkIndexes(ctx, tx)
 		}
 		if tables {
 			// Both at once, before any other statement: taken one by
@@ -310,25 +327,13 @@ func (b *Backend) makeSchemaTx(ctx context.Context) func(pgx.Tx) error {
 				return err
 			}
 		}
-		q, args = b.n.oldKeysSQL()
-		rs, err := tx.Query(ctx, q, args...)
-		if err != nil {
+		// Again, under the locks: an index of the name made since
+		// setup's check was kept by IF NOT EXISTS, and the earlier
+		// primary keys must not go unless the unique indexes fit.
+		if err := b.checkIndexes(ctx, tx); err != nil {
 			return err
 		}
-		var tabs, keys []string
-		var tab, key string
-		if _, err := pgx.ForEachRow(rs, []any{&tab, &key}, func() error {
-			tabs, keys = append(tabs, tab), append(keys, key)
-			return nil
-		}); err != nil {
-			return fmt.Errorf("read the tables' primary keys: %w", err)
-		}
-		for i := range keys {
-			if _, err := tx.Exec(ctx, dropKeySQL(tabs[i], keys[i])); err != nil {
-				return fmt.Errorf("drop the primary key %s of %s: %w", keys[i], tabs[i], err)
-			}
-		}
-		return nil
+		return b.addKeys(ctx, tx)
 	}
 }
 

@@ -90,11 +90,16 @@ func keyIs(col string) string {
 // schemaSQL creates what is missing, in order. One row per holder and
 // mode: a downgraded token has a write row and a read row. mode is
 // backends.Mode (0 write, 1 read), so ORDER BY mode puts write holds
-// first, as UNLOCK releases them. The tables have no primary key: (key,
-// token, mode) would put whole keys in a B-tree. Their unique indexes, on
-// the digests (see digest), are what ON CONFLICT names; the statements
-// find a key's rows through them (keyIs). A schema made before them is
-// brought up to date by Backend.makeSchema.
+// first, as UNLOCK releases them. The primary keys are not (key, token,
+// mode) and (key, waiter), which would put whole keys in a B-tree: the
+// unique indexes on the digests (see digest) are what ON CONFLICT names,
+// and the statements find a key's rows through them (keyIs). Each table
+// still has a primary key, a surrogate id no statement reads or writes:
+// a table in a publication (logical replication, CDC) needs a replica
+// identity for UPDATE and DELETE, or they fail (SQLSTATE 55000), and an
+// expression index cannot be one. id comes last, where the upgrade's ADD
+// COLUMN puts it, so that every table has the same columns in the same
+// order. A schema made before is brought up to date by Backend.makeSchema.
 func (n names) schemaSQL() []string {
 	return []string{
 		`CREATE SEQUENCE IF NOT EXISTS ` + n.fences + ` AS bigint`,
@@ -104,13 +109,15 @@ func (n names) schemaSQL() []string {
 	mode       smallint    NOT NULL CHECK (mode IN (0, 1)),
 	holds      bigint      NOT NULL CHECK (holds > 0),
 	expires_at timestamptz NOT NULL,
-	fence      bigint      NOT NULL)`,
+	fence      bigint      NOT NULL,
+	` + surrogateKey + `)`,
 		`CREATE UNIQUE INDEX IF NOT EXISTS ` + n.holdsKeyIdent + ` ON ` + n.holds + ` (` + n.holdsConflict() + `)`,
 		`CREATE INDEX IF NOT EXISTS ` + pgx.Identifier{unq(n.holds) + "_expires_at"}.Sanitize() + ` ON ` + n.holds + ` (expires_at)`,
 		`CREATE TABLE IF NOT EXISTS ` + n.waiters + ` (
 	key        text        NOT NULL,
 	waiter     text        NOT NULL,
-	expires_at timestamptz NOT NULL)`,
+	expires_at timestamptz NOT NULL,
+	` + surrogateKey + `)`,
 		`CREATE UNIQUE INDEX IF NOT EXISTS ` + n.waitersKeyIdent + ` ON ` + n.waiters + ` (` + n.waitersConflict() + `)`,
 	}
 }
@@ -121,23 +128,68 @@ func (n names) schemaSQL() []string {
 func (n names) holdsConflict() string   { return digest("key") + `, ` + digest("token") + `, mode` }
 func (n names) waitersConflict() string { return digest("key") + `, waiter` }
 
+// surrogateKey is the tables' primary key column (see schemaSQL), as
+// CREATE TABLE and ALTER TABLE … ADD COLUMN take it.
+const surrogateKey = `id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY`
+
 // schemaStateSQL reads, in one row, whether the tables and the sequence
-// exist, whether both unique indexes do, and whether either table still
-// has a primary key (the schema before the digests had (key, token, mode)
-// and (key, waiter)).
+// exist, whether both unique indexes do (an object of the name, whatever
+// it is: checkIndexSQL says whether it fits), and whether both tables have
+// their surrogate primary key (the schema before the digests had (key,
+// token, mode) and (key, waiter); the first with the digests had none).
 func (n names) schemaStateSQL() (string, []any) {
 	return `SELECT to_regclass($1) IS NOT NULL AND to_regclass($2) IS NOT NULL AND to_regclass($3) IS NOT NULL,
 	to_regclass($4) IS NOT NULL AND to_regclass($5) IS NOT NULL,
-	EXISTS (SELECT 1 FROM pg_catalog.pg_constraint WHERE contype = 'p' AND conrelid IN (to_regclass($1), to_regclass($2)))`,
+	(SELECT count(*) = 2 FROM pg_catalog.pg_constraint c JOIN pg_catalog.pg_attribute a ON a.attrelid = c.conrelid AND a.attname = 'id'
+		WHERE c.contype = 'p' AND c.conrelid IN (to_regclass($1), to_regclass($2)) AND c.conkey = ARRAY[a.attnum] AND a.attidentity <> '')`,
 		[]any{n.holds, n.waiters, n.fences, n.holdsKey, n.waitersKey}
 }
 
-// oldKeysSQL names the primary key constraints of the tables (makeSchema
-// drops them): the table, sanitized, and the constraint's name.
-func (n names) oldKeysSQL() (string, []any) {
-	return `SELECT CASE WHEN conrelid = to_regclass($1) THEN $1 ELSE $2 END, conname
-FROM pg_catalog.pg_constraint WHERE contype = 'p' AND conrelid IN (to_regclass($1), to_regclass($2))
+// keysSQL reads, for each table (sanitized, $1 and $2), what its primary
+// key is: the name of one that is not the surrogate key (makeSchema drops
+// it), whether the surrogate key is there, whether a column id is, and
+// whether that column is an identity column.
+func (n names) keysSQL() (string, []any) {
+	return `SELECT t.name, CASE WHEN c.conkey = ARRAY[a.attnum] AND a.attidentity <> '' THEN '' ELSE coalesce(c.conname, '') END,
+	coalesce(c.conkey = ARRAY[a.attnum] AND a.attidentity <> '', false), a.attnum IS NOT NULL, coalesce(a.attidentity <> '', false)
+FROM (VALUES ($1::text), ($2::text)) t(name)
+LEFT JOIN pg_catalog.pg_constraint c ON c.contype = 'p' AND c.conrelid = to_regclass(t.name)
+LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = to_regclass(t.name) AND a.attname = 'id' AND NOT a.attisdropped
 ORDER BY 1`, []any{n.holds, n.waiters}
+}
+
+// checkIndexSQL reads what makes the unique index $1 (qualified) fit
+// table $2 with $3 columns, the last one column $4 and the first
+// an expression: whether $1 is an index at all, on $2, unique, valid and
+// ready, immediate (ON CONFLICT takes no deferred index), not partial,
+// with exactly $3 columns (no INCLUDE), the last $4 and the first an
+// expression, and the first two columns' expressions as PostgreSQL prints
+// them. Whether the expressions are the digests is left to the planner
+// (indexArbiters, arbiterProbeSQL): it matches them as ON CONFLICT does, which printing
+// them, varying with settings and versions, would not tell reliably.
+func checkIndexSQL() string {
+	return `SELECT i.indexrelid IS NOT NULL, coalesce(i.indrelid = to_regclass($2), false),
+	coalesce(i.indisunique, false), coalesce(i.indisvalid AND i.indisready, false), coalesce(i.indimmediate, false), coalesce(i.indpred IS NULL, false),
+	coalesce(i.indnatts = $3 AND i.indnkeyatts = $3 AND i.indkey[0] = 0 AND a.attname IS NOT DISTINCT FROM $4, false),
+	coalesce(pg_catalog.pg_get_indexdef(i.indexrelid, 1, false), ''), coalesce(pg_catalog.pg_get_indexdef(i.indexrelid, 2, false), '')
+FROM (SELECT to_regclass($1) AS oid) r
+LEFT JOIN pg_catalog.pg_index i ON i.indexrelid = r.oid
+LEFT JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[$3::int - 1]
+WHERE r.oid IS NOT NULL`
+}
+
+// arbiterProbeSQL is an INSERT into table (n.holds or n.waiters) whose
+// ON CONFLICT names the columns the statements' do (grantSQL,
+// markWriterSQL), for checkIndexes to plan and never run. DO NOTHING, not
+// DO UPDATE: planning an UPDATE already fails on a published table
+// without a replica identity (SQLSTATE 55000), as an earlier version's
+// tables are until makeSchema gives them their key.
+func (n names) arbiterProbeSQL(table string) string {
+	conflict := n.holdsConflict()
+	if table == n.waiters {
+		conflict = n.waitersConflict()
+	}
+	return `INSERT INTO ` + table + ` (key) SELECT key FROM ` + table + ` WHERE false ON CONFLICT (` + conflict + `) DO NOTHING`
 }
 
 // lockTablesSQL takes both tables at once, first in a migration, so that
@@ -150,6 +202,16 @@ func (n names) lockTablesSQL() string {
 // dropKeySQL drops constraint name of table (sanitized).
 func dropKeySQL(table, name string) string {
 	return `ALTER TABLE ` + table + ` DROP CONSTRAINT ` + pgx.Identifier{name}.Sanitize()
+}
+
+// addKeySQL gives table (sanitized) its surrogate primary key: the
+// column, or, when an identity column id is there already, the key on it.
+// Adding the column rewrites the table, numbering the rows there.
+func addKeySQL(table string, haveID bool) string {
+	if haveID {
+		return `ALTER TABLE ` + table + ` ADD PRIMARY KEY (id)`
+	}
+	return `ALTER TABLE ` + table + ` ADD COLUMN ` + surrogateKey
 }
 
 // unq is the last part of a sanitized qualified name, unquoted.
