@@ -3,6 +3,7 @@ package commands
 import (
 	"bytes"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -52,6 +53,26 @@ type relayConn struct {
 	// made on the connection they run on: it keeps its pinned connection
 	// from then on, so that its later writes and WAITs go on the same one.
 	waiter bool
+	// failedTx: MULTI failed through lockproxy (its WATCH got no
+	// connection, or it got none itself) and was never sent: the commands
+	// queued after it are refused and EXEC aborts, until EXEC, DISCARD or
+	// RESET. Not "no pinned connection": a SELECT, WAIT or CLIENT
+	// TRACKING may have pinned one meanwhile, on which the queued
+	// commands would run at once, outside any transaction.
+	failedTx bool
+	// linger: the pinned connection carried every write of the client and
+	// nothing else holds it any more (after EXEC, UNWATCH, SELECT 0): it
+	// is kept so that a WAIT next counts those writes (a pipeline, MULTI
+	// … EXEC, then WAIT), and given back before the next command that may
+	// write, which then goes over a shared connection.
+	linger bool
+	// light: the pinned connection holds no state the client's later
+	// commands depend on, only WAIT's count (waiter, linger). Losing it
+	// (a read timeout, say) then answers the command with an error and
+	// the client carries on, as on a shared connection, instead of being
+	// disconnected. Atomic: the lost hook reads it on the upstream
+	// connection's reader goroutine.
+	light atomic.Bool
 	// wroteOn is the pinned connection (Pipe.PinID) that carried every
 	// command of the client that may write, 0 when there was none, or
 	// wroteElsewhere when one went over a shared connection or one the
@@ -74,7 +95,15 @@ func (h *Handler) relayState(s *resp.Session) *relayConn {
 		// it would: the client's library reconnects and, for example,
 		// subscribes again, instead of waiting for messages that no
 		// longer come.
-		c.rl = &relayConn{pipe: h.up.NewPipe(s.ID(), func(f []byte) { h.relayPush(s, f) }, s.Close)}
+		// Not when the connection held only WAIT's count (light): that
+		// is recovered from in relayCollect.
+		rs := &relayConn{}
+		rs.pipe = h.up.NewPipe(s.ID(), func(f []byte) { h.relayPush(s, f) }, func() {
+			if !rs.light.Load() {
+				s.Close()
+			}
+		})
+		c.rl = rs
 	}
 	return c.rl
 }
@@ -147,18 +176,20 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 	}
 	switch {
 	case rs.multi && !isReset:
-		if n := string(name); !rs.pipe.Pinned() && n != "exec" && n != "discard" {
-			// MULTI got no upstream connection (or its WATCH none): what
-			// the client queues after it must not run outside the
-			// transaction, on the shared connection.
+		if n := string(name); rs.failedTx && n != "exec" && n != "discard" {
+			// MULTI got no upstream connection (or its WATCH none) and
+			// was not sent: what the client queues after it must not run
+			// outside the transaction, on the shared connection or on a
+			// connection pinned for another reason.
 			rs.dirty = true
 			s.W.Error("ERR the transaction failed through lockproxy: it has no upstream connection (see the reply to MULTI or WATCH); " +
 				"nothing is queued, and EXEC will abort")
 			return true
 		}
-		if n := string(name); (n == "keys" || n == "scan") && h.up.KeyPrefix() != "" {
+		if n := string(name); (n == "keys" || n == "scan") && h.up.KeyPrefix() != "" && listingMayReach(n, args, h.up.KeyPrefix()) {
 			// Outside a transaction their replies are filtered of the
-			// lock keys; EXEC's reply is not.
+			// lock keys; EXEC's reply is not. A pattern that cannot
+			// match a key under the prefix needs no filtering.
 			rs.dirty = true
 			s.W.Error("ERR '" + n + "' is not allowed inside MULTI through lockproxy: EXEC's reply could not be filtered of lock keys (redlock.key_prefix); run it outside the transaction")
 			return true
@@ -194,6 +225,46 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 	}
 	if local && rs.pipe.Pending() > 0 {
 		h.relayCollect(s, rs, true)
+	}
+	return false
+}
+
+// listingMayReach tells whether KEYS or SCAN (name, in lower case) may
+// list a key that starts with prefix: KEYS unless its pattern cannot
+// match one, SCAN unless it has a MATCH and none of its MATCH values (Redis
+// uses the last; a "MATCH" that is another option's value is taken for
+// one too: a refusal beats a leak) can.
+func listingMayReach(name string, args [][]byte, prefix string) bool {
+	var pats [][]byte
+	switch name {
+	case "keys":
+		if len(args) != 2 {
+			return true
+		}
+		pats = args[1:]
+	case "scan":
+		for i := 2; i+1 < len(args); i++ {
+			if resp.EqualFold(args[i], "MATCH") {
+				pats = append(pats, args[i+1])
+			}
+		}
+		if len(pats) == 0 {
+			return true
+		}
+	default:
+		return true
+	}
+	under := make([]globPos, 0, len(prefix)+1) // prefix*
+	for i := 0; i < len(prefix); i++ {
+		var p globPos
+		p.add(prefix[i], prefix[i])
+		under = append(under, p)
+	}
+	under = append(under, globPos{star: true})
+	for _, p := range pats {
+		if globsIntersect(globPositions(p), under) {
+			return true
+		}
 	}
 	return false
 }
@@ -323,6 +394,25 @@ func (h *Handler) relayAdd(s *resp.Session, rs *relayConn, args [][]byte) {
 		s.W.Error(errLostState)
 		return
 	}
+	if rs.linger && !rs.multi {
+		var buf [32]byte
+		if h.up.MayWrite(resp.Lower(buf[:], args[0]), args) {
+			// The pin was kept for a WAIT only (linger): a write gives it
+			// back, after the commands queued on it, and goes over a
+			// shared connection as any other client's.
+			if p.Pending() > 0 {
+				h.relayCollect(s, rs, true)
+			}
+			rs.linger = false
+			rs.light.Store(false)
+			p.Unpin(true)
+			if rs.broken {
+				rs.at = s.W.Len()
+				s.W.Error(errLostState)
+				return
+			}
+		}
+	}
 	if rs.wroteOn != wroteElsewhere {
 		h.noteWrite(rs, args)
 	}
@@ -373,6 +463,19 @@ func (h *Handler) relayCollect(s *resp.Session, rs *relayConn, timed bool) {
 	}
 	splice(s.W, rs.at, out)
 	if rs.pipe.Lost() {
+		if rs.light.Load() {
+			// It held only WAIT's count (waiter, linger): the commands
+			// got the error, as on a shared connection, and the client
+			// carries on. Writes made on the lost connection cannot be
+			// counted by a WAIT on another (refused then); with none, the
+			// next WAIT pins a new one.
+			rs.light.Store(false)
+			rs.waiter, rs.linger = false, false
+			if rs.wroteOn != 0 {
+				rs.wroteOn = wroteElsewhere
+			}
+			return
+		}
 		// The pinned connection failed, and its transaction, watches,
 		// database or subscriptions with it: the commands after these
 		// were sent in that state, and run nowhere else.
@@ -389,6 +492,8 @@ func (h *Handler) relayBroken(s *resp.Session, rs *relayConn) {
 	rs.broken = true
 	rs.pipe.Close()
 	rs.multi, rs.dirty, rs.watch, rs.watchLost, rs.db, rs.tracking, rs.monitor = false, false, false, false, 0, false, false
+	rs.failedTx, rs.linger = false, false
+	rs.light.Store(false)
 	s.SetPubSub(false)
 	s.CloseAfterReply()
 }
@@ -416,10 +521,14 @@ func (h *Handler) noteWrite(rs *relayConn, args [][]byte) {
 // the client's writes: Redis counts those made on the connection WAIT
 // runs on. That holds when the client wrote nothing yet (WAIT then
 // answers at once, as on Redis), or wrote only on its current pinned
-// connection. Writes over a shared connection, which carries other
-// clients' too, cannot be waited for: another connection's WAIT would
-// answer at once that every replica has them. A client that passes keeps
-// its pinned connection from then on (waiter), so its later writes count.
+// connection; a pinned connection that carried the client's writes is
+// kept after its state is done with (linger) for that. Writes over a
+// shared connection, which carries other clients' too, or over a pinned
+// one the client no longer has, cannot be waited for: another
+// connection's WAIT would answer that every replica has them when none
+// may have. That holds for WAIT 0 too, which returns a count of replicas.
+// A client that passes keeps its pinned connection from then on (waiter),
+// so its later writes count.
 func (h *Handler) waitCounts(rs *relayConn) bool {
 	if rs.wroteOn != 0 && rs.wroteOn != rs.pipe.PinID() {
 		return false
@@ -546,6 +655,11 @@ func relayError(s *resp.Session, msg string) { s.W.Error(msg) }
 // replies pending on the shared one. It reports false after writing an
 // error reply when none could be had.
 func (h *Handler) pin(s *resp.Session, rs *relayConn) bool {
+	// The caller puts state on the connection (a transaction, a
+	// database…), or blocks it: until maybeUnpin finds that state done
+	// with, losing the connection loses the client's state.
+	rs.linger = false
+	rs.light.Store(false)
 	if rs.pipe.Pinned() {
 		return true
 	}
@@ -557,12 +671,23 @@ func (h *Handler) pin(s *resp.Session, rs *relayConn) bool {
 	return true
 }
 
-// maybeUnpin gives the pinned connection back once no state needs it.
+// maybeUnpin gives the pinned connection back once no state needs it,
+// unless WAIT needs it: the client is a waiter, or every write of the
+// client went over it (linger: kept until a write, see relayAdd).
 func (h *Handler) maybeUnpin(rs *relayConn) {
-	if rs.pipe.Pinned() && rs.pipe.Pending() == 0 && !rs.multi && !rs.watch && rs.db == 0 &&
-		!rs.tracking && !rs.waiter && !rs.pipe.Tunneling() {
-		rs.pipe.Unpin(true)
+	rs.linger = false
+	rs.light.Store(false)
+	if !rs.pipe.Pinned() || rs.pipe.Pending() > 0 || rs.multi || rs.watch || rs.db != 0 ||
+		rs.tracking || rs.pipe.Tunneling() {
+		return
 	}
+	wroteHere := rs.wroteOn != 0 && rs.wroteOn == rs.pipe.PinID()
+	if !rs.waiter && !wroteHere {
+		rs.pipe.Unpin(true)
+		return
+	}
+	rs.linger = !rs.waiter
+	rs.light.Store(true)
 }
 
 // blocking names the commands that may block the upstream connection.
@@ -644,8 +769,8 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		}
 		h.rm.refused.Inc()
 		relayError(s, "ERR '"+name+"' through lockproxy cannot count this connection's writes: some went over an upstream connection "+
-			"shared with other clients, which it does not see. Send WAIT 0 0 before the connection's first write: "+
-			"lockproxy then keeps its writes and WAITs on one upstream connection")
+			"shared with other clients, or over one this connection no longer has, which it does not see. Send WAIT 0 0 before the "+
+			"connection's first write: lockproxy then keeps its writes and WAITs on one upstream connection")
 		return
 	}
 	h.rm.relayed.Inc()
@@ -659,7 +784,7 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		if rs.watchLost {
 			// Its WATCH got no upstream connection: the transaction
 			// could not be protected, so it fails as a whole.
-			rs.multi, rs.dirty = true, true
+			rs.multi, rs.dirty, rs.failedTx = true, true, true
 			relayError(s, "ERR the transaction failed through lockproxy: its WATCH got no upstream connection; nothing is queued, and EXEC will abort")
 			return
 		}
@@ -667,19 +792,21 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 			// A failed transaction, with no connection: the commands the
 			// client queues after it are refused (relayRoute), not run
 			// on the shared connection, and EXEC aborts.
-			rs.multi, rs.dirty = true, true
+			rs.multi, rs.dirty, rs.failedTx = true, true, true
 			return
 		}
 		rs.multi = true
 		h.relayAdd(s, rs, args)
-	case (name == "exec" || name == "discard") && rs.multi && !rs.pipe.Pinned():
-		// A failed transaction (above): nothing was queued upstream.
+	case (name == "exec" || name == "discard") && rs.multi && rs.failedTx:
+		// A failed transaction (above): nothing was queued upstream, on
+		// any connection.
 		if name == "exec" {
 			s.W.Error("EXECABORT Transaction discarded because of previous errors.")
 		} else {
 			s.W.Simple("OK")
 		}
-		rs.multi, rs.dirty, rs.watch, rs.watchLost = false, false, false, false
+		rs.multi, rs.dirty, rs.watch, rs.watchLost, rs.failedTx = false, false, false, false, false
+		h.maybeUnpin(rs)
 	case (name == "exec" || name == "discard") && rs.multi:
 		if rs.dirty && name == "exec" {
 			h.relayAdd(s, rs, [][]byte{[]byte("DISCARD")})
@@ -833,7 +960,6 @@ func hasWord(args [][]byte, w string) bool {
 // upstream connection is closed, so that a BLPOP left behind cannot take
 // an element that no one will receive.
 func (h *Handler) relayBlocking(s *resp.Session, rs *relayConn, args [][]byte) {
-	wasPinned := rs.pipe.Pinned()
 	if !h.pin(s, rs) {
 		return
 	}
@@ -843,9 +969,9 @@ func (h *Handler) relayBlocking(s *resp.Session, rs *relayConn, args [][]byte) {
 	stop := s.WatchClose()
 	h.relayCollect(s, rs, false)
 	stop()
-	if !wasPinned {
-		h.maybeUnpin(rs)
-	}
+	// Also when it was pinned: pin cleared linger, which maybeUnpin
+	// recomputes (a connection pinned for state stays).
+	h.maybeUnpin(rs)
 }
 
 // relayTunnel relays a command of a connection in pub/sub (or MONITOR)
@@ -958,7 +1084,8 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 		// After the replies in flight, when tunnelled (relayRoute).
 		c.rl.pipe.Close()
 		c.rl.multi, c.rl.dirty, c.rl.watch, c.rl.db, c.rl.tracking, c.rl.monitor = false, false, false, 0, false, false
-		c.rl.watchLost, c.rl.waiter = false, false
+		c.rl.watchLost, c.rl.waiter, c.rl.failedTx, c.rl.linger = false, false, false, false
+		c.rl.light.Store(false)
 	}
 	// No tunnel any more: the batch's replies go to s.W, pushes wait for
 	// them.

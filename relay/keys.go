@@ -440,16 +440,27 @@ func PatternMayReach(pattern, prefix []byte) bool {
 // MayWrite tells whether the command (name in lower case) may change what
 // the upstream replicates, as WAIT counts: the upstream's COMMAND table
 // flags it write or may_replicate (scripts, PUBLISH), for a container
-// that of its subcommand. A command the table does not describe, or any
-// while the table is not read, counts as a write. It dials nothing: the
-// event loop calls it.
+// that of its subcommand. A command the table does not describe counts as
+// a write. The table is read first when it is not yet (needSpecs, as Check
+// does with a key prefix set): taken for a write, a read relayed before the
+// first dial would get the client's WAIT refused. While the upstream
+// cannot be reached every command counts as a write.
 func (r *Relay) MayWrite(name []byte, args [][]byte) bool {
 	t := r.specs.Load()
 	if t == nil {
-		return true
+		r.needSpecs()
+		if t = r.specs.Load(); t == nil {
+			return true
+		}
 	}
 	s, ok := t.all[string(name)]
 	if !ok || s.writes {
+		return true
+	}
+	switch string(name) {
+	case "eval", "evalsha", "fcall":
+		// A script may write, and Redis 7.0 flags these neither write
+		// nor may_replicate (their _RO forms cannot write).
 		return true
 	}
 	if s.container && len(args) > 1 && len(args[1]) <= 64 {
