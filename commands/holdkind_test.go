@@ -9,7 +9,6 @@ import (
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/relay"
-	"github.com/lockproxy/lockproxy/resp"
 )
 
 // TestWatchdogKeepsItsKindOfHold: a token may hold a key both for writing
@@ -152,22 +151,6 @@ func TestOrphanGrantReleasesItsKind(t *testing.T) {
 // test's life and returns a connection to it.
 func dialHandler(t *testing.T, b backends.Backend) net.Conn {
 	t.Helper()
-	h := NewHandler(Options{Limits: testLimits, Backend: b})
-	srv := &resp.Server{Handler: h}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		h.Close()
-	})
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, conn := serveHandler(t, b, nil)
 	return conn
 }

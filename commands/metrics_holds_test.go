@@ -172,10 +172,16 @@ func TestHeldLocksExpire(t *testing.T) {
 	}
 }
 
-// serveHandler is dialHandlerMetrics that also returns the handler.
+// serveHandler serves a Handler on backend b (its metrics in reg, when
+// not nil) on a loopback port for the test's life, and returns it and a
+// connection to it.
 func serveHandler(t *testing.T, b backends.Backend, reg *prometheus.Registry) (*Handler, net.Conn) {
 	t.Helper()
-	h := NewHandler(Options{Limits: testLimits, Backend: b, Registry: reg})
+	o := Options{Limits: testLimits, Backend: b}
+	if reg != nil {
+		o.Registry = reg // a nil *Registry in the interface would not be nil
+	}
+	h := NewHandler(o)
 	srv := &resp.Server{Handler: h}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

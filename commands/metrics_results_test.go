@@ -24,24 +24,7 @@ func (b *noQuorumBackend) Lock(ctx context.Context, req backends.LockRequest) (b
 // dialHandlerMetrics is dialHandler with the handler's metrics in reg.
 func dialHandlerMetrics(t *testing.T, b backends.Backend, reg *prometheus.Registry) net.Conn {
 	t.Helper()
-	h := NewHandler(Options{Limits: testLimits, Backend: b, Registry: reg})
-	srv := &resp.Server{Handler: h}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		h.Close()
-	})
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
+	_, conn := serveHandler(t, b, reg)
 	return conn
 }
 
