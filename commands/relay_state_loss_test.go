@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	goredis "github.com/redis/go-redis/v9"
 	"io"
 	"net"
 	"strconv"
@@ -246,22 +247,8 @@ func TestLostPinnedConnectionStopsTheClient(t *testing.T) {
 // runs outside the transaction. They are refused and EXEC answers
 // EXECABORT.
 func TestMultiWithoutPinnedConnection(t *testing.T) {
-	up := harness.StartRedis(t, harness.RedisOptions{Password: "pw", Args: []string{"--maxclients", "3"}})
-	uc := up.Client(t)
+	addr, _, uc := relayWithNoConnectionLeft(t) // its WATCH holds the last connection
 	ctx := context.Background()
-	if err := uc.Ping(ctx).Err(); err != nil { // connection 1
-		t.Fatal(err)
-	}
-	rl := relay.New(relay.Config{Addr: up.Addr, Password: "pw", PoolSize: 1, DialTimeout: time.Second,
-		ReadTimeout: 10 * time.Second, Deny: conf.DefaultDenyCommands, KeyPrefix: "lockproxy:"})
-	addr := serveRelay(t, rl, nil)
-	other := dialFrames(t, addr)
-	if r := other.do("GET x"); r != "_" { // the shared connection: 2
-		t.Fatalf("GET: %s", r)
-	}
-	if r := other.do("WATCH x"); r != "+OK" { // a pinned one: 3, the last
-		t.Fatalf("WATCH: %s", r)
-	}
 	for _, tc := range []struct {
 		name  string
 		batch []string
@@ -279,14 +266,7 @@ func TestMultiWithoutPinnedConnection(t *testing.T) {
 			if d != "" || cr != "" {
 				t.Errorf("commands sent inside MULTI ran outside any transaction")
 			}
-			for i, r := range got {
-				if !strings.HasPrefix(r, "-") {
-					t.Errorf("reply %d (%s): %s; want an error", i, tc.batch[i], r)
-				}
-			}
-			if last := got[len(got)-1]; !strings.HasPrefix(last, "-EXECABORT") {
-				t.Errorf("EXEC: %s; want EXECABORT", last)
-			}
+			wantFailedTransaction(t, tc.batch, got)
 			// The connection is usable afterwards, out of the transaction.
 			if r := c.do("PING"); r != "+PONG" {
 				t.Errorf("PING after: %s", r)
@@ -345,5 +325,43 @@ func TestTunnelPermissionRefusalAfterEarlierReplies(t *testing.T) {
 	want := "$1\r\na\r\n-NOPERM"
 	if !strings.HasPrefix(got, want) || !strings.HasSuffix(got, "$1\r\nb\r\n") {
 		t.Errorf("after SUBSCRIBE ch, PING a, GET x (refused), PING b: %q; want %q…, then PING b's reply", got, want)
+	}
+}
+
+// relayWithNoConnectionLeft serves a relay to an upstream that accepts
+// three clients and has them all taken: the test's own (uc, returned),
+// the relay's shared connection, and one pinned by other's WATCH. The
+// next pin fails until other lets its connection go (UNWATCH).
+func relayWithNoConnectionLeft(t *testing.T) (addr string, other *frameConn, uc *goredis.Client) {
+	t.Helper()
+	up := harness.StartRedis(t, harness.RedisOptions{Password: "pw", Args: []string{"--maxclients", "3"}})
+	uc = up.Client(t)
+	if err := uc.Ping(context.Background()).Err(); err != nil { // connection 1
+		t.Fatal(err)
+	}
+	rl := relay.New(relay.Config{Addr: up.Addr, Password: "pw", PoolSize: 1, DialTimeout: time.Second,
+		ReadTimeout: 10 * time.Second, Deny: conf.DefaultDenyCommands, KeyPrefix: "lockproxy:"})
+	addr = serveRelay(t, rl, nil)
+	other = dialFrames(t, addr)
+	if r := other.do("GET x"); r != "_" { // the shared connection: 2
+		t.Fatalf("GET: %s", r)
+	}
+	if r := other.do("WATCH x"); r != "+OK" { // a pinned one: 3, the last
+		t.Fatalf("WATCH: %s", r)
+	}
+	return addr, other, uc
+}
+
+// wantFailedTransaction checks the replies to a batch sent as a failed
+// transaction: every one an error, EXEC's -EXECABORT.
+func wantFailedTransaction(t *testing.T, batch, got []string) {
+	t.Helper()
+	for i, r := range got {
+		if !strings.HasPrefix(r, "-") {
+			t.Errorf("reply %d (%s): %s; want an error", i, batch[i], r)
+		}
+	}
+	if last := got[len(got)-1]; !strings.HasPrefix(last, "-EXECABORT") {
+		t.Errorf("EXEC: %s; want EXECABORT", last)
 	}
 }

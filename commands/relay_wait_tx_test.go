@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/lockproxy/lockproxy/conf"
 	"github.com/lockproxy/lockproxy/relay"
 	"github.com/lockproxy/lockproxy/test/harness"
 )
@@ -28,22 +27,8 @@ func TestFailedMultiQueuesNothingOnPinnedConnection(t *testing.T) {
 		{"TRACKING", "CLIENT TRACKING ON", 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			up := harness.StartRedis(t, harness.RedisOptions{Password: "pw", Args: []string{"--maxclients", "3"}})
-			uc := up.Client(t)
+			addr, other, uc := relayWithNoConnectionLeft(t)
 			ctx := context.Background()
-			if err := uc.Ping(ctx).Err(); err != nil { // connection 1
-				t.Fatal(err)
-			}
-			rl := relay.New(relay.Config{Addr: up.Addr, Password: "pw", PoolSize: 1, DialTimeout: time.Second,
-				ReadTimeout: 10 * time.Second, Deny: conf.DefaultDenyCommands, KeyPrefix: "lockproxy:"})
-			addr := serveRelay(t, rl, nil)
-			other := dialFrames(t, addr)
-			if r := other.do("GET x"); r != "_" { // the shared connection: 2
-				t.Fatalf("GET: %s", r)
-			}
-			if r := other.do("WATCH x"); r != "+OK" { // a pinned one: 3, the last
-				t.Fatalf("WATCH: %s", r)
-			}
 			c := dialFrames(t, addr)
 			if r := c.do("WATCH debit"); !strings.HasPrefix(r, "-") {
 				t.Fatalf("WATCH with no connection left: %s; want an error", r)
@@ -64,14 +49,7 @@ func TestFailedMultiQueuesNothingOnPinnedConnection(t *testing.T) {
 				t.Errorf("commands queued after a failed MULTI ran outside any transaction: debit=%q credit=%q (db %d); replies %q",
 					d, cr, tc.db, got)
 			}
-			for i, r := range got {
-				if !strings.HasPrefix(r, "-") {
-					t.Errorf("reply %d (%s): %s; want an error", i, batch[i], r)
-				}
-			}
-			if last := got[len(got)-1]; !strings.HasPrefix(last, "-EXECABORT") {
-				t.Errorf("EXEC: %s; want EXECABORT", last)
-			}
+			wantFailedTransaction(t, batch, got)
 		})
 	}
 }

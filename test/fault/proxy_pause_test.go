@@ -79,38 +79,6 @@ func TestProxyPaused(t *testing.T) {
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	harness.BuildLockproxy(t)
 	for _, f := range proxyPauseFaults {
-		t.Run(f.name, func(t *testing.T) {
-			rowSlot(t)
-			clients, grants, _, limit := rowSize()
-			e := &linkEnv{env: newEnv(t, 5, 2, f.environ...)}
-			res := watchResources(t, e.proxies)
-			w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit}
-			healed := make(chan struct{})
-			start := time.Now()
-			c, wait := w.run(t, e.env, healed)
-			time.Sleep(300 * time.Millisecond)
-			notes := &rowNotes{}
-			holds, holdsDuring := longHoldsDuring(f.expect)
-			var holdsDone func() string
-			from, sent := e.hist.Now(), c.attempts()
-			if holds && holdsDuring {
-				holdsDone = startLongHolds(t, e.env, rowLongHolds, "during the fault")
-			}
-			events := f.inject(t, e, notes)
-			f.heal(t, e)
-			windows := []faultWindow{{from, e.hist.Now()}}
-			attemptsDuring := c.attempts() - sent
-			if holds && !holdsDuring {
-				holdsDone = startLongHolds(t, e.env, rowLongHolds, "after the heal")
-			}
-			close(healed)
-			wait()
-			if holdsDone != nil {
-				notes.add("%s", holdsDone())
-			}
-			run := rowRun{name: f.name, clients: clients, grants: grants, windows: windows, events: events,
-				attemptsDuring: attemptsDuring, c: c, took: time.Since(start), res: res.finish(t), notes: notes.String()}
-			judge(t, e.env, run, f.expect)
-		})
+		t.Run(f.name, func(t *testing.T) { runRow(t, f) })
 	}
 }

@@ -628,54 +628,58 @@ func TestFaults(t *testing.T) {
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	harness.BuildLockproxy(t)
 	for _, f := range faults {
-		t.Run(f.name, func(t *testing.T) {
-			rowSlot(t)
-			clients, grants, cycles, limit := rowSize()
-			var e *linkEnv
-			if f.links {
-				e = newLinkEnv(t, 5, 2, f.environ...)
-			} else {
-				e = &linkEnv{env: newEnv(t, 5, 2, f.environ...)}
-			}
-			res := watchResources(t, e.proxies)
-			w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit}
-			healed := make(chan struct{})
-			start := time.Now()
-			c, wait := w.run(t, e.env, healed)
-
-			// Under load before the fault. Soak runs repeat the fault,
-			// a second apart, until the clients made their grants.
-			time.Sleep(300 * time.Millisecond)
-			notes := &rowNotes{}
-			holds, holdsDuring := longHoldsDuring(f.expect)
-			var holdsDone func() string
-			var windows []faultWindow
-			events, attemptsDuring := 0, int64(0)
-			for cycle := 0; anotherCycle(cycle, cycles, c.grants.Load(), int64(clients*grants), start, limit); cycle++ {
-				if cycle > 0 {
-					time.Sleep(time.Second)
-				}
-				notes.cycle = cycle
-				from, sent := e.hist.Now(), c.attempts()
-				if cycle == 0 && holds && holdsDuring {
-					holdsDone = startLongHolds(t, e.env, rowLongHolds, "during the fault")
-				}
-				events += f.inject(t, e, notes)
-				f.heal(t, e)
-				windows = append(windows, faultWindow{from, e.hist.Now()})
-				attemptsDuring += c.attempts() - sent
-			}
-			if holds && !holdsDuring {
-				holdsDone = startLongHolds(t, e.env, rowLongHolds, "after the heal")
-			}
-			close(healed)
-			wait()
-			if holdsDone != nil {
-				notes.add("%s", holdsDone())
-			}
-			run := rowRun{name: f.name, clients: clients, grants: grants, windows: windows, events: events,
-				attemptsDuring: attemptsDuring, c: c, took: time.Since(start), res: res.finish(t), notes: notes.String()}
-			judge(t, e.env, run, f.expect)
-		})
+		t.Run(f.name, func(t *testing.T) { runRow(t, f) })
 	}
+}
+
+// runRow runs the workload on its own nodes and instances under fault f
+// (two rows at a time, see rowSlot) and judges the row.
+func runRow(t *testing.T, f fault) {
+	rowSlot(t)
+	clients, grants, cycles, limit := rowSize()
+	var e *linkEnv
+	if f.links {
+		e = newLinkEnv(t, 5, 2, f.environ...)
+	} else {
+		e = &linkEnv{env: newEnv(t, 5, 2, f.environ...)}
+	}
+	res := watchResources(t, e.proxies)
+	w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit}
+	healed := make(chan struct{})
+	start := time.Now()
+	c, wait := w.run(t, e.env, healed)
+
+	// Under load before the fault. Soak runs repeat the fault,
+	// a second apart, until the clients made their grants.
+	time.Sleep(300 * time.Millisecond)
+	notes := &rowNotes{}
+	holds, holdsDuring := longHoldsDuring(f.expect)
+	var holdsDone func() string
+	var windows []faultWindow
+	events, attemptsDuring := 0, int64(0)
+	for cycle := 0; anotherCycle(cycle, cycles, c.grants.Load(), int64(clients*grants), start, limit); cycle++ {
+		if cycle > 0 {
+			time.Sleep(time.Second)
+		}
+		notes.cycle = cycle
+		from, sent := e.hist.Now(), c.attempts()
+		if cycle == 0 && holds && holdsDuring {
+			holdsDone = startLongHolds(t, e.env, rowLongHolds, "during the fault")
+		}
+		events += f.inject(t, e, notes)
+		f.heal(t, e)
+		windows = append(windows, faultWindow{from, e.hist.Now()})
+		attemptsDuring += c.attempts() - sent
+	}
+	if holds && !holdsDuring {
+		holdsDone = startLongHolds(t, e.env, rowLongHolds, "after the heal")
+	}
+	close(healed)
+	wait()
+	if holdsDone != nil {
+		notes.add("%s", holdsDone())
+	}
+	run := rowRun{name: f.name, clients: clients, grants: grants, windows: windows, events: events,
+		attemptsDuring: attemptsDuring, c: c, took: time.Since(start), res: res.finish(t), notes: notes.String()}
+	judge(t, e.env, run, f.expect)
 }
