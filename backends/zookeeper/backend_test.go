@@ -637,7 +637,7 @@ func TestSuspendedThenBack(t *testing.T) {
 // TestNewFails: bad settings and an unreachable ensemble are errors from
 // New, not a backend that never works.
 func TestNewFails(t *testing.T) {
-	dead := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	dead := harness.RefusedAddr(t)
 	tests := []struct {
 		name string
 		cfg  Config

@@ -385,7 +385,7 @@ func TestWaitTCP(t *testing.T) {
 		wantErr bool
 	}{
 		{"listening", l.Addr().String(), false},
-		{"nothing listening", fmt.Sprintf("127.0.0.1:%d", FreePort(t)), true},
+		{"nothing listening", RefusedAddr(t), true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

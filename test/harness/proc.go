@@ -54,6 +54,28 @@ func FreePort(t testing.TB) int {
 	return p
 }
 
+// RefusedAddr returns a loopback address whose port the test holds bound but
+// not listening until it ends, so every dial to it is refused. A port from
+// FreePort is only free when it is picked: another test process may start a
+// server on it, and a dial to an unbound port in the ephemeral range can even
+// connect to itself (TCP simultaneous open).
+func RefusedAddr(t testing.TB) string {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatalf("harness: RefusedAddr: socket: %v", err)
+	}
+	t.Cleanup(func() { syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatalf("harness: RefusedAddr: bind: %v", err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatalf("harness: RefusedAddr: getsockname: %v", err)
+	}
+	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+}
+
 func freePort() (int, error) {
 	portsMu.Lock()
 	defer portsMu.Unlock()

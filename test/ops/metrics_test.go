@@ -150,7 +150,7 @@ func exportedMetrics(t *testing.T) map[string]bool {
 
 	nodes := harness.StartRedisN(t, 2, harness.RedisOptions{})
 	up := harness.StartRedis(t, harness.RedisOptions{})
-	dead := fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))
+	dead := harness.RefusedAddr(t)
 	ca := harness.NewTestCA(t)
 	srv := ca.Server()
 	in := start(t, []string{"--nodes", nodes[0].Addr + "," + nodes[1].Addr + "," + dead},

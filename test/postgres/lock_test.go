@@ -246,7 +246,7 @@ func TestBadDSN(t *testing.T) {
 		name, dsn, want string
 	}{
 		{"unparsable", "postgres://lp@127.0.0.1:notaport/db", "postgres.dsn: cannot be parsed"},
-		{"nobody listens", fmt.Sprintf("postgres://lp@127.0.0.1:%d/db?connect_timeout=5", harness.FreePort(t)), "connection refused"},
+		{"nobody listens", "postgres://lp@" + harness.RefusedAddr(t) + "/db?connect_timeout=5", "connection refused"},
 		{"no such database", strings.Replace(shared.DSN(), "/postgres?", "/nosuchdb?", 1), "database does not exist"},
 		{"no rights", strings.Replace(shared.DSN(), "lockproxy@", "norights@", 1), "cannot create the lock tables"},
 	} {
