@@ -57,8 +57,11 @@ type waitQueue struct {
 	// last wake-up. A release is announced once by each node; the
 	// announcement that completes a majority wakes the head, and the
 	// others of the same release are ignored; a second one from the same
-	// node is a new release.
+	// node is a new release, and so is one that comes more than soon
+	// after the first counted (see wake).
 	heard uint64
+	// heardAt is when the first announcement counted in heard came.
+	heardAt time.Time
 	// early signals the head soon after a release's first announcement
 	// (see waitQueues.soon); stopped when the majority's came.
 	early *time.Timer
@@ -216,8 +219,22 @@ func (qs *waitQueues) wake(key string, node int) bool {
 		return true
 	}
 	bit := uint64(1) << node
-	if q.heard&bit != 0 {
+	// One release's announcements come within about a millisecond of
+	// each other, so one that comes more than soon after the first
+	// counted starts a new release, as a node's second does. Without
+	// that, the bits of the release that woke a head that was then
+	// granted (nothing clears them) would count towards the next release
+	// for the head promoted behind it: an announcement from a node that
+	// was silent in the last one would be neither the first (no early
+	// signal) nor complete the majority, and one from another node would
+	// complete a "majority" on its own. A late announcement of a release
+	// already seen costs one more attempt, as after a refusal.
+	now := time.Now()
+	if q.heard&bit != 0 || (qs.soon > 0 && q.heard != 0 && now.Sub(q.heardAt) > qs.soon) {
 		q.heard = 0
+	}
+	if q.heard == 0 {
+		q.heardAt = now
 	}
 	q.heard |= bit
 	switch heard := bits.OnesCount64(q.heard); {
