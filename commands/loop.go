@@ -16,7 +16,9 @@ import (
 // A mix of the two is not: a local reply between relayed ones makes the
 // relay wait for the replies before it. Nor is anything on a connection
 // with a transaction, a pinned upstream connection or relayed replies
-// pending, nor a command on lock keys (served by the lock nodes).
+// pending, nor a command on lock keys (served by the lock nodes), nor a
+// relayed command before the upstream's COMMAND table is read: checking it
+// would dial the upstream for the table.
 func (h *Handler) LoopSafe(s *resp.Session, cmds [][][]byte) bool {
 	return h.loopKind(s, cmds) != batchNone
 }
@@ -88,7 +90,7 @@ func (h *Handler) loopKind(s *resp.Session, cmds [][][]byte) int {
 		switch {
 		case loopLocal(string(name), args) && (authed || noAuthNeeded(args[0])):
 			local++
-		case authed && h.up != nil && table[string(name)] == nil && relayPlain(string(name), args) &&
+		case authed && h.up != nil && h.up.KnowsCommands() && table[string(name)] == nil && relayPlain(string(name), args) &&
 			!h.onLockKeys(args) && !h.lockKeyCommand(args) && h.up.Check(name, args) == nil:
 			relayed++
 		default:

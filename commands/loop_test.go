@@ -5,6 +5,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/relay"
 	"github.com/lockproxy/lockproxy/resp"
+	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // TestLoopSafe: the batches the event loop may run are those that only
@@ -12,8 +13,18 @@ import (
 // everything that waits, pins, filters, refuses or touches lock keys goes
 // to the connection's goroutine.
 func TestLoopSafe(t *testing.T) {
-	up := relay.New(relay.Config{Addr: "127.0.0.1:1", PoolSize: 1, Deny: []string{"flushall", "client|kill"}, KeyPrefix: "lockproxy:"})
+	// The relay has read the upstream's COMMAND table: until it has,
+	// no relayed command runs on the loop (it would dial for it).
+	up := relay.New(relay.Config{Addr: harness.StartRedis(t, harness.RedisOptions{}).Addr, PoolSize: 1,
+		Deny: []string{"flushall", "client|kill"}, KeyPrefix: "lockproxy:"})
 	defer up.Close()
+	if up.MayWrite([]byte("get"), nil); !up.KnowsCommands() {
+		t.Fatal("the relay did not read the upstream's COMMAND table")
+	}
+	unread := relay.New(relay.Config{Addr: harness.RefusedAddr(t), PoolSize: 1})
+	defer unread.Close()
+	unreadH := NewHandler(Options{Limits: testLimits, Backend: &fakeBackend{}, Relay: unread})
+	defer unreadH.Close()
 	h := NewHandler(Options{Limits: testLimits, Backend: &fakeBackend{}, Relay: up, LockPatterns: []string{"lock:*"}})
 	defer h.Close()
 	authH := NewHandler(Options{Limits: testLimits, Backend: &fakeBackend{}, Relay: up, Password: "pw"})
@@ -55,6 +66,7 @@ func TestLoopSafe(t *testing.T) {
 		{"auth", authH, []string{"AUTH pw"}, true},
 		{"hello with auth", authH, []string{"HELLO 3 AUTH default pw"}, true},
 		{"no upstream", noUp, []string{"GET a"}, false},
+		{"command table not read", unreadH, []string{"GET a"}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := &resp.Session{W: resp.NewWriter()}

@@ -779,7 +779,23 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		h.relayAdd(s, rs, args)
 		return
 	}
+	if name == "exec" && rs.multi && len(args) != 1 {
+		// Redis aborts the transaction for an EXEC it refuses (7.0 on;
+		// 6.2 flags it): the dirty EXEC below ends it either way.
+		rs.dirty = true
+	}
 	switch {
+	case (name == "multi" || name == "discard" || name == "unwatch" || name == "exec" && !rs.multi) && len(args) != 1:
+		// Redis refuses them for their arity and the connection's state
+		// stays as it was (a transaction flagged, as after any queuing
+		// error). Relayed, they would be taken for the change they name:
+		// a DISCARD refused inside MULTI would send the connection back
+		// to the idle list still in the transaction, the next client to
+		// pin it having its commands queued, not run.
+		if rs.multi {
+			rs.dirty = true
+		}
+		relayError(s, "ERR wrong number of arguments for '"+name+"' command")
 	case name == "multi":
 		if rs.watchLost {
 			// Its WATCH got no upstream connection: the transaction
@@ -810,10 +826,21 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 	case (name == "exec" || name == "discard") && rs.multi:
 		if rs.dirty && name == "exec" {
 			h.relayAdd(s, rs, [][]byte{[]byte("DISCARD")})
+			at := rs.at
 			h.relayCollect(s, rs, true)
+			// DISCARD's reply, whatever it is, is the last frame: EXEC
+			// answers in its place, one reply for one command.
 			b := s.W.Bytes()
-			if i := bytes.LastIndex(b, []byte("+OK\r\n")); i >= rs.at && i == len(b)-5 {
-				w := bytes.Clone(b[:i])
+			last := -1
+			for i := at; i < len(b); {
+				n, err := relay.FrameEnd(b[i:])
+				if err != nil || n == 0 {
+					break
+				}
+				last, i = i, i+n
+			}
+			if last >= 0 {
+				w := bytes.Clone(b[:last])
 				s.W.Reset()
 				s.W.Raw(w)
 			}

@@ -403,7 +403,11 @@ func (c *upConn) fail(err error) {
 	c.mu.Unlock()
 	_ = c.nc.Close()
 	if lost := c.lost.Load(); lost != nil && err != errClosed {
-		defer (*lost)()
+		// Before the calls get their answers: the hook reads the
+		// client's state (commands: whether the connection held only
+		// WAIT's count), which the client goroutine, woken by them,
+		// changes as it takes the loss in.
+		(*lost)()
 	}
 	if c.stale != nil && err != errClosed {
 		c.stale.Store(true)

@@ -227,12 +227,18 @@ type ReservedError struct {
 	// Pattern: Key is a SORT BY or GET pattern that may look up a key
 	// under the prefix.
 	Pattern bool
+	// Restore: a FUNCTION RESTORE, whose bodies cannot be checked.
+	Restore bool
 }
 
 func (e *ReservedError) Error() string {
 	if e.Pattern {
 		return fmt.Sprintf("ERR SORT's BY/GET pattern '%s' may read keys under the prefix '%s', which is reserved for lockproxy's locks; "+
 			"use a pattern that starts with other text", Clip(e.Key), e.Prefix)
+	}
+	if e.Restore {
+		return fmt.Sprintf("ERR FUNCTION RESTORE is not supported through lockproxy: the libraries' bodies cannot be checked for keys under the prefix '%s', "+
+			"which is reserved for lockproxy's locks; load them with FUNCTION LOAD", e.Prefix)
 	}
 	if e.Script {
 		return fmt.Sprintf("ERR script names the key prefix '%s', which is reserved for lockproxy's locks", e.Prefix)
@@ -294,15 +300,57 @@ func (r *Relay) Check(name []byte, args [][]byte) error {
 	if bad := r.reservedKey(string(name), args); bad != nil {
 		return &ReservedError{Key: string(bad), Prefix: r.cfg.KeyPrefix}
 	}
+	for _, a := range ScriptArgs(name, args) {
+		// A script handed a key's name in ARGV reaches it as surely as
+		// one given it in KEYS.
+		if bytes.HasPrefix(a, r.prefix) {
+			return &ReservedError{Key: string(a), Prefix: r.cfg.KeyPrefix}
+		}
+	}
 	for _, p := range SortPatterns(name, args) {
 		if PatternMayReach(p, r.prefix) {
 			return &ReservedError{Key: string(p), Prefix: r.cfg.KeyPrefix, Pattern: true}
 		}
 	}
-	if body := scriptBody(string(name), args); body != nil && bytes.Contains(body, r.prefix) {
+	if body := scriptBody(string(name), args); body != nil && bytes.Contains(luaUnescaped(body), r.prefix) {
 		return &ReservedError{Prefix: r.cfg.KeyPrefix, Script: true}
 	}
+	if string(name) == "function" && len(args) > 1 && bytes.EqualFold(args[1], []byte("restore")) {
+		// A dump's library bodies cannot be searched for the prefix
+		// (Redis compresses them): FUNCTION LOAD's can.
+		return &ReservedError{Prefix: r.cfg.KeyPrefix, Script: true, Restore: true}
+	}
 	return nil
+}
+
+// luaUnescaped is a script body with Lua's decimal escapes spelled out
+// ('lockproxy\58' is "lockproxy:"), so that a string literal cannot hide
+// the prefix from a plain search; body itself when it has no escape.
+func luaUnescaped(body []byte) []byte {
+	if bytes.IndexByte(body, '\\') < 0 {
+		return body
+	}
+	out := make([]byte, 0, len(body))
+	for i := 0; i < len(body); i++ {
+		c := body[i]
+		if c != '\\' || i+1 == len(body) {
+			out = append(out, c)
+			continue
+		}
+		j, n := i+1, 0
+		for j < len(body) && j < i+4 && body[j] >= '0' && body[j] <= '9' {
+			n = n*10 + int(body[j]-'0')
+			j++
+		}
+		if j > i+1 && n < 256 {
+			out = append(out, byte(n))
+			i = j - 1
+			continue
+		}
+		out = append(out, c, body[i+1]) // \\, \' …: not the start of another escape
+		i++
+	}
+	return out
 }
 
 func lowerInto(b []byte, s []byte) []byte {
@@ -474,6 +522,11 @@ func (r *Relay) MayWrite(name []byte, args [][]byte) bool {
 	return false
 }
 
+// KnowsCommands tells whether the upstream's COMMAND table has been read:
+// until it has, checking or relaying a command may dial the upstream for
+// it (needSpecs), which the event loop must not wait for.
+func (r *Relay) KnowsCommands() bool { return r.specs.Load() != nil }
+
 // KeyPrefix is the lock key prefix relayed commands may not touch; ""
 // when none is reserved.
 func (r *Relay) KeyPrefix() string { return r.cfg.KeyPrefix }
@@ -576,17 +629,7 @@ func (r *Relay) keyWhere(name string, args [][]byte, match func([]byte) bool) []
 	case "blmpop", "bzmpop":
 		return span(3, numkeys(2))
 	case "xread", "xreadgroup":
-		from := 1
-		if name == "xreadgroup" && len(args) > 3 && bytes.EqualFold(args[1], []byte("group")) {
-			from = 4 // GROUP group consumer: either may be named "streams"
-		}
-		for i := from; i < len(args); i++ {
-			if bytes.EqualFold(args[i], []byte("streams")) {
-				rest := len(args) - i - 1
-				return span(i+1, rest/2+rest%2)
-			}
-		}
-		return nil
+		return xreadKeys(args, span)
 	case "sort", "sort_ro":
 		return first(span(1, 1), after("store"))
 	case "georadius", "georadiusbymember":
@@ -616,6 +659,30 @@ func (r *Relay) keyWhere(name string, args [][]byte, match func([]byte) bool) []
 		return nil
 	}
 	return s.keyWhere(args, match)
+}
+
+// xreadKeys are the keys of XREAD and XREADGROUP, found as Redis's
+// xreadCommand reads its options: in any order, each with its values
+// (COUNT n, BLOCK ms, GROUP group consumer, NOACK), up to STREAMS, after
+// which the first half of the arguments are keys. A group, a consumer or
+// an option's value may be the word "streams". An argument Redis would
+// refuse the command for has every argument checked.
+func xreadKeys(args [][]byte, span func(from, n int) []byte) []byte {
+	for i := 1; i < len(args); i++ {
+		more := len(args) - i - 1
+		switch a := args[i]; {
+		case (bytes.EqualFold(a, []byte("count")) || bytes.EqualFold(a, []byte("block"))) && more >= 1:
+			i++
+		case bytes.EqualFold(a, []byte("group")) && more >= 2:
+			i += 2
+		case bytes.EqualFold(a, []byte("noack")):
+		case bytes.EqualFold(a, []byte("streams")) && more >= 1:
+			return span(i+1, more/2+more%2)
+		default:
+			return span(1, len(args))
+		}
+	}
+	return nil
 }
 
 // migrateKeys are the key spans of MIGRATE host port key|"" db timeout
