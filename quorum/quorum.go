@@ -110,6 +110,31 @@ type AsyncNode interface {
 	StartExtend(ctx context.Context, key, token string, ttl time.Duration, done func(bool, error))
 }
 
+// ReadFenceRaiser is a Node that can raise its fence counter for a read
+// grant. RaiseReadFence raises the key's fence counter to at least fence,
+// only while token still holds key for reading on this node (its read
+// lease has not ended there), and stores nothing with the hold: a read
+// grant's fence is not the write hold's. It reports whether it did. A node
+// without it cannot be raised for a read grant, which then stands only
+// where a majority of its granting nodes already agree on the fence.
+type ReadFenceRaiser interface {
+	RaiseReadFence(ctx context.Context, key, token string, fence uint64) (bool, error)
+}
+
+// AsyncReadFenceRaiser is RaiseReadFence in AsyncNode's form.
+type AsyncReadFenceRaiser interface {
+	StartRaiseReadFence(ctx context.Context, key, token string, fence uint64, done func(bool, error))
+}
+
+// errNoReadRaise is the failure of a node that cannot raise a read grant's
+// fence (it is no ReadFenceRaiser).
+var errNoReadRaise error = noReadRaiseError{}
+
+type noReadRaiseError struct{}
+
+func (noReadRaiseError) Error() string  { return "quorum: node cannot raise a read grant's fence" }
+func (noReadRaiseError) Reason() string { return "cannot raise a read grant's fence" }
+
 // Clock gives monotonic time. Tests inject their own.
 type Clock interface {
 	Now() time.Time
@@ -502,37 +527,45 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		return Lease{}, ErrNotAcquired
 	}
 
-	var fence uint64
 	var holds int64
 	for _, g := range granted {
 		holds = max(holds, g.grant.Holds)
 	}
 	fresh := reentrant() < need
-	if req.Mode == Shared {
-		// A read grant is not unique: its fence is the highest counter
-		// the granting nodes report, at least that of every earlier
-		// exclusive grant, and nothing needs raising.
-		for _, g := range granted {
-			fence = max(fence, g.grant.Fence)
-		}
-	} else {
-		var err error
-		if fence, err = q.settleFence(ctx, req, granted, need, fresh, failures); err != nil {
-			q.releaseAll(ctx, req, refusedBy)
-			return Lease{}, err
-		}
+	fence, err := q.settleFence(ctx, req, granted, need, fresh, failures)
+	if err != nil {
+		q.releaseAll(ctx, req, refusedBy)
+		return Lease{}, err
 	}
 
 	validity := req.TTL - q.cfg.Clock.Now().Sub(start) - q.Drift(req.TTL)
-	if validity <= 0 {
+	if expired(validity) {
 		q.releaseAll(ctx, req, refusedBy)
 		return Lease{}, ErrExpired
 	}
 	return Lease{Token: req.Token, Validity: validity, Fence: fence, Holds: holds, Nodes: len(granted)}, nil
 }
 
+// expired reports whether a validity is too short to be of use. Replies
+// give validities in whole milliseconds, so one under 1 ms would read as
+// 0 (a RENEW answer of 0 says "no longer held"): it counts as none.
+func expired(validity time.Duration) bool { return validity < time.Millisecond }
+
 // settleFence makes sure a majority holds the grant's fence (the highest
 // counter among the granting nodes) before the grant is returned.
+//
+// A read grant (req.Mode Shared) is not unique: its fence is the highest
+// counter the granting nodes report, at least the fence of every earlier
+// grant whose majority shares a node with it. It is strictly below the
+// fence of every later write grant only if a majority stores a counter at
+// least as high, so that the later write's majority shares a node with
+// it, whose HINCRBY goes past it: the granting nodes below it are raised
+// to it (ReadFenceRaiser) while the token still holds its read hold there,
+// and the grant stands only if a majority is then at the fence. A node's
+// answer to a read grant is its counter (or, for a downgrade, the write
+// hold's stored fence, which its counter is at least), reentrant or not,
+// so reentrant read grants are settled alike; HoldFence is for write
+// holds only.
 //
 // A reentrant grant (fresh false: a majority joined the token's hold)
 // keeps the hold's fence, the highest the joining nodes stored; nodes that
@@ -550,7 +583,11 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 // failed to grant (acquireFailures) and those that failed to be raised.
 func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantResult, need int, fresh bool, acquireFailures []NodeError) (uint64, error) {
 	var fence uint64
-	if fresh {
+	if req.Mode == Shared {
+		for _, g := range granted {
+			fence = max(fence, g.grant.Fence)
+		}
+	} else if fresh {
 		for _, g := range granted {
 			fence = max(fence, g.grant.Fence)
 			if g.grant.Holds > 1 {
@@ -566,7 +603,7 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 			atFence++
 		}
 	}
-	if atFence >= need && (fresh || atFence == len(granted)) {
+	if atFence >= need && (fresh || req.Mode == Shared || atFence == len(granted)) {
 		return fence, nil
 	}
 	// Raise the lagging granting nodes, in parallel, within the node timeout.
@@ -579,17 +616,9 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 			continue
 		}
 		lagging++
-		idx := g.idx
-		if an, ok := q.nodes[idx].(AsyncNode); ok {
-			an.StartRaiseFence(nodeCtx, req.Key, req.Token, fence, func(ok bool, err error) {
-				results <- boolResult{idx: idx, ok: ok, err: err}
-			})
-			continue
-		}
-		go func() {
-			ok, err := q.nodes[idx].RaiseFence(nodeCtx, req.Key, req.Token, fence)
-			results <- boolResult{idx: idx, ok: ok, err: err}
-		}()
+		q.startRaise(nodeCtx, g.idx, req, fence, func(ok bool, err error) {
+			results <- boolResult{idx: g.idx, ok: ok, err: err}
+		})
 	}
 	failures := slices.Clone(acquireFailures)
 	for i := 0; i < lagging; i++ {
@@ -607,6 +636,41 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 		return fence, nil
 	}
 	return 0, q.noQuorum(atFence, failures)
+}
+
+// startRaise raises node idx's fence for req's grant (RaiseFence, or for
+// a read grant RaiseReadFence), calling done once with its answer, in the
+// node's own way: its Start method, or a goroutine of its own. ctx is the
+// node context, which carries the node timeout.
+func (q *Quorum) startRaise(ctx context.Context, idx int, req Request, fence uint64, done func(bool, error)) {
+	nd := q.nodes[idx]
+	if req.Mode == Shared {
+		if an, ok := nd.(AsyncReadFenceRaiser); ok {
+			an.StartRaiseReadFence(ctx, req.Key, req.Token, fence, done)
+			return
+		}
+		rr, ok := nd.(ReadFenceRaiser)
+		if !ok {
+			done(false, errNoReadRaise)
+			return
+		}
+		go func() {
+			// ctx may carry its deadline without a timer (every node
+			// async, see nodeContext): this call gets one.
+			cctx, cancel := ctx, context.CancelFunc(func() {})
+			if d, ok := ctx.Deadline(); ok {
+				cctx, cancel = context.WithDeadline(ctx, d)
+			}
+			defer cancel()
+			done(rr.RaiseReadFence(cctx, req.Key, req.Token, fence))
+		}()
+		return
+	}
+	if an, ok := nd.(AsyncNode); ok {
+		an.StartRaiseFence(ctx, req.Key, req.Token, fence, done)
+		return
+	}
+	go func() { done(nd.RaiseFence(ctx, req.Key, req.Token, fence)) }()
 }
 
 // reentryFence is the fence of the hold a reentrant grant joins (see
@@ -786,7 +850,7 @@ func (q *Quorum) Extend(ctx context.Context, key, token string, ttl time.Duratio
 		return 0, nil
 	}
 	validity := ttl - q.cfg.Clock.Now().Sub(start) - q.Drift(ttl)
-	if validity <= 0 {
+	if expired(validity) {
 		return 0, nil
 	}
 	return validity, nil

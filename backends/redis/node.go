@@ -377,14 +377,31 @@ func acquireGrant(r opResult) (quorum.NodeGrant, error) {
 
 // RaiseFence implements quorum.Node.
 func (n *Node) RaiseFence(ctx context.Context, key, token string, fence uint64) (bool, error) {
+	return n.raiseFence(ctx, key, token, quorum.Exclusive, fence)
+}
+
+// RaiseReadFence implements quorum.ReadFenceRaiser: the slot's counter
+// raised to fence while token holds a live read hold of key here, nothing
+// stored with the hold (see raiseFenceScript).
+func (n *Node) RaiseReadFence(ctx context.Context, key, token string, fence uint64) (bool, error) {
+	return n.raiseFence(ctx, key, token, quorum.Shared, fence)
+}
+
+func (n *Node) raiseFence(ctx context.Context, key, token string, mode quorum.Mode, fence uint64) (bool, error) {
 	if err := n.health.refuse(); err != nil {
 		return false, err
 	}
+	r := n.do(ctx, n.raiseOp(key, token, mode, fence))
+	return r.n == 1, r.err
+}
+
+// raiseOp is a raise of key's fence for a grant to token in mode.
+func (n *Node) raiseOp(key, token string, mode quorum.Mode, fence uint64) *op {
 	o := n.newOp(opRaiseFence, key, token)
 	o.slot = slot(key)
+	o.mode = mode
 	o.fence = fence
-	r := n.do(ctx, o)
-	return r.n == 1, r.err
+	return o
 }
 
 // Release implements quorum.Node.
@@ -406,7 +423,11 @@ func (n *Node) Extend(ctx context.Context, key, token string, ttl time.Duration)
 	return r.n == 1, r.err
 }
 
-var _ quorum.AsyncNode = (*Node)(nil)
+var (
+	_ quorum.AsyncNode            = (*Node)(nil)
+	_ quorum.ReadFenceRaiser      = (*Node)(nil)
+	_ quorum.AsyncReadFenceRaiser = (*Node)(nil)
+)
 
 // StartAcquire implements quorum.AsyncNode.
 func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(quorum.NodeGrant, error)) {
@@ -475,14 +496,20 @@ func (n *Node) unmark(key, token string, fromAnswer bool) {
 
 // StartRaiseFence implements quorum.AsyncNode.
 func (n *Node) StartRaiseFence(ctx context.Context, key, token string, fence uint64, done func(bool, error)) {
+	n.startRaise(ctx, key, token, quorum.Exclusive, fence, done)
+}
+
+// StartRaiseReadFence implements quorum.AsyncReadFenceRaiser.
+func (n *Node) StartRaiseReadFence(ctx context.Context, key, token string, fence uint64, done func(bool, error)) {
+	n.startRaise(ctx, key, token, quorum.Shared, fence, done)
+}
+
+func (n *Node) startRaise(ctx context.Context, key, token string, mode quorum.Mode, fence uint64, done func(bool, error)) {
 	if err := n.health.refuse(); err != nil {
 		done(false, err)
 		return
 	}
-	o := n.newOp(opRaiseFence, key, token)
-	o.slot = slot(key)
-	o.fence = fence
-	n.startBool(ctx, o, done)
+	n.startBool(ctx, n.raiseOp(key, token, mode, fence), done)
 }
 
 // StartRelease implements quorum.AsyncNode.
@@ -973,16 +1000,22 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			c.bulkInt(int64(o.slot))
 			c.bulk(readMarker)
 		case opRaiseFence:
-			c.begin(3 + 3 + 3)
+			c.begin(3 + 4 + 4)
 			c.bulk(evalName(sha))
 			c.bulk(scriptSource(scriptRaiseFence, sha))
-			c.bulk("3")
+			c.bulk("4")
 			c.bulk3(n.prefix, "lock:", o.base)
 			c.bulk(n.fenceKey)
 			c.bulk3(n.prefix, "lockf:", o.base)
+			c.bulk3(n.prefix, "lockr:", o.base)
 			c.bulk(o.token)
 			c.bulkInt(int64(o.slot))
 			c.bulkInt(int64(o.fence))
+			if o.mode == quorum.Shared {
+				c.bulk(readMarker)
+			} else {
+				c.bulk("")
+			}
 		case opRelease:
 			if shared != nil && shared[i] {
 				continue

@@ -302,15 +302,30 @@ redis.call('PEXPIRE', KEYS[5], keep)
 return {fence, h}
 `
 
-// raiseFenceScript: KEYS[1] lock key, KEYS[2] fence hash, KEYS[3] lockf;
-// ARGV[1] token, ARGV[2] slot, ARGV[3] fence. Raises the slot's counter to
-// the fence while the token still holds the key (so a later holder, which
-// must acquire after this key is gone, reads it), and stores the grant's
-// fence with the hold, expiring with it, for reentrant grants to return.
-// It runs after the grant's own fence SET on the same connection (a key's
-// operations share one writer), so that SET cannot undo it.
+// raiseFenceScript: KEYS[1] lock key, KEYS[2] fence hash, KEYS[3] lockf,
+// KEYS[4] lockr; ARGV[1] token, ARGV[2] slot, ARGV[3] fence, ARGV[4]
+// readMarker for a read grant's raise, or empty for a write grant's.
+// Raises the slot's counter to the fence while the token still holds the
+// key (so a later holder, which must acquire after this key is gone,
+// reads it). For a write grant it also stores the grant's fence with the
+// hold, expiring with it, for reentrant grants to return; it runs after
+// the grant's own fence SET on the same connection (a key's operations
+// share one writer), so that SET cannot undo it. A read grant's raise
+// stores nothing with the hold (a read fence is not the write hold's, also
+// in a downgrade) and needs the token's read lease live here (its score
+// in lockr after now) and the lock key held by readers or by the token
+// (a downgrade): no write can then be granted here before the raise.
 // Returns 1 when the token holds the key.
 const raiseFenceScript = `
+if ARGV[4] and ARGV[4] ~= '' then
+  local v = redis.call('GET', KEYS[1])
+  if v ~= ARGV[4] and v ~= ARGV[1] then return 0 end
+  local s = redis.call('ZSCORE', KEYS[4], ARGV[1])` + luaNow + `
+  if not s or tonumber(s) <= now then return 0 end
+  local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
+  if cur < tonumber(ARGV[3]) then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
+  return 1
+end
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
   local want = tonumber(ARGV[3])
