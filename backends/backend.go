@@ -40,9 +40,21 @@ func (m Mode) String() string {
 	return "write"
 }
 
+// MinValidity is the least validity a grant or a renewal answers (see
+// Lease.Validity and Renew): replies give whole milliseconds, so less would
+// read as 0, which RENEW answers for a lock no longer held. A grant or a
+// renewal that would leave less came too late to be of use.
+const MinValidity = time.Millisecond
+
 // Lease is a granted lock.
 type Lease struct {
-	Token    string
+	Token string
+	// Validity is how long the holder may act as the holder, counted from
+	// when the backend's attempt that granted it was sent, less the clock
+	// drift allowance. It is at least 1 ms: replies give it in whole
+	// milliseconds, so less would read as 0. A grant that would leave
+	// less is taken back and answered as not acquired, as one whose
+	// validity ran out is.
 	Validity time.Duration
 	// Fence is strictly greater than the fence of every earlier exclusive
 	// grant of the key. A reentrant grant returns the fence of the hold it
@@ -102,12 +114,16 @@ type HoldKeeper interface {
 	// UnlockHold releases one hold of key by token of the kind mode says;
 	// false when token holds no hold of that kind.
 	UnlockHold(ctx context.Context, key, token string, mode Mode) (bool, error)
-	// RenewHold resets the lease of token's hold of key of the kind mode
-	// says to ttl and returns the new validity, or 0 when token holds no
-	// hold of that kind. It never shortens the token's hold of the other
-	// kind: renewing a read hold leaves the write lease at least as long
-	// as it was, and renewing a write hold may extend the read lease with
-	// it (as Renew does) but never shortens it.
+	// RenewHold raises the lease of token's holds of key of the kind mode
+	// says to ttl, never shortening it (unlike Renew, which sets it), and
+	// returns the validity ttl gives, or 0 when token holds no hold of
+	// that kind: a KEEPALIVE watchdog renews every hold of the token of
+	// that kind, also those taken without KEEPALIVE, whose holders were
+	// told a lease of their own. It never shortens the token's hold of
+	// the other kind either: renewing a read hold leaves the write lease
+	// at least as long as it was, and renewing a write hold may extend
+	// the read lease with it (as Renew does) but never shortens it. As
+	// Renew, it answers 0 for a validity under 1 ms.
 	RenewHold(ctx context.Context, key, token string, mode Mode, ttl time.Duration) (time.Duration, error)
 }
 
@@ -154,7 +170,10 @@ type Backend interface {
 	Unlock(ctx context.Context, key, token string) (bool, error)
 	// Renew resets the lease of key held by token (in whichever mode) to
 	// ttl and returns the new validity, or 0 when token no longer holds
-	// key.
+	// key. A renewal that would leave a validity under 1 ms answers 0 too
+	// (the caller must no longer count on the key, which may stay held
+	// until the lease set ends): a positive answer is at least 1 ms, as
+	// Lease.Validity is.
 	Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error)
 	// Info reports the state of key; ok is false when nobody holds it.
 	Info(ctx context.Context, key string) (info LockInfo, ok bool, err error)

@@ -57,6 +57,10 @@ const (
 	lostRenewFailed lostReason = iota // a renewal did not reach quorum or found the lock gone
 	lostIdle                          // the connection showed no life within the idle window
 	lostMaxHold                       // MAXHOLD ran out
+	// lostUnlocked: an UNLOCK with the token on another connection
+	// released a hold, and lockproxy could not tell it from this
+	// connection's KEEPALIVE hold, which it then stopped keeping.
+	lostUnlocked
 	numLostReasons
 )
 
@@ -66,6 +70,8 @@ func (r lostReason) label() string {
 		return "renew_failed"
 	case lostIdle:
 		return "idle"
+	case lostUnlocked:
+		return "unlocked"
 	default:
 		return "maxhold"
 	}
@@ -153,8 +159,6 @@ func (ka *connKeepalive) takeLost(key []byte) (string, bool) {
 type watchdog struct {
 	key, token string
 	ttl        time.Duration
-	maxHold    time.Duration // 0: none
-	deadline   time.Time     // since + maxHold
 	// sent is when the backend's attempt that granted the lock was sent
 	// (or earlier; not the start of a WAIT before it: grantSent): the
 	// lease may have begun as soon as the backend got it (on PostgreSQL at
@@ -167,10 +171,34 @@ type watchdog struct {
 	cancel   context.CancelFunc
 	wake     chan struct{} // cap 1: a holder's connection closed (drop)
 
+	// startMode, startHolds and startDone are the kind of the grant that
+	// started w, the token's holds of that kind its reply told
+	// (backends.Lease.Holds), and when that reply came.
+	startMode  backends.Mode
+	startHolds int64
+	startDone  time.Time
+
 	// Guarded by keepalives.mu.
-	holders map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
-	loose   [2]int                     // holds granted without KEEPALIVE while it runs, by backends.Mode
-	drop    [2]int                     // holds of closed connections, by backends.Mode, for run to release
+	// maxHold is the MAXHOLD that set deadline, the earliest of the
+	// KEEPALIVE grants' it counts (each from its own grant); 0: none.
+	maxHold  time.Duration
+	deadline time.Time
+	// toldEnd is the latest end of a validity told to a KEEPALIVE grant
+	// w counts (from its reply): MAXHOLD releases no hold before it.
+	toldEnd time.Time
+	// askedEnd is the latest end of a lease w's renewals or the grants it
+	// counts asked for (from when each was sent): the nodes' lease lasts
+	// at least as long (renewals never shorten it).
+	askedEnd time.Time
+	// uncounted are the token's holds, by kind, that w does not count:
+	// those the grant that started it found (its reply's hold count less
+	// its own), taken without KEEPALIVE before w ran, on this connection
+	// or another. An UNLOCK on a connection with no hold w counts takes
+	// one of these before any KEEPALIVE hold.
+	uncounted [2]int
+	holders   map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
+	loose     [2]int                     // holds granted without KEEPALIVE while it runs, by backends.Mode
+	drop      [2]int                     // holds of closed connections, by backends.Mode, for run to release
 	// unlocking counts the UNLOCKs of key with token in flight, by the
 	// kind of hold each is taken to release (unlockOp.mode).
 	unlocking [2]int
@@ -282,7 +310,7 @@ func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle ti
 	}
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lockproxy_lock_lost_total",
-		Help: "KEEPALIVE locks lost before their holder released them, by reason: renew_failed (a renewal did not reach quorum or found the lock gone), idle (the connection sent nothing within locks.keepalive_idle), maxhold (MAXHOLD ran out).",
+		Help: "KEEPALIVE locks lost before their holder released them, by reason: renew_failed (a renewal did not reach quorum or found the lock gone), idle (the connection sent nothing within locks.keepalive_idle), maxhold (MAXHOLD ran out), unlocked (an UNLOCK with the token on another connection took a hold it kept).",
 	}, []string{"reason"})
 	active := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "lockproxy_keepalive_locks",
@@ -320,6 +348,13 @@ func (k *keepalives) granted(sessCtx context.Context, ka *connKeepalive, key, to
 // the client's own (TOKEN). It reports whether a watchdog was there to
 // count it (none is while the handler closes).
 func (k *keepalives) grantedHold(sessCtx context.Context, ka *connKeepalive, key, token string, mode backends.Mode, shared bool) bool {
+	return k.grantedGrant(sessCtx, ka, key, token, mode, shared, 0, 0, grantTiming{})
+}
+
+// grantedGrant is grantedHold of a grant of ttl, with the KEEPALIVE
+// grant's maxHold (0 for none) and g its timing and hold count (zero
+// when unknown). A MAXHOLD earlier than w's deadline becomes w's.
+func (k *keepalives) grantedGrant(sessCtx context.Context, ka *connKeepalive, key, token string, mode backends.Mode, shared bool, ttl, maxHold time.Duration, g grantTiming) bool {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	w := k.m[heldKey{key, token}]
@@ -329,13 +364,51 @@ func (k *keepalives) grantedHold(sessCtx context.Context, ka *connKeepalive, key
 		// one of them (startGrant refuses a KEEPALIVE one).
 		return false
 	}
+	k.joinLocked(w, sessCtx, ka, mode, shared, ttl, maxHold, g)
+	return true
+}
+
+// joinLocked counts on w a grant of mode (see grantedGrant): ka's
+// KEEPALIVE hold, or a loose one when ka is nil. k.mu is held.
+func (k *keepalives) joinLocked(w *watchdog, sessCtx context.Context, ka *connKeepalive, mode backends.Mode, shared bool, ttl, maxHold time.Duration, g grantTiming) {
 	w.shared = w.shared || shared
+	now := time.Now()
+	if !g.sent.IsZero() {
+		w.askedEnd = later(w.askedEnd, g.sent.Add(ttl))
+	}
+	// A grant begun before the one that started w came back may have
+	// reached the nodes first: that one's hold count then took this hold
+	// for one w does not count. It did when this one's count is the
+	// lower (each grant adds one).
+	if g.holds > 0 && mode == w.startMode && g.begun.Before(w.startDone) && g.holds < w.startHolds && w.uncounted[mode] > 0 {
+		w.uncounted[mode]--
+	}
 	if ka == nil {
 		w.loose[mode]++
-	} else {
-		k.addHolderLocked(w, sessCtx, ka, mode)
+		return
 	}
-	return true
+	k.addHolderLocked(w, sessCtx, ka, mode)
+	w.toldEnd = later(w.toldEnd, now.Add(g.validity))
+	if maxHold > 0 {
+		if d := now.Add(maxHold); w.deadline.IsZero() || d.Before(w.deadline) {
+			// The earliest MAXHOLD ends the lock for every holder, who
+			// are each told as MAXHOLD's end is told; w's goroutine
+			// learns of it now, not at its next renewal.
+			w.deadline, w.maxHold = d, maxHold
+			select {
+			case w.wake <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// later is the later of t and u.
+func later(t, u time.Time) time.Time {
+	if u.After(t) {
+		return u
+	}
+	return t
 }
 
 // addHolderLocked counts one KEEPALIVE hold of mode of ka's connection on
@@ -393,10 +466,14 @@ func (k *keepalives) startHold(sessCtx context.Context, ka *connKeepalive, key, 
 }
 
 // grantTiming is when a grant's granting attempt was sent to the backend
-// (no later: grantSent) and the validity its reply told.
+// (no later: grantSent) and the validity its reply told; begun is when
+// Backend.Lock was called and holds the token's holds of the grant's kind
+// its reply told (backends.Lease.Holds; 0: unknown).
 type grantTiming struct {
 	sent     time.Time
 	validity time.Duration
+	begun    time.Time
+	holds    int64
 }
 
 // startGrant begins keeping key (held by token with ttl, in mode) alive
@@ -412,7 +489,9 @@ func (k *keepalives) startGrant(sessCtx context.Context, ka *connKeepalive, key,
 	w := &watchdog{key: key, token: token, ttl: ttl, maxHold: maxHold, cancel: cancel,
 		wake: make(chan struct{}, 1), settled: make(chan struct{}, 1),
 		holders: map[*connKeepalive]*holder{}, shared: shared,
-		sent: g.sent, validity: g.validity}
+		sent: g.sent, validity: g.validity,
+		startMode: mode, startHolds: g.holds, startDone: now,
+		toldEnd: now.Add(g.validity), askedEnd: g.sent.Add(ttl)}
 	if maxHold > 0 {
 		w.deadline = now.Add(maxHold)
 	}
@@ -427,11 +506,21 @@ func (k *keepalives) startGrant(sessCtx context.Context, ka *connKeepalive, key,
 	}
 	if old := k.m[heldKey{key, token}]; old != nil {
 		// Granted concurrently through another connection: one watchdog.
-		old.shared = old.shared || shared
-		k.addHolderLocked(old, sessCtx, ka, mode)
+		k.joinLocked(old, sessCtx, ka, mode, shared, ttl, maxHold, g)
 		k.mu.Unlock()
 		cancel()
 		return true
+	}
+	if g.holds > 1 {
+		// The token held the key already, without a watchdog: holds w
+		// does not count, which an UNLOCK on a connection without one
+		// of w's releases. Less those of watchdogs still ending, which
+		// they release (or an UNLOCK takes off their counts).
+		n := int(g.holds - 1)
+		for _, e := range k.ending[heldKey{key, token}] {
+			n -= e.holds()[mode]
+		}
+		w.uncounted[mode] = max(n, 0)
 	}
 	k.m[heldKey{key, token}] = w
 	k.addHolderLocked(w, sessCtx, ka, mode)
@@ -539,12 +628,17 @@ func (k *keepalives) whichHold(ctx context.Context, op *unlockOp) {
 // (op.mode), and from one count only, as a token's holds of one kind are
 // alike on the nodes: ka's own KEEPALIVE hold if it has one; else one an
 // ending watchdog counts (takeEndingLocked), which it then does not
-// release; else a loose one, and last another connection's. Ending ones
-// come before a live connection's: a wrong guess then costs a lease left
-// to run out, not a hold released or left unrenewed under a holder that
-// relies on it. Or none, when no watchdog counts one of that kind
-// (the UNLOCK released a hold taken without it). A watchdog stops with
-// its last KEEPALIVE hold: loose holds left then keep the lease they have.
+// release; else a loose one; else one the live watchdog knows it does not
+// count (watchdog.uncounted: the token held the key when it started); and
+// last another connection's, which is then told its lock is lost
+// (forsakeLocked): lockproxy cannot tell whose hold went, and that
+// connection must not be left relying, unwarned, on holds no watchdog
+// keeps. Ending ones come before a live connection's: a wrong guess then
+// costs a lease left to run out, not a hold released or left unrenewed
+// under a holder that relies on it. Or none, when no watchdog counts one
+// of that kind (the UNLOCK released a hold taken without it). A watchdog
+// stops with its last KEEPALIVE hold: loose holds left then keep the
+// lease they have.
 func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 	if op == nil {
 		return
@@ -592,11 +686,31 @@ func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 		live.loose[mode]--
 		return
 	}
+	if live.uncounted[mode] > 0 {
+		live.uncounted[mode]--
+		return
+	}
 	for other, oh := range live.holders {
 		if oh.n[mode] > 0 {
-			k.takeHolderLocked(live, other, oh, mode)
+			k.forsakeLocked(live, other, oh, mode)
 			return
 		}
+	}
+}
+
+// forsakeLocked takes one hold of mode off ka's KEEPALIVE holds h of w,
+// for an UNLOCK on another connection that released a hold w could not
+// tell from ka's. When that was ka's last, w no longer keeps ka's lock,
+// which may still be on the nodes (the hold released may have been one w
+// does not count) or gone (it was ka's): ka is told it is lost, as a loss
+// is told, rather than left relying on a lock nobody renews. w stops with
+// its last KEEPALIVE holder. k.mu is held; the push never blocks.
+func (k *keepalives) forsakeLocked(w *watchdog, ka *connKeepalive, h *holder, mode backends.Mode) {
+	last := h.total() == 1
+	k.takeHolderLocked(w, ka, h, mode)
+	if last {
+		k.tell(w, []*connKeepalive{ka}, lostUnlocked,
+			"an UNLOCK with its token on another connection released a hold that lockproxy could not tell from this connection's KEEPALIVE hold, which is no longer kept alive")
 	}
 }
 
@@ -631,6 +745,12 @@ func takeEndingLocked(w *watchdog, ka *connKeepalive, mode backends.Mode) bool {
 // stopping w with its last KEEPALIVE hold. k.mu is held.
 func (k *keepalives) takeHolderLocked(w *watchdog, ka *connKeepalive, h *holder, mode backends.Mode) {
 	dropHolderLocked(w, ka, h, mode)
+	k.noHolderLocked(w)
+}
+
+// noHolderLocked stops w when it has no KEEPALIVE holder left. k.mu is
+// held.
+func (k *keepalives) noHolderLocked(w *watchdog) {
 	if len(w.holders) == 0 {
 		// Holds of connections that closed while a renewal ran wait in
 		// drop for w's goroutine, which stopping ends without a release:
@@ -794,6 +914,11 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 	// leaves the renewal the other half to get through.
 	t := time.NewTimer(renewAfter(period, w.validity))
 	defer t.Stop()
+	due := time.Now().Add(renewAfter(period, w.validity)) // when t fires
+	reset := func(d time.Duration) {
+		due = time.Now().Add(d)
+		t.Reset(d)
+	}
 	final := false // MAXHOLD: no more renewals; the lease ends at the deadline
 	for {
 		select {
@@ -802,6 +927,11 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			return
 		case <-w.wake:
 			k.releaseHolds(w, k.takeDrop(w))
+			// A grant that joined may have brought the deadline
+			// nearer (its MAXHOLD).
+			if deadline, _ := k.deadlineOf(w); !deadline.IsZero() && deadline.Before(due) {
+				reset(max(time.Until(deadline), 0))
+			}
 			continue
 		case <-t.C:
 		}
@@ -811,22 +941,26 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			k.ended(w)
 			return
 		}
-		if final {
-			k.lose(w, lostMaxHold, "MAXHOLD of "+strconv.FormatInt(w.maxHold.Milliseconds(), 10)+" ms reached")
+		now := time.Now()
+		deadline, maxHold := k.deadlineOf(w)
+		if !deadline.IsZero() && (final || !now.Before(deadline)) {
+			k.maxHoldReached(w, "MAXHOLD of "+strconv.FormatInt(maxHold.Milliseconds(), 10)+" ms reached")
 			return
 		}
-		now := time.Now()
 		if !k.alive(w, now) {
 			k.lose(w, lostIdle, "the connection sent no command for "+k.idle.String()+" (locks.keepalive_idle)")
 			return
 		}
 		ttl := w.ttl
-		if !w.deadline.IsZero() {
-			left := w.deadline.Sub(now)
+		if !deadline.IsZero() {
+			left := deadline.Sub(now)
 			if left <= period {
-				// The last renewal made the lease end at the deadline.
+				// The renewals never asked for a lease past the
+				// deadline (each for at most what was left of it), and
+				// never shorten one: the lease w asked for ends by the
+				// deadline.
 				final = true
-				t.Reset(max(left, 0))
+				reset(left)
 				continue
 			}
 			ttl = min(ttl, left)
@@ -839,7 +973,7 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			k.ended(w)
 			return
 		case err != nil && canRetry:
-			t.Reset(retry)
+			reset(retry)
 			continue
 		case err != nil:
 			why := "a renewal failed"
@@ -854,15 +988,63 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			// An UNLOCK in flight may have released what the renewal
 			// looked for: whether a hold w still keeps is gone is known
 			// once it has ended (and taken its hold off, or stopped w).
-			t.Reset(retry)
+			reset(retry)
 			continue
 		case validity <= 0:
 			k.lose(w, lostRenewFailed, "a renewal found it no longer held")
 			return
 		}
 		lastOK = sent
+		k.renewedTo(w, sent.Add(ttl))
 		k.held.renewed(w.key, w.token, ttl)
-		t.Reset(renewAfter(period, validity))
+		reset(renewAfter(period, validity))
+	}
+}
+
+// deadlineOf returns w's MAXHOLD deadline (zero for none) and the MAXHOLD
+// that set it.
+func (k *keepalives) deadlineOf(w *watchdog) (time.Time, time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return w.deadline, w.maxHold
+}
+
+// renewedTo records that a renewal of w asked for a lease until end.
+func (k *keepalives) renewedTo(w *watchdog, end time.Time) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	w.askedEnd = later(w.askedEnd, end)
+}
+
+// maxHoldReached ends w at its MAXHOLD deadline: lost, for every holder,
+// as MAXHOLD's end is told. The lease w's renewals asked for ends by the
+// deadline (each asked for no more than was left of it), and renewals
+// never shorten a lease: the lock is free then unless another hold of the
+// token has lease left, which its holder was told of. Only when a grant
+// that joined brought the deadline nearer than a lease asked for before
+// (askedEnd), and no lock-delay applies, does w release the KEEPALIVE
+// holds it counts (not the loose ones, whose holders were told a lease of
+// their own), once the validity told to each has ended (toldEnd), as
+// the connection's close releases them.
+func (k *keepalives) maxHoldReached(w *watchdog, why string) {
+	k.mu.Lock()
+	now := time.Now()
+	release := !w.stopped && k.delayFor(w.key) <= 0 && !now.Before(w.toldEnd) &&
+		w.askedEnd.After(now.Add(w.ttl/10+10*time.Millisecond))
+	if !release {
+		k.mu.Unlock()
+		k.lose(w, lostMaxHold, why)
+		return
+	}
+	// Out of the registry first, so that no grant joins w once its
+	// holders are told: a hold granted now gets a watchdog of its own.
+	k.endingLocked(w)
+	owners := w.owners()
+	k.mu.Unlock()
+	k.tell(w, owners, lostMaxHold, why)
+	holds, _, _, ok := k.settle(w, false)
+	if ok {
+		k.releaseHolds(w, holds)
 	}
 }
 
@@ -928,7 +1110,7 @@ func renewAfter(period, validity time.Duration) time.Duration {
 // holds counted once no UNLOCK is in flight (settle); none is added once
 // w is ending (holderGone).
 func (k *keepalives) ended(w *watchdog) {
-	holds, mode, shutdown, ok := k.settle(w)
+	holds, mode, shutdown, ok := k.settle(w, true)
 	if !ok {
 		return
 	}
@@ -939,15 +1121,16 @@ func (k *keepalives) ended(w *watchdog) {
 }
 
 // settle stops w, which is ending, and returns the holds it is to
-// release, the kind it renewed, and whether the server is shutting down;
-// ok is false when w was stopped already. An UNLOCK in flight releases
+// release (with the loose ones, or its KEEPALIVE holds only), the kind it
+// renewed, and whether the server is shutting down; ok is false when w
+// was stopped already. An UNLOCK in flight releases
 // one of the token's holds, alike on the nodes, and endUnlock takes it
 // off w's counts; counted before that, it would be released twice, and
 // the second release would take a hold granted since to a live
 // connection. So settle waits, within the release bound, until none is
 // in flight; past the bound it leaves one hold unreleased for each still
 // in flight, whose lease then runs out on its own.
-func (k *keepalives) settle(w *watchdog) (holds [2]int, mode backends.Mode, shutdown, ok bool) {
+func (k *keepalives) settle(w *watchdog, loose bool) (holds [2]int, mode backends.Mode, shutdown, ok bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if w.stopped {
@@ -975,6 +1158,11 @@ func (k *keepalives) settle(w *watchdog) (holds [2]int, mode backends.Mode, shut
 		}
 	}
 	holds, mode = w.holds(), w.renewMode()
+	if !loose {
+		for m := range holds {
+			holds[m] -= w.loose[m]
+		}
+	}
 	for _, m := range []backends.Mode{backends.Write, backends.Read} {
 		// An UNLOCK taken to release one kind may release the other
 		// (whichHold could not tell): take any left off the other.
@@ -991,11 +1179,12 @@ func (k *keepalives) settle(w *watchdog) (holds [2]int, mode backends.Mode, shut
 }
 
 // delayLock applies the key's lock-delay to w's lock, which its holder
-// lost without releasing: the lease is set to the delay, from now, and
-// left to run out, so nobody gets the key meanwhile (a holder that was
-// only paused may still be acting on it). mode is the kind of hold w
-// renewed (watchdog.renewMode). It reports whether a delay applies; if
-// setting it fails the lease runs out on its own.
+// lost without releasing: the lease is raised to the delay, from now
+// (RenewHold never shortens it: other holds of the token may rely on a
+// longer one), and left to run out, so nobody gets the key meanwhile (a
+// holder that was only paused may still be acting on it). mode is the kind
+// of hold w renewed (watchdog.renewMode). It reports whether a delay
+// applies; if setting it fails the lease runs out on its own.
 func (k *keepalives) delayLock(w *watchdog, mode backends.Mode) bool {
 	delay := k.delayFor(w.key)
 	if delay <= 0 {
@@ -1043,6 +1232,28 @@ func (k *keepalives) releaseHolds(w *watchdog, holds [2]int) {
 	}
 }
 
+// owners are w's KEEPALIVE holders. k.mu is held.
+func (w *watchdog) owners() []*connKeepalive {
+	owners := make([]*connKeepalive, 0, len(w.holders))
+	for ka := range w.holders {
+		owners = append(owners, ka)
+	}
+	return owners
+}
+
+// tell tells owners that w's lock was lost, for reason r: the metric, the
+// notice for each one's next lock command on the key, and a RESP3 push.
+func (k *keepalives) tell(w *watchdog, owners []*connKeepalive, r lostReason, why string) {
+	k.lost[r].Inc()
+	for _, ka := range owners {
+		ka.noteLost(w.key, why)
+		if ka.proto.Load() == 3 {
+			ka.push(lockLostFrame(w.key, w.token))
+		}
+	}
+	k.log.Info("keepalive lock lost", zap.String("reason", r.label()), zap.Duration("ttl", w.ttl))
+}
+
 // lostByBackend ends the watchdog of key held by token, if one runs, as
 // lost: the backend learned the lock is gone (backends.LossNotifier).
 func (k *keepalives) lostByBackend(key, token string) {
@@ -1077,24 +1288,14 @@ func (k *keepalives) loseWith(w *watchdog, r lostReason, why string, byBackend b
 		held := w.holds()
 		quiet = w.inFlight() > 0 && w.inFlight() >= held[backends.Write]+held[backends.Read]
 	}
-	owners := make([]*connKeepalive, 0, len(w.holders))
-	for ka := range w.holders {
-		owners = append(owners, ka)
-	}
+	owners := w.owners()
 	mode := w.renewMode()
 	k.stopLocked(w)
 	k.mu.Unlock()
 	if quiet {
 		return
 	}
-	k.lost[r].Inc()
-	for _, ka := range owners {
-		ka.noteLost(w.key, why)
-		if ka.proto.Load() == 3 {
-			ka.push(lockLostFrame(w.key, w.token))
-		}
-	}
-	k.log.Info("keepalive lock lost", zap.String("reason", r.label()), zap.Duration("ttl", w.ttl))
+	k.tell(w, owners, r, why)
 	if r != lostRenewFailed {
 		// Lost without a release: the holder may still act on it.
 		k.delayLock(w, mode)

@@ -304,9 +304,12 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		shared := a.token != nil
 		// The watchdog counts the lease from when the granting attempt
 		// was sent (it may have begun then) and renews first within the
-		// validity told.
-		timing := grantTiming{sent: grantSent(start, done, a.ttl, lease.Validity), validity: lease.Validity}
-		if !h.keepalive.grantedHold(s.Context(), ka, req.Key, token, mode, shared) && a.keepalive &&
+		// validity told. The reply's hold count tells the watchdog a
+		// grant starts how many holds of the token it found, which it
+		// does not count.
+		timing := grantTiming{sent: grantSent(start, done, a.ttl, lease.Validity), validity: lease.Validity,
+			begun: start, holds: lease.Holds}
+		if !h.keepalive.grantedGrant(s.Context(), ka, req.Key, token, mode, shared, a.ttl, a.maxHold, timing) && a.keepalive &&
 			!h.keepalive.startGrant(s.Context(), ka, req.Key, token, a.ttl, a.maxHold, mode, shared, timing) {
 			// The server is shutting down; start released the lock
 			// (and took it off h.held). Its client is answered an error.

@@ -395,18 +395,21 @@ UPDATE ` + n.holds + ` h SET expires_at = CASE WHEN h.mode = 1 AND EXISTS (SELEC
 FROM l WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = l.mode RETURNING h.mode`
 }
 
-// renewHoldSQL resets the token's ($2) live row of mode $3 on key to $4
-// ms (backends.HoldKeeper). Renewing the write row raises a downgrade's
-// live read row to the same end but never shortens it, as renewing a
-// write hold does on the other backends; renewing the read row leaves the
-// write row alone. Nothing changes when the token has no live row of
-// mode $3. The rows are locked in mode order, as renewSQL's are.
+// renewHoldSQL raises the token's ($2) live row of mode $3 on key to $4
+// ms from now but never shortens it (backends.HoldKeeper): the row holds
+// every hold of the token of that mode, also those a KEEPALIVE watchdog
+// does not count (taken without KEEPALIVE on another connection), whose
+// holders were told of a lease of their own; renewSQL (RENEW) sets it
+// exactly. Renewing the write row raises a downgrade's live read row to
+// the same end but never shortens it, as renewing a write hold does on
+// the other backends; renewing the read row leaves the write row alone.
+// Nothing changes when the token has no live row of mode $3. The rows are
+// locked in mode order, as renewSQL's are.
 func (n names) renewHoldSQL() string {
 	return `WITH l AS (
 	SELECT mode FROM ` + n.holds + ` WHERE ` + keyIs("key") + ` AND token = $2 AND mode >= $3 AND expires_at > clock_timestamp()
 	ORDER BY mode FOR NO KEY UPDATE)
-UPDATE ` + n.holds + ` h SET expires_at = CASE WHEN h.mode = $3 THEN clock_timestamp() + $4 * interval '1 millisecond'
-	ELSE GREATEST(h.expires_at, clock_timestamp() + $4 * interval '1 millisecond') END
+UPDATE ` + n.holds + ` h SET expires_at = GREATEST(h.expires_at, clock_timestamp() + $4 * interval '1 millisecond')
 FROM l WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = l.mode AND EXISTS (SELECT 1 FROM l WHERE l.mode = $3)
 RETURNING h.mode`
 }

@@ -13,7 +13,10 @@ package redis
 // renewals every TTL/3, and its release when its connection closes):
 // releases go through the nodes' batching writers, renewals through each
 // node's go-redis client, as LOCKINFO's reads do, with scripts of their
-// own that renew one kind of hold only.
+// own that renew one kind of hold only and never shorten a lease: a
+// watchdog renews every hold of the token of that kind, also those taken
+// without KEEPALIVE on other connections, whose holders were told of a
+// lease of their own.
 
 import (
 	"context"
@@ -54,7 +57,9 @@ func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backen
 }
 
 // RenewHold implements backends.HoldKeeper: extendWriteScript or
-// extendReadScript on every node.
+// extendReadScript on every node, which raise the lease of the token's
+// holds of mode to ttl but never shorten it (RENEW's Renew sets it
+// exactly).
 func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
 	return b.holdQ[mode].Extend(ctx, key, token, ttl)
 }
@@ -101,9 +106,12 @@ func (h holdNode) Extend(ctx context.Context, key, token string, ttl time.Durati
 }
 
 // extendWriteScript: KEYS the lock keys (first five); ARGV[1] token,
-// ARGV[2] ttl ms. The extend script's write path alone: the write lease
-// set to the ttl, the read hold of a downgrade raised to it but never
-// shortened (and the keys kept until the later of the two ends). Unlike
+// ARGV[2] ttl ms. The extend script's write path alone, raising only: the
+// write lease raised to the ttl but never shortened, as a reentry raises
+// it (the token's write holds taken without KEEPALIVE, which the watchdog
+// does not count, share the lease, and their holders were told of theirs),
+// the read hold of a downgrade raised to the ttl but never shortened (and
+// the keys kept until the later of the two ends). Unlike
 // RENEW's script it does not renew a read lease when the token holds the
 // key for reading only: a renewal of a write hold that reaches a node
 // after an UNLOCK released that hold there must not cut the token's read
@@ -111,12 +119,14 @@ func (h holdNode) Extend(ctx context.Context, key, token string, ttl time.Durati
 // the token held the key for writing.
 const extendWriteScript = luaMeta + luaExtendWrite + `
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-return extendWrite()
+return extendWrite(true)
 `
 
 // extendReadScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
-// ttl ms, ARGV[3] readMarker. Resets the token's live read lease to the
-// ttl. The lock key lives as long as the longest reader; when the token
+// ttl ms, ARGV[3] readMarker. Raises the token's live read lease to the
+// ttl, never shortening it: the token's read holds taken without
+// KEEPALIVE share that lease, and their holders were told of theirs. The
+// lock key lives as long as the longest reader; when the token
 // also holds it for writing (a downgrade) the lock key is the write hold
 // too, and its lease is only ever raised here, never shortened: a renewal
 // of the read hold must not end early the write hold its holder was told
@@ -128,7 +138,7 @@ local v = redis.call('GET', KEYS[1])
 if v ~= ARGV[3] and v ~= ARGV[1] then return 0 end` + luaNow + `
 local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
 if not s or tonumber(s) <= now then return 0 end
-redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+if tonumber(s) < now + tonumber(ARGV[2]) then redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1]) end
 local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
 if v == ARGV[1] then
   local p = redis.call('PTTL', KEYS[1])

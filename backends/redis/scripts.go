@@ -498,12 +498,16 @@ return out
 // the lock keys (first five, in the scripts' order), tok the token,
 // which holds the key for writing, ms the ttl: the write lease set to the
 // ttl, the read hold of a downgrade raised to it but never shortened.
-// extendWrite is it for KEYS, ARGV[1] token and ARGV[2] ttl ms. Shared by
-// extendScript, extendWriteScript (holdkind.go) and transparent mode's
-// renewals (syncHoldsScript), so a plain PEXPIRE does to a hold what
-// RENEW does.
+// With raise the write lease is only raised, never shortened, as a
+// reentry raises it: a KEEPALIVE watchdog's renewal (extendWriteScript)
+// renews every write hold of the token, also those taken without
+// KEEPALIVE, whose holders were told a longer lease. extendWrite is it for
+// KEYS, ARGV[1] token and ARGV[2] ttl ms. Shared by extendScript (RENEW,
+// which sets the lease exactly), extendWriteScript (holdkind.go) and
+// transparent mode's renewals (syncHoldsScript), so a plain PEXPIRE does
+// to a hold what RENEW does.
 const luaExtendWrite = `
-local function extendWriteOf(k, tok, ms)
+local function extendWriteOf(k, tok, ms, raise)
   local m = redis.call('GET', k[3])
   local _, r = meta(m, tok)
   local s
@@ -522,13 +526,14 @@ local function extendWriteOf(k, tok, ms)
     redis.call('PEXPIRE', k[4], ms)
     redis.call('PEXPIRE', k[5], ms)
   end
+  if raise then ms = math.max(ms, redis.call('PTTL', k[1])) end
   redis.call('PEXPIRE', k[2], ms)
   if m then redis.call('PEXPIRE', k[3], ms) end
   redis.call('PEXPIRE', k[1], ms)
   return 1
 end
-local function extendWrite()
-  return extendWriteOf(KEYS, ARGV[1], tonumber(ARGV[2]))
+local function extendWrite(raise)
+  return extendWriteOf(KEYS, ARGV[1], tonumber(ARGV[2]), raise)
 end
 `
 
