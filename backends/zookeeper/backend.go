@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -70,9 +71,10 @@ type Backend struct {
 	onLost  func(key, token string) // see OnLost; nil for none
 	owned   map[string]*ownedNode   // path → a granted node this instance created
 	byToken map[heldKey]*ownedNode
-	waiters map[string]int // key → Lock calls waiting here
-	waiting int            // sum of waiters
-	expired chan struct{}  // closed (and replaced) when the session expires
+	waiters map[string]int        // key → Lock calls waiting here
+	waiting int                   // sum of waiters
+	watches map[string]*pathWatch // path → this instance's unfired watch on it
+	expired chan struct{}         // closed (and replaced) when the session expires
 	closed  bool
 	timers  sync.WaitGroup // lease timers armed or running
 
@@ -180,6 +182,7 @@ func New(cfg Config) (*Backend, error) {
 		owned:      map[string]*ownedNode{},
 		byToken:    map[heldKey]*ownedNode{},
 		waiters:    map[string]int{},
+		watches:    map[string]*pathWatch{},
 		expired:    make(chan struct{}),
 	}
 	if cfg.Digest != "" {
@@ -190,7 +193,8 @@ func New(cfg Config) (*Backend, error) {
 		b.acl = zk.DigestACL(zk.PermAll, user, pass)
 	}
 	conn, _, err := zk.Connect(cfg.Servers, cfg.SessionTimeout,
-		zk.WithLogger(zkLogger{b.log}), zk.WithLogInfo(false), zk.WithEventCallback(b.onEvent))
+		zk.WithLogger(zkLogger{b.log}), zk.WithLogInfo(false), zk.WithEventCallback(b.onEvent),
+		zk.WithDialer(handshakeBounded(cfg.SessionTimeout*2/3)))
 	if err != nil {
 		return nil, fmt.Errorf("zookeeper: connect: %w", err)
 	}
@@ -297,6 +301,9 @@ func (b *Backend) sessionExpired() {
 	for _, o := range b.owned {
 		b.forgetLocked(o)
 	}
+	// go-zookeeper fails the old session's watches: none is to be shared
+	// by a waiter of the new one.
+	clear(b.watches)
 	close(b.expired)
 	b.expired = make(chan struct{})
 	b.expirations.Add(1)
@@ -352,6 +359,54 @@ func (b *Backend) Close() error {
 	b.timers.Wait()
 	b.conn.Close()
 	return nil
+}
+
+// handshakeBounded is a go-zookeeper dialer whose connections bound the
+// wait for the server's answer to the session handshake by limit (one
+// receive timeout: as long as go-zookeeper waits for any other answer).
+// go-zookeeper waits ten receive timeouts for it (20 s for a 3 s session,
+// 67 s for 10 s): a stopped (SIGSTOPped, hung) server, whose kernel still
+// accepts connections, then held the instance disconnected that long per
+// attempt, however soon the other servers served again, and cost the
+// session besides.
+func handshakeBounded(limit time.Duration) zk.Dialer {
+	return func(network, addr string, timeout time.Duration) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, timeout)
+		if err != nil {
+			return nil, err
+		}
+		return &boundedConn{Conn: c, limit: limit}, nil
+	}
+}
+
+// boundedConn caps the deadlines set on it at limit from when they are set
+// until the first byte is read from the server (the handshake's answer);
+// after that they are go-zookeeper's.
+type boundedConn struct {
+	net.Conn
+	limit time.Duration
+	heard atomic.Bool
+}
+
+func (c *boundedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.heard.Store(true)
+	}
+	return n, err
+}
+
+func (c *boundedConn) SetReadDeadline(t time.Time) error  { return c.Conn.SetReadDeadline(c.bound(t)) }
+func (c *boundedConn) SetWriteDeadline(t time.Time) error { return c.Conn.SetWriteDeadline(c.bound(t)) }
+
+func (c *boundedConn) bound(t time.Time) time.Time {
+	if t.IsZero() || c.heard.Load() {
+		return t
+	}
+	if limit := time.Now().Add(c.limit); t.After(limit) {
+		return limit
+	}
+	return t
 }
 
 // result is one go-zookeeper call's outcome.

@@ -54,17 +54,37 @@ func (b *Backend) leaseLeft(d lockData, st *zk.Stat, now time.Time) time.Duratio
 	return max(b.validityAt(d.ttl, start, now), 0)
 }
 
-// validityOf is validity for a change to node n: none when n lives in
-// another instance's session. That session, not this one, bounds the
-// node's life, and this instance cannot tell how long it has left (its
-// instance may be stopping, or gone and the session about to expire): a
-// renewal or reentry through it keeps the hold but promises nothing, as
-// the least positive validity the callers report says.
+// validityOf is validity for a change to node n: 0 when it is under
+// backends.MinValidity (too late to be of use), and no more than backends.MinValidity when
+// n lives in another instance's session. That session, not this one,
+// bounds the node's life, and this instance cannot tell how long it has
+// left (its instance may be stopping, or gone and the session about to
+// expire): a renewal or reentry through it keeps the hold but promises
+// nothing, as the least validity the callers report says.
 func (b *Backend) validityOf(n node, ttl time.Duration, t0 time.Time) time.Duration {
-	if !b.ownSession(n) {
+	v := b.validity(ttl, t0)
+	switch {
+	case v < backends.MinValidity:
 		return 0
+	case !b.ownSession(n):
+		return backends.MinValidity
 	}
-	return b.validity(ttl, t0)
+	return v
+}
+
+// takeBack releases the hold a grant of req added when the grant came too
+// late to be of use (a validity under backends.MinValidity), within releaseTimeout
+// (the caller's context may be done). The lease stays as it is: a grant
+// that joined a hold never shortened it. Best effort: on failure the token
+// keeps one hold more than it was told of until an UNLOCK or the lease's
+// end.
+func (b *Backend) takeBack(req backends.LockRequest) {
+	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+	defer cancel()
+	if _, err := b.release(ctx, req.Key, req.Token, kindOf(req.Mode)); err != nil {
+		b.log.Warn("zookeeper: could not take back the hold of a grant too late to be of use; it stays until an UNLOCK or its lease ends",
+			zap.Error(err))
+	}
 }
 
 // ownSession reports whether n was made in this instance's session: it is
@@ -326,18 +346,64 @@ type waitTarget struct {
 type watched struct {
 	data []byte
 	stat *zk.Stat
-	ch   <-chan zk.Event
+	pw   *pathWatch
+}
+
+// pathWatch is the one go-zookeeper data watch this instance keeps on a
+// path while it has not fired, shared by every waiter watching the path.
+// go-zookeeper keeps a channel per watch set until the node changes, and a
+// waiter that gives up cannot take its own back: one per waiter would
+// pile up for as long as a blocker that never changes (a writer's gate, a
+// waiting writer's node) is held.
+type pathWatch struct {
+	done chan struct{} // closed once the watch fired
+	ev   zk.Event      // the event, set before done is closed
+}
+
+// share makes the pathWatch of the go-zookeeper watch ch just set on path,
+// the one later waiters on path share until it fires.
+func (b *Backend) share(path string, ch <-chan zk.Event) *pathWatch {
+	pw := &pathWatch{done: make(chan struct{})}
+	b.mu.Lock()
+	if b.watches[path] == nil {
+		b.watches[path] = pw
+	}
+	b.mu.Unlock()
+	go func() {
+		// Ends when the node changes, or with the session or the backend
+		// (go-zookeeper then fails every watch).
+		pw.ev = <-ch
+		b.mu.Lock()
+		if b.watches[path] == pw {
+			delete(b.watches, path)
+		}
+		b.mu.Unlock()
+		close(pw.done)
+	}()
+	return pw
 }
 
 // watch reads path and sets a watch on it, which fires when it changes or
 // is deleted. When path is gone, ok is false and no watch is set: an
 // exists watch would wait for its creation, which never comes (names are
 // never reused), and would stay with the session, resent on every
-// reconnect, for as long as it lives.
+// reconnect, for as long as it lives. A watch this instance has on path
+// already is shared: it was set before this read, so it fires on any
+// change after it (at worst on one before it, and the waiter looks again).
 func (b *Backend) watch(ctx context.Context, path string) (watched, bool, error) {
+	b.mu.Lock()
+	pw := b.watches[path]
+	b.mu.Unlock()
 	w, err := call(ctx, func() (watched, error) {
+		if pw != nil {
+			data, st, err := b.conn.Get(path)
+			return watched{data, st, pw}, err
+		}
 		data, st, ch, err := b.conn.GetW(path)
-		return watched{data, st, ch}, err
+		if err != nil {
+			return watched{}, err
+		}
+		return watched{data, st, b.share(path, ch)}, nil
 	})
 	if errors.Is(err, zk.ErrNoNode) {
 		return watched{}, false, nil
@@ -351,11 +417,11 @@ func (b *Backend) watch(ctx context.Context, path string) (watched, bool, error)
 // arm sets the watch of a waiter waiting for w. ok is false when there is
 // nothing to wait for (w's node or gate is gone, or changed since it was
 // judged): the waiter looks again.
-func (b *Backend) arm(ctx context.Context, w *waitTarget) (<-chan zk.Event, bool, error) {
+func (b *Backend) arm(ctx context.Context, w *waitTarget) (*pathWatch, bool, error) {
 	if w.gate != "" {
 		g, ok, err := b.watch(ctx, w.gate)
 		if err != nil || ok {
-			return g.ch, ok, err
+			return g.pw, ok, err
 		}
 		// The writer's write holds ended, or it is gone. Unless its gate
 		// went without them (deleted by hand): then wait on its data.
@@ -374,7 +440,7 @@ func (b *Backend) arm(ctx context.Context, w *waitTarget) (<-chan zk.Event, bool
 		// than wait for a change that already happened.
 		return nil, false, nil
 	}
-	return n.ch, true, nil
+	return n.pw, true, nil
 }
 
 // rearm is called when the data of the node a waiter waits for changed (a
@@ -382,7 +448,7 @@ func (b *Backend) arm(ctx context.Context, w *waitTarget) (<-chan zk.Event, bool
 // watch again, without reading the key's children, while the node still
 // blocks the waiter. ok is false when it no longer does: the waiter looks
 // again.
-func (b *Backend) rearm(ctx context.Context, w *waitTarget) (<-chan zk.Event, bool, error) {
+func (b *Backend) rearm(ctx context.Context, w *waitTarget) (*pathWatch, bool, error) {
 	if w.any || w.gate != "" {
 		// Any change is looked at; a gate's data never changes.
 		return nil, false, nil
@@ -397,7 +463,7 @@ func (b *Backend) rearm(ctx context.Context, w *waitTarget) (<-chan zk.Event, bo
 		}
 	}
 	b.rearms.Add(1)
-	return n.ch, true, nil
+	return n.pw, true, nil
 }
 
 // Lock acquires req (see backends.Backend): a reentrant or downgrading
@@ -547,30 +613,31 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		if b.testBeforeWatch != nil {
 			b.testBeforeWatch(w.path[len(dir)+1:])
 		}
-		ch, ok, err := b.arm(ctx, &w)
+		pw, ok, err := b.arm(ctx, &w)
 		if err != nil {
 			return backends.Lease{}, err
 		}
 		if !ok {
 			continue
 		}
-		if err := b.await(ctx, &w, ch, deadline, expired); err != nil {
+		if err := b.await(ctx, &w, pw, deadline, expired); err != nil {
 			return backends.Lease{}, err
 		}
 	}
 }
 
-// await waits, watching ch, until what w names no longer blocks (then the
+// await waits, watching pw, until what w names no longer blocks (then the
 // caller looks again), the deadline passes (one more look: the blocker may
 // have gone just now), the session expires or ctx is done. A change that
 // leaves it blocking, such as a renewal of the holder waited for, only
 // sets the watch again.
-func (b *Backend) await(ctx context.Context, w *waitTarget, ch <-chan zk.Event, deadline time.Time, expired <-chan struct{}) error {
+func (b *Backend) await(ctx context.Context, w *waitTarget, pw *pathWatch, deadline time.Time, expired <-chan struct{}) error {
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	for {
 		select {
-		case ev := <-ch:
+		case <-pw.done:
+			ev := pw.ev
 			if ev.Err != nil {
 				return zkErr("watch", ev.Err)
 			}
@@ -580,7 +647,7 @@ func (b *Backend) await(ctx context.Context, w *waitTarget, ch <-chan zk.Event, 
 					return err
 				}
 				if ok {
-					ch = next
+					pw = next
 					continue
 				}
 			}
@@ -864,16 +931,22 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	// Counted after the read, this grant's last round trip: nothing after
 	// it is waited for.
 	v := b.validity(req.TTL, t0)
-	if v <= 0 && o.version == 0 {
-		// Not reentered: Lock deletes the node.
+	if v < backends.MinValidity && o.version == 0 {
+		// Too late to be of use, and not reentered: Lock deletes the
+		// node.
 		b.forgetLocked(o)
 		b.mu.Unlock()
 		return backends.Lease{}, backends.ErrNotAcquired
 	}
-	// A reentered node keeps this grant's hold, as a reentry keeps its
-	// own: the least positive validity is reported rather than none.
 	b.byToken[heldKey{req.Key, req.Token}] = o
 	b.mu.Unlock()
+	if v < backends.MinValidity {
+		// Reentered before this grant: the node stays with the reentry's
+		// holds, and this grant's is taken back, as a late reentry takes
+		// back its own.
+		b.takeBack(req)
+		return backends.Lease{}, backends.ErrNotAcquired
+	}
 
 	if laterOfToken(kids, idx) {
 		// Another LOCK with this token queued behind this one waits for a
@@ -886,7 +959,7 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	if req.Mode == backends.Read {
 		holds = g.data.read
 	}
-	return backends.Lease{Token: req.Token, Validity: max(v, time.Millisecond), Fence: uint64(g.stat.Czxid), Holds: max(holds, 1)}, nil
+	return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(g.stat.Czxid), Holds: max(holds, 1)}, nil
 }
 
 // wake rewrites the data of the granted node at path as read (g), which
@@ -1011,13 +1084,17 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 			// Counted from t0, before the write was sent, for req.TTL: no
 			// more than the lease now stored, which ends no sooner.
 			v := b.validityOf(n, req.TTL, t0)
+			if v == 0 {
+				// Too late to be of use: the hold just added is taken
+				// back, and the LOCK answered not acquired.
+				b.takeBack(req)
+				return backends.Lease{}, backends.ErrNotAcquired
+			}
 			holds := d.write
 			if req.Mode == backends.Read {
 				holds = d.read
 			}
-			// The hold is taken even if the time spent left no validity:
-			// report the least positive one, as Renew does.
-			return backends.Lease{Token: req.Token, Validity: max(v, time.Millisecond), Fence: uint64(n.stat.Czxid), Holds: holds}, nil
+			return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(n.stat.Czxid), Holds: holds}, nil
 		case errors.Is(err, zk.ErrBadVersion):
 			g, ok, err := b.get(ctx, n.path)
 			if err != nil {
@@ -1046,7 +1123,7 @@ const (
 	// holds).
 	leaseKept leaseChange = iota
 	// leaseRaised: the lease ends no sooner than it did, nor than the
-	// given end (a reentry, RenewHold of a node with both kinds).
+	// given end (a reentry, RenewHold).
 	leaseRaised
 	// leaseSet: the lease ends at the given end (RENEW sets it exactly).
 	leaseSet
@@ -1222,12 +1299,13 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	return b.renew(ctx, key, token, anyHold, ttl)
 }
 
-// RenewHold implements backends.HoldKeeper. A downgraded token's write and
-// read holds are one node with one lease: renewing one kind must not
-// shorten the other's, so on a node with both the lease is raised as a
+// RenewHold implements backends.HoldKeeper. The lease is raised as a
 // reentry raises it: it ends no sooner than it did, nor than ttl after the
-// renewal began (lockData.raised). A node with holds of one kind only is
-// renewed as Renew does.
+// renewal began (lockData.raised); Renew (RENEW) sets it exactly. A
+// downgraded token's write and read holds are one node with one lease, and
+// a KEEPALIVE watchdog renews every hold of the token, also those taken
+// without KEEPALIVE on other connections, whose holders were told of a
+// lease of their own: renewing must shorten none of them.
 func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
 	return b.renew(ctx, key, token, kindOf(mode), ttl)
 }
@@ -1248,11 +1326,12 @@ func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl 
 			return 0, nil
 		}
 		how := leaseSet
-		if k != anyHold && d.write > 0 && d.read > 0 {
-			// Not shortening the other kind's lease: raised as a reentry
-			// raises it. Restarting it at t0 with the longer TTL would not
-			// do: a reentry or renewal of the other kind may have begun
-			// its lease after t0.
+		if k != anyHold {
+			// RenewHold: not shortening the lease of the token's other
+			// holds (the other kind's, or ones its watchdog does not
+			// count): raised as a reentry raises it. Restarting it at t0
+			// with the longer TTL would not do: a reentry or renewal may
+			// have begun its lease after t0.
 			d, how = d.raised(n.stat, t0, ttl), leaseRaised
 		} else {
 			d.ttl, d.startMS = ttl, t0.UnixMilli()
@@ -1268,9 +1347,10 @@ func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl 
 		done()
 		switch {
 		case err == nil:
-			// A renewal that leaves no validity still renewed: report the
-			// least positive validity rather than "not held".
-			return max(b.validityOf(n, ttl, t0), time.Millisecond), nil
+			// A renewal too late to be of use (a validity under
+			// backends.MinValidity) answers 0: the caller must no longer count on
+			// the key, which stays held until the lease just set ends.
+			return b.validityOf(n, ttl, t0), nil
 		case errors.Is(err, zk.ErrNoNode):
 			if n, ok, err = b.lookAgain(ctx, n.path, key, token, k); err != nil || !ok {
 				return 0, err
