@@ -22,6 +22,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
 )
 
 // Config configures a Backend.
@@ -428,7 +429,22 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 		}
 	}()
 	quick := false // the last pause was the quick one after a busy key
+	// failed is the last try's error when the database could not decide
+	// it: a waiting LOCK waits through that, as the RedLock backend does
+	// through a try without a quorum, and answers it if its WAIT ends so.
+	var failed error
+	notAcquired := func() (backends.Lease, error) {
+		if failed != nil {
+			return backends.Lease{}, failed
+		}
+		return backends.Lease{}, backends.ErrNotAcquired
+	}
 	for tries := 0; ; {
+		if tries > 0 {
+			if err := b.usable(); err != nil {
+				return backends.Lease{}, err // closed while waiting
+			}
+		}
 		// The first try queues on the key's advisory lock; the retries
 		// only try it, so that waiters on a hot key do not hold pool
 		// connections queued behind each other.
@@ -437,11 +453,15 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 		if err == nil {
 			marker = "" // deleted by the grant's transaction
 		}
+		failed = nil
+		if req.Wait > 0 && waitable(err) {
+			failed, err = err, backends.ErrNotAcquired
+		}
 		if !errors.Is(err, backends.ErrNotAcquired) {
 			return lease, err
 		}
 		if req.Wait <= 0 || time.Until(deadline) <= 0 {
-			return backends.Lease{}, backends.ErrNotAcquired
+			return notAcquired()
 		}
 		if req.Mode == backends.Write {
 			// Writer preference: new readers on every instance wait while
@@ -450,14 +470,24 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 				marker = newID()
 			}
 			if err := b.markWriter(ctx, req.Key, marker); err != nil {
-				return backends.Lease{}, err
+				if !waitable(err) {
+					return backends.Lease{}, err
+				}
+				failed = err
 			}
 		}
 		remaining := time.Until(deadline) // after the marker's round trip
 		if remaining <= 0 {
-			return backends.Lease{}, backends.ErrNotAcquired
+			return notAcquired()
 		}
 		pause := b.pause(left)
+		if failed != nil {
+			// The database failed: about a second, not the quick polls
+			// of a lost listening connection, so that waiters do not
+			// dial a database that is down many times a second; the
+			// listening connection's return wakes them all.
+			pause = notifyWaitMax*3/4 + rand.N(notifyWaitMax/4)
+		}
 		if errors.Is(err, errKeyBusy) && !quick {
 			// Another transaction is deciding on the key and may free it
 			// now: look again once soon, then as any refused try.
@@ -591,9 +621,10 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 		return backends.Lease{}, 0, backends.ErrUpgrade
 	}
 	lease.Validity = validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin)
-	if lease.Validity <= 0 {
+	if lease.Validity < backends.MinValidity {
 		// Too slow to be of use: the lease may already be over, so the
-		// caller must not act on it. Take back what this call added.
+		// caller must not act on it (and under 1 ms would read as 0).
+		// Take back what this call added.
 		if granted {
 			b.dropGrant(req, lease.Fence)
 		} else {
@@ -676,7 +707,7 @@ func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker 
 			}
 		}
 		if (act == actGrant || act == actReenter) &&
-			validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin) <= 0 {
+			validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin) < backends.MinValidity {
 			// Already too late to be of use (the call waited for the key's
 			// lock or a connection): roll back rather than commit a hold
 			// to take back.
@@ -687,8 +718,18 @@ func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker 
 	return act, granted, lease, left, err
 }
 
+// waitable reports an error a waiting LOCK waits through: the database
+// could not decide (unreachable, restarting, a pooled connection it
+// ended). A try whose COMMIT may have gone through is one: dropGrant
+// takes one hold of its row back, also after a later try of the same
+// token joined it.
+func waitable(err error) bool {
+	var nq *quorum.NoQuorumError
+	return errors.As(err, &nq)
+}
+
 // errLate rolls back a grant that would reach its caller with no validity
-// left.
+// left (under backends.MinValidity).
 var errLate = errors.New("postgres: grant too late to be of use")
 
 // errKeyBusy is a retry that found the key's advisory lock taken: another
@@ -804,13 +845,27 @@ func scanHeldRows(rs pgx.Rows) ([]row, rowIDs, error) {
 }
 
 // dropGrant deletes a row granted to a caller that was not told of it,
-// on a goroutine of the backend's, bounded in time.
+// on a goroutine of the backend's, bounded in time. It takes the key's
+// advisory lock first and deletes in the statement after it: the grant's
+// transaction holds that lock until it ends, and its COMMIT may still be
+// running on the server when the caller gives up (a synchronous standby's
+// wait, which pgx's cancel, sent over a new connection, ends committed).
+// A DELETE sent at once saw the insert uncommitted, deleted nothing, and
+// the row kept the key for its whole lease.
 func (b *Backend) dropGrant(req backends.LockRequest, fence uint64) {
 	b.background(func(ctx context.Context) error {
-		_, err := b.pool.Exec(ctx, `WITH d AS (DELETE FROM `+b.n.holds+
-			` WHERE `+keyIs("key")+` AND token = $2 AND mode = $3 AND fence = $4 AND holds = 1 RETURNING key)
-SELECT pg_notify('`+b.n.channel+`', md5(key)) FROM d`, req.Key, req.Token, int16(req.Mode), int64(fence))
-		return err
+		return pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			if _, err := tx.Exec(ctx, b.idleTxSQL); err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, b.n.lockKeySQL(), req.Key); err != nil {
+				return err
+			}
+			// One hold, not the row: a LOCK of the same token may have
+			// joined the row (a reentry) since, and was told it holds.
+			_, err := tx.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(fence))
+			return err
+		})
 	})
 }
 
@@ -928,9 +983,18 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		return 0, nil
 	}
 	// A reply that comes after the lease it set ended (less the drift
-	// allowance) renews nothing the caller may use: 0, as quorum.Extend
-	// reports.
-	return max(validity(ttl, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin), 0), nil
+	// allowance), or less than backends.MinValidity before, renews nothing the
+	// caller may use: 0, as quorum.Extend reports.
+	return renewed(validity(ttl, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin)), nil
+}
+
+// renewed is what a renewal whose validity is v answers: v, or 0 (not
+// renewed) when v is under backends.MinValidity.
+func renewed(v time.Duration) time.Duration {
+	if v < backends.MinValidity {
+		return 0
+	}
+	return v
 }
 
 // UnlockHold implements backends.HoldKeeper: one hold of the token's row
@@ -953,7 +1017,8 @@ func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backen
 }
 
 // RenewHold implements backends.HoldKeeper: the token's row of mode is
-// reset to ttl, a downgrade's other row never shortened (renewHoldSQL).
+// raised to ttl but never shortened, nor is a downgrade's other row
+// (renewHoldSQL).
 func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
 	if err := b.usable(); err != nil {
 		return 0, err
@@ -968,7 +1033,7 @@ func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backend
 	if tag.RowsAffected() == 0 {
 		return 0, nil
 	}
-	return max(validity(ttl, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin), 0), nil
+	return renewed(validity(ttl, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin)), nil
 }
 
 // Info implements backends.Backend. It reads without the key's lock: one
