@@ -312,7 +312,7 @@ func (r *Relay) Check(name []byte, args [][]byte) error {
 			return &ReservedError{Key: string(p), Prefix: r.cfg.KeyPrefix, Pattern: true}
 		}
 	}
-	if body := scriptBody(string(name), args); body != nil && bytes.Contains(luaUnescaped(body), r.prefix) {
+	if body := scriptBody(string(name), args); body != nil && (bytes.Contains(body, r.prefix) || bytes.Contains(luaUnescaped(body), r.prefix)) {
 		return &ReservedError{Prefix: r.cfg.KeyPrefix, Script: true}
 	}
 	if string(name) == "function" && len(args) > 1 && bytes.EqualFold(args[1], []byte("restore")) {
@@ -323,9 +323,14 @@ func (r *Relay) Check(name []byte, args [][]byte) error {
 	return nil
 }
 
-// luaUnescaped is a script body with Lua's decimal escapes spelled out
-// ('lockproxy\58' is "lockproxy:"), so that a string literal cannot hide
-// the prefix from a plain search; body itself when it has no escape.
+// luaUnescaped is a script body with its escapes read as Lua 5.1 (Redis's
+// Lua) reads them in a quoted string, so that a string literal cannot hide
+// the prefix from a plain search: a decimal escape is its byte
+// ('lockproxy\58' is "lockproxy:"), \a \b \f \n \r \t \v are control
+// bytes, an escaped line break is a newline, and a backslash before any
+// other character is that character ('lockproxy\:' is "lockproxy:" too).
+// It is read so everywhere, in long strings and comments as well: that can
+// only err on the side of refusing. body itself when it has no escape.
 func luaUnescaped(body []byte) []byte {
 	if bytes.IndexByte(body, '\\') < 0 {
 		return body
@@ -342,16 +347,30 @@ func luaUnescaped(body []byte) []byte {
 			n = n*10 + int(body[j]-'0')
 			j++
 		}
-		if j > i+1 && n < 256 {
-			out = append(out, byte(n))
+		if j > i+1 {
+			out = append(out, byte(min(n, 255))) // Lua refuses above 255
 			i = j - 1
 			continue
 		}
-		out = append(out, c, body[i+1]) // \\, \' …: not the start of another escape
+		e := body[i+1]
 		i++
+		switch d, ok := luaEscapes[e]; {
+		case ok:
+			e = d
+		case e == '\n' || e == '\r':
+			// A line break, \r\n or \n\r too, is one newline.
+			if i+1 < len(body) && (body[i+1] == '\n' || body[i+1] == '\r') && body[i+1] != e {
+				i++
+			}
+			e = '\n'
+		}
+		out = append(out, e) // \\, \', \: …: the character itself
 	}
 	return out
 }
+
+// luaEscapes are Lua 5.1's one-letter escapes.
+var luaEscapes = map[byte]byte{'a': '\a', 'b': '\b', 'f': '\f', 'n': '\n', 'r': '\r', 't': '\t', 'v': '\v'}
 
 func lowerInto(b []byte, s []byte) []byte {
 	for _, c := range s {
