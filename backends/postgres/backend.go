@@ -439,16 +439,50 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 		}
 		return backends.Lease{}, backends.ErrNotAcquired
 	}
+	// lost is this call's last grant whose caller (this loop) was told
+	// no though its row may be committed, while its take-back (dropGrant)
+	// runs; redo is the fence of one whose take-back failed. A retry of
+	// the same token would find that row and join it (a reentry): it would
+	// be told it holds the key, the row would keep one hold more than it
+	// was told of, and its one UNLOCK would leave the key held for a
+	// lease. So the retry waits for the take-back, and redoes a failed one
+	// in its own transaction, under the key's lock, before it decides.
+	var lost *lostGrant
+	var redo uint64
+	defer func() {
+		if redo != 0 {
+			b.dropGrant(req, redo) // best effort, as for a first try
+		}
+	}()
 	for tries := 0; ; {
 		if tries > 0 {
 			if err := b.usable(); err != nil {
 				return backends.Lease{}, err // closed while waiting
 			}
 		}
+		if lost != nil {
+			t := time.NewTimer(time.Until(deadline))
+			select {
+			case derr := <-lost.done:
+				if derr != nil {
+					redo = lost.fence
+				}
+				lost = nil
+			case <-t.C:
+			case <-ctx.Done():
+				t.Stop()
+				return backends.Lease{}, ctx.Err()
+			}
+			t.Stop()
+			if lost != nil {
+				return notAcquired()
+			}
+		}
 		// The first try queues on the key's advisory lock; the retries
 		// only try it, so that waiters on a hot key do not hold pool
 		// connections queued behind each other.
-		lease, left, err := b.try(ctx, req, marker, tries > 0)
+		lease, left, lostNow, err := b.try(ctx, req, marker, tries > 0, &redo)
+		lost = lostNow
 		tries++
 		if err == nil {
 			marker = "" // deleted by the grant's transaction
@@ -568,7 +602,14 @@ func (b *Backend) pause(left time.Duration) time.Duration {
 // grants it, so new readers are held back no longer than the wait.
 // On ErrNotAcquired, left is the shortest lease among the conflicting
 // holders (0 when unknown).
-func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker string, tryLock bool) (lease backends.Lease, left time.Duration, err error) {
+//
+// A first grant whose caller is told no though its row may be committed
+// (its COMMIT's outcome unknown, or its reply too late) is taken back by
+// dropGrant, in the background; lost is that, for a waiting caller to
+// wait for before it tries again. *redo, when not 0, is the fence of an
+// earlier such grant of the caller whose take-back failed: a retry drops
+// it first, under the key's lock, and sets *redo to 0 once that commits.
+func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker string, tryLock bool, redo *uint64) (lease backends.Lease, left time.Duration, lost *lostGrant, err error) {
 	start := time.Now()
 	caller := ctx
 	ctx, cancel := b.op(ctx)
@@ -583,17 +624,17 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 		// others wait here, in order, within their op_timeout.
 		release, err := b.enterGate(ctx, req.Key)
 		if err != nil {
-			return backends.Lease{}, 0, b.fail(caller, fmt.Errorf("waiting for this instance's try of the key before: %w", err))
+			return backends.Lease{}, 0, nil, b.fail(caller, fmt.Errorf("waiting for this instance's try of the key before: %w", err))
 		}
 		defer release()
 	}
 	var act action
 	var granted bool // a first hold was inserted: fence is its row's
 	for attempt := 0; ; attempt++ {
-		act, granted, lease, left, err = b.attempt(ctx, req, marker, tryLock, start)
+		act, granted, lease, left, err = b.attempt(ctx, req, marker, tryLock, start, redo)
 		if errors.Is(err, errLate) {
 			// Rolled back: nothing to take back.
-			return backends.Lease{}, 0, backends.ErrNotAcquired
+			return backends.Lease{}, 0, nil, backends.ErrNotAcquired
 		}
 		if err == nil {
 			break
@@ -608,17 +649,17 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 		if granted && !retryable(err) {
 			// The commit's outcome is unknown: drop the row if it is there,
 			// as the caller is told the lock was not granted.
-			b.dropGrant(req, lease.Fence)
+			lost = &lostGrant{fence: lease.Fence, done: b.dropGrant(req, lease.Fence)}
 		}
-		return backends.Lease{}, 0, b.fail(caller, err)
+		return backends.Lease{}, 0, lost, b.fail(caller, err)
 	}
 	switch act {
 	case actKeyBusy:
-		return backends.Lease{}, 0, errKeyBusy
+		return backends.Lease{}, 0, nil, errKeyBusy
 	case actBusy:
-		return backends.Lease{}, left, backends.ErrNotAcquired
+		return backends.Lease{}, left, nil, backends.ErrNotAcquired
 	case actUpgrade:
-		return backends.Lease{}, 0, backends.ErrUpgrade
+		return backends.Lease{}, 0, nil, backends.ErrUpgrade
 	}
 	lease.Validity = validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin)
 	if lease.Validity < backends.MinValidity {
@@ -626,20 +667,36 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 		// caller must not act on it (and under 1 ms would read as 0).
 		// Take back what this call added.
 		if granted {
-			b.dropGrant(req, lease.Fence)
+			lost = &lostGrant{fence: lease.Fence, done: b.dropGrant(req, lease.Fence)}
 		} else {
 			b.dropReentry(req, lease.Fence)
 		}
-		return backends.Lease{}, 0, backends.ErrNotAcquired
+		return backends.Lease{}, 0, lost, backends.ErrNotAcquired
 	}
-	return lease, 0, nil
+	return lease, 0, nil, nil
+}
+
+// lostGrant is a first grant whose caller was told no though its row may
+// be committed: its fence, and the answer of its take-back (dropGrant).
+type lostGrant struct {
+	fence uint64
+	done  <-chan error
 }
 
 // attempt is one transaction of try under the key's advisory lock.
 // With tryLock it does not wait for the key's advisory lock: busy, it
 // ends with actKeyBusy (one more round trip, as what follows the lock may
 // not run without it).
-func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string, tryLock bool, start time.Time) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
+// With *redo not 0 (only on a retry, which tries the lock) it first drops
+// one hold of the token's row of that fence (see try), and sets *redo to 0
+// once the transaction committed.
+func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string, tryLock bool, start time.Time, redo *uint64) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
+	redone := false
+	defer func() {
+		if redone && err == nil {
+			*redo = 0
+		}
+	}()
 	err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		batch := &pgx.Batch{}
 		batch.Queue(b.idleTxSQL)
@@ -661,6 +718,12 @@ func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker 
 			if !locked {
 				act = actKeyBusy
 				return nil
+			}
+			if *redo != 0 {
+				if _, err := tx.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(*redo)); err != nil {
+					return err
+				}
+				redone = true
 			}
 			batch, lead = &pgx.Batch{}, 0
 		} else {
@@ -852,8 +915,12 @@ func scanHeldRows(rs pgx.Rows) ([]row, rowIDs, error) {
 // wait, which pgx's cancel, sent over a new connection, ends committed).
 // A DELETE sent at once saw the insert uncommitted, deleted nothing, and
 // the row kept the key for its whole lease.
-func (b *Backend) dropGrant(req backends.LockRequest, fence uint64) {
-	b.background(func(ctx context.Context) error {
+//
+// The channel gets its answer (errClosed when the backend is closed).
+func (b *Backend) dropGrant(req backends.LockRequest, fence uint64) <-chan error {
+	done := make(chan error, 1)
+	started := b.background(func(ctx context.Context) (err error) {
+		defer func() { done <- err }()
 		return pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 			if _, err := tx.Exec(ctx, b.idleTxSQL); err != nil {
 				return err
@@ -867,6 +934,10 @@ func (b *Backend) dropGrant(req backends.LockRequest, fence uint64) {
 			return err
 		})
 	})
+	if !started {
+		done <- errClosed
+	}
+	return done
 }
 
 // dropReentry takes back the hold a reentrant grant added when its reply
@@ -931,11 +1002,11 @@ const unmarkWait = 250 * time.Millisecond
 
 // background runs f with cleanupTimeout on a goroutine that Close waits
 // for; a failure only leaves a row to expire by itself.
-func (b *Backend) background(f func(ctx context.Context) error) {
+func (b *Backend) background(f func(ctx context.Context) error) (started bool) {
 	b.mu.Lock()
 	if b.closed {
 		b.mu.Unlock()
-		return
+		return false
 	}
 	b.bg.Add(1)
 	b.mu.Unlock()
@@ -947,6 +1018,7 @@ func (b *Backend) background(f func(ctx context.Context) error) {
 			b.log.Debug("postgres: cleanup failed; the row expires by itself", zap.Error(err))
 		}
 	}()
+	return true
 }
 
 // Unlock implements backends.Backend.
