@@ -80,12 +80,14 @@ type Backend struct {
 
 	// Set by tests only, before use: run before a waiter sets its watch on
 	// its blocker, before a reentry changes the held node, before a grant
-	// rewrites its node to wake a LOCK with the same token, and between a
-	// reentry's or renewal's write and its written.
-	testBeforeWatch   func(blocker string)
-	testBeforeReenter func()
-	testBeforeWake    func()
-	testBeforeWritten func()
+	// rewrites its node to wake a LOCK with the same token, between a
+	// reentry's or renewal's write and its written, and before a hold of a
+	// grant too late to be of use is taken back.
+	testBeforeWatch    func(blocker string)
+	testBeforeReenter  func()
+	testBeforeWake     func()
+	testBeforeWritten  func()
+	testBeforeTakeBack func()
 }
 
 // ownedNode is a granted lock node this instance created, whose lease it

@@ -72,16 +72,26 @@ func (b *Backend) validityOf(n node, ttl time.Duration, t0 time.Time) time.Durat
 	return v
 }
 
-// takeBack releases the hold a grant of req added when the grant came too
-// late to be of use (a validity under backends.MinValidity), within releaseTimeout
-// (the caller's context may be done). The lease stays as it is: a grant
-// that joined a hold never shortened it. Best effort: on failure the token
-// keeps one hold more than it was told of until an UNLOCK or the lease's
-// end.
-func (b *Backend) takeBack(req backends.LockRequest) {
+// takeBack releases the hold a grant of req added to node n (as written
+// or read) when the grant came too late to be of use (a validity under
+// backends.MinValidity), within releaseTimeout (the caller's context may
+// be done). The lease stays as it is: a grant that joined a hold never
+// shortened it. Only n is changed: its lease is about to end, and once it
+// is gone the hold went with it, while a node the token holds by then is
+// another LOCK's, granted since, whose holds are all its own. Best effort:
+// on failure the token keeps one hold more than it was told of until an
+// UNLOCK or the lease's end.
+func (b *Backend) takeBack(req backends.LockRequest, n node) {
+	if b.testBeforeTakeBack != nil {
+		b.testBeforeTakeBack()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
 	defer cancel()
-	if _, err := b.release(ctx, req.Key, req.Token, kindOf(req.Mode)); err != nil {
+	err := b.usable()
+	if err == nil {
+		_, err = b.releaseNode(ctx, n, req.Key, req.Token, kindOf(req.Mode), false)
+	}
+	if err != nil {
 		b.log.Warn("zookeeper: could not take back the hold of a grant too late to be of use; it stays until an UNLOCK or its lease ends",
 			zap.Error(err))
 	}
@@ -944,7 +954,7 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 		// Reentered before this grant: the node stays with the reentry's
 		// holds, and this grant's is taken back, as a late reentry takes
 		// back its own.
-		b.takeBack(req)
+		b.takeBack(req, node{path: path, data: g.data, stat: g.stat})
 		return backends.Lease{}, backends.ErrNotAcquired
 	}
 
@@ -1087,7 +1097,7 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 			if v == 0 {
 				// Too late to be of use: the hold just added is taken
 				// back, and the LOCK answered not acquired.
-				b.takeBack(req)
+				b.takeBack(req, node{path: n.path, data: d, stat: st})
 				return backends.Lease{}, backends.ErrNotAcquired
 			}
 			holds := d.write
@@ -1223,6 +1233,14 @@ func (b *Backend) release(ctx context.Context, key, token string, k holdKind) (b
 	if err != nil || !ok {
 		return false, err
 	}
+	return b.releaseNode(ctx, n, key, token, k, true)
+}
+
+// releaseNode releases one hold of kind k by token from node n. When n is
+// found gone, follow says whether the token's node is looked for again
+// (release: n may be a copy of a node released since, and the token may
+// hold the key through a new one) or not (takeBack: the hold went with n).
+func (b *Backend) releaseNode(ctx context.Context, n node, key, token string, k holdKind, follow bool) (bool, error) {
 	for range maxCAS {
 		d := n.data
 		switch {
@@ -1272,6 +1290,11 @@ func (b *Backend) release(ctx context.Context, key, token string, k holdKind) (b
 			return false, zkErr("unlock", err)
 		}
 		if gone {
+			if !follow {
+				b.forget(n.path)
+				return false, nil
+			}
+			var ok bool
 			if n, ok, err = b.lookAgain(ctx, n.path, key, token, k); err != nil || !ok {
 				return false, err
 			}
