@@ -59,7 +59,9 @@ const (
 	lostMaxHold                       // MAXHOLD ran out
 	// lostUnlocked: an UNLOCK with the token on another connection
 	// released a hold, and lockproxy could not tell it from this
-	// connection's KEEPALIVE hold, which it then stopped keeping.
+	// connection's KEEPALIVE hold, which it then stopped keeping: the
+	// lock store did not answer how many holds the token has left
+	// (keepalives.endUnlock).
 	lostUnlocked
 	numLostReasons
 )
@@ -184,7 +186,9 @@ type watchdog struct {
 	maxHold  time.Duration
 	deadline time.Time
 	// toldEnd is the latest end of a validity told to a KEEPALIVE grant
-	// w counts (from its reply): MAXHOLD releases no hold before it.
+	// w counts (from its reply), or to a RENEW of its key and token
+	// (toldRenewal): MAXHOLD releases no hold before it, and the
+	// lock-delay leaves the lease no shorter.
 	toldEnd time.Time
 	// askedEnd is the latest end of a lease w's renewals or the grants it
 	// counts asked for (from when each was sent): the nodes' lease lasts
@@ -193,7 +197,9 @@ type watchdog struct {
 	// uncounted are the token's holds, by kind, that w does not count:
 	// those the grant that started it found (its reply's hold count less
 	// its own), taken without KEEPALIVE before w ran, on this connection
-	// or another. An UNLOCK on a connection with no hold w counts takes
+	// or another. An UNLOCK on a connection with no hold w counts, which
+	// the lock store's count of the holds left (endUnlock) shows was not
+	// one w counts, takes one of these; when the lock store cannot tell,
 	// one of these before any KEEPALIVE hold.
 	uncounted [2]int
 	holders   map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
@@ -310,7 +316,7 @@ func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle ti
 	}
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lockproxy_lock_lost_total",
-		Help: "KEEPALIVE locks lost before their holder released them, by reason: renew_failed (a renewal did not reach quorum or found the lock gone), idle (the connection sent nothing within locks.keepalive_idle), maxhold (MAXHOLD ran out), unlocked (an UNLOCK with the token on another connection took a hold it kept).",
+		Help: "KEEPALIVE locks lost before their holder released them, by reason: renew_failed (a renewal did not reach quorum or found the lock gone), idle (the connection sent nothing within locks.keepalive_idle), maxhold (MAXHOLD ran out), unlocked (an UNLOCK with the token on another connection released a hold that could not be told from one it kept, the lock store unable to say which).",
 	}, []string{"reason"})
 	active := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "lockproxy_keepalive_locks",
@@ -400,6 +406,22 @@ func (k *keepalives) joinLocked(w *watchdog, sessCtx context.Context, ka *connKe
 			default:
 			}
 		}
+	}
+}
+
+// toldRenewal records that a RENEW of key with token told its client
+// validity, from now: the watchdogs that keep key with token leave the
+// lease no shorter (watchdog.toldEnd).
+func (k *keepalives) toldRenewal(key, token string, validity time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	hk := heldKey{key, token}
+	end := time.Now().Add(validity)
+	if w := k.m[hk]; w != nil {
+		w.toldEnd = later(w.toldEnd, end)
+	}
+	for _, w := range k.ending[hk] {
+		w.toldEnd = later(w.toldEnd, end)
 	}
 }
 
@@ -628,23 +650,39 @@ func (k *keepalives) whichHold(ctx context.Context, op *unlockOp) {
 // (op.mode), and from one count only, as a token's holds of one kind are
 // alike on the nodes: ka's own KEEPALIVE hold if it has one; else one an
 // ending watchdog counts (takeEndingLocked), which it then does not
-// release; else a loose one; else one the live watchdog knows it does not
-// count (watchdog.uncounted: the token held the key when it started); and
-// last another connection's, which is then told its lock is lost
-// (forsakeLocked): lockproxy cannot tell whose hold went, and that
-// connection must not be left relying, unwarned, on holds no watchdog
-// keeps. Ending ones come before a live connection's: a wrong guess then
-// costs a lease left to run out, not a hold released or left unrenewed
-// under a holder that relies on it. Or none, when no watchdog counts one
-// of that kind (the UNLOCK released a hold taken without it). A watchdog
-// stops with its last KEEPALIVE hold: loose holds left then keep the
-// lease they have.
+// release; else a loose one; else, when another connection holds one of
+// w's KEEPALIVE holds of that kind, the lock store is asked how many holds
+// of that kind the token has left (holdsLeft), after the release and
+// while the UNLOCK still counts as in flight (a renewal that finds nothing
+// meanwhile is not taken for a loss): fewer than the watchdog counts, and
+// the hold released was one it counts, a KEEPALIVE hold the token's own
+// UNLOCK ended (a client's pool releasing through another connection the
+// lock it took on one): it is taken off without a word, and the watchdog
+// stops with its last; as many or more, and it was one the watchdog does
+// not count (taken before it started, or through another instance), so
+// every KEEPALIVE hold lives on, renewed while its connection is. Only
+// when the lock store cannot answer is the watchdog's guess used: one it
+// knows it does not count (watchdog.uncounted: the token held the key when
+// it started), else another connection's, which is then told its lock is
+// lost (forsakeLocked) rather than left relying, unwarned, on holds no
+// watchdog keeps. Ending ones come before a live connection's: a wrong
+// guess then costs a lease left to run out, not a hold released or left
+// unrenewed under a holder that relies on it. Or none, when no watchdog
+// counts one of that kind (the UNLOCK released a hold taken without it).
+// A watchdog stops with its last KEEPALIVE hold: loose holds left then
+// keep the lease they have.
 func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 	if op == nil {
 		return
 	}
 	mode := op.mode
 	k.mu.Lock()
+	var left holdsAnswer
+	if released && k.askLocked(op, ka) {
+		k.mu.Unlock()
+		left = k.holdsLeft(op)
+		k.mu.Lock()
+	}
 	defer k.mu.Unlock()
 	var live *watchdog
 	for _, w := range op.ws {
@@ -686,31 +724,127 @@ func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 		live.loose[mode]--
 		return
 	}
-	if live.uncounted[mode] > 0 {
+	other, oh := otherHolderLocked(live, ka, mode)
+	switch {
+	case oh == nil:
+		// No KEEPALIVE hold of that kind to lose: the one released was
+		// one w does not count.
+		live.uncounted[mode] = max(live.uncounted[mode]-1, 0)
+	case left.known && left.n < int64(live.counted(mode)-live.inFlight()):
+		// The UNLOCKs still in flight may release one each: the holds
+		// left are fewer than w counts whatever they do, so the token
+		// holds no hold w does not count (none uncounted), and the one
+		// released was one of w's KEEPALIVE holds.
+		live.uncounted[mode] = 0
+		k.takeHolderLocked(live, other, oh, mode)
+	case left.known:
+		// As many holds left as w counts: the one released was one w
+		// does not count.
+		live.uncounted[mode] = max(live.uncounted[mode]-1, 0)
+	case live.uncounted[mode] > 0:
 		live.uncounted[mode]--
-		return
+	default:
+		k.forsakeLocked(live, other, oh, mode)
 	}
-	for other, oh := range live.holders {
-		if oh.n[mode] > 0 {
-			k.forsakeLocked(live, other, oh, mode)
-			return
+}
+
+// otherHolderLocked returns a connection other than ka with a KEEPALIVE
+// hold of mode of w, and its holds; nil when none has one. k.mu is held.
+func otherHolderLocked(w *watchdog, ka *connKeepalive, mode backends.Mode) (*connKeepalive, *holder) {
+	for other, oh := range w.holders {
+		if other != ka && oh.n[mode] > 0 {
+			return other, oh
 		}
 	}
+	return nil, nil
+}
+
+// askLocked reports whether endUnlock is to ask the lock store how many
+// holds the token has left after op released one through ka's
+// connection: when the live watchdog of op's key counts no hold of ka's
+// nor a loose one of that kind, but another connection's KEEPALIVE hold.
+// An ending watchdog may yet take it; asking then is only time spent.
+// k.mu is held.
+func (k *keepalives) askLocked(op *unlockOp, ka *connKeepalive) bool {
+	for _, w := range op.ws {
+		if w.stopped || w.ending {
+			continue
+		}
+		if h := w.holders[ka]; (h != nil && h.n[op.mode] > 0) || w.loose[op.mode] > 0 {
+			return false
+		}
+		_, oh := otherHolderLocked(w, ka, op.mode)
+		return oh != nil
+	}
+	return false
+}
+
+// holdsAnswer is the lock store's answer to how many holds of a kind a
+// token has left; known is false when it could not tell.
+type holdsAnswer struct {
+	n     int64
+	known bool
+}
+
+// holdsLeft asks the lock store, within the release bound, how many holds
+// of op's kind op's token has of its key, as whichHold asks which kind it
+// holds.
+func (k *keepalives) holdsLeft(op *unlockOp) holdsAnswer {
+	ctx, cancel := context.WithTimeout(context.Background(), k.release)
+	defer cancel()
+	info, ok, err := k.backend.Info(ctx, op.key)
+	if err != nil {
+		k.log.Debug("keepalive: could not tell whose hold an UNLOCK on another connection released",
+			zap.Error(fmt.Errorf("lock info of the key an UNLOCK released: %w", err)))
+		return holdsAnswer{}
+	}
+	n, known := tokenHolds(info, ok, op.token, op.mode)
+	return holdsAnswer{n: n, known: known}
+}
+
+// tokenHolds is how many holds of mode token has in info (ok false: the
+// key is free); known is false when info cannot tell: a token holding
+// the write lock may hold read holds too (a downgrade), which the lock
+// store's info does not show.
+func tokenHolds(info backends.LockInfo, ok bool, token string, mode backends.Mode) (n int64, known bool) {
+	if !ok {
+		return 0, true
+	}
+	if info.Mode == backends.Write {
+		// One write holder, and nobody else holds the key.
+		if len(info.Holders) == 0 || info.Holders[0].Token != token {
+			return 0, true
+		}
+		if mode == backends.Write {
+			return max(info.Holders[0].Holds, 1), true
+		}
+		return 0, false
+	}
+	if mode == backends.Write {
+		return 0, true
+	}
+	for _, h := range info.Holders {
+		if h.Token == token {
+			return max(h.Holds, 1), true
+		}
+	}
+	return 0, true
 }
 
 // forsakeLocked takes one hold of mode off ka's KEEPALIVE holds h of w,
 // for an UNLOCK on another connection that released a hold w could not
-// tell from ka's. When that was ka's last, w no longer keeps ka's lock,
-// which may still be on the nodes (the hold released may have been one w
-// does not count) or gone (it was ka's): ka is told it is lost, as a loss
-// is told, rather than left relying on a lock nobody renews. w stops with
-// its last KEEPALIVE holder. k.mu is held; the push never blocks.
+// tell from ka's, the lock store unable to say how many the token has
+// left. When that was ka's last, w no longer keeps ka's lock, which may
+// still be on the nodes (the hold released may have been one w does not
+// count) or gone (it was ka's): ka is told it is lost, as a loss is told,
+// rather than left relying on a lock nobody renews. w stops with its last
+// KEEPALIVE holder. k.mu is held; the push never blocks.
 func (k *keepalives) forsakeLocked(w *watchdog, ka *connKeepalive, h *holder, mode backends.Mode) {
 	last := h.total() == 1
 	k.takeHolderLocked(w, ka, h, mode)
 	if last {
 		k.tell(w, []*connKeepalive{ka}, lostUnlocked,
-			"an UNLOCK with its token on another connection released a hold that lockproxy could not tell from this connection's KEEPALIVE hold, which is no longer kept alive")
+			"an UNLOCK with its token on another connection released a hold that lockproxy could not tell from this connection's KEEPALIVE hold (the lock store did not answer how many the token has left), which is no longer kept alive")
 	}
 }
 
@@ -996,7 +1130,7 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 		}
 		lastOK = sent
 		k.renewedTo(w, sent.Add(ttl))
-		k.held.renewed(w.key, w.token, ttl)
+		k.held.raised(w.key, w.token, ttl)
 		reset(renewAfter(period, validity))
 	}
 }
@@ -1179,27 +1313,49 @@ func (k *keepalives) settle(w *watchdog, loose bool) (holds [2]int, mode backend
 }
 
 // delayLock applies the key's lock-delay to w's lock, which its holder
-// lost without releasing: the lease is raised to the delay, from now
+// lost without releasing, and leaves the lease to run out, so nobody gets
+// the key meanwhile (a holder that was only paused may still be acting on
+// it). When w knows every hold of the token (a token lockproxy made, no
+// loose or uncounted hold), the lease is set to the delay, or to the end
+// of the latest validity told to a holder if that is later (with a
+// tenth of the TTL for drift), as RENEW sets it: the lease w's renewals
+// asked for was told to nobody, and leaving it would hold the key up to
+// a TTL rather than the delay. Otherwise it is raised to the delay
 // (RenewHold never shortens it: other holds of the token may rely on a
-// longer one), and left to run out, so nobody gets the key meanwhile (a
-// holder that was only paused may still be acting on it). mode is the kind
-// of hold w renewed (watchdog.renewMode). It reports whether a delay
-// applies; if setting it fails the lease runs out on its own.
+// longer one). mode is the kind of hold w renewed (watchdog.renewMode).
+// It reports whether a delay applies; if setting it fails the lease runs
+// out on its own.
 func (k *keepalives) delayLock(w *watchdog, mode backends.Mode) bool {
 	delay := k.delayFor(w.key)
 	if delay <= 0 {
 		return false
 	}
+	k.mu.Lock()
+	exact := !w.shared && w.loose == [2]int{} && w.uncounted == [2]int{}
+	lease := delay
+	if told := time.Until(w.toldEnd); told > 0 {
+		lease = max(delay, told+w.ttl/10)
+	}
+	k.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), k.release)
 	defer cancel()
-	validity, err := backends.RenewHold(ctx, k.backend, w.key, w.token, mode, delay)
+	var validity time.Duration
+	var err error
+	if exact {
+		validity, err = k.backend.Renew(ctx, w.key, w.token, lease)
+	} else {
+		validity, err = backends.RenewHold(ctx, k.backend, w.key, w.token, mode, delay)
+	}
 	switch {
 	case err != nil:
 		k.log.Warn("keepalive: setting the lock-delay failed; the lease will expire on its own",
 			zap.Duration("delay", delay), zap.Error(err))
+	case validity > 0 && exact:
+		k.delayed.Inc()
+		k.held.renewed(w.key, w.token, lease)
 	case validity > 0:
 		k.delayed.Inc()
-		k.held.renewed(w.key, w.token, delay)
+		k.held.raised(w.key, w.token, delay)
 	}
 	return true
 }

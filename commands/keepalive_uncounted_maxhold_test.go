@@ -7,30 +7,52 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
 )
 
-// TestUnlockOfUncountedHold: connection a holds k with token t without
-// KEEPALIVE, and b takes it again with KEEPALIVE: b's grant starts the
-// watchdog, which counts b's hold only, and its reply says the token holds
-// two. a's UNLOCK (a has no hold the watchdog counts) then released the
-// hold the watchdog knows it does not count: b's lock stays kept, and b
-// is told nothing. When the reply did not show such a hold, the watchdog
-// cannot tell a's hold from b's: it takes b's off, and b, whose lock it no
-// longer keeps, is told (the notice and the push) rather than left relying
-// on a lock nobody renews. Before, endUnlock took b's hold in both cases
-// and stopped the watchdog without a word.
+// TestUnlockOfUncountedHold: connection b takes k with token t and
+// KEEPALIVE: b's grant starts the watchdog, which counts b's hold only,
+// and its reply says how many holds the token has (2 when a held k with t
+// without KEEPALIVE before). Connection a, which has no hold the watchdog
+// counts, then UNLOCKs k with t. Whose hold that released the lock store
+// tells, asked after the release how many holds the token has left: as
+// many as the watchdog counts (b's), and the one released was a's: b's
+// lock stays kept, and b is told nothing; fewer, and it was b's own, the
+// token's release of its own lock (a client's pool UNLOCKs through one
+// connection what it locked on another): the watchdog stops without a
+// word, as a lock its holder released. So even when the reply's count was
+// wrong (a's hold released before b's grant counted it on its way). Only
+// when the lock store cannot answer is the reply's count used: a hold the
+// watchdog knows it does not count is taken for the one released, and
+// without one b's hold is taken off and b told (the notice, the push, the
+// `unlocked` loss) rather than left relying on a lock nobody renews.
+// Before 9201c06 endUnlock took b's hold in every case and stopped the
+// watchdog without a word; since, until the lock store was asked, b was
+// told its lock was lost when its own token released it.
 func TestUnlockOfUncountedHold(t *testing.T) {
 	const ttl = 600 * time.Millisecond
+	heldBy := func(tok string, n int64) backends.LockInfo {
+		return backends.LockInfo{Mode: backends.Write, Holders: []backends.Holder{{Token: tok, Holds: n}}}
+	}
 	for _, tc := range []struct {
-		name  string
-		holds int64 // the token's holds b's grant reply told
-		kept  bool  // b's lock still kept after a's UNLOCK
+		name    string
+		holds   int64 // the token's holds b's grant reply told
+		info    backends.LockInfo
+		held    bool  // the lock store shows k held
+		infoErr error // the lock store cannot answer
+		kept    bool  // b's lock still kept after a's UNLOCK
+		told    bool  // b told its lock is lost
 	}{
-		{"the reply shows a's hold", 2, true},
-		{"the reply shows b's only", 1, false},
+		{name: "the reply shows a's hold; b's is left", holds: 2, info: heldBy("t", 1), held: true, kept: true},
+		{name: "the reply shows a's hold; none is left", holds: 2},
+		{name: "the reply shows a's hold; the lock store cannot tell", holds: 2, infoErr: quorum.ErrNoQuorum, kept: true},
+		{name: "the reply shows b's only; b's is left", holds: 1, info: heldBy("t", 1), held: true, kept: true},
+		{name: "the reply shows b's only; none is left", holds: 1},
+		{name: "the reply shows b's only; another token holds k", holds: 1, info: heldBy("other", 1), held: true},
+		{name: "the reply shows b's only; the lock store cannot tell", holds: 1, infoErr: quorum.ErrNoQuorum, told: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fb := &fakeBackend{}
+			fb := &infoBackend{info: tc.info, held: tc.held, infoErr: tc.infoErr}
 			k := newTestKeepalives(t, fb, time.Second)
 			a, b := newTestConn(t, 3), newTestConn(t, 3)
 			now := time.Now()
@@ -39,17 +61,20 @@ func TestUnlockOfUncountedHold(t *testing.T) {
 				t.Fatal("startGrant = false")
 			}
 			k.endUnlock(k.beginUnlock("k", "t"), true, a.ka)
+			if n := fb.asked.Load(); n != 1 {
+				t.Errorf("lock store asked %d times after a's UNLOCK; want once", n)
+			}
 			if n := k.count(); (n == 1) != tc.kept {
 				t.Fatalf("count after a's UNLOCK = %d; want b's lock kept: %v", n, tc.kept)
 			}
 			why, lost := b.ka.takeLost([]byte("k"))
-			if lost == tc.kept || (lost && !strings.Contains(why, "UNLOCK")) {
-				t.Errorf("b's notice = %q, %v; want one about the UNLOCK: %v", why, lost, !tc.kept)
+			if lost != tc.told || (lost && !strings.Contains(why, "UNLOCK")) {
+				t.Errorf("b's notice = %q, %v; want one about the UNLOCK: %v", why, lost, tc.told)
 			}
-			if p := b.pushed(); len(p) != map[bool]int{true: 0, false: 1}[tc.kept] {
-				t.Errorf("b's pushes = %q; want one only when its lock is no longer kept", p)
+			if p := b.pushed(); len(p) != map[bool]int{true: 1, false: 0}[tc.told] {
+				t.Errorf("b's pushes = %q; want one only when b is told", p)
 			}
-			if got, want := counterValue(t, k.lost[lostUnlocked]), map[bool]float64{true: 0, false: 1}[tc.kept]; got != want {
+			if got, want := counterValue(t, k.lost[lostUnlocked]), map[bool]float64{true: 1, false: 0}[tc.told]; got != want {
 				t.Errorf("lockproxy_lock_lost_total{reason=\"unlocked\"} = %v; want %v", got, want)
 			}
 			if _, lost := a.ka.takeLost([]byte("k")); lost {
@@ -62,6 +87,12 @@ func TestUnlockOfUncountedHold(t *testing.T) {
 				if n := k.count(); n != 0 {
 					t.Errorf("count after b's UNLOCK = %d; want 0", n)
 				}
+				if n := fb.asked.Load(); n != 1 {
+					t.Errorf("lock store asked %d times after b's own UNLOCK; want once (for a's only)", n)
+				}
+			}
+			if _, unlocks := fb.counts(); unlocks != 0 {
+				t.Errorf("%d releases by the watchdog; want none (the UNLOCKs released the holds)", unlocks)
 			}
 		})
 	}

@@ -444,6 +444,7 @@ func (h *Handler) renew(s *resp.Session, args [][]byte) {
 	}
 	if validity > 0 {
 		h.held.renewed(key, token, ttl)
+		h.keepalive.toldRenewal(key, token, validity)
 	}
 	s.W.Int(validity.Milliseconds())
 }

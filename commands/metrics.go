@@ -153,6 +153,22 @@ func (h *heldLocks) renewed(key, token string, ttl time.Duration) {
 	}
 }
 
+// raised extends the lease of key held by token to ttl from now but never
+// shortens it, as a KEEPALIVE watchdog's renewals and its lock-delay do on
+// the nodes (backends.HoldKeeper.RenewHold): the token's holds taken
+// without KEEPALIVE keep the longer lease they were told of.
+func (h *heldLocks) raised(key, token string, ttl time.Duration) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	k := heldKey{key, token}
+	if l, ok := h.m[k]; ok {
+		if e := time.Now().Add(ttl); e.After(l.expires) {
+			l.expires = e
+			h.m[k] = l
+		}
+	}
+}
+
 // released takes off the hold an UNLOCK of key by token released: a write
 // hold while the token has one, else a read hold, as the lock store
 // releases them.
