@@ -202,9 +202,15 @@ type watchdog struct {
 	// one w counts, takes one of these; when the lock store cannot tell,
 	// one of these before any KEEPALIVE hold.
 	uncounted [2]int
-	holders   map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
-	loose     [2]int                     // holds granted without KEEPALIVE while it runs, by backends.Mode
-	drop      [2]int                     // holds of closed connections, by backends.Mode, for run to release
+	// pending counts, by kind, UNLOCKs on connections with no hold w
+	// counts that released a hold while other UNLOCKs of the token were
+	// in flight: the lock store's count of the holds left cannot tell
+	// whose hold each released until the others land, so the last UNLOCK
+	// in flight asks once and attributes them all (endUnlock).
+	pending [2]int
+	holders map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
+	loose   [2]int                     // holds granted without KEEPALIVE while it runs, by backends.Mode
+	drop    [2]int                     // holds of closed connections, by backends.Mode, for run to release
 	// unlocking counts the UNLOCKs of key with token in flight, by the
 	// kind of hold each is taken to release (unlockOp.mode).
 	unlocking [2]int
@@ -678,7 +684,7 @@ func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 	mode := op.mode
 	k.mu.Lock()
 	var left holdsAnswer
-	if released && k.askLocked(op, ka) {
+	if k.askLocked(op, ka, released) {
 		k.mu.Unlock()
 		left = k.holdsLeft(op)
 		k.mu.Lock()
@@ -701,11 +707,15 @@ func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 		}
 	}
 	if !released {
+		if live != nil {
+			k.settlePendingLocked(live, mode, left)
+		}
 		return
 	}
 	if live != nil {
 		if h := live.holders[ka]; h != nil && h.n[mode] > 0 {
 			k.takeHolderLocked(live, ka, h, mode)
+			k.settlePendingLocked(live, mode, left)
 			return
 		}
 	}
@@ -722,29 +732,58 @@ func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 	}
 	if live.loose[mode] > 0 {
 		live.loose[mode]--
+		k.settlePendingLocked(live, mode, left)
 		return
 	}
-	other, oh := otherHolderLocked(live, ka, mode)
-	switch {
-	case oh == nil:
-		// No KEEPALIVE hold of that kind to lose: the one released was
-		// one w does not count.
-		live.uncounted[mode] = max(live.uncounted[mode]-1, 0)
-	case left.known && left.n < int64(live.counted(mode)-live.inFlight()):
-		// The UNLOCKs still in flight may release one each: the holds
-		// left are fewer than w counts whatever they do, so the token
-		// holds no hold w does not count (none uncounted), and the one
-		// released was one of w's KEEPALIVE holds.
-		live.uncounted[mode] = 0
-		k.takeHolderLocked(live, other, oh, mode)
-	case left.known:
-		// As many holds left as w counts: the one released was one w
-		// does not count.
-		live.uncounted[mode] = max(live.uncounted[mode]-1, 0)
-	case live.uncounted[mode] > 0:
-		live.uncounted[mode]--
-	default:
-		k.forsakeLocked(live, other, oh, mode)
+	if _, oh := otherHolderLocked(live, nil, mode); oh != nil && live.inFlight() > 0 {
+		// Other UNLOCKs of the token are in flight: the holds left
+		// cannot tell whose hold this one released until they land.
+		live.pending[mode]++
+		return
+	}
+	live.pending[mode]++
+	k.settlePendingLocked(live, mode, left)
+}
+
+// settlePendingLocked attributes w's pending UNLOCKs of mode (see
+// watchdog.pending) once none is in flight any more, by left, the lock
+// store's count of the token's holds of mode asked for after the last of
+// them landed: while fewer are left than w counts, each took one of w's
+// KEEPALIVE holds (the token's pool releasing through one connection
+// what it locked through another), quietly; the rest released holds w
+// does not count. When the lock store could not tell, one w does not
+// count is taken first, then a KEEPALIVE hold whose holder is told.
+// k.mu is held.
+func (k *keepalives) settlePendingLocked(w *watchdog, mode backends.Mode, left holdsAnswer) {
+	if w.inFlight() > 0 {
+		return
+	}
+	for ; w.pending[mode] > 0; w.pending[mode]-- {
+		if w.stopped {
+			w.pending[mode] = 0
+			return
+		}
+		other, oh := otherHolderLocked(w, nil, mode)
+		switch {
+		case oh == nil:
+			// No KEEPALIVE hold of that kind to lose: the one released
+			// was one w does not count.
+			w.uncounted[mode] = max(w.uncounted[mode]-1, 0)
+		case left.known && left.n < int64(w.counted(mode)):
+			// Fewer holds left than w counts, with no UNLOCK in
+			// flight: the token holds no hold w does not count, and
+			// the one released was one of w's KEEPALIVE holds.
+			w.uncounted[mode] = 0
+			k.takeHolderLocked(w, other, oh, mode)
+		case left.known:
+			// As many holds left as w counts: the one released was one
+			// w does not count.
+			w.uncounted[mode] = max(w.uncounted[mode]-1, 0)
+		case w.uncounted[mode] > 0:
+			w.uncounted[mode]--
+		default:
+			k.forsakeLocked(w, other, oh, mode)
+		}
 	}
 }
 
@@ -760,15 +799,27 @@ func otherHolderLocked(w *watchdog, ka *connKeepalive, mode backends.Mode) (*con
 }
 
 // askLocked reports whether endUnlock is to ask the lock store how many
-// holds the token has left after op released one through ka's
-// connection: when the live watchdog of op's key counts no hold of ka's
-// nor a loose one of that kind, but another connection's KEEPALIVE hold.
-// An ending watchdog may yet take it; asking then is only time spent.
-// k.mu is held.
-func (k *keepalives) askLocked(op *unlockOp, ka *connKeepalive) bool {
+// holds the token has left after op ended through ka's connection (released
+// whether it released a hold): when op is the last UNLOCK of the token in
+// flight on the live watchdog of op's key, and either UNLOCKs before it are
+// pending (watchdog.pending) or op released a hold and the watchdog counts
+// no hold of ka's nor a loose one of that kind, but another connection's
+// KEEPALIVE hold. While other UNLOCKs are in flight the answer could not
+// tell whose hold each released, and the last one asks. An ending watchdog
+// may yet take it; asking then is only time spent. k.mu is held.
+func (k *keepalives) askLocked(op *unlockOp, ka *connKeepalive, released bool) bool {
 	for _, w := range op.ws {
 		if w.stopped || w.ending {
 			continue
+		}
+		if w.inFlight() > 1 {
+			return false
+		}
+		if w.pending[op.mode] > 0 {
+			return true
+		}
+		if !released {
+			return false
 		}
 		if h := w.holders[ka]; (h != nil && h.n[op.mode] > 0) || w.loose[op.mode] > 0 {
 			return false
@@ -1315,44 +1366,27 @@ func (k *keepalives) settle(w *watchdog, loose bool) (holds [2]int, mode backend
 // delayLock applies the key's lock-delay to w's lock, which its holder
 // lost without releasing, and leaves the lease to run out, so nobody gets
 // the key meanwhile (a holder that was only paused may still be acting on
-// it). When w knows every hold of the token (a token lockproxy made, no
-// loose or uncounted hold), the lease is set to the delay, or to the end
-// of the latest validity told to a holder if that is later (with a
-// tenth of the TTL for drift), as RENEW sets it: the lease w's renewals
-// asked for was told to nobody, and leaving it would hold the key up to
-// a TTL rather than the delay. Otherwise it is raised to the delay
-// (RenewHold never shortens it: other holds of the token may rely on a
-// longer one). mode is the kind of hold w renewed (watchdog.renewMode).
-// It reports whether a delay applies; if setting it fails the lease runs
-// out on its own.
+// it). The lease is raised to the delay, never shortened (RenewHold), so
+// the key may stay until the lease w's last renewal asked for ends, up to
+// a TTL past the delay. Setting it exactly would be shorter but is not
+// safe: a grant of the same token on another connection (a reentry, or a
+// RENEW) can land on the nodes as w ends, after any check w could make
+// here, and its holder is told of a lease that an exact set would cut
+// (commands TestLockDelayKeepsRacingReentrantGrant). mode is the kind of
+// hold w renewed (watchdog.renewMode). It reports whether a delay
+// applies; if setting it fails the lease runs out on its own.
 func (k *keepalives) delayLock(w *watchdog, mode backends.Mode) bool {
 	delay := k.delayFor(w.key)
 	if delay <= 0 {
 		return false
 	}
-	k.mu.Lock()
-	exact := !w.shared && w.loose == [2]int{} && w.uncounted == [2]int{}
-	lease := delay
-	if told := time.Until(w.toldEnd); told > 0 {
-		lease = max(delay, told+w.ttl/10)
-	}
-	k.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), k.release)
 	defer cancel()
-	var validity time.Duration
-	var err error
-	if exact {
-		validity, err = k.backend.Renew(ctx, w.key, w.token, lease)
-	} else {
-		validity, err = backends.RenewHold(ctx, k.backend, w.key, w.token, mode, delay)
-	}
+	validity, err := backends.RenewHold(ctx, k.backend, w.key, w.token, mode, delay)
 	switch {
 	case err != nil:
 		k.log.Warn("keepalive: setting the lock-delay failed; the lease will expire on its own",
 			zap.Duration("delay", delay), zap.Error(err))
-	case validity > 0 && exact:
-		k.delayed.Inc()
-		k.held.renewed(w.key, w.token, lease)
 	case validity > 0:
 		k.delayed.Inc()
 		k.held.raised(w.key, w.token, delay)
