@@ -208,6 +208,12 @@ type watchdog struct {
 	// whose hold each released until the others land, so the last UNLOCK
 	// in flight asks once and attributes them all (endUnlock).
 	pending [2]int
+	// grants counts the holds, by kind, joinLocked counted on w, and
+	// begun the UNLOCKs beginUnlock counted: an answer of the lock
+	// store's asked while a hold joined or an UNLOCK began may or may
+	// not count it, and endUnlock asks again (askedLocked).
+	grants  [2]uint64
+	begun   uint64
 	holders map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
 	loose   [2]int                     // holds granted without KEEPALIVE while it runs, by backends.Mode
 	drop    [2]int                     // holds of closed connections, by backends.Mode, for run to release
@@ -395,6 +401,7 @@ func (k *keepalives) joinLocked(w *watchdog, sessCtx context.Context, ka *connKe
 	if g.holds > 0 && mode == w.startMode && g.begun.Before(w.startDone) && g.holds < w.startHolds && w.uncounted[mode] > 0 {
 		w.uncounted[mode]--
 	}
+	w.grants[mode]++
 	if ka == nil {
 		w.loose[mode]++
 		return
@@ -614,6 +621,7 @@ func (k *keepalives) beginUnlock(key, token string) *unlockOp {
 	}
 	for _, w := range op.ws {
 		w.unlocking[op.mode]++
+		w.begun++
 	}
 	return op
 }
@@ -684,10 +692,22 @@ func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 	mode := op.mode
 	k.mu.Lock()
 	var left holdsAnswer
-	if k.askLocked(op, ka, released) {
+	for try := 0; k.askLocked(op, ka, released); try++ {
+		asked := op.askedLocked()
 		k.mu.Unlock()
 		left = k.holdsLeft(op)
 		k.mu.Lock()
+		if op.askedLocked() == asked {
+			break
+		}
+		// A hold of the token joined, or an UNLOCK of it began, while
+		// the lock store answered, before or after the answer: it
+		// cannot tell whose hold op released. Asked again, as long as
+		// op is still the one to ask, a few times at most.
+		left = holdsAnswer{}
+		if try == 2 {
+			break
+		}
 	}
 	defer k.mu.Unlock()
 	var live *watchdog
@@ -743,6 +763,18 @@ func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 	}
 	live.pending[mode]++
 	k.settlePendingLocked(live, mode, left)
+}
+
+// askedLocked is how many holds of op's kind were counted on op's
+// watchdogs, and UNLOCKs begun on them (watchdog.grants, begun). k.mu is
+// held.
+func (op *unlockOp) askedLocked() [2]uint64 {
+	var n [2]uint64
+	for _, w := range op.ws {
+		n[0] += w.grants[op.mode]
+		n[1] += w.begun
+	}
+	return n
 }
 
 // settlePendingLocked attributes w's pending UNLOCKs of mode (see
@@ -1347,6 +1379,14 @@ func (k *keepalives) settle(w *watchdog, loose bool) (holds [2]int, mode backend
 		for m := range holds {
 			holds[m] -= w.loose[m]
 		}
+	}
+	for m := range holds {
+		// An UNLOCK pending (watchdog.pending) when w began ending
+		// released a hold that may have been one w counts: the last
+		// one in flight ended on an ending w, which cannot tell (a
+		// hold of the token granted since is on the nodes too), so it
+		// is not released again; its lease runs out on its own.
+		holds[m] -= min(w.pending[m], holds[m])
 	}
 	for _, m := range []backends.Mode{backends.Write, backends.Read} {
 		// An UNLOCK taken to release one kind may release the other
