@@ -28,18 +28,7 @@ func TestPendingPooledUnlockNotReleasedAgainByEndingWatchdog(t *testing.T) {
 	k := newTestKeepalives(t, be, time.Minute)
 	b, a1, a2 := newTestConn(t, 3), newTestConn(t, 3), newTestConn(t, 3)
 	const key, tok = "pending-ending", "t-pending-ending"
-	for i := 1; i <= 2; i++ {
-		start := time.Now()
-		l, err := be.Lock(ctx, backends.LockRequest{Key: key, Token: tok, TTL: ttl})
-		if err != nil {
-			t.Fatalf("B's LOCK %d: %v", i, err)
-		}
-		g := grantTiming{sent: start, validity: l.Validity, begun: start, holds: l.Holds}
-		if !k.grantedGrant(b.ctx, b.ka, key, tok, backends.Write, true, ttl, 0, g) &&
-			!k.startGrant(b.ctx, b.ka, key, tok, ttl, 0, backends.Write, true, g) {
-			t.Fatalf("B's LOCK %d not kept", i)
-		}
-	}
+	keepTwice(ctx, t, k, be, b, key, tok, ttl)
 	op1 := k.beginUnlock(key, tok)
 	op2 := k.beginUnlock(key, tok)
 	k.whichHold(ctx, op1)

@@ -51,18 +51,7 @@ func TestConcurrentPooledUnlocksOfReentrantKeepalive(t *testing.T) {
 	k := newTestKeepalives(t, be, time.Minute)
 	b, a1, a2 := newTestConn(t, 3), newTestConn(t, 3), newTestConn(t, 3)
 	const key, tok = "pooled-reentrant", "t-pooled"
-	for i := 1; i <= 2; i++ {
-		start := time.Now()
-		l, err := be.Lock(ctx, backends.LockRequest{Key: key, Token: tok, TTL: ttl})
-		if err != nil {
-			t.Fatalf("B's LOCK %d: %v", i, err)
-		}
-		g := grantTiming{sent: start, validity: l.Validity, begun: start, holds: l.Holds}
-		if !k.grantedGrant(b.ctx, b.ka, key, tok, backends.Write, true, ttl, 0, g) &&
-			!k.startGrant(b.ctx, b.ka, key, tok, ttl, 0, backends.Write, true, g) {
-			t.Fatalf("B's LOCK %d not kept", i)
-		}
-	}
+	keepTwice(ctx, t, k, be, b, key, tok, ttl)
 	op1 := k.beginUnlock(key, tok)
 	op2 := k.beginUnlock(key, tok)
 	k.whichHold(ctx, op1)
@@ -95,6 +84,24 @@ func TestConcurrentPooledUnlocksOfReentrantKeepalive(t *testing.T) {
 	for r := lostReason(0); r < numLostReasons; r++ {
 		if got := counterValue(t, k.lost[r]); got != 0 {
 			t.Errorf("lockproxy_lock_lost_total{reason=%q} = %v; want 0", r.label(), got)
+		}
+	}
+}
+
+// keepTwice takes key for tok twice on be with KEEPALIVE through c, as a
+// reentrant LOCK … TOKEN tok KEEPALIVE does: c's watchdog counts two holds.
+func keepTwice(ctx context.Context, t *testing.T, k *keepalives, be backends.Backend, c *testConn, key, tok string, ttl time.Duration) {
+	t.Helper()
+	for i := 1; i <= 2; i++ {
+		start := time.Now()
+		l, err := be.Lock(ctx, backends.LockRequest{Key: key, Token: tok, TTL: ttl})
+		if err != nil {
+			t.Fatalf("LOCK %d: %v", i, err)
+		}
+		g := grantTiming{sent: start, validity: l.Validity, begun: start, holds: l.Holds}
+		if !k.grantedGrant(c.ctx, c.ka, key, tok, backends.Write, true, ttl, 0, g) &&
+			!k.startGrant(c.ctx, c.ka, key, tok, ttl, 0, backends.Write, true, g) {
+			t.Fatalf("LOCK %d not kept", i)
 		}
 	}
 }
