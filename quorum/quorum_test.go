@@ -779,6 +779,17 @@ func TestAcquireFences(t *testing.T) {
 	}
 }
 
+// firstTakes is an advance in which node 0's Acquire takes d, the others
+// nothing.
+func firstTakes(d time.Duration) func(int) time.Duration {
+	return func(i int) time.Duration {
+		if i == 0 {
+			return d
+		}
+		return 0
+	}
+}
+
 func TestAcquireValidity(t *testing.T) {
 	const ttl = 10 * time.Second // drift 102ms
 	for _, tc := range []struct {
@@ -796,6 +807,14 @@ func TestAcquireValidity(t *testing.T) {
 			}
 			return 0
 		}, func(i int) bool { return i == 2 }, time.Millisecond},
+		// Replies give validities in whole milliseconds: under 1 ms would
+		// read as 0 (validity_ms 0 for a grant), so it is none.
+		{"N=3/1ms-1ns of validity left", 3, firstTakes(ttl - 102*time.Millisecond - time.Millisecond + time.Nanosecond),
+			func(i int) bool { return i == 2 }, 0},
+		{"N=3/900µs of validity left", 3, firstTakes(ttl - 102*time.Millisecond - 900*time.Microsecond),
+			func(i int) bool { return i == 2 }, 0},
+		{"N=3/1ns of validity left", 3, firstTakes(ttl - 102*time.Millisecond - time.Nanosecond),
+			func(i int) bool { return i == 2 }, 0},
 		{"N=3/elapsed+drift == ttl", 3, func(i int) time.Duration {
 			if i == 0 {
 				return ttl - 102*time.Millisecond

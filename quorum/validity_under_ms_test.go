@@ -2,18 +2,15 @@ package quorum_test
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
-
-	"github.com/lockproxy/lockproxy/quorum"
 )
 
 // TestValidityUnderOneMsIsNone: replies give validities in whole
-// milliseconds, so a validity in (0, 1 ms) would read as 0: LOCK would
-// answer a grant with validity_ms 0, RENEW "0, no longer held" for a lock
-// a majority holds. Acquire rolls such a grant back (ErrExpired) and
-// Extend answers 0, as for a validity ≤ 0; 1 ms is enough.
+// milliseconds, so a validity in (0, 1 ms) would read as 0: RENEW would
+// answer "0, no longer held" for a lock a majority holds, so Extend
+// answers 0, as for a validity ≤ 0; 1 ms is enough. (Acquire's rows are
+// in TestAcquireValidity.)
 func TestValidityUnderOneMsIsNone(t *testing.T) {
 	const ttl = 10 * time.Second // drift 102ms
 	for _, tc := range []struct {
@@ -27,34 +24,6 @@ func TestValidityUnderOneMsIsNone(t *testing.T) {
 		{"1ms", time.Millisecond, time.Millisecond},
 	} {
 		spent := ttl - 102*time.Millisecond - tc.left
-		t.Run("Acquire/"+tc.name, func(t *testing.T) {
-			checkGoroutines(t)
-			clock := newFakeClock()
-			// n1 must grant (n3 refuses), so the time it takes is seen.
-			nodes := makeNodes(t, 3, func(i int, nd *fakeNode) {
-				if i == 0 {
-					nd.clock, nd.advance = clock, spent
-				}
-				nd.refuse = i == 2
-			})
-			cfg := defaultConfig()
-			cfg.Clock = clock
-			q := newQuorum(t, cfg, nodes)
-			r := req
-			r.TTL = ttl
-			lease, err := q.Acquire(context.Background(), r)
-			if tc.want == 0 {
-				if !errors.Is(err, quorum.ErrExpired) {
-					t.Fatalf("Acquire = %+v, %v; want ErrExpired", lease, err)
-				}
-				checkReleasedEverywhere(t, nodes, r.Key, r.Token)
-				return
-			}
-			if err != nil || lease.Validity != tc.want {
-				t.Fatalf("Acquire = %+v, %v; want validity %v", lease, err, tc.want)
-			}
-			checkNotReleased(t, nodes)
-		})
 		t.Run("Extend/"+tc.name, func(t *testing.T) {
 			checkGoroutines(t)
 			clock := newFakeClock()
