@@ -607,6 +607,15 @@ func TestAcquireSlowNodesBounded(t *testing.T) {
 // TestAcquireFences covers disagreeing and lying nodes. A gated node
 // answers only after Acquire returned, so the majority Acquire hears from
 // is fixed.
+//
+// The read rows: a read grant's fence is the highest counter among its
+// granting nodes, and before the grant stands a majority must store a
+// counter at least that high, so that any later write majority shares a
+// node with it and gets a higher fence. The granting nodes below it are
+// raised with RaiseReadFence (never RaiseFence, which would store the
+// read fence as a write hold's); where they agree, nothing is raised (the
+// common case stays one round trip). A raise that fails on too many nodes
+// is NOQUORUM naming them, and the grant is rolled back (read holds only).
 func TestAcquireFences(t *testing.T) {
 	late := func() chan struct{} { return make(chan struct{}) }
 	type node struct {
@@ -621,10 +630,11 @@ func TestAcquireFences(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		name      string
+		read      bool // RLOCK: the grant is raised with RaiseReadFence
 		nodes     []node
 		wantFence uint64
 		wantErr   string         // a NoQuorumError text; "" for a lease
-		wantRaise map[int]uint64 // node index → the fence RaiseFence was called with
+		wantRaise map[int]uint64 // node index → the fence RaiseFence (read: RaiseReadFence) was called with
 	}{
 		{
 			name:      "N=3/5,7,7: lagging node raised",
@@ -729,6 +739,76 @@ func TestAcquireFences(t *testing.T) {
 			wantErr:   "2/5 nodes: n3 connection refused",
 			wantRaise: map[int]uint64{1: 9, 2: 9},
 		},
+		{
+			read:      true,
+			name:      "read/N=3/20,0 (n3 late): lagging node raised",
+			nodes:     []node{{fence: 20}, {fence: 0}, {fence: 0, late: true}},
+			wantFence: 20,
+			wantRaise: map[int]uint64{1: 20},
+		},
+		{
+			read:      true,
+			name:      "read/N=3/7,7: agreeing majority, nothing raised",
+			nodes:     []node{{fence: 7}, {fence: 7}, {fence: 3, late: true}},
+			wantFence: 7,
+		},
+		{
+			read:      true,
+			name:      "read/N=3/reentrant read grants are settled alike",
+			nodes:     []node{{fence: 9, holds: 2}, {fence: 4, holds: 3}, {refuse: true}},
+			wantFence: 9,
+			wantRaise: map[int]uint64{1: 9},
+		},
+		{
+			read:      true,
+			name:      "read/N=5/1,2,3: each lower node raised to the max",
+			nodes:     []node{{fence: 1}, {fence: 2}, {fence: 3}, {refuse: true}, {refuse: true}},
+			wantFence: 3,
+			wantRaise: map[int]uint64{0: 3, 1: 3},
+		},
+		{
+			read:      true,
+			name:      "read/N=3/raise refused: read hold gone",
+			nodes:     []node{{fence: 7}, {fence: 5, raise: raiseRefuse}, {fence: 7, late: true}},
+			wantErr:   "1/3 nodes: n2 hold lost before its fence was stored",
+			wantRaise: map[int]uint64{1: 7},
+		},
+		{
+			read:      true,
+			name:      "read/N=3/raise fails",
+			nodes:     []node{{fence: 7}, {fence: 5, raise: raiseFail}, {refuse: true}},
+			wantErr:   "1/3 nodes: n2 connection refused",
+			wantRaise: map[int]uint64{1: 7},
+		},
+		{
+			read:      true,
+			name:      "read/N=3/raise times out",
+			nodes:     []node{{fence: 7}, {fence: 5, raise: raiseSlow}, {refuse: true}},
+			wantErr:   "1/3 nodes: n2 timeout",
+			wantRaise: map[int]uint64{1: 7},
+		},
+		{
+			read: true,
+			name: "read/N=3/raise fails, the other node failed to grant: both named",
+			nodes: []node{{fence: 7, delay: 20 * time.Millisecond}, {fence: 5, raise: raiseFail, delay: 20 * time.Millisecond},
+				{fail: true}},
+			wantErr:   "1/3 nodes: n2 connection refused, n3 connection refused",
+			wantRaise: map[int]uint64{1: 7},
+		},
+		{
+			read:      true,
+			name:      "read/N=5/one of two lagging raises fails",
+			nodes:     []node{{fence: 9}, {fence: 5}, {fence: 2, raise: raiseFail}, {refuse: true}, {refuse: true}},
+			wantErr:   "2/5 nodes: n3 connection refused",
+			wantRaise: map[int]uint64{1: 9, 2: 9},
+		},
+		{
+			read:      true,
+			name:      "read/N=5/two lagging raises fail",
+			nodes:     []node{{fence: 9}, {fence: 5, raise: raiseSlow}, {fence: 2, raise: raiseFail}, {refuse: true}, {refuse: true}},
+			wantErr:   "1/5 nodes: n2 timeout, n3 connection refused",
+			wantRaise: map[int]uint64{1: 9, 2: 9},
+		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checkGoroutines(t)
@@ -736,6 +816,9 @@ func TestAcquireFences(t *testing.T) {
 				c := tc.nodes[i]
 				nd.fence, nd.refuse, nd.raise = c.fence, c.refuse, c.raise
 				nd.holds, nd.counter, nd.delay = c.holds, c.counter, c.delay
+				if tc.read {
+					nd.holds = max(c.holds, 1)
+				}
 				if c.fail {
 					nd.err = errRefused
 				}
@@ -744,14 +827,25 @@ func TestAcquireFences(t *testing.T) {
 				}
 			})
 			q := newQuorum(t, defaultConfig(), nodes)
+			r, raiseOp, otherOp := req, "raise", "raise-read"
+			if tc.read {
+				r.Mode, raiseOp, otherOp = quorum.Shared, "raise-read", "raise"
+			}
 			start := time.Now()
-			lease, err := q.Acquire(context.Background(), req)
-			if limit := 10 * q.NodeTimeout(req.TTL); time.Since(start) > limit {
+			lease, err := q.Acquire(context.Background(), r)
+			if limit := 10 * q.NodeTimeout(r.TTL); time.Since(start) > limit {
 				t.Errorf("Acquire took %v; want at most %v", time.Since(start), limit)
 			}
 			if tc.wantErr != "" {
 				checkNoQuorum(t, err, tc.wantErr)
-				checkReleasedEverywhere(t, nodes, req.Key, req.Token)
+				checkReleasedEverywhere(t, nodes, r.Key, r.Token)
+				for _, nd := range nodes {
+					for _, rel := range nd.ops("release") {
+						if tc.read && rel.hold != quorum.ReadHold {
+							t.Errorf("%s: roll-back releases hold kind %d; want read holds only", nd.name, rel.hold)
+						}
+					}
+				}
 			} else {
 				if err != nil {
 					t.Fatalf("Acquire = %v; want a lease with fence %d", err, tc.wantFence)
@@ -762,17 +856,22 @@ func TestAcquireFences(t *testing.T) {
 				checkNotReleased(t, nodes)
 			}
 			for i, nd := range nodes {
-				raises := nd.ops("raise")
+				// A read grant's fence is never stored as a write hold's,
+				// nor a write grant's as a read hold's.
+				if w := nd.ops(otherOp); len(w) != 0 {
+					t.Errorf("%s: %s called %d times; want never", nd.name, otherOp, len(w))
+				}
+				raises := nd.ops(raiseOp)
 				want, ok := tc.wantRaise[i]
 				switch {
 				case !ok && len(raises) > 0:
-					t.Errorf("%s: RaiseFence called %d times (fence %d); want never", nd.name, len(raises), raises[0].fence)
+					t.Errorf("%s: %s called %d times (fence %d); want never", nd.name, raiseOp, len(raises), raises[0].fence)
 				case ok && len(raises) != 1:
-					t.Errorf("%s: RaiseFence called %d times; want once", nd.name, len(raises))
+					t.Errorf("%s: %s called %d times; want once", nd.name, raiseOp, len(raises))
 				case ok && raises[0].fence != want:
-					t.Errorf("%s: RaiseFence(fence %d); want %d", nd.name, raises[0].fence, want)
-				case ok && (raises[0].key != req.Key || raises[0].token != req.Token):
-					t.Errorf("%s: RaiseFence(%q, %q); want (%q, %q)", nd.name, raises[0].key, raises[0].token, req.Key, req.Token)
+					t.Errorf("%s: %s(fence %d); want %d", nd.name, raiseOp, raises[0].fence, want)
+				case ok && (raises[0].key != r.Key || raises[0].token != r.Token):
+					t.Errorf("%s: %s(%q, %q); want (%q, %q)", nd.name, raiseOp, raises[0].key, raises[0].token, r.Key, r.Token)
 				}
 			}
 		})
