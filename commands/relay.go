@@ -35,6 +35,10 @@ type relayConn struct {
 	watch    bool
 	db       int
 	tracking bool
+	// tracks: the client's last CLIENT TRACKING said ON (tracking keeps
+	// the pin after OFF; this follows OFF too). Reads of lock keys are
+	// refused meanwhile (trackedLockRead).
+	tracks bool
 	// monitor: the tunnel is MONITOR's, not pub/sub's. The upstream feeds
 	// the monitor every command, the marker PING too, and has no
 	// subscription to count: tunnelSync cannot tell when it is done.
@@ -492,7 +496,7 @@ func (h *Handler) relayBroken(s *resp.Session, rs *relayConn) {
 	rs.broken = true
 	rs.pipe.Close()
 	rs.multi, rs.dirty, rs.watch, rs.watchLost, rs.db, rs.tracking, rs.monitor = false, false, false, false, 0, false, false
-	rs.failedTx, rs.linger = false, false
+	rs.failedTx, rs.linger, rs.tracks = false, false, false
 	rs.light.Store(false)
 	s.SetPubSub(false)
 	s.CloseAfterReply()
@@ -924,6 +928,7 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 			return
 		}
 		rs.tracking = rs.tracking || resp.EqualFold(args[2], "ON")
+		rs.tracks = resp.EqualFold(args[2], "ON")
 		h.relayAdd(s, rs, args)
 	case isBlocking(name) || (name == "xread" || name == "xreadgroup") && hasWord(args, "BLOCK"):
 		h.relayBlocking(s, rs, args)
@@ -1111,7 +1116,7 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 		// After the replies in flight, when tunnelled (relayRoute).
 		c.rl.pipe.Close()
 		c.rl.multi, c.rl.dirty, c.rl.watch, c.rl.db, c.rl.tracking, c.rl.monitor = false, false, false, 0, false, false
-		c.rl.watchLost, c.rl.waiter, c.rl.failedTx, c.rl.linger = false, false, false, false
+		c.rl.watchLost, c.rl.waiter, c.rl.failedTx, c.rl.linger, c.rl.tracks = false, false, false, false, false
 		c.rl.light.Store(false)
 	}
 	// No tunnel any more: the batch's replies go to s.W, pushes wait for

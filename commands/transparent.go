@@ -197,6 +197,17 @@ func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
 		})
 		return true
 	}
+	if trackedLockRead(s, name) && h.onLockKeys(args) {
+		// A client-side cache keeps a tracked read's reply until the
+		// server says the key changed: the upstream says so for its keys,
+		// the lock nodes for none, so a cached lock key would keep its
+		// old holder's token.
+		h.tCount(s, name, func() {
+			s.W.Error("ERR transparent mode: lock keys (lock_patterns) are served by the lock nodes, which send no CLIENT TRACKING invalidations, " +
+				"so a cached reply would never be invalidated; read lock keys on a connection without CLIENT TRACKING")
+		})
+		return true
+	}
 	switch name {
 	case "set":
 		if !h.isLockKey(args[1]) {
@@ -252,6 +263,21 @@ func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
 		})
 	}
 	return true
+}
+
+// trackedLockRead reports whether name (lower case) is a read that Redis
+// tracks for a client-side cache (GET, EXISTS, PTTL, TTL, a read-only
+// script) and the connection has CLIENT TRACKING on.
+func trackedLockRead(s *resp.Session, name string) bool {
+	c, ok := s.Data.(*conn)
+	if !ok || c.rl == nil || !c.rl.tracks {
+		return false
+	}
+	switch name {
+	case "get", "exists", "pttl", "ttl", "eval_ro", "evalsha_ro":
+		return true
+	}
+	return false
 }
 
 // tCount runs a transparent command and counts it in
@@ -468,10 +494,11 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		} else {
 			h.scripts.add(body)
 		}
-		if h.nodeKeyPrefix != "" && strings.Contains(body, h.nodeKeyPrefix) {
+		if h.namesNodeKeys(args[3+nk:], body) {
 			// The script runs on the lock nodes as lockproxy's own user: a
 			// lock script reaches its lock through KEYS, and one that names
-			// lockproxy's keys could delete other holders' locks.
+			// lockproxy's keys could delete other holders' locks, or the
+			// fence counters.
 			s.W.Error("ERR transparent mode: the script names lockproxy's own keys (redlock.key_prefix " +
 				relay.Clip(h.nodeKeyPrefix) + "); a lock script reaches its lock through KEYS")
 			return
@@ -493,7 +520,17 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 			for i := range idx {
 				idx[i] = 3 + i
 			}
-			v, err := agree(h.fanout.Run(s.Context(), cmd, idx, ro), h.fanout.NodeCount())
+			rs := h.fanout.Run(s.Context(), cmd, idx, ro)
+			var v any
+			var err error
+			if scriptReturnsTTL(body) {
+				// Its reply is a key's PTTL or TTL (bsm/redislock's
+				// TTL), which differs from node to node by the moments
+				// each ran the grant and the script: PTTL's rule.
+				v, err = agreeTTL(rs, h.fanout.NodeCount())
+			} else {
+				v, err = agree(rs, h.fanout.NodeCount())
+			}
 			h.tReply(s, name, v, err)
 			return
 		}
@@ -520,12 +557,52 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 	return true
 }
 
+// namesNodeKeys reports whether a script on lock keys names lockproxy's
+// own keys on the nodes (redlock.key_prefix), as the relay's check does
+// for the upstream: an ARGV that starts with the prefix, or a body that
+// contains it, also spelled with Lua escapes in a string ('lockproxy\58').
+// Like that check it guards against mistakes: a name built at run time
+// is not caught.
+func (h *Handler) namesNodeKeys(argv [][]byte, body string) bool {
+	if h.nodeKeyPrefix == "" {
+		return false
+	}
+	p := []byte(h.nodeKeyPrefix)
+	for _, a := range argv {
+		if bytes.HasPrefix(a, p) {
+			return true
+		}
+	}
+	if strings.Contains(body, h.nodeKeyPrefix) {
+		return true
+	}
+	return strings.IndexByte(body, '\\') >= 0 && luaStrings([]byte(body), func(lit []byte) bool { return bytes.Contains(lit, p) })
+}
+
 // scriptCall finds each redis.call / redis.pcall and the command name
 // after it when that is a string literal.
 var (
-	scriptCall    = regexp.MustCompile(`\bp?call\b`)
-	scriptLiteral = regexp.MustCompile(`\bp?call\s*\(\s*(?:"([A-Za-z_]+)"|'([A-Za-z_]+)')`)
+	scriptCall = regexp.MustCompile(`\bp?call\b`)
+	// The literal must be the whole first argument: 'get' .. 'set' is
+	// GETSET.
+	scriptLiteral = regexp.MustCompile(`\bp?call\s*\(\s*(?:"([A-Za-z_]+)"|'([A-Za-z_]+)')\s*[,)]`)
+	// Every use of redis must be a field read (redis.call, redis.sha1hex):
+	// redis['c' .. 'all'] is a call that scriptCall cannot see.
+	scriptRedis      = regexp.MustCompile(`\bredis\b`)
+	scriptRedisField = regexp.MustCompile(`\bredis\s*\.\s*[A-Za-z_]`)
+	// Other ways to reach redis or run code the body does not show.
+	scriptIndirect = regexp.MustCompile(`\b(?:_G|getfenv|setfenv|rawget|loadstring|load|dofile|loadfile|require)\b`)
 )
+
+// scriptTTLReturn finds a script that returns what a PTTL or TTL call
+// answers (return redis.call("pttl", KEYS[1])).
+var scriptTTLReturn = regexp.MustCompile(`\breturn\s+redis\.p?call\s*\(\s*["'](?i:p?ttl)["']`)
+
+// scriptReturnsTTL reports whether a script that cannot acquire returns a
+// key's PTTL or TTL: its replies are agreed on by agreeTTL, like PTTL's.
+// Its other replies (bsm/redislock's -3 when the token does not hold the
+// key) are negative, which agreeTTL counts like any reply.
+func scriptReturnsTTL(body string) bool { return scriptTTLReturn.MatchString(body) }
 
 // nonAcquiring are commands with which a script cannot put a new value in
 // a key: reads, expiry changes, deletions.
@@ -539,9 +616,14 @@ var nonAcquiring = map[string]bool{
 // rule. It is false only when every redis.call/pcall in the body names,
 // as a string literal, a command of nonAcquiring: the compare-and-delete
 // and compare-and-expire scripts of lock libraries then cost one plain
-// EVAL per node. Anything it cannot read (a command name in a variable,
-// an aliased call) counts as a possible acquisition.
+// EVAL per node. Anything it cannot read (a command name in a variable
+// or built from pieces, an aliased call, redis reached other than by a
+// field read) counts as a possible acquisition.
 func scriptMayAcquire(body string) bool {
+	if len(scriptRedis.FindAllStringIndex(body, -1)) != len(scriptRedisField.FindAllStringIndex(body, -1)) ||
+		scriptIndirect.MatchString(body) {
+		return true
+	}
 	calls := scriptCall.FindAllStringIndex(body, -1)
 	lits := scriptLiteral.FindAllStringSubmatch(body, -1)
 	if len(calls) != len(lits) {
