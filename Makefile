@@ -24,13 +24,13 @@ deps:
 
 ## test: install what is missing, then run every test (unit, fuzz seeds, end to end).
 ## The fault suite and the end-to-end tests load both cores themselves (rows two at a time, many
-## lockproxy processes), so they run after the rest, the two of them side by side (the end-to-end
-## tests take half as long, and both suites passed on a host loaded by other test runs); the other
-## packages mostly wait on servers and lease timers, so two of them run at once, with their parallel
-## tests four at a time.
-SERIAL_PKGS := ./test/e2e/ ./test/fault/
+## lockproxy processes), so they run after the rest, the two of them side by side (both suites passed
+## on a host loaded by other test runs); the end-to-end tests take half as long, so the PostgreSQL
+## package, mostly waits on leases, runs after them in that slot. The other packages mostly wait on
+## servers and lease timers, so two of them run at once, with their parallel tests four at a time.
+SERIAL_PKGS := ./test/fault/ ./test/e2e/ ./test/postgres/
 test: deps vet
-	$(GO) test -count=1 -p 2 -parallel 4 -timeout 9m $$($(GO) list ./... | grep -v -e '/test/e2e$$' -e '/test/fault$$')
+	$(GO) test -count=1 -p 2 -parallel 4 -timeout 9m $$($(GO) list ./... | grep -v -e '/test/e2e$$' -e '/test/fault$$' -e '/test/postgres$$')
 	$(GO) test -count=1 -p 2 -timeout 9m $(SERIAL_PKGS)
 
 ## test-race: every test with the race detector, the lockproxy binary of the end-to-end tests included

@@ -56,6 +56,9 @@ type instance struct {
 	addr  string
 	admin string // the admin listener (/metrics)
 	proc  *harness.Proc
+	// dsn, prefix and env are what it was started with, for start.
+	dsn, prefix string
+	env         []string
 }
 
 // startInstance starts lockproxy with --backend postgres on dsn, its tables
@@ -63,24 +66,33 @@ type instance struct {
 // settings.
 func startInstance(t testing.TB, dsn, prefix string, env ...string) *instance {
 	t.Helper()
+	in := &instance{addr: fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)), admin: fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)),
+		dsn: dsn, prefix: prefix, env: env}
+	in.start(t)
+	return in
+}
+
+// start starts a lockproxy process of in, on its addresses (again, after
+// its process was killed), and waits until it listens.
+func (in *instance) start(t testing.TB) {
+	t.Helper()
 	bin := harness.BuildLockproxy(t)
-	in := &instance{addr: fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)), admin: fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t))}
-	cmd := exec.Command(bin, "--listen", in.addr, "--admin", in.admin, "--backend", "postgres", "--postgres-dsn", dsn)
-	cmd.Env = append(os.Environ(), "LOCKPROXY_POSTGRES_TABLE_PREFIX="+prefix)
-	cmd.Env = append(cmd.Env, env...)
-	in.proc = harness.StartCmd(t, cmd)
+	cmd := exec.Command(bin, "--listen", in.addr, "--admin", in.admin, "--backend", "postgres", "--postgres-dsn", in.dsn)
+	cmd.Env = append(os.Environ(), "LOCKPROXY_POSTGRES_TABLE_PREFIX="+in.prefix)
+	cmd.Env = append(cmd.Env, in.env...)
+	proc := harness.StartCmd(t, cmd)
+	in.proc = proc
 	t.Cleanup(func() {
 		// A binary built with -race (make test-race) reports here.
-		if out := in.proc.Output(); strings.Contains(out, "WARNING: DATA RACE") {
+		if out := proc.Output(); strings.Contains(out, "WARNING: DATA RACE") {
 			t.Errorf("lockproxy reported a data race:\n%s", out)
 		}
 	})
 	for _, a := range []string{in.addr, in.admin} {
 		if err := harness.WaitTCP(a, 60*time.Second); err != nil {
-			t.Fatalf("lockproxy did not listen on %s: %v\noutput:\n%s", a, err, in.proc.Output())
+			t.Fatalf("lockproxy did not listen on %s: %v\noutput:\n%s", a, err, proc.Output())
 		}
 	}
-	return in
 }
 
 // metric reads one sample of in's /metrics, -1 when absent.

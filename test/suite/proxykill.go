@@ -294,18 +294,56 @@ type ledgerWorkload struct {
 	grants   [2]atomic.Int64
 	errs     [2]atomic.Int64
 	inflight [2]atomic.Int64
+	// holding counts each instance's clients between a grant and their
+	// exit.
+	holding [2]atomic.Int64
 	// dead is set once the instance was killed.
 	dead    [2]atomic.Bool
 	lastErr atomic.Value
 }
 
-// startLedgerWorkload starts perInst clients on each of the two addrs.
+// startLedgerWorkload starts perInst clients on each of the two addrs,
+// each looping LOCK key PX ttlMS WAIT waitMS with a hold of up to 2 ms.
 func startLedgerWorkload(t testing.TB, lc lockclient.Config, hist *fault.History, ledger *fault.Ledger, addrs []string, perInst, keys, ttlMS, waitMS int) *ledgerWorkload {
+	return startWorkload(t, lc, hist, ledger, workloadSpec{addrs: addrs, perInst: perInst, keys: keys, ttlMS: ttlMS, waitMS: waitMS})
+}
+
+// workloadSpec is a ledger workload's shape: perInst clients on each of
+// the two addrs over keys keys, each LOCK with PX ttlMS and WAIT waitMS.
+type workloadSpec struct {
+	addrs                        []string
+	perInst, keys, ttlMS, waitMS int
+	// keepalive, if set, says which clients (by index on their instance)
+	// add KEEPALIVE to their LOCK.
+	keepalive func(j int) bool
+	// longHold, if set, says which clients hold each grant for a random
+	// 50–90 % of the validity they were told (read at once, write at the
+	// end), instead of up to 2 ms: a grant handed to another client within
+	// that validity is then an overlap, and its stale write a rejected or
+	// lost update.
+	longHold func(j int) bool
+}
+
+// startWorkload starts the clients of spec. A client whose LOCK fails
+// tries again 50 ms later (go-redis dials again), so the clients of an
+// instance that is killed and restarted go on through its next
+// incarnation, unless its dead flag is set: they then stop.
+func startWorkload(t testing.TB, lc lockclient.Config, hist *fault.History, ledger *fault.Ledger, spec workloadSpec) *ledgerWorkload {
 	w := &ledgerWorkload{stop: make(chan struct{})}
-	for i := range perInst * 2 {
-		inst := i % 2
-		cl := lc.NewClient(t, addrs[inst], 2)
+	waitMS := spec.waitMS
+	for i := range spec.perInst * 2 {
+		inst, j := i%2, i/2
+		cl := lc.NewClient(t, spec.addrs[inst], 2)
 		name := fmt.Sprintf("%c.c%d", "ab"[inst], i)
+		args := []any{"PX", spec.ttlMS, "WAIT", waitMS}
+		if spec.keepalive != nil && spec.keepalive(j) {
+			args = append(args, "KEEPALIVE")
+			name += "-ka"
+		}
+		long := spec.longHold != nil && spec.longHold(j)
+		if long {
+			name += "-long"
+		}
 		w.wg.Go(func() {
 			for n := 0; n < 100000; n++ {
 				select {
@@ -316,10 +354,10 @@ func startLedgerWorkload(t testing.TB, lc lockclient.Config, hist *fault.History
 				if w.dead[inst].Load() {
 					return
 				}
-				key := fmt.Sprintf("w%d", rand.N(keys))
+				key := fmt.Sprintf("w%d", rand.N(spec.keys))
 				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(waitMS)*time.Millisecond+15*time.Second)
 				w.inflight[inst].Add(1)
-				r, ok, err := lockclient.TryLock(ctx, cl, key, "PX", ttlMS, "WAIT", waitMS)
+				r, ok, err := lockclient.TryLock(ctx, cl, key, args...)
 				w.inflight[inst].Add(-1)
 				enter := hist.Now()
 				if err != nil {
@@ -343,11 +381,17 @@ func startLedgerWorkload(t testing.TB, lc lockclient.Config, hist *fault.History
 				}
 				g := fault.Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: name, Enter: enter,
 					Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+				w.holding[inst].Add(1)
 				g.Read = ledger.Read(key, g.Fence)
-				time.Sleep(rand.N(2 * time.Millisecond))
+				if long {
+					time.Sleep(g.Enter + (g.Deadline-g.Enter)*time.Duration(50+rand.N(41))/100 - hist.Now())
+				} else {
+					time.Sleep(rand.N(2 * time.Millisecond))
+				}
 				g.Use = hist.Now()
 				g.Rejected = !ledger.Write(key, g.Fence, g.Read+1)
 				g.Exit = hist.Now()
+				w.holding[inst].Add(-1)
 				hist.Add(g)
 				w.grants[inst].Add(1)
 				_ = cl.Do(ctx, "UNLOCK", key, r.Token).Err()

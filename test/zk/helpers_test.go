@@ -71,6 +71,8 @@ type instance struct {
 	admin string
 	root  string
 	proc  *harness.Proc
+	// servers and env are what it was started with, for start.
+	servers, env []string
 }
 
 // startInstance starts lockproxy with --backend zookeeper in front of
@@ -78,22 +80,31 @@ type instance struct {
 // LOCKPROXY_* settings.
 func startInstance(t *testing.T, servers []string, root string, env ...string) *instance {
 	t.Helper()
-	bin := harness.BuildLockproxy(t)
 	in := &instance{
-		addr:  fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)),
-		admin: fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)),
-		root:  root,
+		addr:    fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)),
+		admin:   fmt.Sprintf("127.0.0.1:%d", harness.FreePort(t)),
+		root:    root,
+		servers: servers,
+		env:     env,
 	}
+	in.start(t)
+	return in
+}
+
+// start starts a lockproxy process of in, on its addresses (again, after
+// its process was killed), and waits until it listens.
+func (in *instance) start(t *testing.T) {
+	t.Helper()
+	bin := harness.BuildLockproxy(t)
 	cmd := exec.Command(bin, "--listen", in.addr, "--admin", in.admin,
-		"--backend", "zookeeper", "--zk", strings.Join(servers, ","))
-	cmd.Env = append(os.Environ(), "LOCKPROXY_ZOOKEEPER_ROOT="+root,
+		"--backend", "zookeeper", "--zk", strings.Join(in.servers, ","))
+	cmd.Env = append(os.Environ(), "LOCKPROXY_ZOOKEEPER_ROOT="+in.root,
 		fmt.Sprintf("LOCKPROXY_ZOOKEEPER_SESSION_TIMEOUT=%dms", sessionMS))
-	cmd.Env = append(cmd.Env, env...)
+	cmd.Env = append(cmd.Env, in.env...)
 	in.proc = harness.StartCmd(t, cmd)
 	if err := harness.WaitTCP(in.addr, 60*time.Second); err != nil {
 		t.Fatalf("lockproxy did not listen on %s: %v\noutput:\n%s", in.addr, err, in.proc.Output())
 	}
-	return in
 }
 
 // zkServers is the shared ensemble's addresses.
