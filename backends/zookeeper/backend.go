@@ -81,13 +81,15 @@ type Backend struct {
 	// Set by tests only, before use: run before a waiter sets its watch on
 	// its blocker, before a reentry changes the held node, before a grant
 	// rewrites its node to wake a LOCK with the same token, between a
-	// reentry's or renewal's write and its written, and before a hold of a
-	// grant too late to be of use is taken back.
+	// reentry's or renewal's write and its written, before a hold of a
+	// grant too late to be of use is taken back, and before (read false)
+	// and after (read true) a first grant reads its node.
 	testBeforeWatch    func(blocker string)
 	testBeforeReenter  func()
 	testBeforeWake     func()
 	testBeforeWritten  func()
 	testBeforeTakeBack func()
+	testGrantRead      func(read bool)
 }
 
 // ownedNode is a granted lock node this instance created, whose lease it
@@ -154,8 +156,19 @@ func zkErr(op string, err error) error {
 		return noQuorum("connection lost", err)
 	case errors.Is(err, zk.ErrNoAuth), errors.Is(err, zk.ErrAuthFailed):
 		return noQuorum("not authorized", err)
+	case isNetErr(err):
+		// go-zookeeper hands the request whose write to the connection
+		// failed (timed out on a stalled server, a broken pipe, a reset)
+		// the socket's error, and closes the connection.
+		return noQuorum("connection lost", err)
 	}
 	return fmt.Errorf("zookeeper: %s: %w", op, err)
+}
+
+// isNetErr reports whether err is a socket's error.
+func isNetErr(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne)
 }
 
 // New connects to the ensemble, waits for the first session (up to

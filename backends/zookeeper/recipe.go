@@ -80,20 +80,38 @@ func (b *Backend) validityOf(n node, ttl time.Duration, t0 time.Time) time.Durat
 // is gone the hold went with it, while a node the token holds by then is
 // another LOCK's, granted since, whose holds are all its own. Best effort:
 // on failure the token keeps one hold more than it was told of until an
-// UNLOCK or the lease's end.
-func (b *Backend) takeBack(req backends.LockRequest, n node) {
-	if b.testBeforeTakeBack != nil {
-		b.testBeforeTakeBack()
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
-	defer cancel()
-	err := b.usable()
-	if err == nil {
-		_, err = b.releaseNode(ctx, n, req.Key, req.Token, kindOf(req.Mode), false)
-	}
-	if err != nil {
-		b.log.Warn("zookeeper: could not take back the hold of a grant too late to be of use; it stays until an UNLOCK or its lease ends",
-			zap.Error(err))
+// UNLOCK or the lease's end. It is waited for while the caller's ctx
+// lasts (see within).
+func (b *Backend) takeBack(ctx context.Context, req backends.LockRequest, n node) {
+	within(ctx, func() {
+		if b.testBeforeTakeBack != nil {
+			b.testBeforeTakeBack()
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), releaseTimeout)
+		defer cancel()
+		err := b.usable()
+		if err == nil {
+			_, err = b.releaseNode(ctx, n, req.Key, req.Token, kindOf(req.Mode), false)
+		}
+		if err != nil {
+			b.log.Warn("zookeeper: could not take back the hold of a grant too late to be of use; it stays until an UNLOCK or its lease ends",
+				zap.Error(err))
+		}
+	})
+}
+
+// within runs f, a clean-up with a bound of its own (its caller's context
+// may be done), and waits for it while ctx lasts: once ctx is done f goes
+// on in the background, so that the caller returns by then.
+func within(ctx context.Context, f func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		f()
+	}()
+	select {
+	case <-done:
+	case <-ctx.Done():
 	}
 }
 
@@ -540,7 +558,8 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	granted := false
 	defer func() {
 		if !granted {
-			b.abandon(path)
+			// Waited for while ctx lasts, not past it.
+			within(ctx, func() { b.abandon(path) })
 		}
 	}()
 	for {
@@ -896,14 +915,28 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	b.armUntilLocked(o, t0.Add(req.TTL))
 	b.mu.Unlock()
 
+	if b.testGrantRead != nil {
+		b.testGrantRead(false)
+	}
 	g, ok, err := b.get(ctx, path)
+	if b.testGrantRead != nil {
+		b.testGrantRead(true)
+	}
 	if err == nil && !ok {
 		err = noQuorum("lock node lost", errNodeGone)
+		if b.validity(req.TTL, t0) < backends.MinValidity {
+			// Too late to be of use anyway: its lease timer, armed for
+			// t0 + TTL, may have deleted it.
+			err = backends.ErrNotAcquired
+		}
 	}
 	if err != nil {
 		// Lock abandons the node: deleted unless reentered meanwhile,
 		// whose lease the abandoned node's timer then enforces.
 		b.forget(path)
+		if errors.Is(err, backends.ErrNotAcquired) {
+			return backends.Lease{}, err
+		}
 		return backends.Lease{}, fmt.Errorf("zookeeper: reading the granted lock node: %w", err)
 	}
 	read := time.Now()
@@ -913,9 +946,13 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	case b.closed:
 		b.mu.Unlock()
 		return backends.Lease{}, errClosed
+	case b.owned[path] != o && b.validity(req.TTL, t0) < backends.MinValidity:
+		// The lease ran out while it was read (its timer deleted the
+		// node): too late to be of use, as below.
+		b.mu.Unlock()
+		return backends.Lease{}, backends.ErrNotAcquired
 	case b.owned[path] != o:
-		// The session expired (the node went with it), or the lease ran
-		// out while it was read.
+		// The session expired (the node went with it).
 		b.mu.Unlock()
 		return backends.Lease{}, noQuorum("lock node lost", errNodeGone)
 	}
@@ -954,7 +991,7 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 		// Reentered before this grant: the node stays with the reentry's
 		// holds, and this grant's is taken back, as a late reentry takes
 		// back its own.
-		b.takeBack(req, node{path: path, data: g.data, stat: g.stat})
+		b.takeBack(ctx, req, node{path: path, data: g.data, stat: g.stat})
 		return backends.Lease{}, backends.ErrNotAcquired
 	}
 
@@ -1097,7 +1134,7 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 			if v == 0 {
 				// Too late to be of use: the hold just added is taken
 				// back, and the LOCK answered not acquired.
-				b.takeBack(req, node{path: n.path, data: d, stat: st})
+				b.takeBack(ctx, req, node{path: n.path, data: d, stat: st})
 				return backends.Lease{}, backends.ErrNotAcquired
 			}
 			holds := d.write
