@@ -88,7 +88,7 @@ func TestDevBannerNamesWhereLocksComeFrom(t *testing.T) {
 			c := conf.Default()
 			c.Dev = true
 			tt.edit(&c)
-			got := devBanner(c, tt.nodes, "127.0.0.1:7380", 7380)
+			got := devBanner(c, tt.nodes, "127.0.0.1:7380")
 			for _, want := range []string{tt.want, "redis-cli -p 7380 LOCK demo"} {
 				if !strings.Contains(got, want) {
 					t.Errorf("banner lacks %q:\n%s", want, got)

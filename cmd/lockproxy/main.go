@@ -535,7 +535,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		zap.String("upstream", cfg.Upstream.Address),
 		zap.String("admin", cfg.Admin), zap.String("version", version), zap.Bool("dev", cfg.EmbeddedNodes()))
 	if cfg.Dev {
-		fmt.Fprint(banner, devBanner(cfg, nodes, ln.Addr().String(), port))
+		fmt.Fprint(banner, devBanner(cfg, nodes, ln.Addr().String()))
 	}
 
 	// systemd (Type=notify): started once the listener is up.
@@ -700,7 +700,7 @@ func startAdmin(addr string, mux http.Handler, log *zap.Logger) (*http.Server, e
 // serve the locks (conf.EmbeddedNodes); given nodes or another backend,
 // it names those, so that nobody takes real locks for throwaway ones or
 // throwaway ones for real.
-func devBanner(cfg conf.Config, nodes []string, addr string, port int) string {
+func devBanner(cfg conf.Config, nodes []string, addr string) string {
 	var from string
 	switch {
 	case cfg.EmbeddedNodes():
@@ -713,10 +713,39 @@ func devBanner(cfg conf.Config, nodes []string, addr string, port int) string {
 		// The DSN may hold a password: the backend's name only.
 		from = cfg.Backend + " backend"
 	}
+	cli := "redis-cli " + redisCLIArgs(cfg, addr)
 	return fmt.Sprintf("\nlockproxy %s --dev: %s.\n"+
 		"Listening on %s. Try:\n\n"+
-		"  redis-cli -p %d LOCK demo PX 10000\n"+
-		"  redis-cli -p %d UNLOCK demo <token>\n\n", version, from, addr, port, port)
+		"  %s LOCK demo PX 10000\n"+
+		"  %s UNLOCK demo <token>\n\n", version, from, addr, cli, cli)
+}
+
+// redisCLIArgs are the redis-cli options that reach the listener at addr
+// as cfg serves it: -h unless redis-cli's default 127.0.0.1 gets there,
+// --tls for a TLS listener, --askpass when clients must AUTH (the
+// password is never printed).
+func redisCLIArgs(cfg conf.Config, addr string) string {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return addr
+	}
+	args := "-p " + port
+	if ip := net.ParseIP(host); host != "127.0.0.1" && (ip == nil || !ip.IsUnspecified()) {
+		args += " -h " + host
+	}
+	if cfg.TLS.Enabled {
+		args += " --tls --cacert <CA file>"
+		if cfg.TLS.ClientCAFile != "" {
+			args += " --cert <client cert> --key <client key>"
+		}
+	}
+	switch {
+	case cfg.Auth.Password != "":
+		args += " --askpass"
+	case len(cfg.Auth.Users) > 0:
+		args += " --user <user> --askpass"
+	}
+	return args
 }
 
 // startDevNodes starts n in-process Redis nodes for --dev.
