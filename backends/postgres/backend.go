@@ -113,6 +113,9 @@ type Backend struct {
 	byKey   map[string]int                  // key → Lock calls waiting here
 	waiting int
 	gates   map[string]*keyGate // key → this instance's first tries of it (enterGate)
+	// rowGates: key → this instance's RENEWs and UNLOCKs of it
+	// (enterRowGate).
+	rowGates map[string]*keyGate
 }
 
 // keyGate lets one first try of a key at a time run its transaction, which
@@ -208,6 +211,7 @@ func New(cfg Config) (*Backend, error) {
 		waiters:   map[string]map[*waiter]struct{}{},
 		byKey:     map[string]int{},
 		gates:     map[string]*keyGate{},
+		rowGates:  map[string]*keyGate{},
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cfg.StartTimeout)
 	defer cancel()
@@ -441,17 +445,20 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 	}
 	// lost is this call's last grant whose caller (this loop) was told
 	// no though its row may be committed, while its take-back (dropGrant)
-	// runs; redo is the fence of one whose take-back failed. A retry of
+	// runs; redo are the fences of those whose take-back failed. A retry of
 	// the same token would find that row and join it (a reentry): it would
 	// be told it holds the key, the row would keep one hold more than it
 	// was told of, and its one UNLOCK would leave the key held for a
 	// lease. So the retry waits for the take-back, and redoes a failed one
-	// in its own transaction, under the key's lock, before it decides.
+	// in its own transaction, under the key's lock, before it decides. They
+	// are kept until a transaction that redid them commits: one whose
+	// COMMIT is lost in turn may not have dropped them, while its own grant
+	// joins the list when its take-back fails too.
 	var lost *lostGrant
-	var redo uint64
+	var redo []uint64
 	defer func() {
-		if redo != 0 {
-			b.dropGrant(req, redo) // best effort, as for a first try
+		for _, fence := range redo {
+			b.dropGrant(req, fence) // best effort, as for a first try
 		}
 	}()
 	for tries := 0; ; {
@@ -465,7 +472,7 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 			select {
 			case derr := <-lost.done:
 				if derr != nil {
-					redo = lost.fence
+					redo = append(redo, lost.fence)
 				}
 				lost = nil
 			case <-t.C:
@@ -546,11 +553,28 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 // enterGate waits, within ctx, until key's gate is this call's; release
 // gives it to the next call waiting, in arrival order.
 func (b *Backend) enterGate(ctx context.Context, key string) (release func(), err error) {
+	return b.enterGateOf(b.gates, ctx, key)
+}
+
+// enterRowGate is enterGate for the statements that lock a key's rows
+// (RENEW, UNLOCK and a KEEPALIVE watchdog's renewal and release): a
+// grant's transaction share-locks every row of its key until it ends, and
+// an instance stalled inside one keeps them up to op_timeout. Each such
+// statement of the key's holders would wait for them inside a pooled
+// connection, and a key held by many (readers) through one instance would
+// take the whole pool from every other key. One waits in the database, the
+// others here. A gate apart from the first tries': those wait for the
+// key's advisory lock, which a RENEW does not need.
+func (b *Backend) enterRowGate(ctx context.Context, key string) (release func(), err error) {
+	return b.enterGateOf(b.rowGates, ctx, key)
+}
+
+func (b *Backend) enterGateOf(gates map[string]*keyGate, ctx context.Context, key string) (release func(), err error) {
 	b.mu.Lock()
-	g := b.gates[key]
+	g := gates[key]
 	if g == nil {
 		g = &keyGate{slot: make(chan struct{}, 1)}
-		b.gates[key] = g
+		gates[key] = g
 	}
 	g.refs++
 	b.mu.Unlock()
@@ -558,7 +582,7 @@ func (b *Backend) enterGate(ctx context.Context, key string) (release func(), er
 		b.mu.Lock()
 		defer b.mu.Unlock()
 		if g.refs--; g.refs == 0 {
-			delete(b.gates, key)
+			delete(gates, key)
 		}
 	}
 	select {
@@ -606,10 +630,10 @@ func (b *Backend) pause(left time.Duration) time.Duration {
 // A first grant whose caller is told no though its row may be committed
 // (its COMMIT's outcome unknown, or its reply too late) is taken back by
 // dropGrant, in the background; lost is that, for a waiting caller to
-// wait for before it tries again. *redo, when not 0, is the fence of an
-// earlier such grant of the caller whose take-back failed: a retry drops
-// it first, under the key's lock, and sets *redo to 0 once that commits.
-func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker string, tryLock bool, redo *uint64) (lease backends.Lease, left time.Duration, lost *lostGrant, err error) {
+// wait for before it tries again. *redo are the fences of earlier such
+// grants of the caller whose take-back failed: a retry drops them first,
+// under the key's lock, and empties *redo once that commits.
+func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker string, tryLock bool, redo *[]uint64) (lease backends.Lease, left time.Duration, lost *lostGrant, err error) {
 	start := time.Now()
 	caller := ctx
 	ctx, cancel := b.op(ctx)
@@ -687,14 +711,14 @@ type lostGrant struct {
 // With tryLock it does not wait for the key's advisory lock: busy, it
 // ends with actKeyBusy (one more round trip, as what follows the lock may
 // not run without it).
-// With *redo not 0 (only on a retry, which tries the lock) it first drops
-// one hold of the token's row of that fence (see try), and sets *redo to 0
-// once the transaction committed.
-func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string, tryLock bool, start time.Time, redo *uint64) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
+// With *redo not empty (only on a retry, which tries the lock) it first
+// drops one hold of the token's row of each fence (see try), and empties
+// *redo once the transaction committed.
+func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string, tryLock bool, start time.Time, redo *[]uint64) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
 	redone := false
 	defer func() {
 		if redone && err == nil {
-			*redo = 0
+			*redo = nil
 		}
 	}()
 	err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
@@ -719,8 +743,8 @@ func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker 
 				act = actKeyBusy
 				return nil
 			}
-			if *redo != 0 {
-				if _, err := tx.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(*redo)); err != nil {
+			for _, fence := range *redo {
+				if _, err := tx.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(fence)); err != nil {
 					return err
 				}
 				redone = true
@@ -1028,8 +1052,13 @@ func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
 	}
 	octx, cancel := b.op(ctx)
 	defer cancel()
+	release, err := b.enterRowGate(octx, dbText(key))
+	if err != nil {
+		return false, b.fail(ctx, fmt.Errorf("waiting for this instance's statement of the key before: %w", err))
+	}
+	defer release()
 	var before, notified int64
-	err := b.pool.QueryRow(octx, b.n.releaseSQL(), dbText(key), dbText(token)).Scan(&before, &notified)
+	err = b.pool.QueryRow(octx, b.n.releaseSQL(), dbText(key), dbText(token)).Scan(&before, &notified)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
@@ -1047,6 +1076,11 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	start := time.Now()
 	octx, cancel := b.op(ctx)
 	defer cancel()
+	release, err := b.enterRowGate(octx, dbText(key))
+	if err != nil {
+		return 0, b.fail(ctx, fmt.Errorf("waiting for this instance's statement of the key before: %w", err))
+	}
+	defer release()
 	tag, err := b.pool.Exec(octx, b.n.renewSQL(), dbText(key), dbText(token), ttlMS(ttl.Milliseconds()))
 	if err != nil {
 		return 0, b.fail(ctx, err)
@@ -1077,8 +1111,13 @@ func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backen
 	}
 	octx, cancel := b.op(ctx)
 	defer cancel()
+	release, err := b.enterRowGate(octx, dbText(key))
+	if err != nil {
+		return false, b.fail(ctx, fmt.Errorf("waiting for this instance's statement of the key before: %w", err))
+	}
+	defer release()
 	var before, notified int64
-	err := b.pool.QueryRow(octx, b.n.releaseHoldSQL(), dbText(key), dbText(token), int16(mode)).Scan(&before, &notified)
+	err = b.pool.QueryRow(octx, b.n.releaseHoldSQL(), dbText(key), dbText(token), int16(mode)).Scan(&before, &notified)
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
@@ -1098,6 +1137,11 @@ func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backend
 	start := time.Now()
 	octx, cancel := b.op(ctx)
 	defer cancel()
+	release, err := b.enterRowGate(octx, dbText(key))
+	if err != nil {
+		return 0, b.fail(ctx, fmt.Errorf("waiting for this instance's statement of the key before: %w", err))
+	}
+	defer release()
 	tag, err := b.pool.Exec(octx, b.n.renewHoldSQL(), dbText(key), dbText(token), int16(mode), ttlMS(ttl.Milliseconds()))
 	if err != nil {
 		return 0, b.fail(ctx, fmt.Errorf("renewal of a %v hold: %w", mode, err))
