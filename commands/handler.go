@@ -230,7 +230,20 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 	var nbuf [32]byte
 	name := resp.Lower(nbuf[:], args[0])
 	c := table[string(name)]
-	if cs := state(s); cs.perm != nil {
+	cs := state(s)
+	if rl := cs.rl; rl != nil && rl.tracks {
+		// CLIENT CACHING applies to the command after it (trackedLockRead).
+		rl.cachingNow, rl.cachingNext = rl.cachingNext, 0
+		if string(name) == "client" && len(args) > 2 && resp.EqualFold(args[1], "CACHING") {
+			switch {
+			case resp.EqualFold(args[2], "YES"):
+				rl.cachingNext = 'y'
+			case resp.EqualFold(args[2], "NO"):
+				rl.cachingNext = 'n'
+			}
+		}
+	}
+	if cs.perm != nil {
 		if rl := cs.rl; rl != nil && rl.pipe.Tunneling() {
 			// On a subscribed connection the replies to the commands
 			// tunnelled before come as they arrive: the refusal waits

@@ -39,6 +39,14 @@ type relayConn struct {
 	// the pin after OFF; this follows OFF too). Reads of lock keys are
 	// refused meanwhile (trackedLockRead).
 	tracks bool
+	// trackOpt is the mode of the CLIENT TRACKING ON in force: 'i' OPTIN,
+	// 'o' OPTOUT, 0 another (every read tracked). cachingNext is what the
+	// last CLIENT CACHING said ('y', 'n', 0 none), for the command after
+	// it; cachingNow is that for the command being served (serve sets
+	// both). In OPTIN mode only a read right after CLIENT CACHING YES
+	// is tracked, in OPTOUT mode every read but one right after CLIENT
+	// CACHING NO.
+	trackOpt, cachingNext, cachingNow byte
 	// monitor: the tunnel is MONITOR's, not pub/sub's. The upstream feeds
 	// the monitor every command, the marker PING too, and has no
 	// subscription to count: tunnelSync cannot tell when it is done.
@@ -497,6 +505,7 @@ func (h *Handler) relayBroken(s *resp.Session, rs *relayConn) {
 	rs.pipe.Close()
 	rs.multi, rs.dirty, rs.watch, rs.watchLost, rs.db, rs.tracking, rs.monitor = false, false, false, false, 0, false, false
 	rs.failedTx, rs.linger, rs.tracks = false, false, false
+	rs.trackOpt, rs.cachingNext, rs.cachingNow = 0, 0, 0
 	rs.light.Store(false)
 	s.SetPubSub(false)
 	s.CloseAfterReply()
@@ -929,6 +938,13 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		}
 		rs.tracking = rs.tracking || resp.EqualFold(args[2], "ON")
 		rs.tracks = resp.EqualFold(args[2], "ON")
+		rs.trackOpt = 0
+		switch {
+		case rs.tracks && hasWord(args, "OPTIN"):
+			rs.trackOpt = 'i'
+		case rs.tracks && hasWord(args, "OPTOUT"):
+			rs.trackOpt = 'o'
+		}
 		h.relayAdd(s, rs, args)
 	case isBlocking(name) || (name == "xread" || name == "xreadgroup") && hasWord(args, "BLOCK"):
 		h.relayBlocking(s, rs, args)
@@ -1117,6 +1133,7 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 		c.rl.pipe.Close()
 		c.rl.multi, c.rl.dirty, c.rl.watch, c.rl.db, c.rl.tracking, c.rl.monitor = false, false, false, 0, false, false
 		c.rl.watchLost, c.rl.waiter, c.rl.failedTx, c.rl.linger, c.rl.tracks = false, false, false, false, false
+		c.rl.trackOpt, c.rl.cachingNext, c.rl.cachingNow = 0, 0, 0
 		c.rl.light.Store(false)
 	}
 	// No tunnel any more: the batch's replies go to s.W, pushes wait for

@@ -267,11 +267,24 @@ func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
 
 // trackedLockRead reports whether name (lower case) is a read that Redis
 // tracks for a client-side cache (GET, EXISTS, PTTL, TTL, a read-only
-// script) and the connection has CLIENT TRACKING on.
+// script) and the connection has CLIENT TRACKING on for it: in OPTIN mode
+// right after CLIENT CACHING YES only (rueidis turns OPTIN on for every
+// RESP3 connection and caches only what it sends CACHING YES for), in
+// OPTOUT mode unless right after CLIENT CACHING NO.
 func trackedLockRead(s *resp.Session, name string) bool {
 	c, ok := s.Data.(*conn)
 	if !ok || c.rl == nil || !c.rl.tracks {
 		return false
+	}
+	switch c.rl.trackOpt {
+	case 'i':
+		if c.rl.cachingNow != 'y' {
+			return false
+		}
+	case 'o':
+		if c.rl.cachingNow == 'n' {
+			return false
+		}
 	}
 	switch name {
 	case "get", "exists", "pttl", "ttl", "eval_ro", "evalsha_ro":
@@ -318,9 +331,13 @@ func (h *Handler) tRun(s *resp.Session, args [][]byte, keys []int, ttl, readOnly
 // tReply writes the agreed value or the reason there is none.
 func (h *Handler) tReply(s *resp.Session, name string, v any, err error) {
 	var nm *noMajorityError
+	var sf *scriptFailedError
 	switch {
 	case errors.As(err, &nm):
 		s.W.Error(nm.Error())
+	case errors.As(err, &sf), errors.Is(err, errScriptUnbounded):
+		// A script rolled back: the error says why, as written.
+		s.W.Error(err.Error())
 	case err != nil:
 		h.replyError(s, name, err)
 	default:
@@ -539,7 +556,7 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		// Not canceled with the client: what the scripts wrote must be
 		// seen, to be rolled back if it is not a grant.
 		rs := h.fanout.RunScript(context.WithoutCancel(s.Context()), body, ks, argv)
-		d := decideScript(rs, h.fanout.NodeCount(), time.Since(start), h.fanout.Drift, h.limits.MaxTTL)
+		d := decideScript(rs, h.fanout.NodeCount(), time.Since(start), h.fanout.Drift, h.limits.MaxTTL, scriptReturnsTTL(body))
 		if len(d.undo) > 0 {
 			h.undo(s.Context(), ks, d.undo)
 		}
@@ -595,14 +612,33 @@ var (
 )
 
 // scriptTTLReturn finds a script that returns what a PTTL or TTL call
-// answers (return redis.call("pttl", KEYS[1])).
-var scriptTTLReturn = regexp.MustCompile(`\breturn\s+redis\.p?call\s*\(\s*["'](?i:p?ttl)["']`)
+// answers (return redis.call("pttl", KEYS[1])); scriptReturn each return,
+// and scriptNoTime what may follow one in such a script: the call, a
+// negative number, 0, nil, false or nothing.
+var (
+	scriptTTLReturn = regexp.MustCompile(`\breturn\s+redis\.p?call\s*\(\s*["'](?i:p?ttl)["']`)
+	scriptReturn    = regexp.MustCompile(`\breturn\b\s*`)
+	scriptNoTime    = regexp.MustCompile(`^(?:redis\.p?call\s*\(\s*["'](?i:p?ttl)["']|-\s*\d+\b|0\b|nil\b|false\b|end\b|$)`)
+)
 
-// scriptReturnsTTL reports whether a script that cannot acquire returns a
-// key's PTTL or TTL: its replies are agreed on by agreeTTL, like PTTL's.
-// Its other replies (bsm/redislock's -3 when the token does not hold the
-// key) are negative, which agreeTTL counts like any reply.
-func scriptReturnsTTL(body string) bool { return scriptTTLReturn.MatchString(body) }
+// scriptReturnsTTL reports whether a script returns a key's PTTL or TTL:
+// its replies are agreed on by agreeTTL, like PTTL's. Its other replies
+// must not pass for a time left: negative (bsm/redislock's -3 when the
+// token does not hold the key), which agreeTTL counts like any reply, 0
+// (no time left) or nil. A script that may also return a positive status
+// ("1: extended") or a variable keeps the plain rule: agreeTTL would take
+// a 1 from one node for the time a majority has left.
+func scriptReturnsTTL(body string) bool {
+	if !scriptTTLReturn.MatchString(body) {
+		return false
+	}
+	for _, m := range scriptReturn.FindAllStringIndex(body, -1) {
+		if !scriptNoTime.MatchString(body[m[1]:]) {
+			return false
+		}
+	}
+	return true
+}
 
 // nonAcquiring are commands with which a script cannot put a new value in
 // a key: reads, expiry changes, deletions.
@@ -908,8 +944,16 @@ type scriptDecision struct {
 // decideScript applies the acquisition rule to a script's replies (see the
 // comment at the top of this file). elapsed is the time the fan-out took;
 // drift gives the allowance for a lease.
-func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, drift func(time.Duration) time.Duration, maxTTL time.Duration) scriptDecision {
+//
+// ttlReply: the script returns a key's PTTL or TTL when it does not
+// acquire (scriptReturnsTTL), and the "not acquired" replies are agreed on
+// by PTTL's rule: the nodes' times left differ by milliseconds.
+func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, drift func(time.Duration) time.Duration, maxTTL time.Duration, ttlReply bool) scriptDecision {
 	need := total/2 + 1
+	agreeNot := agree
+	if ttlReply {
+		agreeNot = agreeTTL
+	}
 	// unbounded: a node where the script left a key it wrote without an
 	// expiry, or with one beyond maxTTL. That is no lock: it would outlive
 	// its holder, and the restart quarantine counts on max_ttl (as SET
@@ -937,7 +981,7 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 		}
 	}
 	if len(wrote) == 0 {
-		v, err := agree(rs, total)
+		v, err := agreeNot(rs, total)
 		return scriptDecision{reply: v, err: err}
 	}
 	// Holders: nodes on which every written key holds the written value,
@@ -1032,7 +1076,7 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 		d.err = noQuorum(rs, total)
 		return d
 	}
-	if v, err := agree(others, len(others)*2-1); len(others) > 0 && err == nil {
+	if v, err := agreeNot(others, len(others)*2-1); len(others) > 0 && err == nil {
 		d.reply = v
 		return d
 	}

@@ -138,7 +138,7 @@ func TestDecideScript(t *testing.T) {
 		{"holders disagree", []backends.NodeReply{scriptReply(int64(1), true, "t", 1000), scriptReply(int64(0), false, "t", 1000), scriptReply(nil, false, "o", 1000)}, 0, nil, true, 1},
 	} {
 		t.Run(c.name, func(t *testing.T) {
-			d := decideScript(c.rs, 3, c.elapsed, noDrift, 0)
+			d := decideScript(c.rs, 3, c.elapsed, noDrift, 0, false)
 			if (d.err != nil) != c.wantErr || string(valueKey(nil, d.reply)) != string(valueKey(nil, c.want)) || len(d.undo) != c.wantUndos {
 				t.Fatalf("decideScript = %v, %v, %d undos; want %v, error %v, %d undos", d.reply, d.err, len(d.undo), c.want, c.wantErr, c.wantUndos)
 			}
