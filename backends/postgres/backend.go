@@ -471,7 +471,12 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 			t := time.NewTimer(time.Until(deadline))
 			select {
 			case derr := <-lost.done:
-				if derr != nil {
+				// A take-back that failed before its COMMIT is redone; one
+				// whose COMMIT failed is not: it may have taken the hold,
+				// and a redo would take one that a LOCK of the same token
+				// joined (told it holds the key). Its hold, if still there,
+				// is left to its lease, as a first try's.
+				if derr != nil && !errors.Is(derr, errTakeBackUnknown) {
 					redo = append(redo, lost.fence)
 				}
 				lost = nil
@@ -563,10 +568,31 @@ func (b *Backend) enterGate(ctx context.Context, key string) (release func(), er
 // statement of the key's holders would wait for them inside a pooled
 // connection, and a key held by many (readers) through one instance would
 // take the whole pool from every other key. One waits in the database, the
-// others here. A gate apart from the first tries': those wait for the
-// key's advisory lock, which a RENEW does not need.
+// others here. Only a statement whose NoWait form found a row locked comes
+// here (rowStatement): those of free rows are not held behind it. A gate
+// apart from the first tries': those wait for the key's advisory lock,
+// which a RENEW does not need.
 func (b *Backend) enterRowGate(ctx context.Context, key string) (release func(), err error) {
 	return b.enterGateOf(b.rowGates, ctx, key)
+}
+
+// rowStatement runs a RENEW's or UNLOCK's statement of key: first in its
+// NoWait form, which a locked row fails at once, so that statements of
+// the key whose rows are free (another token's) neither wait for nor
+// queue behind one that waits; then, only when a row was locked, in its
+// waiting form through the key's row gate (enterRowGate).
+func (b *Backend) rowStatement(ctx context.Context, key string, run func(noWait bool) error) error {
+	err := run(true)
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "55P03" { // lock_not_available
+		return err
+	}
+	release, err := b.enterRowGate(ctx, key)
+	if err != nil {
+		return fmt.Errorf("waiting for this instance's statement of the key before: %w", err)
+	}
+	defer release()
+	return run(false)
 }
 
 func (b *Backend) enterGateOf(gates map[string]*keyGate, ctx context.Context, key string) (release func(), err error) {
@@ -940,29 +966,43 @@ func scanHeldRows(rs pgx.Rows) ([]row, rowIDs, error) {
 // A DELETE sent at once saw the insert uncommitted, deleted nothing, and
 // the row kept the key for its whole lease.
 //
-// The channel gets its answer (errClosed when the backend is closed).
+// The channel gets its answer (errClosed when the backend is closed;
+// errTakeBackUnknown, wrapped, when its COMMIT failed: it may have been
+// applied).
 func (b *Backend) dropGrant(req backends.LockRequest, fence uint64) <-chan error {
 	done := make(chan error, 1)
 	started := b.background(func(ctx context.Context) (err error) {
 		defer func() { done <- err }()
-		return pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, b.idleTxSQL); err != nil {
-				return err
-			}
-			if _, err := tx.Exec(ctx, b.n.lockKeySQL(), req.Key); err != nil {
-				return err
-			}
-			// One hold, not the row: a LOCK of the same token may have
-			// joined the row (a reentry) since, and was told it holds.
-			_, err := tx.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(fence))
+		tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+		if err != nil {
 			return err
-		})
+		}
+		defer func() { _ = tx.Rollback(ctx) }() // after Commit: nothing
+		if _, err := tx.Exec(ctx, b.idleTxSQL); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, b.n.lockKeySQL(), req.Key); err != nil {
+			return err
+		}
+		// One hold, not the row: a LOCK of the same token may have
+		// joined the row (a reentry) since, and was told it holds.
+		if _, err := tx.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(fence)); err != nil {
+			return err
+		}
+		if err := tx.Commit(ctx); err != nil {
+			return fmt.Errorf("%w: %w", errTakeBackUnknown, err)
+		}
+		return nil
 	})
 	if !started {
 		done <- errClosed
 	}
 	return done
 }
+
+// errTakeBackUnknown is a take-back (dropGrant) whose COMMIT failed: the
+// database may have applied it.
+var errTakeBackUnknown = errors.New("postgres: take-back's commit outcome unknown")
 
 // dropReentry takes back the hold a reentrant grant added when its reply
 // came too late to be of use, under the key's advisory lock, on a
@@ -1052,13 +1092,14 @@ func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
 	}
 	octx, cancel := b.op(ctx)
 	defer cancel()
-	release, err := b.enterRowGate(octx, dbText(key))
-	if err != nil {
-		return false, b.fail(ctx, fmt.Errorf("waiting for this instance's statement of the key before: %w", err))
-	}
-	defer release()
 	var before, notified int64
-	err = b.pool.QueryRow(octx, b.n.releaseSQL(), dbText(key), dbText(token)).Scan(&before, &notified)
+	err := b.rowStatement(octx, dbText(key), func(noWait bool) error {
+		q := b.n.releaseSQL()
+		if noWait {
+			q = b.n.releaseNoWaitSQL()
+		}
+		return b.pool.QueryRow(octx, q, dbText(key), dbText(token)).Scan(&before, &notified)
+	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
@@ -1076,12 +1117,15 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	start := time.Now()
 	octx, cancel := b.op(ctx)
 	defer cancel()
-	release, err := b.enterRowGate(octx, dbText(key))
-	if err != nil {
-		return 0, b.fail(ctx, fmt.Errorf("waiting for this instance's statement of the key before: %w", err))
-	}
-	defer release()
-	tag, err := b.pool.Exec(octx, b.n.renewSQL(), dbText(key), dbText(token), ttlMS(ttl.Milliseconds()))
+	var tag pgconn.CommandTag
+	err := b.rowStatement(octx, dbText(key), func(noWait bool) (err error) {
+		q := b.n.renewSQL()
+		if noWait {
+			q = b.n.renewNoWaitSQL()
+		}
+		tag, err = b.pool.Exec(octx, q, dbText(key), dbText(token), ttlMS(ttl.Milliseconds()))
+		return err
+	})
 	if err != nil {
 		return 0, b.fail(ctx, err)
 	}
@@ -1111,13 +1155,14 @@ func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backen
 	}
 	octx, cancel := b.op(ctx)
 	defer cancel()
-	release, err := b.enterRowGate(octx, dbText(key))
-	if err != nil {
-		return false, b.fail(ctx, fmt.Errorf("waiting for this instance's statement of the key before: %w", err))
-	}
-	defer release()
 	var before, notified int64
-	err = b.pool.QueryRow(octx, b.n.releaseHoldSQL(), dbText(key), dbText(token), int16(mode)).Scan(&before, &notified)
+	err := b.rowStatement(octx, dbText(key), func(noWait bool) error {
+		q := b.n.releaseHoldSQL()
+		if noWait {
+			q = b.n.releaseHoldNoWaitSQL()
+		}
+		return b.pool.QueryRow(octx, q, dbText(key), dbText(token), int16(mode)).Scan(&before, &notified)
+	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
 		return false, nil
@@ -1137,12 +1182,15 @@ func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backend
 	start := time.Now()
 	octx, cancel := b.op(ctx)
 	defer cancel()
-	release, err := b.enterRowGate(octx, dbText(key))
-	if err != nil {
-		return 0, b.fail(ctx, fmt.Errorf("waiting for this instance's statement of the key before: %w", err))
-	}
-	defer release()
-	tag, err := b.pool.Exec(octx, b.n.renewHoldSQL(), dbText(key), dbText(token), int16(mode), ttlMS(ttl.Milliseconds()))
+	var tag pgconn.CommandTag
+	err := b.rowStatement(octx, dbText(key), func(noWait bool) (err error) {
+		q := b.n.renewHoldSQL()
+		if noWait {
+			q = b.n.renewHoldNoWaitSQL()
+		}
+		tag, err = b.pool.Exec(octx, q, dbText(key), dbText(token), int16(mode), ttlMS(ttl.Milliseconds()))
+		return err
+	})
 	if err != nil {
 		return 0, b.fail(ctx, fmt.Errorf("renewal of a %v hold: %w", mode, err))
 	}

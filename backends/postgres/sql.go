@@ -347,18 +347,33 @@ SELECT count(*) FROM (SELECT pg_notify('` + n.channel + `', md5($1)) FROM target
 // the key's waiters (at commit) when a row went. The row lock (FOR UPDATE)
 // makes two releases of one token run one after the other; a grant that
 // runs at the same time only sees the row a little longer.
-func (n names) releaseSQL() string { return n.releaseWhereSQL("") }
+func (n names) releaseSQL() string { return n.releaseWhereSQL("", "") }
 
 // releaseHoldSQL is releaseSQL for the token's row of mode $3 only
 // (backends.HoldKeeper): a downgraded token's other row is left as it is.
-func (n names) releaseHoldSQL() string { return n.releaseWhereSQL(" AND mode = $3") }
+func (n names) releaseHoldSQL() string { return n.releaseWhereSQL(" AND mode = $3", "") }
 
-// releaseWhereSQL is releaseSQL with cond added to the choice of the row.
-func (n names) releaseWhereSQL(cond string) string {
+// The NoWait forms of releaseSQL, releaseHoldSQL, renewSQL and
+// renewHoldSQL fail at once (SQLSTATE 55P03) rather than wait for a row
+// another transaction locked: a statement waits for one in the database
+// only through the key's row gate (Backend.rowStatement).
+func (n names) releaseNoWaitSQL() string { return n.releaseWhereSQL("", noWait) }
+
+func (n names) releaseHoldNoWaitSQL() string { return n.releaseWhereSQL(" AND mode = $3", noWait) }
+
+func (n names) renewNoWaitSQL() string { return n.renewLockingSQL(noWait) }
+
+func (n names) renewHoldNoWaitSQL() string { return n.renewHoldLockingSQL(noWait) }
+
+const noWait = " NOWAIT"
+
+// releaseWhereSQL is releaseSQL with cond added to the choice of the row
+// and wait (noWait or "") to its row lock.
+func (n names) releaseWhereSQL(cond, wait string) string {
 	return `WITH target AS (
 	SELECT mode, holds FROM ` + n.holds + `
 	WHERE ` + keyIs("key") + ` AND token = $2` + cond + ` AND expires_at > clock_timestamp()
-	ORDER BY mode LIMIT 1 FOR UPDATE),
+	ORDER BY mode LIMIT 1 FOR UPDATE` + wait + `),
 dec AS (
 	UPDATE ` + n.holds + ` h SET holds = h.holds - 1 FROM target t
 	WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = t.mode AND t.holds > 1),
@@ -385,10 +400,12 @@ func (n names) notifySQL() string {
 // clock has expired can never match again, and a live row is the token's
 // own. The rows are locked in mode order first, the order a grant's read
 // locks them in, so the two never deadlock.
-func (n names) renewSQL() string {
+func (n names) renewSQL() string { return n.renewLockingSQL("") }
+
+func (n names) renewLockingSQL(wait string) string {
 	return `WITH l AS (
 	SELECT mode FROM ` + n.holds + ` WHERE ` + keyIs("key") + ` AND token = $2 AND expires_at > clock_timestamp()
-	ORDER BY mode FOR NO KEY UPDATE)
+	ORDER BY mode FOR NO KEY UPDATE` + wait + `)
 UPDATE ` + n.holds + ` h SET expires_at = CASE WHEN h.mode = 1 AND EXISTS (SELECT 1 FROM l WHERE l.mode = 0) -- read, beside a write row
 	THEN GREATEST(h.expires_at, clock_timestamp() + $3 * interval '1 millisecond')
 	ELSE clock_timestamp() + $3 * interval '1 millisecond' END
@@ -405,10 +422,12 @@ FROM l WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = l.mode RETURNI
 // the other backends; renewing the read row leaves the write row alone.
 // Nothing changes when the token has no live row of mode $3. The rows are
 // locked in mode order, as renewSQL's are.
-func (n names) renewHoldSQL() string {
+func (n names) renewHoldSQL() string { return n.renewHoldLockingSQL("") }
+
+func (n names) renewHoldLockingSQL(wait string) string {
 	return `WITH l AS (
 	SELECT mode FROM ` + n.holds + ` WHERE ` + keyIs("key") + ` AND token = $2 AND mode >= $3 AND expires_at > clock_timestamp()
-	ORDER BY mode FOR NO KEY UPDATE)
+	ORDER BY mode FOR NO KEY UPDATE` + wait + `)
 UPDATE ` + n.holds + ` h SET expires_at = GREATEST(h.expires_at, clock_timestamp() + $4 * interval '1 millisecond')
 FROM l WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = l.mode AND EXISTS (SELECT 1 FROM l WHERE l.mode = $3)
 RETURNING h.mode`
