@@ -103,7 +103,10 @@ type op struct {
 	mode      quorum.Mode
 	noReentry bool
 	hold      quorum.Hold // which holds a release may remove
-	waitMs    int64       // writer-waiting mark to leave when refused: at most this long, ms
+	// lateGrant marks a release that rolls back an acquire in doubt: it
+	// goes out as lateGrantReleaseScript (see owed.written).
+	lateGrant bool
+	waitMs    int64 // writer-waiting mark to leave when refused: at most this long, ms
 	token     string
 	ms        int64 // TTL in ms
 	slot      uint16
@@ -160,6 +163,7 @@ type Node struct {
 
 	// Warnings given once per node.
 	noInfoOnce      sync.Once
+	noClientIDOnce  sync.Once
 	noTimeOnce      sync.Once
 	persistChecked  atomic.Bool
 	configDeniedLog sync.Once
@@ -631,6 +635,11 @@ func (n *Node) work(q chan *op) {
 	w := &writer{}
 	defer w.drop()
 	defer w.abandonDial()
+	defer func() {
+		if w.owed != nil {
+			w.owed.stop()
+		}
+	}()
 	batch := make([]*op, 0, n.maxBatch)
 	for {
 		if w.pending > 0 && len(q) == 0 {
@@ -641,9 +650,25 @@ func (n *Node) work(q chan *op) {
 				n.readPending(w)
 			}
 		}
+		// What a dropped connection left owed is paid by the next batch,
+		// or by the writer itself when none comes (see owed).
+		var debt <-chan time.Time
+		if w.owed != nil {
+			w.owed.prune(time.Now())
+			switch {
+			case w.owed.due():
+				debt = w.owed.wait()
+			case w.owed.empty():
+				w.owed.stop()
+				w.owed = nil
+			}
+		}
 		select {
 		case o := <-q:
 			batch = append(batch[:0], o)
+		case <-debt:
+			n.payDebts(w)
+			continue
 		case <-n.stop:
 			n.readPending(w)
 			n.drain(q)
@@ -670,10 +695,14 @@ type writer struct {
 	// pending is how many answers to fence writes (see exec) are still to
 	// be read on conn, ahead of anything sent after them.
 	pending int
+	// owed is what a connection dropped with acquires unanswered left to
+	// send on the next one; nil until then (see owed).
+	owed *owed
 	// Reused from batch to batch.
-	seen   map[string]int
-	shared []bool
-	r      reply
+	seen     map[string]int
+	shared   []bool
+	answered []bool
+	r        reply
 }
 
 // get returns the writer's connection, dialing one when there is none or
@@ -695,14 +724,7 @@ func (w *writer) get(ctx context.Context, n *Node) (*nodeConn, error) {
 	asked := time.Now()
 	for w.conn == nil {
 		if w.dialing == nil {
-			ch, inTLS := make(chan dialResult, 1), new(atomic.Bool)
-			w.dialing, w.dialTLS = ch, inTLS
-			go func() {
-				dctx, cancel := context.WithTimeout(context.Background(), n.dialTimeout)
-				defer cancel()
-				c, err := n.connectTracked(dctx, inTLS)
-				ch <- dialResult{c, err, time.Now()}
-			}()
+			w.startDial(n)
 		}
 		select {
 		case r := <-w.dialing:
@@ -744,6 +766,30 @@ func (w *writer) get(ctx context.Context, n *Node) (*nodeConn, error) {
 	return w.conn, nil
 }
 
+// answeredFor returns the writer's answered marks for a batch of n
+// operations, all false: send sets each as its answer is read, and a
+// failed connection leaves the others unanswered (see owed.lost).
+func (w *writer) answeredFor(n int) []bool {
+	if cap(w.answered) < n {
+		w.answered = make([]bool, n)
+	}
+	w.answered = w.answered[:n]
+	clear(w.answered)
+	return w.answered
+}
+
+// startDial starts making a connection, whose outcome comes on w.dialing.
+func (w *writer) startDial(n *Node) {
+	ch, inTLS := make(chan dialResult, 1), new(atomic.Bool)
+	w.dialing, w.dialTLS = ch, inTLS
+	go func() {
+		dctx, cancel := context.WithTimeout(context.Background(), n.dialTimeout)
+		defer cancel()
+		c, err := n.connectTracked(dctx, inTLS)
+		ch <- dialResult{c, err, time.Now()}
+	}()
+}
+
 // dialResult is the outcome of a writer's connect.
 type dialResult struct {
 	c   *nodeConn
@@ -761,6 +807,64 @@ func (w *writer) abandonDial() {
 				r.c.close()
 			}
 		}()
+	}
+}
+
+// lost drops the writer's connection c, on which unanswered (operations
+// of its batch whose answers were not read) were left, keeping what that
+// leaves owed (see owed.lost).
+func (w *writer) lost(c *nodeConn, unanswered []*op) {
+	if w.owed == nil && inDoubt(unanswered) {
+		w.owed = &owed{}
+	}
+	if w.owed != nil {
+		w.owed.lost(unanswered, c.id, c.run, time.Now())
+	}
+	w.drop()
+}
+
+// payDebts sends what the writer owes (see owed) when no batch came to
+// carry it: on the connection it has, or one it is making, without
+// waiting for it.
+func (n *Node) payDebts(w *writer) {
+	o := w.owed
+	if w.conn != nil && w.pending == 0 && alive(w.conn.nc) != nil {
+		w.drop()
+	}
+	if w.conn == nil {
+		if w.dialing == nil {
+			w.startDial(n)
+		}
+		select {
+		case r := <-w.dialing:
+			w.dialing = nil
+			switch {
+			case r.err != nil:
+			case alive(r.c.nc) != nil:
+				r.c.close()
+			default:
+				w.conn = r.c
+			}
+			if w.conn == nil {
+				// Failed: the next one starts now, looked at later.
+				o.retry = min(2*o.retry, debtRetryMax)
+				w.startDial(n)
+			}
+		default:
+			// Still being made: looked at again soon.
+		}
+		if w.conn == nil {
+			o.down = time.Now()
+			return
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), n.timeout)
+	defer cancel()
+	n.send(ctx, w, nil, true)
+	if o.due() {
+		o.retry = min(2*o.retry, debtRetryMax)
+	} else {
+		o.retry = debtRetryMin
 	}
 }
 
@@ -967,6 +1071,9 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 		for i := range out {
 			out[i].err = unsent(err)
 		}
+		if w.owed != nil {
+			w.owed.unsent(ops, time.Now())
+		}
 		return out, nil
 	}
 	if d, ok := ctx.Deadline(); ok {
@@ -974,6 +1081,12 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 	}
 	pending := w.pending // answers to fence writes, ahead of this batch's
 	w.pending = 0
+	if w.owed != nil {
+		// What a dropped connection left owed goes first (see owed).
+		n.writeDebts(c, w.owed, time.Now())
+		w.owed.written(ops)
+	}
+	answered := w.answeredFor(len(ops))
 	shared := w.sharedReleases(ops)
 	var calls [][]int // the shared release calls: the ops each answers
 	for i, o := range ops {
@@ -1018,6 +1131,10 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			}
 		case opRelease:
 			if shared != nil && shared[i] {
+				continue
+			}
+			if o.lateGrant {
+				n.addLateGrantRelease(c, o.base, o.token)
 				continue
 			}
 			n.addScript(c, scriptRelease, sha, o, keyWriterWaits, 4)
@@ -1069,7 +1186,13 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 	// acquire back, a release counts as not confirmed), and the batch's
 	// fence writes go with them.
 	fail := func(err error) ([]opResult, []fenceWrite) {
-		w.drop()
+		var unanswered []*op
+		for i, o := range ops {
+			if !answered[i] {
+				unanswered = append(unanswered, o)
+			}
+		}
+		w.lost(c, unanswered)
 		for i := range out {
 			out[i] = opResult{err: err}
 		}
@@ -1082,6 +1205,11 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 	for range pending {
 		// Their answers do not matter (see writeFences).
 		if err := c.read(r); err != nil {
+			return fail(err)
+		}
+	}
+	if w.owed != nil && w.owed.reading() {
+		if err := n.readDebts(c, w.owed, r); err != nil {
 			return fail(err)
 		}
 	}
@@ -1107,6 +1235,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			if err := c.read(r); err != nil {
 				return fail(err)
 			}
+			answered[i] = true
 			switch {
 			case setErr != nil:
 				out[i].err = setErr
@@ -1114,6 +1243,11 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				if o.noReentry && o.waitMs == 0 {
 					out[i].n = acquireRefused
 				} else {
+					// Unanswered until its script is: the SET alone
+					// did nothing, which a plain roll-back would not
+					// know (it would take the token's earlier hold,
+					// see owed).
+					answered[i] = false
 					held = append(held, i)
 				}
 			case r.err != nil:
@@ -1130,6 +1264,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			if err := c.read(r); err != nil {
 				return fail(err)
 			}
+			answered[i] = true
 			switch o.kind {
 			case opAcquire:
 				out[i] = acquireResult(r)
@@ -1150,6 +1285,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 		}
 		rs, err := releaseResults(r, len(part))
 		for j, i := range part {
+			answered[i] = true
 			if err != nil {
 				out[i].err = err
 			} else {
@@ -1176,6 +1312,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			if err := c.read(r); err != nil {
 				return fail(err)
 			}
+			answered[i] = true
 			out[i] = acquireResult(r)
 		}
 	}
@@ -1248,6 +1385,20 @@ func (n *Node) addScript(c *nodeConn, s script, sha bool, o *op, k, argc int) {
 // keyNames are the lock's key names after the prefix, before the client's
 // key (see scripts.go).
 var keyNames = [...]string{keyLock: "lock:", keyFence: "lockf:", keyHolds: "lockm:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
+
+// addLateGrantRelease adds the roll-back of an acquire in doubt of base by
+// token (see owed). Always EVAL: it is rare, and a NOSCRIPT answer would
+// leave it unsent with its doubt settled.
+func (n *Node) addLateGrantRelease(c *nodeConn, base, token string) {
+	c.begin(3 + 3 + 1)
+	c.bulk(evalName(false))
+	c.bulk(scriptSource(scriptLateGrant, false))
+	c.bulk("3")
+	c.bulk3(n.prefix, "lock:", base)
+	c.bulk3(n.prefix, "lockf:", base)
+	c.bulk3(n.prefix, "lockm:", base)
+	c.bulk(token)
+}
 
 // addReleaseArgs adds o's four release script arguments.
 func (n *Node) addReleaseArgs(c *nodeConn, o *op) {
@@ -1344,7 +1495,7 @@ func (w *writer) sharedReleases(ops []*op) []bool {
 	w.shared = shared
 	count := 0
 	for i, o := range ops {
-		if o.kind == opRelease && seen[o.base] == 1 {
+		if o.kind == opRelease && !o.lateGrant && seen[o.base] == 1 {
 			shared[i] = true
 			count++
 		}

@@ -36,6 +36,13 @@ type nodeConn struct {
 	// rtt is the round trip of the connection's first commands, as its
 	// set-up measured it.
 	rtt time.Duration
+	// id is the connection's client id on the node (CLIENT ID), 0 where
+	// it was refused; run is the node's run_id when the connection was
+	// made, "" where INFO was refused. A writer that drops the connection
+	// with acquires unanswered kills it by id from its next one (see
+	// owed), on the same server only.
+	id  int64
+	run string
 }
 
 // serverError is an error reply from the node: the node is there and
@@ -61,7 +68,8 @@ type reply struct {
 // elements, or one per release of a batch.
 const maxReplyElements = 4096
 
-// connect dials the node and reads INFO server on the new connection.
+// connect dials the node and reads INFO server and the connection's
+// client id on the new connection.
 func (n *Node) connect(ctx context.Context) (*nodeConn, error) {
 	return n.connectTracked(ctx, nil)
 }
@@ -112,6 +120,7 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 	}
 	c.add("INFO", "server")
 	c.add("HINCRBY", n.fenceKey, fenceHashPad, "0")
+	c.add("CLIENT", "ID")
 	sent := time.Now()
 	if err := c.flush(); err != nil {
 		c.close()
@@ -138,7 +147,9 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 		// INFO denied (an ACL): restarts cannot be seen; say so once.
 		n.noInfo(info.err)
 	case info.kind == '$' && !info.null:
-		n.learn(parseServerInfo(string(info.s)))
+		si := parseServerInfo(string(info.s))
+		c.run = si.runID
+		n.learn(si)
 	default:
 		c.close()
 		return nil, fmt.Errorf("unexpected reply to INFO: %q", info.kind)
@@ -148,6 +159,18 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 	if err := c.read(&info); err != nil {
 		c.close()
 		return nil, err
+	}
+	if err := c.read(&info); err != nil {
+		c.close()
+		return nil, err
+	}
+	switch {
+	case info.kind == ':' && info.n > 0:
+		c.id = info.n
+	case info.err != nil:
+		// CLIENT ID denied (an ACL): a LOCK that timed out on this
+		// connection cannot have it killed; say so once.
+		n.noClientID(info.err)
 	}
 	c.rtt = time.Since(sent)
 	return c, nil

@@ -172,6 +172,18 @@ func (n *Node) noInfo(err error) {
 	})
 }
 
+// noClientID warns once that the writers' connections cannot learn their
+// client ids (CLIENT ID refused, an ACL): a connection dropped with
+// acquires unanswered cannot be killed from the next one, so an acquire
+// still on its way may land after its roll-back; a roll-back that could
+// not be sent is still owed to the next connection (see owed).
+func (n *Node) noClientID(err error) {
+	n.noClientIDOnce.Do(func() {
+		n.log.Warn("cannot read CLIENT ID on the redis node: an acquire that timed out there and lands after its roll-back keeps its key until its TTL",
+			zap.String("reason", reasonOf(err)))
+	})
+}
+
 // checkPersistence warns once when the node would lose acknowledged writes
 // in a crash: without appendonly yes and appendfsync always, only the
 // quarantine keeps a restarted node from granting a lock twice.

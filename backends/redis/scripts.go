@@ -659,6 +659,29 @@ announce({ARGV[2]})
 return 1
 `
 
+// lateGrantReleaseScript is the roll-back of an acquire in doubt (see
+// owed): one sent on a connection that was dropped before its answer came,
+// which may have run, may run later (unless the connection is killed
+// first), or never. It removes only what such an acquire alone can have
+// left: the token's write hold made by its SET NX (Node.send), which has
+// neither a stored fence (lockf: its fence write follows the answer,
+// which never came) nor a lockm of the token. A hold the token had before
+// has both or at least lockf (written before its holder heard of it), and
+// one more reentrant hold made by the acquire script has a lockm: those
+// stay, the second until its lease ends, as the acquire's own answer
+// being lost made it before. Nothing is announced (a roll-back frees
+// nothing anyone waits for). KEYS lock, lockf, lockm; ARGV[1] token.
+// Returns {1} when it removed the hold, else {0} (the release script's
+// answer).
+const lateGrantReleaseScript = luaMeta + `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
+local fm = redis.call('MGET', KEYS[2], KEYS[3])
+local h, r = meta(fm[2], ARGV[1])
+if h > 0 or r ~= '' or fenceOf(fm[1], ARGV[1]) > 0 then return {0} end
+redis.call('DEL', KEYS[1])
+return {1}
+`
+
 // seedFenceScript: KEYS[1] fence hash; ARGV field, value pairs. Raises
 // each field to at least its value, in one call, so a counter never goes
 // down even if acquires run on the node meanwhile. It re-seeds a node that
@@ -691,6 +714,7 @@ var (
 	scriptInfo       = newScript(infoScript)
 	scriptUnmark     = newScript(unmarkScript)
 	scriptSyncHolds  = newScript(syncHoldsScript)
+	scriptLateGrant  = newScript(lateGrantReleaseScript)
 )
 
 // Script is a lock script's source and the SHA1 lockproxy sends in
