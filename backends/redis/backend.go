@@ -217,7 +217,17 @@ func (b *Backend) reseed(ctx context.Context, i int) error {
 		}
 		asked++
 		go func(o *Node) {
+			// A source that restarted since its last check is seen only
+			// by the read's own new connection (onConnect), and the read
+			// then runs on the empty server: its answer must not count as
+			// a node that kept the fences (when a majority lost theirs,
+			// every answer is taken). The generation is read first, as
+			// Node.exec does.
+			gen := o.health.gen.Load()
 			h, err := o.readFences(ctx)
+			if err == nil && !lost && (o.health.gen.Load() != gen || o.health.stateLost()) {
+				err = errQuarantined
+			}
 			answers <- answer{h, err}
 		}(o)
 	}

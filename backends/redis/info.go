@@ -33,6 +33,10 @@ type readerState struct {
 // LockState reads key's state on this node. It is not on any hot path, so
 // it goes straight to the node rather than through the batching writer.
 func (n *Node) LockState(ctx context.Context, key string) (nodeLockState, error) {
+	// Read before the check, as in Node.exec: a restart that the read's
+	// own new connection reveals (onConnect) shows as a new generation,
+	// and the answer, from the server that forgot its locks, is no view.
+	gen := n.health.gen.Load()
 	if err := n.health.refuse(); err != nil {
 		return nodeLockState{}, err
 	}
@@ -44,6 +48,11 @@ func (n *Node) LockState(ctx context.Context, key string) (nodeLockState, error)
 	}
 	if err != nil {
 		return nodeLockState{}, err
+	}
+	if n.health.gen.Load() != gen {
+		if err := n.health.refuse(); err != nil {
+			return nodeLockState{}, err
+		}
 	}
 	return parseLockState(v)
 }
