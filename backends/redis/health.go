@@ -32,6 +32,16 @@ import (
 // replica and back between two checks shows as a new replication ID with
 // the old one kept as the secondary (master_replid2), which only a
 // promotion sets: that is quarantined too.
+//
+// A node's data can also be replaced with no new run_id and no closed
+// connection: a full sync (a replica and back, a writable replica),
+// FLUSHALL, a restart behind a TCP proxy that kept the connection. So
+// every node holds a data epoch, a random value under the lock prefix
+// that the first writer connection of any lockproxy creates (SET NX) and
+// every one reads at its set-up; every batch reads it again after its
+// commands, and so does each check. Another value or none quarantines the
+// node as a restart does (observeEpoch), and the batch's answers are no
+// votes (Node.send, Node.exec).
 
 // Node states as INFO shows them.
 const (
@@ -87,6 +97,11 @@ type health struct {
 	// From INFO replication (observeRole).
 	replica bool   // the last role seen was a replica
 	replID  string // master_replid last seen while a master; "" unknown
+
+	// The node's data epoch (observeEpoch): the value of its epoch key
+	// last seen, when hasEpoch.
+	epoch    string
+	hasEpoch bool
 
 	// noRoleLog says once that INFO replication cannot be read.
 	noRoleLog sync.Once
@@ -211,16 +226,10 @@ func (h *health) observeRole(ri replInfo) roleChange {
 	if !promoted {
 		return roleSame
 	}
-	if h.period > 0 {
-		h.until = now.Add(h.period)
-		h.blocked.Or(blockRestart)
-	}
+	h.quarantineLocked(now)
 	// Cleared after the quarantine is set: the node never votes in
 	// between.
 	h.blocked.And(^blockReplica)
-	// As after a restart: a batch under way when the promotion is seen
-	// does not count (Node.exec).
-	h.gen.Add(1)
 	return rolePromoted
 }
 
@@ -258,13 +267,61 @@ func (h *health) observe(si serverInfo) bool {
 		return false
 	}
 	h.restart++
+	h.quarantineLocked(now)
+	return true
+}
+
+// quarantineLocked starts a quarantine period at now, as after a restart
+// (a promotion from replica and a data epoch change too). The node's
+// data epoch is forgotten: the next one seen is the new data's, not a
+// change (see observeEpoch). h.mu is held.
+func (h *health) quarantineLocked(now time.Time) {
 	if h.period > 0 {
 		h.until = now.Add(h.period)
 		h.blocked.Or(blockRestart)
 	}
+	h.epoch, h.hasEpoch = "", false
 	// After the block: a batch that sees the new generation sees the
 	// block too (Node.exec).
 	h.gen.Add(1)
+}
+
+// observeEpoch records the node's data epoch as a connection read it
+// (ok false: the key absent, or the read refused) and reports whether it
+// changed: the data the node's votes stood on was replaced (a full sync
+// from another master, FLUSHALL, a restart behind a proxy that kept the
+// connection) without a new run_id. That quarantines the node as a
+// restart does, without counting one. The first epoch seen, and the
+// first after a quarantine started, are never a change: they are the
+// data's as it is now, which the quarantine covers.
+func (h *health) observeEpoch(v string, ok bool) bool {
+	return h.observeEpochAt(v, ok, nil)
+}
+
+// checkEpoch is observeEpoch for a health check's read, begun at
+// generation gen: it only compares, adopting nothing, and says nothing
+// when a quarantine started since the read began (the value may be from
+// before it).
+func (h *health) checkEpoch(v string, ok bool, gen uint64) bool {
+	return h.observeEpochAt(v, ok, &gen)
+}
+
+func (h *health) observeEpochAt(v string, ok bool, gen *uint64) bool {
+	now := h.now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if gen != nil && (!h.hasEpoch || h.gen.Load() != *gen) {
+		return false
+	}
+	if !h.hasEpoch {
+		h.epoch, h.hasEpoch = v, ok
+		return false
+	}
+	if ok && v == h.epoch {
+		return false
+	}
+	h.quarantineLocked(now)
+	h.epoch, h.hasEpoch = v, ok
 	return true
 }
 

@@ -136,6 +136,7 @@ type Node struct {
 	tls                *tls.Config // nil without TLS
 	prefix             string
 	fenceKey           string
+	epochKey           string // the node's data epoch (see nodeConn.epoch)
 	timeout            time.Duration
 	maxBatch           int
 	queues             []chan *op
@@ -164,6 +165,7 @@ type Node struct {
 	// Warnings given once per node.
 	noInfoOnce      sync.Once
 	noClientIDOnce  sync.Once
+	noEpochOnce     sync.Once
 	noTimeOnce      sync.Once
 	persistChecked  atomic.Bool
 	configDeniedLog sync.Once
@@ -210,6 +212,7 @@ func NewNode(cfg NodeConfig) *Node {
 		prefix:      cfg.KeyPrefix,
 		dialTimeout: cfg.DialTimeout,
 		fenceKey:    cfg.KeyPrefix + "fence",
+		epochKey:    cfg.KeyPrefix + "epoch",
 		timeout:     cfg.Timeout,
 		maxBatch:    cfg.MaxBatch,
 		queues:      make([]chan *op, cfg.Workers),
@@ -698,6 +701,9 @@ type writer struct {
 	// owed is what a connection dropped with acquires unanswered left to
 	// send on the next one; nil until then (see owed).
 	owed *owed
+	// epochLost is set by send when a batch found the node's data epoch
+	// changed (see nodeConn.epoch): its answers are no votes.
+	epochLost bool
 	// Reused from batch to batch.
 	seen     map[string]int
 	shared   []bool
@@ -959,6 +965,7 @@ func (n *Node) exec(w *writer, batch []*op) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 
+	w.epochLost = false
 	res, writes := n.send(ctx, w, live, true)
 	var retry []int
 	for i, r := range res {
@@ -982,7 +989,10 @@ func (n *Node) exec(w *writer, batch []*op) {
 	// A restart seen while the batch was sent (onConnect runs on the new
 	// connection before our commands) makes its answers worthless as
 	// votes: they come from a server that forgot its locks.
-	restarted := n.health.gen.Load() != gen && n.health.restarting()
+	// So does a batch that found the node's data replaced (its epoch
+	// changed), quarantine or not: they come from data without the
+	// locks they are votes about.
+	restarted := w.epochLost || n.health.gen.Load() != gen && n.health.restarting()
 	if len(writes) > 0 && !restarted {
 		n.writeFences(w, writes)
 	}
@@ -1181,6 +1191,25 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			calls = append(calls, part)
 		}
 	}
+	// The data epoch last: read after every command of the write, the
+	// value the connection was made with proves that the data they ran
+	// on is the data it has seen all along (see nodeConn.epoch).
+	checkEpoch := c.epoch != nil
+	if checkEpoch {
+		c.addEpochGet()
+	}
+	var epochGot string
+	epochSame, epochOK := true, false
+	readEpoch := func() error {
+		same, got, ok, err := c.readEpoch()
+		if err != nil {
+			return err
+		}
+		if !same && epochSame {
+			epochSame, epochGot, epochOK = false, got, ok
+		}
+		return nil
+	}
 	// A transport failure withdraws every answer of the batch, even those
 	// read before it: that only errs on the safe side (the quorum rolls an
 	// acquire back, a release counts as not confirmed), and the batch's
@@ -1293,6 +1322,11 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			}
 		}
 	}
+	if checkEpoch {
+		if err := readEpoch(); err != nil {
+			return fail(err)
+		}
+	}
 	if len(held) > 0 {
 		for _, i := range held {
 			o := ops[i]
@@ -1305,6 +1339,9 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			c.bulk(boolArg(o.noReentry))
 			c.bulkInt(n.markMargin)
 		}
+		if checkEpoch {
+			c.addEpochGet()
+		}
 		if err := c.flush(); err != nil {
 			return fail(err)
 		}
@@ -1315,6 +1352,22 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			answered[i] = true
 			out[i] = acquireResult(r)
 		}
+		if checkEpoch {
+			if err := readEpoch(); err != nil {
+				return fail(err)
+			}
+		}
+	}
+	if !epochSame {
+		// The node's data was replaced since the connection was made:
+		// a restart the connection did not see (a full sync, FLUSHALL,
+		// a proxy that kept it open). The node is quarantined as after
+		// one, and the connection dropped (every answer read), so that
+		// the next one's set-up learns the new epoch.
+		n.learnEpoch(epochGot, epochOK)
+		w.epochLost = true
+		w.drop()
+		return out, nil
 	}
 	if len(writes) > 0 {
 		markReleased(ops, shared, out, writes)

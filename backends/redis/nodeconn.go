@@ -2,8 +2,11 @@ package redis
 
 import (
 	"bufio"
+	"bytes"
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -43,6 +46,13 @@ type nodeConn struct {
 	// owed), on the same server only.
 	id  int64
 	run string
+	// epoch is the node's data epoch (its epoch key) as the connection's
+	// set-up read it; nil where it could not (the key absent after its
+	// SET NX was refused, or the GET refused): such a connection checks
+	// nothing. Every batch on the connection reads the key again after
+	// its commands (see Node.send): another value, or none, means the
+	// data its votes stood on was replaced meanwhile.
+	epoch []byte
 }
 
 // serverError is an error reply from the node: the node is there and
@@ -121,6 +131,10 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 	c.add("INFO", "server")
 	c.add("HINCRBY", n.fenceKey, fenceHashPad, "0")
 	c.add("CLIENT", "ID")
+	// The data epoch: every lockproxy sharing the node reads the same
+	// value, until the node's data is replaced (see Node.send).
+	c.add("SET", n.epochKey, newEpoch(), "NX")
+	c.add("GET", n.epochKey)
 	sent := time.Now()
 	if err := c.flush(); err != nil {
 		c.close()
@@ -149,6 +163,8 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 	case info.kind == '$' && !info.null:
 		si := parseServerInfo(string(info.s))
 		c.run = si.runID
+		// A restart seen here quarantines the node and forgets its
+		// epoch: the one read below is the new server's, no change.
 		n.learn(si)
 	default:
 		c.close()
@@ -172,6 +188,30 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 		// connection cannot have it killed; say so once.
 		n.noClientID(info.err)
 	}
+	// The SET NX's answer does not matter: the GET's tells what is there.
+	if err := c.read(&info); err != nil {
+		c.close()
+		return nil, err
+	}
+	if err := c.read(&info); err != nil {
+		c.close()
+		return nil, err
+	}
+	switch {
+	case info.kind == '$' && !info.null:
+		c.epoch = info.s // a bulk's bytes are its own
+		// Another value than the node's last (its data replaced between
+		// two connections) quarantines it before any command of ours
+		// runs here, as a new run_id does.
+		n.learnEpoch(string(c.epoch), true)
+	case info.err != nil:
+		n.noEpoch(info.err)
+	default:
+		// Absent though SET NX ran: refused (a read-only replica, an
+		// ACL, maxmemory). The data is not the one the node had if it
+		// had one.
+		n.learnEpoch("", false)
+	}
 	c.rtt = time.Since(sent)
 	return c, nil
 }
@@ -187,6 +227,80 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 const fenceHashPad = "lockproxy:pad:a field longer than 64 bytes keeps this hash a hash table"
 
 func (c *nodeConn) close() { _ = c.nc.Close() }
+
+// newEpoch is a fresh data epoch: 16 random bytes in hex.
+func newEpoch() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+// addEpochGet adds the GET of the node's epoch key (see Node.send).
+func (c *nodeConn) addEpochGet() {
+	c.begin(2)
+	c.bulk("GET")
+	c.bulk(c.n.epochKey)
+}
+
+// readEpoch reads the answer to addEpochGet and tells whether it is the
+// connection's epoch. The bytes are compared where the reader holds them:
+// a batch's check allocates nothing. When it differs, got is the value
+// read (ok false: absent, or an error reply), for the node's record.
+func (c *nodeConn) readEpoch() (same bool, got string, ok bool, err error) {
+	same, got, ok, err = c.readEpochReply()
+	if err != nil {
+		if errors.Is(err, io.EOF) {
+			err = io.ErrUnexpectedEOF
+		}
+		err = fmt.Errorf("read from %s: %w", c.n.name, err)
+	}
+	return same, got, ok, err
+}
+
+func (c *nodeConn) readEpochReply() (bool, string, bool, error) {
+	line, err := c.rd.ReadSlice('\n')
+	if err != nil {
+		return false, "", false, err
+	}
+	if len(line) < 3 || line[len(line)-2] != '\r' {
+		return false, "", false, errors.New("malformed reply line")
+	}
+	line = line[:len(line)-2]
+	switch line[0] {
+	case '$':
+	case '-', '+', ':':
+		// An error (WRONGTYPE: the key overwritten; LOADING: a new
+		// server behind the connection) or not a GET's answer.
+		return false, "", false, nil
+	default:
+		return false, "", false, fmt.Errorf("unexpected reply type %q to GET", line[0])
+	}
+	size, err := strconv.Atoi(string(line[1:]))
+	if err != nil || size < -1 || size > 64<<20 {
+		return false, "", false, fmt.Errorf("bad bulk length %q", line[1:])
+	}
+	if size == -1 {
+		return false, "", false, nil
+	}
+	if size+2 <= c.rd.Size() {
+		p, err := c.rd.Peek(size + 2)
+		if err != nil {
+			return false, "", false, err
+		}
+		same := bytes.Equal(p[:size], c.epoch)
+		var got string
+		if !same {
+			got = string(p[:size])
+		}
+		_, _ = c.rd.Discard(size + 2)
+		return same, got, true, nil
+	}
+	buf := make([]byte, size+2)
+	if _, err := io.ReadFull(c.rd, buf); err != nil {
+		return false, "", false, err
+	}
+	return false, string(buf[:size]), true, nil
+}
 
 // add appends one command; args are strings, []byte or integers.
 func (c *nodeConn) add(args ...any) {

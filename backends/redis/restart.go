@@ -74,6 +74,10 @@ func (n *Node) check(ctx context.Context) {
 	infoCmd := pipe.Info(ctx, "server")
 	replCmd := pipe.Info(ctx, "replication")
 	timeCmd := pipe.Time(ctx)
+	// The data epoch too, as the writers' batches read it: a node
+	// flushed or synced while no batch runs is quarantined now.
+	epochCmd := pipe.Get(ctx, n.epochKey)
+	gen := n.health.gen.Load()
 	sent := n.health.now()
 	_, _ = pipe.Exec(ctx) // per-command errors are read from the commands
 	received := n.health.now()
@@ -87,6 +91,11 @@ func (n *Node) check(ctx context.Context) {
 		// After the restart detector: a node that restarted and is a
 		// master again is quarantined either way.
 		n.learnRole(replCmd)
+		if v, err := epochCmd.Result(); err == nil || errors.Is(err, goredis.Nil) {
+			if n.health.checkEpoch(v, err == nil, gen) {
+				n.epochQuarantined()
+			}
+		}
 		n.checkPersistence(ctx)
 	case errors.Is(err, errQuarantined):
 		// onConnect saw the restart on a new connection.
@@ -120,6 +129,32 @@ func (n *Node) learn(si serverInfo) bool {
 			zap.String("run_id", si.runID))
 	}
 	return true
+}
+
+// learnEpoch feeds the node's data epoch, as a connection read it, to
+// the detector (see health.observeEpoch) and reports whether it changed:
+// the node is then quarantined as after a restart.
+func (n *Node) learnEpoch(v string, ok bool) bool {
+	if !n.health.observeEpoch(v, ok) {
+		return false
+	}
+	n.epochQuarantined()
+	return true
+}
+
+// epochQuarantined reports a quarantine for a data epoch change.
+func (n *Node) epochQuarantined() {
+	if n.health.period > 0 {
+		if n.quarantined != nil {
+			n.quarantined.Set(1)
+		}
+		n.log.Warn("redis node's data was replaced (its epoch key changed or vanished: a full sync from another master, "+
+			"FLUSHALL, a restart the connection did not see): quarantined as after a restart",
+			zap.Duration("quarantine", n.health.period))
+	} else {
+		n.log.Warn("redis node's data was replaced (its epoch key changed or vanished); redlock.quarantine is off, " +
+			"so it votes at once and locks its data no longer holds may be granted twice")
+	}
 }
 
 // learnRole feeds the answer to INFO replication to the role detector.
@@ -168,6 +203,16 @@ func (n *Node) learnRole(cmd *goredis.StringCmd) {
 func (n *Node) noInfo(err error) {
 	n.noInfoOnce.Do(func() {
 		n.log.Warn("cannot read INFO server from the redis node: its restarts go unnoticed and it is never quarantined",
+			zap.String("reason", reasonOf(err)))
+	})
+}
+
+// noEpoch says once that the node's data epoch cannot be read: a node
+// whose data is replaced without a restart (REPLICAOF, FLUSHALL) votes on
+// the writers' connections until a check sees it, if any can.
+func (n *Node) noEpoch(err error) {
+	n.noEpochOnce.Do(func() {
+		n.log.Warn("cannot read the data epoch key on the redis node: a FLUSHALL or a full sync there goes unnoticed until a check",
 			zap.String("reason", reasonOf(err)))
 	})
 }

@@ -33,9 +33,10 @@ func TestWaitGrantAfterDisconnect(t *testing.T) {
 			cl := startCluster(t, 3)
 			in := startInstance(t, cl.addrs())
 			key := "gone-" + lockclient.RandID()
-			// Warm up the node connections.
+			// Warm up the node connections (PX 2000: a node timeout of 100 ms,
+			// which a loaded host meets).
 			warm := lc.DialRaw(t, in.addr)
-			if r := warm.Do("LOCK", "warm-"+key, "PX", "100"); r.Null || r.Kind == '-' {
+			if r := warm.Do("LOCK", "warm-"+key, "PX", "2000"); r.Null || r.Kind == '-' {
 				t.Fatalf("warm-up LOCK = %v", r)
 			}
 
