@@ -722,9 +722,21 @@ func HoldFence(stored []uint64, counter uint64, need int) uint64 {
 // one hold, so on a node where the attempt was reentrant it undoes just
 // that attempt's hold.
 func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool) {
+	ctx = context.WithValue(ctx, rollbackKey{}, true)
 	// Use a context that survives the caller's cancellation: a client that
 	// gave up must still not leave keys behind.
 	q.fanOutBoolSkip(ctx, q.NodeTimeout(req.TTL), releaseOp(req.Key, req.Token, rollbackHold(req.Mode)), 0, skip)
+}
+
+type rollbackKey struct{}
+
+// Rollback tells whether a Release's ctx says it is a failed acquisition's
+// roll-back (releaseAll), not a holder's UNLOCK: a node that lost the
+// attempt's answer may roll back only what the attempt itself can have
+// made there, and must leave a holder's UNLOCK as it is.
+func Rollback(ctx context.Context) bool {
+	v, _ := ctx.Value(rollbackKey{}).(bool)
+	return v
 }
 
 // boolOp is a Release or Extend in both its forms.

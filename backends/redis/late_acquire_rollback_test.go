@@ -196,7 +196,7 @@ func TestOwedBoundedAndForgotten(t *testing.T) {
 	acq := func(key, token string, ms int64) *op {
 		return &op{kind: opAcquire, base: key, token: token, ms: ms}
 	}
-	rel := func(key, token string) *op { return &op{kind: opRelease, base: key, token: token} }
+	rel := func(key, token string) *op { return &op{kind: opRelease, base: key, token: token, rollback: true} }
 
 	t.Run("bounded", func(t *testing.T) {
 		o := &owed{}
@@ -259,7 +259,7 @@ func TestOwedBoundedAndForgotten(t *testing.T) {
 func TestOwedRules(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	acq := func(key string) *op { return &op{kind: opAcquire, base: key, token: "t", ms: 5000} }
-	rel := func(key, token string) *op { return &op{kind: opRelease, base: key, token: token} }
+	rel := func(key, token string) *op { return &op{kind: opRelease, base: key, token: token, rollback: true} }
 	other := func(k opKind) *op { return &op{kind: k, base: "x", token: "t"} }
 	type want struct{ kills, doubts, releases int }
 	for _, tc := range []struct {
@@ -331,7 +331,7 @@ func TestOwedDebtsWritten(t *testing.T) {
 	o := &owed{}
 	now := time.Now()
 	o.lost([]*op{{kind: opAcquire, base: "k", token: "t", ms: 5000}}, 3, "run", now)
-	o.unsent([]*op{{kind: opRelease, base: "k", token: "t"}}, now)
+	o.unsent([]*op{{kind: opRelease, base: "k", token: "t", rollback: true}}, now)
 	c := &nodeConn{n: n, run: "run"}
 	n.writeDebts(c, o, now)
 	got := string(c.wbuf)

@@ -106,13 +106,16 @@ type op struct {
 	// lateGrant marks a release that rolls back an acquire in doubt: it
 	// goes out as lateGrantReleaseScript (see owed.written).
 	lateGrant bool
-	waitMs    int64 // writer-waiting mark to leave when refused: at most this long, ms
-	token     string
-	ms        int64 // TTL in ms
-	slot      uint16
-	fence     uint64
-	start     time.Time
-	deadline  time.Time
+	// rollback marks a failed acquisition's release (quorum.Rollback):
+	// only it settles an acquire in doubt, never a holder's UNLOCK.
+	rollback bool
+	waitMs   int64 // writer-waiting mark to leave when refused: at most this long, ms
+	token    string
+	ms       int64 // TTL in ms
+	slot     uint16
+	fence    uint64
+	start    time.Time
+	deadline time.Time
 	// The answer goes to done when it is set, else to res. res is
 	// buffered 1, so the writer never blocks on it; done is the quorum's
 	// callback, which must not block either.
@@ -415,6 +418,7 @@ func (n *Node) raiseOp(key, token string, mode quorum.Mode, fence uint64) *op {
 func (n *Node) Release(ctx context.Context, key, token string, hold quorum.Hold) (bool, error) {
 	o := n.newOp(opRelease, key, token)
 	o.hold = hold
+	o.rollback = quorum.Rollback(ctx)
 	r := n.do(ctx, o)
 	return r.n == 1, r.err
 }
@@ -523,6 +527,7 @@ func (n *Node) startRaise(ctx context.Context, key, token string, mode quorum.Mo
 func (n *Node) StartRelease(ctx context.Context, key, token string, hold quorum.Hold, done func(bool, error)) {
 	o := n.newOp(opRelease, key, token)
 	o.hold = hold
+	o.rollback = quorum.Rollback(ctx)
 	n.startBool(ctx, o, done)
 }
 

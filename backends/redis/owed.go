@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/quorum"
 )
 
 // owed is what a writer still owes its node after it dropped a connection
@@ -19,8 +21,9 @@ import (
 //   - the dropped connection's client id (a kill), only where nothing but
 //     acquires, fence writes, extends and raises was unanswered on it (see
 //     lost): a release or unmark left on it must run;
-//   - its unanswered acquires (doubts), killed or not, until their
-//     roll-back is written or owed;
+//   - its unanswered exclusive acquires (doubts), killed or not, until
+//     their roll-back (a failed attempt's release, never a holder's
+//     UNLOCK: see settles) is written or owed;
 //   - the roll-backs of doubts that could not be written at all (no
 //     connection, see unsent): owed releases. A release written to a
 //     connection is never sent again, answered or not: it may have run,
@@ -178,7 +181,8 @@ func (o *owed) owe(p *op, t owedTime) {
 // meant to (a reentrant holder's last). So the owed releases the
 // connection carried are paid, and its own releases are not owed.
 //
-// Its unanswered acquires are kept in doubt whatever else it carried, so
+// Its unanswered exclusive acquires are kept in doubt whatever else it
+// carried (a read acquire's roll-back stays a plain release), so
 // that their roll-backs go out as lateGrantReleaseScript and never take a
 // hold their token had before. The connection is killed from the next one
 // only when it carried no unanswered release, owed release or unmark:
@@ -196,7 +200,7 @@ func (o *owed) lost(unanswered []*op, id int64, run string, now time.Time) {
 	kill := !carried && killable(unanswered)
 	var ttl time.Duration
 	for _, p := range unanswered {
-		if p.kind == opAcquire {
+		if lateGrantable(p) {
 			t := time.Duration(p.ms) * time.Millisecond
 			o.doubts = push(o.doubts, owedAcquire{base: p.base, token: p.token, owedTime: owedTime{now, t}})
 			ttl = max(ttl, t)
@@ -207,10 +211,22 @@ func (o *owed) lost(unanswered []*op, id int64, run string, now time.Time) {
 	}
 }
 
-// inDoubt tells whether unanswered holds an acquire (see owed.lost).
+// lateGrantable tells whether p is an acquire kept in doubt when its
+// answer is lost: an exclusive one, whose hold lateGrantReleaseScript
+// knows (its SET NX's). A read acquire's hold is the token's entry among
+// the readers, which that script does not remove (the lock key is the
+// read marker): its roll-back stays a plain release of the read hold, as
+// before owed, so that a read acquire that ran before it does not keep
+// the key for its TTL.
+func lateGrantable(p *op) bool {
+	return p.kind == opAcquire && p.mode != quorum.Shared
+}
+
+// inDoubt tells whether unanswered holds an acquire kept in doubt (see
+// owed.lost).
 func inDoubt(unanswered []*op) bool {
 	for _, p := range unanswered {
-		if p.kind == opAcquire {
+		if lateGrantable(p) {
 			return true
 		}
 	}
@@ -218,18 +234,28 @@ func inDoubt(unanswered []*op) bool {
 }
 
 // killable tells whether a connection dropped with unanswered left on it
-// may be killed: an acquire among them, and no release or unmark.
+// may be killed: an exclusive acquire among them, and no release, unmark
+// or read acquire (whose plain roll-back, after a kill that stopped it,
+// would take a read hold its token had before).
 func killable(unanswered []*op) bool {
 	acquire := false
 	for _, p := range unanswered {
-		switch p.kind {
-		case opAcquire:
+		switch {
+		case lateGrantable(p):
 			acquire = true
-		case opRelease, opUnmark:
+		case p.kind == opRelease, p.kind == opUnmark, p.kind == opAcquire:
 			return false
 		}
 	}
 	return acquire
+}
+
+// settles tells whether p is the roll-back of an acquire that may be in
+// doubt: a failed exclusive attempt's release. A holder's UNLOCK (one of
+// its holds, whatever the doubt) and a read attempt's roll-back (its
+// read hold) stay plain releases.
+func settles(p *op) bool {
+	return p.kind == opRelease && p.rollback && p.hold != quorum.ReadHold
 }
 
 // unsent records a batch that could not be sent at now (no connection):
@@ -237,7 +263,7 @@ func killable(unanswered []*op) bool {
 func (o *owed) unsent(ops []*op, now time.Time) {
 	o.down = now
 	for _, p := range ops {
-		if p.kind != opRelease {
+		if !settles(p) {
 			continue
 		}
 		if t, ok := o.settle(p.base, p.token); ok {
@@ -251,7 +277,7 @@ func (o *owed) unsent(ops []*op, now time.Time) {
 // roll-back (lateGrantReleaseScript), never to be sent again.
 func (o *owed) written(ops []*op) {
 	for _, p := range ops {
-		if p.kind == opRelease && !p.lateGrant {
+		if settles(p) && !p.lateGrant {
 			_, p.lateGrant = o.settle(p.base, p.token)
 		}
 	}
