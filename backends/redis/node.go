@@ -1204,11 +1204,15 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 		c.addEpochGet()
 	}
 	var epochGot string
-	epochSame, epochOK := true, false
+	epochSame, epochOK, epochUnknown := true, false, false
 	readEpoch := func() error {
-		same, got, ok, err := c.readEpoch()
+		same, got, ok, unknown, err := c.readEpoch()
 		if err != nil {
 			return err
+		}
+		if unknown {
+			epochUnknown = true
+			return nil
 		}
 		if !same && epochSame {
 			epochSame, epochGot, epochOK = false, got, ok
@@ -1362,6 +1366,15 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				return fail(err)
 			}
 		}
+	}
+	if epochUnknown && epochSame {
+		// The epoch could not be read (an error reply): no change to
+		// quarantine the node for, but the answers are no votes; the
+		// next connection's set-up reads the node (a restart, its
+		// epoch) again.
+		w.epochLost = true
+		w.drop()
+		return out, nil
 	}
 	if !epochSame {
 		// The node's data was replaced since the connection was made:

@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -188,11 +189,13 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 		// connection cannot have it killed; say so once.
 		n.noClientID(info.err)
 	}
-	// The SET NX's answer does not matter: the GET's tells what is there.
+	// The SET NX's answer matters only where the key is absent: the
+	// GET's tells what is there.
 	if err := c.read(&info); err != nil {
 		c.close()
 		return nil, err
 	}
+	setErr := info.err
 	if err := c.read(&info); err != nil {
 		c.close()
 		return nil, err
@@ -204,6 +207,13 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 		// two connections) quarantines it before any command of ours
 		// runs here, as a new run_id does.
 		n.learnEpoch(string(c.epoch), true)
+	case info.err != nil && transientReply(info.err):
+		// The node loads its data, or runs another client's long
+		// script: a connection made now would check no epoch for its
+		// whole life (a FLUSHALL later unseen by its batches). Its
+		// commands could not run either; the next one is made later.
+		c.close()
+		return nil, fmt.Errorf("%s: epoch: %w", n.name, info.err)
 	case info.err != nil:
 		n.noEpoch(info.err)
 	default:
@@ -211,6 +221,9 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 		// ACL, maxmemory). The data is not the one the node had if it
 		// had one.
 		n.learnEpoch("", false)
+		if setErr != nil {
+			n.noEpoch(setErr)
+		}
 	}
 	c.rtt = time.Since(sent)
 	return c, nil
@@ -227,6 +240,13 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 const fenceHashPad = "lockproxy:pad:a field longer than 64 bytes keeps this hash a hash table"
 
 func (c *nodeConn) close() { _ = c.nc.Close() }
+
+// transientReply tells an error reply that passes with time (the node
+// loading its data, a long script) from a refusal (an ACL).
+func transientReply(err error) bool {
+	m := err.Error()
+	return strings.HasPrefix(m, "LOADING") || strings.HasPrefix(m, "BUSY")
+}
 
 // newEpoch is a fresh data epoch: 16 random bytes in hex.
 func newEpoch() string {
@@ -245,17 +265,26 @@ func (c *nodeConn) addEpochGet() {
 // readEpoch reads the answer to addEpochGet and tells whether it is the
 // connection's epoch. The bytes are compared where the reader holds them:
 // a batch's check allocates nothing. When it differs, got is the value
-// read (ok false: absent, or an error reply), for the node's record.
-func (c *nodeConn) readEpoch() (same bool, got string, ok bool, err error) {
+// read (ok false: absent), for the node's record. An error reply (BUSY:
+// another client's script runs long; LOADING: a new server behind the
+// connection) is unknown: it says nothing about the data, so it is no
+// change the node is quarantined for, but no proof of the data either.
+func (c *nodeConn) readEpoch() (same bool, got string, ok, unknown bool, err error) {
 	same, got, ok, err = c.readEpochReply()
+	if errors.Is(err, errEpochReply) {
+		return false, "", false, true, nil
+	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
 			err = io.ErrUnexpectedEOF
 		}
 		err = fmt.Errorf("read from %s: %w", c.n.name, err)
 	}
-	return same, got, ok, err
+	return same, got, ok, false, err
 }
+
+// errEpochReply is readEpochReply's error reply to the epoch GET.
+var errEpochReply = errors.New("error reply to the epoch GET")
 
 func (c *nodeConn) readEpochReply() (bool, string, bool, error) {
 	line, err := c.rd.ReadSlice('\n')
@@ -268,9 +297,11 @@ func (c *nodeConn) readEpochReply() (bool, string, bool, error) {
 	line = line[:len(line)-2]
 	switch line[0] {
 	case '$':
-	case '-', '+', ':':
-		// An error (WRONGTYPE: the key overwritten; LOADING: a new
-		// server behind the connection) or not a GET's answer.
+	case '-':
+		// An error (BUSY, LOADING, WRONGTYPE): see readEpoch.
+		return false, "", false, errEpochReply
+	case '+', ':':
+		// Not a GET's answer.
 		return false, "", false, nil
 	default:
 		return false, "", false, fmt.Errorf("unexpected reply type %q to GET", line[0])

@@ -212,7 +212,7 @@ func (n *Node) noInfo(err error) {
 // the writers' connections until a check sees it, if any can.
 func (n *Node) noEpoch(err error) {
 	n.noEpochOnce.Do(func() {
-		n.log.Warn("cannot read the data epoch key on the redis node: a FLUSHALL or a full sync there goes unnoticed until a check",
+		n.log.Warn("cannot read or create the data epoch key on the redis node: a FLUSHALL or a full sync there goes unnoticed until a check",
 			zap.String("reason", reasonOf(err)))
 	})
 }
