@@ -1,12 +1,8 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
-	"net"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -41,16 +37,16 @@ func TestWaitRedoOfAppliedTakeBackDropsJoinedHold(t *testing.T) {
 	}
 	var joined backends.Lease
 	var joinErr error
-	px := startCommitHookProxy(t, pg.Addr,
-		func() time.Duration { // 1, 2: the grant's COMMIT went; A joins its row
+	px := startCommitProxy(t, pg.Addr,
+		commitFault{apply: true, hook: func() time.Duration { // 1, 2: the grant's COMMIT went; A joins its row
 			joined, joinErr = other.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: time.Minute})
 			return 0
-		},
-		func() time.Duration { // 3: the take-back's COMMIT went; its reply is lost
+		}},
+		commitFault{apply: true, hook: func() time.Duration { // 3: the take-back's COMMIT went; its reply is lost
 			for deadline := time.Now().Add(5 * time.Second); holdsOf("A") != 1 && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 			}
 			return 1500 * time.Millisecond
-		},
+		}},
 	)
 	dsn := strings.Replace(pg.DSN(), pg.Addr, px.addr, 1)
 	b, err := New(Config{DSN: dsn, TablePrefix: p, SweepInterval: time.Hour,
@@ -79,146 +75,4 @@ func TestWaitRedoOfAppliedTakeBackDropsJoinedHold(t *testing.T) {
 	if lb, err := other.Lock(ctx, backends.LockRequest{Key: "k", Token: "B", TTL: time.Minute}); err == nil {
 		t.Errorf("B granted k (%+v) while the WAIT's LOCK of A, answered OK and never released, still holds it", lb)
 	}
-}
-
-// commitHookProxy relays TCP to a database; armed, at each COMMIT it
-// sees (one hook each, in order) it relays the COMMIT, drops the server's
-// replies on that connection, runs the hook, then closes every connection
-// and refuses new ones for as long as the hook returns: the commit is
-// applied, its reply lost.
-type commitHookProxy struct {
-	addr string
-
-	mu        sync.Mutex
-	conns     map[net.Conn]struct{}
-	armed     bool
-	hooks     []func() time.Duration
-	downUntil time.Time
-	done      int
-}
-
-func startCommitHookProxy(t *testing.T, upstream string, hooks ...func() time.Duration) *commitHookProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	px := &commitHookProxy{addr: ln.Addr().String(), conns: map[net.Conn]struct{}{}, hooks: hooks}
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			px.mu.Lock()
-			down := time.Now().Before(px.downUntil)
-			px.mu.Unlock()
-			if down {
-				_ = c.Close()
-				continue
-			}
-			s, err := net.DialTimeout("tcp", upstream, 2*time.Second)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			px.mu.Lock()
-			px.conns[c], px.conns[s] = struct{}{}, struct{}{}
-			px.mu.Unlock()
-			var mute atomic.Bool
-			wg.Add(2)
-			go func() { // client to server, watching for the COMMIT
-				defer wg.Done()
-				defer c.Close()
-				defer s.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 {
-						hook := px.take(bytes.Contains(buf[:n], commitMsg))
-						if hook != nil {
-							mute.Store(true)
-						}
-						if _, werr := s.Write(buf[:n]); werr != nil {
-							return
-						}
-						if hook != nil {
-							px.cut(hook())
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				defer s.Close()
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 && !mute.Load() {
-						if _, werr := c.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		px.mu.Lock()
-		for c := range px.conns {
-			_ = c.Close()
-		}
-		px.mu.Unlock()
-		wg.Wait()
-	})
-	return px
-}
-
-func (px *commitHookProxy) arm() {
-	px.mu.Lock()
-	defer px.mu.Unlock()
-	px.armed = true
-}
-
-func (px *commitHookProxy) fired() int {
-	px.mu.Lock()
-	defer px.mu.Unlock()
-	return px.done
-}
-
-// take is the hook for a COMMIT seen (commit true), when armed and one is
-// left.
-func (px *commitHookProxy) take(commit bool) func() time.Duration {
-	px.mu.Lock()
-	defer px.mu.Unlock()
-	if !commit || !px.armed || len(px.hooks) == 0 {
-		return nil
-	}
-	h := px.hooks[0]
-	px.hooks = px.hooks[1:]
-	px.done++
-	return h
-}
-
-// cut closes every connection and refuses new ones for down.
-func (px *commitHookProxy) cut(down time.Duration) {
-	px.mu.Lock()
-	defer px.mu.Unlock()
-	px.downUntil = time.Now().Add(down)
-	for c := range px.conns {
-		_ = c.Close()
-	}
-	px.conns = map[net.Conn]struct{}{}
 }

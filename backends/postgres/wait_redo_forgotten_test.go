@@ -1,11 +1,8 @@
 package postgres
 
 import (
-	"bytes"
 	"context"
-	"net"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -24,7 +21,7 @@ import (
 // of two holds, and its one UNLOCK left the key held for a whole lease.
 func TestWaitRedoNotForgottenAfterSecondLostCommit(t *testing.T) {
 	pg, p := testDB(t)
-	px := startCommitFaultProxy(t, pg.Addr,
+	px := startCommitProxy(t, pg.Addr,
 		commitFault{apply: true, down: 1500 * time.Millisecond},  // F1 committed, reply lost
 		commitFault{apply: false, down: 1500 * time.Millisecond}, // F1's drop and F2 lost before COMMIT
 	)
@@ -61,144 +58,4 @@ func TestWaitRedoNotForgottenAfterSecondLostCommit(t *testing.T) {
 	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "B", TTL: time.Minute}); err != nil {
 		t.Errorf("B's LOCK after A's one LOCK and one UNLOCK = %v; want granted (A's first lost grant holds the key for a lease)", err)
 	}
-}
-
-// commitFault is what commitFaultProxy does to one COMMIT: relay it first
-// (apply: committed, its reply lost) or not (never committed), then cut
-// every connection and refuse new ones for down.
-type commitFault struct {
-	apply bool
-	down  time.Duration
-}
-
-// commitFaultProxy relays TCP to a database and, once armed, applies its
-// faults to the COMMITs it sees, one each, in order.
-type commitFaultProxy struct {
-	addr string
-
-	mu        sync.Mutex
-	conns     map[net.Conn]struct{}
-	armed     bool
-	plan      []commitFault
-	downUntil time.Time
-	done      int
-}
-
-func startCommitFaultProxy(t *testing.T, upstream string, plan ...commitFault) *commitFaultProxy {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	px := &commitFaultProxy{addr: ln.Addr().String(), conns: map[net.Conn]struct{}{}, plan: plan}
-	var wg sync.WaitGroup
-	pipe := func(from, to net.Conn, watch bool) {
-		defer wg.Done()
-		defer from.Close()
-		defer to.Close()
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := from.Read(buf)
-			if n > 0 {
-				data := buf[:n]
-				i := -1
-				if watch {
-					i = bytes.Index(data, commitMsg)
-				}
-				f, hit := px.take(i >= 0)
-				if hit && !f.apply {
-					data = data[:i] // the COMMIT never reaches the database
-				}
-				if _, werr := to.Write(data); werr != nil {
-					return
-				}
-				if hit {
-					px.cut(f.down)
-					return
-				}
-			}
-			if err != nil {
-				return
-			}
-		}
-	}
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			px.mu.Lock()
-			down := time.Now().Before(px.downUntil)
-			if !down {
-				px.conns[c] = struct{}{}
-			}
-			px.mu.Unlock()
-			if down {
-				_ = c.Close()
-				continue
-			}
-			s, err := net.DialTimeout("tcp", upstream, 2*time.Second)
-			if err != nil {
-				_ = c.Close()
-				continue
-			}
-			px.mu.Lock()
-			px.conns[s] = struct{}{}
-			px.mu.Unlock()
-			wg.Add(2)
-			go pipe(c, s, true)
-			go pipe(s, c, false)
-		}
-	}()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		px.mu.Lock()
-		for c := range px.conns {
-			_ = c.Close()
-		}
-		px.mu.Unlock()
-		wg.Wait()
-	})
-	return px
-}
-
-func (px *commitFaultProxy) arm() {
-	px.mu.Lock()
-	defer px.mu.Unlock()
-	px.armed = true
-}
-
-// fired is how many faults were applied.
-func (px *commitFaultProxy) fired() int {
-	px.mu.Lock()
-	defer px.mu.Unlock()
-	return px.done
-}
-
-// take is the fault for a COMMIT seen (commit true), when armed and one is
-// left.
-func (px *commitFaultProxy) take(commit bool) (commitFault, bool) {
-	px.mu.Lock()
-	defer px.mu.Unlock()
-	if !commit || !px.armed || len(px.plan) == 0 {
-		return commitFault{}, false
-	}
-	f := px.plan[0]
-	px.plan = px.plan[1:]
-	px.done++
-	return f, true
-}
-
-// cut closes every connection and refuses new ones for down.
-func (px *commitFaultProxy) cut(down time.Duration) {
-	px.mu.Lock()
-	defer px.mu.Unlock()
-	px.downUntil = time.Now().Add(down)
-	for c := range px.conns {
-		_ = c.Close()
-	}
-	px.conns = map[net.Conn]struct{}{}
 }
