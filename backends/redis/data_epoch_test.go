@@ -159,19 +159,42 @@ func TestObserveEpoch(t *testing.T) {
 	}
 	// A check compares only, and not across a quarantine begun since its
 	// read.
-	gen := h.gen.Load()
-	if h.checkEpoch("e4", true, gen) {
+	gen, seq := h.gen.Load(), h.epochSince()
+	if h.checkEpoch("e4", true, gen, seq) {
 		t.Errorf("a check's same epoch counted as a change")
 	}
 	h.observeEpoch("", false) // flushed: a quarantine, the epoch forgotten
-	if h.checkEpoch("e4", true, gen) || h.checkEpoch("e5", true, h.gen.Load()) {
+	if h.checkEpoch("e4", true, gen, seq) || h.checkEpoch("e5", true, h.gen.Load(), h.epochSince()) {
 		t.Errorf("a check adopted an epoch, or compared across a quarantine")
 	}
 	if h.observeEpoch("e6", true) {
 		t.Errorf("the first epoch after a quarantine counted as a change")
 	}
-	if !h.checkEpoch("", false, h.gen.Load()) {
+	if !h.checkEpoch("", false, h.gen.Load(), h.epochSince()) {
 		t.Errorf("a check that found the epoch gone did not count as a change")
+	}
+}
+
+// TestEpochCheckRacingFirstConnect: a health check whose read found the
+// epoch key absent (no writer had connected yet), answered after a
+// writer's set-up created the key and adopted it, is no change: the node
+// was quarantined ("data replaced") a second after lockproxy started in a
+// CI run of test/transparent, and a release never reached it.
+func TestEpochCheckRacingFirstConnect(t *testing.T) {
+	h := newHealth(time.Second, time.Now)
+	gen, seq := h.gen.Load(), h.epochSince() // the check's read begins: no epoch known
+	if h.observeEpoch("e1", true) {          // a writer's set-up creates and adopts it
+		t.Fatal("the first epoch counted as a change")
+	}
+	if h.checkEpoch("", false, gen, seq) {
+		t.Errorf("a check begun before the epoch was known, finding it absent, counted as a change")
+	}
+	if h.restarting() {
+		t.Errorf("node quarantined by a check that raced the first connection")
+	}
+	// A check begun after it compares.
+	if !h.checkEpoch("", false, h.gen.Load(), h.epochSince()) {
+		t.Errorf("a check begun with the epoch known, finding it gone, was no change")
 	}
 }
 

@@ -99,9 +99,12 @@ type health struct {
 	replID  string // master_replid last seen while a master; "" unknown
 
 	// The node's data epoch (observeEpoch): the value of its epoch key
-	// last seen, when hasEpoch.
+	// last seen, when hasEpoch. epochSeq counts the changes of the two,
+	// so that a health check compares only with the epoch known when its
+	// read began (see epochSince).
 	epoch    string
 	hasEpoch bool
+	epochSeq uint64
 
 	// noRoleLog says once that INFO replication cannot be read.
 	noRoleLog sync.Once
@@ -281,9 +284,18 @@ func (h *health) quarantineLocked(now time.Time) {
 		h.blocked.Or(blockRestart)
 	}
 	h.epoch, h.hasEpoch = "", false
+	h.epochSeq++
 	// After the block: a batch that sees the new generation sees the
 	// block too (Node.exec).
 	h.gen.Add(1)
+}
+
+// epochSince is the count of the data epoch's changes, for a health
+// check to take before its read (checkEpoch).
+func (h *health) epochSince() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.epochSeq
 }
 
 // observeEpoch records the node's data epoch as a connection read it
@@ -295,26 +307,29 @@ func (h *health) quarantineLocked(now time.Time) {
 // first after a quarantine started, are never a change: they are the
 // data's as it is now, which the quarantine covers.
 func (h *health) observeEpoch(v string, ok bool) bool {
-	return h.observeEpochAt(v, ok, nil)
+	return h.observeEpochAt(v, ok, nil, 0)
 }
 
 // checkEpoch is observeEpoch for a health check's read, begun at
-// generation gen: it only compares, adopting nothing, and says nothing
-// when a quarantine started since the read began (the value may be from
-// before it).
-func (h *health) checkEpoch(v string, ok bool, gen uint64) bool {
-	return h.observeEpochAt(v, ok, &gen)
+// generation gen with the epoch's change count seq (epochSince): it only
+// compares, adopting nothing, and says nothing when the epoch known
+// changed since the read began: a quarantine started (the value may be
+// from before it), or a connection's set-up created the key and adopted
+// it after this read found it absent (TestEpochCheckRacingFirstConnect).
+func (h *health) checkEpoch(v string, ok bool, gen, seq uint64) bool {
+	return h.observeEpochAt(v, ok, &gen, seq)
 }
 
-func (h *health) observeEpochAt(v string, ok bool, gen *uint64) bool {
+func (h *health) observeEpochAt(v string, ok bool, gen *uint64, seq uint64) bool {
 	now := h.now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if gen != nil && (!h.hasEpoch || h.gen.Load() != *gen) {
+	if gen != nil && (!h.hasEpoch || h.gen.Load() != *gen || h.epochSeq != seq) {
 		return false
 	}
 	if !h.hasEpoch {
 		h.epoch, h.hasEpoch = v, ok
+		h.epochSeq++
 		return false
 	}
 	if ok && v == h.epoch {
@@ -322,6 +337,7 @@ func (h *health) observeEpochAt(v string, ok bool, gen *uint64) bool {
 	}
 	h.quarantineLocked(now)
 	h.epoch, h.hasEpoch = v, ok
+	h.epochSeq++
 	return true
 }
 

@@ -77,7 +77,7 @@ func (n *Node) check(ctx context.Context) {
 	// The data epoch too, as the writers' batches read it: a node
 	// flushed or synced while no batch runs is quarantined now.
 	epochCmd := pipe.Get(ctx, n.epochKey)
-	gen := n.health.gen.Load()
+	gen, seq := n.health.gen.Load(), n.health.epochSince()
 	sent := n.health.now()
 	_, _ = pipe.Exec(ctx) // per-command errors are read from the commands
 	received := n.health.now()
@@ -92,7 +92,7 @@ func (n *Node) check(ctx context.Context) {
 		// master again is quarantined either way.
 		n.learnRole(replCmd)
 		if v, err := epochCmd.Result(); err == nil || errors.Is(err, goredis.Nil) {
-			if n.health.checkEpoch(v, err == nil, gen) {
+			if n.health.checkEpoch(v, err == nil, gen, seq) {
 				n.epochQuarantined()
 			}
 		}
