@@ -803,7 +803,9 @@ func TestRelayEventLoopChurn(t *testing.T) {
 				case 2: // leaves in the middle of a command
 					_, _ = c.Write([]byte(set + "*3\r\n$3\r\nSET\r\n$5\r\nchu"))
 				case 3: // moves to a goroutine for a lock command, then relays
-					lock := fmt.Sprintf("*4\r\n$4\r\nLOCK\r\n$%d\r\n%s\r\n$2\r\nPX\r\n$3\r\n500\r\n", len(key), key)
+					// PX 5000: a node timeout of 250 ms, which the first
+					// LOCK's connection set-up meets on a loaded host.
+					lock := fmt.Sprintf("*4\r\n$4\r\nLOCK\r\n$%d\r\n%s\r\n$2\r\nPX\r\n$4\r\n5000\r\n", len(key), key)
 					if _, err := c.Write([]byte(lock)); err != nil {
 						errs <- err
 					}
