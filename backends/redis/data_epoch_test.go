@@ -37,21 +37,7 @@ func TestFlushedBetweenChecksDoesNotVote(t *testing.T) {
 				cfg.Quarantine, cfg.MaxTTL, cfg.CheckInterval = true, time.Minute, 0
 			})
 			ctx := ctxTimeout(t, 20*time.Second)
-			checkAll := func() {
-				for _, n := range b.nodes {
-					cctx, cancel := context.WithTimeout(ctx, checkTimeout)
-					n.check(cctx)
-					cancel()
-				}
-			}
-			checkAll()
-			if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 30 * time.Second}); err != nil {
-				t.Fatal(err)
-			}
-			if err := rs[1].Client(t).Del(ctx, "lp:lock:k", "lp:lockf:k", "lp:lockm:k").Err(); err != nil {
-				t.Fatal(err)
-			}
-			checkAll()
+			checkAll := holdOnNodes02(t, ctx, b, rs)
 			direct := rs[2].Client(t)
 			if err := direct.FlushAll(ctx).Err(); err != nil {
 				t.Fatal(err)
@@ -216,4 +202,28 @@ func BenchmarkAcquireRelease(b *testing.B) {
 			b.Fatalf("release: %v, %v", ok, err)
 		}
 	}
+}
+
+// holdOnNodes02 runs a health check of every node, grants k to token A
+// and takes it off node 1, so that A holds exactly a majority, nodes 0
+// and 2, and checks every node again. It returns the check, which the
+// data-epoch tests run by hand (CheckInterval 0).
+func holdOnNodes02(t *testing.T, ctx context.Context, b *Backend, rs []*harness.Redis) (checkAll func()) {
+	t.Helper()
+	checkAll = func() {
+		for _, n := range b.nodes {
+			cctx, cancel := context.WithTimeout(ctx, checkTimeout)
+			n.check(cctx)
+			cancel()
+		}
+	}
+	checkAll()
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 30 * time.Second}); err != nil {
+		t.Fatal(err)
+	}
+	if err := rs[1].Client(t).Del(ctx, "lp:lock:k", "lp:lockf:k", "lp:lockm:k").Err(); err != nil {
+		t.Fatal(err)
+	}
+	checkAll()
+	return checkAll
 }

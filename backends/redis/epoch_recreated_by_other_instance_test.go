@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -33,21 +32,7 @@ func TestEpochRecreatedByOtherInstanceIsCaught(t *testing.T) {
 				cfg.Quarantine, cfg.MaxTTL, cfg.CheckInterval = true, time.Minute, 0
 			})
 			ctx := ctxTimeout(t, 20*time.Second)
-			checkAll := func() {
-				for _, n := range b.nodes {
-					cctx, cancel := context.WithTimeout(ctx, checkTimeout)
-					n.check(cctx)
-					cancel()
-				}
-			}
-			checkAll()
-			if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 30 * time.Second}); err != nil {
-				t.Fatal(err)
-			}
-			if err := rs[1].Client(t).Del(ctx, "lp:lock:k", "lp:lockf:k", "lp:lockm:k").Err(); err != nil {
-				t.Fatal(err)
-			}
-			checkAll()
+			checkAll := holdOnNodes02(t, ctx, b, rs)
 			direct := rs[2].Client(t)
 			before, err := direct.Get(ctx, "lp:epoch").Result()
 			if err != nil {

@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"context"
 	"strings"
 	"testing"
 	"time"
@@ -40,22 +39,7 @@ func TestReplicaSyncedBetweenChecksDoesNotVote(t *testing.T) {
 			if err := other.Client(t).ConfigSet(ctx, "repl-diskless-sync-delay", "0").Err(); err != nil {
 				t.Fatal(err)
 			}
-			checkAll := func() {
-				for _, n := range b.nodes {
-					cctx, cancel := context.WithTimeout(ctx, checkTimeout)
-					n.check(cctx)
-					cancel()
-				}
-			}
-			checkAll()
-			if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: 30 * time.Second}); err != nil {
-				t.Fatal(err)
-			}
-			// A holds exactly a majority: nodes 0 and 2.
-			if err := rs[1].Client(t).Del(ctx, "lp:lock:k", "lp:lockf:k", "lp:lockm:k").Err(); err != nil {
-				t.Fatal(err)
-			}
-			checkAll()
+			checkAll := holdOnNodes02(t, ctx, b, rs)
 
 			direct := rs[2].Client(t)
 			if tt.writable {
