@@ -701,8 +701,12 @@ type writer struct {
 	dialing chan dialResult
 	dialTLS *atomic.Bool
 	// pending is how many answers to fence writes (see exec) are still to
-	// be read on conn, ahead of anything sent after them.
-	pending int
+	// be read on conn, ahead of anything sent after them; fenceTTL is the
+	// longest lease among those writes, and fenceMarks tells whether one
+	// of them clears a waiting writer's mark (see owed.lost).
+	pending    int
+	fenceTTL   time.Duration
+	fenceMarks bool
 	// owed is what a connection dropped with acquires unanswered left to
 	// send on the next one; nil until then (see owed).
 	owed *owed
@@ -825,11 +829,12 @@ func (w *writer) abandonDial() {
 // of its batch whose answers were not read) were left, keeping what that
 // leaves owed (see owed.lost).
 func (w *writer) lost(c *nodeConn, unanswered []*op) {
-	if w.owed == nil && inDoubt(unanswered) {
+	fences := unansweredFences{ttl: w.fenceTTL, marks: w.fenceMarks}
+	if w.owed == nil && (inDoubt(unanswered) || fences.killable()) {
 		w.owed = &owed{}
 	}
 	if w.owed != nil {
-		w.owed.lost(unanswered, c.id, c.run, time.Now())
+		w.owed.lost(unanswered, fences, c.id, c.run, time.Now())
 	}
 	w.drop()
 }
@@ -885,6 +890,7 @@ func (w *writer) drop() {
 		w.conn = nil
 	}
 	w.pending = 0 // they went with the connection
+	w.fenceTTL, w.fenceMarks = 0, false
 }
 
 // fill adds what is queued to batch, up to maxBatch, without waiting.
@@ -1246,6 +1252,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			return fail(err)
 		}
 	}
+	w.fenceTTL, w.fenceMarks = 0, false
 	if w.owed != nil && w.owed.reading() {
 		if err := n.readDebts(c, w.owed, r); err != nil {
 			return fail(err)
@@ -1617,12 +1624,16 @@ func (n *Node) writeFences(w *writer, ws []fenceWrite) {
 	}
 	for _, f := range ws {
 		n.addFenceWrite(c, f)
-	}
-	if err := c.flush(); err != nil {
-		w.drop()
-		return
+		if !f.gone {
+			w.fenceTTL = max(w.fenceTTL, time.Duration(f.ms)*time.Millisecond)
+		}
+		w.fenceMarks = w.fenceMarks || f.mark
 	}
 	w.pending += fenceWriteCommands(ws)
+	if err := c.flush(); err != nil {
+		// Part of the write may have gone out.
+		w.lost(c, nil)
+	}
 }
 
 // readPending reads the answers to fence writes still on the connection,
@@ -1638,10 +1649,13 @@ func (n *Node) readPending(w *writer) {
 	var r reply
 	for ; w.pending > 0; w.pending-- {
 		if err := c.read(&r); err != nil {
-			w.drop()
+			// The fence writes may still be on their way to the node and
+			// run after what the next connection sends (see owed.lost).
+			w.lost(c, nil)
 			return
 		}
 	}
+	w.fenceTTL, w.fenceMarks = 0, false
 }
 
 func boolArg(b bool) string {

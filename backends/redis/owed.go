@@ -20,7 +20,10 @@ import (
 //
 //   - the dropped connection's client id (a kill), only where nothing but
 //     acquires, fence writes, extends and raises was unanswered on it (see
-//     lost): a release or unmark left on it must run;
+//     lost): a release or unmark left on it must run. Fence writes alone
+//     are reason enough: one that runs after the hold's release (sent on
+//     the next connection, which the node may serve first) stores a lockf
+//     that outlives the hold for its whole lease;
 //   - its unanswered exclusive acquires (doubts), killed or not, until
 //     their roll-back (a failed attempt's release, never a holder's
 //     UNLOCK: see settles) is written or owed;
@@ -191,14 +194,14 @@ func (o *owed) owe(p *op, t owedTime) {
 // raises do not prevent it (their loss is a failure already). Without the
 // kill an acquire in doubt may still land after its roll-back and keep
 // its key until its TTL, as one could before kills.
-func (o *owed) lost(unanswered []*op, id int64, run string, now time.Time) {
+func (o *owed) lost(unanswered []*op, fences unansweredFences, id int64, run string, now time.Time) {
 	o.down = now
 	o.inKills = 0 // not answered: sent again (a kill can run twice)
 	carried := len(o.inReleases) > 0
 	clear(o.inReleases)
 	o.inReleases = o.inReleases[:0] // written: never sent again
-	kill := !carried && killable(unanswered)
-	var ttl time.Duration
+	kill := !carried && killable(unanswered, fences.killable())
+	ttl := fences.ttl
 	for _, p := range unanswered {
 		if lateGrantable(p) {
 			t := time.Duration(p.ms) * time.Millisecond
@@ -233,12 +236,26 @@ func inDoubt(unanswered []*op) bool {
 	return false
 }
 
+// unansweredFences describes the fence writes whose answers were not read
+// on a dropped connection: the longest lease among them (0: none) and
+// whether one clears a waiting writer's mark.
+type unansweredFences struct {
+	ttl   time.Duration
+	marks bool
+}
+
+// killable tells whether the fence writes are reason to kill their
+// connection. A mark they clear must be cleared (it would keep readers
+// queued until it ends), so they are not.
+func (f unansweredFences) killable() bool { return f.ttl > 0 && !f.marks }
+
 // killable tells whether a connection dropped with unanswered left on it
-// may be killed: an exclusive acquire among them, and no release, unmark
-// or read acquire (whose plain roll-back, after a kill that stopped it,
-// would take a read hold its token had before).
-func killable(unanswered []*op) bool {
-	acquire := false
+// may be killed: an exclusive acquire among them, or fence writes that
+// are reason to (fences), and no release, unmark or read acquire (whose
+// plain roll-back, after a kill that stopped it, would take a read hold
+// its token had before).
+func killable(unanswered []*op, fences bool) bool {
+	acquire := fences
 	for _, p := range unanswered {
 		switch {
 		case lateGrantable(p):

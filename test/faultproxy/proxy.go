@@ -13,6 +13,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -74,7 +75,15 @@ type Proxy struct {
 	closed bool
 
 	wg sync.WaitGroup
+	// held counts the chunks read with a delay (Latency) and not yet
+	// written on.
+	held atomic.Int64
 }
+
+// Held is the number of chunks the proxy read with a delay (Latency) and
+// has not passed on yet: a test can tell that bytes it sent are held
+// before it heals the proxy.
+func (p *Proxy) Held() int { return int(p.held.Load()) }
 
 // New starts a proxy for upstream on a free 127.0.0.1 port, in
 // PassThrough mode.
@@ -294,8 +303,9 @@ func (p *Proxy) serve(c net.Conn) {
 
 // chunk is bytes read from one side, due to be written at due.
 type chunk struct {
-	b   []byte
-	due time.Time
+	b    []byte
+	due  time.Time
+	held bool // counted in Proxy.held
 }
 
 // pipe copies src to dst: one goroutine reads and decides each chunk's
@@ -310,9 +320,16 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, toServer bool) {
 			if d := time.Until(ch.due); d > 0 {
 				time.Sleep(d)
 			}
-			if _, err := dst.Write(ch.b); err != nil {
+			_, err := dst.Write(ch.b)
+			if ch.held {
+				p.held.Add(-1)
+			}
+			if err != nil {
 				l.close()
-				for range q { // drain so the reader never blocks
+				for ch := range q { // drain so the reader never blocks
+					if ch.held {
+						p.held.Add(-1)
+					}
 				}
 				return
 			}
@@ -373,7 +390,11 @@ func (p *Proxy) pipe(l *link, src, dst net.Conn, toServer bool) {
 					due = lastDue
 				}
 				lastDue = due
-				q <- chunk{b: b, due: due}
+				held := st.mode == Latency && due.After(time.Now())
+				if held {
+					p.held.Add(1)
+				}
+				q <- chunk{b: b, due: due, held: held}
 			}
 		}
 		if err != nil {
