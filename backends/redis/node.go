@@ -188,7 +188,8 @@ type Node struct {
 // used without a Backend: the Backend's least (Backend.writerMark).
 const defaultMarkMargin = 1000
 
-// NewNode connects lazily to the node at cfg.Addr and starts its writers.
+// NewNode starts the writers of the node at cfg.Addr, each making its
+// connection at once.
 func NewNode(cfg NodeConfig) *Node {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 1
@@ -648,6 +649,11 @@ func (n *Node) work(q chan *op) {
 			w.owed.stop()
 		}
 	}()
+	// The connection is made at once, not by the first batch: its set-up
+	// is several round trips, which a first LOCK with a short TTL (a node
+	// timeout of 25 ms for PX 500) could not wait for on a loaded host.
+	// A dial that fails now is made again by the first batch (see get).
+	w.startDial(n)
 	batch := make([]*op, 0, n.maxBatch)
 	for {
 		if w.pending > 0 && len(q) == 0 {
