@@ -713,6 +713,9 @@ type writer struct {
 	pending    int
 	fenceTTL   time.Duration
 	fenceMarks bool
+	// fenceWrites are those writes (see owed.lost: a kill that stops them
+	// owes their lockf again, where the hold is still there).
+	fenceWrites []fenceWrite
 	// owed is what a connection dropped with acquires unanswered left to
 	// send on the next one; nil until then (see owed).
 	owed *owed
@@ -835,7 +838,7 @@ func (w *writer) abandonDial() {
 // of its batch whose answers were not read) were left, keeping what that
 // leaves owed (see owed.lost).
 func (w *writer) lost(c *nodeConn, unanswered []*op) {
-	fences := unansweredFences{ttl: w.fenceTTL, marks: w.fenceMarks}
+	fences := unansweredFences{ttl: w.fenceTTL, marks: w.fenceMarks, writes: w.fenceWrites}
 	if w.owed == nil && (inDoubt(unanswered) || fences.killable()) {
 		w.owed = &owed{}
 	}
@@ -897,6 +900,7 @@ func (w *writer) drop() {
 	}
 	w.pending = 0 // they went with the connection
 	w.fenceTTL, w.fenceMarks = 0, false
+	w.fenceWrites = w.fenceWrites[:0]
 }
 
 // fill adds what is queued to batch, up to maxBatch, without waiting.
@@ -1058,6 +1062,7 @@ type fenceWrite struct {
 	base  string // the client's key
 	token string // lockf names the hold it is for
 	fence int64
+	slot  uint16
 	ms    int64
 	mark  bool // take the granted waiting writer's mark off lockw
 	op    int  // the grant's place in its batch
@@ -1259,6 +1264,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 		}
 	}
 	w.fenceTTL, w.fenceMarks = 0, false
+	w.fenceWrites = w.fenceWrites[:0]
 	if w.owed != nil && w.owed.reading() {
 		if err := n.readDebts(c, w.owed, r); err != nil {
 			return fail(err)
@@ -1307,7 +1313,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				out[i].err = fmt.Errorf("unexpected reply to HINCRBY: %q", r.kind)
 			default:
 				out[i] = opResult{n: r.n, holds: 1}
-				writes = append(writes, fenceWrite{base: o.base, token: o.token, fence: r.n, ms: o.ms, mark: o.waitMs > 0, op: i})
+				writes = append(writes, fenceWrite{base: o.base, token: o.token, fence: r.n, slot: o.slot, ms: o.ms, mark: o.waitMs > 0, op: i})
 			}
 		case o.kind == opRelease && shared != nil && shared[i]:
 			// Answered with its call, below.
@@ -1635,6 +1641,7 @@ func (n *Node) writeFences(w *writer, ws []fenceWrite) {
 		}
 		w.fenceMarks = w.fenceMarks || f.mark
 	}
+	w.fenceWrites = append(w.fenceWrites, ws...)
 	w.pending += fenceWriteCommands(ws)
 	if err := c.flush(); err != nil {
 		// Part of the write may have gone out.
@@ -1662,6 +1669,7 @@ func (n *Node) readPending(w *writer) {
 		}
 	}
 	w.fenceTTL, w.fenceMarks = 0, false
+	w.fenceWrites = w.fenceWrites[:0]
 }
 
 func boolArg(b bool) string {

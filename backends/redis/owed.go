@@ -61,7 +61,14 @@ import (
 // A writer that never dropped a connection with an acquire on it has no
 // owed (nil), and its batches pay nothing for it.
 type owed struct {
-	kills    []owedKill
+	kills []owedKill
+	// fences are the fence writes a kill stopped: written again after
+	// the kills, as a write grant's raise (raiseFenceScript), which
+	// stores the lockf only while the token still holds the key. Without
+	// it the hold would have no lockf, and the roll-back of a later
+	// reentrant acquire in doubt (lateGrantReleaseScript) would take it
+	// for that acquire's SET NX's and remove it.
+	fences   []owedFence
 	releases []owedRelease
 	doubts   []owedAcquire
 	// down is the last time the writer failed to reach the node.
@@ -71,6 +78,7 @@ type owed struct {
 	// releases it carries, no longer owed (written), their answers still
 	// to read.
 	inKills    int
+	inFences   int
 	inReleases []owedRelease
 	// retry paces the writer's own attempts to pay (see Node.payDebts).
 	retry time.Duration
@@ -98,6 +106,13 @@ func (t owedTime) when() owedTime { return t }
 type owedKill struct {
 	id  int64
 	run string
+	owedTime
+}
+
+type owedFence struct {
+	base, token string
+	fence       int64
+	slot        uint16
 	owedTime
 }
 
@@ -143,21 +158,22 @@ func keepLive[T interface{ when() owedTime }](o *owed, s []T, now time.Time) []T
 // prune forgets what no longer matters at now.
 func (o *owed) prune(now time.Time) {
 	o.kills = keepLive(o, o.kills, now)
+	o.fences = keepLive(o, o.fences, now)
 	o.releases = keepLive(o, o.releases, now)
 	o.doubts = keepLive(o, o.doubts, now)
 }
 
 // empty tells whether nothing is owed or in doubt.
 func (o *owed) empty() bool {
-	return len(o.kills) == 0 && len(o.releases) == 0 && len(o.doubts) == 0
+	return len(o.kills) == 0 && len(o.fences) == 0 && len(o.releases) == 0 && len(o.doubts) == 0
 }
 
 // due tells whether something is to be sent.
-func (o *owed) due() bool { return len(o.kills) > 0 || len(o.releases) > 0 }
+func (o *owed) due() bool { return len(o.kills) > 0 || len(o.fences) > 0 || len(o.releases) > 0 }
 
 // reading tells whether answers to debts written on the connection are
 // still to be read.
-func (o *owed) reading() bool { return o.inKills > 0 || len(o.inReleases) > 0 }
+func (o *owed) reading() bool { return o.inKills > 0 || o.inFences > 0 || len(o.inReleases) > 0 }
 
 // settle removes the latest acquire in doubt of base by token and returns
 // its TTL entry: its roll-back is owed, or was written.
@@ -196,7 +212,8 @@ func (o *owed) owe(p *op, t owedTime) {
 // its key until its TTL, as one could before kills.
 func (o *owed) lost(unanswered []*op, fences unansweredFences, id int64, run string, now time.Time) {
 	o.down = now
-	o.inKills = 0 // not answered: sent again (a kill can run twice)
+	o.inKills = 0  // not answered: sent again (a kill can run twice)
+	o.inFences = 0 // likewise (they store nothing once the hold is gone)
 	carried := len(o.inReleases) > 0
 	clear(o.inReleases)
 	o.inReleases = o.inReleases[:0] // written: never sent again
@@ -211,6 +228,12 @@ func (o *owed) lost(unanswered []*op, fences unansweredFences, id int64, run str
 	}
 	if kill && id > 0 && run != "" {
 		o.kills = push(o.kills, owedKill{id: id, run: run, owedTime: owedTime{now, ttl}})
+		for _, f := range fences.writes {
+			if !f.gone {
+				o.fences = push(o.fences, owedFence{base: f.base, token: f.token, fence: f.fence, slot: f.slot,
+					owedTime: owedTime{now, time.Duration(f.ms) * time.Millisecond}})
+			}
+		}
 	}
 }
 
@@ -240,8 +263,9 @@ func inDoubt(unanswered []*op) bool {
 // on a dropped connection: the longest lease among them (0: none) and
 // whether one clears a waiting writer's mark.
 type unansweredFences struct {
-	ttl   time.Duration
-	marks bool
+	ttl    time.Duration
+	marks  bool
+	writes []fenceWrite
 }
 
 // killable tells whether the fence writes are reason to kill their
@@ -342,11 +366,27 @@ func (n *Node) writeDebts(c *nodeConn, o *owed, now time.Time) {
 		c.bulk("ID")
 		c.bulkInt(kl.id)
 	}
+	// The killed fence writes, where their holds are still there.
+	for _, f := range o.fences {
+		c.begin(3 + 4 + 4)
+		c.bulk(evalName(false))
+		c.bulk(scriptSource(scriptRaiseFence, false))
+		c.bulk("4")
+		c.bulk3(n.prefix, "lock:", f.base)
+		c.bulk(n.fenceKey)
+		c.bulk3(n.prefix, "lockf:", f.base)
+		c.bulk3(n.prefix, "lockr:", f.base)
+		c.bulk(f.token)
+		c.bulkInt(int64(f.slot))
+		c.bulkInt(f.fence)
+		c.bulk("")
+	}
 	for _, r := range o.releases {
 		n.addLateGrantRelease(c, r.base, r.token)
 	}
 	// Written, the releases are owed no more, answered or not (see lost).
 	o.inKills = len(o.kills)
+	o.inFences = len(o.fences)
 	o.inReleases = append(o.inReleases[:0], o.releases...)
 	clear(o.releases)
 	o.releases = o.releases[:0]
@@ -356,16 +396,18 @@ func (n *Node) writeDebts(c *nodeConn, o *owed, now time.Time) {
 // its entry: a kill's 0 (no such client: gone already) or its error (an
 // ACL) leaves nothing more to do, nor does a release's error.
 func (n *Node) readDebts(c *nodeConn, o *owed, r *reply) error {
-	kills := o.inKills
+	kills, fences := o.inKills, o.inFences
 	read := 0
 	defer func() {
-		// The kills answered are paid, also when a later read failed;
-		// one not answered is owed still (see lost).
+		// The kills and fence writes answered are paid, also when a
+		// later read failed; one not answered is owed still (see lost).
 		k := min(read, kills)
 		o.kills = o.kills[:copy(o.kills, o.kills[k:])]
-		o.inKills = 0
+		f := min(max(read-kills, 0), fences)
+		o.fences = o.fences[:copy(o.fences, o.fences[f:])]
+		o.inKills, o.inFences = 0, 0
 	}()
-	for ; read < kills+len(o.inReleases); read++ {
+	for ; read < kills+fences+len(o.inReleases); read++ {
 		if err := c.read(r); err != nil {
 			return err
 		}
@@ -378,7 +420,13 @@ func (n *Node) readDebts(c *nodeConn, o *owed, r *reply) error {
 			}
 			continue
 		}
-		rl := &o.inReleases[read-kills]
+		if read < kills+fences {
+			if r.err != nil {
+				n.log.Debug("owed fence write refused", zap.String("key", o.fences[read-kills].base), zap.String("reason", reasonOf(r.err)))
+			}
+			continue
+		}
+		rl := &o.inReleases[read-kills-fences]
 		if r.err != nil {
 			n.log.Debug("owed release refused", zap.String("key", rl.base), zap.String("reason", reasonOf(r.err)))
 		} else if rs, err := releaseResults(r, 1); err == nil && rs[0] == 1 {
