@@ -7,7 +7,6 @@ import (
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/backends/redis"
-	"github.com/lockproxy/lockproxy/test/faultproxy"
 )
 
 // TestFenceWriteOnDroppedConnectionKilled: a fresh grant's fence write
@@ -23,58 +22,22 @@ import (
 // write by 3 s and passes what comes after it at once.
 func TestFenceWriteOnDroppedConnectionKilled(t *testing.T) {
 	const delay = 3 * time.Second
-	var p *faultproxy.Proxy
-	b, rs, logs := redis.LateAcquireBackend(t, redis.DefaultUser, func(addr string) string {
-		var err error
-		if p, err = faultproxy.New(addr); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Close() })
-		return p.Addr()
-	})
+	b, rs, logs, p := backendWithN2Link(t, redis.DefaultUser)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const key = "fence-dropped"
 	const ttl = 10 * time.Second
-
-	// Every writer connection made, the scripts loaded.
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "warm", TTL: ttl}); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := b.Unlock(ctx, key, "warm"); !ok || err != nil {
-		t.Fatalf("UNLOCK warm = %v, %v", ok, err)
-	}
+	redis.WarmUp(ctx, t, b, rs, key, ttl)
 	c2 := rs[2].Client(t)
-	for i := 0; c2.Exists(ctx, "lp:lock:"+key, "lp:lockf:"+key).Val() != 0; i++ {
-		if i == 200 {
-			t.Fatal("the warm-up keys are still on n2 2 s after UNLOCK")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 
-	// n2's next fence write is delayed on the link; what is sent after it
-	// passes at once.
-	delayed := make(chan struct{})
-	redis.BeforeNextFenceStore(t, b, p.Addr(), func() {
-		p.SetLatency(delay, 0)
-		close(delayed)
-	})
+	// n2's fence write for the grant is held on the link; what is sent
+	// after it passes at once.
+	heal := holdNextFenceWrite(t, b, p, delay)
 	g, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "holder", TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-delayed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("n2 wrote no fence write for the grant")
-	}
-	for i := 0; p.Held() == 0; i++ {
-		if i == 500 {
-			t.Fatal("the link holds no bytes 5 s after n2's fence write")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	p.PassThrough()
+	heal()
 	// The UNLOCK is queued while n2's writer waits for the fence write's
 	// answer; the wait fails at the node's timeout (1 s here), the
 	// connection is dropped, and the release goes out on a new one.

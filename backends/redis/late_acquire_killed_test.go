@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/backends/redis"
-	"github.com/lockproxy/lockproxy/test/faultproxy"
 )
 
 // TestLateAcquireOnDelayedLinkKilled: where the acquire is still on its
@@ -27,15 +26,7 @@ func TestLateAcquireOnDelayedLinkKilled(t *testing.T) {
 		{redis.NoIDUser, true},
 	} {
 		t.Run(tc.user.Name, func(t *testing.T) {
-			var p *faultproxy.Proxy
-			b, rs, logs := redis.LateAcquireBackend(t, tc.user, func(addr string) string {
-				var err error
-				if p, err = faultproxy.New(addr); err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { _ = p.Close() })
-				return p.Addr()
-			})
+			b, rs, logs, p := backendWithN2Link(t, tc.user)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()
 			const key = "late-delayed"

@@ -70,21 +70,9 @@ func LateAcquireBackend(t *testing.T, user LateAcquireUser, via func(addr string
 // made.
 func LateAttempt(ctx context.Context, t *testing.T, b *Backend, rs []*harness.Redis, key string, ttl time.Duration, fault func()) time.Time {
 	t.Helper()
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "warm", TTL: ttl}); err != nil {
-		t.Fatal(err)
-	}
-	if ok, err := b.Unlock(ctx, key, "warm"); !ok || err != nil {
-		t.Fatalf("UNLOCK warm = %v, %v", ok, err)
-	}
-	// UNLOCK answers once a majority released: n2's writer must be done
-	// with its release before the fault, or the attempt waits behind it.
-	c2 := rs[2].Client(t)
-	for i := 0; c2.Exists(ctx, "lp:lock:"+key).Val() != 0; i++ {
-		if i == 200 {
-			t.Fatal("the warm-up key is still on n2 2 s after UNLOCK")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	// n2's writer must be done with the release before the fault, or the
+	// attempt waits behind it.
+	WarmUp(ctx, t, b, rs, key, ttl)
 	if err := rs[0].Client(t).Set(ctx, "lp:lock:"+key, "other", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -398,6 +386,26 @@ func TestOwedKillOnlyOnSameServer(t *testing.T) {
 	n.writeDebts(c, o, now)
 	if got := string(c.wbuf); strings.Count(got, "KILL") != 1 || !strings.Contains(got, "$1\r\n4\r\n") || o.inKills != 1 {
 		t.Fatalf("wrote %q (%d kills); want the kill of 4 alone", got, o.inKills)
+	}
+}
+
+// WarmUp locks and unlocks key once, so that every writer has its
+// connection and the node its scripts, and waits until n2 has none of
+// the key's lock keys left (UNLOCK answers once a majority released).
+func WarmUp(ctx context.Context, t *testing.T, b *Backend, rs []*harness.Redis, key string, ttl time.Duration) {
+	t.Helper()
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "warm", TTL: ttl}); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := b.Unlock(ctx, key, "warm"); !ok || err != nil {
+		t.Fatalf("UNLOCK warm = %v, %v", ok, err)
+	}
+	c2 := rs[2].Client(t)
+	for i := 0; c2.Exists(ctx, "lp:lock:"+key, "lp:lockf:"+key).Val() != 0; i++ {
+		if i == 200 {
+			t.Fatal("the warm-up keys are still on n2 2 s after UNLOCK")
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
 

@@ -7,7 +7,6 @@ import (
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/backends/redis"
-	"github.com/lockproxy/lockproxy/test/faultproxy"
 )
 
 // TestLateReentrantRollbackKeepsHold: token T holds k on n0 and n2 (n1 is
@@ -26,15 +25,7 @@ import (
 // a hold its SET NX made (no stored fence), so T keeps n2.
 func TestLateReentrantRollbackKeepsHold(t *testing.T) {
 	const delay = 3 * time.Second
-	var p *faultproxy.Proxy
-	b, rs, _ := redis.LateAcquireBackend(t, redis.DefaultUser, func(addr string) string {
-		var err error
-		if p, err = faultproxy.New(addr); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Close() })
-		return p.Addr()
-	})
+	b, rs, _, p := backendWithN2Link(t, redis.DefaultUser)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	const key = "late-reentrant"
@@ -51,38 +42,5 @@ func TestLateReentrantRollbackKeepsHold(t *testing.T) {
 		t.Fatalf("after T's LOCK: n0 %q, n2 %q; want T on both", v0, v2)
 	}
 
-	p.SetLatency(delay, 0)
-	lockErr := make(chan error, 1)
-	go func() {
-		_, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: ttl})
-		lockErr <- err
-	}()
-	// n0's second hold (two round trips) shows the attempt went out; its
-	// SET NX to n2 is in the proxy by then. New bytes then pass at once.
-	for i := 0; c0.Exists(ctx, "lp:lockm:"+key).Val() == 0; i++ {
-		if i == 200 {
-			t.Fatal("T's reentrant hold on n0 not seen within 2 s")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	p.PassThrough()
-	if err := <-lockErr; err == nil {
-		t.Fatal("T's reentrant LOCK with n1 held and n2 late granted; want it refused")
-	}
-
-	// n1's holder leaves: from now on n2 alone decides whether T still
-	// holds a majority. Watched past the late SET NX's arrival.
-	if err := c1.Del(ctx, "lp:lock:"+key).Err(); err != nil {
-		t.Fatal(err)
-	}
-	start := time.Now()
-	for time.Since(start) < delay+500*time.Millisecond {
-		if v := c2.Get(ctx, "lp:lock:"+key).Val(); v != "T" {
-			t.Fatalf("n2's lock key is %q %v after the failed reentrant LOCK; want T's hold kept", v, time.Since(start).Round(time.Millisecond))
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "U", TTL: ttl}); err == nil {
-		t.Fatal("another token granted k while T holds it (two holders)")
-	}
+	failedReentryKeepsN2(ctx, t, b, rs, p, key, ttl, delay)
 }

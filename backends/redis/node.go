@@ -1145,22 +1145,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			c.bulkInt(int64(o.slot))
 			c.bulk(readMarker)
 		case opRaiseFence:
-			c.begin(3 + 4 + 4)
-			c.bulk(evalName(sha))
-			c.bulk(scriptSource(scriptRaiseFence, sha))
-			c.bulk("4")
-			c.bulk3(n.prefix, "lock:", o.base)
-			c.bulk(n.fenceKey)
-			c.bulk3(n.prefix, "lockf:", o.base)
-			c.bulk3(n.prefix, "lockr:", o.base)
-			c.bulk(o.token)
-			c.bulkInt(int64(o.slot))
-			c.bulkInt(int64(o.fence))
-			if o.mode == quorum.Shared {
-				c.bulk(readMarker)
-			} else {
-				c.bulk("")
-			}
+			n.addRaise(c, sha, o.base, o.token, o.slot, int64(o.fence), o.mode == quorum.Shared)
 		case opRelease:
 			if shared != nil && shared[i] {
 				continue
@@ -1515,6 +1500,27 @@ func (n *Node) addFenceWrite(c *nodeConn, fw fenceWrite) {
 		c.bulk("ZREM")
 		c.bulk3(n.prefix, "lockw:", fw.base)
 		c.bulk(fw.token)
+	}
+}
+
+// addRaise adds a raise of base's fence for a grant to token (see
+// raiseFenceScript): a read grant's (read) or a write grant's.
+func (n *Node) addRaise(c *nodeConn, sha bool, base, token string, slot uint16, fence int64, read bool) {
+	c.begin(3 + 4 + 4)
+	c.bulk(evalName(sha))
+	c.bulk(scriptSource(scriptRaiseFence, sha))
+	c.bulk("4")
+	c.bulk3(n.prefix, "lock:", base)
+	c.bulk(n.fenceKey)
+	c.bulk3(n.prefix, "lockf:", base)
+	c.bulk3(n.prefix, "lockr:", base)
+	c.bulk(token)
+	c.bulkInt(int64(slot))
+	c.bulkInt(fence)
+	if read {
+		c.bulk(readMarker)
+	} else {
+		c.bulk("")
 	}
 }
 

@@ -368,18 +368,7 @@ func (n *Node) writeDebts(c *nodeConn, o *owed, now time.Time) {
 	}
 	// The killed fence writes, where their holds are still there.
 	for _, f := range o.fences {
-		c.begin(3 + 4 + 4)
-		c.bulk(evalName(false))
-		c.bulk(scriptSource(scriptRaiseFence, false))
-		c.bulk("4")
-		c.bulk3(n.prefix, "lock:", f.base)
-		c.bulk(n.fenceKey)
-		c.bulk3(n.prefix, "lockf:", f.base)
-		c.bulk3(n.prefix, "lockr:", f.base)
-		c.bulk(f.token)
-		c.bulkInt(int64(f.slot))
-		c.bulkInt(f.fence)
-		c.bulk("")
+		n.addRaise(c, false, f.base, f.token, f.slot, f.fence, false)
 	}
 	for _, r := range o.releases {
 		n.addLateGrantRelease(c, r.base, r.token)
