@@ -347,25 +347,27 @@ func TestOwedDebtsWritten(t *testing.T) {
 }
 
 // TestOwedFenceWritesWrittenAgain: fence writes a kill stops (not the
-// ones the batch already released: gone) are written again on the next
-// connection after the kill, as a write grant's raise, before the owed
+// ones the batch already released: gone, nor those whose acquire started
+// longer ago than its TTL) are written again on the next
+// connection after the kill (owedFenceScript), before the owed
 // roll-backs; one not answered is sent again.
 func TestOwedFenceWritesWrittenAgain(t *testing.T) {
 	n := &Node{log: zap.NewNop(), prefix: "lp:", fenceKey: "lp:fence"}
 	o := &owed{}
 	now := time.Now()
 	fences := unansweredFences{ttl: 5 * time.Second, writes: []fenceWrite{
-		{base: "f", token: "t", fence: 12, slot: 7, ms: 5000},
-		{base: "g", token: "t", fence: 13, slot: 8, ms: 5000, gone: true},
+		{base: "f", token: "t", fence: 12, slot: 7, start: now, ms: 5000},
+		{base: "g", token: "t", fence: 13, slot: 8, start: now, ms: 5000, gone: true},
+		{base: "h", token: "t", fence: 14, slot: 9, start: now.Add(-6 * time.Second), ms: 5000},
 	}}
 	o.lost([]*op{{kind: opAcquire, base: "k", token: "t", ms: 5000}}, fences, 3, "run", now)
 	o.unsent([]*op{{kind: opRelease, base: "k", token: "t", rollback: true}}, now)
 	c := &nodeConn{n: n, run: "run"}
 	n.writeDebts(c, o, now)
 	got := string(c.wbuf)
-	kill, raise, roll := strings.Index(got, "KILL"), strings.Index(got, scriptRaiseFence.src), strings.Index(got, scriptLateGrant.src)
-	if kill < 0 || raise < kill || roll < raise || !strings.Contains(got, "lp:lockf:f") || strings.Contains(got, "lp:lockf:g") || o.inFences != 1 {
-		t.Fatalf("wrote %q (%d fence writes in flight); want the kill, f's fence write as a raise, then k's roll-back", got, o.inFences)
+	kill, raise, roll := strings.Index(got, "KILL"), strings.Index(got, scriptOwedFence.src), strings.Index(got, scriptLateGrant.src)
+	if kill < 0 || raise < kill || roll < raise || !strings.Contains(got, "lp:lockf:f") || strings.Contains(got, "lp:lockf:g") || strings.Contains(got, "lp:lockf:h") || o.inFences != 1 {
+		t.Fatalf("wrote %q (%d fence writes in flight); want the kill, f's fence write (owedFenceScript), then k's roll-back", got, o.inFences)
 	}
 	o.lost(nil, unansweredFences{}, 4, "run", now) // the connection failed before any answer
 	if len(o.fences) != 1 || o.inFences != 0 {

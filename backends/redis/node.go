@@ -1063,6 +1063,10 @@ type fenceWrite struct {
 	token string // lockf names the hold it is for
 	fence int64
 	slot  uint16
+	// start is when the grant's acquire was queued: the hold cannot
+	// matter to its holder past start + ms (its validity counts from
+	// before), see owed.fences.
+	start time.Time
 	ms    int64
 	mark  bool // take the granted waiting writer's mark off lockw
 	op    int  // the grant's place in its batch
@@ -1298,7 +1302,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				out[i].err = fmt.Errorf("unexpected reply to HINCRBY: %q", r.kind)
 			default:
 				out[i] = opResult{n: r.n, holds: 1}
-				writes = append(writes, fenceWrite{base: o.base, token: o.token, fence: r.n, slot: o.slot, ms: o.ms, mark: o.waitMs > 0, op: i})
+				writes = append(writes, fenceWrite{base: o.base, token: o.token, fence: r.n, slot: o.slot, start: o.start, ms: o.ms, mark: o.waitMs > 0, op: i})
 			}
 		case o.kind == opRelease && shared != nil && shared[i]:
 			// Answered with its call, below.

@@ -63,11 +63,12 @@ import (
 type owed struct {
 	kills []owedKill
 	// fences are the fence writes a kill stopped: written again after
-	// the kills, as a write grant's raise (raiseFenceScript), which
-	// stores the lockf only while the token still holds the key. Without
-	// it the hold would have no lockf, and the roll-back of a later
-	// reentrant acquire in doubt (lateGrantReleaseScript) would take it
-	// for that acquire's SET NX's and remove it.
+	// the kills (owedFenceScript), which stores the lockf only while the
+	// token still holds the key and has none stored. Without it the hold
+	// would have no lockf, and the roll-back of a later reentrant acquire
+	// in doubt (lateGrantReleaseScript) would take it for that acquire's
+	// SET NX's and remove it. Each is owed only until its acquire's start
+	// plus its TTL (see keepWithin).
 	fences   []owedFence
 	releases []owedRelease
 	doubts   []owedAcquire
@@ -143,6 +144,28 @@ func push[T any](s []T, v T) []T {
 	return append(s, v)
 }
 
+// within tells whether now is before t's TTL has passed since t.from,
+// however long the node was out of reach since.
+func (t owedTime) within(now time.Time) bool { return now.Before(t.from.Add(t.ttl)) }
+
+// keepWithin drops the entries of s whose TTL has passed since their
+// from. The owed fence writes go by it: a fence write's hold cannot matter
+// to its holder past its acquire's start plus its TTL (the holder's
+// validity counts from before), and a token's later hold, made by a new
+// acquire once that one ended, must not get its fence (the roll-back of
+// that acquire, if it failed, would take it for one the token had before
+// and leave it until its TTL).
+func keepWithin[T interface{ when() owedTime }](s []T, now time.Time) []T {
+	out := s[:0]
+	for _, e := range s {
+		if e.when().within(now) {
+			out = append(out, e)
+		}
+	}
+	clear(s[len(out):])
+	return out
+}
+
 // keepLive drops the entries of s that no longer matter.
 func keepLive[T interface{ when() owedTime }](o *owed, s []T, now time.Time) []T {
 	out := s[:0]
@@ -158,7 +181,7 @@ func keepLive[T interface{ when() owedTime }](o *owed, s []T, now time.Time) []T
 // prune forgets what no longer matters at now.
 func (o *owed) prune(now time.Time) {
 	o.kills = keepLive(o, o.kills, now)
-	o.fences = keepLive(o, o.fences, now)
+	o.fences = keepWithin(o.fences, now)
 	o.releases = keepLive(o, o.releases, now)
 	o.doubts = keepLive(o, o.doubts, now)
 }
@@ -229,9 +252,9 @@ func (o *owed) lost(unanswered []*op, fences unansweredFences, id int64, run str
 	if kill && id > 0 && run != "" {
 		o.kills = push(o.kills, owedKill{id: id, run: run, owedTime: owedTime{now, ttl}})
 		for _, f := range fences.writes {
-			if !f.gone {
-				o.fences = push(o.fences, owedFence{base: f.base, token: f.token, fence: f.fence, slot: f.slot,
-					owedTime: owedTime{now, time.Duration(f.ms) * time.Millisecond}})
+			t := owedTime{f.start, time.Duration(f.ms) * time.Millisecond}
+			if !f.gone && t.within(now) {
+				o.fences = push(o.fences, owedFence{base: f.base, token: f.token, fence: f.fence, slot: f.slot, owedTime: t})
 			}
 		}
 	}
@@ -366,9 +389,19 @@ func (n *Node) writeDebts(c *nodeConn, o *owed, now time.Time) {
 		c.bulk("ID")
 		c.bulkInt(kl.id)
 	}
-	// The killed fence writes, where their holds are still there.
+	// The killed fence writes, where their holds are still there and
+	// have no fence stored (see owedFenceScript).
 	for _, f := range o.fences {
-		n.addRaise(c, false, f.base, f.token, f.slot, f.fence, false)
+		c.begin(3 + 3 + 3)
+		c.bulk(evalName(false))
+		c.bulk(scriptSource(scriptOwedFence, false))
+		c.bulk("3")
+		c.bulk3(n.prefix, "lock:", f.base)
+		c.bulk(n.fenceKey)
+		c.bulk3(n.prefix, "lockf:", f.base)
+		c.bulk(f.token)
+		c.bulkInt(int64(f.slot))
+		c.bulkInt(f.fence)
 	}
 	for _, r := range o.releases {
 		n.addLateGrantRelease(c, r.base, r.token)

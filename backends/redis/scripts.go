@@ -337,6 +337,26 @@ end
 return 0
 `
 
+// owedFenceScript is a fence write a kill stopped, written again after
+// the kill (see owed): KEYS lock key, fence hash, lockf; ARGV[1] token,
+// ARGV[2] slot, ARGV[3] fence. While the token holds the key it raises
+// the slot's counter to the fence and stores the fence with the hold, but
+// only where no fence of the token is stored: one that is was stored by
+// what followed the fence write on the killed connection (the quorum's
+// raise of the same grant, or of a reentrant grant, which may set it
+// higher or lower), which the older fence write must not undo. Returns 1
+// when the token holds the key.
+const owedFenceScript = luaMeta + `
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local want = tonumber(ARGV[3])
+local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
+if cur < want then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
+if fenceOf(redis.call('GET', KEYS[3]), ARGV[1]) > 0 then return 1 end
+local p = redis.call('PTTL', KEYS[1])
+if p > 0 then redis.call('SET', KEYS[3], want .. ',' .. ARGV[1], 'PX', p) end
+return 1
+`
+
 // luaAnnounce defines announce(chans), which tells the waiters listening
 // on each channel of chans (distinct release channels) that its key is
 // free, in as few calls as it can: PUBSUB NUMPAT, then one NUMSUB for all
@@ -715,6 +735,7 @@ var (
 	scriptUnmark     = newScript(unmarkScript)
 	scriptSyncHolds  = newScript(syncHoldsScript)
 	scriptLateGrant  = newScript(lateGrantReleaseScript)
+	scriptOwedFence  = newScript(owedFenceScript)
 )
 
 // Script is a lock script's source and the SHA1 lockproxy sends in
