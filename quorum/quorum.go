@@ -517,7 +517,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		}
 	}
 	if len(granted) < need {
-		q.releaseAll(ctx, req, refusedBy, reentrant() > 0)
+		q.releaseAll(ctx, req, refusedBy)
 		if upgrades > 0 {
 			return Lease{}, ErrUpgrade
 		}
@@ -534,13 +534,13 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	fresh := reentrant() < need
 	fence, err := q.settleFence(ctx, req, granted, need, fresh, failures)
 	if err != nil {
-		q.releaseAll(ctx, req, refusedBy, reentrant() > 0)
+		q.releaseAll(ctx, req, refusedBy)
 		return Lease{}, err
 	}
 
 	validity := req.TTL - q.cfg.Clock.Now().Sub(start) - q.Drift(req.TTL)
 	if expired(validity) {
-		q.releaseAll(ctx, req, refusedBy, reentrant() > 0)
+		q.releaseAll(ctx, req, refusedBy)
 		return Lease{}, ErrExpired
 	}
 	return Lease{Token: req.Token, Validity: validity, Fence: fence, Holds: holds, Nodes: len(granted)}, nil
@@ -720,10 +720,9 @@ func HoldFence(stored []uint64, counter uint64, need int) uint64 {
 // ignores the outcome: it runs only after a failed acquisition, where each
 // node either has our key (and loses it) or does not. A release removes
 // one hold, so on a node where the attempt was reentrant it undoes just
-// that attempt's hold. reentry says some node granted the attempt as a
-// reentry (see RollbackOfReentry).
-func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool, reentry bool) {
-	ctx = context.WithValue(ctx, rollbackKey{}, rollbackInfo{reentry: reentry})
+// that attempt's hold.
+func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool) {
+	ctx = context.WithValue(ctx, rollbackKey{}, true)
 	// Use a context that survives the caller's cancellation: a client that
 	// gave up must still not leave keys behind.
 	q.fanOutBoolSkip(ctx, q.NodeTimeout(req.TTL), releaseOp(req.Key, req.Token, rollbackHold(req.Mode)), 0, skip)
@@ -731,29 +730,13 @@ func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool, reent
 
 type rollbackKey struct{}
 
-type rollbackInfo struct{ reentry bool }
-
 // Rollback tells whether a Release's ctx says it is a failed acquisition's
 // roll-back (releaseAll), not a holder's UNLOCK: a node that lost the
 // attempt's answer may roll back only what the attempt itself can have
 // made there, and must leave a holder's UNLOCK as it is.
 func Rollback(ctx context.Context) bool {
-	_, ok := ctx.Value(rollbackKey{}).(rollbackInfo)
-	return ok
-}
-
-// RollbackOfReentry tells whether a roll-back's ctx says some node granted
-// the failed attempt as a reentry: the token held the key before it. On a
-// node that lost the attempt's answer the token most likely holds it too,
-// and there an exclusive attempt's first step (a SET NX) did nothing; a
-// roll-back that cannot tell the token's earlier hold from one the
-// attempt made (its stored fence may be missing too) must then remove
-// nothing. Where the token's hold there had ended, the attempt's hold
-// stays until its lease ends: a liveness cost on a minority of nodes, not
-// a second holder.
-func RollbackOfReentry(ctx context.Context) bool {
-	v, ok := ctx.Value(rollbackKey{}).(rollbackInfo)
-	return ok && v.reentry
+	v, _ := ctx.Value(rollbackKey{}).(bool)
+	return v
 }
 
 // boolOp is a Release or Extend in both its forms.

@@ -108,11 +108,7 @@ type op struct {
 	lateGrant bool
 	// rollback marks a failed acquisition's release (quorum.Rollback):
 	// only it settles an acquire in doubt, never a holder's UNLOCK.
-	// reentry marks one of an attempt some node granted as a reentry
-	// (quorum.RollbackOfReentry): as the roll-back of an acquire in doubt
-	// it removes nothing.
 	rollback bool
-	reentry  bool
 	waitMs   int64 // writer-waiting mark to leave when refused: at most this long, ms
 	token    string
 	ms       int64 // TTL in ms
@@ -423,7 +419,7 @@ func (n *Node) raiseOp(key, token string, mode quorum.Mode, fence uint64) *op {
 func (n *Node) Release(ctx context.Context, key, token string, hold quorum.Hold) (bool, error) {
 	o := n.newOp(opRelease, key, token)
 	o.hold = hold
-	o.rollback, o.reentry = quorum.Rollback(ctx), quorum.RollbackOfReentry(ctx)
+	o.rollback = quorum.Rollback(ctx)
 	r := n.do(ctx, o)
 	return r.n == 1, r.err
 }
@@ -532,7 +528,7 @@ func (n *Node) startRaise(ctx context.Context, key, token string, mode quorum.Mo
 func (n *Node) StartRelease(ctx context.Context, key, token string, hold quorum.Hold, done func(bool, error)) {
 	o := n.newOp(opRelease, key, token)
 	o.hold = hold
-	o.rollback, o.reentry = quorum.Rollback(ctx), quorum.RollbackOfReentry(ctx)
+	o.rollback = quorum.Rollback(ctx)
 	n.startBool(ctx, o, done)
 }
 
@@ -1159,7 +1155,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				continue
 			}
 			if o.lateGrant {
-				n.addLateGrantRelease(c, o.base, o.token, o.reentry)
+				n.addLateGrantRelease(c, o.base, o.token)
 				continue
 			}
 			n.addScript(c, scriptRelease, sha, o, keyWriterWaits, 4)
@@ -1472,8 +1468,8 @@ var keyNames = [...]string{keyLock: "lock:", keyFence: "lockf:", keyHolds: "lock
 // addLateGrantRelease adds the roll-back of an acquire in doubt of base by
 // token (see owed). Always EVAL: it is rare, and a NOSCRIPT answer would
 // leave it unsent with its doubt settled.
-func (n *Node) addLateGrantRelease(c *nodeConn, base, token string, keep bool) {
-	c.begin(3 + 3 + 2)
+func (n *Node) addLateGrantRelease(c *nodeConn, base, token string) {
+	c.begin(3 + 3 + 1)
 	c.bulk(evalName(false))
 	c.bulk(scriptSource(scriptLateGrant, false))
 	c.bulk("3")
@@ -1481,7 +1477,6 @@ func (n *Node) addLateGrantRelease(c *nodeConn, base, token string, keep bool) {
 	c.bulk3(n.prefix, "lockf:", base)
 	c.bulk3(n.prefix, "lockm:", base)
 	c.bulk(token)
-	c.bulk(boolArg(keep))
 }
 
 // addReleaseArgs adds o's four release script arguments.

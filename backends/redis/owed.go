@@ -119,7 +119,6 @@ type owedFence struct {
 
 type owedRelease struct {
 	base, token string
-	keep        bool // the roll-back of a reentry's attempt (op.reentry)
 	owedTime
 }
 
@@ -212,7 +211,7 @@ func (o *owed) settle(base, token string) (owedTime, bool) {
 }
 
 func (o *owed) owe(p *op, t owedTime) {
-	o.releases = push(o.releases, owedRelease{base: p.base, token: p.token, keep: p.reentry, owedTime: t})
+	o.releases = push(o.releases, owedRelease{base: p.base, token: p.token, owedTime: t})
 }
 
 // lost records that the writer's connection (client id, on the server
@@ -405,7 +404,7 @@ func (n *Node) writeDebts(c *nodeConn, o *owed, now time.Time) {
 		c.bulkInt(f.fence)
 	}
 	for _, r := range o.releases {
-		n.addLateGrantRelease(c, r.base, r.token, r.keep)
+		n.addLateGrantRelease(c, r.base, r.token)
 	}
 	// Written, the releases are owed no more, answered or not (see lost).
 	o.inKills = len(o.kills)

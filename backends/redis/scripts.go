@@ -690,15 +690,11 @@ return 1
 // one more reentrant hold made by the acquire script has a lockm: those
 // stay, the second until its lease ends, as the acquire's own answer
 // being lost made it before. Nothing is announced (a roll-back frees
-// nothing anyone waits for). A hold the token had before may lack lockf
-// too (its fence write lost, or killed with its connection after an
-// owed rewrite could no longer tell its hold), so where another node
-// granted the attempt as a reentry (ARGV[2] '1', see
-// quorum.RollbackOfReentry) it removes nothing. KEYS lock, lockf, lockm;
-// ARGV[1] token, ARGV[2] '1' to keep. Returns {1} when it removed the
-// hold, else {0} (the release script's answer).
+// nothing anyone waits for). KEYS lock, lockf, lockm; ARGV[1] token.
+// Returns {1} when it removed the hold, else {0} (the release script's
+// answer).
 const lateGrantReleaseScript = luaMeta + `
-if ARGV[2] == '1' or redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
 local fm = redis.call('MGET', KEYS[2], KEYS[3])
 local h, r = meta(fm[2], ARGV[1])
 if h > 0 or r ~= '' or fenceOf(fm[1], ARGV[1]) > 0 then return {0} end
