@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strings"
 	"testing"
@@ -388,6 +389,34 @@ func TestOwedKillOnlyOnSameServer(t *testing.T) {
 	n.writeDebts(c, o, now)
 	if got := string(c.wbuf); strings.Count(got, "KILL") != 1 || !strings.Contains(got, "$1\r\n4\r\n") || o.inKills != 1 {
 		t.Fatalf("wrote %q (%d kills); want the kill of 4 alone", got, o.inKills)
+	}
+}
+
+// payDebtsDirect writes what o owes as n's writer would on a new
+// connection to the server at addr (of another run than any owed kill:
+// those are dropped), on a plain connection, and waits until the node
+// has run it all.
+func payDebtsDirect(t *testing.T, n *Node, addr string, o *owed, now time.Time) {
+	t.Helper()
+	c := &nodeConn{n: n, run: "this-run"}
+	n.writeDebts(c, o, now)
+	c.add("PING")
+	nc, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := nc.Write(c.wbuf); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	buf := make([]byte, 256)
+	for got := ""; !strings.HasSuffix(got, "+PONG\r\n"); {
+		k, err := nc.Read(buf)
+		got += string(buf[:k])
+		if err != nil {
+			t.Fatalf("paying debts: %v (read %q)", err, got)
+		}
 	}
 }
 

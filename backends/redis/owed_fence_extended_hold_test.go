@@ -1,7 +1,6 @@
 package redis
 
 import (
-	"net"
 	"testing"
 	"time"
 
@@ -61,26 +60,7 @@ func TestOwedFenceWriteKeptForHoldExtendedElsewhere(t *testing.T) {
 	}
 	o.down = time.Now() // A's last failed attempt to reach the node
 	now := time.Now()
-	c := &nodeConn{n: nA, run: "this-run"}
-	nA.writeDebts(c, o, now)
-	c.add("PING")
-	nc, err := net.Dial("tcp", r.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	if _, err := nc.Write(c.wbuf); err != nil {
-		t.Fatal(err)
-	}
-	_ = nc.SetReadDeadline(time.Now().Add(time.Second))
-	buf := make([]byte, 256)
-	for got := ""; ; {
-		k, err := nc.Read(buf)
-		got += string(buf[:k])
-		if err != nil || len(got) >= 7 && got[len(got)-7:] == "+PONG\r\n" {
-			break
-		}
-	}
+	payDebtsDirect(t, nA, r.Addr, o, now)
 	if v := direct.Get(ctx, "lp:lockf:"+key).Val(); v != formatFence(fence, token) {
 		t.Errorf("lockf after A paid its debts = %q; want %q: T's hold, extended through B, was left without its fence", v, formatFence(fence, token))
 	}

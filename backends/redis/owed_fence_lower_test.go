@@ -1,8 +1,6 @@
 package redis
 
 import (
-	"bufio"
-	"net"
 	"strconv"
 	"testing"
 	"time"
@@ -47,22 +45,7 @@ func TestOwedFenceWriteKeepsRaisedFence(t *testing.T) {
 	now := time.Now()
 	fences := unansweredFences{ttl: req.TTL, writes: []fenceWrite{{base: key, token: token, fence: own, slot: slot(key), start: now, ms: req.TTL.Milliseconds()}}}
 	o.lost(nil, fences, 99999, "gone-run", now)
-	c := &nodeConn{n: n, run: "this-run"}
-	n.writeDebts(c, o, now)
-	nc, err := net.Dial("tcp", r.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	if _, err := nc.Write(c.wbuf); err != nil {
-		t.Fatal(err)
-	}
-	_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
-	line, err := bufio.NewReader(nc).ReadString('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("owed fence write answered %q", line)
+	payDebtsDirect(t, n, r.Addr, o, now)
 
 	if v := direct.Get(ctx, "lp:lockf:"+key).Val(); v != formatFence(raised, token) {
 		t.Errorf("lockf after the owed fence write %q; want %q (the raise's, not lowered)", v, formatFence(raised, token))

@@ -1,8 +1,6 @@
 package redis
 
 import (
-	"bufio"
-	"net"
 	"testing"
 	"time"
 
@@ -32,25 +30,7 @@ func TestOwedFenceWriteSparesFreshHoldRollback(t *testing.T) {
 	fences := unansweredFences{ttl: time.Second, writes: []fenceWrite{{base: key, token: token, fence: 12, slot: slot(key), start: now.Add(-2 * time.Second), ms: 1000}}}
 	o.lost([]*op{{kind: opAcquire, base: key, token: token, ms: 10000}}, fences, 99999, "gone-run", now)
 	o.unsent([]*op{{kind: opRelease, base: key, token: token, rollback: true, hold: quorum.WriteHold}}, now)
-	c := &nodeConn{n: n, run: "this-run"}
-	n.writeDebts(c, o, now)
-	nc, err := net.Dial("tcp", r.Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
-	if _, err := nc.Write(c.wbuf); err != nil {
-		t.Fatal(err)
-	}
-	_ = nc.SetReadDeadline(time.Now().Add(5 * time.Second))
-	br := bufio.NewReader(nc)
-	for i := 0; i < 2; i++ { // the roll-back (an array of 1)
-		line, err := br.ReadString('\n')
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("answer %q", line)
-	}
+	payDebtsDirect(t, n, r.Addr, o, now)
 	if v := direct.Get(ctx, "lp:lock:"+key).Val(); v != "" {
 		t.Errorf("H2 (T's failed attempt's fresh hold) kept after its roll-back (lock %q, lockf %q); want it removed", v, direct.Get(ctx, "lp:lockf:"+key).Val())
 	}
