@@ -191,7 +191,7 @@ func TestOwedBoundedAndForgotten(t *testing.T) {
 	t.Run("bounded", func(t *testing.T) {
 		o := &owed{}
 		for i := range 3000 {
-			o.lost([]*op{acq(fmt.Sprint("k", i), "t", 60_000)}, unansweredFences{}, int64(i+1), "run", t0)
+			o.lost([]*op{acq(fmt.Sprint("k", i), "t", 60_000)}, nil, int64(i+1), "run", t0)
 		}
 		if len(o.kills) != maxOwed || len(o.doubts) != maxOwed {
 			t.Fatalf("kills %d, doubts %d; want %d each", len(o.kills), len(o.doubts), maxOwed)
@@ -225,7 +225,7 @@ func TestOwedBoundedAndForgotten(t *testing.T) {
 		} {
 			t.Run(tc.name, func(t *testing.T) {
 				o := &owed{}
-				o.lost([]*op{acq("k", "t", 1000), acq("d", "t", 1000)}, unansweredFences{}, 7, "run", t0)
+				o.lost([]*op{acq("k", "t", 1000), acq("d", "t", 1000)}, nil, 7, "run", t0)
 				o.unsent([]*op{rel("k", "t")}, t0.Add(tc.down))
 				if len(o.kills) != 1 || len(o.releases) != 1 || len(o.doubts) != 1 {
 					t.Fatalf("kills %d, releases %d, doubts %d; want 1 each", len(o.kills), len(o.releases), len(o.doubts))
@@ -258,59 +258,59 @@ func TestOwedRules(t *testing.T) {
 		want want
 	}{
 		{"an unanswered acquire: killed, in doubt", func(o *owed) {
-			o.lost([]*op{acq("a")}, unansweredFences{}, 9, "run", t0)
+			o.lost([]*op{acq("a")}, nil, 9, "run", t0)
 		}, want{1, 1, 0}},
 		{"fence writes, extends and raises do not prevent the kill", func(o *owed) {
-			o.lost([]*op{other(opExtend), acq("a"), other(opRaiseFence)}, unansweredFences{}, 9, "run", t0)
+			o.lost([]*op{other(opExtend), acq("a"), other(opRaiseFence)}, nil, 9, "run", t0)
 		}, want{1, 1, 0}},
 		{"an unanswered release: no kill, the acquire in doubt", func(o *owed) {
-			o.lost([]*op{acq("a"), rel("y", "v")}, unansweredFences{}, 9, "run", t0)
+			o.lost([]*op{acq("a"), rel("y", "v")}, nil, 9, "run", t0)
 		}, want{0, 1, 0}},
 		{"an unanswered unmark: no kill, the acquire in doubt", func(o *owed) {
-			o.lost([]*op{acq("a"), other(opUnmark)}, unansweredFences{}, 9, "run", t0)
+			o.lost([]*op{acq("a"), other(opUnmark)}, nil, 9, "run", t0)
 		}, want{0, 1, 0}},
 		{"no acquire: nothing recorded", func(o *owed) {
-			o.lost([]*op{other(opExtend)}, unansweredFences{}, 9, "run", t0)
+			o.lost([]*op{other(opExtend)}, nil, 9, "run", t0)
 		}, want{0, 0, 0}},
 		{"fence writes alone: killed", func(o *owed) {
-			o.lost(nil, unansweredFences{ttl: time.Second}, 9, "run", t0)
+			o.lost(nil, unansweredFences{{start: t0, ms: 1000}}, 9, "run", t0)
 		}, want{1, 0, 0}},
 		{"fence writes and an extend: killed", func(o *owed) {
-			o.lost([]*op{other(opExtend)}, unansweredFences{ttl: time.Second}, 9, "run", t0)
+			o.lost([]*op{other(opExtend)}, unansweredFences{{start: t0, ms: 1000}}, 9, "run", t0)
 		}, want{1, 0, 0}},
 		{"fence writes and a release: no kill", func(o *owed) {
-			o.lost([]*op{rel("y", "v")}, unansweredFences{ttl: time.Second}, 9, "run", t0)
+			o.lost([]*op{rel("y", "v")}, unansweredFences{{start: t0, ms: 1000}}, 9, "run", t0)
 		}, want{0, 0, 0}},
 		{"fence writes clearing a waiting writer's mark: no kill", func(o *owed) {
-			o.lost(nil, unansweredFences{ttl: time.Second, marks: true}, 9, "run", t0)
+			o.lost(nil, unansweredFences{{start: t0, ms: 1000, mark: true}}, 9, "run", t0)
 		}, want{0, 0, 0}},
 		{"an owed release unanswered on it: no kill, not owed again, the acquire in doubt", func(o *owed) {
-			o.lost([]*op{acq("a")}, unansweredFences{}, 9, "run", t0)
+			o.lost([]*op{acq("a")}, nil, 9, "run", t0)
 			o.unsent([]*op{rel("a", "t")}, t0)
 			o.inReleases, o.releases = o.releases, nil // written on the next connection
-			o.lost([]*op{acq("b")}, unansweredFences{}, 10, "run", t0)
+			o.lost([]*op{acq("b")}, nil, 10, "run", t0)
 		}, want{1, 1, 0}},
 		{"no client id or run_id: in doubt, no kill", func(o *owed) {
-			o.lost([]*op{acq("a")}, unansweredFences{}, 0, "run", t0)
-			o.lost([]*op{acq("b")}, unansweredFences{}, 10, "", t0)
+			o.lost([]*op{acq("a")}, nil, 0, "run", t0)
+			o.lost([]*op{acq("b")}, nil, 10, "", t0)
 		}, want{0, 2, 0}},
 		{"the unsent roll-back of a doubt is owed once", func(o *owed) {
-			o.lost([]*op{acq("a")}, unansweredFences{}, 9, "run", t0)
+			o.lost([]*op{acq("a")}, nil, 9, "run", t0)
 			o.unsent([]*op{rel("a", "t")}, t0)
 			o.unsent([]*op{rel("a", "t")}, t0)
 		}, want{1, 0, 1}},
 		{"another token's, another key's release is not owed", func(o *owed) {
-			o.lost([]*op{acq("a")}, unansweredFences{}, 9, "run", t0)
+			o.lost([]*op{acq("a")}, nil, 9, "run", t0)
 			o.unsent([]*op{rel("a", "u"), rel("b", "t"), acq("c")}, t0)
 		}, want{1, 1, 0}},
 		{"a written roll-back settles its doubt, never owed", func(o *owed) {
-			o.lost([]*op{acq("a")}, unansweredFences{}, 9, "run", t0)
+			o.lost([]*op{acq("a")}, nil, 9, "run", t0)
 			r := rel("a", "t")
 			o.written([]*op{r})
 			if !r.lateGrant {
 				t.Error("the written roll-back goes out as a plain release")
 			}
-			o.lost([]*op{r}, unansweredFences{}, 10, "run", t0) // unanswered
+			o.lost([]*op{r}, nil, 10, "run", t0) // unanswered
 			o.unsent([]*op{rel("a", "t")}, t0)
 		}, want{1, 0, 0}},
 	} {
@@ -332,7 +332,7 @@ func TestOwedDebtsWritten(t *testing.T) {
 	n := &Node{log: zap.NewNop(), prefix: "lp:"}
 	o := &owed{}
 	now := time.Now()
-	o.lost([]*op{{kind: opAcquire, base: "k", token: "t", ms: 5000}}, unansweredFences{}, 3, "run", now)
+	o.lost([]*op{{kind: opAcquire, base: "k", token: "t", ms: 5000}}, nil, 3, "run", now)
 	o.unsent([]*op{{kind: opRelease, base: "k", token: "t", rollback: true}}, now)
 	c := &nodeConn{n: n, run: "run"}
 	n.writeDebts(c, o, now)
@@ -341,7 +341,7 @@ func TestOwedDebtsWritten(t *testing.T) {
 	if kill < 0 || roll < kill || !strings.Contains(got, "lp:lockf:k") || o.inKills != 1 || len(o.inReleases) != 1 || len(o.releases) != 0 {
 		t.Fatalf("wrote %q (%d kills, %d releases in flight, %d owed); want the kill, then k's late-grant roll-back", got, o.inKills, len(o.inReleases), len(o.releases))
 	}
-	o.lost(nil, unansweredFences{}, 4, "run", now) // the connection failed before any answer
+	o.lost(nil, nil, 4, "run", now) // the connection failed before any answer
 	if len(o.kills) != 1 || len(o.releases) != 0 || len(o.inReleases) != 0 {
 		t.Fatalf("after the failure: kills %d, releases %d; want the kill owed still, the roll-back not", len(o.kills), len(o.releases))
 	}
@@ -356,11 +356,11 @@ func TestOwedFenceWritesWrittenAgain(t *testing.T) {
 	n := &Node{log: zap.NewNop(), prefix: "lp:", fenceKey: "lp:fence"}
 	o := &owed{}
 	now := time.Now()
-	fences := unansweredFences{ttl: 5 * time.Second, writes: []fenceWrite{
+	fences := unansweredFences{
 		{base: "f", token: "t", fence: 12, slot: 7, start: now, ms: 5000},
 		{base: "g", token: "t", fence: 13, slot: 8, start: now, ms: 5000, gone: true},
 		{base: "h", token: "t", fence: 14, slot: 9, start: now.Add(-6 * time.Second), ms: 5000},
-	}}
+	}
 	o.lost([]*op{{kind: opAcquire, base: "k", token: "t", ms: 5000}}, fences, 3, "run", now)
 	o.unsent([]*op{{kind: opRelease, base: "k", token: "t", rollback: true}}, now)
 	c := &nodeConn{n: n, run: "run"}
@@ -370,7 +370,7 @@ func TestOwedFenceWritesWrittenAgain(t *testing.T) {
 	if kill < 0 || raise < kill || roll < raise || !strings.Contains(got, "lp:lockf:f") || strings.Contains(got, "lp:lockf:g") || strings.Contains(got, "lp:lockf:h") || o.inFences != 1 {
 		t.Fatalf("wrote %q (%d fence writes in flight); want the kill, f's fence write (owedFenceScript), then k's roll-back", got, o.inFences)
 	}
-	o.lost(nil, unansweredFences{}, 4, "run", now) // the connection failed before any answer
+	o.lost(nil, nil, 4, "run", now) // the connection failed before any answer
 	if len(o.fences) != 1 || o.inFences != 0 {
 		t.Fatalf("after the failure: %d fence writes owed, %d in flight; want f's owed still", len(o.fences), o.inFences)
 	}
@@ -383,8 +383,8 @@ func TestOwedKillOnlyOnSameServer(t *testing.T) {
 	n := &Node{log: zap.NewNop()}
 	o := &owed{}
 	now := time.Now()
-	o.lost([]*op{{kind: opAcquire, base: "k", token: "t", ms: 5000}}, unansweredFences{}, 3, "old", now)
-	o.lost([]*op{{kind: opAcquire, base: "k", token: "t", ms: 5000}}, unansweredFences{}, 4, "new", now)
+	o.lost([]*op{{kind: opAcquire, base: "k", token: "t", ms: 5000}}, nil, 3, "old", now)
+	o.lost([]*op{{kind: opAcquire, base: "k", token: "t", ms: 5000}}, nil, 4, "new", now)
 	c := &nodeConn{n: n, run: "new"}
 	n.writeDebts(c, o, now)
 	if got := string(c.wbuf); strings.Count(got, "KILL") != 1 || !strings.Contains(got, "$1\r\n4\r\n") || o.inKills != 1 {

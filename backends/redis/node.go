@@ -707,14 +707,10 @@ type writer struct {
 	dialing chan dialResult
 	dialTLS *atomic.Bool
 	// pending is how many answers to fence writes (see exec) are still to
-	// be read on conn, ahead of anything sent after them; fenceTTL is the
-	// longest lease among those writes, and fenceMarks tells whether one
-	// of them clears a waiting writer's mark (see owed.lost).
-	pending    int
-	fenceTTL   time.Duration
-	fenceMarks bool
-	// fenceWrites are those writes (see owed.lost: a kill that stops them
-	// owes their lockf again, where the hold is still there).
+	// be read on conn, ahead of anything sent after them; fenceWrites are
+	// those writes (see owed.lost: a connection dropped with them
+	// unanswered is killed, and they are owed again).
+	pending     int
 	fenceWrites []fenceWrite
 	// owed is what a connection dropped with acquires unanswered left to
 	// send on the next one; nil until then (see owed).
@@ -838,7 +834,7 @@ func (w *writer) abandonDial() {
 // of its batch whose answers were not read) were left, keeping what that
 // leaves owed (see owed.lost).
 func (w *writer) lost(c *nodeConn, unanswered []*op) {
-	fences := unansweredFences{ttl: w.fenceTTL, marks: w.fenceMarks, writes: w.fenceWrites}
+	fences := unansweredFences(w.fenceWrites)
 	if w.owed == nil && (inDoubt(unanswered) || fences.killable()) {
 		w.owed = &owed{}
 	}
@@ -899,7 +895,6 @@ func (w *writer) drop() {
 		w.conn = nil
 	}
 	w.pending = 0 // they went with the connection
-	w.fenceTTL, w.fenceMarks = 0, false
 	w.fenceWrites = w.fenceWrites[:0]
 }
 
@@ -1252,7 +1247,6 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			return fail(err)
 		}
 	}
-	w.fenceTTL, w.fenceMarks = 0, false
 	w.fenceWrites = w.fenceWrites[:0]
 	if w.owed != nil && w.owed.reading() {
 		if err := n.readDebts(c, w.owed, r); err != nil {
@@ -1646,10 +1640,6 @@ func (n *Node) writeFences(w *writer, ws []fenceWrite) {
 	}
 	for _, f := range ws {
 		n.addFenceWrite(c, f)
-		if !f.gone {
-			w.fenceTTL = max(w.fenceTTL, time.Duration(f.ms)*time.Millisecond)
-		}
-		w.fenceMarks = w.fenceMarks || f.mark
 	}
 	w.fenceWrites = append(w.fenceWrites, ws...)
 	w.pending += fenceWriteCommands(ws)
@@ -1678,7 +1668,6 @@ func (n *Node) readPending(w *writer) {
 			return
 		}
 	}
-	w.fenceTTL, w.fenceMarks = 0, false
 	w.fenceWrites = w.fenceWrites[:0]
 }
 

@@ -241,7 +241,7 @@ func (o *owed) lost(unanswered []*op, fences unansweredFences, id int64, run str
 	clear(o.inReleases)
 	o.inReleases = o.inReleases[:0] // written: never sent again
 	kill := !carried && killable(unanswered, fences.killable())
-	ttl := fences.ttl
+	ttl := fences.ttl()
 	for _, p := range unanswered {
 		if lateGrantable(p) {
 			t := time.Duration(p.ms) * time.Millisecond
@@ -251,7 +251,7 @@ func (o *owed) lost(unanswered []*op, fences unansweredFences, id int64, run str
 	}
 	if kill && id > 0 && run != "" {
 		o.kills = push(o.kills, owedKill{id: id, run: run, owedTime: owedTime{now, ttl}})
-		for _, f := range fences.writes {
+		for _, f := range fences {
 			t := owedTime{f.start, time.Duration(f.ms) * time.Millisecond}
 			if !f.gone && t.within(now) {
 				o.fences = push(o.fences, owedFence{base: f.base, token: f.token, fence: f.fence, slot: f.slot, owedTime: t})
@@ -282,19 +282,32 @@ func inDoubt(unanswered []*op) bool {
 	return false
 }
 
-// unansweredFences describes the fence writes whose answers were not read
-// on a dropped connection: the longest lease among them (0: none) and
-// whether one clears a waiting writer's mark.
-type unansweredFences struct {
-	ttl    time.Duration
-	marks  bool
-	writes []fenceWrite
+// unansweredFences are the fence writes whose answers were not read on a
+// dropped connection.
+type unansweredFences []fenceWrite
+
+// ttl is the longest lease among the writes that store a fence (0: none).
+func (f unansweredFences) ttl() time.Duration {
+	var d time.Duration
+	for _, w := range f {
+		if !w.gone {
+			d = max(d, time.Duration(w.ms)*time.Millisecond)
+		}
+	}
+	return d
 }
 
 // killable tells whether the fence writes are reason to kill their
 // connection. A mark they clear must be cleared (it would keep readers
 // queued until it ends), so they are not.
-func (f unansweredFences) killable() bool { return f.ttl > 0 && !f.marks }
+func (f unansweredFences) killable() bool {
+	for _, w := range f {
+		if w.mark {
+			return false
+		}
+	}
+	return f.ttl() > 0
+}
 
 // killable tells whether a connection dropped with unanswered left on it
 // may be killed: an exclusive acquire among them, or fence writes that

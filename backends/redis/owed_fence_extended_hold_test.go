@@ -45,7 +45,7 @@ func TestOwedFenceWriteKeptForHoldExtendedElsewhere(t *testing.T) {
 	}
 	direct.Del(ctx, "lp:lockf:"+key)
 	o := &owed{}
-	fences := unansweredFences{ttl: ttl, writes: []fenceWrite{{base: key, token: token, fence: fence, slot: slot(key), start: start, ms: ttl.Milliseconds()}}}
+	fences := unansweredFences{{base: key, token: token, fence: fence, slot: slot(key), start: start, ms: ttl.Milliseconds()}}
 	o.lost(nil, fences, 99999, "gone-run", time.Now())
 
 	// Within its validity the holder extends through B.

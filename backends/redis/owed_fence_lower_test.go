@@ -43,7 +43,7 @@ func TestOwedFenceWriteKeepsRaisedFence(t *testing.T) {
 	// (of a connection of another run here: only the fence write goes out).
 	o := &owed{}
 	now := time.Now()
-	fences := unansweredFences{ttl: req.TTL, writes: []fenceWrite{{base: key, token: token, fence: own, slot: slot(key), start: now, ms: req.TTL.Milliseconds()}}}
+	fences := unansweredFences{{base: key, token: token, fence: own, slot: slot(key), start: now, ms: req.TTL.Milliseconds()}}
 	o.lost(nil, fences, 99999, "gone-run", now)
 	payDebtsDirect(t, n, r.Addr, o, now)
 

@@ -27,7 +27,7 @@ func TestOwedFenceWriteSparesFreshHoldRollback(t *testing.T) {
 	}
 	o := &owed{}
 	now := time.Now()
-	fences := unansweredFences{ttl: time.Second, writes: []fenceWrite{{base: key, token: token, fence: 12, slot: slot(key), start: now.Add(-2 * time.Second), ms: 1000}}}
+	fences := unansweredFences{{base: key, token: token, fence: 12, slot: slot(key), start: now.Add(-2 * time.Second), ms: 1000}}
 	o.lost([]*op{{kind: opAcquire, base: key, token: token, ms: 10000}}, fences, 99999, "gone-run", now)
 	o.unsent([]*op{{kind: opRelease, base: key, token: token, rollback: true, hold: quorum.WriteHold}}, now)
 	payDebtsDirect(t, n, r.Addr, o, now)
