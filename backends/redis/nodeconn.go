@@ -136,6 +136,13 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 	// value, until the node's data is replaced (see Node.send).
 	c.add("SET", n.epochKey, newEpoch(), "NX")
 	c.add("GET", n.epochKey)
+	// The scripts batches send by SHA, loaded now: a batch whose script
+	// the node does not have yet sends it again after the batch's other
+	// commands (Node.exec), after a release of the same key that came in
+	// the same batch, which then found nothing to release.
+	for _, s := range batchScripts {
+		c.add("SCRIPT", "LOAD", s.src)
+	}
 	sent := time.Now()
 	if err := c.flush(); err != nil {
 		c.close()
@@ -226,6 +233,14 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 		}
 	}
 	c.rtt = time.Since(sent)
+	// Their answers do not matter: where SCRIPT LOAD is refused (an ACL)
+	// a batch loads a script with EVAL when the node answers NOSCRIPT.
+	for range batchScripts {
+		if err := c.read(&info); err != nil {
+			c.close()
+			return nil, err
+		}
+	}
 	return c, nil
 }
 

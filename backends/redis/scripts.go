@@ -738,6 +738,10 @@ var (
 	scriptOwedFence  = newScript(owedFenceScript)
 )
 
+// batchScripts are the scripts batches send with EVALSHA (Node.send); a
+// writer's connection loads them when it is made (Node.connect).
+var batchScripts = []script{scriptAcquire, scriptRead, scriptRaiseFence, scriptRelease, scriptExtend}
+
 // Script is a lock script's source and the SHA1 lockproxy sends in
 // EVALSHA.
 type Script struct{ Src, SHA string }
