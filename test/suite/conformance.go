@@ -253,14 +253,17 @@ var conformance = []struct {
 	}},
 	{"MAXHOLD ends a KEEPALIVE lock, then LOCKLOST", false, func(t *testing.T, rc *lockclient.RawConn, proto int, key string) {
 		start := time.Now()
-		tok, _ := grant(t, "LOCK KEEPALIVE MAXHOLD", rc.Do("LOCK", key, "PX", "300", "KEEPALIVE", "MAXHOLD", "900"), proto, 300)
+		// PX 1000, not shorter: the node timeout is 5 % of the TTL, and
+		// the watchdog's renewals must get through a loaded CI host
+		// (with PX 300, 15 ms timeouts lost the lease before MAXHOLD).
+		tok, _ := grant(t, "LOCK KEEPALIVE MAXHOLD", rc.Do("LOCK", key, "PX", "1000", "KEEPALIVE", "MAXHOLD", "2000"), proto, 1000)
 		b := rawCfg.DialRaw(t, rc.Conn.RemoteAddr().String())
 		if proto == 3 {
 			b.Do("HELLO", "3")
 		}
-		btok, _ := grant(t, "rival LOCK WAIT", b.Do("LOCK", key, "PX", "5000", "WAIT", "5000"), proto, 5000)
-		if d := time.Since(start); d < 850*time.Millisecond || d > 4*time.Second {
-			t.Errorf("the rival was granted %v after the MAXHOLD 900 lock; want soon after 900 ms", d)
+		btok, _ := grant(t, "rival LOCK WAIT", b.Do("LOCK", key, "PX", "5000", "WAIT", "6000"), proto, 5000)
+		if d := time.Since(start); d < 1950*time.Millisecond || d > 5*time.Second {
+			t.Errorf("the rival was granted %v after the MAXHOLD 2000 lock; want soon after 2000 ms", d)
 		}
 		r := rc.Do("RENEW", key, tok, "PX", "1000")
 		if proto == 3 {
