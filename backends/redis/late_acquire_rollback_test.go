@@ -421,17 +421,29 @@ func payDebtsDirect(t *testing.T, n *Node, addr string, o *owed, now time.Time) 
 }
 
 // WarmUp locks and unlocks key once, so that every writer has its
-// connection and the node its scripts, and waits until n2 has none of
-// the key's lock keys left (UNLOCK answers once a majority released).
+// connection and the node its scripts: it waits until n2 has the
+// warm-up's hold and fence, and after UNLOCK until it has none of the
+// key's lock keys left (LOCK and UNLOCK answer once a majority did).
 func WarmUp(ctx context.Context, t *testing.T, b *Backend, rs []*harness.Redis, key string, ttl time.Duration) {
 	t.Helper()
 	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "warm", TTL: ttl}); err != nil {
 		t.Fatal(err)
 	}
+	// The LOCK answers once a majority granted: n2's hold and fence write
+	// may still be on their way. Seen there first, they cannot come after
+	// what the caller does next (a fence write a test means to hold on
+	// n2's link, say), and the wait below for their removal cannot pass
+	// before they came.
+	c2 := rs[2].Client(t)
+	for i := 0; c2.Exists(ctx, "lp:lock:"+key, "lp:lockf:"+key).Val() != 2; i++ {
+		if i == 200 {
+			t.Fatal("n2 has not the warm-up's hold and fence 2 s after LOCK")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	if ok, err := b.Unlock(ctx, key, "warm"); !ok || err != nil {
 		t.Fatalf("UNLOCK warm = %v, %v", ok, err)
 	}
-	c2 := rs[2].Client(t)
 	for i := 0; c2.Exists(ctx, "lp:lock:"+key, "lp:lockf:"+key).Val() != 0; i++ {
 		if i == 200 {
 			t.Fatal("the warm-up keys are still on n2 2 s after UNLOCK")
