@@ -244,6 +244,13 @@ func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
 		for i := range keys {
 			keys[i] = i + 1
 		}
+		if len(keys) > 1 {
+			// Each key is held or not by its own majority: a lock granted
+			// on 2 of 3 nodes and another on a different 2 are both held,
+			// while the nodes' totals (2, 1, 1) would agree on 1.
+			h.tCount(s, name, func() { h.tRunEachKey(s, args, name == "exists") })
+			return true
+		}
 		h.tCount(s, name, func() { h.tRun(s, args, keys, false, name == "exists") })
 	case "pexpire", "expire":
 		if !h.isLockKey(args[1]) {
@@ -326,6 +333,31 @@ func (h *Handler) tRun(s *resp.Session, args [][]byte, keys []int, ttl, readOnly
 		v, err = agree(rs, h.fanout.NodeCount())
 	}
 	h.tReply(s, strings.ToLower(string(args[0])), v, err)
+}
+
+// tRunEachKey runs EXISTS, DEL or UNLINK once per key, each on every node
+// under the majority rule, and replies the sum of the agreed counts, as a
+// single Redis counts the keys it has.
+func (h *Handler) tRunEachKey(s *resp.Session, args [][]byte, readOnly bool) {
+	if h.fanout == nil {
+		s.W.Error(errTransparentFanout)
+		return
+	}
+	var sum int64
+	for _, k := range args[1:] {
+		v, err := agree(h.fanout.Run(s.Context(), []string{string(args[0]), string(k)}, []int{1}, readOnly), h.fanout.NodeCount())
+		n, ok := v.(int64)
+		if err == nil && !ok {
+			writeValue(s.W, v) // a node's error reply, shared by a majority
+			return
+		}
+		if err != nil {
+			h.tReply(s, strings.ToLower(string(args[0])), v, err)
+			return
+		}
+		sum += n
+	}
+	s.W.Int(sum)
 }
 
 // tReply writes the agreed value or the reason there is none.
