@@ -25,7 +25,7 @@ func TestIdleConnectionGivesBackBigCommandMemory(t *testing.T) {
 	manyArgs := func() []byte {
 		var b bytes.Buffer
 		b.WriteString("*1048576\r\n$5\r\nLOCAL\r\n")
-		for i := 1; i < MaxArgs; i++ {
+		for i := 1; i < 1<<20; i++ {
 			b.WriteString("$1\r\nx\r\n")
 		}
 		return b.Bytes()

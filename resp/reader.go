@@ -7,11 +7,13 @@ import (
 )
 
 // Limits on what a client may send, as Redis sets them: a bulk string of at
-// most 512 MB and a command of at most 1,048,576 arguments (Redis's
-// proto-max-bulk-len and its multibulk cap), and inline commands of 64 KB.
+// most 512 MB (proto-max-bulk-len), a command of at most INT_MAX arguments
+// (Redis 7's multibulk cap; 1024*1024 was older Redis's, and a DEL or MSET of
+// more arguments runs on Redis 7), and inline commands of 64 KB. Memory
+// for the arguments grows as they arrive, never on the header's word.
 const (
 	MaxBulkLen    = 512 << 20
-	MaxArgs       = 1 << 20
+	MaxArgs       = 1<<31 - 1
 	MaxInlineSize = 64 << 10
 )
 
@@ -410,6 +412,11 @@ func (r *Reader) parseInline(i int) (int, int, error) {
 			return 0, 0, errInlineSize
 		}
 		return -1, 0, nil
+	}
+	if nl > MaxInlineSize {
+		// The limit holds however the line arrived: whole in one read,
+		// or in pieces (checked above while no newline has come).
+		return 0, 0, errInlineSize
 	}
 	lineEnd := i + nl
 	next := lineEnd + 1

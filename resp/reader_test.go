@@ -71,7 +71,7 @@ func TestReader(t *testing.T) {
 		{"bad bulk length", "*2\r\n$x\r\n", nil, "Protocol error: invalid bulk length"},
 		{"negative bulk", "*1\r\n$-1\r\n", nil, "Protocol error: invalid bulk length"},
 		{"huge bulk", "*1\r\n$1000000000\r\n", nil, "Protocol error: invalid bulk length"},
-		{"huge multibulk", "*1048577\r\n", nil, "Protocol error: invalid multibulk length"},
+		{"huge multibulk", "*2147483648\r\n", nil, "Protocol error: invalid multibulk length"},
 		{"bad multibulk", "*x\r\n", nil, "Protocol error: invalid multibulk length"},
 		{"not a bulk", "*1\r\n:1\r\n", nil, "Protocol error: expected '$', got ':'"},
 		{"missing CRLF after bulk", "*1\r\n$4\r\nPINGxx", nil, "Protocol error: invalid bulk length"},
