@@ -47,6 +47,11 @@ type relayConn struct {
 	// is tracked, in OPTOUT mode every read but one right after CLIENT
 	// CACHING NO.
 	trackOpt, cachingNext, cachingNow byte
+	// redirTo is the client id of the last CLIENT TRACKING … REDIRECT,
+	// and redirUp the upstream id relayed in its place (clientids.go),
+	// for the replies that give that id back (redirectInfo); 0 when
+	// there was none.
+	redirTo, redirUp int64
 	// monitor: the tunnel is MONITOR's, not pub/sub's. The upstream feeds
 	// the monitor every command, the marker PING too, and has no
 	// subscription to count: tunnelSync cannot tell when it is done.
@@ -167,7 +172,13 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 	if rs.pipe.Tunneling() {
 		what := ""
 		if !isReset {
-			if what = h.notInTunnel(string(name), args, cmd); what == "" {
+			what = h.notInTunnel(string(name), args, cmd)
+			if what == "" && rs.redirUp != 0 && string(name) == "client" && redirectInfoCommand(args) {
+				// Its reply, tunnelled as it comes, could not have the
+				// upstream id turned back (redirectInfo).
+				what = strings.ToLower("client|" + string(args[1]))
+			}
+			if what == "" {
 				h.relayTunnel(s, rs, string(name), args)
 				return true
 			}
@@ -231,6 +242,26 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 			rs.dirty = true
 			s.W.Error("ERR '" + what + "' is not allowed inside MULTI through lockproxy: it changes the connection's state, which lockproxy tracks outside transactions only")
 			return true
+		}
+		if string(name) == "client" && rs.redirUp != 0 && redirectInfoCommand(args) {
+			// EXEC's reply would give the upstream id of the
+			// redirection's target, which redirectInfo turns back into
+			// the client's outside transactions only.
+			rs.dirty = true
+			s.W.Error("ERR '" + strings.ToLower(string(args[0])+"|"+string(args[1])) + "' is not allowed inside MULTI through lockproxy " +
+				"after a CLIENT TRACKING … REDIRECT: its reply would give the upstream's id of the client redirected to; run it outside the transaction")
+			return true
+		}
+		if string(name) == "client" {
+			if what := clientIDCommand(args); what != "" {
+				// The id is translated to the upstream connection the
+				// client named has now (clientids.go); at EXEC it may
+				// have another, or none.
+				rs.dirty = true
+				s.W.Error("ERR '" + what + "' naming a client by id is not allowed inside MULTI through lockproxy: " +
+					"the id is translated to that client's upstream connection when the command runs, which inside a transaction is not when it is sent")
+				return true
+			}
 		}
 		h.relayNamed(s, args, name)
 		return true
@@ -317,6 +348,14 @@ func (h *Handler) notInTunnel(name string, args [][]byte, cmd *Command) string {
 	if what := stateChangeInMulti(name, args); what != "" {
 		return what
 	}
+	if name == "client" {
+		if what := clientIDCommand(args); what != "" {
+			// Its id is translated, or it is answered here
+			// (clientids.go), which a tunnel, relaying every frame as it
+			// comes, cannot do in order.
+			return what
+		}
+	}
 	if len(h.patterns) > 0 && (h.up.KeyWhere([]byte(name), args, h.lockKey) != nil || h.sortLockPattern([]byte(name), args) != nil ||
 		h.scriptLockKey([]byte(name), args) != "") {
 		return name
@@ -386,7 +425,7 @@ func (h *Handler) EndBatch(s *resp.Session) {
 
 func (h *Handler) relayClosed(s *resp.Session) {
 	if c, ok := s.Data.(*conn); ok && c.rl != nil {
-		c.rl.pipe.Close()
+		c.rl.pipe.Done()
 	}
 }
 
@@ -406,7 +445,8 @@ func (h *Handler) relayAdd(s *resp.Session, rs *relayConn, args [][]byte) {
 		s.W.Error(errLostState)
 		return
 	}
-	if rs.linger && !rs.multi {
+	if rs.linger && !rs.multi && !p.RedirectTarget() {
+		// (A redirection's target keeps its connection: maybeUnpin.)
 		var buf [32]byte
 		if h.up.MayWrite(resp.Lower(buf[:], args[0]), args) {
 			// The pin was kept for a WAIT only (linger): a write gives it
@@ -506,6 +546,7 @@ func (h *Handler) relayBroken(s *resp.Session, rs *relayConn) {
 	rs.multi, rs.dirty, rs.watch, rs.watchLost, rs.db, rs.tracking, rs.monitor = false, false, false, false, 0, false, false
 	rs.failedTx, rs.linger, rs.tracks = false, false, false
 	rs.trackOpt, rs.cachingNext, rs.cachingNow = 0, 0, 0
+	rs.redirTo, rs.redirUp = 0, 0
 	rs.light.Store(false)
 	s.SetPubSub(false)
 	s.CloseAfterReply()
@@ -691,7 +732,11 @@ func (h *Handler) maybeUnpin(rs *relayConn) {
 	rs.linger = false
 	rs.light.Store(false)
 	if !rs.pipe.Pinned() || rs.pipe.Pending() > 0 || rs.multi || rs.watch || rs.db != 0 ||
-		rs.tracking || rs.pipe.Tunneling() {
+		rs.tracking || rs.pipe.Tunneling() || rs.pipe.RedirectTarget() {
+		// A redirection's target (CLIENT TRACKING … REDIRECT) keeps its
+		// connection, which the redirection names, as long as it lives:
+		// it gets the invalidations whenever it is subscribed, as on
+		// Redis.
 		return
 	}
 	wroteHere := rs.wroteOn != 0 && rs.wroteOn == rs.pipe.PinID()
@@ -936,6 +981,13 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		if !h.pin(s, rs) {
 			return
 		}
+		// After pin: a client may redirect to itself, its connection
+		// being the one just pinned.
+		var ok bool
+		if args, ok = h.trackingRedirect(s, rs, args); !ok {
+			h.maybeUnpin(rs)
+			return
+		}
 		rs.tracking = rs.tracking || resp.EqualFold(args[2], "ON")
 		rs.tracks = resp.EqualFold(args[2], "ON")
 		rs.trackOpt = 0
@@ -946,6 +998,16 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 			rs.trackOpt = 'o'
 		}
 		h.relayAdd(s, rs, args)
+	case name == "client" && len(args) > 1 && resp.EqualFold(args[1], "UNBLOCK"):
+		h.clientUnblock(s, rs, args)
+	case name == "client" && rs.redirUp != 0 && redirectInfoCommand(args):
+		h.redirectInfo(s, rs, args)
+	case name == "client" && clientIDCommand(args) == "client|kill":
+		// Redis would close the client of that id; the upstream has no
+		// such client, and the id may be that of another's connection.
+		h.rm.refused.Inc()
+		relayError(s, "ERR CLIENT KILL ID is not supported through lockproxy: the id is lockproxy's (CLIENT ID), "+
+			"not that of an upstream connection; lockproxy does not close its clients for others")
 	case isBlocking(name) || (name == "xread" || name == "xreadgroup") && hasWord(args, "BLOCK"):
 		h.relayBlocking(s, rs, args)
 	default:
@@ -968,7 +1030,8 @@ func relayPlain(name string, args [][]byte) bool {
 		"sort", "sort_ro", "function":
 		return false
 	case "client":
-		return len(args) < 2 || !resp.EqualFold(args[1], "REPLY") && !resp.EqualFold(args[1], "TRACKING")
+		return len(args) < 2 || !resp.EqualFold(args[1], "REPLY") && !resp.EqualFold(args[1], "TRACKING") &&
+			clientIDCommand(args) == "" && !redirectInfoCommand(args)
 	case "xread", "xreadgroup":
 		return !hasWord(args, "BLOCK")
 	}
@@ -1134,6 +1197,7 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 		c.rl.multi, c.rl.dirty, c.rl.watch, c.rl.db, c.rl.tracking, c.rl.monitor = false, false, false, 0, false, false
 		c.rl.watchLost, c.rl.waiter, c.rl.failedTx, c.rl.linger, c.rl.tracks = false, false, false, false, false
 		c.rl.trackOpt, c.rl.cachingNext, c.rl.cachingNow = 0, 0, 0
+		c.rl.redirTo, c.rl.redirUp = 0, 0
 		c.rl.light.Store(false)
 	}
 	// No tunnel any more: the batch's replies go to s.W, pushes wait for

@@ -57,6 +57,14 @@ type upConn struct {
 	// stale, when set, is marked when the connection fails by itself: the
 	// relay then reads the upstream's command table again.
 	stale *atomic.Bool
+	// id is the upstream's id of a connection dialed for pinning (CLIENT
+	// ID, asked in the handshake), 0 for a shared one or when the upstream
+	// refused to tell. Set before the connection is handed out.
+	id int64
+	// named: another client named it upstream by its id (Relay.Named),
+	// so it never goes back to the idle list; redirTarget: a tracking
+	// redirection names it, so its client keeps it (Pipe.RedirectTarget).
+	named, redirTarget atomic.Bool
 
 	mu      sync.Mutex
 	wbuf    []byte

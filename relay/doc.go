@@ -7,7 +7,10 @@
 // attributes and pushes included), never decoded and re-encoded. A client
 // whose state belongs to one connection (MULTI, WATCH, pub/sub, blocking
 // commands, SELECT other than 0, CLIENT TRACKING) is pinned to a connection
-// of its own until that state clears.
+// of its own until that state clears. Commands that name another client by
+// id (CLIENT UNBLOCK, CLIENT TRACKING … REDIRECT) get the upstream's id of
+// that client's pinned connection from Named: lockproxy's ids mean nothing
+// upstream.
 //
 // It knows nothing of locks or of lockproxy's command table: the commands
 // package decides what is relayed. It does own the relay's policy on what

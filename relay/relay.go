@@ -57,6 +57,9 @@ type Relay struct {
 	idle   [2][]*upConn // clean connections kept for pinning
 	closed bool
 	pinned map[*upConn]struct{}
+	// pipes are the clients' pipes by client id (NewPipe, Done), for the
+	// commands that name another client by its id (Named).
+	pipes map[int64]*Pipe
 
 	// dials and dialFailures count connection attempts to the upstream
 	// and those that failed (TCP, TLS or the handshake), for metrics.
@@ -127,7 +130,7 @@ func New(cfg Config) *Relay {
 		cfg.DialTimeout = time.Second
 	}
 	r := &Relay{cfg: cfg, log: cfg.Logger, deny: map[string]bool{}, denySub: map[string]map[string]bool{},
-		pinned: map[*upConn]struct{}{}, prefix: []byte(cfg.KeyPrefix)}
+		pinned: map[*upConn]struct{}{}, pipes: map[int64]*Pipe{}, prefix: []byte(cfg.KeyPrefix)}
 	for _, d := range cfg.Deny {
 		if name, sub, ok := strings.Cut(lower(d), "|"); ok {
 			if r.denySub[name] == nil {
@@ -249,7 +252,7 @@ func (p *pool) get(ctx context.Context, i int) (*upConn, error) {
 	// The slot is shared: a client that goes away while its connection is
 	// dialed must not fail the dial, and with it every other client of
 	// the slot for the backoff. The dial has its own timeout.
-	c, err := p.r.dial(context.WithoutCancel(ctx), p.proto, 0, nil, nil)
+	c, err := p.r.dial(context.WithoutCancel(ctx), p.proto, 0, nil, nil, false)
 	if err != nil {
 		s.backoff = min(max(2*s.backoff, minBackoff), maxBackoff)
 		// From when the dial failed, not when it began: a dial that ran
@@ -266,17 +269,19 @@ func (p *pool) get(ctx context.Context, i int) (*upConn, error) {
 }
 
 // dial opens an upstream connection in protocol proto, authenticated and
-// with database db selected, and starts its reader.
-func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
+// with database db selected, and starts its reader. askID asks the
+// upstream for the connection's id (upConn.id): only connections dialed
+// for pinning need one, as only they are ever named by another client.
+func (r *Relay) dial(ctx context.Context, proto, db int, push func([]byte), lost func(), askID bool) (*upConn, error) {
 	r.dials.Add(1)
-	c, err := r.dialOnce(ctx, proto, db, push, lost)
+	c, err := r.dialOnce(ctx, proto, db, push, lost, askID)
 	if err != nil {
 		r.dialFailures.Add(1)
 	}
 	return c, err
 }
 
-func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), lost func()) (*upConn, error) {
+func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), lost func(), askID bool) (*upConn, error) {
 	reloaded := false
 	dialStart := time.Now()
 	// TCP and TLS together within dial_timeout: a TLS handshake given a
@@ -331,6 +336,15 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 	if loadSpecs {
 		hs = append(hs, [][]byte{[]byte("COMMAND")})
 	}
+	idAt := -1
+	if askID {
+		// In the same write as the rest of the handshake; an upstream
+		// that refuses it (an ACL, a Redis before 5) leaves the id
+		// unknown, and the commands that name the connection are
+		// refused (ErrNoUpstreamID) rather than the dial failed.
+		idAt = len(hs)
+		hs = append(hs, [][]byte{[]byte("CLIENT"), []byte("ID")})
+	}
 	if len(hs) > 0 {
 		var req []byte
 		for _, a := range hs {
@@ -348,12 +362,16 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 				nc.Close()
 				return nil, fmt.Errorf("handshake with %s: %w", r.cfg.Addr, err)
 			}
+			if i == idAt {
+				c.id, _ = integer(f)
+				continue
+			}
 			if f[0] == '-' {
 				nc.Close()
 				msg, _ := str(f)
 				return nil, &refusedError{addr: r.cfg.Addr, cmd: lower(string(hs[i][0])), msg: string(msg)}
 			}
-			if loadSpecs && i == len(hs)-1 {
+			if loadSpecs && string(hs[i][0]) == "COMMAND" {
 				if ks := parseSpecs(f); ks != nil {
 					r.setSpecs(ks)
 					reloaded = true
@@ -414,7 +432,7 @@ func (r *Relay) takePinned(ctx context.Context, proto, db int, push func([]byte)
 	if err := r.unreachable(time.Now()); err != nil {
 		return nil, err
 	}
-	c, err := r.dial(ctx, proto, db, push, lost)
+	c, err := r.dial(ctx, proto, db, push, lost, true)
 	if err != nil {
 		r.dialFailed(err, time.Now().Add(minBackoff))
 		return nil, err
@@ -434,7 +452,11 @@ func (r *Relay) takePinned(ctx context.Context, proto, db int, push func([]byte)
 func (r *Relay) release(c *upConn, clean bool) {
 	r.mu.Lock()
 	delete(r.pinned, c)
-	keep := clean && !r.closed && c.db == 0 && !c.tunnel.Load() && c.failed() == nil &&
+	// A connection another client named by its id (Named) never goes to
+	// another client: what the naming command left on it (a tracking
+	// redirection's invalidations) or may still do to it (an UNBLOCK on
+	// its way) was meant for this client.
+	keep := clean && !r.closed && c.db == 0 && !c.tunnel.Load() && c.failed() == nil && !c.named.Load() &&
 		len(r.idle[c.proto-2]) < r.cfg.PoolSize
 	if keep {
 		c.setHooks(nil, nil)
@@ -463,14 +485,100 @@ type Pipe struct {
 	// pins counts the connections the client was given (Pin): PinID
 	// tells one from the next, the same upConn handed out again included.
 	pins uint64
+	// client is the client's id, its key in Relay.pipes. shown is its
+	// pinned connection and blocked tells that a blocking command waits
+	// on it (Collect, untimed): both as other clients see them through
+	// Named, under r.mu, set apart from pin, which only the client's
+	// goroutine reads.
+	client  int64
+	shown   *upConn
+	blocked bool
 }
 
 // NewPipe returns a Pipe for a client; id spreads clients over the shared
 // connections; push writes out-of-band frames (pub/sub messages, RESP3
 // pushes) to the client; lost runs, on another goroutine, when a pinned
-// connection fails and the client's state on it with it.
+// connection fails and the client's state on it with it. Other clients'
+// commands can name the client by id (Named) until Done.
 func (r *Relay) NewPipe(id int64, push func([]byte), lost func()) *Pipe {
-	return &Pipe{r: r, id: int(id % int64(r.cfg.PoolSize)), push: push, lost: lost, cl: newCall()}
+	p := &Pipe{r: r, id: int(id % int64(r.cfg.PoolSize)), push: push, lost: lost, cl: newCall(), client: id}
+	r.mu.Lock()
+	r.pipes[id] = p
+	r.mu.Unlock()
+	return p
+}
+
+// Done is Close for a client that is gone: no other client can name it
+// any more (Named).
+func (p *Pipe) Done() {
+	p.Close()
+	p.r.mu.Lock()
+	if p.r.pipes[p.client] == p {
+		delete(p.r.pipes, p.client)
+	}
+	p.r.mu.Unlock()
+}
+
+// What a client named by its id must have for Named to name its upstream
+// connection.
+const (
+	// NameBlocked: a blocking command waiting on its pinned connection
+	// (CLIENT UNBLOCK).
+	NameBlocked = iota
+	// NameRedirect: a pinned connection, which it keeps from now on, as
+	// the target of another client's tracking redirection (CLIENT
+	// TRACKING … REDIRECT): on Redis the redirection lasts as long as the
+	// target client, so through lockproxy its connection does.
+	NameRedirect
+)
+
+// Errors of Named.
+var (
+	// ErrNoSuchConn: no client has that id, or it has no pinned upstream
+	// connection (for NameBlocked: no blocking command waiting on one).
+	ErrNoSuchConn = errors.New("relay: no client with that id has an upstream connection of its own")
+	// ErrNoUpstreamID: the upstream refused CLIENT ID when the client's
+	// connection was dialed, so its id there is not known.
+	ErrNoUpstreamID = errors.New("relay: the upstream did not tell that connection's id (CLIENT ID refused)")
+)
+
+// Named returns the upstream's id of the connection the client of id
+// client (lockproxy's id, CLIENT ID's) has pinned, for a command that
+// names that client by id, with what (NameBlocked, NameRedirect). A
+// client's id means nothing upstream, and an upstream connection's id
+// may be that of a connection pinned to another client, or shared.
+// The connection is marked as named: it never goes back to the idle
+// list for another client to take (release), so the naming command
+// reaches this client's connection or one that is closed, whenever it
+// arrives.
+func (r *Relay) Named(client int64, what int) (int64, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.pipes[client]
+	if p == nil || p.shown == nil || what == NameBlocked && !p.blocked {
+		return 0, ErrNoSuchConn
+	}
+	c := p.shown
+	if c.id == 0 {
+		return 0, ErrNoUpstreamID
+	}
+	c.named.Store(true)
+	if what == NameRedirect {
+		c.redirTarget.Store(true)
+	}
+	return c.id, nil
+}
+
+// RedirectTarget tells whether the pinned connection is the target of a
+// tracking redirection (Named): the client keeps it until it leaves, or
+// RESETs.
+func (p *Pipe) RedirectTarget() bool { return p.pin != nil && p.pin.redirTarget.Load() }
+
+// show publishes the pinned connection to Named.
+func (p *Pipe) show(c *upConn, blocked bool) {
+	p.r.mu.Lock()
+	p.shown, p.blocked = c, blocked
+	p.r.mu.Unlock()
 }
 
 // Add queues one command for the next Collect.
@@ -514,6 +622,15 @@ func (p *Pipe) Collect(ctx context.Context, proto int, timed bool) ([]byte, erro
 	var err error
 	if c == nil {
 		c, err = p.r.shared[proto-2].get(ctx, p.id)
+	} else if !timed {
+		// A blocking command: the client counts as blocked on its
+		// connection (Named) until the reply, or Unpin.
+		p.show(c, true)
+		defer func() {
+			if p.pin == c {
+				p.show(c, false)
+			}
+		}()
 	}
 	if err == nil {
 		err = c.send(req, cl, timed)
@@ -654,6 +771,7 @@ func (p *Pipe) Pin(ctx context.Context, proto, db int) error {
 	}
 	p.pin, p.proto = c, proto
 	p.pins++
+	p.show(c, false)
 	return nil
 }
 
@@ -675,6 +793,9 @@ func (p *Pipe) Unpin(clean bool) {
 	}
 	c := p.pin
 	p.pin = nil
+	// Hidden before it is released: Named then finds either this client
+	// holding it, and marks it so that release closes it, or nothing.
+	p.show(nil, false)
 	p.r.release(c, clean)
 }
 

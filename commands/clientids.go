@@ -1,0 +1,195 @@
+package commands
+
+import (
+	"bytes"
+	"errors"
+	"strconv"
+
+	"github.com/lockproxy/lockproxy/relay"
+	"github.com/lockproxy/lockproxy/resp"
+)
+
+// Relayed commands that name a client by its id. A client reads its id
+// from lockproxy (CLIENT ID, HELLO), which is not the id of any upstream
+// connection: relayed as it is, the id would name no connection there, or
+// one pinned to another client, or a shared one. So the id is translated
+// to that of the upstream connection the client named has pinned
+// (relay.Named) and the command relayed with it, or the command is
+// answered here, never relayed with a lockproxy id.
+
+// errRedirectMissing is Redis's reply to a CLIENT TRACKING … REDIRECT that
+// names no client: through lockproxy also one with no upstream connection
+// of its own, which no redirection could reach.
+const errRedirectMissing = "ERR The client ID you want redirect to does not exist"
+
+// clientIDCommand names a CLIENT subcommand (args[0] is CLIENT) that names
+// a client by its id, or is "": UNBLOCK, TRACKING with REDIRECT, KILL with
+// an ID filter.
+func clientIDCommand(args [][]byte) string {
+	if len(args) < 2 {
+		return ""
+	}
+	switch {
+	case resp.EqualFold(args[1], "UNBLOCK"):
+		return "client|unblock"
+	case resp.EqualFold(args[1], "TRACKING") && hasWord(args, "REDIRECT"):
+		return "client|tracking"
+	case resp.EqualFold(args[1], "KILL") && killsByID(args):
+		return "client|kill"
+	}
+	return ""
+}
+
+// killsByID tells whether a CLIENT KILL has an ID filter (the new form,
+// filter-value pairs; the old one, CLIENT KILL addr:port, has three
+// arguments).
+func killsByID(args [][]byte) bool {
+	if len(args) == 3 {
+		return false
+	}
+	for i := 2; i+1 < len(args); i += 2 {
+		if resp.EqualFold(args[i], "ID") {
+			return true
+		}
+	}
+	return false
+}
+
+// clientUnblock is CLIENT UNBLOCK id [TIMEOUT|ERROR], relayed with the
+// upstream id of the connection the client of that id is blocked on; :0,
+// as Redis answers for a client that is not blocked, when it is in no
+// relayed blocking command. A client blocked in lockproxy's own LOCK …
+// WAIT is not one: nothing upstream holds it.
+func (h *Handler) clientUnblock(s *resp.Session, rs *relayConn, args [][]byte) {
+	switch {
+	case len(args) < 3:
+		relayError(s, "ERR wrong number of arguments for 'client|unblock' command")
+		return
+	case len(args) > 4:
+		// Redis's arity for it is -3; its handler takes 3 or 4.
+		relayError(s, "ERR unknown subcommand or wrong number of arguments for '"+relay.Clip(string(args[1]))+"'. Try CLIENT HELP.")
+		return
+	}
+	if len(args) == 4 && !resp.EqualFold(args[3], "TIMEOUT") && !resp.EqualFold(args[3], "ERROR") {
+		relayError(s, "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR")
+		return
+	}
+	id, ok := resp.ParseInt(args[2])
+	if !ok {
+		relayError(s, errNotInteger.Error())
+		return
+	}
+	up, err := h.up.Named(id, relay.NameBlocked)
+	switch {
+	case errors.Is(err, relay.ErrNoSuchConn):
+		s.W.Int(0)
+		return
+	case err != nil:
+		relayError(s, "ERR CLIENT UNBLOCK through lockproxy: client "+strconv.FormatInt(id, 10)+
+			" is blocked upstream, but the upstream did not tell its connection's id (CLIENT ID refused): "+err.Error())
+		return
+	}
+	out := append([][]byte{args[0], args[1], []byte(strconv.FormatInt(up, 10))}, args[3:]...)
+	h.relayAdd(s, rs, out)
+}
+
+// trackingRedirect returns CLIENT TRACKING's arguments with the client id
+// of its REDIRECT option translated (relay.Named), or false after writing
+// the reply Redis gives when that client does not exist. Options are read
+// as Redis reads them, up to the first it would refuse (a second
+// REDIRECT, an unknown word): Redis stops there too, before it looks up
+// any id after it.
+// The translation is kept (relayConn.redirTo, redirUp) for the replies
+// that give the id back (redirectInfo).
+func (h *Handler) trackingRedirect(s *resp.Session, rs *relayConn, args [][]byte) ([][]byte, bool) {
+	var out [][]byte
+	redirects := 0
+	for j := 3; j < len(args); j++ {
+		more := j+1 < len(args)
+		switch {
+		case resp.EqualFold(args[j], "REDIRECT") && more:
+			if redirects++; redirects > 1 {
+				return orArgs(out, args), true
+			}
+			j++
+			id, ok := resp.ParseInt(args[j])
+			if !ok {
+				relayError(s, errNotInteger.Error())
+				return nil, false
+			}
+			up, err := h.up.Named(id, relay.NameRedirect)
+			switch {
+			case errors.Is(err, relay.ErrNoSuchConn):
+				relayError(s, errRedirectMissing)
+				return nil, false
+			case err != nil:
+				relayError(s, "ERR CLIENT TRACKING through lockproxy: the upstream did not tell the id of client "+
+					strconv.FormatInt(id, 10)+"'s connection (CLIENT ID refused): "+err.Error())
+				return nil, false
+			}
+			if out == nil {
+				out = append([][]byte(nil), args...)
+			}
+			out[j] = []byte(strconv.FormatInt(up, 10))
+			rs.redirTo, rs.redirUp = id, up
+		case resp.EqualFold(args[j], "PREFIX") && more:
+			j++
+		case resp.EqualFold(args[j], "BCAST") || resp.EqualFold(args[j], "OPTIN") ||
+			resp.EqualFold(args[j], "OPTOUT") || resp.EqualFold(args[j], "NOLOOP"):
+		default:
+			return orArgs(out, args), true
+		}
+	}
+	return orArgs(out, args), true
+}
+
+// orArgs is out when set, else args.
+func orArgs(out, args [][]byte) [][]byte {
+	if out != nil {
+		return out
+	}
+	return args
+}
+
+// redirectInfo relays CLIENT GETREDIR or CLIENT TRACKINGINFO, whose reply
+// gives the id of the client a tracking redirection goes to, with the
+// upstream id that trackingRedirect put in its place turned back into the
+// lockproxy id the client gave: it is the id the client knows, and the one
+// CLIENT UNBLOCK or another REDIRECT takes.
+func (h *Handler) redirectInfo(s *resp.Session, rs *relayConn, args [][]byte) {
+	if rs.pipe.Pending() > 0 {
+		// The reply read below must be this command's alone.
+		h.relayCollect(s, rs, true)
+	}
+	h.relayAdd(s, rs, args)
+	at := rs.at
+	h.relayCollect(s, rs, true)
+	up, to := strconv.FormatInt(rs.redirUp, 10), strconv.FormatInt(rs.redirTo, 10)
+	// GETREDIR's reply is the integer; TRACKINGINFO's has it after the
+	// "redirect" key, which comes before any prefix (the only free text),
+	// in RESP2's array and RESP3's map alike.
+	old, repl := []byte(":"+up+"\r\n"), []byte(":"+to+"\r\n")
+	if resp.EqualFold(args[1], "TRACKINGINFO") {
+		old, repl = append([]byte("$8\r\nredirect\r\n"), old...), append([]byte("$8\r\nredirect\r\n"), repl...)
+	}
+	b := s.W.Bytes()
+	if at > len(b) {
+		return
+	}
+	i := bytes.Index(b[at:], old)
+	if i < 0 || !resp.EqualFold(args[1], "TRACKINGINFO") && i != 0 {
+		return
+	}
+	tail := bytes.Clone(b[at+i+len(old):])
+	head := bytes.Clone(b[:at+i])
+	s.W.Reset()
+	s.W.Raw(head)
+	s.W.Raw(repl)
+	s.W.Raw(tail)
+}
+
+// redirectInfoCommand tells whether a CLIENT command (args[0]) is GETREDIR
+// or TRACKINGINFO, whose replies name the client a redirection goes to.
+func redirectInfoCommand(args [][]byte) bool {
+	return len(args) == 2 && (resp.EqualFold(args[1], "GETREDIR") || resp.EqualFold(args[1], "TRACKINGINFO"))
+}
