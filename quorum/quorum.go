@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -331,6 +332,76 @@ type Quorum struct {
 	nodes    []Node
 	cfg      Config
 	allAsync bool
+	// joins runs a token's overlapping exclusive attempts on one key one
+	// after another (see enterJoin).
+	joins joinGate
+}
+
+// joinGate holds the exclusive attempts that may join a hold (not
+// NoReentry) under way, by key and token. A token's attempts that overlap
+// would otherwise meet on the nodes in different orders: on each node one
+// of them grants afresh and the others join its hold, some before the
+// fresh grant's fence is stored there (a node stores it after answering,
+// see backends/redis Node.exec), so each attempt settles on a fence of its
+// own from what it happened to see (the stored fence, the slot counter,
+// which the other attempts' increments moved on) and the token's one hold
+// ends up with several fences told to its holders. Run one after another,
+// a later attempt is a reentry that starts after the earlier one answered
+// and settled its fence on the nodes, and keeps that fence (reentryFence),
+// or, if the earlier one failed and was rolled back, an attempt of its
+// own.
+type joinGate struct {
+	mu sync.Mutex
+	// A present entry is an attempt under way; its channel, made by the
+	// first attempt that waits for it, is closed when it ends.
+	m map[joinKey]chan struct{}
+}
+
+type joinKey struct{ key, token string }
+
+// enterJoin waits until no other exclusive attempt of req's token on its
+// key is under way in this Quorum, then registers req's; the returned
+// func ends it. Only attempts that may join a hold wait: a NoReentry
+// attempt (a token lockproxy generated, transparent mode's SET NX) never
+// joins one, so the common grant pays nothing here. A read attempt's
+// fence is not the hold's (see settleFence), so it does not wait either.
+func (q *Quorum) enterJoin(ctx context.Context, req Request) (func(), error) {
+	if req.Mode != Exclusive || req.NoReentry {
+		return func() {}, nil
+	}
+	g, k := &q.joins, joinKey{req.Key, req.Token}
+	g.mu.Lock()
+	for {
+		ch, busy := g.m[k]
+		if !busy {
+			break
+		}
+		if ch == nil {
+			ch = make(chan struct{})
+			g.m[k] = ch
+		}
+		g.mu.Unlock()
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		g.mu.Lock()
+	}
+	if g.m == nil {
+		g.m = make(map[joinKey]chan struct{})
+	}
+	g.m[k] = nil
+	g.mu.Unlock()
+	return func() {
+		g.mu.Lock()
+		ch := g.m[k]
+		delete(g.m, k)
+		g.mu.Unlock()
+		if ch != nil {
+			close(ch)
+		}
+	}, nil
 }
 
 // deadlineCtx carries a deadline without arming a timer. AsyncNodes
@@ -435,7 +506,15 @@ type boolResult struct {
 // lease, or ErrNotAcquired, ErrExpired, or a *NoQuorumError. On any failure
 // the key is released on every node, including those that did not answer.
 func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
+	leave, err := q.enterJoin(ctx, req)
+	if err != nil {
+		return Lease{}, err
+	}
+	// Left only once the attempt settled its fence or was rolled back on
+	// every node it reached: what the next attempt of the token finds.
+	defer leave()
 	n, need := len(q.nodes), q.Majority()
+	// After the wait: the lease on the nodes starts with this attempt.
 	start := q.cfg.Clock.Now()
 	nodeCtx, cancel := q.nodeContext(ctx, q.NodeTimeout(req.TTL))
 	defer cancel()

@@ -1,0 +1,110 @@
+package quorum_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// TestOverlappingSameTokenAttemptsRunInTurn: exclusive attempts of one
+// token on one key that may join its hold, made while another is under
+// way, reach the nodes only once it has ended. Run side by side they met
+// on the nodes in different orders (a fresh grant on one, a join on
+// another, before the fresh grant's fence was stored there) and the
+// token's one hold was told several fences (test/e2e
+// TestConcurrentSameTokenGrantsShareOneFence). Attempts that cannot join
+// that hold (another token, NoReentry, another key) do not wait, nor does
+// a waiting attempt past its context.
+func TestOverlappingSameTokenAttemptsRunInTurn(t *testing.T) {
+	checkGoroutines(t)
+	gate := make(chan struct{})
+	nodes := makeNodes(t, 3, func(_ int, nd *fakeNode) {
+		nd.fence, nd.holds = 5, 1
+	})
+	// The gate is closed by the test itself (makeNodes would close it
+	// again at cleanup), or at its end if it fails first.
+	for _, nd := range nodes {
+		nd.gate = gate
+	}
+	var closeOnce sync.Once
+	openGate := func() { closeOnce.Do(func() { close(gate) }) }
+	t.Cleanup(openGate)
+	cfg := defaultConfig()
+	cfg.Clock = newFakeClock()
+	q := newQuorum(t, cfg, nodes)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	req := quorum.Request{Key: "k", Token: "t", TTL: 10 * time.Second}
+	type result struct {
+		l   quorum.Lease
+		err error
+	}
+	run := func(ctx context.Context, r quorum.Request) chan result {
+		ch := make(chan result, 1)
+		go func() {
+			l, err := q.Acquire(ctx, r)
+			ch <- result{l, err}
+		}()
+		return ch
+	}
+	first := run(ctx, req)
+	awaitOps(nodes, "acquire", 1)
+	second := run(ctx, req)
+	shortCtx, shortCancel := context.WithTimeout(ctx, 30*time.Millisecond)
+	defer shortCancel()
+	gaveUp := run(shortCtx, req)
+	others := []chan result{
+		run(ctx, quorum.Request{Key: "k", Token: "u", TTL: 10 * time.Second}),
+		run(ctx, quorum.Request{Key: "k", Token: "t", TTL: 10 * time.Second, NoReentry: true}),
+		run(ctx, quorum.Request{Key: "k2", Token: "t", TTL: 10 * time.Second}),
+		run(ctx, quorum.Request{Key: "k", Token: "t", TTL: 10 * time.Second, Mode: quorum.Shared}),
+	}
+	awaitOps(nodes, "acquire", 1+len(others))
+	select {
+	case r := <-gaveUp:
+		if !errors.Is(r.err, context.DeadlineExceeded) {
+			t.Errorf("an attempt waiting for its token's attempt past its context: %+v, %v; want %v", r.l, r.err, context.DeadlineExceeded)
+		}
+	case <-time.After(2 * time.Second):
+		t.Errorf("an attempt waiting for its token's attempt did not end with its context")
+	}
+	for _, nd := range nodes {
+		if got := len(nd.ops("acquire")); got != 1+len(others) {
+			t.Fatalf("%s: %d acquires while the token's first attempt on the key is under way; want %d "+
+				"(the first and the %d that cannot join its hold; not the token's second, nor the one that gave up)",
+				nd.name, got, 1+len(others), len(others))
+		}
+	}
+	openGate()
+	r1 := <-first
+	if r1.err != nil {
+		t.Fatalf("first attempt: %v", r1.err)
+	}
+	r2 := <-second
+	if r2.err != nil {
+		t.Fatalf("second attempt: %v", r2.err)
+	}
+	for _, ch := range others {
+		if r := <-ch; r.err != nil {
+			t.Errorf("attempt that need not wait: %v", r.err)
+		}
+	}
+	// A grant answers once a majority granted: the last node's call may
+	// still be starting.
+	awaitOps(nodes, "acquire", 2+len(others))
+	for _, nd := range nodes {
+		acq := nd.ops("acquire")
+		if len(acq) != 2+len(others) {
+			t.Errorf("%s: %d acquires in all; want %d", nd.name, len(acq), 2+len(others))
+			continue
+		}
+		if last := acq[len(acq)-1]; last.key != "k" || last.token != "t" {
+			t.Errorf("%s: last acquire %q/%q; want the token's second attempt k/t", nd.name, last.key, last.token)
+		}
+	}
+}
