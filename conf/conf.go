@@ -389,6 +389,11 @@ type Limits struct {
 	// after it was accepted, when auth.password or auth.users is set; 0
 	// never does.
 	AuthTimeout time.Duration `yaml:"auth_timeout"`
+	// MaxOutputBytes bounds the replies a connection holds for a client
+	// that reads them slower than it sends commands (Redis's
+	// client-output-buffer-limit); past it the client is closed. 0: no
+	// limit.
+	MaxOutputBytes int `yaml:"max_output_bytes"`
 }
 
 // Default returns the configuration used where file, environment and flags
@@ -513,6 +518,12 @@ func Default() Config {
 			// A client that knows the password has sent it by then; one
 			// that does not only holds a connection slot.
 			AuthTimeout: 10 * time.Second,
+			// Redis does not limit normal clients; a bound still keeps
+			// one client that never reads from taking the host's memory.
+			// 1 GB holds the largest reply there is (a 512 MB value) with
+			// room, and a go-redis pipeline written whole before its
+			// replies are read (tens of thousands of values of KBs).
+			MaxOutputBytes: 1 << 30,
 		},
 	}
 }
@@ -738,6 +749,9 @@ func (c Config) Validate() error {
 	v.positive("limits.shutdown_timeout", c.Limits.ShutdownTimeout)
 	if c.Limits.AuthTimeout < 0 {
 		v.add("limits.auth_timeout", "must not be negative (0 disables it), got %v", c.Limits.AuthTimeout)
+	}
+	if c.Limits.MaxOutputBytes < 0 {
+		v.add("limits.max_output_bytes", "must not be negative (0: no limit), got %d", c.Limits.MaxOutputBytes)
 	}
 
 	if len(v.problems) == 0 {

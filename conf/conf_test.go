@@ -109,6 +109,10 @@ func TestValidate(t *testing.T) {
 			`limits.auth_timeout: must not be negative (0 disables it), got -1s`,
 		}},
 		{"auth timeout off", func(c *Config) { c.Limits.AuthTimeout = 0 }, nil},
+		{"output limit", func(c *Config) { c.Limits.MaxOutputBytes = -1 }, []string{
+			`limits.max_output_bytes: must not be negative (0: no limit), got -1`,
+		}},
+		{"output limit off", func(c *Config) { c.Limits.MaxOutputBytes = 0 }, nil},
 		{"permissions", func(c *Config) {
 			c.Auth.Password = "pw"
 			c.Auth.Users = []string{"app:pw", "ops:pw"}

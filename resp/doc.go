@@ -7,5 +7,8 @@
 //
 // Caveats: replies are flushed once per batch of pipelined commands; a
 // command that blocks must call Session.Flush first. Pushes queued with
-// Session.Push are written between commands, never inside a reply.
+// Session.Push are written between commands, never inside a reply. A
+// flush never waits for a client that does not read (but over TLS): what
+// it has not read waits in the connection's output buffer, bounded by
+// Server.MaxOutput (output.go).
 package resp

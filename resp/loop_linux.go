@@ -153,8 +153,7 @@ func (l *eventLoop) add(sess *Session, tc *net.TCPConn) error {
 // on a connection Go's poller serves.
 func (l *eventLoop) fail(sess *Session, err error) error {
 	sess.loop = nil
-	if nc, cerr := sess.fdc().netConn(); cerr == nil {
-		sess.setConn(nc, nil)
+	if nc, cerr := sess.toPoller(sess.fdc()); cerr == nil {
 		if l.srv.isClosing() {
 			// Shutdown's wake-up may have gone to the old socket.
 			_ = nc.SetReadDeadline(time.Now())
@@ -527,7 +526,7 @@ func (s *Server) adopt(sess *Session, cmds [][][]byte, perr error) {
 	// The replies in flight are written to the socket the loop used.
 	sess.WaitAsync()
 	fc := sess.fdc()
-	nc, err := fc.netConn()
+	nc, err := sess.toPoller(fc)
 	if err != nil {
 		s.Logger.Warn(fmt.Sprintf("moving a connection off the event loop: %v", err))
 		fc.destroy()
@@ -537,7 +536,6 @@ func (s *Server) adopt(sess *Session, cmds [][][]byte, perr error) {
 		s.wg.Done()
 		return
 	}
-	sess.setConn(nc, nil)
 	if s.isClosing() {
 		// Shutdown's wake-up went to the loop's socket: the batch is
 		// served, and the connection then closed rather than read.
@@ -551,7 +549,10 @@ func (s *Server) adopt(sess *Session, cmds [][][]byte, perr error) {
 // stays on the goroutine (the server is closing, or the loop refused it).
 func (s *Server) returnToLoop(l *eventLoop, sess *Session) bool {
 	tc, ok := sess.conn.(*net.TCPConn)
-	if !ok || s.isClosing() || !sess.WaitAsync() {
+	// Not while output waits for the client: flushOut would go on on the
+	// loop's socket, waiting in poll(2), where Go's poller waits for it
+	// without holding a thread.
+	if !ok || s.isClosing() || !sess.WaitAsync() || sess.outputPending() {
 		return false
 	}
 	if err := l.add(sess, tc); err != nil {
@@ -566,6 +567,7 @@ func (s *Server) returnToLoop(l *eventLoop, sess *Session) bool {
 func (s *Server) finishLoopSession(sess *Session) {
 	defer s.wg.Done()
 	sess.WaitAsync()
+	sess.waitOutput()
 	sess.cancel()
 	sess.writeMu.Lock()
 	sess.fdc().destroy()
@@ -672,6 +674,41 @@ func (c *fdConn) destroy() {
 	}
 }
 
+// toPoller gives the loop's socket fc of sess to Go's poller, and makes it
+// the session's connection. Under writeMu, so that a flushOut running
+// meanwhile writes to the old socket or the new one, never to neither.
+func (sess *Session) toPoller(fc *fdConn) (net.Conn, error) {
+	sess.writeMu.Lock()
+	defer sess.writeMu.Unlock()
+	nc, err := fc.netConn()
+	if err != nil {
+		return nil, err
+	}
+	raw, rd, out := pollerIO(nc)
+	sess.setConnLocked(nc, nil, raw, rd, out)
+	return nc, nil
+}
+
+// waitWritable waits until the socket takes more output, at most
+// pollSlice (so that a close or a hand-over waits at most that long for
+// it) and not past until; it reports whether until has passed. What the
+// socket says (closed, handed over) is for the next write attempt to
+// tell.
+func (c *fdConn) waitWritable(until time.Time) bool {
+	left := time.Until(until)
+	if left <= 0 {
+		return true
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if c.fd < 0 || c.shut.Load() {
+		return false
+	}
+	fds := []unix.PollFd{{Fd: int32(c.fd), Events: unix.POLLOUT}}
+	_, _ = unix.Poll(fds, int(min(pollSlice, left).Milliseconds())+1)
+	return false
+}
+
 // netConn gives the socket to Go's poller as a net.Conn; c is done.
 func (c *fdConn) netConn() (net.Conn, error) {
 	c.mu.Lock()
@@ -707,7 +744,7 @@ func (c *fdConn) SetWriteDeadline(t time.Time) error {
 
 func (c *fdConn) SetDeadline(t time.Time) error { return c.SetWriteDeadline(t) }
 
-// SyscallConn gives writeAsync its one non-blocking write attempt.
+// SyscallConn gives the session's non-blocking write attempts (output.go).
 func (c *fdConn) SyscallConn() (syscall.RawConn, error) { return fdRaw{c}, nil }
 
 type fdRaw struct{ c *fdConn }
@@ -724,7 +761,9 @@ func (r fdRaw) Control(f func(fd uintptr)) error {
 
 func (r fdRaw) Read(f func(fd uintptr) bool) error { return errors.New("resp: not supported") }
 
-// Write calls f once: writeAsync never waits for the socket here.
+// Write calls f once: nothing waits for this socket through its raw
+// connection (writes are tried with Control; flushOut waits with
+// waitWritable).
 func (r fdRaw) Write(f func(fd uintptr) bool) error {
 	r.c.mu.RLock()
 	defer r.c.mu.RUnlock()

@@ -5,6 +5,7 @@ package resp
 import (
 	"errors"
 	"net"
+	"time"
 )
 
 // The event loop is Linux's (epoll); elsewhere every connection has a
@@ -13,6 +14,8 @@ import (
 type eventLoop struct{}
 
 type fdConn struct{ net.Conn }
+
+func (*fdConn) waitWritable(time.Time) bool { return true }
 
 func startLoop(*Server, LoopHandler) (*eventLoop, error) {
 	return nil, errors.New("no event loop on this system")

@@ -96,6 +96,12 @@ type Server struct {
 	// does not know the password must not hold a slot (and a file
 	// descriptor) for good. 0: never.
 	AuthTimeout time.Duration
+	// MaxOutput bounds, in bytes, the replies a connection holds for a
+	// client that does not read them as fast as it sends commands; past
+	// it the client is closed, as Redis does past
+	// client-output-buffer-limit. 0: no limit (Redis's default for
+	// normal clients).
+	MaxOutput int
 
 	baseCtx  context.Context
 	cancel   context.CancelFunc
@@ -114,7 +120,13 @@ type Server struct {
 	authTimeouts, tlsFailures atomic.Int64
 	// Connections refused at MaxClients.
 	rejected atomic.Int64
+	// Connections closed for going past MaxOutput.
+	outputLimitCloses atomic.Int64
 }
+
+// OutputLimitCloses tells how many connections were closed for going past
+// MaxOutput, since the start.
+func (s *Server) OutputLimitCloses() int64 { return s.outputLimitCloses.Load() }
 
 // ConnStats tells how many client connections were accepted and how many
 // refused at MaxClients, since the start.
@@ -222,6 +234,7 @@ func (s *Server) accept(c net.Conn) {
 	}
 	sess := newSession(s.baseCtx, s.nextID.Add(1), c)
 	sess.rd.preAuth = s.AuthRequired
+	sess.srv, sess.outLimit = s, s.MaxOutput
 	s.sessions[sess] = struct{}{}
 	s.wg.Add(1)
 	loop := s.loop
@@ -303,9 +316,12 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 		if returned {
 			return
 		}
-		// Replies another goroutine still writes (BeginAsync) go out
-		// before the connection closes, as they would have from here.
+		// Replies another goroutine still writes (BeginAsync), and the
+		// output the client has not read yet, go out before the
+		// connection closes (a client that half-closed after its last
+		// command gets its replies), bounded by the write timeout.
 		sess.WaitAsync()
+		sess.waitOutput()
 		sess.cancel()
 		sess.conn.Close()
 		s.forget(sess)

@@ -1,7 +1,6 @@
 package resp
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -46,11 +45,29 @@ type Session struct {
 	closeAfter bool
 	rd         *Reader
 	// writeMu orders whole writes to the connection: a batch of replies
-	// from the connection's goroutine, push frames from others.
+	// from the connection's goroutine, push frames from others. It is
+	// never held while waiting for the client, but over TLS (see
+	// output.go).
 	writeMu sync.Mutex
-	out     io.Writer // writes to conn, under writeMu
+	out     io.Writer // writes to conn over TLS, under writeMu
 	// wdeadline is the connection's write deadline (under writeMu).
 	wdeadline deadline.Write
+	// The output the client has not taken yet (output.go), under writeMu:
+	// pend[pendOff:], written by flushOut while flushing (flushed is
+	// closed when it ends). outErr: the write error that ended the
+	// connection's output; overflow: how big the output would have grown
+	// when it went past outLimit (bytes; 0: no limit).
+	pend     []byte
+	pendOff  int
+	flushing bool
+	flushed  chan struct{}
+	outErr   error
+	overflow int
+	outLimit int
+	// overLimit: the connection was closed for its output limit, and
+	// said so in the log.
+	overLimit atomic.Bool
+	srv       *Server
 	pushes    chan []byte
 	// serving is set while the connection's goroutine runs a batch whose
 	// replies are not written yet: push frames wait for them, so that a
@@ -74,12 +91,12 @@ type Session struct {
 	asyncDone  chan struct{}
 	asyncWrite func([]byte)
 	raw        syscall.RawConn // nil when the connection has no file descriptor
-	// The one write attempt of an async write, under writeMu: fields
+	// The one write attempt of tryWriteLocked, under writeMu: fields
 	// rather than a closure's captures, so that it allocates nothing.
 	rawBuf  []byte
 	rawN    int
 	rawErr  error
-	rawFunc func(fd uintptr) bool
+	rawFunc func(fd uintptr)
 
 	// On the event loop (loop_linux.go): loop is the loop serving the
 	// session, nil once it has a goroutine; home the loop it started on,
@@ -94,12 +111,13 @@ type Session struct {
 	fc        *fdConn
 }
 
-// replyWriteTimeout bounds one write of replies to a client that does not
-// read; pushWriteTimeout one push frame, written from other goroutines.
-const (
-	replyWriteTimeout = 30 * time.Second
-	pushWriteTimeout  = 5 * time.Second
-)
+// replyWriteTimeout is how long a client may read nothing while output
+// waits for it before it is closed (a variable for tests);
+// pushWriteTimeout bounds the write of one push frame over TLS, written
+// from other goroutines.
+var replyWriteTimeout = 30 * time.Second
+
+const pushWriteTimeout = 5 * time.Second
 
 func newSession(base context.Context, id int64, c net.Conn) *Session {
 	ctx, cancel := context.WithCancel(base)
@@ -124,10 +142,7 @@ func newSession(base context.Context, id int64, c net.Conn) *Session {
 	s.lastActive.Store(s.created.UnixNano())
 	s.unauthed.Store(s.created.UnixNano())
 	s.asyncWrite = s.writeAsync
-	s.rawFunc = func(fd uintptr) bool {
-		s.rawN, s.rawErr = nbio.Write(int(fd), s.rawBuf)
-		return true // one attempt: never wait for the socket
-	}
+	s.rawFunc = s.rawWrite
 	s.setConn(c, nil)
 	return s
 }
@@ -137,25 +152,42 @@ func newSession(base context.Context, id int64, c net.Conn) *Session {
 // no reply write in flight.
 func (s *Session) setConn(c net.Conn, fc *fdConn) {
 	var raw syscall.RawConn
-	if sc, ok := c.(syscall.Conn); ok {
+	var rd io.Reader = c
+	var out io.Writer = c
+	if fc == nil {
+		raw, rd, out = pollerIO(c)
+	} else if sc, ok := c.(syscall.Conn); ok {
+		// The event loop's socket reads and writes by itself; its raw
+		// connection serves the non-blocking write attempts.
 		if rc, err := sc.SyscallConn(); err == nil {
 			raw = rc
 		}
 	}
-	// On a socket Go's poller serves, reads and writes are raw system
-	// calls (see nbio); the event loop's socket makes its own.
-	var rd io.Reader = c
-	var out io.Writer = c
-	if raw != nil && fc == nil {
-		rd, out = nbio.NewReader(raw, c.LocalAddr(), c.RemoteAddr()), nbio.NewWriter(raw, c.LocalAddr(), c.RemoteAddr())
-	}
 	s.writeMu.Lock()
+	s.setConnLocked(c, fc, raw, rd, out)
+	s.writeMu.Unlock()
+}
+
+// pollerIO is how a connection in Go's poller is read and written: with
+// raw system calls on a socket (see nbio), through c itself otherwise
+// (TLS; raw is nil then).
+func pollerIO(c net.Conn) (raw syscall.RawConn, rd io.Reader, out io.Writer) {
+	if sc, ok := c.(syscall.Conn); ok {
+		if rc, err := sc.SyscallConn(); err == nil {
+			return rc, nbio.NewReader(rc, c.LocalAddr(), c.RemoteAddr()), nbio.NewWriter(rc, c.LocalAddr(), c.RemoteAddr())
+		}
+	}
+	return nil, c, c
+}
+
+// setConnLocked is setConn's switch, under writeMu: a flushOut running
+// sees the old connection or the new one, never a mix.
+func (s *Session) setConnLocked(c net.Conn, fc *fdConn, raw syscall.RawConn, rd io.Reader, out io.Writer) {
 	s.connMu.Lock()
 	s.conn, s.raw, s.fc, s.out = c, raw, fc, out
 	s.rd.rd = rd
 	s.wdeadline = deadline.Write{} // none is set on c yet
 	s.connMu.Unlock()
-	s.writeMu.Unlock()
 }
 
 // netConn is the connection, for other goroutines than the owner.
@@ -167,13 +199,13 @@ func (s *Session) netConn() net.Conn {
 
 func (s *Session) fdc() *fdConn { return s.fc }
 
-// writeBuffered hands the replies in W to writeAsync, for the event loop,
-// which must not wait for a client's socket.
+// writeBuffered writes the replies in W, for the event loop: as any
+// write, it never waits for the client's socket (output.go).
 func (s *Session) writeBuffered() {
-	b := bytes.Clone(s.W.Bytes())
+	if s.write(s.W.Bytes()) == nil && len(s.pushes) > 0 {
+		s.drainPushes()
+	}
 	s.W.Reset()
-	s.asyncBusy = true
-	s.writeAsync(b)
 }
 
 // asyncFinished tells the owner that the reply write is done, and wakes
@@ -191,9 +223,9 @@ func (s *Session) asyncFinished() {
 // from the upstream connection's reader, without waking this goroutine
 // per reply. It is only possible while no reply is buffered in W. The
 // returned write must be called exactly once with the replies; it never
-// blocks (when the socket does not take everything at once, the rest is
-// written by a goroutine of its own). Until it is done, Flush, and
-// BeginAsync itself, wait for it, so replies keep their order.
+// blocks (what the socket does not take at once waits in the output
+// buffer, output.go). Until it is done, Flush, and BeginAsync itself,
+// wait for it, so replies keep their order.
 func (s *Session) BeginAsync() (write func([]byte), ok bool) {
 	if !s.WaitAsync() || s.raw == nil || s.W.Len() > 0 || s.ctx.Err() != nil {
 		return nil, false
@@ -206,10 +238,11 @@ func (s *Session) BeginAsync() (write func([]byte), ok bool) {
 }
 
 // WaitAsync waits until the replies handed to another goroutine by
-// BeginAsync are written, or the connection's context ends. It reports
-// whether they are written (or there were none): false means the
-// connection is going away with a write still in flight, after which no
-// further reply may be written or prepared in the memory it uses.
+// BeginAsync are written (or queued behind the output pending), or the
+// connection's context ends. It reports whether they are written (or
+// there were none): false means the connection is going away with a write
+// still in flight, after which no further reply may be written or
+// prepared in the memory it uses.
 func (s *Session) WaitAsync() bool {
 	if s.asyncPoll() {
 		return true
@@ -240,50 +273,14 @@ func (s *Session) asyncPoll() bool {
 	}
 }
 
-// writeAsync is BeginAsync's write.
+// writeAsync is BeginAsync's write. It never waits for the client: what
+// the socket does not take is queued (output.go), so the replies are done
+// with as far as ordering goes.
 func (s *Session) writeAsync(b []byte) {
-	locked := s.writeMu.TryLock()
-	if locked {
-		s.rawBuf = b
-		err := s.raw.Write(s.rawFunc)
-		n, werr := s.rawN, s.rawErr
-		s.rawBuf = nil
-		switch {
-		case err == nil && werr == nil && n == len(b):
-			s.writeMu.Unlock()
-			if len(s.pushes) > 0 {
-				go s.drainPushes()
-			}
-			s.asyncFinished()
-			return
-		case err == nil && werr != nil && werr != syscall.EAGAIN && werr != syscall.EINTR:
-			s.writeMu.Unlock()
-			s.cancel() // the client is gone
-			s.asyncFinished()
-			return
-		case err == nil && n > 0:
-			b = b[n:]
-		}
-		// Otherwise (a full socket buffer, a deadline passed on an idle
-		// connection) the blocking write below sorts it out. The lock
-		// goes with it: part of the reply may be out, and nothing else (a
-		// push frame) may be written before the rest.
+	if s.write(b) == nil && len(s.pushes) > 0 {
+		s.drainPushes()
 	}
-	go func() {
-		if !locked {
-			s.writeMu.Lock()
-		}
-		s.wdeadline.Arm(s.conn, replyWriteTimeout)
-		_, err := s.out.Write(b)
-		s.writeMu.Unlock()
-		if err != nil {
-			s.cancel()
-		}
-		if len(s.pushes) > 0 {
-			s.drainPushes()
-		}
-		s.asyncFinished()
-	}()
+	s.asyncFinished()
 }
 
 // ID is the connection's unique number (CLIENT ID).
@@ -315,13 +312,9 @@ func (s *Session) Flush() error {
 		s.W.Reset()
 		return s.ctx.Err()
 	}
-	s.writeMu.Lock()
-	s.wdeadline.Arm(s.conn, replyWriteTimeout)
-	_, err := s.out.Write(s.W.Bytes())
-	s.writeMu.Unlock()
+	err := s.write(s.W.Bytes())
 	s.W.Reset()
 	if err != nil {
-		s.cancel()
 		return err
 	}
 	if len(s.pushes) > 0 {
@@ -390,22 +383,33 @@ func (s *Session) Push(frame []byte) bool {
 // for the next reply.
 func (s *Session) drainPushes() {
 	for len(s.pushes) > 0 && !s.serving.Load() && s.writeMu.TryLock() {
-		s.writePushesLocked()
+		err := s.writePushesLocked()
 		s.writeMu.Unlock()
+		if err != nil {
+			s.fail(err)
+			return
+		}
 	}
 }
 
-// writePushesLocked writes every queued push frame; under writeMu.
-func (s *Session) writePushesLocked() {
+// writePushesLocked writes every queued push frame, or queues it behind
+// the output pending (output.go); under writeMu. Over TLS, each write
+// waits at most pushWriteTimeout for the client.
+func (s *Session) writePushesLocked() error {
 	for {
 		select {
 		case p := <-s.pushes:
-			s.wdeadline.Set(s.conn, time.Now().Add(pushWriteTimeout))
-			if _, err := s.out.Write(p); err != nil {
-				s.cancel()
+			var err error
+			if s.raw == nil {
+				err = s.writeBlockingLocked(p, pushWriteTimeout)
+			} else {
+				err = s.sendLocked(p)
+			}
+			if err != nil {
+				return err
 			}
 		default:
-			return
+			return nil
 		}
 	}
 }
@@ -428,9 +432,12 @@ func (s *Session) PassPushes() error {
 		return err
 	}
 	s.writeMu.Lock()
-	s.writePushesLocked()
+	err = s.writePushesLocked()
 	s.writeMu.Unlock()
-	return nil
+	if err != nil {
+		s.fail(err)
+	}
+	return err
 }
 
 // HoldPushes undoes PassPushes for the rest of the batch: the command

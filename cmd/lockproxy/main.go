@@ -427,7 +427,8 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	srv := &resp.Server{Logger: log, MaxClients: cfg.Limits.MaxClients,
 		EventLoop:    cfg.Upstream.Address != "" && cfg.Upstream.EventLoop,
 		AuthRequired: cfg.Auth.Password != "" || len(cfg.Auth.Users) > 0,
-		AuthTimeout:  cfg.Limits.AuthTimeout}
+		AuthTimeout:  cfg.Limits.AuthTimeout,
+		MaxOutput:    cfg.Limits.MaxOutputBytes}
 	if srv.EventLoop {
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -468,6 +469,10 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			Name: "lockproxy_client_connections_rejected_total",
 			Help: "Client connections refused because limits.max_clients were open.",
 		}, func() float64 { _, n := srv.ConnStats(); return float64(n) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "lockproxy_client_output_limit_closes_total",
+			Help: "Client connections closed because the replies they had not read went past limits.max_output_bytes.",
+		}, func() float64 { return float64(srv.OutputLimitCloses()) }),
 	)
 	if up != nil {
 		reg.MustRegister(

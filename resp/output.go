@@ -1,0 +1,278 @@
+package resp
+
+import (
+	"errors"
+	"net"
+	"os"
+	"syscall"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/lockproxy/lockproxy/internal/nbio"
+)
+
+// A client's output, as Redis keeps it. Replies (and push frames) go to
+// the socket with one non-blocking write: when it takes them, which is
+// the common case, that is all. What it does not take waits in the
+// session's output buffer, and a goroutine of the session's own
+// (flushOut) writes it as the client reads, while the connection goes on
+// reading and serving the client's commands, whose replies queue behind
+// it. A client that writes a whole pipeline before it reads any reply
+// (go-redis's Pipeline) needs that: were its replies written by the
+// goroutine that reads its commands, that goroutine would wait for the
+// client to read, the client for lockproxy to read the rest of its
+// pipeline, and neither would until the write timeout dropped the
+// connection.
+//
+// The buffer is bounded by Server.MaxOutput (Redis's
+// client-output-buffer-limit, which is unlimited for normal clients by
+// default): past it the client is closed, with a log line. A client that
+// reads nothing for replyWriteTimeout while output is pending is closed
+// too. flushOut ends when the buffer is empty, or with the connection.
+//
+// Over TLS (no raw socket) replies are written as before, blocking.
+
+// maxKeptOutput is the output buffer memory a connection keeps once its
+// pending output is written: a burst of replies that a slow client took a
+// while to read must not stay allocated for the life of the connection.
+const maxKeptOutput = 64 << 10
+
+// ErrOutputLimit is what writes to a client report once its pending output
+// went past Server.MaxOutput and it was closed.
+var ErrOutputLimit = errors.New("resp: client output buffer limit reached")
+
+// write sends b to the client, or queues it behind output still pending;
+// b may be reused once it returns. Only a TLS connection waits for the
+// client here. On an error the connection is closed.
+func (s *Session) write(b []byte) error {
+	s.writeMu.Lock()
+	var err error
+	if s.raw == nil {
+		err = s.writeBlockingLocked(b, replyWriteTimeout)
+	} else {
+		err = s.sendLocked(b)
+	}
+	s.writeMu.Unlock()
+	if err != nil {
+		s.fail(err)
+	}
+	return err
+}
+
+// writeBlockingLocked writes b and waits for the client to take it, at
+// most timeout; under writeMu. For connections without a raw socket.
+func (s *Session) writeBlockingLocked(b []byte, timeout time.Duration) error {
+	if s.outErr != nil {
+		return s.outErr
+	}
+	s.wdeadline.Arm(s.conn, timeout)
+	_, err := s.out.Write(b)
+	if err != nil {
+		s.outErr = err
+	}
+	return err
+}
+
+// sendLocked writes b with one non-blocking attempt, or queues it when
+// output is pending already; what the socket does not take is queued and
+// flushOut started. Under writeMu, on a connection with a raw socket.
+func (s *Session) sendLocked(b []byte) error {
+	if s.outErr != nil {
+		return s.outErr
+	}
+	if len(b) == 0 {
+		return nil
+	}
+	if s.flushing {
+		return s.queueLocked(b)
+	}
+	n, err := s.tryWriteLocked(b)
+	if err != nil {
+		s.outErr = err
+		return err
+	}
+	if n == len(b) {
+		return nil
+	}
+	if err := s.queueLocked(b[n:]); err != nil {
+		return err
+	}
+	s.flushing = true
+	s.flushed = make(chan struct{})
+	go s.flushOut(s.flushed)
+	return nil
+}
+
+// tryWriteLocked writes as much of b as the socket takes now, without
+// waiting; under writeMu. Control, not RawConn.Write: it neither waits
+// for the socket nor fails on a write deadline that passed while the
+// connection idled, and the one write system call is all it costs.
+func (s *Session) tryWriteLocked(b []byte) (int, error) {
+	s.rawBuf, s.rawN, s.rawErr = b, 0, nil
+	err := s.raw.Control(s.rawFunc)
+	n, werr := s.rawN, s.rawErr
+	s.rawBuf = nil
+	if err == nil {
+		err = werr
+	}
+	return n, err
+}
+
+// rawWrite is tryWriteLocked's attempt, on the socket's descriptor.
+func (s *Session) rawWrite(fd uintptr) {
+	for s.rawN < len(s.rawBuf) {
+		n, err := nbio.Write(int(fd), s.rawBuf[s.rawN:])
+		switch {
+		case err == syscall.EINTR:
+			continue
+		case err == syscall.EAGAIN:
+			return
+		case err != nil:
+			s.rawErr = err
+			return
+		case n == 0:
+			return
+		}
+		s.rawN += n
+	}
+}
+
+// queueLocked appends b to the pending output, or closes the client when
+// that would take it past its limit; under writeMu.
+func (s *Session) queueLocked(b []byte) error {
+	pending := len(s.pend) - s.pendOff
+	if s.outLimit > 0 && pending+len(b) > s.outLimit {
+		s.outErr = ErrOutputLimit
+		s.overflow = pending + len(b)
+		s.pend, s.pendOff = nil, 0
+		return ErrOutputLimit
+	}
+	if s.pendOff > 0 && s.pendOff >= len(s.pend)/2 {
+		// Reuse what was written: copying at most what is left, once
+		// half the buffer is behind us, keeps appends amortized O(1).
+		n := copy(s.pend, s.pend[s.pendOff:])
+		s.pend, s.pendOff = s.pend[:n], 0
+	}
+	s.pend = append(s.pend, b...)
+	return nil
+}
+
+// flushOut writes the pending output as the client reads it, and ends
+// once it is all written, the client is closed, or the client read
+// nothing for replyWriteTimeout; done is closed then. It waits for the
+// socket outside writeMu, so that replies and push frames queue up
+// meanwhile, and so that the event loop can hand the socket to Go's poller
+// (the next attempt takes the new one).
+func (s *Session) flushOut(done chan struct{}) {
+	defer close(done)
+	last := time.Now() // the client last took output
+	// For a socket in Go's poller: RawConn.Write calls it, and waits for
+	// the socket to take more when it reports false.
+	waited := false
+	wait := func(uintptr) bool {
+		if waited {
+			return true
+		}
+		waited = true
+		return false
+	}
+	timedOut := false
+	var armed net.Conn // the connection whose write deadline is set
+	for first := true; ; first = false {
+		s.writeMu.Lock()
+		n, err := 0, s.outErr
+		if err == nil {
+			n, err = s.tryWriteLocked(s.pend[s.pendOff:])
+			s.pendOff += n
+		}
+		if err == nil && n == 0 && timedOut {
+			err = os.ErrDeadlineExceeded
+		}
+		if err != nil || s.pendOff == len(s.pend) {
+			if err != nil && s.outErr == nil {
+				s.outErr = err
+			}
+			if cap(s.pend) > maxKeptOutput || err != nil {
+				s.pend = nil
+			}
+			s.pend, s.pendOff = s.pend[:0], 0
+			s.flushing = false
+			s.writeMu.Unlock()
+			if err != nil {
+				s.fail(err)
+			} else if len(s.pushes) > 0 {
+				s.drainPushes()
+			}
+			return
+		}
+		if n > 0 || first {
+			last = time.Now()
+		}
+		switch {
+		case s.conn != armed:
+			// First, or the event loop handed the socket to Go's poller
+			// meanwhile (or back): the deadline is set on the new one.
+			s.wdeadline.Set(s.conn, last.Add(replyWriteTimeout))
+			armed = s.conn
+		case n > 0:
+			// Moved at most once a second (deadline.Write.Arm): a client
+			// that takes output a little at a time costs no timer work
+			// per write.
+			s.wdeadline.Arm(s.conn, replyWriteTimeout)
+		}
+		raw, fc := s.raw, s.fc
+		s.writeMu.Unlock()
+		if len(s.pushes) > 0 {
+			// Frames that came while this held the lock: queued behind
+			// the output, in order.
+			s.drainPushes()
+		}
+		if fc != nil {
+			timedOut = fc.waitWritable(last.Add(replyWriteTimeout))
+			continue
+		}
+		waited = false
+		werr := raw.Write(wait)
+		// Other errors (the socket closed, or handed to the event loop)
+		// are for the next attempt to tell.
+		timedOut = errors.Is(werr, os.ErrDeadlineExceeded)
+	}
+}
+
+// waitOutput waits until the output pending is written, or given up on
+// (the client closed, or did not read for replyWriteTimeout).
+func (s *Session) waitOutput() {
+	s.writeMu.Lock()
+	done := s.flushed
+	if !s.flushing {
+		done = nil
+	}
+	s.writeMu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// outputPending reports whether output waits for the client to read it.
+func (s *Session) outputPending() bool {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	return s.flushing
+}
+
+// fail closes the connection after a write failed; past the output limit,
+// with a log line (once), as Redis logs a client closed for overcoming
+// client-output-buffer-limit.
+func (s *Session) fail(err error) {
+	if errors.Is(err, ErrOutputLimit) && !s.overLimit.Swap(true) && s.srv != nil {
+		s.srv.outputLimitCloses.Add(1)
+		s.writeMu.Lock()
+		size := s.overflow
+		s.writeMu.Unlock()
+		s.srv.Logger.Warn("client closed for overcoming the output buffer limit (limits.max_output_bytes)",
+			zap.Int64("id", s.id), zap.String("remote", s.remoteAddr),
+			zap.Int("output_bytes", size), zap.Int("limit", s.outLimit))
+	}
+	s.Close()
+}

@@ -1,0 +1,290 @@
+package resp
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
+)
+
+// echoHandler answers ECHO x with x, from memory, and AECHO x with x
+// written by another goroutine after the batch (BeginAsync, as the relay
+// does); a batch of one kind runs on the event loop. served counts the
+// commands run.
+type echoHandler struct{ served atomic.Int64 }
+
+type echoState struct{ async []byte }
+
+func (h *echoHandler) ServeRESP(s *Session, args [][]byte) {
+	h.served.Add(1)
+	switch string(args[0]) {
+	case "ECHO":
+		s.W.Bulk(args[1])
+	case "AECHO":
+		st, _ := s.Data.(*echoState)
+		if st == nil {
+			st = &echoState{}
+			s.Data = st
+		}
+		w := Writer{b: st.async, proto: 2}
+		w.Bulk(args[1])
+		st.async = w.b
+	default:
+		s.W.Error("ERR unknown command")
+	}
+}
+
+func (h *echoHandler) EndBatch(s *Session) {
+	st, _ := s.Data.(*echoState)
+	if st == nil || len(st.async) == 0 {
+		return
+	}
+	b := st.async
+	st.async = nil
+	write, ok := s.BeginAsync()
+	if !ok {
+		s.W.Raw(b)
+		return
+	}
+	go write(b)
+}
+
+func (h *echoHandler) Closed(*Session)         {}
+func (h *echoHandler) LoopReady(*Session) bool { return true }
+
+func (h *echoHandler) LoopSafe(s *Session, cmds [][][]byte) bool {
+	for _, c := range cmds {
+		if string(c[0]) != string(cmds[0][0]) {
+			return false
+		}
+	}
+	return true
+}
+
+func (h *echoHandler) ServeLoop(s *Session, cmds [][][]byte) bool {
+	if !h.LoopSafe(s, cmds) {
+		return false
+	}
+	for _, args := range cmds {
+		h.ServeRESP(s, args)
+	}
+	h.EndBatch(s)
+	return true
+}
+
+// outputServer serves an echoHandler, on the event loop or not, with
+// output bounded by maxOutput, and logs to the returned observer.
+func outputServer(t *testing.T, loop bool, maxOutput int) (*Server, *echoHandler, string, *observer.ObservedLogs) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	core, logs := observer.New(zap.WarnLevel)
+	h := &echoHandler{}
+	srv := &Server{Handler: h, EventLoop: loop, MaxOutput: maxOutput, Logger: zap.New(core)}
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		<-done
+	})
+	// Served once, so that the server's own goroutines (the event
+	// loop's) run before the test counts goroutines.
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Write([]byte("ECHO x\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bufio.NewReader(c).ReadString('x'); err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	for srv.Clients() > 0 {
+		time.Sleep(time.Millisecond)
+	}
+	h.served.Store(0)
+	return srv, h, ln.Addr().String(), logs
+}
+
+// setWriteTimeout sets replyWriteTimeout for one test.
+func setWriteTimeout(t *testing.T, d time.Duration) {
+	old := replyWriteTimeout
+	replyWriteTimeout = d
+	t.Cleanup(func() { replyWriteTimeout = old })
+}
+
+// pipeline is n commands cmd <size bytes>, in one buffer. cmd "MIXED" is
+// ECHO for the first half, then ECHO and AECHO in turn: batches the event
+// loop serves, then ones it hands to a goroutine.
+func pipeline(cmd string, n, size int) []byte {
+	arg := strings.Repeat("v", size)
+	var b []byte
+	for i := range n {
+		name := cmd
+		if cmd == "MIXED" {
+			name = "ECHO"
+			if i >= n/2 && i%2 == 1 {
+				name = "AECHO"
+			}
+		}
+		b = append(b, "*2\r\n$"+strconv.Itoa(len(name))+"\r\n"+name+"\r\n$"+strconv.Itoa(size)+"\r\n"+arg+"\r\n"...)
+	}
+	return b
+}
+
+// smallBuffers makes c's socket buffers small, so that a few MB fill
+// both ends.
+func smallBuffers(t *testing.T, c net.Conn) {
+	tc := c.(*net.TCPConn)
+	if err := tc.SetReadBuffer(64 << 10); err != nil {
+		t.Fatal(err)
+	}
+	if err := tc.SetWriteBuffer(64 << 10); err != nil {
+		t.Fatal(err)
+	}
+}
+
+var outputModes = []struct {
+	name string
+	loop bool
+	cmd  string
+}{
+	{"goroutine/reply", false, "ECHO"},
+	{"goroutine/async reply", false, "AECHO"},
+	{"loop/reply", true, "ECHO"},
+	{"loop/async reply", true, "AECHO"},
+	// Moved off the loop with output pending: it goes on on Go's poller.
+	{"loop/moved to a goroutine", true, "MIXED"},
+}
+
+// TestOutputPipelineBeforeRead: a client that writes a whole pipeline
+// before it reads any reply (go-redis's Pipeline), commands and replies
+// both bigger than the sockets hold, gets every reply, in order, as from
+// Redis, which reads on while the client does not read and keeps the
+// replies. Before the output buffer, the server stopped reading while a
+// reply waited for the client, which waited for the server to read the
+// rest of its pipeline, until the write timeout closed the connection.
+func TestOutputPipelineBeforeRead(t *testing.T) {
+	setWriteTimeout(t, 3*time.Second)
+	// 16 MB each way: more than a few MB stalled the event loop's
+	// connections too.
+	const n, size = 2000, 8 << 10
+	for _, m := range outputModes {
+		t.Run(m.name, func(t *testing.T) {
+			srv, h, addr, _ := outputServer(t, m.loop, 0)
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			smallBuffers(t, c)
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			if _, err := c.Write(pipeline(m.cmd, n, size)); err != nil {
+				t.Fatalf("writing %d %s of %d bytes (served %d): %v; want the server to read on", n, m.cmd, size, h.served.Load(), err)
+			}
+			rd := bufio.NewReader(c)
+			want := "$" + strconv.Itoa(size) + "\r\n" + strings.Repeat("v", size) + "\r\n"
+			got := make([]byte, len(want))
+			for i := range n {
+				if _, err := io.ReadFull(rd, got); err != nil || string(got) != want {
+					t.Fatalf("reply %d: %.20q, %v; want the %d bytes sent", i, got, err, size)
+				}
+			}
+			if _, moved, _ := srv.LoopStats(); m.cmd == "MIXED" && moved != 1 {
+				t.Errorf("moved off the loop %d times; want once", moved)
+			}
+		})
+	}
+}
+
+// TestOutputLimits: output is bounded. A client past MaxOutput is closed
+// with a log line, as Redis closes one past client-output-buffer-limit; a
+// client that reads nothing for the write timeout is closed too, after
+// the server went on reading its commands meanwhile. Either way the
+// connection's goroutines end with it.
+func TestOutputLimits(t *testing.T) {
+	const size = 8 << 10
+	for _, tc := range []struct {
+		name      string
+		maxOutput int
+		timeout   time.Duration
+		n         int  // commands sent, not read
+		limitLog  bool // closed for the limit, and logged
+	}{
+		// 16 MB of replies, past a 1 MB limit (and what the sockets
+		// hold), long before the timeout.
+		{"past the limit", 1 << 20, 5 * time.Second, 2048, true},
+		// 16 MB, no limit: closed at the timeout, all read.
+		{"no reader", 0, 500 * time.Millisecond, 2048, false},
+	} {
+		for _, m := range outputModes {
+			t.Run(tc.name+"/"+m.name, func(t *testing.T) {
+				setWriteTimeout(t, tc.timeout)
+				srv, h, addr, logs := outputServer(t, m.loop, tc.maxOutput)
+				base := runtime.NumGoroutine()
+				c, err := net.Dial("tcp", addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				smallBuffers(t, c)
+				_ = c.SetDeadline(time.Now().Add(tc.timeout + 3*time.Second))
+				start := time.Now()
+				if _, err := c.Write(pipeline(m.cmd, tc.n, size)); err != nil && !tc.limitLog {
+					t.Fatalf("writing %d commands (served %d): %v; want the server to read on", tc.n, h.served.Load(), err)
+				}
+				// The server closes the connection, the client reading
+				// nothing: at the limit, or after the timeout.
+				for srv.Clients() > 0 {
+					if time.Since(start) > tc.timeout+3*time.Second {
+						t.Fatalf("connection still open after %v (served %d of %d); want it closed", time.Since(start), h.served.Load(), tc.n)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+				if tc.limitLog {
+					if time.Since(start) > tc.timeout/2 {
+						t.Errorf("closed after %v; want it closed at the limit, not the timeout", time.Since(start))
+					}
+					if got := srv.OutputLimitCloses(); got != 1 {
+						t.Errorf("OutputLimitCloses = %d; want 1", got)
+					}
+					if got := logs.FilterMessageSnippet("output buffer limit").Len(); got != 1 {
+						t.Errorf("%d log lines on the output limit; want 1 (logs: %v)", got, logs.All())
+					}
+				} else {
+					if d := time.Since(start); d < tc.timeout {
+						t.Errorf("closed after %v; want the client given the write timeout, %v", d, tc.timeout)
+					}
+					if got := h.served.Load(); got != int64(tc.n) {
+						t.Errorf("served %d of %d commands before closing; want the server to have read them all", got, tc.n)
+					}
+					if got := logs.Len(); got != 0 {
+						t.Errorf("log lines %v; want none", logs.All())
+					}
+				}
+				deadline := time.Now().Add(5 * time.Second)
+				for srv.Clients() > 0 || runtime.NumGoroutine() > base {
+					if time.Now().After(deadline) {
+						t.Fatalf("%d clients and %d goroutines (%d before the client) after the close; want the connection's goroutines gone", srv.Clients(), runtime.NumGoroutine(), base)
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			})
+		}
+	}
+}
