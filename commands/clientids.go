@@ -117,7 +117,15 @@ func (h *Handler) trackingRedirect(s *resp.Session, rs *relayConn, args [][]byte
 				relayError(s, errNotInteger.Error())
 				return nil, false
 			}
-			up, err := h.up.Named(id, relay.NameRedirect)
+			// Only ON sets a redirection: for OFF (or a word Redis then
+			// refuses) it only checks that the client exists, and the
+			// client keeps no connection for it.
+			off := !resp.EqualFold(args[2], "ON")
+			what := relay.NameRedirect
+			if off {
+				what = relay.NameExists
+			}
+			up, err := h.up.Named(id, what)
 			switch {
 			case errors.Is(err, relay.ErrNoSuchConn):
 				relayError(s, errRedirectMissing)
@@ -131,7 +139,10 @@ func (h *Handler) trackingRedirect(s *resp.Session, rs *relayConn, args [][]byte
 				out = append([][]byte(nil), args...)
 			}
 			out[j] = []byte(strconv.FormatInt(up, 10))
-			rs.redirTo, rs.redirUp = id, up
+			if !off {
+				rs.redirTo, rs.redirUp = id, up
+				rs.redirPush.Store(&[2]int64{up, id})
+			}
 		case resp.EqualFold(args[j], "PREFIX") && more:
 			j++
 		case resp.EqualFold(args[j], "BCAST") || resp.EqualFold(args[j], "OPTIN") ||
@@ -192,4 +203,27 @@ func (h *Handler) redirectInfo(s *resp.Session, rs *relayConn, args [][]byte) {
 // or TRACKINGINFO, whose replies name the client a redirection goes to.
 func redirectInfoCommand(args [][]byte) bool {
 	return len(args) == 2 && (resp.EqualFold(args[1], "GETREDIR") || resp.EqualFold(args[1], "TRACKINGINFO"))
+}
+
+// redirBrokenPush begins the push Redis sends a RESP3 client whose
+// tracking redirection names a client that is gone, before that client's
+// id: ">2", "tracking-redir-broken", id.
+var redirBrokenPush = []byte(">2\r\n$21\r\ntracking-redir-broken\r\n:")
+
+// redirBroken is the out-of-band frame f as the client gets it: the
+// tracking-redir-broken push with the upstream id of the redirection's
+// target turned back into the client id it gave (trackingRedirect), as
+// CLIENT GETREDIR's reply is (redirectInfo). It runs on the upstream
+// connection's reader, for every push: one atomic load when the client
+// redirected nowhere.
+func (rs *relayConn) redirBroken(f []byte) []byte {
+	ids := rs.redirPush.Load()
+	if ids == nil || !bytes.HasPrefix(f, redirBrokenPush) {
+		return f
+	}
+	if n, ok := resp.ParseInt(bytes.TrimSuffix(f[len(redirBrokenPush):], []byte("\r\n"))); !ok || n != ids[0] {
+		return f
+	}
+	out := append(bytes.Clone(redirBrokenPush), strconv.FormatInt(ids[1], 10)...)
+	return append(out, '\r', '\n')
 }

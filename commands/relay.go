@@ -52,6 +52,10 @@ type relayConn struct {
 	// for the replies that give that id back (redirectInfo); 0 when
 	// there was none.
 	redirTo, redirUp int64
+	// redirPush is {redirUp, redirTo} for the push a RESP3 client gets
+	// when the target of its redirection is gone (redirBroken), read on
+	// the upstream connection's reader; nil when there is none.
+	redirPush atomic.Pointer[[2]int64]
 	// monitor: the tunnel is MONITOR's, not pub/sub's. The upstream feeds
 	// the monitor every command, the marker PING too, and has no
 	// subscription to count: tunnelSync cannot tell when it is done.
@@ -115,7 +119,7 @@ func (h *Handler) relayState(s *resp.Session) *relayConn {
 		// Not when the connection held only WAIT's count (light): that
 		// is recovered from in relayCollect.
 		rs := &relayConn{}
-		rs.pipe = h.up.NewPipe(s.ID(), func(f []byte) { h.relayPush(s, f) }, func() {
+		rs.pipe = h.up.NewPipe(s.ID(), func(f []byte) { h.relayPush(s, rs.redirBroken(f)) }, func() {
 			if !rs.light.Load() {
 				s.Close()
 			}
@@ -547,6 +551,7 @@ func (h *Handler) relayBroken(s *resp.Session, rs *relayConn) {
 	rs.failedTx, rs.linger, rs.tracks = false, false, false
 	rs.trackOpt, rs.cachingNext, rs.cachingNow = 0, 0, 0
 	rs.redirTo, rs.redirUp = 0, 0
+	rs.redirPush.Store(nil)
 	rs.light.Store(false)
 	s.SetPubSub(false)
 	s.CloseAfterReply()
@@ -1198,6 +1203,7 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 		c.rl.watchLost, c.rl.waiter, c.rl.failedTx, c.rl.linger, c.rl.tracks = false, false, false, false, false
 		c.rl.trackOpt, c.rl.cachingNext, c.rl.cachingNow = 0, 0, 0
 		c.rl.redirTo, c.rl.redirUp = 0, 0
+		c.rl.redirPush.Store(nil)
 		c.rl.light.Store(false)
 	}
 	// No tunnel any more: the batch's replies go to s.W, pushes wait for

@@ -530,6 +530,10 @@ const (
 	// TRACKING … REDIRECT): on Redis the redirection lasts as long as the
 	// target client, so through lockproxy its connection does.
 	NameRedirect
+	// NameExists: a pinned connection, not marked (CLIENT TRACKING off …
+	// REDIRECT, which only checks that the client exists and sets no
+	// redirection).
+	NameExists
 )
 
 // Errors of Named.
@@ -561,6 +565,9 @@ func (r *Relay) Named(client int64, what int) (int64, error) {
 	c := p.shown
 	if c.id == 0 {
 		return 0, ErrNoUpstreamID
+	}
+	if what == NameExists {
+		return c.id, nil
 	}
 	c.named.Store(true)
 	if what == NameRedirect {
@@ -786,16 +793,27 @@ func (p *Pipe) PinID() uint64 {
 }
 
 // Unpin gives the pinned connection back; clean says its state is as new
-// (no transaction, watch, subscription or database other than 0).
+// (no transaction, watch, subscription or database other than 0). A clean
+// Unpin keeps a connection that is a tracking redirection's target
+// (Named, RedirectTarget): the caller's RedirectTarget check and this are
+// not one step, and another client's REDIRECT may have named it between.
 func (p *Pipe) Unpin(clean bool) {
 	if p.pin == nil {
 		return
 	}
 	c := p.pin
+	// Hidden before it is released, under the lock Named takes: Named
+	// then finds either this client holding it, and marks it so that
+	// release closes it (or, for a redirection, so that it is kept
+	// here), or nothing.
+	p.r.mu.Lock()
+	if clean && c.redirTarget.Load() {
+		p.r.mu.Unlock()
+		return
+	}
+	p.shown, p.blocked = nil, false
+	p.r.mu.Unlock()
 	p.pin = nil
-	// Hidden before it is released: Named then finds either this client
-	// holding it, and marks it so that release closes it, or nothing.
-	p.show(nil, false)
 	p.r.release(c, clean)
 }
 
