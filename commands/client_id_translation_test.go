@@ -4,7 +4,6 @@ import (
 	"regexp"
 	"strings"
 	"testing"
-	"time"
 )
 
 // upstreamIDOf returns the id the upstream at addr gives the connection
@@ -42,11 +41,8 @@ func TestClientUnblockNeverReachesAnotherClient(t *testing.T) {
 	proxy, upstream := proxyWithUpstream(t, Options{})
 	raiseUpstreamIDs(t, upstream, 20)
 	blocked, other, idle := dialRaw(t, proxy), dialRaw(t, proxy), dialRaw(t, proxy)
-	idleID := strings.TrimPrefix(idle.do(t, "CLIENT ID"), ":")
-	if _, err := blocked.c.Write([]byte("BLPOP nounblock:q 5\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond) // the BLPOP is blocked by now
+	idleID := clientID(t, idle)
+	blockOn(t, blocked, "BLPOP nounblock:q 5")
 	upID := upstreamIDOf(t, upstream, regexp.MustCompile(`\bcmd=blpop\b`))
 	if got := other.do(t, "CLIENT LIST ID "+upID); got != "" {
 		t.Fatalf("lockproxy has a client of id %s, the blocked connection's upstream id: %q", upID, got)
@@ -74,11 +70,8 @@ func TestClientUnblockNeverReachesAnotherClient(t *testing.T) {
 func TestClientUnblockErrorReason(t *testing.T) {
 	proxy, _ := proxyWithUpstream(t, Options{})
 	blocked, other := dialRaw(t, proxy), dialRaw(t, proxy)
-	id := strings.TrimPrefix(blocked.do(t, "CLIENT ID"), ":")
-	if _, err := blocked.c.Write([]byte("BRPOP unblockerr:q 5\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond)
+	id := clientID(t, blocked)
+	blockOn(t, blocked, "BRPOP unblockerr:q 5")
 	if got := other.do(t, "CLIENT UNBLOCK "+id+" ERROR"); got != ":1" {
 		t.Errorf("CLIENT UNBLOCK %s ERROR = %q; want :1", id, got)
 	}
@@ -99,7 +92,7 @@ func TestClientUnblockErrorReason(t *testing.T) {
 func TestClientIDCommandsRefused(t *testing.T) {
 	proxy, _ := proxyWithUpstream(t, Options{})
 	c, target := dialRaw(t, proxy), dialRaw(t, proxy)
-	id := strings.TrimPrefix(target.do(t, "CLIENT ID"), ":")
+	id := clientID(t, target)
 	for _, tc := range []struct{ name, cmd, want string }{
 		{"unblock in multi", "CLIENT UNBLOCK " + id, "-ERR 'client|unblock' naming a client by id is not allowed inside MULTI"},
 		{"kill id in multi", "CLIENT KILL ID " + id, "-ERR 'client|kill' naming a client by id is not allowed inside MULTI"},
@@ -134,13 +127,8 @@ func TestClientTrackingRedirectNeverRelaysAnID(t *testing.T) {
 	raiseUpstreamIDs(t, upstream, 20)
 	sub, fresh := dialRaw(t, proxy), dialRaw(t, proxy)
 	fresh.do(t, "SET trkno:k 0")
-	freshID := strings.TrimPrefix(fresh.do(t, "CLIENT ID"), ":")
-	if got := sub.do(t, "SUBSCRIBE __redis__:invalidate"); got != "*3" {
-		t.Fatalf("SUBSCRIBE = %q", got)
-	}
-	for range 3 {
-		sub.reply(t)
-	}
+	freshID := clientID(t, fresh)
+	subscribeInvalidations(t, sub)
 	upID := upstreamIDOf(t, upstream, regexp.MustCompile(`\bcmd=subscribe\b`))
 	if got := fresh.do(t, "CLIENT LIST ID "+upID); got != "" {
 		t.Fatalf("lockproxy has a client of id %s, the subscriber's upstream id: %q", upID, got)
@@ -177,53 +165,22 @@ func TestClientTrackingRedirectNeverRelaysAnID(t *testing.T) {
 // subscribe again and still gets the invalidations. Through lockproxy the
 // client named keeps the upstream connection the redirection names.
 func TestClientTrackingRedirectOutlivesUnsubscribe(t *testing.T) {
-	for _, target := range []string{"redis", "lockproxy"} {
-		t.Run(target, func(t *testing.T) {
-			proxy, upstream := proxyWithUpstream(t, Options{})
-			addr := proxy
-			if target == "redis" {
-				addr = upstream
-			}
-			inv, data, writer := dialRaw(t, addr), dialRaw(t, addr), dialRaw(t, addr)
-			writer.do(t, "SET trkout:k 1")
-			id := strings.TrimPrefix(inv.do(t, "CLIENT ID"), ":")
-			subscribe := func() {
-				if got := inv.do(t, "SUBSCRIBE __redis__:invalidate"); got != "*3" {
-					t.Fatalf("SUBSCRIBE = %q", got)
-				}
-				for range 3 {
-					inv.reply(t)
-				}
-			}
-			subscribe()
-			if got := data.do(t, "CLIENT TRACKING on REDIRECT "+id); got != "+OK" {
-				t.Fatalf("CLIENT TRACKING on REDIRECT %s = %q; want +OK", id, got)
-			}
-			if got := inv.do(t, "UNSUBSCRIBE"); got != "*3" {
-				t.Fatalf("UNSUBSCRIBE = %q", got)
-			}
-			for range 3 {
-				inv.reply(t)
-			}
-			// A command between: the connection is out of pub/sub mode.
-			if got := inv.do(t, "PING"); got != "+PONG" {
-				t.Fatalf("PING = %q", got)
-			}
-			subscribe()
-			if got := data.do(t, "GET trkout:k"); got != "1" {
-				t.Fatalf("GET trkout:k = %q", got)
-			}
-			writer.do(t, "SET trkout:k 2")
-			_ = inv.c.SetReadDeadline(time.Now().Add(3 * time.Second))
-			var got []string
-			for range 5 {
-				got = append(got, inv.reply(t))
-			}
-			if got[2] != "__redis__:invalidate" || got[4] != "trkout:k" {
-				t.Errorf("the subscriber got %q; want the invalidation of trkout:k", got)
-			}
-		})
-	}
+	onRedisAndLockproxy(t, func(t *testing.T, _, addr, _ string) {
+		inv, data, writer, id := dialRedirectTrio(t, addr, "trkout:k")
+		subscribeInvalidations(t, inv)
+		trackRedirect(t, data, id)
+		pubSub(t, inv, "UNSUBSCRIBE")
+		// A command between: the connection is out of pub/sub mode.
+		if got := inv.do(t, "PING"); got != "+PONG" {
+			t.Fatalf("PING = %q", got)
+		}
+		subscribeInvalidations(t, inv)
+		if got := data.do(t, "GET trkout:k"); got != "1" {
+			t.Fatalf("GET trkout:k = %q", got)
+		}
+		writer.do(t, "SET trkout:k 2")
+		expectInvalidation(t, inv, "trkout:k")
+	})
 }
 
 // TestClientTrackingRedirectInfoGivesClientID: CLIENT GETREDIR and CLIENT
@@ -231,46 +188,32 @@ func TestClientTrackingRedirectOutlivesUnsubscribe(t *testing.T) {
 // through lockproxy that client's lockproxy id, not the upstream id
 // relayed in its place.
 func TestClientTrackingRedirectInfoGivesClientID(t *testing.T) {
-	for _, target := range []string{"redis", "lockproxy"} {
-		t.Run(target, func(t *testing.T) {
-			proxy, upstream := proxyWithUpstream(t, Options{})
-			addr := proxy
-			if target == "redis" {
-				addr = upstream
-			}
-			inv, data := dialRaw(t, addr), dialRaw(t, addr)
-			id := strings.TrimPrefix(inv.do(t, "CLIENT ID"), ":")
-			if got := inv.do(t, "SUBSCRIBE __redis__:invalidate"); got != "*3" {
-				t.Fatalf("SUBSCRIBE = %q", got)
-			}
-			for range 3 {
-				inv.reply(t)
-			}
-			if got := data.do(t, "CLIENT TRACKING on REDIRECT "+id); got != "+OK" {
-				t.Fatalf("CLIENT TRACKING on REDIRECT %s = %q; want +OK", id, got)
-			}
-			if got := data.do(t, "CLIENT GETREDIR"); got != ":"+id {
-				t.Errorf("CLIENT GETREDIR = %q; want :%s", got, id)
-			}
-			if got := data.do(t, "CLIENT TRACKINGINFO"); got != "*6" {
-				t.Fatalf("CLIENT TRACKINGINFO = %q", got)
-			}
-			var info []string
-			for range 7 { // flags, *1, on, redirect, :id, prefixes, *0
-				info = append(info, data.reply(t))
-			}
-			if info[3] != "redirect" || info[4] != ":"+id {
-				t.Errorf("CLIENT TRACKINGINFO = %q; want redirect :%s", info, id)
-			}
-			if got := data.do(t, "MULTI"); got != "+OK" {
-				t.Fatalf("MULTI = %q", got)
-			}
-			got := data.do(t, "CLIENT GETREDIR")
-			data.do(t, "DISCARD")
-			if target == "lockproxy" && !strings.HasPrefix(got, "-ERR 'client|getredir' is not allowed inside MULTI") {
-				// EXEC would give the upstream's id.
-				t.Errorf("CLIENT GETREDIR in MULTI = %q; want lockproxy's refusal", got)
-			}
-		})
-	}
+	onRedisAndLockproxy(t, func(t *testing.T, target, addr, _ string) {
+		inv, data := dialRaw(t, addr), dialRaw(t, addr)
+		id := clientID(t, inv)
+		subscribeInvalidations(t, inv)
+		trackRedirect(t, data, id)
+		if got := data.do(t, "CLIENT GETREDIR"); got != ":"+id {
+			t.Errorf("CLIENT GETREDIR = %q; want :%s", got, id)
+		}
+		if got := data.do(t, "CLIENT TRACKINGINFO"); got != "*6" {
+			t.Fatalf("CLIENT TRACKINGINFO = %q", got)
+		}
+		var info []string
+		for range 7 { // flags, *1, on, redirect, :id, prefixes, *0
+			info = append(info, data.reply(t))
+		}
+		if info[3] != "redirect" || info[4] != ":"+id {
+			t.Errorf("CLIENT TRACKINGINFO = %q; want redirect :%s", info, id)
+		}
+		if got := data.do(t, "MULTI"); got != "+OK" {
+			t.Fatalf("MULTI = %q", got)
+		}
+		got := data.do(t, "CLIENT GETREDIR")
+		data.do(t, "DISCARD")
+		if target == "lockproxy" && !strings.HasPrefix(got, "-ERR 'client|getredir' is not allowed inside MULTI") {
+			// EXEC would give the upstream's id.
+			t.Errorf("CLIENT GETREDIR in MULTI = %q; want lockproxy's refusal", got)
+		}
+	})
 }

@@ -1,7 +1,6 @@
 package commands
 
 import (
-	"strings"
 	"testing"
 	"time"
 )
@@ -16,27 +15,17 @@ import (
 // an upstream connection pinned to some other client, whose BLPOP it
 // would end.
 func TestClientUnblockByClientID(t *testing.T) {
-	for _, target := range []string{"redis", "lockproxy"} {
-		t.Run(target, func(t *testing.T) {
-			proxy, upstream := proxyWithUpstream(t, Options{})
-			addr := proxy
-			if target == "redis" {
-				addr = upstream
-			}
-			blocked, other := dialRaw(t, addr), dialRaw(t, addr)
-			id := strings.TrimPrefix(blocked.do(t, "CLIENT ID"), ":")
-			if _, err := blocked.c.Write([]byte("BLPOP unblock:q 4\r\n")); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(300 * time.Millisecond) // the BLPOP is blocked by now
-			start := time.Now()
-			if got := other.do(t, "CLIENT UNBLOCK "+id); got != ":1" {
-				t.Errorf("CLIENT UNBLOCK %s (the blocked client's CLIENT ID) = %q; want :1", id, got)
-			}
-			got := blocked.reply(t)
-			if waited := time.Since(start); got != "*-1" || waited > 2*time.Second {
-				t.Errorf("BLPOP after CLIENT UNBLOCK = %q after %v; want *-1 at once", got, waited.Round(time.Millisecond))
-			}
-		})
-	}
+	onRedisAndLockproxy(t, func(t *testing.T, _, addr, _ string) {
+		blocked, other := dialRaw(t, addr), dialRaw(t, addr)
+		id := clientID(t, blocked)
+		blockOn(t, blocked, "BLPOP unblock:q 4")
+		start := time.Now()
+		if got := other.do(t, "CLIENT UNBLOCK "+id); got != ":1" {
+			t.Errorf("CLIENT UNBLOCK %s (the blocked client's CLIENT ID) = %q; want :1", id, got)
+		}
+		got := blocked.reply(t)
+		if waited := time.Since(start); got != "*-1" || waited > 2*time.Second {
+			t.Errorf("BLPOP after CLIENT UNBLOCK = %q after %v; want *-1 at once", got, waited.Round(time.Millisecond))
+		}
+	})
 }

@@ -1,10 +1,6 @@
 package commands
 
-import (
-	"strings"
-	"testing"
-	"time"
-)
+import "testing"
 
 // TestTrackingOffRedirectPinsNoTarget: CLIENT TRACKING off …
 // REDIRECT id sets no redirection (Redis only checks that the client
@@ -16,40 +12,9 @@ import (
 // client it knows the id of.
 func TestTrackingOffRedirectPinsNoTarget(t *testing.T) {
 	proxy, upstream := proxyWithUpstream(t, Options{})
-	target, other := dialRaw(t, proxy), dialRaw(t, proxy)
-	id := strings.TrimPrefix(target.do(t, "CLIENT ID"), ":")
-	if got := target.do(t, "SUBSCRIBE ch"); got != "*3" {
-		t.Fatalf("SUBSCRIBE = %q", got)
-	}
-	for range 3 {
-		target.reply(t)
-	}
+	target, other, id := subscribedTarget(t, proxy)
 	if got := other.do(t, "CLIENT TRACKING off REDIRECT "+id); got != "+OK" {
 		t.Fatalf("CLIENT TRACKING off REDIRECT %s = %q; want +OK", id, got)
 	}
-	if got := target.do(t, "UNSUBSCRIBE"); got != "*3" {
-		t.Fatalf("UNSUBSCRIBE = %q", got)
-	}
-	for range 3 {
-		target.reply(t)
-	}
-	if got := target.do(t, "PING"); got != "+PONG" {
-		t.Fatalf("PING = %q", got)
-	}
-	// RESET closes a pinned connection only: with none, the upstream
-	// keeps as many connections.
-	lister := dialRaw(t, upstream)
-	count := func() int {
-		time.Sleep(200 * time.Millisecond)
-		list := lister.do(t, "CLIENT LIST")
-		return strings.Count(list, "id=")
-	}
-	before := count()
-	if got := target.do(t, "RESET"); got != "+RESET" {
-		t.Fatalf("RESET = %q", got)
-	}
-	if after := count(); after != before {
-		t.Errorf("the target's RESET closed an upstream connection (%d then %d): it still had one pinned after its UNSUBSCRIBE, "+
-			"kept for a redirection CLIENT TRACKING off never set", before, after)
-	}
+	expectUnpinnedAfterUnsubscribe(t, target, upstream, "a redirection CLIENT TRACKING off never set")
 }

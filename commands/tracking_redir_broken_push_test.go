@@ -2,7 +2,6 @@ package commands
 
 import (
 	"io"
-	"strings"
 	"testing"
 	"time"
 )
@@ -14,47 +13,31 @@ import (
 // the push carried the upstream id relayed in its place
 // (trackingRedirect), which names no lockproxy client.
 func TestRedirBrokenPushGivesClientID(t *testing.T) {
-	for _, target := range []string{"redis", "lockproxy"} {
-		t.Run(target, func(t *testing.T) {
-			proxy, upstream := proxyWithUpstream(t, Options{})
-			addr := proxy
-			if target == "redis" {
-				addr = upstream
-			}
-			raiseUpstreamIDs(t, upstream, 5)
-			inv, data, writer := dialRaw(t, addr), dialRaw(t, addr), dialRaw(t, addr)
-			writer.do(t, "SET rvbroken:k 1")
-			id := strings.TrimPrefix(inv.do(t, "CLIENT ID"), ":")
-			if got := inv.do(t, "SUBSCRIBE __redis__:invalidate"); got != "*3" {
-				t.Fatalf("SUBSCRIBE = %q", got)
-			}
-			for range 3 {
-				inv.reply(t)
-			}
-			if _, err := data.c.Write([]byte("HELLO 3\r\n")); err != nil {
+	onRedisAndLockproxy(t, func(t *testing.T, _, addr, upstream string) {
+		raiseUpstreamIDs(t, upstream, 5)
+		inv, data, writer, id := dialRedirectTrio(t, addr, "rvbroken:k")
+		subscribeInvalidations(t, inv)
+		if _, err := data.c.Write([]byte("HELLO 3\r\n")); err != nil {
+			t.Fatal(err)
+		}
+		for { // HELLO's map ends with the empty modules array
+			if l, err := data.rd.ReadString('\n'); err != nil {
 				t.Fatal(err)
+			} else if l == "*0\r\n" {
+				break
 			}
-			for { // HELLO's map ends with the empty modules array
-				if l, err := data.rd.ReadString('\n'); err != nil {
-					t.Fatal(err)
-				} else if l == "*0\r\n" {
-					break
-				}
-			}
-			if got := data.do(t, "CLIENT TRACKING on REDIRECT "+id); got != "+OK" {
-				t.Fatalf("CLIENT TRACKING on REDIRECT %s = %q", id, got)
-			}
-			if got := data.do(t, "GET rvbroken:k"); got != "1" {
-				t.Fatalf("GET = %q", got)
-			}
-			inv.c.Close()
-			time.Sleep(300 * time.Millisecond)
-			writer.do(t, "SET rvbroken:k 2")
-			_ = data.c.SetReadDeadline(time.Now().Add(time.Second))
-			b, _ := io.ReadAll(data.rd)
-			if want := ">2\r\n$21\r\ntracking-redir-broken\r\n:" + id + "\r\n"; string(b) != want {
-				t.Errorf("after the redirection's target left, the tracking client got %q; want %q", b, want)
-			}
-		})
-	}
+		}
+		trackRedirect(t, data, id)
+		if got := data.do(t, "GET rvbroken:k"); got != "1" {
+			t.Fatalf("GET = %q", got)
+		}
+		inv.c.Close()
+		time.Sleep(300 * time.Millisecond)
+		writer.do(t, "SET rvbroken:k 2")
+		_ = data.c.SetReadDeadline(time.Now().Add(time.Second))
+		b, _ := io.ReadAll(data.rd)
+		if want := ">2\r\n$21\r\ntracking-redir-broken\r\n:" + id + "\r\n"; string(b) != want {
+			t.Errorf("after the redirection's target left, the tracking client got %q; want %q", b, want)
+		}
+	})
 }
