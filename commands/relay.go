@@ -130,9 +130,12 @@ func (h *Handler) relayState(s *resp.Session) *relayConn {
 }
 
 // relayPush writes an out-of-band frame (a pub/sub message, a RESP3 push)
-// to the client from the upstream connection's reader. A client that does
-// not read for pushWait loses frames, as Redis drops a subscriber that
-// exceeds its output buffer limit.
+// to the client from the upstream connection's reader. A frame the
+// client's socket does not take waits in its output buffer (resp), and a
+// subscriber whose unread frames pass limits.max_output_bytes_pubsub is
+// closed, as Redis closes one past its pub/sub output limit. Push refuses
+// a frame only while a few wait for the connection's lock; past pushWait
+// the frame is dropped (counted).
 func (h *Handler) relayPush(s *resp.Session, f []byte) {
 	deadline := time.Now().Add(pushWait)
 	for !s.Push(f) {

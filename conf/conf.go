@@ -394,6 +394,11 @@ type Limits struct {
 	// client-output-buffer-limit); past it the client is closed. 0: no
 	// limit.
 	MaxOutputBytes int `yaml:"max_output_bytes"`
+	// MaxOutputBytesPubSub bounds them instead, where lower, while the
+	// client is subscribed: messages come at the publishers' pace, not
+	// the client's (Redis's client-output-buffer-limit pubsub, 32 MB).
+	// 0: MaxOutputBytes does.
+	MaxOutputBytesPubSub int `yaml:"max_output_bytes_pubsub"`
 }
 
 // Default returns the configuration used where file, environment and flags
@@ -524,6 +529,8 @@ func Default() Config {
 			// room, and a go-redis pipeline written whole before its
 			// replies are read (tens of thousands of values of KBs).
 			MaxOutputBytes: 1 << 30,
+			// Redis's hard limit for pub/sub clients.
+			MaxOutputBytesPubSub: 32 << 20,
 		},
 	}
 }
@@ -752,6 +759,9 @@ func (c Config) Validate() error {
 	}
 	if c.Limits.MaxOutputBytes < 0 {
 		v.add("limits.max_output_bytes", "must not be negative (0: no limit), got %d", c.Limits.MaxOutputBytes)
+	}
+	if c.Limits.MaxOutputBytesPubSub < 0 {
+		v.add("limits.max_output_bytes_pubsub", "must not be negative (0: limits.max_output_bytes applies), got %d", c.Limits.MaxOutputBytesPubSub)
 	}
 
 	if len(v.problems) == 0 {

@@ -113,6 +113,9 @@ func TestValidate(t *testing.T) {
 			`limits.max_output_bytes: must not be negative (0: no limit), got -1`,
 		}},
 		{"output limit off", func(c *Config) { c.Limits.MaxOutputBytes = 0 }, nil},
+		{"pub/sub output limit", func(c *Config) { c.Limits.MaxOutputBytesPubSub = -1 }, []string{
+			`limits.max_output_bytes_pubsub: must not be negative (0: limits.max_output_bytes applies), got -1`,
+		}},
 		{"permissions", func(c *Config) {
 			c.Auth.Password = "pw"
 			c.Auth.Users = []string{"app:pw", "ops:pw"}

@@ -127,6 +127,8 @@ func (l *eventLoop) add(sess *Session, tc *net.TCPConn) error {
 	// the original takes it out of Go's poller.
 	fc := &fdConn{fd: fd, local: tc.LocalAddr(), remote: tc.RemoteAddr()}
 	sess.setConn(fc, fc)
+	// Close may have closed tc after the duplicate was made.
+	sess.closeIfClosed(fc)
 	sess.loop, sess.home = l, l
 	sess.loopWrite = func(b []byte) { l.deliver(sess, b) }
 	_ = tc.Close()
@@ -686,6 +688,7 @@ func (sess *Session) toPoller(fc *fdConn) (net.Conn, error) {
 	}
 	raw, rd, out := pollerIO(nc)
 	sess.setConnLocked(nc, nil, raw, rd, out)
+	sess.closeIfClosed(nc)
 	return nc, nil
 }
 

@@ -49,7 +49,7 @@ func (s *Session) write(b []byte) error {
 	s.writeMu.Lock()
 	var err error
 	if s.raw == nil {
-		err = s.writeBlockingLocked(b, replyWriteTimeout)
+		err = s.writeBlockingLocked(b, false)
 	} else {
 		err = s.sendLocked(b)
 	}
@@ -61,12 +61,19 @@ func (s *Session) write(b []byte) error {
 }
 
 // writeBlockingLocked writes b and waits for the client to take it, at
-// most timeout; under writeMu. For connections without a raw socket.
-func (s *Session) writeBlockingLocked(b []byte, timeout time.Duration) error {
+// most replyWriteTimeout, or pushWriteTimeout for a push frame; under
+// writeMu. For connections without a raw socket.
+func (s *Session) writeBlockingLocked(b []byte, push bool) error {
 	if s.outErr != nil {
 		return s.outErr
 	}
-	s.wdeadline.Arm(s.conn, timeout)
+	if push {
+		// Set, not Arm: a reply's deadline, further away, must not
+		// stand for a push frame's.
+		s.wdeadline.Set(s.conn, time.Now().Add(pushWriteTimeout))
+	} else {
+		s.wdeadline.Arm(s.conn, replyWriteTimeout)
+	}
 	_, err := s.out.Write(b)
 	if err != nil {
 		s.outErr = err
@@ -142,7 +149,7 @@ func (s *Session) rawWrite(fd uintptr) {
 // that would take it past its limit; under writeMu.
 func (s *Session) queueLocked(b []byte) error {
 	pending := len(s.pend) - s.pendOff
-	if s.outLimit > 0 && pending+len(b) > s.outLimit {
+	if limit := s.outputLimit(); limit > 0 && pending+len(b) > limit {
 		s.outErr = ErrOutputLimit
 		s.overflow = pending + len(b)
 		s.pend, s.pendOff = nil, 0
@@ -261,6 +268,19 @@ func (s *Session) outputPending() bool {
 	return s.flushing
 }
 
+// outputLimit is the bound on the connection's pending output: a
+// subscriber's is Server.MaxOutputPubSub where that is lower, as Redis
+// bounds pub/sub clients (32 MB) and not normal ones. Messages for a
+// subscriber that stopped reading come without it asking, from other
+// clients' PUBLISH, at their pace, not its own.
+func (s *Session) outputLimit() int {
+	limit := s.outLimit
+	if s.pubsub.Load() && s.outLimitPubSub > 0 && (limit == 0 || s.outLimitPubSub < limit) {
+		limit = s.outLimitPubSub
+	}
+	return limit
+}
+
 // fail closes the connection after a write failed; past the output limit,
 // with a log line (once), as Redis logs a client closed for overcoming
 // client-output-buffer-limit.
@@ -272,7 +292,7 @@ func (s *Session) fail(err error) {
 		s.writeMu.Unlock()
 		s.srv.Logger.Warn("client closed for overcoming the output buffer limit (limits.max_output_bytes)",
 			zap.Int64("id", s.id), zap.String("remote", s.remoteAddr),
-			zap.Int("output_bytes", size), zap.Int("limit", s.outLimit))
+			zap.Int("output_bytes", size), zap.Int("limit", s.outputLimit()), zap.Bool("pubsub", s.pubsub.Load()))
 	}
 	s.Close()
 }

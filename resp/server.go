@@ -102,6 +102,10 @@ type Server struct {
 	// client-output-buffer-limit. 0: no limit (Redis's default for
 	// normal clients).
 	MaxOutput int
+	// MaxOutputPubSub bounds it, where lower, while the client is
+	// subscribed (SetPubSub), as Redis's client-output-buffer-limit
+	// pubsub (32 MB); 0: MaxOutput does.
+	MaxOutputPubSub int
 
 	baseCtx  context.Context
 	cancel   context.CancelFunc
@@ -234,7 +238,7 @@ func (s *Server) accept(c net.Conn) {
 	}
 	sess := newSession(s.baseCtx, s.nextID.Add(1), c)
 	sess.rd.preAuth = s.AuthRequired
-	sess.srv, sess.outLimit = s, s.MaxOutput
+	sess.srv, sess.outLimit, sess.outLimitPubSub = s, s.MaxOutput, s.MaxOutputPubSub
 	s.sessions[sess] = struct{}{}
 	s.wg.Add(1)
 	loop := s.loop

@@ -64,11 +64,16 @@ type Session struct {
 	outErr   error
 	overflow int
 	outLimit int
+	// outLimitPubSub bounds it instead while the client is subscribed
+	// (see outputLimit); 0: outLimit does.
+	outLimitPubSub int
 	// overLimit: the connection was closed for its output limit, and
 	// said so in the log.
 	overLimit atomic.Bool
-	srv       *Server
-	pushes    chan []byte
+	// closed: Close was called.
+	closed atomic.Bool
+	srv    *Server
+	pushes chan []byte
 	// serving is set while the connection's goroutine runs a batch whose
 	// replies are not written yet: push frames wait for them, so that a
 	// push the upstream sent after a reply (a tracking invalidation after
@@ -341,8 +346,20 @@ func (s *Session) endBatch() error {
 // client's state (a subscription, a transaction) is lost, as Redis would
 // have closed it.
 func (s *Session) Close() {
+	// Before the connection is read: a hand-over between the event loop
+	// and Go's poller that swaps it meanwhile closes the new one
+	// (closeIfClosed).
+	s.closed.Store(true)
 	s.cancel()
 	_ = s.netConn().Close()
+}
+
+// closeIfClosed closes c, just made the session's connection, when Close
+// ran meanwhile and may have closed the one it replaced.
+func (s *Session) closeIfClosed(c net.Conn) {
+	if s.closed.Load() {
+		_ = c.Close()
+	}
 }
 
 // SetAuthenticated lifts the pre-auth caps on what the client may send
@@ -401,7 +418,7 @@ func (s *Session) writePushesLocked() error {
 		case p := <-s.pushes:
 			var err error
 			if s.raw == nil {
-				err = s.writeBlockingLocked(p, pushWriteTimeout)
+				err = s.writeBlockingLocked(p, true)
 			} else {
 				err = s.sendLocked(p)
 			}

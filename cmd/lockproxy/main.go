@@ -428,7 +428,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		EventLoop:    cfg.Upstream.Address != "" && cfg.Upstream.EventLoop,
 		AuthRequired: cfg.Auth.Password != "" || len(cfg.Auth.Users) > 0,
 		AuthTimeout:  cfg.Limits.AuthTimeout,
-		MaxOutput:    cfg.Limits.MaxOutputBytes}
+		MaxOutput:    cfg.Limits.MaxOutputBytes, MaxOutputPubSub: cfg.Limits.MaxOutputBytesPubSub}
 	if srv.EventLoop {
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

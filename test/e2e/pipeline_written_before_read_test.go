@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
 // TestPipelineWrittenBeforeRead: a go-redis pipeline whose commands and
@@ -117,5 +118,66 @@ func TestOutputLimit(t *testing.T) {
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		t.Fatalf("connection still open after the output limit: %v", err)
+	}
+}
+
+// TestPubSubOutputLimit: a subscriber that stops reading is closed once
+// the messages waiting for it pass limits.max_output_bytes_pubsub, as
+// Redis closes a pub/sub client past its 32 MB limit, rather than kept
+// until limits.max_output_bytes (1 GB) or the write timeout: messages
+// come at the publishers' pace, not the subscriber's.
+func TestPubSubOutputLimit(t *testing.T) {
+	cl := startCluster(t, 3)
+	up := harness.StartRedis(t, harness.RedisOptions{})
+	in := startInstanceEnv(t, cl.addrs(), []string{"LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr,
+		"LOCKPROXY_LIMITS_MAX_OUTPUT_BYTES_PUBSUB=1048576"})
+	sub, err := net.Dial("tcp", in.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Close()
+	_ = sub.(*net.TCPConn).SetReadBuffer(64 << 10)
+	_ = sub.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := sub.Write([]byte("SUBSCRIBE big\r\n")); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 4096)
+	if n, err := sub.Read(buf); err != nil || !strings.Contains(string(buf[:n]), "subscribe") {
+		t.Fatalf("SUBSCRIBE = %q, %v", buf[:n], err)
+	}
+	// 16 MB of messages through the upstream, which the subscriber does
+	// not read.
+	pub := up.Client(t)
+	ctx := lockclient.CtxFor(t, 20*time.Second)
+	msg := strings.Repeat("m", 8192)
+	deadline := time.Now().Add(15 * time.Second)
+	for i := 0; i < 2048 && !strings.Contains(in.proc.Output(), "output buffer limit"); i++ {
+		if err := pub.Publish(ctx, "big", msg).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			break
+		}
+	}
+	for !strings.Contains(in.proc.Output(), "output buffer limit") {
+		if time.Now().After(deadline) {
+			t.Fatalf("no log line on the output limit after 16 MB of messages to a subscriber that does not read; output:\n%s", in.proc.Output())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if out := in.proc.Output(); !strings.Contains(out, `"pubsub":true`) {
+		t.Errorf("the limit's log line does not say the client was a subscriber; output:\n%s", out)
+	}
+	// Closed: reading what the sockets held ends in an error, not a
+	// timeout.
+	_ = sub.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for {
+		if _, err = sub.Read(buf); err != nil {
+			break
+		}
+	}
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		t.Fatalf("subscriber still connected after its output limit: %v", err)
 	}
 }
