@@ -13,6 +13,11 @@ import (
 	"github.com/lockproxy/lockproxy/test/lockclient"
 )
 
+// slowHostNodeTimeout gives each node at least 100 ms to answer, for the
+// tests whose short leases (PX 600: 30 ms by default) a loaded CI host
+// made miss their quorum; what they test does not depend on it.
+const slowHostNodeTimeout = "LOCKPROXY_REDLOCK_NODE_TIMEOUT_MIN=100ms"
+
 // startInstanceEnv is startInstance with extra environment variables for
 // lockproxy (such as LOCKPROXY_LOCKS_KEEPALIVE_IDLE).
 func startInstanceEnv(t *testing.T, nodes []string, env []string) *instance {
@@ -213,7 +218,9 @@ func TestKeepaliveMaxHold(t *testing.T) {
 	t.Parallel()
 	const ttlMS, maxHoldMS = 600, 1800
 	cl := startCluster(t, 3)
-	addr, _ := startProxy(t, cl.addrs())
+	// PX 600's default node timeout (30 ms) refused the grant on a loaded
+	// CI host (NOQUORUM); MAXHOLD does not depend on it.
+	addr := startInstanceEnv(t, cl.addrs(), []string{slowHostNodeTimeout}).addr
 	holder := lc.DialRaw(t, addr)
 	other := lc.NewClient(t, addr, 2)
 	key := "maxhold-" + lockclient.RandID()
@@ -260,7 +267,7 @@ func TestKeepaliveLostPush(t *testing.T) {
 	const ttlMS = 600
 	eachSize(t, func(t *testing.T, n int) {
 		cl := startCluster(t, n)
-		in := startInstance(t, cl.addrs())
+		in := startInstanceEnv(t, cl.addrs(), []string{slowHostNodeTimeout})
 		holder := lc.DialRaw(t, in.addr)
 		if r := holder.Do("HELLO", "3"); r.Kind != '%' {
 			t.Fatalf("HELLO 3 = %v; want a map", r)
