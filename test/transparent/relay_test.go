@@ -95,12 +95,14 @@ func TestFenceThroughLockInfo(t *testing.T) {
 		t.Fatalf("LOCKINFO %s = %v: no fence", key, v)
 		return 0
 	}
-	g, err := c.Do(ctx, "LOCK", "lock:f", "PX", 100).Slice()
+	// PX 1000: 50 ms per node. PX 100's 10 ms, on instances just started,
+	// were refused (NOQUORUM) on a loaded CI host.
+	g, err := c.Do(ctx, "LOCK", "lock:f", "PX", 1000).Slice()
 	if err != nil {
 		t.Fatal(err)
 	}
 	first, _ := g[5].(int64)
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(1100 * time.Millisecond)
 	if ok, err := c.SetNX(ctx, "lock:f", "a", 5*time.Second).Result(); !ok || err != nil {
 		t.Fatalf("SET NX PX = %v, %v", ok, err)
 	}
