@@ -50,63 +50,17 @@ func (h *reviewHandler) LoopSafe(s *Session, cmds [][][]byte) bool {
 }
 
 func (h *reviewHandler) ServeLoop(s *Session, cmds [][][]byte) bool {
-	if !h.LoopSafe(s, cmds) {
-		return false
-	}
-	for _, args := range cmds {
-		h.ServeRESP(s, args)
-	}
-	h.EndBatch(s)
-	return true
+	return serveBatch(h, s, cmds)
 }
 
 func reviewServer(t *testing.T, loop bool, maxOutput int) (*Server, *reviewHandler, string) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	h := &reviewHandler{}
 	srv := &Server{Handler: h, EventLoop: loop, MaxOutput: maxOutput}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ln.Close()
-		_ = srv.Shutdown(t.Context())
-		<-done
-	})
-	// Served once, so that the event loop's goroutine runs before a test
-	// counts goroutines.
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Write([]byte("ECHO x\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bufio.NewReader(c).ReadString('x'); err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	for srv.Clients() > 0 {
-		time.Sleep(time.Millisecond)
-	}
+	addr := startServer(t, srv, 0)
 	h.served.Store(0)
 	h.closed.Store(0)
-	return srv, h, ln.Addr().String()
-}
-
-// readReplies reads n bulk replies of size bytes of 'v'.
-func readReplies(t *testing.T, rd *bufio.Reader, n, size int) {
-	t.Helper()
-	want := "$" + strconv.Itoa(size) + "\r\n" + strings.Repeat("v", size) + "\r\n"
-	got := make([]byte, len(want))
-	for i := range n {
-		if _, err := io.ReadFull(rd, got); err != nil || string(got) != want {
-			t.Fatalf("reply %d: %.20q, %v; want the %d bytes sent", i, got, err, size)
-		}
-	}
+	return srv, h, addr
 }
 
 // TestOutputHalfCloseGetsAllReplies: a client that writes its pipeline,
@@ -114,30 +68,17 @@ func readReplies(t *testing.T, rd *bufio.Reader, n, size int) {
 func TestOutputHalfCloseGetsAllReplies(t *testing.T) {
 	setWriteTimeout(t, 5*time.Second)
 	const n, size = 500, 8 << 10
-	for _, m := range outputModes {
-		t.Run(m.name, func(t *testing.T) {
-			_, _, addr := reviewServer(t, m.loop, 0)
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			smallBuffers(t, c)
-			_ = c.SetDeadline(time.Now().Add(15 * time.Second))
-			if _, err := c.Write(pipeline(m.cmd, n, size)); err != nil {
-				t.Fatal(err)
-			}
-			if err := c.(*net.TCPConn).CloseWrite(); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(200 * time.Millisecond)
-			rd := bufio.NewReader(c)
-			readReplies(t, rd, n, size)
-			if b, err := rd.ReadByte(); err != io.EOF {
-				t.Fatalf("after the replies: %q, %v; want EOF", b, err)
-			}
-		})
-	}
+	forEachMode(t, func(t *testing.T, m outputMode) {
+		_, c := reviewClient(t, m, 15*time.Second)
+		mustWrite(t, c, pipeline(m.cmd, n, size))
+		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		rd := bufio.NewReader(c)
+		readReplies(t, rd, n, size)
+		wantEOF(t, rd, "the replies")
+	})
 }
 
 // TestQuitAfterPendingOutput: QUIT's +OK and the close come after
@@ -145,30 +86,17 @@ func TestOutputHalfCloseGetsAllReplies(t *testing.T) {
 func TestQuitAfterPendingOutput(t *testing.T) {
 	setWriteTimeout(t, 5*time.Second)
 	const n, size = 500, 8 << 10
-	for _, m := range outputModes {
-		t.Run(m.name, func(t *testing.T) {
-			_, _, addr := reviewServer(t, m.loop, 0)
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			smallBuffers(t, c)
-			_ = c.SetDeadline(time.Now().Add(15 * time.Second))
-			if _, err := c.Write(append(pipeline(m.cmd, n, size), "QUIT\r\n"...)); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(200 * time.Millisecond)
-			rd := bufio.NewReader(c)
-			readReplies(t, rd, n, size)
-			if line, err := rd.ReadString('\n'); line != "+OK\r\n" || err != nil {
-				t.Fatalf("QUIT: %q, %v", line, err)
-			}
-			if b, err := rd.ReadByte(); err != io.EOF {
-				t.Fatalf("after QUIT: %q, %v; want EOF", b, err)
-			}
-		})
-	}
+	forEachMode(t, func(t *testing.T, m outputMode) {
+		_, c := reviewClient(t, m, 15*time.Second)
+		mustWrite(t, c, append(pipeline(m.cmd, n, size), "QUIT\r\n"...))
+		time.Sleep(200 * time.Millisecond)
+		rd := bufio.NewReader(c)
+		readReplies(t, rd, n, size)
+		if line, err := rd.ReadString('\n'); line != "+OK\r\n" || err != nil {
+			t.Fatalf("QUIT: %q, %v", line, err)
+		}
+		wantEOF(t, rd, "QUIT")
+	})
 }
 
 // TestOutputResetEndsPromptly: a client that resets its connection while
@@ -177,40 +105,25 @@ func TestQuitAfterPendingOutput(t *testing.T) {
 func TestOutputResetEndsPromptly(t *testing.T) {
 	setWriteTimeout(t, 20*time.Second)
 	const n, size = 500, 8 << 10
-	for _, m := range outputModes {
-		t.Run(m.name, func(t *testing.T) {
-			srv, h, addr := reviewServer(t, m.loop, 0)
-			base := runtime.NumGoroutine()
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			smallBuffers(t, c)
-			if _, err := c.Write(pipeline(m.cmd, n, size)); err != nil {
-				t.Fatal(err)
-			}
-			for h.served.Load() < n {
-				time.Sleep(time.Millisecond)
-			}
-			time.Sleep(100 * time.Millisecond)
-			s := h.sess.Load()
-			_ = c.(*net.TCPConn).SetLinger(0)
-			c.Close() // RST
-			select {
-			case <-s.Context().Done():
-			case <-time.After(3 * time.Second):
-				t.Fatalf("session context not canceled 3s after the client reset")
-			}
-			deadline := time.Now().Add(3 * time.Second)
-			for srv.Clients() > 0 || runtime.NumGoroutine() > base || h.closed.Load() == 0 {
-				if time.Now().After(deadline) {
-					buf := make([]byte, 1<<20)
-					t.Fatalf("%d clients, %d goroutines (%d before); closed %d\n%s", srv.Clients(), runtime.NumGoroutine(), base, h.closed.Load(), buf[:runtime.Stack(buf, true)])
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-		})
-	}
+	forEachMode(t, func(t *testing.T, m outputMode) {
+		srv, h, addr := reviewServer(t, m.loop, 0)
+		base := runtime.NumGoroutine()
+		c := dialSmall(t, addr, 0)
+		mustWrite(t, c, pipeline(m.cmd, n, size))
+		waitServed(h, n)
+		s := h.sess.Load()
+		_ = c.(*net.TCPConn).SetLinger(0)
+		c.Close() // RST
+		select {
+		case <-s.Context().Done():
+		case <-time.After(3 * time.Second):
+			t.Fatalf("session context not canceled 3s after the client reset")
+		}
+		if !waitUntil(time.Now().Add(3*time.Second), 10*time.Millisecond, func() bool { return connsGone(srv, base) && h.closed.Load() != 0 }) {
+			buf := make([]byte, 1<<20)
+			t.Fatalf("%d clients, %d goroutines (%d before); closed %d\n%s", srv.Clients(), runtime.NumGoroutine(), base, h.closed.Load(), buf[:runtime.Stack(buf, true)])
+		}
+	})
 }
 
 // TestOutputTrimmed: once a burst is read, the connection keeps at
@@ -218,41 +131,24 @@ func TestOutputResetEndsPromptly(t *testing.T) {
 func TestOutputTrimmed(t *testing.T) {
 	setWriteTimeout(t, 5*time.Second)
 	const n, size = 500, 8 << 10
-	for _, m := range outputModes {
-		t.Run(m.name, func(t *testing.T) {
-			_, h, addr := reviewServer(t, m.loop, 0)
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			smallBuffers(t, c)
-			_ = c.SetDeadline(time.Now().Add(15 * time.Second))
-			if _, err := c.Write(pipeline(m.cmd, n, size)); err != nil {
-				t.Fatal(err)
-			}
-			for h.served.Load() < n {
-				time.Sleep(time.Millisecond)
-			}
-			time.Sleep(100 * time.Millisecond)
-			rd := bufio.NewReader(c)
-			readReplies(t, rd, n, size)
-			s := h.sess.Load()
-			deadline := time.Now().Add(3 * time.Second)
-			for {
-				s.writeMu.Lock()
-				flushing, c := s.flushing, cap(s.pend)
-				s.writeMu.Unlock()
-				if !flushing && c <= maxKeptOutput {
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("flushing %v, output buffer cap %d; want at most %d kept", flushing, c, maxKeptOutput)
-				}
-				time.Sleep(10 * time.Millisecond)
-			}
-		})
-	}
+	forEachMode(t, func(t *testing.T, m outputMode) {
+		h, c := reviewClient(t, m, 15*time.Second)
+		mustWrite(t, c, pipeline(m.cmd, n, size))
+		waitServed(h, n)
+		rd := bufio.NewReader(c)
+		readReplies(t, rd, n, size)
+		s := h.sess.Load()
+		var flushing bool
+		var kept int
+		if !waitUntil(time.Now().Add(3*time.Second), 10*time.Millisecond, func() bool {
+			s.writeMu.Lock()
+			flushing, kept = s.flushing, cap(s.pend)
+			s.writeMu.Unlock()
+			return !flushing && kept <= maxKeptOutput
+		}) {
+			t.Fatalf("flushing %v, output buffer cap %d; want at most %d kept", flushing, kept, maxKeptOutput)
+		}
+	})
 }
 
 // TestOutputSlowSteadyReader: a client that reads slowly but steadily is
@@ -260,29 +156,11 @@ func TestOutputTrimmed(t *testing.T) {
 func TestOutputSlowSteadyReader(t *testing.T) {
 	setWriteTimeout(t, 400*time.Millisecond)
 	const n, size = 200, 8 << 10 // 1.6 MB, read at ~800 KB/s
-	for _, m := range outputModes {
-		t.Run(m.name, func(t *testing.T) {
-			_, _, addr := reviewServer(t, m.loop, 0)
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			smallBuffers(t, c)
-			_ = c.SetDeadline(time.Now().Add(15 * time.Second))
-			if _, err := c.Write(pipeline(m.cmd, n, size)); err != nil {
-				t.Fatal(err)
-			}
-			want := "$" + strconv.Itoa(size) + "\r\n" + strings.Repeat("v", size) + "\r\n"
-			got := make([]byte, len(want))
-			for i := range n {
-				time.Sleep(10 * time.Millisecond)
-				if _, err := io.ReadFull(c, got); err != nil || string(got) != want {
-					t.Fatalf("reply %d: %.20q, %v", i, got, err)
-				}
-			}
-		})
-	}
+	forEachMode(t, func(t *testing.T, m outputMode) {
+		_, c := reviewClient(t, m, 15*time.Second)
+		mustWrite(t, c, pipeline(m.cmd, n, size))
+		readRepliesEvery(t, c, n, size, 10*time.Millisecond)
+	})
 }
 
 // numbered is n commands cmd whose arguments are their number, padded to
@@ -290,15 +168,8 @@ func TestOutputSlowSteadyReader(t *testing.T) {
 func numbered(cmd string, n, size int) []byte {
 	var b []byte
 	for i := range n {
-		name := cmd
-		if cmd == "MIXED" {
-			name = "ECHO"
-			if i >= n/2 && i%2 == 1 {
-				name = "AECHO"
-			}
-		}
 		arg := strconv.Itoa(i) + ":" + strings.Repeat("v", size-len(strconv.Itoa(i))-1)
-		b = append(b, "*2\r\n$"+strconv.Itoa(len(name))+"\r\n"+name+"\r\n$"+strconv.Itoa(size)+"\r\n"+arg+"\r\n"...)
+		b = appendCommand(b, commandName(cmd, i, n), arg)
 	}
 	return b
 }
@@ -309,99 +180,83 @@ func numbered(cmd string, n, size int) []byte {
 func TestOutputPushesWithPendingOutput(t *testing.T) {
 	setWriteTimeout(t, 5*time.Second)
 	const n, size = 1000, 4 << 10
-	for _, m := range outputModes {
-		t.Run(m.name, func(t *testing.T) {
-			_, h, addr := reviewServer(t, m.loop, 0)
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			smallBuffers(t, c)
-			_ = c.SetDeadline(time.Now().Add(20 * time.Second))
-			rd := bufio.NewReader(c)
-			if _, err := c.Write([]byte("ECHO hi\r\n")); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := rd.ReadString('i'); err != nil {
-				t.Fatal(err)
-			}
-			_, _ = rd.ReadString('\n')
-			s := h.sess.Load()
-			var pushed atomic.Int64
-			stop := make(chan struct{})
-			pdone := make(chan struct{})
-			go func() {
-				defer close(pdone)
-				for i := 0; ; {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					num := strconv.Itoa(i)
-					if s.Push([]byte(">2\r\n$4\r\npush\r\n$" + strconv.Itoa(len(num)) + "\r\n" + num + "\r\n")) {
-						i++
-						pushed.Store(int64(i))
-					}
-					time.Sleep(200 * time.Microsecond)
+	forEachMode(t, func(t *testing.T, m outputMode) {
+		h, c := reviewClient(t, m, 20*time.Second)
+		rd := bufio.NewReader(c)
+		echo(t, c, rd, "hi")
+		s := h.sess.Load()
+		var pushed atomic.Int64
+		stop := make(chan struct{})
+		pdone := make(chan struct{})
+		go func() {
+			defer close(pdone)
+			for i := 0; ; {
+				select {
+				case <-stop:
+					return
+				default:
 				}
-			}()
-			if _, err := c.Write(numbered(m.cmd, n, size)); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(200 * time.Millisecond)
-			nextPush, nextReply := 0, 0
-			readPush := func(line string) {
-				t.Helper()
-				var l [4]string
-				for k := range l {
-					l[k], err = rd.ReadString('\n')
-					if err != nil {
-						t.Fatalf("push: %v", err)
-					}
+				num := strconv.Itoa(i)
+				if s.Push([]byte(">2\r\n$4\r\npush\r\n$" + strconv.Itoa(len(num)) + "\r\n" + num + "\r\n")) {
+					i++
+					pushed.Store(int64(i))
 				}
-				if got, want := strings.TrimSpace(l[3]), strconv.Itoa(nextPush); got != want {
-					t.Fatalf("push %s after push %d; want %s (replies read %d)", got, nextPush-1, want, nextReply)
-				}
-				nextPush++
+				time.Sleep(200 * time.Microsecond)
 			}
-			for nextReply < n {
-				line, err := rd.ReadString('\n')
+		}()
+		mustWrite(t, c, numbered(m.cmd, n, size))
+		time.Sleep(200 * time.Millisecond)
+		nextPush, nextReply := 0, 0
+		readPush := func(line string) {
+			t.Helper()
+			var l [4]string
+			for k := range l {
+				var err error
+				l[k], err = rd.ReadString('\n')
 				if err != nil {
-					t.Fatalf("after %d replies and %d pushes: %v", nextReply, nextPush, err)
+					t.Fatalf("push: %v", err)
 				}
-				if line == ">2\r\n" {
-					readPush(line)
-					continue
-				}
-				if line != "$"+strconv.Itoa(size)+"\r\n" {
-					t.Fatalf("after %d replies and %d pushes: %q; want a reply or a push", nextReply, nextPush, line)
-				}
-				b := make([]byte, size+2)
-				if _, err := io.ReadFull(rd, b); err != nil {
-					t.Fatal(err)
-				}
-				if want := strconv.Itoa(nextReply) + ":"; !strings.HasPrefix(string(b), want) || strings.Contains(string(b), ">") {
-					t.Fatalf("reply %d: %.40q", nextReply, b)
-				}
-				nextReply++
 			}
-			close(stop)
-			<-pdone
-			total := int(pushed.Load())
-			for nextPush < total {
-				line, err := rd.ReadString('\n')
-				if err != nil || line != ">2\r\n" {
-					t.Fatalf("push %d of %d: %q, %v", nextPush, total, line, err)
-				}
+			if got, want := strings.TrimSpace(l[3]), strconv.Itoa(nextPush); got != want {
+				t.Fatalf("push %s after push %d; want %s (replies read %d)", got, nextPush-1, want, nextReply)
+			}
+			nextPush++
+		}
+		for nextReply < n {
+			line, err := rd.ReadString('\n')
+			if err != nil {
+				t.Fatalf("after %d replies and %d pushes: %v", nextReply, nextPush, err)
+			}
+			if line == ">2\r\n" {
 				readPush(line)
+				continue
 			}
-			if total < 10 {
-				t.Errorf("only %d pushes taken", total)
+			if line != "$"+strconv.Itoa(size)+"\r\n" {
+				t.Fatalf("after %d replies and %d pushes: %q; want a reply or a push", nextReply, nextPush, line)
 			}
-		})
-	}
+			b := make([]byte, size+2)
+			if _, err := io.ReadFull(rd, b); err != nil {
+				t.Fatal(err)
+			}
+			if want := strconv.Itoa(nextReply) + ":"; !strings.HasPrefix(string(b), want) || strings.Contains(string(b), ">") {
+				t.Fatalf("reply %d: %.40q", nextReply, b)
+			}
+			nextReply++
+		}
+		close(stop)
+		<-pdone
+		total := int(pushed.Load())
+		for nextPush < total {
+			line, err := rd.ReadString('\n')
+			if err != nil || line != ">2\r\n" {
+				t.Fatalf("push %d of %d: %q, %v", nextPush, total, line, err)
+			}
+			readPush(line)
+		}
+		if total < 10 {
+			t.Errorf("only %d pushes taken", total)
+		}
+	})
 }
 
 // TestTLSPushWriteTimeout: over TLS a push frame, written from
@@ -411,29 +266,13 @@ func TestTLSPushWriteTimeout(t *testing.T) {
 	setWriteTimeout(t, 15*time.Second)
 	ln, cfg := tlsListener(t)
 	h := &reviewHandler{}
-	srv := &Server{Handler: h}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		_ = srv.Shutdown(t.Context())
-		<-done
-	})
-	raw, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer raw.Close()
-	smallBuffers(t, raw)
+	serveUntilEnd(t, &Server{Handler: h}, ln, 0)
+	raw := dialSmall(t, ln.Addr().String(), 0)
 	cfg = cfg.Clone()
 	cfg.ServerName = "127.0.0.1"
 	c := tls.Client(raw, cfg)
 	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	if _, err := c.Write([]byte("ECHO hi\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	if line, err := bufio.NewReader(c).ReadString('i'); err != nil {
-		t.Fatalf("%q, %v", line, err)
-	}
+	echo(t, c, bufio.NewReader(c), "hi")
 	s := h.sess.Load()
 	frame := append([]byte(">2\r\n$4\r\npush\r\n$33554432\r\n"), make([]byte, 32<<20)...)
 	frame = append(frame, "\r\n"...)
@@ -458,13 +297,7 @@ func TestCloseDuringHandOver(t *testing.T) {
 		}
 		_ = c.SetDeadline(time.Now().Add(2 * time.Second))
 		rd := bufio.NewReader(c)
-		if _, err := c.Write([]byte("ECHO x\r\n")); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := rd.ReadString('x'); err != nil {
-			t.Fatal(err)
-		}
-		_, _ = rd.ReadString('\n')
+		echo(t, c, rd, "x")
 		s := h.sess.Load()
 		spin := time.Duration(i%40) * 3 * time.Microsecond
 		go func() {
@@ -488,11 +321,8 @@ func TestCloseDuringHandOver(t *testing.T) {
 			}
 		}
 		c.Close()
-		for srv.Clients() > 0 {
-			if time.Now().After(deadline.Add(2 * time.Second)) {
-				t.Fatalf("trial %d: %d clients left", i, srv.Clients())
-			}
-			time.Sleep(time.Millisecond)
+		if !waitUntil(deadline.Add(2*time.Second), time.Millisecond, func() bool { return srv.Clients() == 0 }) {
+			t.Fatalf("trial %d: %d clients left", i, srv.Clients())
 		}
 	}
 }

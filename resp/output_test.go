@@ -2,11 +2,8 @@ package resp
 
 import (
 	"bufio"
-	"context"
-	"io"
 	"net"
 	"runtime"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -71,54 +68,19 @@ func (h *echoHandler) LoopSafe(s *Session, cmds [][][]byte) bool {
 }
 
 func (h *echoHandler) ServeLoop(s *Session, cmds [][][]byte) bool {
-	if !h.LoopSafe(s, cmds) {
-		return false
-	}
-	for _, args := range cmds {
-		h.ServeRESP(s, args)
-	}
-	h.EndBatch(s)
-	return true
+	return serveBatch(h, s, cmds)
 }
 
 // outputServer serves an echoHandler, on the event loop or not, with
 // output bounded by maxOutput, and logs to the returned observer.
 func outputServer(t *testing.T, loop bool, maxOutput int) (*Server, *echoHandler, string, *observer.ObservedLogs) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
 	core, logs := observer.New(zap.WarnLevel)
 	h := &echoHandler{}
 	srv := &Server{Handler: h, EventLoop: loop, MaxOutput: maxOutput, Logger: zap.New(core)}
-	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		<-done
-	})
-	// Served once, so that the server's own goroutines (the event
-	// loop's) run before the test counts goroutines.
-	c, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	_ = c.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := c.Write([]byte("ECHO x\r\n")); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := bufio.NewReader(c).ReadString('x'); err != nil {
-		t.Fatal(err)
-	}
-	c.Close()
-	for srv.Clients() > 0 {
-		time.Sleep(time.Millisecond)
-	}
+	addr := startServer(t, srv, 5*time.Second)
 	h.served.Store(0)
-	return srv, h, ln.Addr().String(), logs
+	return srv, h, addr, logs
 }
 
 // setWriteTimeout sets replyWriteTimeout for one test.
@@ -135,14 +97,7 @@ func pipeline(cmd string, n, size int) []byte {
 	arg := strings.Repeat("v", size)
 	var b []byte
 	for i := range n {
-		name := cmd
-		if cmd == "MIXED" {
-			name = "ECHO"
-			if i >= n/2 && i%2 == 1 {
-				name = "AECHO"
-			}
-		}
-		b = append(b, "*2\r\n$"+strconv.Itoa(len(name))+"\r\n"+name+"\r\n$"+strconv.Itoa(size)+"\r\n"+arg+"\r\n"...)
+		b = appendCommand(b, commandName(cmd, i, n), arg)
 	}
 	return b
 }
@@ -159,11 +114,15 @@ func smallBuffers(t *testing.T, c net.Conn) {
 	}
 }
 
-var outputModes = []struct {
+// outputMode is a way to serve a pipeline: on the event loop or not,
+// with the replies of cmd (see pipeline).
+type outputMode struct {
 	name string
 	loop bool
 	cmd  string
-}{
+}
+
+var outputModes = []outputMode{
 	{"goroutine/reply", false, "ECHO"},
 	{"goroutine/async reply", false, "AECHO"},
 	{"loop/reply", true, "ECHO"},
@@ -184,32 +143,17 @@ func TestOutputPipelineBeforeRead(t *testing.T) {
 	// 16 MB each way: more than a few MB stalled the event loop's
 	// connections too.
 	const n, size = 2000, 8 << 10
-	for _, m := range outputModes {
-		t.Run(m.name, func(t *testing.T) {
-			srv, h, addr, _ := outputServer(t, m.loop, 0)
-			c, err := net.Dial("tcp", addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer c.Close()
-			smallBuffers(t, c)
-			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-			if _, err := c.Write(pipeline(m.cmd, n, size)); err != nil {
-				t.Fatalf("writing %d %s of %d bytes (served %d): %v; want the server to read on", n, m.cmd, size, h.served.Load(), err)
-			}
-			rd := bufio.NewReader(c)
-			want := "$" + strconv.Itoa(size) + "\r\n" + strings.Repeat("v", size) + "\r\n"
-			got := make([]byte, len(want))
-			for i := range n {
-				if _, err := io.ReadFull(rd, got); err != nil || string(got) != want {
-					t.Fatalf("reply %d: %.20q, %v; want the %d bytes sent", i, got, err, size)
-				}
-			}
-			if _, moved, _ := srv.LoopStats(); m.cmd == "MIXED" && moved != 1 {
-				t.Errorf("moved off the loop %d times; want once", moved)
-			}
-		})
-	}
+	forEachMode(t, func(t *testing.T, m outputMode) {
+		srv, h, addr, _ := outputServer(t, m.loop, 0)
+		c := dialSmall(t, addr, 10*time.Second)
+		if _, err := c.Write(pipeline(m.cmd, n, size)); err != nil {
+			t.Fatalf("writing %d %s of %d bytes (served %d): %v; want the server to read on", n, m.cmd, size, h.served.Load(), err)
+		}
+		readReplies(t, bufio.NewReader(c), n, size)
+		if _, moved, _ := srv.LoopStats(); m.cmd == "MIXED" && moved != 1 {
+			t.Errorf("moved off the loop %d times; want once", moved)
+		}
+	})
 }
 
 // TestOutputLimits: output is bounded. A client past MaxOutput is closed
@@ -238,24 +182,15 @@ func TestOutputLimits(t *testing.T) {
 				setWriteTimeout(t, tc.timeout)
 				srv, h, addr, logs := outputServer(t, m.loop, tc.maxOutput)
 				base := runtime.NumGoroutine()
-				c, err := net.Dial("tcp", addr)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer c.Close()
-				smallBuffers(t, c)
-				_ = c.SetDeadline(time.Now().Add(tc.timeout + 3*time.Second))
+				c := dialSmall(t, addr, tc.timeout+3*time.Second)
 				start := time.Now()
 				if _, err := c.Write(pipeline(m.cmd, tc.n, size)); err != nil && !tc.limitLog {
 					t.Fatalf("writing %d commands (served %d): %v; want the server to read on", tc.n, h.served.Load(), err)
 				}
 				// The server closes the connection, the client reading
 				// nothing: at the limit, or after the timeout.
-				for srv.Clients() > 0 {
-					if time.Since(start) > tc.timeout+3*time.Second {
-						t.Fatalf("connection still open after %v (served %d of %d); want it closed", time.Since(start), h.served.Load(), tc.n)
-					}
-					time.Sleep(5 * time.Millisecond)
+				if !waitUntil(start.Add(tc.timeout+3*time.Second), 5*time.Millisecond, func() bool { return srv.Clients() == 0 }) {
+					t.Fatalf("connection still open after %v (served %d of %d); want it closed", time.Since(start), h.served.Load(), tc.n)
 				}
 				if tc.limitLog {
 					if time.Since(start) > tc.timeout/2 {
@@ -278,12 +213,8 @@ func TestOutputLimits(t *testing.T) {
 						t.Errorf("log lines %v; want none", logs.All())
 					}
 				}
-				deadline := time.Now().Add(5 * time.Second)
-				for srv.Clients() > 0 || runtime.NumGoroutine() > base {
-					if time.Now().After(deadline) {
-						t.Fatalf("%d clients and %d goroutines (%d before the client) after the close; want the connection's goroutines gone", srv.Clients(), runtime.NumGoroutine(), base)
-					}
-					time.Sleep(10 * time.Millisecond)
+				if !waitUntil(time.Now().Add(5*time.Second), 10*time.Millisecond, func() bool { return connsGone(srv, base) }) {
+					t.Fatalf("%d clients and %d goroutines (%d before the client) after the close; want the connection's goroutines gone", srv.Clients(), runtime.NumGoroutine(), base)
 				}
 			})
 		}

@@ -2,7 +2,6 @@ package resp
 
 import (
 	"bufio"
-	"context"
 	"io"
 	"net"
 	"strconv"
@@ -38,19 +37,8 @@ func BenchmarkReplies(b *testing.B) {
 				name = "loop"
 			}
 			b.Run(name+"/pipeline="+strconv.Itoa(depth), func(b *testing.B) {
-				ln, err := net.Listen("tcp", "127.0.0.1:0")
-				if err != nil {
-					b.Fatal(err)
-				}
-				srv := &Server{Handler: benchHandler{}, EventLoop: loop}
-				done := make(chan error, 1)
-				go func() { done <- srv.Serve(ln) }()
-				defer func() {
-					ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-					defer cancel()
-					_ = srv.Shutdown(ctx)
-					<-done
-				}()
+				ln := listenLocal(b)
+				serveUntilEnd(b, &Server{Handler: benchHandler{}, EventLoop: loop}, ln, 5*time.Second)
 				c, err := net.Dial("tcp", ln.Addr().String())
 				if err != nil {
 					b.Fatal(err)
