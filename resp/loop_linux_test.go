@@ -76,16 +76,7 @@ func (h *loopHandler) LoopSafe(s *Session, cmds [][][]byte) bool {
 	return async == 0 || local == 0
 }
 
-func (h *loopHandler) ServeLoop(s *Session, cmds [][][]byte) bool {
-	if !h.LoopSafe(s, cmds) {
-		return false
-	}
-	for _, args := range cmds {
-		h.ServeRESP(s, args)
-	}
-	h.EndBatch(s)
-	return true
-}
+func (h *loopHandler) ServeLoop(s *Session, cmds [][][]byte) bool { return serveBatch(h, s, cmds) }
 
 func (h *loopHandler) ServeRESP(s *Session, args [][]byte) {
 	st, _ := s.Data.(*loopState)
