@@ -150,7 +150,8 @@ func TestKeepaliveAliveDuringRelayedBlockingCommand(t *testing.T) {
 			cl := startCluster(t, 3)
 			up := harness.StartRedis(t, harness.RedisOptions{})
 			in := startInstanceEnv(t, cl.addrs(), []string{
-				"LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr, "LOCKPROXY_LOCKS_KEEPALIVE_IDLE=500ms"})
+				"LOCKPROXY_UPSTREAM_ADDRESS=" + up.Addr, "LOCKPROXY_LOCKS_KEEPALIVE_IDLE=500ms",
+				slowHostNodeTimeout})
 			other := lc.DialRaw(t, in.addr)
 			rawGrant(t, other, "other-held", "PX", "30000")
 			holder := lc.DialRaw(t, in.addr)
