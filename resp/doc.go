@@ -8,7 +8,8 @@
 // Caveats: replies are flushed once per batch of pipelined commands; a
 // command that blocks must call Session.Flush first. Pushes queued with
 // Session.Push are written between commands, never inside a reply. A
-// flush never waits for a client that does not read (but over TLS): what
-// it has not read waits in the connection's output buffer, bounded by
-// Server.MaxOutput (output.go).
+// flush never waits for a client that does not read, over TLS
+// (Server.TLSConfig) as over TCP: what it has not read waits in the
+// connection's output buffer, bounded by Server.MaxOutput (output.go,
+// tls_output.go).
 package resp

@@ -31,7 +31,10 @@ import (
 // reads nothing for replyWriteTimeout while output is pending is closed
 // too. flushOut ends when the buffer is empty, or with the connection.
 //
-// Over TLS (no raw socket) replies are written as before, blocking.
+// Over TLS the session writes through crypto/tls, to a socket that never
+// makes it wait either (tlsSock, tls_output.go), with the same bounds.
+// Only a connection with neither (a net.Conn from a listener that wraps
+// its own, such as tls.NewListener's) is still written blocking.
 
 // maxKeptOutput is the output buffer memory a connection keeps once its
 // pending output is written: a burst of replies that a slow client took a
@@ -43,13 +46,14 @@ const maxKeptOutput = 64 << 10
 var ErrOutputLimit = errors.New("resp: client output buffer limit reached")
 
 // write sends b to the client, or queues it behind output still pending;
-// b may be reused once it returns. Only a TLS connection waits for the
-// client here. On an error the connection is closed.
+// b may be reused once it returns. Only a connection with neither a raw
+// socket nor a tlsSock waits for the client here. On an error the
+// connection is closed.
 func (s *Session) write(b []byte) error {
 	s.writeMu.Lock()
 	var err error
 	if s.raw == nil {
-		err = s.writeBlockingLocked(b, false)
+		err = s.writeConnLocked(b, false)
 	} else {
 		err = s.sendLocked(b)
 	}
@@ -60,18 +64,22 @@ func (s *Session) write(b []byte) error {
 	return err
 }
 
-// writeBlockingLocked writes b and waits for the client to take it, at
-// most replyWriteTimeout, or pushWriteTimeout for a push frame; under
-// writeMu. For connections without a raw socket.
-func (s *Session) writeBlockingLocked(b []byte, push bool) error {
+// writeConnLocked writes b through the connection, for connections
+// without a raw socket; under writeMu. Over a tlsSock that never waits for
+// the client. Else it waits for the client to take b, at most
+// replyWriteTimeout, or pushWriteTimeout for a push frame.
+func (s *Session) writeConnLocked(b []byte, push bool) error {
 	if s.outErr != nil {
 		return s.outErr
 	}
-	if push {
+	switch {
+	case s.tsock != nil:
+		// No write deadline: tlsSock bounds the output.
+	case push:
 		// Set, not Arm: a reply's deadline, further away, must not
 		// stand for a push frame's.
 		s.wdeadline.Set(s.conn, time.Now().Add(pushWriteTimeout))
-	} else {
+	default:
 		s.wdeadline.Arm(s.conn, replyWriteTimeout)
 	}
 	_, err := s.out.Write(b)
@@ -115,54 +123,100 @@ func (s *Session) sendLocked(b []byte) error {
 // waiting; under writeMu. Control, not RawConn.Write: it neither waits
 // for the socket nor fails on a write deadline that passed while the
 // connection idled, and the one write system call is all it costs.
-func (s *Session) tryWriteLocked(b []byte) (int, error) {
-	s.rawBuf, s.rawN, s.rawErr = b, 0, nil
-	err := s.raw.Control(s.rawFunc)
-	n, werr := s.rawN, s.rawErr
-	s.rawBuf = nil
+func (s *Session) tryWriteLocked(b []byte) (int, error) { return s.obuf.tryWrite(s.raw, b) }
+
+// queueLocked appends b to the pending output, or closes the client when
+// that would take it past its limit; under writeMu.
+func (s *Session) queueLocked(b []byte) error {
+	if over := s.obuf.queue(b, s.outputLimit()); over > 0 {
+		s.outErr = ErrOutputLimit
+		s.overflow = over
+		return ErrOutputLimit
+	}
+	return nil
+}
+
+// outBuf is the output a socket has not taken yet, pend[pendOff:], and the
+// one non-blocking write that offers it to the socket: a plain TCP
+// session's (under its writeMu) and a tlsSock's (under its mu).
+type outBuf struct {
+	pend    []byte
+	pendOff int
+	// The one write attempt of tryWrite: fields rather than a closure's
+	// captures, so that it allocates nothing.
+	buf  []byte
+	n    int
+	werr error
+	fn   func(fd uintptr)
+}
+
+// tryWrite writes as much of b as raw's socket takes now, without waiting.
+func (o *outBuf) tryWrite(raw syscall.RawConn, b []byte) (int, error) {
+	if o.fn == nil {
+		o.fn = o.rawWrite
+	}
+	o.buf, o.n, o.werr = b, 0, nil
+	err := raw.Control(o.fn)
+	n, werr := o.n, o.werr
+	o.buf = nil
 	if err == nil {
 		err = werr
 	}
 	return n, err
 }
 
-// rawWrite is tryWriteLocked's attempt, on the socket's descriptor.
-func (s *Session) rawWrite(fd uintptr) {
-	for s.rawN < len(s.rawBuf) {
-		n, err := nbio.Write(int(fd), s.rawBuf[s.rawN:])
+// rawWrite is tryWrite's attempt, on the socket's descriptor.
+func (o *outBuf) rawWrite(fd uintptr) {
+	for o.n < len(o.buf) {
+		n, err := nbio.Write(int(fd), o.buf[o.n:])
 		switch {
 		case err == syscall.EINTR:
 			continue
 		case err == syscall.EAGAIN:
 			return
 		case err != nil:
-			s.rawErr = err
+			o.werr = err
 			return
-		case n == 0:
+		case n <= 0:
 			return
 		}
-		s.rawN += n
+		o.n += n
 	}
 }
 
-// queueLocked appends b to the pending output, or closes the client when
-// that would take it past its limit; under writeMu.
-func (s *Session) queueLocked(b []byte) error {
-	pending := len(s.pend) - s.pendOff
-	if limit := s.outputLimit(); limit > 0 && pending+len(b) > limit {
-		s.outErr = ErrOutputLimit
-		s.overflow = pending + len(b)
-		s.pend, s.pendOff = nil, 0
-		return ErrOutputLimit
+// queue appends b to the pending output; past limit (when not 0) it drops
+// the pending output instead and returns the size it would have grown to.
+func (o *outBuf) queue(b []byte, limit int) (overflow int) {
+	pending := len(o.pend) - o.pendOff
+	if limit > 0 && pending+len(b) > limit {
+		o.pend, o.pendOff = nil, 0
+		return pending + len(b)
 	}
-	if s.pendOff > 0 && s.pendOff >= len(s.pend)/2 {
+	if o.pendOff > 0 && o.pendOff >= len(o.pend)/2 {
 		// Reuse what was written: copying at most what is left, once
 		// half the buffer is behind us, keeps appends amortized O(1).
-		n := copy(s.pend, s.pend[s.pendOff:])
-		s.pend, s.pendOff = s.pend[:n], 0
+		n := copy(o.pend, o.pend[o.pendOff:])
+		o.pend, o.pendOff = o.pend[:n], 0
 	}
-	s.pend = append(s.pend, b...)
-	return nil
+	o.pend = append(o.pend, b...)
+	return 0
+}
+
+// writeSome offers the pending output to raw's socket once, and reports
+// whether it is all written.
+func (o *outBuf) writeSome(raw syscall.RawConn) (n int, done bool, err error) {
+	n, err = o.tryWrite(raw, o.pend[o.pendOff:])
+	o.pendOff += n
+	return n, o.pendOff == len(o.pend), err
+}
+
+// reset empties the pending output once a flush ended, keeping at most
+// maxKeptOutput of its memory; drop (an error ended the output) keeps none.
+func (o *outBuf) reset(drop bool) {
+	if cap(o.pend) > maxKeptOutput || drop {
+		o.pend = nil
+	}
+	o.pend, o.pendOff = o.pend[:0], 0
 }
 
 // flushOut writes the pending output as the client reads it, and ends
@@ -188,22 +242,18 @@ func (s *Session) flushOut(done chan struct{}) {
 	var armed net.Conn // the connection whose write deadline is set
 	for first := true; ; first = false {
 		s.writeMu.Lock()
-		n, err := 0, s.outErr
+		n, done, err := 0, false, s.outErr
 		if err == nil {
-			n, err = s.tryWriteLocked(s.pend[s.pendOff:])
-			s.pendOff += n
+			n, done, err = s.obuf.writeSome(s.raw)
 		}
 		if err == nil && n == 0 && timedOut {
 			err = os.ErrDeadlineExceeded
 		}
-		if err != nil || s.pendOff == len(s.pend) {
+		if err != nil || done {
 			if err != nil && s.outErr == nil {
 				s.outErr = err
 			}
-			if cap(s.pend) > maxKeptOutput || err != nil {
-				s.pend = nil
-			}
-			s.pend, s.pendOff = s.pend[:0], 0
+			s.obuf.reset(err != nil)
 			s.flushing = false
 			s.writeMu.Unlock()
 			if err != nil {
@@ -250,6 +300,10 @@ func (s *Session) flushOut(done chan struct{}) {
 // waitOutput waits until the output pending is written, or given up on
 // (the client closed, or did not read for replyWriteTimeout).
 func (s *Session) waitOutput() {
+	if s.tsock != nil {
+		s.tsock.waitFlushed()
+		return
+	}
 	s.writeMu.Lock()
 	done := s.flushed
 	if !s.flushing {
@@ -263,6 +317,9 @@ func (s *Session) waitOutput() {
 
 // outputPending reports whether output waits for the client to read it.
 func (s *Session) outputPending() bool {
+	if s.tsock != nil {
+		return s.tsock.pending()
+	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	return s.flushing
@@ -290,6 +347,9 @@ func (s *Session) fail(err error) {
 		s.writeMu.Lock()
 		size := s.overflow
 		s.writeMu.Unlock()
+		if s.tsock != nil {
+			size = s.tsock.overflowSize()
+		}
 		s.srv.Logger.Warn("client closed for overcoming the output buffer limit (limits.max_output_bytes)",
 			zap.Int64("id", s.id), zap.String("remote", s.remoteAddr),
 			zap.Int("output_bytes", size), zap.Int("limit", s.outputLimit()), zap.Bool("pubsub", s.pubsub.Load()))

@@ -142,7 +142,7 @@ func TestOutputTrimmed(t *testing.T) {
 		var kept int
 		if !waitUntil(time.Now().Add(3*time.Second), 10*time.Millisecond, func() bool {
 			s.writeMu.Lock()
-			flushing, kept = s.flushing, cap(s.pend)
+			flushing, kept = s.flushing, cap(s.obuf.pend)
 			s.writeMu.Unlock()
 			return !flushing && kept <= maxKeptOutput
 		}) {
@@ -261,25 +261,41 @@ func TestOutputPushesWithPendingOutput(t *testing.T) {
 
 // TestTLSPushWriteTimeout: over TLS a push frame, written from
 // another goroutine, waits at most pushWriteTimeout for a client that does
-// not read, as before the output buffer, not the replies' write timeout.
+// not read, not the replies' write timeout: with Server.TLSConfig it does
+// not wait at all (tls_output.go, TestTLSPushNeverWaits); on a listener
+// that does TLS itself (tls.NewListener), written blocking, it waits at
+// most pushWriteTimeout.
 func TestTLSPushWriteTimeout(t *testing.T) {
 	setWriteTimeout(t, 15*time.Second)
-	ln, cfg := tlsListener(t)
-	h := &reviewHandler{}
-	serveUntilEnd(t, &Server{Handler: h}, ln, 0)
-	raw := dialSmall(t, ln.Addr().String(), 0)
-	cfg = cfg.Clone()
-	cfg.ServerName = "127.0.0.1"
-	c := tls.Client(raw, cfg)
-	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
-	echo(t, c, bufio.NewReader(c), "hi")
-	s := h.sess.Load()
-	frame := append([]byte(">2\r\n$4\r\npush\r\n$33554432\r\n"), make([]byte, 32<<20)...)
-	frame = append(frame, "\r\n"...)
-	start := time.Now()
-	s.Push(frame) // the client reads nothing
-	if d := time.Since(start); d > pushWriteTimeout+2*time.Second {
-		t.Errorf("the push write to a client that does not read took %v; want at most pushWriteTimeout (%v)", d, pushWriteTimeout)
+	for _, own := range []bool{false, true} {
+		name := "Server.TLSConfig"
+		if own {
+			name = "tls.NewListener"
+		}
+		t.Run(name, func(t *testing.T) {
+			ln, server, cfg := tlsListener(t)
+			h := &reviewHandler{}
+			srv := &Server{Handler: h, TLSConfig: server}
+			if own {
+				ln, srv.TLSConfig = tls.NewListener(ln, server), nil
+			}
+			serveUntilEnd(t, srv, ln, 0)
+			raw := dialSmall(t, ln.Addr().String(), 0)
+			c := tls.Client(raw, cfg)
+			_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+			echo(t, c, bufio.NewReader(c), "hi")
+			s := h.sess.Load()
+			if got := s.tsock != nil; got == own {
+				t.Fatalf("the session has a tlsSock: %v; want %v", got, !own)
+			}
+			frame := append([]byte(">2\r\n$4\r\npush\r\n$33554432\r\n"), make([]byte, 32<<20)...)
+			frame = append(frame, "\r\n"...)
+			start := time.Now()
+			s.Push(frame) // the client reads nothing
+			if d := time.Since(start); d > pushWriteTimeout+2*time.Second {
+				t.Errorf("the push write to a client that does not read took %v; want at most pushWriteTimeout (%v)", d, pushWriteTimeout)
+			}
+		})
 	}
 }
 

@@ -106,6 +106,13 @@ type Server struct {
 	// subscribed (SetPubSub), as Redis's client-output-buffer-limit
 	// pubsub (32 MB); 0: MaxOutput does.
 	MaxOutputPubSub int
+	// TLSConfig, when set, makes every connection TLS, on goroutines (not
+	// the event loop), with the same output buffering and bounds as plain
+	// TCP (tls_output.go): pass the plain TCP listener to Serve. A
+	// listener that does TLS itself (tls.NewListener) works too, but its
+	// replies are written blocking: a client that writes a whole pipeline
+	// before it reads stalls until the write timeout.
+	TLSConfig *tls.Config
 
 	baseCtx  context.Context
 	cancel   context.CancelFunc
@@ -227,6 +234,9 @@ func (s *Server) accept(c net.Conn) {
 	if s.MaxClients > 0 && len(s.sessions) >= s.MaxClients {
 		s.mu.Unlock()
 		s.rejected.Add(1)
+		if s.TLSConfig != nil {
+			c = tls.Server(c, s.TLSConfig)
+		}
 		// Not on the accept loop: over TLS the write first runs the
 		// handshake, which a silent peer would hold up.
 		go func() {
@@ -236,9 +246,23 @@ func (s *Server) accept(c net.Conn) {
 		}()
 		return
 	}
+	var ts *tlsSock
+	if s.TLSConfig != nil {
+		if tc, ok := c.(*net.TCPConn); ok {
+			ts = newTLSSock(tc)
+		}
+		if ts != nil {
+			c = tls.Server(ts, s.TLSConfig)
+		} else {
+			c = tls.Server(c, s.TLSConfig)
+		}
+	}
 	sess := newSession(s.baseCtx, s.nextID.Add(1), c)
 	sess.rd.preAuth = s.AuthRequired
 	sess.srv, sess.outLimit, sess.outLimitPubSub = s, s.MaxOutput, s.MaxOutputPubSub
+	if ts != nil {
+		sess.tsock, ts.sess = ts, sess
+	}
 	s.sessions[sess] = struct{}{}
 	s.wg.Add(1)
 	loop := s.loop
@@ -347,6 +371,9 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 				s.tlsFailures.Add(1)
 			}
 			s.Logger.Debug("tls handshake failed", zap.String("remote", sess.remoteAddr), zap.Error(err))
+			// Closed now: the handshake's output still queued for a
+			// peer that does not read is dropped, not waited for.
+			sess.Close()
 			return
 		}
 	}

@@ -15,10 +15,10 @@ import (
 	"time"
 )
 
-// tlsListener is a TLS listener on a free loopback port with a
-// self-signed certificate for 127.0.0.1, and a client configuration that
-// trusts it.
-func tlsListener(t *testing.T) (net.Listener, *tls.Config) {
+// tlsListener is a TCP listener on a free loopback port, the server
+// configuration (Server.TLSConfig) of a self-signed certificate for
+// 127.0.0.1, and a client configuration that trusts it.
+func tlsListener(t *testing.T) (net.Listener, *tls.Config, *tls.Config) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -40,8 +40,8 @@ func tlsListener(t *testing.T) (net.Listener, *tls.Config) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln := tls.NewListener(raw, &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}})
-	return ln, &tls.Config{RootCAs: roots}
+	return raw, &tls.Config{Certificates: []tls.Certificate{{Certificate: [][]byte{der}, PrivateKey: key}}},
+		&tls.Config{RootCAs: roots, ServerName: "127.0.0.1"}
 }
 
 type pongHandler struct{}
@@ -75,8 +75,8 @@ func TestTLSAcceptSilentPeers(t *testing.T) {
 	tlsHandshakeTimeout = 300 * time.Millisecond
 	defer func() { tlsHandshakeTimeout = old }()
 
-	ln, client := tlsListener(t)
-	srv := &Server{Handler: pongHandler{}, MaxClients: 1}
+	ln, server, client := tlsListener(t)
+	srv := &Server{Handler: pongHandler{}, MaxClients: 1, TLSConfig: server}
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ln) }()
 	defer func() {

@@ -46,19 +46,21 @@ type Session struct {
 	rd         *Reader
 	// writeMu orders whole writes to the connection: a batch of replies
 	// from the connection's goroutine, push frames from others. It is
-	// never held while waiting for the client, but over TLS (see
-	// output.go).
+	// never held while waiting for the client, but on a connection with
+	// neither a raw socket nor a tlsSock (see output.go).
 	writeMu sync.Mutex
 	out     io.Writer // writes to conn over TLS, under writeMu
+	// tsock is the socket under a TLS connection (Server.TLSConfig): it
+	// keeps the output the client has not read (tls_output.go).
+	tsock *tlsSock
 	// wdeadline is the connection's write deadline (under writeMu).
 	wdeadline deadline.Write
 	// The output the client has not taken yet (output.go), under writeMu:
-	// pend[pendOff:], written by flushOut while flushing (flushed is
-	// closed when it ends). outErr: the write error that ended the
-	// connection's output; overflow: how big the output would have grown
-	// when it went past outLimit (bytes; 0: no limit).
-	pend     []byte
-	pendOff  int
+	// obuf, written by flushOut while flushing (flushed is closed when
+	// it ends). outErr: the write error that ended the connection's
+	// output; overflow: how big the output would have grown when it went
+	// past outLimit (bytes; 0: no limit).
+	obuf     outBuf
 	flushing bool
 	flushed  chan struct{}
 	outErr   error
@@ -96,12 +98,6 @@ type Session struct {
 	asyncDone  chan struct{}
 	asyncWrite func([]byte)
 	raw        syscall.RawConn // nil when the connection has no file descriptor
-	// The one write attempt of tryWriteLocked, under writeMu: fields
-	// rather than a closure's captures, so that it allocates nothing.
-	rawBuf  []byte
-	rawN    int
-	rawErr  error
-	rawFunc func(fd uintptr)
 
 	// On the event loop (loop_linux.go): loop is the loop serving the
 	// session, nil once it has a goroutine; home the loop it started on,
@@ -118,8 +114,8 @@ type Session struct {
 
 // replyWriteTimeout is how long a client may read nothing while output
 // waits for it before it is closed (a variable for tests);
-// pushWriteTimeout bounds the write of one push frame over TLS, written
-// from other goroutines.
+// pushWriteTimeout bounds the write of one push frame, from other
+// goroutines, on a connection written blocking (writeConnLocked).
 var replyWriteTimeout = 30 * time.Second
 
 const pushWriteTimeout = 5 * time.Second
@@ -147,7 +143,7 @@ func newSession(base context.Context, id int64, c net.Conn) *Session {
 	s.lastActive.Store(s.created.UnixNano())
 	s.unauthed.Store(s.created.UnixNano())
 	s.asyncWrite = s.writeAsync
-	s.rawFunc = s.rawWrite
+	s.obuf.fn = s.obuf.rawWrite
 	s.setConn(c, nil)
 	return s
 }
@@ -410,15 +406,16 @@ func (s *Session) drainPushes() {
 }
 
 // writePushesLocked writes every queued push frame, or queues it behind
-// the output pending (output.go); under writeMu. Over TLS, each write
-// waits at most pushWriteTimeout for the client.
+// the output pending (output.go, tls_output.go); under writeMu. On a
+// connection with neither a raw socket nor a tlsSock, each write waits at
+// most pushWriteTimeout for the client.
 func (s *Session) writePushesLocked() error {
 	for {
 		select {
 		case p := <-s.pushes:
 			var err error
 			if s.raw == nil {
-				err = s.writeBlockingLocked(p, true)
+				err = s.writeConnLocked(p, true)
 			} else {
 				err = s.sendLocked(p)
 			}

@@ -12,7 +12,6 @@ package main
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -400,11 +399,6 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		_ = ln.Close()
 		return fmt.Errorf("tls: %w", err)
 	}
-	if tcfg := srvTLS; tcfg != nil {
-		// TLS connections are served on goroutines: the event loop
-		// writes to sockets, not through crypto/tls.
-		ln = tls.NewListener(ln, tcfg)
-	}
 	port := 0
 	if ta, ok := ln.Addr().(*net.TCPAddr); ok {
 		port = ta.Port
@@ -428,7 +422,11 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		EventLoop:    cfg.Upstream.Address != "" && cfg.Upstream.EventLoop,
 		AuthRequired: cfg.Auth.Password != "" || len(cfg.Auth.Users) > 0,
 		AuthTimeout:  cfg.Limits.AuthTimeout,
-		MaxOutput:    cfg.Limits.MaxOutputBytes, MaxOutputPubSub: cfg.Limits.MaxOutputBytesPubSub}
+		MaxOutput:    cfg.Limits.MaxOutputBytes, MaxOutputPubSub: cfg.Limits.MaxOutputBytesPubSub,
+		// TLS connections are served on goroutines, not the event loop,
+		// with the same output buffering (resp's tls_output.go): the
+		// server wraps the TCP listener's connections itself.
+		TLSConfig: srvTLS}
 	if srv.EventLoop {
 		reg.MustRegister(
 			prometheus.NewGaugeFunc(prometheus.GaugeOpts{

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"net"
 	"strings"
@@ -23,7 +24,9 @@ import (
 // 30 s (the reply write timeout) lockproxy reset the connection: every
 // reply was lost. On goroutines (no upstream) and on the event loop (with
 // one), for commands lockproxy answers (ECHO) and relayed ones (SET … GET,
-// whose replies the upstream connection's reader writes).
+// whose replies the upstream connection's reader writes), and over TLS
+// (tls.enabled), whose replies lockproxy wrote blocking until the write
+// timeout reset the connection.
 func TestPipelineWrittenBeforeRead(t *testing.T) {
 	cl := startCluster(t, 3)
 	up := harness.StartRedis(t, harness.RedisOptions{})
@@ -38,21 +41,26 @@ func TestPipelineWrittenBeforeRead(t *testing.T) {
 	}
 	goroutines := startInstance(t, cl.addrs()).addr
 	loop := startInstance(t, cl.addrs(), "--upstream", up.Addr).addr
+	ca := harness.NewTestCA(t)
+	overTLS := startInstanceEnv(t, cl.addrs(), append(tlsEnv(ca), "LOCKPROXY_UPSTREAM_ADDRESS="+up.Addr)).addr
 	for _, tc := range []struct {
 		name, addr string
 		cmd        func(context.Context, redis.Pipeliner) *redis.Cmd
 		set        bool // the key SET … GET reads is set first
+		tls        *tls.Config
 	}{
-		{"redis-server", up.Addr, echo, false},
-		{"lockproxy on goroutines", goroutines, echo, false},
-		{"lockproxy on the event loop", loop, echo, false},
-		{"lockproxy on the event loop, relayed", loop, setGet, true},
+		{"redis-server", up.Addr, echo, false, nil},
+		{"lockproxy on goroutines", goroutines, echo, false, nil},
+		{"lockproxy on the event loop", loop, echo, false, nil},
+		{"lockproxy on the event loop, relayed", loop, setGet, true, nil},
+		{"lockproxy over TLS", overTLS, echo, false, ca.ClientConfig()},
+		{"lockproxy over TLS, relayed", overTLS, setGet, true, ca.ClientConfig()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// Bounded: a stalled connection fails the test in seconds,
 			// not at lockproxy's 30 s write timeout.
 			c := redis.NewClient(&redis.Options{
-				Addr: tc.addr, Protocol: 2, MaxRetries: -1, DisableIdentity: true,
+				Addr: tc.addr, Protocol: 2, MaxRetries: -1, DisableIdentity: true, TLSConfig: tc.tls,
 				ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second,
 				ContextTimeoutEnabled: true, PoolSize: 1,
 			})
@@ -85,40 +93,65 @@ func TestPipelineWrittenBeforeRead(t *testing.T) {
 
 // TestOutputLimit: a client whose unread replies go past
 // limits.max_output_bytes is closed, and lockproxy logs why, as Redis
-// does past client-output-buffer-limit.
+// does past client-output-buffer-limit; over TLS too.
 func TestOutputLimit(t *testing.T) {
 	cl := startCluster(t, 3)
-	in := startInstanceEnv(t, cl.addrs(), []string{"LOCKPROXY_LIMITS_MAX_OUTPUT_BYTES=1048576"})
-	c, err := net.Dial("tcp", in.addr)
-	if err != nil {
-		t.Fatal(err)
+	ca := harness.NewTestCA(t)
+	for _, tc := range []struct {
+		name string
+		env  []string
+		tls  *tls.Config
+	}{
+		{"plain", nil, nil},
+		{"TLS", tlsEnv(ca), ca.ClientConfig()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			in := startInstanceEnv(t, cl.addrs(), append(tc.env, "LOCKPROXY_LIMITS_MAX_OUTPUT_BYTES=1048576"))
+			raw, err := net.Dial("tcp", in.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer raw.Close()
+			// Small socket buffers: the replies the sockets hold do not count.
+			_ = raw.(*net.TCPConn).SetReadBuffer(64 << 10)
+			c := raw
+			if tc.tls != nil {
+				cfg := tc.tls.Clone()
+				cfg.ServerName = "127.0.0.1"
+				c = tls.Client(raw, cfg)
+			}
+			_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+			cmd := "*2\r\n$4\r\nECHO\r\n$8192\r\n" + strings.Repeat("v", 8192) + "\r\n"
+			// 16 MB of replies, not read. The write fails once lockproxy closed.
+			_, _ = c.Write([]byte(strings.Repeat(cmd, 2048)))
+			deadline := time.Now().Add(10 * time.Second)
+			for !strings.Contains(in.proc.Output(), "output buffer limit") {
+				if time.Now().After(deadline) {
+					t.Fatalf("no log line on the output limit; output:\n%s", in.proc.Output())
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			// Closed: reading what the sockets held ends in an error, not a
+			// timeout.
+			buf := make([]byte, 64<<10)
+			for {
+				if _, err = c.Read(buf); err != nil {
+					break
+				}
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatalf("connection still open after the output limit: %v", err)
+			}
+		})
 	}
-	defer c.Close()
-	// Small socket buffers: the replies the sockets hold do not count.
-	_ = c.(*net.TCPConn).SetReadBuffer(64 << 10)
-	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
-	cmd := "*2\r\n$4\r\nECHO\r\n$8192\r\n" + strings.Repeat("v", 8192) + "\r\n"
-	// 16 MB of replies, not read. The write fails once lockproxy closed.
-	_, _ = c.Write([]byte(strings.Repeat(cmd, 2048)))
-	deadline := time.Now().Add(10 * time.Second)
-	for !strings.Contains(in.proc.Output(), "output buffer limit") {
-		if time.Now().After(deadline) {
-			t.Fatalf("no log line on the output limit; output:\n%s", in.proc.Output())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	// Closed: reading what the sockets held ends in an error, not a
-	// timeout.
-	buf := make([]byte, 64<<10)
-	for {
-		if _, err = c.Read(buf); err != nil {
-			break
-		}
-	}
-	var ne net.Error
-	if errors.As(err, &ne) && ne.Timeout() {
-		t.Fatalf("connection still open after the output limit: %v", err)
-	}
+}
+
+// tlsEnv is lockproxy's environment for TLS with a server certificate of
+// ca's.
+func tlsEnv(ca *harness.TestCA) []string {
+	files := ca.Server()
+	return []string{"LOCKPROXY_TLS_ENABLED=true", "LOCKPROXY_TLS_CERT_FILE=" + files.Cert, "LOCKPROXY_TLS_KEY_FILE=" + files.Key}
 }
 
 // TestPubSubOutputLimit: a subscriber that stops reading is closed once
