@@ -55,11 +55,12 @@ func killsByID(args [][]byte) bool {
 	return false
 }
 
-// clientUnblock is CLIENT UNBLOCK id [TIMEOUT|ERROR], relayed with the
+// clientUnblock is CLIENT UNBLOCK id [TIMEOUT|ERROR]. A client waiting in
+// lockproxy's own LOCK … WAIT (or RLOCK) is unblocked here (lockWaits):
+// nothing upstream holds it. Otherwise the command is relayed with the
 // upstream id of the connection the client of that id is blocked on; :0,
 // as Redis answers for a client that is not blocked, when it is in no
-// relayed blocking command. A client blocked in lockproxy's own LOCK …
-// WAIT is not one: nothing upstream holds it.
+// relayed blocking command either.
 func (h *Handler) clientUnblock(s *resp.Session, rs *relayConn, args [][]byte) {
 	switch {
 	case len(args) < 3:
@@ -79,6 +80,14 @@ func (h *Handler) clientUnblock(s *resp.Session, rs *relayConn, args [][]byte) {
 		relayError(s, errNotInteger.Error())
 		return
 	}
+	how := byte(unblockedTimeout)
+	if len(args) == 4 && resp.EqualFold(args[3], "ERROR") {
+		how = unblockedError
+	}
+	if h.waits.unblock(id, how) {
+		s.W.Int(1)
+		return
+	}
 	up, err := h.up.Named(id, relay.NameBlocked)
 	switch {
 	case errors.Is(err, relay.ErrNoSuchConn):
@@ -93,29 +102,36 @@ func (h *Handler) clientUnblock(s *resp.Session, rs *relayConn, args [][]byte) {
 	h.relayAdd(s, rs, out)
 }
 
+// redirection is a CLIENT TRACKING on … REDIRECT's target as
+// trackingRedirect translated it: the client id given (to) and the
+// upstream id relayed in its place (up).
+type redirection struct{ to, up int64 }
+
 // trackingRedirect returns CLIENT TRACKING's arguments with the client id
 // of its REDIRECT option translated (relay.Named), or false after writing
 // the reply Redis gives when that client does not exist. Options are read
 // as Redis reads them, up to the first it would refuse (a second
 // REDIRECT, an unknown word): Redis stops there too, before it looks up
 // any id after it.
-// The translation is kept (relayConn.redirTo, redirUp) for the replies
-// that give the id back (redirectInfo).
-func (h *Handler) trackingRedirect(s *resp.Session, rs *relayConn, args [][]byte) ([][]byte, bool) {
+// For ON it also returns the redirection, whose target relay.Named marked:
+// the caller keeps it (trackRedirected) once Redis has accepted the
+// command, or takes the mark back when Redis refuses it.
+func (h *Handler) trackingRedirect(s *resp.Session, args [][]byte) ([][]byte, *redirection, bool) {
 	var out [][]byte
+	var redir *redirection
 	redirects := 0
 	for j := 3; j < len(args); j++ {
 		more := j+1 < len(args)
 		switch {
 		case resp.EqualFold(args[j], "REDIRECT") && more:
 			if redirects++; redirects > 1 {
-				return orArgs(out, args), true
+				return orArgs(out, args), redir, true
 			}
 			j++
 			id, ok := resp.ParseInt(args[j])
 			if !ok {
 				relayError(s, errNotInteger.Error())
-				return nil, false
+				return nil, nil, false
 			}
 			// Only ON sets a redirection: for OFF (or a word Redis then
 			// refuses) it only checks that the client exists, and the
@@ -129,29 +145,53 @@ func (h *Handler) trackingRedirect(s *resp.Session, rs *relayConn, args [][]byte
 			switch {
 			case errors.Is(err, relay.ErrNoSuchConn):
 				relayError(s, errRedirectMissing)
-				return nil, false
+				return nil, nil, false
 			case err != nil:
 				relayError(s, "ERR CLIENT TRACKING through lockproxy: the upstream did not tell the id of client "+
 					strconv.FormatInt(id, 10)+"'s connection (CLIENT ID refused): "+err.Error())
-				return nil, false
+				return nil, nil, false
 			}
 			if out == nil {
 				out = append([][]byte(nil), args...)
 			}
 			out[j] = []byte(strconv.FormatInt(up, 10))
 			if !off {
-				rs.redirTo, rs.redirUp = id, up
-				rs.redirPush.Store(&[2]int64{up, id})
+				redir = &redirection{to: id, up: up}
 			}
 		case resp.EqualFold(args[j], "PREFIX") && more:
 			j++
 		case resp.EqualFold(args[j], "BCAST") || resp.EqualFold(args[j], "OPTIN") ||
 			resp.EqualFold(args[j], "OPTOUT") || resp.EqualFold(args[j], "NOLOOP"):
 		default:
-			return orArgs(out, args), true
+			return orArgs(out, args), redir, true
 		}
 	}
-	return orArgs(out, args), true
+	return orArgs(out, args), redir, true
+}
+
+// trackRedirected relays a CLIENT TRACKING on … REDIRECT (args, translated)
+// whose target relay.Named marked (redir), and waits for its reply: Redis
+// checks the rest of the command (PREFIX without BCAST, a second
+// REDIRECT, a BCAST switch while tracking) after it looked the id up, so
+// the mark was set before Redis could refuse. Refused, the command set no
+// redirection: the mark is taken back (relay.Unredirect), or the target
+// would keep its pinned connection for as long as it stays connected.
+// Accepted, the translation is kept (relayConn.redirTo, redirUp) for the
+// replies that give the id back (redirectInfo, redirBroken).
+func (h *Handler) trackRedirected(s *resp.Session, rs *relayConn, args [][]byte, redir *redirection) {
+	if rs.pipe.Pending() > 0 {
+		// The reply read below must be this command's alone.
+		h.relayCollect(s, rs, true)
+	}
+	h.relayAdd(s, rs, args)
+	at := rs.at
+	h.relayCollect(s, rs, true)
+	if b := s.W.Bytes(); at >= len(b) || !bytes.HasPrefix(b[at:], []byte("+OK\r\n")) {
+		h.up.Unredirect(redir.to, redir.up)
+		return
+	}
+	rs.redirTo, rs.redirUp = redir.to, redir.up
+	rs.redirPush.Store(&[2]int64{redir.up, redir.to})
 }
 
 // orArgs is out when set, else args.

@@ -111,6 +111,8 @@ type Handler struct {
 	held      *heldLocks
 	keepalive *keepalives
 	closed    atomic.Bool
+	// waits are the LOCK … WAITs in progress, for CLIENT UNBLOCK.
+	waits lockWaits
 
 	patterns []string          // transparent mode's lock patterns
 	lockKey  func([]byte) bool // isLockKey, made once: a method value allocates

@@ -14,6 +14,14 @@ import (
 // newRealRedLock is a RedLock backend over n real redis-server nodes.
 func newRealRedLock(t *testing.T, n int) *redis.Backend {
 	t.Helper()
+	b, _ := newRealRedLockNodes(t, n)
+	return b
+}
+
+// newRealRedLockNodes is newRealRedLock returning the nodes too, for tests
+// that look at what is left on each (lock keys are under "lp:").
+func newRealRedLockNodes(t *testing.T, n int) (*redis.Backend, []*harness.Redis) {
+	t.Helper()
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	rs := harness.StartRedisN(t, n, harness.RedisOptions{})
 	cfg := redis.Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
@@ -26,7 +34,7 @@ func newRealRedLock(t *testing.T, n int) *redis.Backend {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = b.Close() })
-	return b
+	return b, rs
 }
 
 // TestConcurrentPooledUnlocksOfReentrantKeepalive: connection B holds k

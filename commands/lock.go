@@ -263,6 +263,7 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	// look for a hold to join.
 	req := backends.LockRequest{Key: string(a.key), Token: token, TTL: a.ttl, Wait: a.wait, Mode: mode, NoReentry: a.token == nil}
 	ctx := s.Context()
+	var wait *lockWait
 	if a.wait > 0 {
 		// Replies to the commands pipelined before this one must not wait
 		// with it.
@@ -276,12 +277,33 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		// The backend's own deadline is a.wait; this bounds its last try.
 		ctx, cancel = context.WithTimeout(ctx, a.wait+a.ttl)
 		defer cancel()
+		// CLIENT UNBLOCK ends the wait through cancel (clientUnblock).
+		wait = h.waits.begin(s.ID(), cancel)
 	}
 	start := time.Now()
 	lease, err := h.backend.Lock(ctx, req)
 	done := time.Now()
 	h.metrics.acquireDuration.Observe(done.Sub(start).Seconds())
+	var unblocked byte
+	if wait != nil {
+		unblocked = h.waits.end(s.ID(), wait)
+	}
 	switch {
+	case unblocked != 0:
+		// CLIENT UNBLOCK ended the wait and was told so (:1): the
+		// command answers as Redis's blocking commands do then, and
+		// leaves nothing held. The backend rolled back a partial grant
+		// of the canceled attempt (as for a client that left), but may
+		// have answered a grant that landed first: it is given back.
+		if err == nil {
+			h.releaseOrphan(s, req.Key, token, mode)
+		}
+		h.metrics.notAcquired.Inc()
+		if unblocked == unblockedError {
+			s.W.Error(errUnblocked)
+		} else {
+			s.W.Null()
+		}
 	case err == nil && s.Context().Err() != nil:
 		// The grant landed after the client went away (or the server
 		// canceled what runs): nobody will learn of it, so it is given

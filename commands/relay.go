@@ -991,8 +991,8 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		}
 		// After pin: a client may redirect to itself, its connection
 		// being the one just pinned.
-		var ok bool
-		if args, ok = h.trackingRedirect(s, rs, args); !ok {
+		args, redir, ok := h.trackingRedirect(s, args)
+		if !ok {
 			h.maybeUnpin(rs)
 			return
 		}
@@ -1004,6 +1004,10 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 			rs.trackOpt = 'i'
 		case rs.tracks && hasWord(args, "OPTOUT"):
 			rs.trackOpt = 'o'
+		}
+		if redir != nil {
+			h.trackRedirected(s, rs, args, redir)
+			return
 		}
 		h.relayAdd(s, rs, args)
 	case name == "client" && len(args) > 1 && resp.EqualFold(args[1], "UNBLOCK"):
@@ -1196,12 +1200,16 @@ func (h *Handler) selectCmd(s *resp.Session, args [][]byte) {
 }
 
 // reset is RESET: the connection's state back to a new one's, an upstream
-// connection of its own dropped with everything on it.
+// connection of its own dropped with everything on it, or, when a tracking
+// redirection names it, reset upstream and kept (relay.Pipe.Reset).
 func (h *Handler) reset(s *resp.Session, args [][]byte) {
 	c := state(s)
 	if c.rl != nil {
-		// After the replies in flight, when tunnelled (relayRoute).
-		c.rl.pipe.Close()
+		// After the replies in flight, when tunnelled (relayRoute), or
+		// collected (relayRoute, for a local command). A connection a
+		// tracking redirection names is kept, reset upstream: the
+		// client keeps its id, and the redirection must still reach it.
+		c.rl.pipe.Reset(s.Context())
 		c.rl.multi, c.rl.dirty, c.rl.watch, c.rl.db, c.rl.tracking, c.rl.monitor = false, false, false, 0, false, false
 		c.rl.watchLost, c.rl.waiter, c.rl.failedTx, c.rl.linger, c.rl.tracks = false, false, false, false, false
 		c.rl.trackOpt, c.rl.cachingNext, c.rl.cachingNow = 0, 0, 0

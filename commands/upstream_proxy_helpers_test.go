@@ -85,7 +85,8 @@ func dialRaw(t *testing.T, addr string) *rawConn {
 }
 
 // do sends an inline command and returns its reply: a bulk string's
-// content, or the line (with its type byte) of any other reply.
+// content, or the line (with its type byte) of any other reply, a RESP2
+// null ("$-1") too.
 func (r *rawConn) do(t *testing.T, cmd string) string {
 	t.Helper()
 	if _, err := fmt.Fprintf(r.c, "%s\r\n", cmd); err != nil {
@@ -102,7 +103,7 @@ func (r *rawConn) reply(t *testing.T) string {
 		t.Fatal(err)
 	}
 	line = strings.TrimSuffix(line, "\r\n")
-	if line[0] != '$' {
+	if line[0] != '$' || line == "$-1" {
 		return line
 	}
 	n, _ := strconv.Atoi(line[1:])

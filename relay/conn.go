@@ -62,9 +62,13 @@ type upConn struct {
 	// refused to tell. Set before the connection is handed out.
 	id int64
 	// named: another client named it upstream by its id (Relay.Named),
-	// so it never goes back to the idle list; redirTarget: a tracking
-	// redirection names it, so its client keeps it (Pipe.RedirectTarget).
-	named, redirTarget atomic.Bool
+	// so it never goes back to the idle list.
+	named atomic.Bool
+	// redirs counts the tracking redirections that name it (Named with
+	// NameRedirect, less those Redis refused: Unredirect); while any
+	// does, its client keeps it (Pipe.RedirectTarget). A count, not a
+	// flag: one redirection refused must not take back another's.
+	redirs atomic.Int32
 
 	mu      sync.Mutex
 	wbuf    []byte
@@ -97,6 +101,14 @@ type upConn struct {
 	markerDone chan bool
 	subs       int64 // channels + patterns, from the last (un)subscribe frame
 	shardSubs  int64
+	// resetting: a RESET of a connection kept through its client's RESET
+	// is under way (Pipe.Reset); under mu. resetSent: frames are still
+	// the client's (messages sent before the RESET); resetAnswered: the
+	// upstream's +RESET came, and the resetLeft replies after it are the
+	// sign-in's and the marker PING's, not the client's; resetRefused:
+	// RESET or one of those was refused.
+	resetting byte
+	resetLeft int
 
 	rbuf       []byte
 	start, end int
@@ -583,13 +595,72 @@ var pubsubKinds = map[string]bool{
 	"ssubscribe": true, "sunsubscribe": true,
 }
 
+// States of upConn.resetting.
+const (
+	resetSent = 1 + iota
+	resetAnswered
+	resetRefused
+)
+
+// resetFrame takes the frames of a RESET under way (Pipe.Reset) in
+// state, and reports false for one that is still the client's: a message
+// (or MONITOR line, or push) the upstream sent before the RESET. No such
+// frame is a bare +RESET or an error, which only RESET's reply can be.
+// RESET ends the subscriptions (and MONITOR), so every frame after its
+// reply is a reply too: the sign-in's, then the marker PING's, whose
+// bulk marker tells the connection answers signed in. That last one
+// ends the RESET, as markerDone's answer (true: done).
+func (c *upConn) resetFrame(f, marker []byte, state byte) bool {
+	if state == resetSent {
+		switch {
+		case string(f) == "+RESET\r\n":
+			state = resetAnswered
+		case len(f) > 0 && f[0] == '-':
+			state = resetRefused // RESET itself (an ACL)
+		default:
+			return false
+		}
+		c.mu.Lock()
+		c.resetting = state
+		c.mu.Unlock()
+		return true
+	}
+	c.mu.Lock()
+	c.resetLeft--
+	if len(f) > 0 && f[0] == '-' {
+		c.resetting = resetRefused
+	}
+	left, ok := c.resetLeft, c.resetting == resetAnswered
+	if left == 0 {
+		c.marker, c.resetting = nil, 0
+	}
+	c.mu.Unlock()
+	if left > 0 {
+		return true
+	}
+	if ok = ok && bytes.Contains(f, marker); ok {
+		// No unsubscribe frame counted the subscriptions down.
+		c.subs, c.shardSubs = 0, 0
+		c.tunnel.Store(false)
+	}
+	select {
+	case c.markerDone <- ok:
+	default:
+	}
+	return true
+}
+
 // tunnelFrame forwards a frame of a connection in pub/sub or MONITOR mode,
 // keeping count of its subscriptions, and answers the marker PING that asks
-// whether the mode has ended.
+// whether the mode has ended; during a RESET (Pipe.Reset) resetFrame
+// takes the frames first.
 func (c *upConn) tunnelFrame(f []byte) {
 	c.mu.Lock()
-	marker := c.marker
+	marker, resetting := c.marker, c.resetting
 	c.mu.Unlock()
+	if resetting != 0 && c.resetFrame(f, marker, resetting) {
+		return
+	}
 	if marker != nil && len(f) < 128 && bytes.Contains(f, marker) {
 		ended := c.subs == 0 && c.shardSubs == 0
 		if ended {

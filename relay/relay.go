@@ -315,10 +315,8 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 		hs = append(hs, [][]byte{[]byte("HELLO"), []byte("3"), []byte("AUTH"), []byte(user), []byte(r.cfg.Password)})
 	case proto == 3:
 		hs = append(hs, [][]byte{[]byte("HELLO"), []byte("3")})
-	case r.cfg.Username != "":
-		hs = append(hs, [][]byte{[]byte("AUTH"), []byte(r.cfg.Username), []byte(r.cfg.Password)})
-	case r.cfg.Password != "":
-		hs = append(hs, [][]byte{[]byte("AUTH"), []byte(r.cfg.Password)})
+	case r.cfg.Password != "" || r.cfg.Username != "":
+		hs = append(hs, r.auth())
 	}
 	if db != 0 {
 		hs = append(hs, [][]byte{[]byte("SELECT"), []byte(strconv.Itoa(db))})
@@ -382,6 +380,17 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 	}
 	go c.readLoop()
 	return c, nil
+}
+
+// auth is the RESP2 AUTH of the configured credentials, nil without any.
+func (r *Relay) auth() [][]byte {
+	switch {
+	case r.cfg.Username != "":
+		return [][]byte{[]byte("AUTH"), []byte(r.cfg.Username), []byte(r.cfg.Password)}
+	case r.cfg.Password != "":
+		return [][]byte{[]byte("AUTH"), []byte(r.cfg.Password)}
+	}
+	return nil
 }
 
 // setHooks sets what a pinned connection does with out-of-band frames and
@@ -571,15 +580,42 @@ func (r *Relay) Named(client int64, what int) (int64, error) {
 	}
 	c.named.Store(true)
 	if what == NameRedirect {
-		c.redirTarget.Store(true)
+		c.redirs.Add(1)
 	}
 	return c.id, nil
 }
 
+// Unredirect takes back a Named(client, NameRedirect) that answered up:
+// the command it was for (CLIENT TRACKING on … REDIRECT) was refused
+// upstream, after the mark was set (Redis checks the other options after
+// the id), so it set no redirection and the client need not keep that
+// connection for it. When the client's pinned connection is no longer
+// the one of id up, nothing is done: the one named is gone (closed, as
+// named connections are), and its mark with it.
+// The connection stays named: the id was handed out, and a connection
+// that was named is closed rather than pooled for another client
+// (release).
+// A client that checked RedirectTarget between the two keeps the
+// connection until its next check (maybeUnpin, after its next state
+// change).
+func (r *Relay) Unredirect(client, up int64) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	p := r.pipes[client]
+	if p == nil || p.shown == nil || p.shown.id != up || up == 0 {
+		return
+	}
+	// Named and Unredirect change the count under r.mu only (the
+	// client's goroutine just reads it): no check-then-add race.
+	if p.shown.redirs.Load() > 0 {
+		p.shown.redirs.Add(-1)
+	}
+}
+
 // RedirectTarget tells whether the pinned connection is the target of a
-// tracking redirection (Named): the client keeps it until it leaves, or
-// RESETs.
-func (p *Pipe) RedirectTarget() bool { return p.pin != nil && p.pin.redirTarget.Load() }
+// tracking redirection (Named): the client keeps it until it leaves, its
+// RESET included (Reset).
+func (p *Pipe) RedirectTarget() bool { return p.pin != nil && p.pin.redirs.Load() > 0 }
 
 // show publishes the pinned connection to Named.
 func (p *Pipe) show(c *upConn, blocked bool) {
@@ -807,7 +843,7 @@ func (p *Pipe) Unpin(clean bool) {
 	// release closes it (or, for a redirection, so that it is kept
 	// here), or nothing.
 	p.r.mu.Lock()
-	if clean && c.redirTarget.Load() {
+	if clean && c.redirs.Load() > 0 {
 		p.r.mu.Unlock()
 		return
 	}
@@ -846,9 +882,7 @@ func (p *Pipe) EndTunnel(ctx context.Context) (bool, error) {
 	if c == nil || !c.tunnel.Load() {
 		return true, nil
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:])
-	marker := []byte("lockproxy-marker-" + hex.EncodeToString(b[:]))
+	marker := newMarker()
 	c.mu.Lock()
 	c.marker = marker
 	c.mu.Unlock()
@@ -876,8 +910,78 @@ func (p *Pipe) EndTunnel(ctx context.Context) (bool, error) {
 	}
 }
 
+// newMarker is the random argument of a marker PING, which no other
+// frame carries.
+func newMarker() []byte {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return []byte("lockproxy-marker-" + hex.EncodeToString(b[:]))
+}
+
 // Close gives up the client's pinned connection, closing it.
 func (p *Pipe) Close() { p.Unpin(false) }
+
+// Reset is Close for a client's RESET, except for a connection a tracking
+// redirection names (RedirectTarget): on Redis RESET keeps the client's
+// id, and the redirections to it with it, so the connection is kept and
+// its state reset upstream instead. RESET there also ends its
+// subscriptions, MONITOR, transaction, watches, database, its own
+// tracking, and switches it to RESP2 signed out, as the client is after
+// RESET: it is signed in again with the configured credentials. A marker
+// PING after those tells when they are done; frames before RESET's reply
+// (messages published before it) still go to the client, as on Redis.
+// Anything else (no answer, the sign-in refused, ctx ending) closes the
+// connection, as Close does.
+// Call it with no reply outstanding on the connection (the commands
+// before RESET collected, a tunnel synced): every frame now goes through
+// tunnelFrame.
+func (p *Pipe) Reset(ctx context.Context) {
+	c := p.pin
+	if c == nil {
+		return
+	}
+	if c.redirs.Load() == 0 || !p.resetKept(ctx, c) {
+		p.Unpin(false)
+	}
+}
+
+// resetKept runs RESET upstream on c, kept (Reset), and reports whether
+// it is done, the connection as new in RESP2.
+func (p *Pipe) resetKept(ctx context.Context, c *upConn) bool {
+	marker := newMarker()
+	req := appendCommand(nil, [][]byte{[]byte("RESET")})
+	left := 1 // the marker PING's reply
+	if a := p.r.auth(); a != nil {
+		req = appendCommand(req, a)
+		left++
+	}
+	req = appendCommand(req, [][]byte{[]byte("PING"), marker})
+	c.mu.Lock()
+	c.marker, c.resetting, c.resetLeft = marker, resetSent, left
+	c.mu.Unlock()
+	select {
+	case <-c.markerDone: // a stale answer
+	default:
+	}
+	c.tunnel.Store(true)
+	if err := c.send(req, nil, false); err != nil {
+		return false
+	}
+	t := time.NewTimer(max(p.r.cfg.ReadTimeout, 5*time.Second))
+	defer t.Stop()
+	select {
+	case done := <-c.markerDone:
+		if !done || c.failed() != nil {
+			return false
+		}
+	case <-t.C:
+		return false
+	case <-ctx.Done():
+		return false
+	}
+	c.proto, c.db, p.proto = 2, 0, 2
+	return true
+}
 
 func lower(s string) string {
 	b := []byte(s)
