@@ -21,7 +21,9 @@ import (
 // uses). Which reply counts is decided by the caller (commands), which sees
 // every node's answer. These commands do not go through the batching
 // writers: they are plain go-redis calls on the node's pool, one goroutine
-// per node, each bounded by fanoutTimeout.
+// per node, each bounded by fanoutTimeout. A write first waits for what is
+// queued on its keys' writers (settleKeys), which it would otherwise
+// overtake.
 
 var _ backends.Fanout = (*Backend)(nil)
 
@@ -68,6 +70,7 @@ func (b *Backend) Run(ctx context.Context, args []string, keys []int, readOnly b
 		for i, k := range keys {
 			bases[i] = args[k]
 		}
+		n.settleKeys(ctx, bases)
 		var c, sync *goredis.Cmd
 		_, err := n.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
 			c = p.Do(ctx, cmd...)
@@ -85,6 +88,28 @@ func (b *Backend) Run(ctx context.Context, args []string, keys []int, readOnly b
 		}
 		return r
 	})
+}
+
+// settleKeys waits until what was queued on the node's writers for bases
+// (client keys) before the call was answered (see Node.settle), so that a
+// transparent write runs on the node after the operations its client's
+// earlier commands left queued there: a release after the SET NX it ends
+// finds the key this node granted. It waits for at most half the time
+// ctx leaves: a writer busy that long waits for a node that does not
+// answer, and the write then goes out unordered, as it did before, rather
+// than not at all (a release sent to a paused node still runs when the
+// node resumes).
+func (n *Node) settleKeys(ctx context.Context, bases []string) {
+	if d, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(d)/2))
+		defer cancel()
+	}
+	for _, b := range bases {
+		if n.settle(ctx, b) != nil {
+			return
+		}
+	}
 }
 
 // syncHolds adds syncHoldsScript for the lock keys of bases (client keys)
@@ -163,6 +188,7 @@ func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []strin
 		for _, a := range argv {
 			eval = append(eval, a)
 		}
+		n.settleKeys(ctx, keys)
 		var before, after, pttls []*goredis.Cmd
 		var script, sync *goredis.Cmd
 		_, err := n.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {

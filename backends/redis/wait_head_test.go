@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
@@ -307,6 +308,13 @@ func TestWriterMarksAreEachWriters(t *testing.T) {
 // mark away is announced like a release, and the reader is let in at
 // once. Without the announcement it would wait for the mark's end (about
 // the holding reader's 20 s lease), past its WAIT.
+//
+// The reader starts once the writer is marked on a majority of nodes:
+// only there is it refused. The writer's attempt reaches the nodes one by
+// one, and a reader started when n0 alone had the mark (as before) could
+// reach the other two first and be granted at its first attempt on a
+// loaded host, which the test took for a reader never woken ("reader
+// tried twice: not within 5 s").
 func TestWaitReaderWokenWhenRemoteWriterLeaves(t *testing.T) {
 	a, rs := newRealBackend(t, 3)
 	b := newBackendOn(t, rs)
@@ -321,8 +329,17 @@ func TestWaitReaderWokenWhenRemoteWriterLeaves(t *testing.T) {
 		_, err := a.Lock(wctx, backends.LockRequest{Key: key, Token: "w", TTL: 10 * time.Second, Wait: 20 * time.Second})
 		writer <- err
 	}()
-	direct := rs[0].Client(t)
-	waitFor(t, "writer marked", func() bool { return direct.Exists(ctx, "lp:lockw:"+key).Val() == 1 })
+	direct := make([]*goredis.Client, len(rs))
+	for i, r := range rs {
+		direct[i] = r.Client(t)
+	}
+	waitFor(t, "writer marked on a majority", func() bool {
+		marked := 0
+		for _, c := range direct {
+			marked += int(c.Exists(ctx, "lp:lockw:"+key).Val())
+		}
+		return marked >= len(rs)/2+1
+	})
 	before := acquireAttempts(t, b)
 	reader := make(chan error, 1)
 	go func() {
@@ -330,7 +347,14 @@ func TestWaitReaderWokenWhenRemoteWriterLeaves(t *testing.T) {
 		reader <- err
 	}()
 	// Refused, then once more when its subscription is confirmed.
-	waitFor(t, "reader tried twice", func() bool { return acquireAttempts(t, b)-before >= 2 })
+	waitFor(t, "reader tried twice", func() bool {
+		select {
+		case err := <-reader:
+			t.Fatalf("reader returned (%v) after %d attempts, while the writer waited", err, acquireAttempts(t, b)-before)
+		default:
+		}
+		return acquireAttempts(t, b)-before >= 2
+	})
 	time.Sleep(50 * time.Millisecond)
 	leave()
 	if err := <-writer; err != backends.ErrNotAcquired {
