@@ -84,9 +84,23 @@ func (h *Handler) clientUnblock(s *resp.Session, rs *relayConn, args [][]byte) {
 	if len(args) == 4 && resp.EqualFold(args[3], "ERROR") {
 		how = unblockedError
 	}
-	if h.waits.unblock(id, how) {
-		s.W.Int(1)
-		return
+	if h.waits.waiting(id) {
+		// The relayed commands sent before it run first, as on Redis,
+		// where the client it wakes sees what they did: they wait in
+		// the pipe for the batch's end, and the wait ends at once.
+		if rs.pipe.Pending() > 0 {
+			h.relayCollect(s, rs, true)
+			if rs.broken {
+				// Those found the pinned connection lost: nothing more
+				// runs (relayRoute).
+				s.W.Error(errLostState)
+				return
+			}
+		}
+		if h.waits.unblock(id, how) {
+			s.W.Int(1)
+			return
+		}
 	}
 	up, err := h.up.Named(id, relay.NameBlocked)
 	switch {

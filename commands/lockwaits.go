@@ -61,6 +61,14 @@ func (l *lockWaits) end(client int64, w *lockWait) byte {
 	return w.how
 }
 
+// waiting tells whether client is in a wait no UNBLOCK ended yet.
+func (l *lockWaits) waiting(client int64) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	w := l.m[client]
+	return w != nil && w.how == 0
+}
+
 // unblock ends the wait of client, if it is in one that no UNBLOCK ended
 // yet, with how, and reports whether it did.
 func (l *lockWaits) unblock(client int64, how byte) bool {

@@ -2,6 +2,7 @@ package commands
 
 import (
 	"bytes"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -521,25 +522,71 @@ func (h *Handler) relayCollect(s *resp.Session, rs *relayConn, timed bool) {
 		out = b
 	}
 	splice(s.W, rs.at, out)
-	if rs.pipe.Lost() {
-		if rs.light.Load() {
-			// It held only WAIT's count (waiter, linger): the commands
-			// got the error, as on a shared connection, and the client
-			// carries on. Writes made on the lost connection cannot be
-			// counted by a WAIT on another (refused then); with none, the
-			// next WAIT pins a new one.
-			rs.light.Store(false)
-			rs.waiter, rs.linger = false, false
-			if rs.wroteOn != 0 {
-				rs.wroteOn = wroteElsewhere
-			}
-			return
-		}
-		// The pinned connection failed, and its transaction, watches,
-		// database or subscriptions with it: the commands after these
-		// were sent in that state, and run nowhere else.
-		h.relayBroken(s, rs)
+	h.relayLost(s, rs)
+}
+
+// relayLost takes in the loss of the pinned connection a Collect found
+// (Pipe.Lost), if any, and reports whether the client carries on.
+func (h *Handler) relayLost(s *resp.Session, rs *relayConn) bool {
+	if !rs.pipe.Lost() {
+		return true
 	}
+	if rs.light.Load() {
+		// It held only WAIT's count (waiter, linger): the commands
+		// got the error, as on a shared connection, and the client
+		// carries on. Writes made on the lost connection cannot be
+		// counted by a WAIT on another (refused then); with none, the
+		// next WAIT pins a new one.
+		rs.light.Store(false)
+		rs.waiter, rs.linger = false, false
+		if rs.wroteOn != 0 {
+			rs.wroteOn = wroteElsewhere
+		}
+		return true
+	}
+	// The pinned connection failed, and its transaction, watches,
+	// database or subscriptions with it: the commands after these
+	// were sent in that state, and run nowhere else.
+	h.relayBroken(s, rs)
+	return false
+}
+
+// pinnedHello switches the client's pinned upstream connection, if it has
+// one in another protocol, to proto with HELLO, for the client's HELLO:
+// on Redis HELLO switches the client's own connection, whose replies and
+// pushes (a tracking redirection's invalidations, which a RESP3 target
+// gets unsubscribed) then come in that protocol. The connection keeps its
+// state (database, watches, tracking, the redirections that name it, its
+// user). Called with nothing pending (relayRoute collected it), outside
+// MULTI and the tunnel (HELLO is refused there). It reports false after
+// writing an error reply.
+func (h *Handler) pinnedHello(s *resp.Session, rs *relayConn, proto int) bool {
+	p := rs.pipe
+	if !p.Pinned() || p.PinnedProto() == proto || p.Tunneling() || rs.multi || p.Pending() > 0 {
+		return true
+	}
+	p.Add([][]byte{[]byte("HELLO"), []byte(strconv.Itoa(proto))})
+	out, err := p.Collect(s.Context(), proto, true)
+	if !h.relayLost(s, rs) {
+		s.W.Error(errLostState)
+		return false
+	}
+	switch {
+	case err != nil:
+		s.W.Error("ERR command canceled: connection closing or server shutting down")
+		return false
+	case !p.Pinned():
+		// Lost while it held only WAIT's count: the client carries on
+		// over shared connections, in proto.
+		return true
+	case len(out) == 0 || out[0] == '-' || out[0] == '!':
+		line, _, _ := bytes.Cut(out, []byte("\r\n"))
+		relayError(s, "ERR HELLO through lockproxy: the upstream did not switch this client's connection to RESP"+
+			strconv.Itoa(proto)+": "+relay.Clip(string(line)))
+		return false
+	}
+	p.SetPinnedProto(proto)
+	return true
 }
 
 // relayBroken stops a client whose pinned connection was lost: its later

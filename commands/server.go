@@ -328,6 +328,9 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 			return
 		}
 	}
+	if c, ok := s.Data.(*conn); ok && c.rl != nil && !h.pinnedHello(s, c.rl, proto) {
+		return
+	}
 	if name != nil {
 		state(s).name = string(name)
 		s.SetName(string(name))

@@ -853,6 +853,23 @@ func (p *Pipe) Unpin(clean bool) {
 	p.r.release(c, clean)
 }
 
+// PinnedProto is the protocol of the pinned connection, 0 when there is
+// none.
+func (p *Pipe) PinnedProto() int {
+	if p.pin == nil {
+		return 0
+	}
+	return p.pin.proto
+}
+
+// SetPinnedProto records a HELLO that switched the pinned connection to
+// proto.
+func (p *Pipe) SetPinnedProto(proto int) {
+	if p.pin != nil {
+		p.pin.proto, p.proto = proto, proto
+	}
+}
+
 // SetPinnedDB records a SELECT that succeeded on the pinned connection.
 func (p *Pipe) SetPinnedDB(db int) {
 	if p.pin != nil {
