@@ -411,9 +411,9 @@ func clientLine(s *resp.Session, now time.Time) string {
 	c := state(s)
 	// Redis names a subcommand "client|list"; the metric label that
 	// lastCmd holds is "client_list" (no command name has a "_").
-	return fmt.Sprintf("id=%d addr=%s laddr=%s name=%s age=%d idle=%d db=0 cmd=%s user=%s resp=%d lib-name=%s lib-ver=%s",
+	return fmt.Sprintf("id=%d addr=%s laddr=%s name=%s age=%d idle=%d db=0 omem=%d cmd=%s user=%s resp=%d lib-name=%s lib-ver=%s",
 		s.ID(), s.RemoteAddr(), s.LocalAddr(), c.name,
-		int64(now.Sub(s.Created()).Seconds()), int64(now.Sub(s.LastActive()).Seconds()),
+		int64(now.Sub(s.Created()).Seconds()), int64(now.Sub(s.LastActive()).Seconds()), s.OutputBytes(),
 		strings.Replace(c.lastCmd, "_", "|", 1), userName(c), s.W.Proto(), c.libName, c.libVer)
 }
 
@@ -421,9 +421,9 @@ func clientLine(s *resp.Session, now time.Time) string {
 // caller's: that connection's state belongs to its goroutine, so it shows
 // only what is safe to read from here.
 func otherClientLine(s *resp.Session, now time.Time) string {
-	return fmt.Sprintf("id=%d addr=%s laddr=%s name=%s age=%d idle=%d db=0",
+	return fmt.Sprintf("id=%d addr=%s laddr=%s name=%s age=%d idle=%d db=0 omem=%d",
 		s.ID(), s.RemoteAddr(), s.LocalAddr(), s.Name(),
-		int64(now.Sub(s.Created()).Seconds()), int64(now.Sub(s.LastActive()).Seconds()))
+		int64(now.Sub(s.Created()).Seconds()), int64(now.Sub(s.LastActive()).Seconds()), s.OutputBytes())
 }
 
 func (h *Handler) clientInfo(s *resp.Session, args [][]byte) {

@@ -187,7 +187,7 @@ func (o *outBuf) rawWrite(fd uintptr) {
 // queue appends b to the pending output; past limit (when not 0) it drops
 // the pending output instead and returns the size it would have grown to.
 func (o *outBuf) queue(b []byte, limit int) (overflow int) {
-	pending := len(o.pend) - o.pendOff
+	pending := o.size()
 	if limit > 0 && pending+len(b) > limit {
 		o.pend, o.pendOff = nil, 0
 		return pending + len(b)
@@ -201,6 +201,9 @@ func (o *outBuf) queue(b []byte, limit int) (overflow int) {
 	o.pend = append(o.pend, b...)
 	return 0
 }
+
+// size is how many bytes wait.
+func (o *outBuf) size() int { return len(o.pend) - o.pendOff }
 
 // writeSome offers the pending output to raw's socket once, and reports
 // whether it is all written.
@@ -313,6 +316,20 @@ func (s *Session) waitOutput() {
 	if done != nil {
 		<-done
 	}
+}
+
+// OutputBytes is how many bytes of replies wait for the client to read
+// them (CLIENT LIST's omem): the output buffer's, not the socket's. Over
+// TLS they are counted encrypted.
+func (s *Session) OutputBytes() int {
+	if s.tsock != nil {
+		s.tsock.mu.Lock()
+		defer s.tsock.mu.Unlock()
+		return s.tsock.obuf.size()
+	}
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	return s.obuf.size()
 }
 
 // outputPending reports whether output waits for the client to read it.
