@@ -15,15 +15,15 @@ import (
 	"time"
 )
 
-// reviewHandler is echoHandler with QUIT (CloseAfterReply, never on the
+// quitEchoHandler is echoHandler with QUIT (CloseAfterReply, never on the
 // loop), and the last session served kept for the test.
-type reviewHandler struct {
+type quitEchoHandler struct {
 	echoHandler
 	sess   atomic.Pointer[Session]
 	closed atomic.Int64
 }
 
-func (h *reviewHandler) ServeRESP(s *Session, args [][]byte) {
+func (h *quitEchoHandler) ServeRESP(s *Session, args [][]byte) {
 	h.sess.Store(s)
 	if st, _ := s.Data.(*echoState); st != nil && len(st.async) > 0 && string(args[0]) != "AECHO" {
 		// A reply written now comes after the async ones before it.
@@ -38,9 +38,9 @@ func (h *reviewHandler) ServeRESP(s *Session, args [][]byte) {
 	h.echoHandler.ServeRESP(s, args)
 }
 
-func (h *reviewHandler) Closed(*Session) { h.closed.Add(1) }
+func (h *quitEchoHandler) Closed(*Session) { h.closed.Add(1) }
 
-func (h *reviewHandler) LoopSafe(s *Session, cmds [][][]byte) bool {
+func (h *quitEchoHandler) LoopSafe(s *Session, cmds [][][]byte) bool {
 	for _, c := range cmds {
 		if strings.EqualFold(string(c[0]), "QUIT") || string(c[0]) == "MOVE" {
 			return false
@@ -49,13 +49,13 @@ func (h *reviewHandler) LoopSafe(s *Session, cmds [][][]byte) bool {
 	return h.echoHandler.LoopSafe(s, cmds)
 }
 
-func (h *reviewHandler) ServeLoop(s *Session, cmds [][][]byte) bool {
+func (h *quitEchoHandler) ServeLoop(s *Session, cmds [][][]byte) bool {
 	return serveBatch(h, s, cmds)
 }
 
-func reviewServer(t *testing.T, loop bool, maxOutput int) (*Server, *reviewHandler, string) {
+func quitEchoServer(t *testing.T, loop bool, maxOutput int) (*Server, *quitEchoHandler, string) {
 	t.Helper()
-	h := &reviewHandler{}
+	h := &quitEchoHandler{}
 	srv := &Server{Handler: h, EventLoop: loop, MaxOutput: maxOutput}
 	addr := startServer(t, srv, 0)
 	h.served.Store(0)
@@ -69,7 +69,7 @@ func TestOutputHalfCloseGetsAllReplies(t *testing.T) {
 	setWriteTimeout(t, 5*time.Second)
 	const n, size = 500, 8 << 10
 	forEachMode(t, func(t *testing.T, m outputMode) {
-		_, c := reviewClient(t, m, 15*time.Second)
+		_, c := quitEchoClient(t, m, 15*time.Second)
 		mustWrite(t, c, pipeline(m.cmd, n, size))
 		if err := c.(*net.TCPConn).CloseWrite(); err != nil {
 			t.Fatal(err)
@@ -87,7 +87,7 @@ func TestQuitAfterPendingOutput(t *testing.T) {
 	setWriteTimeout(t, 5*time.Second)
 	const n, size = 500, 8 << 10
 	forEachMode(t, func(t *testing.T, m outputMode) {
-		_, c := reviewClient(t, m, 15*time.Second)
+		_, c := quitEchoClient(t, m, 15*time.Second)
 		mustWrite(t, c, append(pipeline(m.cmd, n, size), "QUIT\r\n"...))
 		time.Sleep(200 * time.Millisecond)
 		rd := bufio.NewReader(c)
@@ -106,7 +106,7 @@ func TestOutputResetEndsPromptly(t *testing.T) {
 	setWriteTimeout(t, 20*time.Second)
 	const n, size = 500, 8 << 10
 	forEachMode(t, func(t *testing.T, m outputMode) {
-		srv, h, addr := reviewServer(t, m.loop, 0)
+		srv, h, addr := quitEchoServer(t, m.loop, 0)
 		base := runtime.NumGoroutine()
 		c := dialSmall(t, addr, 0)
 		mustWrite(t, c, pipeline(m.cmd, n, size))
@@ -132,7 +132,7 @@ func TestOutputTrimmed(t *testing.T) {
 	setWriteTimeout(t, 5*time.Second)
 	const n, size = 500, 8 << 10
 	forEachMode(t, func(t *testing.T, m outputMode) {
-		h, c := reviewClient(t, m, 15*time.Second)
+		h, c := quitEchoClient(t, m, 15*time.Second)
 		mustWrite(t, c, pipeline(m.cmd, n, size))
 		waitServed(h, n)
 		rd := bufio.NewReader(c)
@@ -157,7 +157,7 @@ func TestOutputSlowSteadyReader(t *testing.T) {
 	setWriteTimeout(t, 400*time.Millisecond)
 	const n, size = 200, 8 << 10 // 1.6 MB, read at ~800 KB/s
 	forEachMode(t, func(t *testing.T, m outputMode) {
-		_, c := reviewClient(t, m, 15*time.Second)
+		_, c := quitEchoClient(t, m, 15*time.Second)
 		mustWrite(t, c, pipeline(m.cmd, n, size))
 		readRepliesEvery(t, c, n, size, 10*time.Millisecond)
 	})
@@ -181,7 +181,7 @@ func TestOutputPushesWithPendingOutput(t *testing.T) {
 	setWriteTimeout(t, 5*time.Second)
 	const n, size = 1000, 4 << 10
 	forEachMode(t, func(t *testing.T, m outputMode) {
-		h, c := reviewClient(t, m, 20*time.Second)
+		h, c := quitEchoClient(t, m, 20*time.Second)
 		rd := bufio.NewReader(c)
 		echo(t, c, rd, "hi")
 		s := h.sess.Load()
@@ -274,7 +274,7 @@ func TestTLSPushWriteTimeout(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			ln, server, cfg := tlsListener(t)
-			h := &reviewHandler{}
+			h := &quitEchoHandler{}
 			srv := &Server{Handler: h, TLSConfig: server}
 			if own {
 				ln, srv.TLSConfig = tls.NewListener(ln, server), nil
@@ -304,7 +304,7 @@ func TestTLSPushWriteTimeout(t *testing.T) {
 // socket to Go's poller is closed all the same: the client sees the end,
 // and the session ends.
 func TestCloseDuringHandOver(t *testing.T) {
-	srv, h, addr := reviewServer(t, true, 0)
+	srv, h, addr := quitEchoServer(t, true, 0)
 	deadline := time.Now().Add(20 * time.Second)
 	for i := 0; i < 400 && time.Now().Before(deadline); i++ {
 		c, err := net.Dial("tcp", addr)

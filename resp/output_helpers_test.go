@@ -136,7 +136,7 @@ func connsGone(srv *Server, base int) bool {
 
 // waitServed waits until h has served n commands, then 100 ms more, for
 // their replies to fill the sockets and the output buffer.
-func waitServed(h *reviewHandler, n int64) {
+func waitServed(h *quitEchoHandler, n int64) {
 	for h.served.Load() < n {
 		time.Sleep(time.Millisecond)
 	}
@@ -188,10 +188,10 @@ func appendCommand(b []byte, name, arg string) []byte {
 	return append(b, "*2\r\n$"+strconv.Itoa(len(name))+"\r\n"+name+"\r\n$"+strconv.Itoa(len(arg))+"\r\n"+arg+"\r\n"...)
 }
 
-// reviewClient starts a reviewServer for m and dials it (dialSmall).
-func reviewClient(t *testing.T, m outputMode, timeout time.Duration) (*reviewHandler, net.Conn) {
+// quitEchoClient starts a quitEchoServer for m and dials it (dialSmall).
+func quitEchoClient(t *testing.T, m outputMode, timeout time.Duration) (*quitEchoHandler, net.Conn) {
 	t.Helper()
-	_, h, addr := reviewServer(t, m.loop, 0)
+	_, h, addr := quitEchoServer(t, m.loop, 0)
 	return h, dialSmall(t, addr, timeout)
 }
 

@@ -351,7 +351,7 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 		sess.WaitAsync()
 		sess.waitOutput()
 		sess.cancel()
-		sess.conn.Close()
+		_ = sess.closeConn()
 		s.forget(sess)
 		s.Handler.Closed(sess)
 		s.wg.Done()
@@ -520,7 +520,7 @@ func (s *Server) Shutdown(ctx context.Context) error {
 		}
 		s.mu.Lock()
 		for sess := range s.sessions {
-			sess.netConn().Close()
+			_ = sess.closeConn()
 		}
 		s.mu.Unlock()
 		<-done

@@ -347,7 +347,17 @@ func (s *Session) Close() {
 	// (closeIfClosed).
 	s.closed.Store(true)
 	s.cancel()
-	_ = s.netConn().Close()
+	_ = s.closeConn()
+}
+
+// closeConn closes the connection. Over a tlsSock, crypto/tls writes
+// close_notify first: the tlsSock is told, so that it does not take that
+// write for one past the output limit.
+func (s *Session) closeConn() error {
+	if s.tsock != nil {
+		s.tsock.closing.Store(true)
+	}
+	return s.netConn().Close()
 }
 
 // closeIfClosed closes c, just made the session's connection, when Close

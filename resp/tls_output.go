@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -44,7 +45,7 @@ type tlsSock struct {
 
 	// Under mu, which is taken under crypto/tls's own write lock (under
 	// the session's writeMu, or not: the read path's writes), and under
-	// which no other lock is taken (but the context's, a leaf): obuf is
+	// which no other lock is taken: obuf is
 	// the output the socket has not taken yet, written by flush while
 	// flushing (flushed is closed when it ends); err ended the output;
 	// overflow is how big it would have grown past its limit.
@@ -54,6 +55,9 @@ type tlsSock struct {
 	flushed  chan struct{}
 	err      error
 	overflow int
+	// closing: the connection is being closed (Session.closeConn); what
+	// crypto/tls writes now is Close's close_notify.
+	closing atomic.Bool
 }
 
 // newTLSSock wraps tc for tls.Server, or returns nil when tc has no file
@@ -122,9 +126,11 @@ func (t *tlsSock) queueLocked(b []byte) error {
 	if over == 0 {
 		return nil
 	}
-	if t.sess.ctx.Err() != nil {
+	if t.closing.Load() {
 		// The session is closing (this is Close's close_notify): it is
-		// not closed for its limit.
+		// not closed for its limit. Not the session's context ended:
+		// Shutdown past its deadline cancels it, and a reply written
+		// after (shutdownGrace) is held to the limit as on TCP.
 		t.err = net.ErrClosed
 		return t.err
 	}

@@ -19,9 +19,9 @@ import (
 // (Server.TLSConfig, tls_output.go), with crypto/tls clients. TLS
 // connections are served on goroutines, never on the event loop.
 
-// subHandler is reviewHandler with SUB, which marks the client
+// subHandler is quitEchoHandler with SUB, which marks the client
 // subscribed (Session.SetPubSub), as SUBSCRIBE does in the command layer.
-type subHandler struct{ reviewHandler }
+type subHandler struct{ quitEchoHandler }
 
 func (h *subHandler) ServeRESP(s *Session, args [][]byte) {
 	if string(args[0]) == "SUB" {
@@ -30,7 +30,7 @@ func (h *subHandler) ServeRESP(s *Session, args [][]byte) {
 		s.W.Simple("OK")
 		return
 	}
-	h.reviewHandler.ServeRESP(s, args)
+	h.quitEchoHandler.ServeRESP(s, args)
 }
 
 // tlsModes are the ways a TLS connection serves a pipeline: replies
@@ -345,7 +345,7 @@ func TestTLSCloseDuringPendingOutput(t *testing.T) {
 			raw := dialSmall(t, addr, 0)
 			c := tls.Client(raw, cfg)
 			mustWrite(t, c, pipeline("ECHO", n, size))
-			waitServed(&h.reviewHandler, n)
+			waitServed(&h.quitEchoHandler, n)
 			s := tlsSession(t, h)
 			if !s.outputPending() {
 				t.Fatalf("no output pending after %d replies of %d bytes not read", n, size)
@@ -396,7 +396,7 @@ func TestTLSOutputTrimmed(t *testing.T) {
 	_, h, addr, cfg, _ := tlsOutputServer(t, 0, 0)
 	c := dialTLSSmall(t, addr, cfg, 15*time.Second)
 	mustWrite(t, c, pipeline("ECHO", n, size))
-	waitServed(&h.reviewHandler, n)
+	waitServed(&h.quitEchoHandler, n)
 	s := tlsSession(t, h)
 	if !s.outputPending() {
 		t.Fatalf("no output pending after %d replies of %d bytes not read", n, size)

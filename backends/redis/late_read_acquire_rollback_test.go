@@ -28,7 +28,7 @@ func TestLateReadAcquireRolledBack(t *testing.T) {
 		name   string
 		resume time.Duration // after the RLOCK starts; the node timeout is 250 ms
 		// open says why the case is skipped: it fails before and after
-		// 76d839f (see the review report), and is not fixed here.
+		// 76d839f, and is not fixed here.
 		open string
 	}{
 		// The acquire's connection is dropped at 250 ms; the roll-back's
