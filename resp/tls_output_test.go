@@ -140,12 +140,14 @@ func TestTLSOutputLimits(t *testing.T) {
 				setWriteTimeout(t, tc.timeout)
 				srv, h, addr, cfg, logs := tlsOutputServer(t, tc.maxOutput, 0)
 				base := runtime.NumGoroutine()
-				c := dialTLSSmall(t, addr, cfg, tc.timeout+3*time.Second)
+				// Generous bounds for a loaded host: the close is due
+				// at the write timeout after the client's last read.
+				c := dialTLSSmall(t, addr, cfg, tc.timeout+10*time.Second)
 				start := time.Now()
 				if _, err := c.Write(pipeline(m.cmd, tc.n, size)); err != nil && !tc.limitLog {
 					t.Fatalf("writing %d commands (served %d): %v; want the server to read on", tc.n, h.served.Load(), err)
 				}
-				if !waitUntil(start.Add(tc.timeout+3*time.Second), 5*time.Millisecond, func() bool { return srv.Clients() == 0 }) {
+				if !waitUntil(start.Add(tc.timeout+10*time.Second), 5*time.Millisecond, func() bool { return srv.Clients() == 0 }) {
 					t.Fatalf("connection still open after %v (served %d of %d); want it closed", time.Since(start), h.served.Load(), tc.n)
 				}
 				if tc.limitLog {
