@@ -8,8 +8,11 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"go.uber.org/zap/zaptest/observer"
 )
 
 // listenLocal is a TCP listener on a free loopback port.
@@ -201,5 +204,67 @@ func wantEOF(t *testing.T, rd *bufio.Reader, after string) {
 	t.Helper()
 	if b, err := rd.ReadByte(); err != io.EOF {
 		t.Fatalf("after %s: %q, %v; want EOF", after, b, err)
+	}
+}
+
+// limitCase is one case of TestOutputLimits and TestTLSOutputLimits: n
+// commands of size-byte replies, written and not read.
+type limitCase struct {
+	name      string
+	maxOutput int
+	timeout   time.Duration
+	n         int  // commands sent, not read
+	limitLog  bool // closed for the limit, and logged
+}
+
+// checkLimitClose writes tc's commands on the connection dial makes and
+// checks that srv closes it as tc says: at the limit, counted and logged
+// once with the size it would have grown to, or after the write timeout,
+// having read every command, without a log line; either way with the
+// connection's goroutines gone. served counts the commands the handler
+// served.
+func checkLimitClose(t *testing.T, srv *Server, served *atomic.Int64, logs *observer.ObservedLogs, tc limitCase, cmd string, dial func(timeout time.Duration) net.Conn) {
+	t.Helper()
+	const size = 8 << 10
+	base := runtime.NumGoroutine()
+	// Generous bounds for a loaded host: the close is due at the limit,
+	// or at the write timeout after the client's last read.
+	c := dial(tc.timeout + 10*time.Second)
+	start := time.Now()
+	if _, err := c.Write(pipeline(cmd, tc.n, size)); err != nil && !tc.limitLog {
+		t.Fatalf("writing %d commands (served %d): %v; want the server to read on", tc.n, served.Load(), err)
+	}
+	// The server closes the connection, the client reading nothing.
+	if !waitUntil(start.Add(tc.timeout+10*time.Second), 5*time.Millisecond, func() bool { return srv.Clients() == 0 }) {
+		t.Fatalf("connection still open after %v (served %d of %d); want it closed", time.Since(start), served.Load(), tc.n)
+	}
+	if tc.limitLog {
+		if d := time.Since(start); d > tc.timeout/2 {
+			t.Errorf("closed after %v; want it closed at the limit, not the timeout", d)
+		}
+		if got := srv.OutputLimitCloses(); got != 1 {
+			t.Errorf("OutputLimitCloses = %d; want 1", got)
+		}
+		if got := logs.FilterMessageSnippet("output buffer limit").Len(); got != 1 {
+			t.Errorf("%d log lines on the output limit; want 1 (logs: %v)", got, logs.All())
+		}
+		for _, e := range logs.FilterMessageSnippet("output buffer limit").All() {
+			if got := e.ContextMap()["output_bytes"]; got.(int64) <= int64(tc.maxOutput) {
+				t.Errorf("logged output_bytes %v; want past the limit, %d", got, tc.maxOutput)
+			}
+		}
+	} else {
+		if d := time.Since(start); d < tc.timeout {
+			t.Errorf("closed after %v; want the client given the write timeout, %v", d, tc.timeout)
+		}
+		if got := served.Load(); got != int64(tc.n) {
+			t.Errorf("served %d of %d commands before closing; want the server to have read them all", got, tc.n)
+		}
+		if got := logs.Len(); got != 0 {
+			t.Errorf("log lines %v; want none", logs.All())
+		}
+	}
+	if !waitUntil(time.Now().Add(5*time.Second), 10*time.Millisecond, func() bool { return connsGone(srv, base) }) {
+		t.Fatalf("%d clients and %d goroutines (%d before the client) after the close; want the connection's goroutines gone", srv.Clients(), runtime.NumGoroutine(), base)
 	}
 }

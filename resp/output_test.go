@@ -3,7 +3,6 @@ package resp
 import (
 	"bufio"
 	"net"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -162,14 +161,7 @@ func TestOutputPipelineBeforeRead(t *testing.T) {
 // the server went on reading its commands meanwhile. Either way the
 // connection's goroutines end with it.
 func TestOutputLimits(t *testing.T) {
-	const size = 8 << 10
-	for _, tc := range []struct {
-		name      string
-		maxOutput int
-		timeout   time.Duration
-		n         int  // commands sent, not read
-		limitLog  bool // closed for the limit, and logged
-	}{
+	for _, tc := range []limitCase{
 		// 16 MB of replies, past a 1 MB limit (and what the sockets
 		// hold), long before the timeout.
 		{"past the limit", 1 << 20, 5 * time.Second, 2048, true},
@@ -181,41 +173,7 @@ func TestOutputLimits(t *testing.T) {
 			t.Run(tc.name+"/"+m.name, func(t *testing.T) {
 				setWriteTimeout(t, tc.timeout)
 				srv, h, addr, logs := outputServer(t, m.loop, tc.maxOutput)
-				base := runtime.NumGoroutine()
-				c := dialSmall(t, addr, tc.timeout+3*time.Second)
-				start := time.Now()
-				if _, err := c.Write(pipeline(m.cmd, tc.n, size)); err != nil && !tc.limitLog {
-					t.Fatalf("writing %d commands (served %d): %v; want the server to read on", tc.n, h.served.Load(), err)
-				}
-				// The server closes the connection, the client reading
-				// nothing: at the limit, or after the timeout.
-				if !waitUntil(start.Add(tc.timeout+3*time.Second), 5*time.Millisecond, func() bool { return srv.Clients() == 0 }) {
-					t.Fatalf("connection still open after %v (served %d of %d); want it closed", time.Since(start), h.served.Load(), tc.n)
-				}
-				if tc.limitLog {
-					if time.Since(start) > tc.timeout/2 {
-						t.Errorf("closed after %v; want it closed at the limit, not the timeout", time.Since(start))
-					}
-					if got := srv.OutputLimitCloses(); got != 1 {
-						t.Errorf("OutputLimitCloses = %d; want 1", got)
-					}
-					if got := logs.FilterMessageSnippet("output buffer limit").Len(); got != 1 {
-						t.Errorf("%d log lines on the output limit; want 1 (logs: %v)", got, logs.All())
-					}
-				} else {
-					if d := time.Since(start); d < tc.timeout {
-						t.Errorf("closed after %v; want the client given the write timeout, %v", d, tc.timeout)
-					}
-					if got := h.served.Load(); got != int64(tc.n) {
-						t.Errorf("served %d of %d commands before closing; want the server to have read them all", got, tc.n)
-					}
-					if got := logs.Len(); got != 0 {
-						t.Errorf("log lines %v; want none", logs.All())
-					}
-				}
-				if !waitUntil(time.Now().Add(5*time.Second), 10*time.Millisecond, func() bool { return connsGone(srv, base) }) {
-					t.Fatalf("%d clients and %d goroutines (%d before the client) after the close; want the connection's goroutines gone", srv.Clients(), runtime.NumGoroutine(), base)
-				}
+				checkLimitClose(t, srv, &h.served, logs, tc, m.cmd, func(d time.Duration) net.Conn { return dialSmall(t, addr, d) })
 			})
 		}
 	}

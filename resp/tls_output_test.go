@@ -122,14 +122,7 @@ func TestTLSOutputPipelineBeforeRead(t *testing.T) {
 // closed at the write timeout, after the server read all its commands;
 // either way the connection's goroutines (the flush's too) end.
 func TestTLSOutputLimits(t *testing.T) {
-	const size = 8 << 10
-	for _, tc := range []struct {
-		name      string
-		maxOutput int
-		timeout   time.Duration
-		n         int
-		limitLog  bool
-	}{
+	for _, tc := range []limitCase{
 		{"past the limit", 1 << 20, 5 * time.Second, 2048, true},
 		// 3 s, not TestOutputLimits's 2: time to encrypt and write 16 MB
 		// under the race detector on a loaded host.
@@ -139,46 +132,7 @@ func TestTLSOutputLimits(t *testing.T) {
 			t.Run(tc.name+"/"+m.name, func(t *testing.T) {
 				setWriteTimeout(t, tc.timeout)
 				srv, h, addr, cfg, logs := tlsOutputServer(t, tc.maxOutput, 0)
-				base := runtime.NumGoroutine()
-				// Generous bounds for a loaded host: the close is due
-				// at the write timeout after the client's last read.
-				c := dialTLSSmall(t, addr, cfg, tc.timeout+10*time.Second)
-				start := time.Now()
-				if _, err := c.Write(pipeline(m.cmd, tc.n, size)); err != nil && !tc.limitLog {
-					t.Fatalf("writing %d commands (served %d): %v; want the server to read on", tc.n, h.served.Load(), err)
-				}
-				if !waitUntil(start.Add(tc.timeout+10*time.Second), 5*time.Millisecond, func() bool { return srv.Clients() == 0 }) {
-					t.Fatalf("connection still open after %v (served %d of %d); want it closed", time.Since(start), h.served.Load(), tc.n)
-				}
-				if tc.limitLog {
-					if d := time.Since(start); d > tc.timeout/2 {
-						t.Errorf("closed after %v; want it closed at the limit, not the timeout", d)
-					}
-					if got := srv.OutputLimitCloses(); got != 1 {
-						t.Errorf("OutputLimitCloses = %d; want 1", got)
-					}
-					if got := logs.FilterMessageSnippet("output buffer limit").Len(); got != 1 {
-						t.Errorf("%d log lines on the output limit; want 1 (logs: %v)", got, logs.All())
-					}
-					for _, e := range logs.FilterMessageSnippet("output buffer limit").All() {
-						if got := e.ContextMap()["output_bytes"]; got.(int64) <= int64(tc.maxOutput) {
-							t.Errorf("logged output_bytes %v; want past the limit, %d", got, tc.maxOutput)
-						}
-					}
-				} else {
-					if d := time.Since(start); d < tc.timeout {
-						t.Errorf("closed after %v; want the client given the write timeout, %v", d, tc.timeout)
-					}
-					if got := h.served.Load(); got != int64(tc.n) {
-						t.Errorf("served %d of %d commands before closing; want the server to have read them all", got, tc.n)
-					}
-					if got := logs.Len(); got != 0 {
-						t.Errorf("log lines %v; want none", logs.All())
-					}
-				}
-				if !waitUntil(time.Now().Add(5*time.Second), 10*time.Millisecond, func() bool { return connsGone(srv, base) }) {
-					t.Fatalf("%d clients and %d goroutines (%d before the client) after the close; want the connection's goroutines gone", srv.Clients(), runtime.NumGoroutine(), base)
-				}
+				checkLimitClose(t, srv, &h.served, logs, tc, m.cmd, func(d time.Duration) net.Conn { return dialTLSSmall(t, addr, cfg, d) })
 			})
 		}
 	}
