@@ -213,6 +213,30 @@ func (o *outBuf) writeSome(raw syscall.RawConn) (n int, done bool, err error) {
 	return n, o.pendOff == len(o.pend), err
 }
 
+// flushStep is one turn of a flush loop, under the owner's lock: it
+// offers the pending output to raw's socket once. errp is the owner's
+// output error: a write that fails sets it, and so does a turn in which
+// the client took nothing for the write timeout (timedOut). It reports
+// whether the flush ends, all written or failed (err), the buffer reset.
+func (o *outBuf) flushStep(raw syscall.RawConn, errp *error, timedOut bool) (n int, end bool, err error) {
+	err = *errp
+	done := false
+	if err == nil {
+		n, done, err = o.writeSome(raw)
+	}
+	if err == nil && n == 0 && timedOut {
+		err = os.ErrDeadlineExceeded
+	}
+	if err == nil && !done {
+		return n, false, nil
+	}
+	if err != nil && *errp == nil {
+		*errp = err
+	}
+	o.reset(err != nil)
+	return n, true, err
+}
+
 // reset empties the pending output once a flush ended, keeping at most
 // maxKeptOutput of its memory; drop (an error ended the output) keeps none.
 func (o *outBuf) reset(drop bool) {
@@ -245,18 +269,8 @@ func (s *Session) flushOut(done chan struct{}) {
 	var armed net.Conn // the connection whose write deadline is set
 	for first := true; ; first = false {
 		s.writeMu.Lock()
-		n, done, err := 0, false, s.outErr
-		if err == nil {
-			n, done, err = s.obuf.writeSome(s.raw)
-		}
-		if err == nil && n == 0 && timedOut {
-			err = os.ErrDeadlineExceeded
-		}
-		if err != nil || done {
-			if err != nil && s.outErr == nil {
-				s.outErr = err
-			}
-			s.obuf.reset(err != nil)
+		n, end, err := s.obuf.flushStep(s.raw, &s.outErr, timedOut)
+		if end {
 			s.flushing = false
 			s.writeMu.Unlock()
 			if err != nil {

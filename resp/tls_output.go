@@ -158,18 +158,8 @@ func (t *tlsSock) flush(done chan struct{}) {
 	timedOut := false
 	for first := true; ; first = false {
 		t.mu.Lock()
-		n, done, err := 0, false, t.err
-		if err == nil {
-			n, done, err = t.obuf.writeSome(t.raw)
-		}
-		if err == nil && n == 0 && timedOut {
-			err = os.ErrDeadlineExceeded
-		}
-		if err != nil || done {
-			if err != nil && t.err == nil {
-				t.err = err
-			}
-			t.obuf.reset(err != nil)
+		n, end, err := t.obuf.flushStep(t.raw, &t.err, timedOut)
+		if end {
 			t.flushing = false
 			t.mu.Unlock()
 			if err != nil && t.sess != nil {
