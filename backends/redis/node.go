@@ -75,9 +75,9 @@ const (
 
 var opNames = [numOps]string{"acquire", "raise_fence", "release", "extend", "unmark"}
 
-// opSettle is Node.settle's marker: nothing is sent for it, and the writer
-// answers it once the batch it came in was answered. It is past numOps: it
-// is no operation on the node, and has no metrics.
+// opSettle is Node.startSettle's marker: nothing is sent for it, and the
+// writer answers it once the batch it came in was answered. It is past
+// numOps: it is no operation on the node, and has no metrics.
 const opSettle = numOps
 
 // opResult is a node's answer to one op: n is 1/0 for a compare-and-act,
@@ -702,9 +702,9 @@ func (n *Node) work(q chan *op) {
 	}
 }
 
-// execSettling is exec for a batch that may hold settle's markers, which
-// it answers after the batch's operations: every operation queued on the
-// writer before a marker was answered by then.
+// execSettling is exec for a batch that may hold startSettle's markers,
+// which it answers after the batch's operations: every operation queued
+// on the writer before a marker was answered by then.
 func (n *Node) execSettling(w *writer, batch []*op) {
 	var settled []*op
 	ops := batch[:0]
@@ -721,18 +721,24 @@ func (n *Node) execSettling(w *writer, batch []*op) {
 	}
 }
 
-// settle waits until the operations on base queued on the node before it
-// have been answered, or ctx ends. A transparent-mode write goes out on a
-// go-redis connection of its own (see Backend.Run), not through base's
-// writer, so without this it can overtake an operation its client's
-// earlier command left queued there: a SET NX is answered once a majority
-// granted it, and the client's release could reach the last node before
-// that node's acquire, which would then hold the key there until its TTL.
-// An operation answered with a transport error may still reach the node
-// later (see owed): settle does not wait for that.
-func (n *Node) settle(ctx context.Context, base string) error {
+// startSettle queues a marker on base's writer, whose answer (see
+// awaitSettle) says that the operations on base queued on the node before
+// it have been answered. A transparent-mode write goes out on a go-redis
+// connection of its own (see Backend.Run), not through base's writer, so
+// without this it can overtake an operation its client's earlier command
+// left queued there: a SET NX is answered once a majority granted it, and
+// the client's release could reach the last node before that node's
+// acquire, which would then hold the key there until its TTL. An
+// operation answered with a transport error may still reach the node
+// later (see owed): the marker does not wait for that.
+func (n *Node) startSettle(ctx context.Context, base string) *op {
 	o := &op{kind: opSettle, base: base, res: make(chan opResult, 1)}
 	n.enqueue(ctx, o)
+	return o
+}
+
+// awaitSettle waits for startSettle's marker o to be answered, or ctx.
+func (n *Node) awaitSettle(ctx context.Context, o *op) error {
 	select {
 	case r := <-o.res:
 		return r.err

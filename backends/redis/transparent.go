@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -91,22 +92,33 @@ func (b *Backend) Run(ctx context.Context, args []string, keys []int, readOnly b
 }
 
 // settleKeys waits until what was queued on the node's writers for bases
-// (client keys) before the call was answered (see Node.settle), so that a
-// transparent write runs on the node after the operations its client's
-// earlier commands left queued there: a release after the SET NX it ends
-// finds the key this node granted. It waits for at most half the time
-// ctx leaves: a writer busy that long waits for a node that does not
-// answer, and the write then goes out unordered, as it did before, rather
-// than not at all (a release sent to a paused node still runs when the
-// node resumes).
+// (client keys) before the call was answered (see Node.startSettle), so
+// that a transparent write runs on the node after the operations its
+// client's earlier commands left queued there: a release after the SET
+// NX it ends finds the key this node granted. It waits for at most half
+// the time ctx leaves: a writer busy that long waits for a node that does
+// not answer, and the write then goes out unordered, as it did before,
+// rather than not at all (a release sent to a paused node still runs when
+// the node resumes).
 func (n *Node) settleKeys(ctx context.Context, bases []string) {
 	if d, ok := ctx.Deadline(); ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(d)/2))
 		defer cancel()
 	}
+	// One marker per writer the keys go through (each writer answers in
+	// queue order), all queued before any is waited for: waited for one
+	// by one, a script on many keys would wait for as many batches.
+	marks := make([]*op, 0, min(len(bases), len(n.queues)))
 	for _, b := range bases {
-		if n.settle(ctx, b) != nil {
+		q := n.queue(&op{base: b})
+		if slices.ContainsFunc(marks, func(o *op) bool { return n.queue(o) == q }) {
+			continue
+		}
+		marks = append(marks, n.startSettle(ctx, b))
+	}
+	for _, o := range marks {
+		if n.awaitSettle(ctx, o) != nil {
 			return
 		}
 	}
