@@ -494,6 +494,11 @@ func (b *Backend) rearm(ctx context.Context, w *waitTarget) (*pathWatch, bool, e
 	return n.pw, true, nil
 }
 
+// lastLookTimeout bounds the look a LOCK … WAIT takes at the key when its
+// wait runs out: a server answers it in milliseconds, and the caller asked
+// to wait no longer than WAIT.
+const lastLookTimeout = time.Second
+
 // Lock acquires req (see backends.Backend): a reentrant or downgrading
 // grant changes the token's node; otherwise it creates a node and waits,
 // watching only its blocker (a reader: the blocking writer's gate), until
@@ -556,17 +561,46 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	}()
 
 	granted := false
+	// cleanup bounds the wait for the node's delete when not granted: ctx,
+	// or, once the last look found no server answering, nothing (the
+	// delete goes on in the background).
+	cleanup := ctx
 	defer func() {
 		if !granted {
-			// Waited for while ctx lasts, not past it.
-			within(ctx, func() { b.abandon(path) })
+			// Waited for while cleanup lasts, not past it.
+			within(cleanup, func() { b.abandon(path) })
 		}
 	}()
 	for {
+		// The look after the wait ran out (its blocker may have gone
+		// just now) is bounded by lastLookTimeout: with no server
+		// answering (a link that drops everything, not yet seen as
+		// lost), it would wait for the command's context, WAIT + TTL,
+		// though the caller asked to wait WAIT.
+		lctx, bounded := ctx, req.Wait > 0 && !time.Now().Before(deadline)
+		if bounded {
+			c, cancel := context.WithTimeout(ctx, lastLookTimeout)
+			defer cancel()
+			lctx = c
+			if err := b.usable(); err != nil {
+				// No session to look with: answered now, and the
+				// node's delete goes on in the background.
+				cancel()
+				cleanup = lctx
+				return backends.Lease{}, err
+			}
+		}
+		lastLook := func(err error) error {
+			if bounded && lctx.Err() != nil && ctx.Err() == nil {
+				cleanup = lctx
+				return noQuorum("no answer at the end of the WAIT", err)
+			}
+			return err
+		}
 		t0 := time.Now()
-		kids, err := b.children(ctx, dir)
+		kids, err := b.children(lctx, dir)
 		if err != nil {
-			return backends.Lease{}, err
+			return backends.Lease{}, lastLook(err)
 		}
 		idx := -1
 		for i, c := range kids {
@@ -587,9 +621,9 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		// goes; one queued before this one and still waiting is waited
 		// for: its grant makes this LOCK a reentry. Neither costs a
 		// request unless the token has another node.
-		held, ahead, err := b.tokenNodes(ctx, dir, kids, req.Token, name)
+		held, ahead, err := b.tokenNodes(lctx, dir, kids, req.Token, name)
 		if err != nil {
-			return backends.Lease{}, err
+			return backends.Lease{}, lastLook(err)
 		}
 		if len(held) > 0 {
 			n := held[0]
@@ -603,9 +637,9 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			// holds may have been granted while this LOCK waited (another
 			// LOCK with the token, queued before it), later than the LOCK
 			// began; t0 is still before this attempt's write was sent.
-			lease, err := b.reenter(ctx, n, req, t0)
+			lease, err := b.reenter(lctx, n, req, t0)
 			if !errors.Is(err, errHoldGone) {
-				return lease, err
+				return lease, lastLook(err)
 			}
 			// The hold went meanwhile: this node competes as a first
 			// grant (the children are read again).
@@ -615,14 +649,14 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		if len(ahead) > 0 && ahead[0].idx < idx {
 			w = waitTarget{path: ahead[0].path, version: ahead[0].stat.Version, any: true}
 		} else {
-			bl, err := b.blocker(ctx, dir, node{idx: idx, data: want, kids: kids})
+			bl, err := b.blocker(lctx, dir, node{idx: idx, data: want, kids: kids})
 			if err != nil {
-				return backends.Lease{}, err
+				return backends.Lease{}, lastLook(err)
 			}
 			if bl.name == "" {
-				lease, err := b.granted(ctx, req, path, want, t0, kids, idx)
+				lease, err := b.granted(lctx, req, path, want, t0, kids, idx)
 				granted = err == nil
-				return lease, err
+				return lease, lastLook(err)
 			}
 			w = waitTarget{path: dir + "/" + bl.name, version: bl.version, reader: bl.reader}
 			if bl.gated {
@@ -642,14 +676,14 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		if b.testBeforeWatch != nil {
 			b.testBeforeWatch(w.path[len(dir)+1:])
 		}
-		pw, ok, err := b.arm(ctx, &w)
+		pw, ok, err := b.arm(lctx, &w)
 		if err != nil {
 			return backends.Lease{}, err
 		}
 		if !ok {
 			continue
 		}
-		if err := b.await(ctx, &w, pw, deadline, expired); err != nil {
+		if err := b.await(lctx, &w, pw, deadline, expired); err != nil {
 			return backends.Lease{}, err
 		}
 	}
