@@ -576,7 +576,8 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		// just now) is bounded by lastLookTimeout: with no server
 		// answering (a link that drops everything, not yet seen as
 		// lost), it would wait for the command's context, WAIT + TTL,
-		// though the caller asked to wait WAIT.
+		// though the caller asked to wait WAIT. Its reads only: a grant
+		// it finds is written within ctx.
 		lctx, bounded := ctx, req.Wait > 0 && !time.Now().Before(deadline)
 		if bounded {
 			c, cancel := context.WithTimeout(ctx, lastLookTimeout)
@@ -590,8 +591,9 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 				return backends.Lease{}, err
 			}
 		}
+		// lastLook names a read that the bound cut short.
 		lastLook := func(err error) error {
-			if bounded && lctx.Err() != nil && ctx.Err() == nil {
+			if err != nil && bounded && lctx.Err() != nil && ctx.Err() == nil {
 				cleanup = lctx
 				return noQuorum("no answer at the end of the WAIT", err)
 			}
@@ -637,9 +639,11 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			// holds may have been granted while this LOCK waited (another
 			// LOCK with the token, queued before it), later than the LOCK
 			// began; t0 is still before this attempt's write was sent.
-			lease, err := b.reenter(lctx, n, req, t0)
+			// The writes keep ctx: a write cut short by the bound may
+			// still land, a hold no one was told of.
+			lease, err := b.reenter(ctx, n, req, t0)
 			if !errors.Is(err, errHoldGone) {
-				return lease, lastLook(err)
+				return lease, err
 			}
 			// The hold went meanwhile: this node competes as a first
 			// grant (the children are read again).
@@ -654,9 +658,9 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 				return backends.Lease{}, lastLook(err)
 			}
 			if bl.name == "" {
-				lease, err := b.granted(lctx, req, path, want, t0, kids, idx)
+				lease, err := b.granted(ctx, req, path, want, t0, kids, idx)
 				granted = err == nil
-				return lease, lastLook(err)
+				return lease, err
 			}
 			w = waitTarget{path: dir + "/" + bl.name, version: bl.version, reader: bl.reader}
 			if bl.gated {
