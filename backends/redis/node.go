@@ -581,7 +581,10 @@ func (n *Node) enqueue(ctx context.Context, o *op) {
 	}
 }
 
-func (n *Node) queue(o *op) chan *op { return n.queues[int(slot(o.base))%len(n.queues)] }
+func (n *Node) queue(o *op) chan *op { return n.queueOf(o.base) }
+
+// queueOf is the queue of the writer of key base.
+func (n *Node) queueOf(base string) chan *op { return n.queues[int(slot(base))%len(n.queues)] }
 
 // finish answers o. An op answered through done goes back to the pool here;
 // one answered through res is recycled by its waiter.

@@ -111,7 +111,7 @@ func (n *Node) settleKeys(ctx context.Context, bases []string) {
 	// by one, a script on many keys would wait for as many batches.
 	marks := make([]*op, 0, min(len(bases), len(n.queues)))
 	for _, b := range bases {
-		q := n.queue(&op{base: b})
+		q := n.queueOf(b)
 		if slices.ContainsFunc(marks, func(o *op) bool { return n.queue(o) == q }) {
 			continue
 		}
