@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"sync"
 	"syscall"
 	"time"
 
@@ -99,7 +100,7 @@ func (s *Session) sendLocked(b []byte) error {
 	if len(b) == 0 {
 		return nil
 	}
-	if s.flushing {
+	if s.obuf.flushing {
 		return s.queueLocked(b)
 	}
 	n, err := s.tryWriteLocked(b)
@@ -113,9 +114,9 @@ func (s *Session) sendLocked(b []byte) error {
 	if err := s.queueLocked(b[n:]); err != nil {
 		return err
 	}
-	s.flushing = true
-	s.flushed = make(chan struct{})
-	go s.flushOut(s.flushed)
+	s.obuf.flushing = true
+	s.obuf.flushed = make(chan struct{})
+	go s.flushOut(s.obuf.flushed)
 	return nil
 }
 
@@ -142,6 +143,10 @@ func (s *Session) queueLocked(b []byte) error {
 type outBuf struct {
 	pend    []byte
 	pendOff int
+	// flushing: a flush goroutine writes pend; flushed is closed when it
+	// ends.
+	flushing bool
+	flushed  chan struct{}
 	// The one write attempt of tryWrite: fields rather than a closure's
 	// captures, so that it allocates nothing.
 	buf  []byte
@@ -200,6 +205,28 @@ func (o *outBuf) queue(b []byte, limit int) (overflow int) {
 	}
 	o.pend = append(o.pend, b...)
 	return 0
+}
+
+// waitFlushed waits, mu being the owner's lock, until the flush under way
+// (if any) ended: the output written, or given up on.
+func (o *outBuf) waitFlushed(mu *sync.Mutex) {
+	mu.Lock()
+	done := o.flushed
+	if !o.flushing {
+		done = nil
+	}
+	mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// isFlushing reports, mu being the owner's lock, whether output waits for
+// the client to read it.
+func (o *outBuf) isFlushing(mu *sync.Mutex) bool {
+	mu.Lock()
+	defer mu.Unlock()
+	return o.flushing
 }
 
 // size is how many bytes wait.
@@ -271,7 +298,7 @@ func (s *Session) flushOut(done chan struct{}) {
 		s.writeMu.Lock()
 		n, end, err := s.obuf.flushStep(s.raw, &s.outErr, timedOut)
 		if end {
-			s.flushing = false
+			s.obuf.flushing = false
 			s.writeMu.Unlock()
 			if err != nil {
 				s.fail(err)
@@ -321,15 +348,7 @@ func (s *Session) waitOutput() {
 		s.tsock.waitFlushed()
 		return
 	}
-	s.writeMu.Lock()
-	done := s.flushed
-	if !s.flushing {
-		done = nil
-	}
-	s.writeMu.Unlock()
-	if done != nil {
-		<-done
-	}
+	s.obuf.waitFlushed(&s.writeMu)
 }
 
 // OutputBytes is how many bytes of replies wait for the client to read
@@ -351,9 +370,7 @@ func (s *Session) outputPending() bool {
 	if s.tsock != nil {
 		return s.tsock.pending()
 	}
-	s.writeMu.Lock()
-	defer s.writeMu.Unlock()
-	return s.flushing
+	return s.obuf.isFlushing(&s.writeMu)
 }
 
 // outputLimit is the bound on the connection's pending output: a

@@ -142,7 +142,7 @@ func TestOutputTrimmed(t *testing.T) {
 		var kept int
 		if !waitUntil(time.Now().Add(3*time.Second), 10*time.Millisecond, func() bool {
 			s.writeMu.Lock()
-			flushing, kept = s.flushing, cap(s.obuf.pend)
+			flushing, kept = s.obuf.flushing, cap(s.obuf.pend)
 			s.writeMu.Unlock()
 			return !flushing && kept <= maxKeptOutput
 		}) {

@@ -56,13 +56,11 @@ type Session struct {
 	// wdeadline is the connection's write deadline (under writeMu).
 	wdeadline deadline.Write
 	// The output the client has not taken yet (output.go), under writeMu:
-	// obuf, written by flushOut while flushing (flushed is closed when
-	// it ends). outErr: the write error that ended the connection's
-	// output; overflow: how big the output would have grown when it went
-	// past outLimit (bytes; 0: no limit).
+	// obuf, written by flushOut while obuf.flushing. outErr: the write
+	// error that ended the connection's output; overflow: how big the
+	// output would have grown when it went past outLimit (bytes; 0: no
+	// limit).
 	obuf     outBuf
-	flushing bool
-	flushed  chan struct{}
 	outErr   error
 	overflow int
 	outLimit int

@@ -45,14 +45,11 @@ type tlsSock struct {
 
 	// Under mu, which is taken under crypto/tls's own write lock (under
 	// the session's writeMu, or not: the read path's writes), and under
-	// which no other lock is taken: obuf is
-	// the output the socket has not taken yet, written by flush while
-	// flushing (flushed is closed when it ends); err ended the output;
-	// overflow is how big it would have grown past its limit.
+	// which no other lock is taken: obuf is the output the socket has
+	// not taken yet, written by flush while obuf.flushing; err ended the
+	// output; overflow is how big it would have grown past its limit.
 	mu       sync.Mutex
 	obuf     outBuf
-	flushing bool
-	flushed  chan struct{}
 	err      error
 	overflow int
 	// closing: the connection is being closed (Session.closeConn); what
@@ -83,7 +80,7 @@ func (t *tlsSock) Write(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
-	if t.flushing {
+	if t.obuf.flushing {
 		if err := t.queueLocked(b); err != nil {
 			return 0, err
 		}
@@ -98,9 +95,9 @@ func (t *tlsSock) Write(b []byte) (int, error) {
 		if err := t.queueLocked(b[n:]); err != nil {
 			return n, err
 		}
-		t.flushing = true
-		t.flushed = make(chan struct{})
-		go t.flush(t.flushed)
+		t.obuf.flushing = true
+		t.obuf.flushed = make(chan struct{})
+		go t.flush(t.obuf.flushed)
 	}
 	return len(b), nil
 }
@@ -160,7 +157,7 @@ func (t *tlsSock) flush(done chan struct{}) {
 		t.mu.Lock()
 		n, end, err := t.obuf.flushStep(t.raw, &t.err, timedOut)
 		if end {
-			t.flushing = false
+			t.obuf.flushing = false
 			t.mu.Unlock()
 			if err != nil && t.sess != nil {
 				// Not under mu, nor under crypto/tls's write lock:
@@ -186,24 +183,10 @@ func (t *tlsSock) flush(done chan struct{}) {
 }
 
 // waitFlushed waits until the pending output is written, or given up on.
-func (t *tlsSock) waitFlushed() {
-	t.mu.Lock()
-	done := t.flushed
-	if !t.flushing {
-		done = nil
-	}
-	t.mu.Unlock()
-	if done != nil {
-		<-done
-	}
-}
+func (t *tlsSock) waitFlushed() { t.obuf.waitFlushed(&t.mu) }
 
 // pending reports whether output waits for the client to read it.
-func (t *tlsSock) pending() bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.flushing
-}
+func (t *tlsSock) pending() bool { return t.obuf.isFlushing(&t.mu) }
 
 // overflowSize is how big the output would have grown past its limit.
 func (t *tlsSock) overflowSize() int {

@@ -307,7 +307,7 @@ func TestTLSCloseDuringPendingOutput(t *testing.T) {
 				t.Fatalf("no output pending after %d replies of %d bytes not read", n, size)
 			}
 			s.tsock.mu.Lock()
-			done := s.tsock.flushed
+			done := s.tsock.obuf.flushed
 			s.tsock.mu.Unlock()
 			start := time.Now()
 			if how == "client reset" {
@@ -362,7 +362,7 @@ func TestTLSOutputTrimmed(t *testing.T) {
 	var kept int
 	if !waitUntil(time.Now().Add(3*time.Second), 10*time.Millisecond, func() bool {
 		s.tsock.mu.Lock()
-		flushing, kept = s.tsock.flushing, cap(s.tsock.obuf.pend)
+		flushing, kept = s.tsock.obuf.flushing, cap(s.tsock.obuf.pend)
 		s.tsock.mu.Unlock()
 		return !flushing && kept <= maxKeptOutput
 	}) {
