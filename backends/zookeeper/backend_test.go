@@ -327,14 +327,16 @@ func TestLeaseEnds(t *testing.T) {
 	root := testRoot(t)
 	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
 	b := newBackend(t, []string{zkAddr}, root, 10*time.Second)
-	l := mustLock(t, a, "lease", "A", 300*time.Millisecond, backends.Write)
+	// The lease begins no sooner than its LOCK was sent: timed from then,
+	// not from the reply, which a loaded host can delay past the margin.
 	start := time.Now()
+	l := mustLock(t, a, "lease", "A", 300*time.Millisecond, backends.Write)
 	l2, err := lock(t, b, "lease", "B", time.Second, 20*time.Second, backends.Write)
 	if err != nil {
 		t.Fatalf("waiter: %v", err)
 	}
 	if el := time.Since(start); el < 250*time.Millisecond {
-		t.Errorf("granted %v after a 300 ms lease began; want no sooner than the lease's end", el)
+		t.Errorf("granted %v after a 300 ms lease's LOCK was sent; want no sooner than the lease's end", el)
 	}
 	if l2.Fence <= l.Fence {
 		t.Errorf("fence %d after %d", l2.Fence, l.Fence)
