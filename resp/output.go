@@ -282,16 +282,6 @@ func (o *outBuf) reset(drop bool) {
 func (s *Session) flushOut(done chan struct{}) {
 	defer close(done)
 	last := time.Now() // the client last took output
-	// For a socket in Go's poller: RawConn.Write calls it, and waits for
-	// the socket to take more when it reports false.
-	waited := false
-	wait := func(uintptr) bool {
-		if waited {
-			return true
-		}
-		waited = true
-		return false
-	}
 	timedOut := false
 	var armed net.Conn // the connection whose write deadline is set
 	for first := true; ; first = false {
@@ -333,12 +323,26 @@ func (s *Session) flushOut(done chan struct{}) {
 			timedOut = fc.waitWritable(last.Add(replyWriteTimeout))
 			continue
 		}
-		waited = false
-		werr := raw.Write(wait)
+		werr := pollWritable(raw)
 		// Other errors (the socket closed, or handed to the event loop)
 		// are for the next attempt to tell.
 		timedOut = errors.Is(werr, os.ErrDeadlineExceeded)
 	}
+}
+
+// pollWritable waits, in Go's poller, until raw's socket takes more
+// output (or its write deadline passes, or it is closed): RawConn.Write
+// calls its function again once the socket is writable, which then
+// reports done without writing; the next attempt writes.
+func pollWritable(raw syscall.RawConn) error {
+	waited := false
+	return raw.Write(func(uintptr) bool {
+		if waited {
+			return true
+		}
+		waited = true
+		return false
+	})
 }
 
 // waitOutput waits until the output pending is written, or given up on

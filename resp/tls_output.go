@@ -143,14 +143,6 @@ func (t *tlsSock) queueLocked(b []byte) error {
 // session, past the limit as on TCP (Session.fail).
 func (t *tlsSock) flush(done chan struct{}) {
 	defer close(done)
-	waited := false
-	wait := func(uintptr) bool {
-		if waited {
-			return true
-		}
-		waited = true
-		return false
-	}
 	var wd deadline.Write
 	timedOut := false
 	for first := true; ; first = false {
@@ -174,8 +166,7 @@ func (t *tlsSock) flush(done chan struct{}) {
 			// Moved at most once a second (deadline.Write.Arm).
 			wd.Arm(t.Conn, replyWriteTimeout)
 		}
-		waited = false
-		werr := t.raw.Write(wait)
+		werr := pollWritable(t.raw)
 		// Other errors (the socket closed) are for the next attempt to
 		// tell.
 		timedOut = errors.Is(werr, os.ErrDeadlineExceeded)
