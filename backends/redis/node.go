@@ -126,6 +126,9 @@ type op struct {
 	// callback, which must not block either.
 	res  chan opResult
 	done func(opResult)
+	// queued says the op is counted in its node's inFlight until it is
+	// answered (see Node.track).
+	queued bool
 }
 
 var opPool = sync.Pool{New: func() any { return &op{res: make(chan opResult, 1)} }}
@@ -187,7 +190,29 @@ type Node struct {
 	subscribePing time.Duration
 	// markMargin is NodeConfig.WriterMark in ms.
 	markMargin int64
+	// inFlight counts, per key slot, the operations queued on the
+	// writers and not yet answered (see track): a transparent write waits
+	// for its keys' writers only where one of its keys has some (see
+	// settleKeys). Keys that share a slot share a count, which costs
+	// nothing but a wait that was not needed.
+	inFlight [numSlots]atomic.Int32
 }
+
+// numSlots is the number of key slots (see slot).
+const numSlots = 16384
+
+// track counts o in its key slot's inFlight until finish answers it.
+// Called before o is queued, so that whoever hears of an answer that
+// depends on o (a quorum answered by a majority while o waits for the
+// last node) finds it counted.
+func (n *Node) track(o *op) {
+	o.queued = true
+	n.inFlight[slot(o.base)].Add(1)
+}
+
+// busy tells whether an operation on key base (or on a key of its slot)
+// is queued on a writer and not yet answered.
+func (n *Node) busy(base string) bool { return n.inFlight[slot(base)].Load() > 0 }
 
 // defaultMarkMargin is a waiting writer's mark margin in ms on a Node
 // used without a Backend: the Backend's least (Backend.writerMark).
@@ -500,6 +525,7 @@ func (n *Node) unmark(key, token string, fromAnswer bool) {
 		n.finish(o, opResult{err: unsent(errClosed)})
 		return
 	}
+	n.track(o)
 	select {
 	case n.queue(o) <- o:
 	default:
@@ -568,6 +594,9 @@ func (n *Node) start(ctx context.Context, o *op) {
 // is closed or ctx ends first. The read lock makes Close wait for every
 // enqueue under way, so the writers' last drain answers everything queued.
 func (n *Node) enqueue(ctx context.Context, o *op) {
+	if o.kind != opSettle && !o.queued {
+		n.track(o)
+	}
 	n.closing.RLock()
 	defer n.closing.RUnlock()
 	if n.closed {
@@ -589,6 +618,10 @@ func (n *Node) queueOf(base string) chan *op { return n.queues[int(slot(base))%l
 // finish answers o. An op answered through done goes back to the pool here;
 // one answered through res is recycled by its waiter.
 func (n *Node) finish(o *op, r opResult) {
+	if o.queued {
+		o.queued = false
+		n.inFlight[slot(o.base)].Add(-1)
+	}
 	if o.done == nil {
 		o.res <- r
 		return
@@ -1003,6 +1036,7 @@ func (n *Node) exec(w *writer, batch []*op) {
 				late := &op{kind: opRelease, base: o.base, token: o.token,
 					hold: o.hold, start: now, deadline: now.Add(n.timeout), res: make(chan opResult, 1),
 					done: func(opResult) {}}
+				n.track(late)
 				n.finish(o, opResult{err: context.DeadlineExceeded})
 				o = late
 			} else {

@@ -101,16 +101,28 @@ func (b *Backend) Run(ctx context.Context, args []string, keys []int, readOnly b
 // rather than not at all (a release sent to a paused node still runs when
 // the node resumes).
 func (n *Node) settleKeys(ctx context.Context, bases []string) {
-	if d, ok := ctx.Deadline(); ok {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(d)/2))
-		defer cancel()
-	}
-	// One marker per writer the keys go through (each writer answers in
-	// queue order), all queued before any is waited for: waited for one
-	// by one, a script on many keys would wait for as many batches.
-	marks := make([]*op, 0, min(len(bases), len(n.queues)))
+	// Only keys with operations queued and not yet answered are waited
+	// for (inFlight): most writes find none, and a marker would make them
+	// wait for a writer's whole batch (several ms under load) for
+	// nothing. An operation queued after the count was read cannot have
+	// been answered to the client before this write was made.
+	var marks []*op
 	for _, b := range bases {
+		if !n.busy(b) {
+			continue
+		}
+		if marks == nil {
+			marks = make([]*op, 0, min(len(bases), len(n.queues)))
+			if d, ok := ctx.Deadline(); ok {
+				var cancel context.CancelFunc
+				ctx, cancel = context.WithDeadline(ctx, time.Now().Add(time.Until(d)/2))
+				defer cancel()
+			}
+		}
+		// One marker per writer the keys go through (each writer
+		// answers in queue order), all queued before any is waited for:
+		// waited for one by one, a script on many keys would wait for as
+		// many batches.
 		q := n.queueOf(b)
 		if slices.ContainsFunc(marks, func(o *op) bool { return n.queue(o) == q }) {
 			continue
