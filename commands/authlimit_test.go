@@ -103,6 +103,7 @@ func TestPermitted(t *testing.T) {
 	allChans := newPerm(Permission{Commands: []string{"+@all"}, Channels: []string{"*"}, LimitChannels: true})
 	allOnly := newPerm(Permission{Commands: []string{"+@all"}})
 	safe := newPerm(Permission{Commands: []string{"+@all", "-@dangerous", "-@write"}})
+	readOnly := newPerm(Permission{Commands: []string{"+@all", "-@write"}})
 	for _, tc := range []struct {
 		p       *perm
 		args    []string
@@ -146,6 +147,10 @@ func TestPermitted(t *testing.T) {
 		// Subcommand rules, and the last matching rule decides.
 		{subs, []string{"CLIENT", "KILL", "ID", "1"}, "NOPERM User app has no permissions to run the 'client|kill' command", false},
 		{subs, []string{"client", "list"}, "", false},
+		// CLIENT UNBLOCK without an upstream: Redis's categories.
+		{safe, []string{"CLIENT", "UNBLOCK", "1"}, "NOPERM User app has no permissions to run the 'client|unblock' command", false},
+		{allOnly, []string{"CLIENT", "UNBLOCK", "1"}, "", false},
+		{readOnly, []string{"CLIENT", "UNBLOCK", "1"}, "", false},
 		{subs, []string{"SCRIPT", "FLUSH"}, "NOPERM User app has no permissions to run the 'script|flush' command", false},
 		{subs, []string{"SCRIPT", "LOAD", "return 1"}, "", false},
 		{subs, []string{"EVAL", "return 1", "0"}, "NOPERM User app has no permissions to run the 'eval' command", false},

@@ -142,3 +142,54 @@ func TestClientUnblockGivesBackLateGrant(t *testing.T) {
 		})
 	}
 }
+
+// TestClientUnblockWithoutUpstream: without an upstream, CLIENT UNBLOCK
+// ends lockproxy's own LOCK and RLOCK … WAIT as it does with one (it was
+// "unknown subcommand"), answers :0 for a client in no wait, and gives
+// Redis's errors for bad arguments.
+func TestClientUnblockWithoutUpstream(t *testing.T) {
+	be, _ := newRealRedLockNodes(t, 3)
+	_, c0 := serveHandler(t, be, nil)
+	addr := c0.RemoteAddr().String()
+	holder, waiter, other := dialRaw(t, addr), dialRaw(t, addr), dialRaw(t, addr)
+	for i, tc := range []struct{ wait, reason, want string }{
+		{"LOCK", "", "$-1"},
+		{"RLOCK", " TIMEOUT", "$-1"},
+		{"LOCK", " error", "-" + errUnblocked},
+	} {
+		key := "unblocklocal" + string(rune('a'+i))
+		cmd := "LOCK " + key + " PX 10000 TOKEN holder"
+		readLease(t, holder, cmd, holder.do(t, cmd))
+		id := clientID(t, waiter)
+		blockOn(t, waiter, tc.wait+" "+key+" PX 10000 WAIT 8000")
+		start := time.Now()
+		if got := other.do(t, "CLIENT UNBLOCK "+id+tc.reason); got != ":1" {
+			t.Errorf("CLIENT UNBLOCK %s%s of a client in %s … WAIT = %q; want :1", id, tc.reason, tc.wait, got)
+		}
+		if got, waited := waiter.reply(t), time.Since(start); got != tc.want || waited > 2*time.Second {
+			t.Errorf("%s … WAIT 8000 after CLIENT UNBLOCK%s = %q after %v; want %q at once",
+				tc.wait, tc.reason, got, waited.Round(time.Millisecond), tc.want)
+		}
+		if got := other.do(t, "CLIENT UNBLOCK "+id); got != ":0" {
+			t.Errorf("CLIENT UNBLOCK of a client no longer blocked = %q; want :0", got)
+		}
+		if got := holder.do(t, "UNLOCK "+key+" holder"); got != ":1" {
+			t.Fatalf("the holder's UNLOCK = %q", got)
+		}
+	}
+	for _, tc := range []struct{ cmd, want string }{
+		{"CLIENT UNBLOCK 999999", ":0"},
+		{"CLIENT UNBLOCK " + clientID(t, other), ":0"},
+		{"CLIENT UNBLOCK", "-ERR wrong number of arguments for 'client|unblock' command"},
+		{"CLIENT UNBLOCK 1 TIMEOUT x", "-ERR unknown subcommand or wrong number of arguments for 'UNBLOCK'. Try CLIENT HELP."},
+		{"CLIENT UNBLOCK 1 SOMETIMES", "-ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR"},
+		{"CLIENT UNBLOCK x", "-" + errNotInteger.Error()},
+	} {
+		if got := other.do(t, tc.cmd); got != tc.want {
+			t.Errorf("%s = %q; want %q", tc.cmd, got, tc.want)
+		}
+	}
+	if got := other.do(t, "PING"); got != "+PONG" {
+		t.Fatalf("PING after the errors = %q", got)
+	}
+}

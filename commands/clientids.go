@@ -62,27 +62,9 @@ func killsByID(args [][]byte) bool {
 // as Redis answers for a client that is not blocked, when it is in no
 // relayed blocking command either.
 func (h *Handler) clientUnblock(s *resp.Session, rs *relayConn, args [][]byte) {
-	switch {
-	case len(args) < 3:
-		relayError(s, "ERR wrong number of arguments for 'client|unblock' command")
-		return
-	case len(args) > 4:
-		// Redis's arity for it is -3; its handler takes 3 or 4.
-		relayError(s, "ERR unknown subcommand or wrong number of arguments for '"+relay.Clip(string(args[1]))+"'. Try CLIENT HELP.")
-		return
-	}
-	if len(args) == 4 && !resp.EqualFold(args[3], "TIMEOUT") && !resp.EqualFold(args[3], "ERROR") {
-		relayError(s, "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR")
-		return
-	}
-	id, ok := resp.ParseInt(args[2])
+	id, how, ok := unblockArgs(s, args)
 	if !ok {
-		relayError(s, errNotInteger.Error())
 		return
-	}
-	how := byte(unblockedTimeout)
-	if len(args) == 4 && resp.EqualFold(args[3], "ERROR") {
-		how = unblockedError
 	}
 	if h.waits.waiting(id) {
 		// The relayed commands sent before it run first, as on Redis,
@@ -114,6 +96,53 @@ func (h *Handler) clientUnblock(s *resp.Session, rs *relayConn, args [][]byte) {
 	}
 	out := append([][]byte{args[0], args[1], []byte(strconv.FormatInt(up, 10))}, args[3:]...)
 	h.relayAdd(s, rs, out)
+}
+
+// unblockArgs reads CLIENT UNBLOCK id [TIMEOUT|ERROR] as Redis does, or
+// writes Redis's error for it and returns false.
+func unblockArgs(s *resp.Session, args [][]byte) (id int64, how byte, ok bool) {
+	switch {
+	case len(args) < 3:
+		relayError(s, "ERR wrong number of arguments for 'client|unblock' command")
+		return 0, 0, false
+	case len(args) > 4:
+		// Redis's arity for it is -3; its handler takes 3 or 4.
+		relayError(s, "ERR unknown subcommand or wrong number of arguments for '"+relay.Clip(string(args[1]))+"'. Try CLIENT HELP.")
+		return 0, 0, false
+	}
+	if len(args) == 4 && !resp.EqualFold(args[3], "TIMEOUT") && !resp.EqualFold(args[3], "ERROR") {
+		relayError(s, "ERR CLIENT UNBLOCK reason should be TIMEOUT or ERROR")
+		return 0, 0, false
+	}
+	id, ok = resp.ParseInt(args[2])
+	if !ok {
+		relayError(s, errNotInteger.Error())
+		return 0, 0, false
+	}
+	how = unblockedTimeout
+	if len(args) == 4 && resp.EqualFold(args[3], "ERROR") {
+		how = unblockedError
+	}
+	return id, how, true
+}
+
+// clientUnblockLocal is CLIENT UNBLOCK without an upstream: the only
+// commands a client can block in are lockproxy's own LOCK and RLOCK …
+// WAIT, which it ends (:1); any other id answers :0, as Redis answers
+// for a client that is not blocked.
+func (h *Handler) clientUnblockLocal(s *resp.Session, args [][]byte) {
+	id, how, ok := unblockArgs(s, args)
+	if !ok {
+		h.metrics.commands.WithLabelValues("client_unblock", "error").Inc()
+		return
+	}
+	h.metrics.commands.WithLabelValues("client_unblock", "ok").Inc()
+	state(s).lastCmd = "client_unblock"
+	if h.waits.unblock(id, how) {
+		s.W.Int(1)
+		return
+	}
+	s.W.Int(0)
 }
 
 // redirection is a CLIENT TRACKING on … REDIRECT's target as

@@ -305,6 +305,12 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 			h.relayNamed(s, args, name)
 			return
 		}
+		if c.Name == "client" && resp.EqualFold(args[1], "UNBLOCK") {
+			// With an upstream, relayed (clientUnblock): it may name a
+			// client blocked there.
+			h.clientUnblockLocal(s, args)
+			return
+		}
 		h.metrics.commands.WithLabelValues(c.Metric, "error").Inc()
 		s.W.Error("ERR unknown subcommand '" + relay.Clip(string(args[1])) + "'. Try " + strings.ToUpper(c.Name) + " HELP.")
 		return

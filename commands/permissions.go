@@ -220,6 +220,9 @@ func (h *Handler) commandOf(name string, c *Command, args [][]byte) (full, sub s
 				return full, sub, cs, true
 			}
 		}
+		if cs, ok := unlistedSubCategories[full]; ok && h.up == nil {
+			return full, sub, cs, true
+		}
 		return full, sub, nil, false
 	}
 	if h.up != nil {
@@ -232,6 +235,14 @@ func (h *Handler) commandOf(name string, c *Command, args [][]byte) (full, sub s
 	}
 	cs, ok := transparentCategories[name]
 	return name, sub, cs, ok
+}
+
+// unlistedSubCategories are Redis's categories of the subcommands that
+// lockproxy serves without an upstream but leaves out of its command
+// table, where they would take them from the upstream when there is one
+// (CLIENT UNBLOCK: see clientUnblockLocal).
+var unlistedSubCategories = map[string][]string{
+	"client|unblock": {"@admin", "@slow", "@dangerous", "@connection"},
 }
 
 // ownClientSubs are the CLIENT subcommands every user may run: about its
