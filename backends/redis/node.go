@@ -1488,8 +1488,12 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 // sent the grant (a busy or slow node): the fence write, sent after the
 // batch, would store a fence for a hold already gone, and its lockf would
 // stay on the node until its TTL (a key left per such cycle, which long
-// leases make many). Such a release is never a shared one (another
-// operation of the batch touches its key), and those are few.
+// leases make many). A node that lags far enough gets several such
+// cycles of one key in a batch (LOCK, UNLOCK, LOCK again by the next
+// holder, …: seen in TestUnlockRightAfterLockLeavesNoKey under load),
+// where every hold but the last is released by the batch too. Such a
+// release is never a shared one (another operation of the batch touches
+// its key), and those are few.
 func markReleased(ops []*op, shared []bool, out []opResult, writes []fenceWrite) {
 	for j, p := range ops {
 		if p.kind != opRelease || shared != nil && shared[j] {
@@ -1504,26 +1508,29 @@ func markReleased(ops []*op, shared []bool, out []opResult, writes []fenceWrite)
 }
 
 // releasedLater tells whether the batch released the fresh grant ops[i]:
-// the only later operations on its key are its token's releases of write
-// holds, and one of them released a hold. A fresh grant is its token's
-// only hold, so that release ended it. Anything else on the key keeps the
-// fence write, as before.
+// a later release of write holds by its token on its key released a
+// hold, and no other operation of that token on the key came before it
+// (a release that released nothing, or failed, is passed over). A fresh
+// grant is its token's only hold, so that release ended it. Other
+// tokens' operations on the key (the next holder's grant and release, a
+// refused attempt) can neither add to that hold nor end it, and are
+// passed over too. Anything else of the token's first (a reentrant or
+// read acquire, an extend) keeps the fence write, as before.
 func releasedLater(ops []*op, out []opResult, i int) bool {
 	o := ops[i]
-	released := false
 	for j := i + 1; j < len(ops); j++ {
 		p := ops[j]
-		if p.base != o.base {
+		if p.base != o.base || p.token != o.token {
 			continue
 		}
-		if p.kind != opRelease || p.token != o.token || p.hold == quorum.ReadHold {
+		if p.kind != opRelease || p.hold == quorum.ReadHold {
 			return false
 		}
 		if out[j].err == nil && out[j].n == 1 {
-			released = true
+			return true
 		}
 	}
-	return released
+	return false
 }
 
 // addScript begins an EVALSHA (or EVAL) of s with o's first k lock keys;

@@ -831,8 +831,16 @@ func TestMarkReleased(t *testing.T) {
 		{"another key's release", []*op{acq("k", "t"), rel("j", "t", quorum.AnyHold)}, []opResult{granted, released}, false},
 		{"downgrade between", []*op{acq("k", "t"), {kind: opAcquire, base: "k", token: "t", mode: quorum.Shared}, rel("k", "t", quorum.AnyHold)},
 			[]opResult{granted, {n: 7, holds: 2}, released}, false},
-		{"another grant after", []*op{acq("k", "t"), rel("k", "t", quorum.AnyHold), acq("k", "u")},
-			[]opResult{granted, released, granted}, false},
+		{"the next holder's grant after", []*op{acq("k", "t"), rel("k", "t", quorum.AnyHold), acq("k", "u")},
+			[]opResult{granted, released, granted}, true},
+		{"the next holder's grant and release after", []*op{acq("k", "t"), rel("k", "t", quorum.AnyHold), acq("k", "u"), rel("k", "u", quorum.AnyHold)},
+			[]opResult{granted, released, granted, released}, true},
+		{"another token's refused attempt between", []*op{acq("k", "t"), acq("k", "u"), rel("k", "t", quorum.AnyHold)},
+			[]opResult{granted, {n: acquireRefused}, released}, true},
+		{"a reentrant grant between", []*op{acq("k", "t"), acq("k", "t"), rel("k", "t", quorum.AnyHold)},
+			[]opResult{granted, {n: 7, holds: 2}, released}, false},
+		{"a release that found nothing, then one that released", []*op{acq("k", "t"), rel("k", "t", quorum.AnyHold), rel("k", "t", quorum.AnyHold)},
+			[]opResult{granted, notHeld, released}, true},
 		{"release before the grant", []*op{rel("k", "t", quorum.AnyHold), acq("k", "t")}, []opResult{notHeld, granted}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
