@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -109,31 +110,131 @@ func LaunchZooKeeper(dir string) (*ZooKeeper, error) {
 // that form one ensemble, and waits until each serves as leader or
 // follower. The caller must Kill them.
 func LaunchZooKeeperEnsemble(dir string, n int) ([]*ZooKeeper, error) {
+	zs, _, err := launchEnsemble(dir, n, false)
+	return zs, err
+}
+
+// LaunchZooKeeperEnsembleLinked is LaunchZooKeeperEnsemble with every
+// connection between two servers made through a Link (PeerLinks), so that
+// a test can cut one server off from the rest of the ensemble while its
+// clients still reach it. The caller must Kill the servers and Close the
+// links.
+func LaunchZooKeeperEnsembleLinked(dir string, n int) ([]*ZooKeeper, *PeerLinks, error) {
+	return launchEnsemble(dir, n, true)
+}
+
+// PeerLinks are the links between the servers of a linked ensemble: each
+// server reaches each other one's quorum and election ports through links
+// of its own (server i's configuration names them in place of the others'
+// ports), so the links that carry a server's traffic with its peers are
+// those it dials and those its peers dial to it.
+type PeerLinks struct {
+	of  [][]*Link // of[i]: every link that carries server i's peer traffic
+	all []*Link
+}
+
+// Cut drops every byte between server i (from 0) and the rest of the
+// ensemble, both ways, on open and new connections (see Link.Cut).
+func (p *PeerLinks) Cut(i int) {
+	for _, l := range p.of[i] {
+		l.Cut()
+	}
+}
+
+// Heal lets server i's peer traffic through again (see Link.Heal).
+func (p *PeerLinks) Heal(i int) {
+	for _, l := range p.of[i] {
+		l.Heal()
+	}
+}
+
+// Close stops every link.
+func (p *PeerLinks) Close() {
+	for _, l := range p.all {
+		l.Close()
+	}
+}
+
+func launchEnsemble(dir string, n int, linked bool) ([]*ZooKeeper, *PeerLinks, error) {
 	zs := make([]*ZooKeeper, n)
-	var peers strings.Builder
+	peerPorts := make([][2]int, n) // quorum, election
 	for i := range zs {
 		ports := make([]int, 3)
 		for j := range ports {
 			p, err := freePort()
 			if err != nil {
-				return nil, err
+				return nil, nil, err
 			}
 			ports[j] = p
 		}
 		sub := filepath.Join(dir, fmt.Sprintf("zk%d", i+1))
 		if err := os.MkdirAll(filepath.Join(sub, "data"), 0o755); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		zs[i] = &ZooKeeper{Port: ports[0], Addr: fmt.Sprintf("127.0.0.1:%d", ports[0]), dir: sub}
-		fmt.Fprintf(&peers, "server.%d=127.0.0.1:%d:%d\n", i+1, ports[1], ports[2])
+		peerPorts[i] = [2]int{ports[1], ports[2]}
+	}
+	// views[i] is the server list in server i's configuration.
+	views := make([][][2]int, n)
+	var links *PeerLinks
+	var electionLinks [][3]int // i, j, index in links.all of i's election link to j
+	fail := func(err error) ([]*ZooKeeper, *PeerLinks, error) {
+		if links != nil {
+			links.Close()
+		}
+		return nil, nil, err
+	}
+	if linked {
+		links = &PeerLinks{of: make([][]*Link, n)}
+	}
+	for i := range zs {
+		views[i] = make([][2]int, n)
+		for j := range zs {
+			if !linked || i == j {
+				views[i][j] = peerPorts[j]
+				continue
+			}
+			for k := range 2 {
+				l, err := newLink(fmt.Sprintf("127.0.0.1:%d", peerPorts[j][k]))
+				if err != nil {
+					return fail(err)
+				}
+				links.all = append(links.all, l)
+				links.of[i] = append(links.of[i], l)
+				links.of[j] = append(links.of[j], l)
+				views[i][j][k] = l.ln.Addr().(*net.TCPAddr).Port
+				if k == 1 {
+					electionLinks = append(electionLinks, [3]int{i, j, len(links.all) - 1})
+				}
+			}
+		}
+	}
+	// A server that receives an election connection from a server with a
+	// lower id closes it and connects back, to the election address the
+	// other sent in its first message (its own, the real port), not to
+	// the one its configuration names: the link from server i to server
+	// j puts in that address the port of j's link to i, or the cut would
+	// miss the connections made back.
+	for _, e := range electionLinks {
+		i, j, l := e[0], e[1], links.all[e[2]]
+		from := fmt.Sprintf("127.0.0.1:%d", peerPorts[i][1])
+		to := fmt.Sprintf("127.0.0.1:%d", views[j][i][1])
+		if len(from) != len(to) {
+			return fail(fmt.Errorf("zookeeper: election link ports of different lengths (%s, %s)", from, to))
+		}
+		l.rewrite.Store(&[2][]byte{[]byte(from), []byte(to)})
 	}
 	for i, z := range zs {
+		var peers strings.Builder
+		for j, p := range views[i] {
+			fmt.Fprintf(&peers, "server.%d=127.0.0.1:%d:%d\n", j+1, p[0], p[1])
+		}
 		cfg := z.baseConfig() + "initLimit=20\nsyncLimit=10\n" + peers.String()
 		if err := os.WriteFile(filepath.Join(z.dir, "zoo.cfg"), []byte(cfg), 0o644); err != nil {
-			return nil, err
+			return fail(err)
 		}
 		if err := os.WriteFile(filepath.Join(z.dir, "data", "myid"), []byte(fmt.Sprintf("%d\n", i+1)), 0o644); err != nil {
-			return nil, err
+			return fail(err)
 		}
 		z.args = z.javaArgs("org.apache.zookeeper.server.quorum.QuorumPeerMain")
 	}
@@ -142,7 +243,7 @@ func LaunchZooKeeperEnsemble(dir string, n int) ([]*ZooKeeper, error) {
 			for _, o := range zs {
 				o.Kill()
 			}
-			return nil, err
+			return fail(err)
 		}
 	}
 	for _, z := range zs {
@@ -150,10 +251,10 @@ func LaunchZooKeeperEnsemble(dir string, n int) ([]*ZooKeeper, error) {
 			for _, o := range zs {
 				o.Kill()
 			}
-			return nil, err
+			return fail(err)
 		}
 	}
-	return zs, nil
+	return zs, links, nil
 }
 
 func (z *ZooKeeper) baseConfig() string {
@@ -320,24 +421,38 @@ type Link struct {
 	// Connections are numbered as accepted; those numbered up to
 	// stranded drop every byte (Strand).
 	accepted, stranded atomic.Int64
+	// rewrite, when set, is a pair of equally long byte strings: the
+	// first is replaced by the second in what clients send (see
+	// launchEnsemble).
+	rewrite atomic.Pointer[[2][]byte]
 
-	mu    sync.Mutex
-	conns map[net.Conn]struct{}
-	wg    sync.WaitGroup
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+	wg     sync.WaitGroup
 }
 
 // StartLink starts a Link to upstream and registers its Close.
 func StartLink(t testing.TB, upstream string) *Link {
 	t.Helper()
+	l, err := newLink(upstream)
+	if err != nil {
+		t.Fatalf("harness: %v", err)
+	}
+	t.Cleanup(l.Close)
+	return l
+}
+
+// newLink starts a Link to upstream; the caller must Close it.
+func newLink(upstream string) (*Link, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("harness: link: %v", err)
+		return nil, fmt.Errorf("link: %w", err)
 	}
 	l := &Link{ln: ln, upstream: upstream, conns: map[net.Conn]struct{}{}}
 	l.wg.Add(1)
 	go l.accept()
-	t.Cleanup(l.Close)
-	return l
+	return l, nil
 }
 
 // Addr is the address clients dial instead of the server's.
@@ -366,6 +481,7 @@ func (l *Link) Heal() {
 func (l *Link) Close() {
 	_ = l.ln.Close()
 	l.mu.Lock()
+	l.closed = true
 	for c := range l.conns {
 		_ = c.Close()
 	}
@@ -373,10 +489,15 @@ func (l *Link) Close() {
 	l.wg.Wait()
 }
 
-func (l *Link) track(c net.Conn) bool {
+// track records a connection's two ends, unless the link is closed.
+func (l *Link) track(c, s net.Conn) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.closed {
+		return false
+	}
 	l.conns[c] = struct{}{}
+	l.conns[s] = struct{}{}
 	return true
 }
 
@@ -387,23 +508,48 @@ func (l *Link) accept() {
 		if err != nil {
 			return
 		}
-		s, err := net.DialTimeout("tcp", l.upstream, 2*time.Second)
-		if err != nil {
-			_ = c.Close()
-			continue
-		}
-		l.track(c)
-		l.track(s)
-		id := l.accepted.Add(1)
-		l.wg.Add(2)
-		go l.pipe(c, s, id)
-		go l.pipe(s, c, id)
+		l.wg.Add(1)
+		go l.connect(c)
 	}
+}
+
+// linkDialWait is how long a link tries to reach its upstream for a
+// connection it accepted. A server that does not listen yet (a ZooKeeper
+// leader binds its quorum port only once elected) refuses a direct
+// connect, which the client retries; through a link, which accepted it
+// already, the client would see its connection closed instead, and a
+// ZooKeeper follower then gives up following and starts another election.
+const linkDialWait = 3 * time.Second
+
+// connect pipes c to a new connection to the upstream, retried for up to
+// linkDialWait; c is closed if none is made.
+func (l *Link) connect(c net.Conn) {
+	defer l.wg.Done()
+	var s net.Conn
+	for end := time.Now().Add(linkDialWait); ; time.Sleep(20 * time.Millisecond) {
+		var err error
+		if s, err = net.DialTimeout("tcp", l.upstream, 2*time.Second); err == nil {
+			break
+		}
+		if time.Now().After(end) {
+			_ = c.Close()
+			return
+		}
+	}
+	if !l.track(c, s) {
+		_ = c.Close()
+		_ = s.Close()
+		return
+	}
+	id := l.accepted.Add(1)
+	l.wg.Add(2)
+	go l.pipe(c, s, id, l.rewrite.Load())
+	go l.pipe(s, c, id, nil)
 }
 
 // pipe copies src to dst until either ends, dropping bytes while cut, and
 // for good once its connection (number id) is stranded.
-func (l *Link) pipe(src, dst net.Conn, id int64) {
+func (l *Link) pipe(src, dst net.Conn, id int64, rewrite *[2][]byte) {
 	defer l.wg.Done()
 	defer func() {
 		_ = src.Close()
@@ -417,6 +563,10 @@ func (l *Link) pipe(src, dst net.Conn, id int64) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 && !l.cut.Load() && id > l.stranded.Load() {
+			if rewrite != nil {
+				// Same length: a length field before it stays right.
+				copy(buf[:n], bytes.ReplaceAll(buf[:n], rewrite[0], rewrite[1]))
+			}
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}

@@ -17,8 +17,12 @@ import (
 
 // ensemble is the three-server ZooKeeper ensemble every test here shares
 // (JVM starts are slow on a loaded machine). A test that kills a server
-// restarts it before it ends.
-var ensemble []*harness.ZooKeeper
+// restarts it before it ends. Its servers reach one another through
+// peerLinks, which a test that cuts a server off heals before it ends.
+var (
+	ensemble  []*harness.ZooKeeper
+	peerLinks *harness.PeerLinks
+)
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "lockproxy-zk-e2e-")
@@ -26,7 +30,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
-	ensemble, err = harness.LaunchZooKeeperEnsemble(dir, 3)
+	ensemble, peerLinks, err = harness.LaunchZooKeeperEnsembleLinked(dir, 3)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.RemoveAll(dir)
@@ -36,6 +40,7 @@ func TestMain(m *testing.M) {
 	for _, z := range ensemble {
 		z.Kill()
 	}
+	peerLinks.Close()
 	os.RemoveAll(dir)
 	os.Exit(code)
 }

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -48,6 +49,12 @@ func TestWorkloadUnderServerFaults(t *testing.T) {
 		// as an unfinished inline command, so no session is ever made
 		// through it.
 		partition bool
+		// serverCut: instance 0 connects to the leader alone, and the
+		// fault cuts the leader off from the other servers (peerLinks):
+		// its clients still reach it, and it answers their pings for a
+		// while as the rest of the ensemble elects another leader and
+		// ends instance 0's session. See checkServerCut.
+		serverCut bool
 		inject    func(t *testing.T, z *harness.ZooKeeper, links []*harness.Link) (heal func())
 		// hold is how long the fault lasts before the heal.
 		hold time.Duration
@@ -111,6 +118,27 @@ func TestWorkloadUnderServerFaults(t *testing.T) {
 			// partitioned session and hand the key to instance 1.
 			longTTLMS: 2 * sessMS,
 		},
+		{
+			// The followers give the leader up after syncLimit ticks
+			// without a word from it (5 s), as the leader gives up
+			// leading; another leader is elected and ends instance 0's
+			// session a session timeout later. The cut lasts through
+			// all of that with a few seconds to spare for instance 1
+			// to take w0 over.
+			name:      "partition-leader-from-followers",
+			serverCut: true,
+			inject: func(t *testing.T, z *harness.ZooKeeper, _ []*harness.Link) func() {
+				i := slices.Index(ensemble, z)
+				peerLinks.Cut(i)
+				return func() { peerLinks.Heal(i) }
+			},
+			hold: 10*harness.ZKTick + time.Duration(sessMS)*time.Millisecond + 4*time.Second,
+			// Long holds past the time the rest of the ensemble takes to
+			// end instance 0's session (the followers' syncLimit, then
+			// the session timeout): only the session cap on validity
+			// keeps the cut-off holder's from outlasting it.
+			longTTLMS: 4 * sessMS,
+		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -120,6 +148,11 @@ func TestWorkloadUnderServerFaults(t *testing.T) {
 			root := newRoot(t)
 			env := fmt.Sprintf("LOCKPROXY_ZOOKEEPER_SESSION_TIMEOUT=%dms", sessMS)
 			servers0 := zkServers()
+			var cutLeader *harness.ZooKeeper
+			if tc.serverCut {
+				cutLeader = leaderOf(t)
+				servers0 = []string{cutLeader.Addr}
+			}
 			var links []*harness.Link
 			if tc.partition {
 				servers0 = nil
@@ -257,7 +290,12 @@ func TestWorkloadUnderServerFaults(t *testing.T) {
 				wg.Wait()
 				t.Fatal("no leader")
 			}
-			if tc.partition {
+			if cutLeader != nil && leader != cutLeader {
+				close(stop)
+				wg.Wait()
+				t.Fatalf("the leader moved from %s to %s before the cut", cutLeader.Addr, leader.Addr)
+			}
+			if tc.partition || tc.serverCut {
 				// Cut instance 0 off while its long holder holds w0,
 				// granted under half a second ago so that the hold spans
 				// the cut and instance 1's long waiter is queued behind
@@ -323,7 +361,7 @@ func TestWorkloadUnderServerFaults(t *testing.T) {
 			to := hist.Now()
 			heal()
 			healed = true
-			if tc.partition {
+			if tc.partition || tc.serverCut {
 				// Instance 0 reconnects, is told its session expired and
 				// opens a new one: wait for a grant through it, 30 s at
 				// most, then let both instances run a little longer.
@@ -343,11 +381,15 @@ func TestWorkloadUnderServerFaults(t *testing.T) {
 				"%d overlaps, %d fence regressions, %d live writes rejected, %d late uses; ledger %d accepted, %d rejected, %d lost",
 				tc.name, leader.Addr, newLeader, r.Grants, during, from.Round(time.Millisecond), to.Round(time.Millisecond),
 				errs.Load(), lastErr.Load(), r.OverlapCount, r.FenceRegressionCount, r.RejectedLiveCount, r.LateUseCount, acc, rej, ledger.LostTotal())
-			if tc.partition {
+			switch {
+			case tc.partition:
 				t.Logf("longest LOCK … WAIT 5000 (reply or error): %v through instance 0, %v through instance 1",
 					time.Duration(insSlowest[0].Load()).Round(time.Millisecond), time.Duration(insSlowest[1].Load()).Round(time.Millisecond))
 				checkPartition(t, hist.Grants(), from, to, errs0, probe, metric(t, ins[0], "lockproxy_zookeeper_session_expirations_total"))
-			} else if newLeader == "" {
+			case tc.serverCut:
+				checkServerCut(t, hist.Grants(), from, to, metric(t, ins[0], "lockproxy_zookeeper_session_expirations_total"))
+			}
+			if !tc.partition && newLeader == "" {
 				t.Errorf("no other server led while %s was down: the fault did not take effect", leader.Addr)
 			}
 			if r.Violations() > 0 {
@@ -360,6 +402,74 @@ func TestWorkloadUnderServerFaults(t *testing.T) {
 				t.Errorf("no grant after the heal (%d in all)", r.Grants)
 			}
 		})
+	}
+}
+
+// leaderOf returns the ensemble's leader, waiting up to 30 s for one.
+func leaderOf(t *testing.T) *harness.ZooKeeper {
+	t.Helper()
+	for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
+		for _, z := range ensemble {
+			if m, _ := z.Mode(); m == "leader" {
+				return z
+			}
+		}
+	}
+	t.Fatal("no leader")
+	return nil
+}
+
+// checkServerCut fails the leader-cut row unless the cut, from from to to
+// on the history's clock, took effect: instance 0's long holder held w0
+// at the cut, a client of instance 1 was granted w0 before the heal (the
+// checker has judged that it was not before that hold's end), instance 0
+// granted again after the heal, and its session expired (expirations: its
+// lockproxy_zookeeper_session_expirations_total). Whether instance 0
+// granted anything during the cut is reported, not judged: the cut-off
+// leader cannot commit a write, and the history check judges any grant.
+func checkServerCut(t *testing.T, gs []fault.Grant, from, to time.Duration, expirations string) {
+	t.Helper()
+	var held, taken *fault.Grant
+	var cut0, cut1, after0 int
+	for i := range gs {
+		g := &gs[i]
+		p0 := strings.HasPrefix(g.Client, "p0.")
+		switch {
+		case g.Enter < from:
+			if g.Client == "p0.long-holder" && g.Exit > from {
+				held = g
+			}
+		case g.Enter < to:
+			if p0 {
+				cut0++
+				continue
+			}
+			cut1++
+			if g.Key == "w0" && (taken == nil || g.Enter < taken.Enter) {
+				taken = g
+			}
+		case p0:
+			after0++
+		}
+	}
+	t.Logf("leader cut off: cut %v, healed %v; held at the cut: %v; w0 to instance 1: %v; grants during the cut: %d "+
+		"through instance 0, %d through instance 1; %d through instance 0 after the heal; %s session expirations",
+		from.Round(time.Millisecond), to.Round(time.Millisecond), held, taken, cut0, cut1, after0, expirations)
+	if held == nil {
+		t.Error("instance 0's long holder held no key at the cut")
+	} else {
+		t.Logf("instance 0's hold of w0 at the cut: validity to %v into the cut", (held.Deadline - from).Round(time.Millisecond))
+	}
+	if taken == nil {
+		t.Error("no client of instance 1 was granted w0 during the cut")
+	} else {
+		t.Logf("w0 to instance 1 %v into the cut", (taken.Enter - from).Round(time.Millisecond))
+	}
+	if after0 == 0 {
+		t.Error("instance 0 granted nothing after the heal")
+	}
+	if expirations == "0" || expirations == "" {
+		t.Errorf("instance 0's session did not expire (%q expirations): the cut did not outlast it", expirations)
 	}
 }
 
