@@ -709,10 +709,11 @@ func (n *Node) work(q chan *op) {
 		// or by the writer itself when none comes (see owed).
 		var debt <-chan time.Time
 		if w.owed != nil {
-			w.owed.prune(time.Now())
+			now := time.Now()
+			w.owed.prune(now)
 			switch {
-			case w.owed.due():
-				debt = w.owed.wait()
+			case w.owed.due(), w.owed.watching():
+				debt = w.owed.wait(now)
 			case w.owed.empty():
 				w.owed.stop()
 				w.owed = nil
@@ -918,10 +919,11 @@ func (w *writer) abandonDial() {
 
 // lost drops the writer's connection c, on which unanswered (operations
 // of its batch whose answers were not read) were left, keeping what that
-// leaves owed (see owed.lost).
+// leaves owed (see owed.lost): acquires in doubt, and fence writes that
+// store a lockf (a kill, or a sweep once c is gone).
 func (w *writer) lost(c *nodeConn, unanswered []*op) {
 	fences := unansweredFences(w.fenceWrites)
-	if w.owed == nil && (inDoubt(unanswered) || fences.killable()) {
+	if w.owed == nil && (inDoubt(unanswered) || fences.ttl() > 0) {
 		w.owed = &owed{}
 	}
 	if w.owed != nil {
@@ -968,6 +970,11 @@ func (n *Node) payDebts(w *writer) {
 	ctx, cancel := context.WithTimeout(context.Background(), n.timeout)
 	defer cancel()
 	n.send(ctx, w, nil, true)
+	if o.sweepsReady() && w.conn != nil {
+		// The write just found dropped connections gone: their sweeps go
+		// now rather than a retry later, as the lockf they undo lasts.
+		n.send(ctx, w, nil, true)
+	}
 	if o.due() {
 		o.retry = min(2*o.retry, debtRetryMax)
 	} else {

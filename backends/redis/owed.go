@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"bytes"
 	"slices"
 	"strconv"
 	"time"
@@ -31,7 +32,18 @@ import (
 //     connection, see unsent): owed releases. A release written to a
 //     connection is never sent again, answered or not: it may have run,
 //     and run twice it takes another hold of its token (a reentrant
-//     holder's last).
+//     holder's last);
+//   - its unanswered fence writes that store a lockf, within their lease:
+//     owed sweeps. Where the connection is not killed (a release or
+//     unmark was left on it, its id or server is not known, the kill is
+//     refused), such a write may run after the hold's release, which the
+//     next connection carried and the node served first, and its lockf,
+//     naming a token that no longer holds the key, would stay for the
+//     whole lease. Once the node no longer lists the connection (CLIENT
+//     LIST ID, or another run_id: it restarted) nothing of it can run any
+//     more, and the sweep (sweepFenceScript) deletes that write's lockf
+//     unless its token holds the key. Until then the writer asks again at
+//     its own pace (see owed.sweepAt), never holding a batch for it.
 //
 // and the first batch on its next connection starts with CLIENT KILL ID
 // for each kill, then the owed releases, in the same write, ahead of
@@ -58,8 +70,8 @@ import (
 // acquire cannot land while the node is out of reach, and once it lands
 // its key lasts one TTL.
 //
-// A writer that never dropped a connection with an acquire on it has no
-// owed (nil), and its batches pay nothing for it.
+// A writer that never dropped a connection with an acquire or a fence
+// write on it has no owed (nil), and its batches pay nothing for it.
 type owed struct {
 	kills []owedKill
 	// fences are the fence writes a kill stopped: written again after
@@ -72,6 +84,16 @@ type owed struct {
 	fences   []owedFence
 	releases []owedRelease
 	doubts   []owedAcquire
+	// sweeps are the fence writes left on dropped connections, to be
+	// undone once their connection is gone (see owedSweep). The checks
+	// whether it is (CLIENT LIST ID), and the sweeps of those that cannot
+	// be checked, go out no sooner than sweepAt, which sweepEvery paces
+	// (doubled each time, from debtRetryMin to debtRetryMax): a
+	// connection the node still lists may stay so for long (a link that
+	// holds its bytes), and every batch need not ask.
+	sweeps     []owedSweep
+	sweepAt    time.Time
+	sweepEvery time.Duration
 	// down is the last time the writer failed to reach the node.
 	down time.Time
 	// inKills is how many of the first kills the connection's current
@@ -81,6 +103,11 @@ type owed struct {
 	inKills    int
 	inFences   int
 	inReleases []owedRelease
+	// inSweeps is how many sweeps (those marked sent) the current batch
+	// carries, and inCheck the client ids its CLIENT LIST ID asks about
+	// (empty: none sent), their answers still to read.
+	inSweeps int
+	inCheck  []int64
 	// retry paces the writer's own attempts to pay (see Node.payDebts).
 	retry time.Duration
 	timer *time.Timer
@@ -125,6 +152,51 @@ type owedRelease struct {
 type owedAcquire struct {
 	base, token string
 	owedTime
+}
+
+// owedSweep is a fence write (SET lockf "fence,token" PX) left unanswered
+// on a dropped connection, which may still run on the node.
+type owedSweep struct {
+	base, token string
+	fence       int64
+	// id and run are the dropped connection's client id and its server's
+	// run_id: 0 and "" where not known (CLIENT ID or INFO refused), and
+	// the connection can then not be asked about.
+	id    int64
+	run   string
+	state sweepState
+	// listed is when the node last listed the connection: its write may
+	// still run until then, and its lockf lasts one lease from there
+	// (see when).
+	listed time.Time
+	// sent marks a sweep the current batch carries (see owed.inSweeps).
+	sent bool
+	owedTime
+}
+
+type sweepState uint8
+
+const (
+	// sweepWatched: the connection may still run the write; the node is
+	// asked whether it still lists it.
+	sweepWatched sweepState = iota
+	// sweepGone: the connection is gone, the write ran or never will:
+	// swept once, with the next write.
+	sweepGone
+	// sweepBlind: the node cannot be asked (the connection's id or server
+	// is not known, CLIENT LIST is refused): swept at the owed pace until
+	// the write's lease ends, which bounds what it can leave.
+	sweepBlind
+)
+
+// when extends the sweep's lease from the last time the node listed its
+// connection: a write that runs later stores a lockf for one lease more.
+func (s owedSweep) when() owedTime {
+	t := s.owedTime
+	if s.listed.After(t.from) {
+		t.from = s.listed
+	}
+	return t
 }
 
 // live tells whether an entry still matters at now.
@@ -184,19 +256,36 @@ func (o *owed) prune(now time.Time) {
 	o.fences = keepWithin(o.fences, now)
 	o.releases = keepLive(o, o.releases, now)
 	o.doubts = keepLive(o, o.doubts, now)
+	o.sweeps = keepLive(o, o.sweeps, now)
 }
 
 // empty tells whether nothing is owed or in doubt.
 func (o *owed) empty() bool {
-	return len(o.kills) == 0 && len(o.fences) == 0 && len(o.releases) == 0 && len(o.doubts) == 0
+	return len(o.kills) == 0 && len(o.fences) == 0 && len(o.releases) == 0 && len(o.doubts) == 0 && len(o.sweeps) == 0
 }
 
-// due tells whether something is to be sent.
-func (o *owed) due() bool { return len(o.kills) > 0 || len(o.fences) > 0 || len(o.releases) > 0 }
+// due tells whether something is to be sent now.
+func (o *owed) due() bool {
+	return len(o.kills) > 0 || len(o.fences) > 0 || len(o.releases) > 0 || o.sweepsReady()
+}
+
+// sweepsReady tells whether a sweep's connection was found gone: it is
+// swept with the next write.
+func (o *owed) sweepsReady() bool {
+	return slices.ContainsFunc(o.sweeps, func(s owedSweep) bool { return s.state == sweepGone })
+}
+
+// watching tells whether sweeps wait for their connection to go, or are
+// made blind: something is to be sent at sweepAt.
+func (o *owed) watching() bool {
+	return slices.ContainsFunc(o.sweeps, func(s owedSweep) bool { return s.state != sweepGone })
+}
 
 // reading tells whether answers to debts written on the connection are
 // still to be read.
-func (o *owed) reading() bool { return o.inKills > 0 || o.inFences > 0 || len(o.inReleases) > 0 }
+func (o *owed) reading() bool {
+	return o.inKills > 0 || o.inFences > 0 || len(o.inReleases) > 0 || o.inSweeps > 0 || len(o.inCheck) > 0
+}
 
 // settle removes the latest acquire in doubt of base by token and returns
 // its TTL entry: its roll-back is owed, or was written.
@@ -233,10 +322,17 @@ func (o *owed) owe(p *op, t owedTime) {
 // raises do not prevent it (their loss is a failure already). Without the
 // kill an acquire in doubt may still land after its roll-back and keep
 // its key until its TTL, as one could before kills.
+//
+// Each unanswered fence write that stores a lockf within its lease is
+// owed a sweep (see owedSweep), killed or not: the kill may be refused.
+// A killed one's sweep finds its connection gone at once and its lockf,
+// if any, its hold's (written again by owedFenceScript), which it keeps.
 func (o *owed) lost(unanswered []*op, fences unansweredFences, id int64, run string, now time.Time) {
 	o.down = now
 	o.inKills = 0  // not answered: sent again (a kill can run twice)
 	o.inFences = 0 // likewise (they store nothing once the hold is gone)
+	o.unsentSweeps()
+	o.oweSweeps(fences, id, run, now)
 	carried := len(o.inReleases) > 0
 	clear(o.inReleases)
 	o.inReleases = o.inReleases[:0] // written: never sent again
@@ -258,6 +354,39 @@ func (o *owed) lost(unanswered []*op, fences unansweredFences, id int64, run str
 			}
 		}
 	}
+}
+
+// oweSweeps records a sweep for each of fences that stores a lockf within
+// its lease, left on the connection id of the server run (see owedSweep),
+// and has the next write ask whether that connection is gone.
+func (o *owed) oweSweeps(fences unansweredFences, id int64, run string, now time.Time) {
+	state := sweepWatched
+	if id <= 0 || run == "" {
+		state = sweepBlind
+	}
+	added := false
+	for _, f := range fences {
+		t := owedTime{f.start, time.Duration(f.ms) * time.Millisecond}
+		if f.gone || !t.within(now) {
+			continue
+		}
+		o.sweeps = push(o.sweeps, owedSweep{base: f.base, token: f.token, fence: f.fence, id: id, run: run, state: state, owedTime: t})
+		added = true
+	}
+	if added {
+		o.sweepAt, o.sweepEvery = now, debtRetryMin
+	}
+}
+
+// unsentSweeps forgets what the connection's batch carried of the sweeps
+// and checks, their answers lost: a sweep can run twice, and a check is
+// asked again.
+func (o *owed) unsentSweeps() {
+	for i := range o.sweeps {
+		o.sweeps[i].sent = false
+	}
+	o.inSweeps = 0
+	o.inCheck = o.inCheck[:0]
 }
 
 // lateGrantable tells whether p is an acquire kept in doubt when its
@@ -361,15 +490,20 @@ func (o *owed) written(ops []*op) {
 }
 
 // wait is the channel on which the writer's next own attempt to pay is
-// due.
-func (o *owed) wait() <-chan time.Time {
+// due: after retry when something is due, else (sweeps watched or blind)
+// no sooner than sweepAt.
+func (o *owed) wait(now time.Time) <-chan time.Time {
 	if o.retry == 0 {
 		o.retry = debtRetryMin
 	}
+	d := o.retry
+	if !o.due() {
+		d = max(d, o.sweepAt.Sub(now))
+	}
 	if o.timer == nil {
-		o.timer = time.NewTimer(o.retry)
+		o.timer = time.NewTimer(d)
 	} else {
-		o.timer.Reset(o.retry)
+		o.timer.Reset(d)
 	}
 	return o.timer.C
 }
@@ -425,6 +559,61 @@ func (n *Node) writeDebts(c *nodeConn, o *owed, now time.Time) {
 	o.inReleases = append(o.inReleases[:0], o.releases...)
 	clear(o.releases)
 	o.releases = o.releases[:0]
+	n.writeSweeps(c, o, now)
+}
+
+// writeSweeps adds the owed sweeps to c's batch, after the other debts:
+// those whose connection is gone, and, when their pace is due (sweepAt),
+// the sweeps that cannot wait for their connection to be known gone
+// (blind, or c's server not known) and one CLIENT LIST ID asking about
+// the connections of c's server that may still run their writes. A
+// connection of another server is gone (it restarted).
+func (n *Node) writeSweeps(c *nodeConn, o *owed, now time.Time) {
+	if len(o.sweeps) == 0 {
+		return
+	}
+	paced := !now.Before(o.sweepAt)
+	ids := o.inCheck[:0]
+	for i := range o.sweeps {
+		s := &o.sweeps[i]
+		if s.state == sweepWatched && c.run != "" && s.run != c.run {
+			s.state = sweepGone
+		}
+		switch {
+		case s.state == sweepGone, paced && (s.state == sweepBlind || c.run == ""):
+			n.addSweep(c, s)
+			s.sent = true
+			o.inSweeps++
+		case paced && s.state == sweepWatched && !slices.Contains(ids, s.id):
+			ids = append(ids, s.id)
+		}
+	}
+	if len(ids) > 0 {
+		c.begin(3 + len(ids))
+		c.bulk("CLIENT")
+		c.bulk("LIST")
+		c.bulk("ID")
+		for _, id := range ids {
+			c.bulkInt(id)
+		}
+	}
+	o.inCheck = ids
+	if paced {
+		o.sweepAt = now.Add(o.sweepEvery)
+		o.sweepEvery = min(2*o.sweepEvery, debtRetryMax)
+	}
+}
+
+// addSweep adds s's sweep (see sweepFenceScript). Always EVAL: it is rare.
+func (n *Node) addSweep(c *nodeConn, s *owedSweep) {
+	c.begin(3 + 2 + 2)
+	c.bulk(evalName(false))
+	c.bulk(scriptSource(scriptSweepFence, false))
+	c.bulk("2")
+	c.bulk3(n.prefix, "lock:", s.base)
+	c.bulk3(n.prefix, "lockf:", s.base)
+	c.bulk(s.token)
+	c.bulkInt(s.fence)
 }
 
 // readDebts reads the answers to what writeDebts sent. Any answer pays
@@ -470,5 +659,93 @@ func (n *Node) readDebts(c *nodeConn, o *owed, r *reply) error {
 	}
 	clear(o.inReleases)
 	o.inReleases = o.inReleases[:0]
+	return n.readSweeps(c, o, r)
+}
+
+// readSweeps reads the answers to what writeSweeps sent. Any answer pays
+// the sweep of a connection gone (a refusal too: sent again, it would be
+// refused again); a blind one stays owed until its lease ends. The
+// check's answer tells which connections are gone.
+func (n *Node) readSweeps(c *nodeConn, o *owed, r *reply) error {
+	defer o.unsentSweeps()
+	for i := range o.sweeps {
+		s := &o.sweeps[i]
+		if !s.sent {
+			continue
+		}
+		if err := c.read(r); err != nil {
+			return err
+		}
+		switch {
+		case r.err != nil:
+			n.log.Debug("sweeping a dropped connection's fence write refused", zap.String("key", s.base), zap.String("reason", reasonOf(r.err)))
+		case r.kind == ':' && r.n == 1:
+			n.log.Debug("swept a dropped connection's late fence write", zap.String("key", s.base), zap.Int64("client_id", s.id))
+		}
+	}
+	o.sweeps = slices.DeleteFunc(o.sweeps, func(s owedSweep) bool { return s.sent && s.state == sweepGone })
+	if len(o.inCheck) == 0 {
+		return nil
+	}
+	if err := c.read(r); err != nil {
+		return err
+	}
+	n.checked(o, r, time.Now())
 	return nil
+}
+
+// checked applies the answer r to CLIENT LIST ID o.inCheck at now: a
+// connection the node no longer lists is gone, its sweeps due. Where the
+// node refuses the command (an ACL without CLIENT LIST, a Redis before
+// 6.2) those connections cannot be known gone, and their writes are swept
+// blind, at the owed pace, until their lease ends.
+func (n *Node) checked(o *owed, r *reply, now time.Time) {
+	var listed []int64
+	refused := r.err != nil || r.kind != '$'
+	if refused {
+		reason := "unexpected reply"
+		if r.err != nil {
+			reason = reasonOf(r.err)
+		}
+		n.log.Debug("asking whether dropped connections are gone refused: their fence writes swept until their lease ends", zap.String("reason", reason))
+	} else {
+		listed = listedClientIDs(r.s)
+	}
+	for i := range o.sweeps {
+		s := &o.sweeps[i]
+		if s.state != sweepWatched || !slices.Contains(o.inCheck, s.id) {
+			continue
+		}
+		switch {
+		case refused:
+			s.state = sweepBlind
+		case slices.Contains(listed, s.id):
+			s.listed = now
+		default:
+			s.state = sweepGone
+		}
+	}
+	if refused {
+		// The blind sweeps go with the next write.
+		o.sweepAt, o.sweepEvery = now, debtRetryMin
+	}
+}
+
+// listedClientIDs are the client ids of a CLIENT LIST answer: one line
+// per client, each starting "id=<id> ".
+func listedClientIDs(list []byte) []int64 {
+	var ids []int64
+	for line := range bytes.Lines(list) {
+		rest, ok := bytes.CutPrefix(line, []byte("id="))
+		if !ok {
+			continue
+		}
+		if i := bytes.IndexByte(rest, ' '); i >= 0 {
+			rest = rest[:i]
+		}
+		if id, err := strconv.ParseInt(string(bytes.TrimSpace(rest)), 10, 64); err == nil {
+			ids = append(ids, id)
+		}
+	}
+	return ids
 }

@@ -357,6 +357,21 @@ if p > 0 then redis.call('SET', KEYS[3], want .. ',' .. ARGV[1], 'PX', p) end
 return 1
 `
 
+// sweepFenceScript undoes a fence write left on a dropped connection that
+// is gone now (see owed.sweeps): KEYS lock key, lockf; ARGV[1] token,
+// ARGV[2] fence. It deletes lockf where it is that write's value
+// ("fence,token") and the token does not hold the key: a late write then
+// ran after the hold's release, and its lockf would outlive the hold for
+// a whole lease. A lockf of the token's hold (the same write run in time,
+// or written again after a kill) stays, as does any other. Returns 1 when
+// it deleted lockf.
+const sweepFenceScript = `
+if redis.call('GET', KEYS[2]) ~= ARGV[2] .. ',' .. ARGV[1] then return 0 end
+if redis.call('GET', KEYS[1]) == ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+return 1
+`
+
 // luaAnnounce defines announce(chans), which tells the waiters listening
 // on each channel of chans (distinct release channels) that its key is
 // free, in as few calls as it can: PUBSUB NUMPAT, then one NUMSUB for all
@@ -736,6 +751,7 @@ var (
 	scriptSyncHolds  = newScript(syncHoldsScript)
 	scriptLateGrant  = newScript(lateGrantReleaseScript)
 	scriptOwedFence  = newScript(owedFenceScript)
+	scriptSweepFence = newScript(sweepFenceScript)
 )
 
 // batchScripts are the scripts batches send with EVALSHA (Node.send); a
