@@ -127,8 +127,10 @@ type op struct {
 	res  chan opResult
 	done func(opResult)
 	// queued says the op is counted in its node's inFlight until it is
-	// answered (see Node.track).
+	// answered (see Node.track); qslot is the slot it is counted in,
+	// so that finish need not hash base again.
 	queued bool
+	qslot  uint16
 }
 
 var opPool = sync.Pool{New: func() any { return &op{res: make(chan opResult, 1)} }}
@@ -206,8 +208,8 @@ const numSlots = 16384
 // depends on o (a quorum answered by a majority while o waits for the
 // last node) finds it counted.
 func (n *Node) track(o *op) {
-	o.queued = true
-	n.inFlight[slot(o.base)].Add(1)
+	o.queued, o.qslot = true, slot(o.base)
+	n.inFlight[o.qslot].Add(1)
 }
 
 // busy tells whether an operation on key base (or on a key of its slot)
@@ -620,7 +622,7 @@ func (n *Node) queueOf(base string) chan *op { return n.queues[int(slot(base))%l
 func (n *Node) finish(o *op, r opResult) {
 	if o.queued {
 		o.queued = false
-		n.inFlight[slot(o.base)].Add(-1)
+		n.inFlight[o.qslot].Add(-1)
 	}
 	if o.done == nil {
 		o.res <- r
