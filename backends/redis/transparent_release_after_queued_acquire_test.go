@@ -26,28 +26,7 @@ func TestTransparentReleaseAfterQueuedAcquire(t *testing.T) {
 	b, rs := newRealBackend(t, 3)
 	ctx := ctxTimeout(t, 30*time.Second)
 	n2 := b.nodes[2]
-	held, resume := make(chan struct{}), make(chan struct{})
-	// Set before the LOCK that runs it is queued; the hook runs on n2's
-	// only writer (Workers 1), which every key shares.
-	n2.beforeFenceStore = func() {
-		n2.beforeFenceStore = nil
-		close(held)
-		<-resume
-	}
-	resumed := false
-	defer func() {
-		if !resumed {
-			close(resume)
-		}
-	}()
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: "other", Token: "o", TTL: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-held:
-	case <-time.After(5 * time.Second):
-		t.Fatal("n2's writer did not reach the grant's fence write")
-	}
+	resume := holdWriterInGrant(t, ctx, b, n2)
 	const key, token = "lock:py", "with-token"
 	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: token, TTL: 10 * time.Second, NoReentry: true}); err != nil {
 		t.Fatalf("SET NX with n2's writer held: %v; want granted by n0 and n1", err)
@@ -63,8 +42,7 @@ func TestTransparentReleaseAfterQueuedAcquire(t *testing.T) {
 		t.Errorf("the release was answered while n2's acquire was still queued: %+v", rs2)
 	case <-time.After(200 * time.Millisecond):
 	}
-	close(resume)
-	resumed = true
+	resume()
 	if rs2 == nil {
 		rs2 = <-replies
 	}

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,26 +23,7 @@ func TestTransparentWriteOnIdleKeyDoesNotWait(t *testing.T) {
 	b, _ := newRealBackend(t, 3)
 	ctx := ctxTimeout(t, 30*time.Second)
 	n2 := b.nodes[2]
-	held, resume := make(chan struct{}), make(chan struct{})
-	n2.beforeFenceStore = func() {
-		n2.beforeFenceStore = nil
-		close(held)
-		<-resume
-	}
-	resumed := false
-	defer func() {
-		if !resumed {
-			close(resume)
-		}
-	}()
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: "other", Token: "o", TTL: time.Minute}); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-held:
-	case <-time.After(5 * time.Second):
-		t.Fatal("n2's writer did not reach the grant's fence write")
-	}
+	resume := holdWriterInGrant(t, ctx, b, n2)
 	if slot("free") == slot("other") {
 		t.Fatal("the test's keys share a slot")
 	}
@@ -69,13 +51,41 @@ func TestTransparentWriteOnIdleKeyDoesNotWait(t *testing.T) {
 		t.Fatal(`settling "other" returned while its acquire on n2 was unanswered`)
 	case <-time.After(200 * time.Millisecond):
 	}
-	close(resume)
-	resumed = true
+	resume()
 	select {
 	case <-other:
 	case <-time.After(10 * time.Second):
 		t.Fatal(`settling "other" did not return once n2's writer went on`)
 	}
+}
+
+// holdWriterInGrant holds n's writer (it must be the node's only one,
+// Workers 1, which every key shares) inside the batch of a grant of the
+// key "other" to token "o", after the batch was answered by the node and
+// before the grant's caller hears of it, and returns what lets it go on
+// (called again, or at the test's end, it does nothing).
+func holdWriterInGrant(t *testing.T, ctx context.Context, b *Backend, n *Node) (resume func()) {
+	t.Helper()
+	held, release := make(chan struct{}), make(chan struct{})
+	// Set before the LOCK that runs it is queued: the writer reads it
+	// after receiving an operation.
+	n.beforeFenceStore = func() {
+		n.beforeFenceStore = nil
+		close(held)
+		<-release
+	}
+	var once sync.Once
+	resume = func() { once.Do(func() { close(release) }) }
+	t.Cleanup(resume)
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "other", Token: "o", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the writer did not reach the grant's fence write")
+	}
+	return resume
 }
 
 // TestInFlightCountsReturnToZero: every operation counted in a node's
