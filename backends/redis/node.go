@@ -972,9 +972,11 @@ func (n *Node) payDebts(w *writer) {
 	ctx, cancel := context.WithTimeout(context.Background(), n.timeout)
 	defer cancel()
 	n.send(ctx, w, nil, true)
-	if o.sweepsReady() && w.conn != nil {
+	if d, _ := ctx.Deadline(); o.sweepsReady() && w.conn != nil && time.Until(d) > w.conn.rtt {
 		// The write just found dropped connections gone: their sweeps go
 		// now rather than a retry later, as the lockf they undo lasts.
+		// Not when the first write left the second less than a round
+		// trip: its deadline would drop a working connection.
 		n.send(ctx, w, nil, true)
 	}
 	if o.due() {

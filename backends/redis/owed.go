@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"go.uber.org/zap"
@@ -677,6 +678,11 @@ func (n *Node) readSweeps(c *nodeConn, o *owed, r *reply) error {
 			return err
 		}
 		switch {
+		case transientRefusal(r.err):
+			// Nothing ran (a node busy with a long script, loading):
+			// sent again.
+			s.sent = false
+			n.log.Debug("sweeping a dropped connection's fence write put off", zap.String("key", s.base), zap.String("reason", reasonOf(r.err)))
 		case r.err != nil:
 			n.log.Debug("sweeping a dropped connection's fence write refused", zap.String("key", s.base), zap.String("reason", reasonOf(r.err)))
 		case r.kind == ':' && r.n == 1:
@@ -701,6 +707,11 @@ func (n *Node) readSweeps(c *nodeConn, o *owed, r *reply) error {
 // blind, at the owed pace, until their lease ends.
 func (n *Node) checked(o *owed, r *reply, now time.Time) {
 	var listed []int64
+	if transientRefusal(r.err) {
+		// Nothing ran: asked again at the pace.
+		n.log.Debug("asking whether dropped connections are gone put off", zap.String("reason", reasonOf(r.err)))
+		return
+	}
 	refused := r.err != nil || r.kind != '$'
 	if refused {
 		reason := "unexpected reply"
@@ -748,4 +759,20 @@ func listedClientIDs(list []byte) []int64 {
 		}
 	}
 	return ids
+}
+
+// transientRefusal tells whether err is an error reply that says the
+// command did not run for now (a node busy with another client's script,
+// loading its data, a cluster slot moving): not an answer to pay a debt
+// with, nor a refusal for good.
+func transientRefusal(err error) bool {
+	if err == nil {
+		return false
+	}
+	for _, p := range []string{"BUSY ", "LOADING ", "TRYAGAIN ", "MASTERDOWN "} {
+		if strings.HasPrefix(err.Error(), p) {
+			return true
+		}
+	}
+	return false
 }
