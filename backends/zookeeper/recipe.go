@@ -571,15 +571,24 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			within(cleanup, func() { b.abandon(path) })
 		}
 	}()
+	// The reads and watches of a LOCK … WAIT end by lastLookTimeout past
+	// its WAIT: with no server answering (a link that drops everything,
+	// not yet seen as lost), one made as the link went would wait for the
+	// command's context, WAIT + TTL, or until the client library gives
+	// the connection up (two thirds of the session timeout), though the
+	// caller asked to wait WAIT. Writes keep ctx: a grant found is
+	// written within it.
+	wctx := ctx
+	if req.Wait > 0 {
+		c, cancel := context.WithDeadline(ctx, deadline.Add(lastLookTimeout))
+		defer cancel()
+		wctx = c
+	}
 	for {
 		// The look after the wait ran out (its blocker may have gone
-		// just now) is bounded by lastLookTimeout: with no server
-		// answering (a link that drops everything, not yet seen as
-		// lost), it would wait for the command's context, WAIT + TTL,
-		// though the caller asked to wait WAIT. Its reads only: a grant
-		// it finds is written within ctx.
-		lctx, bounded := ctx, req.Wait > 0 && !time.Now().Before(deadline)
-		if bounded {
+		// just now) has lastLookTimeout of its own.
+		lctx, final := wctx, req.Wait > 0 && !time.Now().Before(deadline)
+		if final {
 			c, cancel := context.WithTimeout(ctx, lastLookTimeout)
 			defer cancel()
 			lctx = c
@@ -591,9 +600,9 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 				return backends.Lease{}, err
 			}
 		}
-		// lastLook names a read that the bound cut short.
+		// lastLook names a read or watch that the bound cut short.
 		lastLook := func(err error) error {
-			if err != nil && bounded && lctx.Err() != nil && ctx.Err() == nil {
+			if err != nil && req.Wait > 0 && lctx.Err() != nil && ctx.Err() == nil {
 				cleanup = lctx
 				return noQuorum("no answer at the end of the WAIT", err)
 			}
@@ -682,13 +691,13 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		}
 		pw, ok, err := b.arm(lctx, &w)
 		if err != nil {
-			return backends.Lease{}, err
+			return backends.Lease{}, lastLook(err)
 		}
 		if !ok {
 			continue
 		}
 		if err := b.await(lctx, &w, pw, deadline, expired); err != nil {
-			return backends.Lease{}, err
+			return backends.Lease{}, lastLook(err)
 		}
 	}
 }
