@@ -29,15 +29,19 @@ func backendWithN2Link(t *testing.T, user redis.LateAcquireUser) (*redis.Backend
 	return b, rs, logs, p
 }
 
-// holdNextFenceWrite makes p hold n2's next fence write for delay. The
-// returned heal, called once that write was made (after the LOCK that
-// makes it), waits until p holds it and lets what comes after it pass at
-// once.
-func holdNextFenceWrite(t *testing.T, b *redis.Backend, p *faultproxy.Proxy, delay time.Duration) (heal func()) {
+// holdNextFenceWrite makes p hold n2's next fence write for delay; also,
+// when not nil, runs on n2's writer right after the hold is set (before
+// the write). The returned heal, called once that write was made (after
+// the LOCK that makes it), waits until p holds it and lets what comes
+// after it pass at once.
+func holdNextFenceWrite(t *testing.T, b *redis.Backend, p *faultproxy.Proxy, delay time.Duration, also func()) (heal func()) {
 	t.Helper()
 	delayed := make(chan struct{})
 	redis.BeforeNextFenceStore(t, b, p.Addr(), func() {
 		p.SetLatency(delay, 0)
+		if also != nil {
+			also()
+		}
 		close(delayed)
 	})
 	return func() {

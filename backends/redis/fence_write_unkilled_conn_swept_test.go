@@ -38,30 +38,16 @@ func TestFenceWriteOnUnkilledConnectionSwept(t *testing.T) {
 	// n2's fence write for the grant is held on the link, and so is the
 	// release of another key, queued from the writer before the grant is
 	// answered: it is the writer's next batch, on the same connection.
-	delayed := make(chan struct{})
-	redis.BeforeNextFenceStore(t, b, p.Addr(), func() {
-		p.SetLatency(delay, 0)
+	heal := holdNextFenceWrite(t, b, p, delay, func() {
 		n2.StartRelease(context.Background(), "other-"+key, "other", quorum.AnyHold, func(bool, error) {})
-		close(delayed)
 	})
 	g, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "holder", TTL: ttl})
 	if err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case <-delayed:
-	case <-time.After(5 * time.Second):
-		t.Fatal("n2 wrote no fence write for the grant")
-	}
-	for i := 0; p.Held() == 0; i++ {
-		if i == 500 {
-			t.Fatal("the link holds no bytes 5 s after n2's fence write")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
 	// New connections pass at once; the old one's bytes stay in order
 	// behind the fence write.
-	p.PassThrough()
+	heal()
 	// The UNLOCK is queued while n2's writer waits for the other key's
 	// release; that wait fails at the node's timeout (1 s), the
 	// connection is dropped without a kill, and the UNLOCK goes out on a

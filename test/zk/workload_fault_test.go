@@ -419,6 +419,49 @@ func leaderOf(t *testing.T) *harness.ZooKeeper {
 	return nil
 }
 
+// cutTally is what a cut of instance 0, from from to to on the history's
+// clock, left in the history: the long holder's grant held at the cut,
+// the first grant of w0 through instance 1 during it, the grants through
+// each instance during it (instance 0's from grace into the cut: replies
+// already on their way), and instance 0's grants after the heal, the
+// first back0 after it.
+type cutTally struct {
+	held, taken        *fault.Grant
+	cut0, cut1, after0 int
+	back0              time.Duration
+}
+
+func tallyCut(gs []fault.Grant, from, to, grace time.Duration) cutTally {
+	var c cutTally
+	for i := range gs {
+		g := &gs[i]
+		p0 := strings.HasPrefix(g.Client, "p0.")
+		switch {
+		case g.Enter < from:
+			if g.Client == "p0.long-holder" && g.Exit > from {
+				c.held = g
+			}
+		case g.Enter < to:
+			if p0 {
+				if g.Enter > from+grace {
+					c.cut0++
+				}
+				continue
+			}
+			c.cut1++
+			if g.Key == "w0" && (c.taken == nil || g.Enter < c.taken.Enter) {
+				c.taken = g
+			}
+		case p0:
+			c.after0++
+			if c.back0 == 0 || g.Enter-to < c.back0 {
+				c.back0 = g.Enter - to
+			}
+		}
+	}
+	return c
+}
+
 // checkServerCut fails the leader-cut row unless the cut, from from to to
 // on the history's clock, took effect: instance 0's long holder held w0
 // at the cut, a client of instance 1 was granted w0 before the heal (the
@@ -429,29 +472,8 @@ func leaderOf(t *testing.T) *harness.ZooKeeper {
 // leader cannot commit a write, and the history check judges any grant.
 func checkServerCut(t *testing.T, gs []fault.Grant, from, to time.Duration, expirations string) {
 	t.Helper()
-	var held, taken *fault.Grant
-	var cut0, cut1, after0 int
-	for i := range gs {
-		g := &gs[i]
-		p0 := strings.HasPrefix(g.Client, "p0.")
-		switch {
-		case g.Enter < from:
-			if g.Client == "p0.long-holder" && g.Exit > from {
-				held = g
-			}
-		case g.Enter < to:
-			if p0 {
-				cut0++
-				continue
-			}
-			cut1++
-			if g.Key == "w0" && (taken == nil || g.Enter < taken.Enter) {
-				taken = g
-			}
-		case p0:
-			after0++
-		}
-	}
+	c := tallyCut(gs, from, to, 0)
+	held, taken, cut0, cut1, after0 := c.held, c.taken, c.cut0, c.cut1, c.after0
 	t.Logf("leader cut off: cut %v, healed %v; held at the cut: %v; w0 to instance 1: %v; grants during the cut: %d "+
 		"through instance 0, %d through instance 1; %d through instance 0 after the heal; %s session expirations",
 		from.Round(time.Millisecond), to.Round(time.Millisecond), held, taken, cut0, cut1, after0, expirations)
@@ -487,34 +509,8 @@ func checkServerCut(t *testing.T, gs []fault.Grant, from, to time.Duration, expi
 // (LOCK … WAIT) since before it.
 func checkPartition(t *testing.T, gs []fault.Grant, from, to time.Duration, errs0 int64, probe error, expirations string) {
 	t.Helper()
-	var held, taken *fault.Grant
-	var cut0, cut1, after0 int
-	var back0 time.Duration // first grant through instance 0 after the heal
-	for i := range gs {
-		g := &gs[i]
-		p0 := strings.HasPrefix(g.Client, "p0.")
-		switch {
-		case g.Enter < from:
-			if g.Client == "p0.long-holder" && g.Exit > from {
-				held = g
-			}
-		case g.Enter < to:
-			if p0 && g.Enter > from+time.Second {
-				cut0++
-			}
-			if !p0 {
-				cut1++
-				if g.Key == "w0" && (taken == nil || g.Enter < taken.Enter) {
-					taken = g
-				}
-			}
-		case p0:
-			after0++
-			if back0 == 0 || g.Enter-to < back0 {
-				back0 = g.Enter - to
-			}
-		}
-	}
+	c := tallyCut(gs, from, to, time.Second)
+	held, taken, cut0, cut1, after0, back0 := c.held, c.taken, c.cut0, c.cut1, c.after0, c.back0
 	t.Logf("partition: cut %v, healed %v; held at the cut: %v; w0 to instance 1: %v; grants during the cut: %d through "+
 		"instance 0 (from 1 s in), %d through instance 1; %d errors through instance 0; %d grants through instance 0 "+
 		"after the heal, the first %v after it; %s session expirations",
