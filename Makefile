@@ -24,14 +24,16 @@ deps:
 
 ## test: install what is missing, then run every test (unit, fuzz seeds, end to end).
 ## The fault suite and the end-to-end tests load both cores themselves (rows two at a time, many
-## lockproxy processes), so they run after the rest, the two of them side by side (both suites passed
-## on a host loaded by other test runs); the end-to-end tests take half as long, so the PostgreSQL
-## and ZooKeeper end-to-end packages, which mostly wait on leases and sessions, run after them in that
-## slot. The other packages mostly wait on servers and lease timers, so two of them run at once, with
-## their parallel tests four at a time.
-SERIAL_PKGS := ./test/fault/ ./test/e2e/ ./test/postgres/ ./test/zk/
+## lockproxy processes), so they run after the rest, the two of them side by side; the end-to-end
+## tests take about half as long, so the PostgreSQL end-to-end package, which mostly waits on leases,
+## runs after them in that slot. The other packages mostly wait on servers, sessions and lease timers,
+## so two of them run at once, with their parallel tests four at a time; the longest two (the
+## ZooKeeper end-to-end package, about two minutes of sessions expiring, and the Redis backend's)
+## go first, so that neither starts last and runs alone.
+FIRST_PKGS  := ./test/zk/ ./backends/redis/
+SERIAL_PKGS := ./test/fault/ ./test/e2e/ ./test/postgres/
 test: deps vet
-	$(GO) test -count=1 -p 2 -parallel 4 -timeout 9m $$($(GO) list ./... | grep -v -e '/test/e2e$$' -e '/test/fault$$' -e '/test/postgres$$' -e '/test/zk$$')
+	$(GO) test -count=1 -p 2 -parallel 4 -timeout 9m $(FIRST_PKGS) $$($(GO) list ./... | grep -v -e '/test/e2e$$' -e '/test/fault$$' -e '/test/postgres$$' -e '/test/zk$$' -e '/backends/redis$$')
 	$(GO) test -count=1 -p 2 -timeout 9m $(SERIAL_PKGS)
 
 ## test-race: every test with the race detector, the lockproxy binary of the end-to-end tests included
