@@ -2,6 +2,7 @@ package redis_test
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,9 +77,10 @@ func failedReentryKeepsN2(ctx context.Context, t *testing.T, b *redis.Backend, r
 		_, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: ttl})
 		lockErr <- err
 	}()
-	// n0's second hold (two round trips) shows the attempt went out; its
-	// SET NX to n2 is in the proxy by then. New bytes then pass at once.
-	for i := 0; c0.Exists(ctx, "lp:lockm:"+key).Val() == 0; i++ {
+	// n0's second hold (its lockm's hold count; a first hold's lockm is
+	// at most its attempt mark) shows the attempt went out; its SET NX to
+	// n2 is in the proxy by then. New bytes then pass at once.
+	for i := 0; !strings.HasPrefix(c0.Get(ctx, "lp:lockm:"+key).Val(), "1,"); i++ {
 		if i == 200 {
 			t.Fatal("T's reentrant hold on n0 not seen within 2 s")
 		}

@@ -34,7 +34,7 @@ func TestFenceKillKeepsReentrantHold(t *testing.T) {
 
 	// T's grant (n0, n2): n2's fence write is held on the link.
 	heal := holdNextFenceWrite(t, b, p, delay, nil)
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: ttl}); err != nil {
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: ttl, NoReentry: true}); err != nil {
 		t.Fatalf("T's LOCK with n0 and n2 free = %v", err)
 	}
 	heal()

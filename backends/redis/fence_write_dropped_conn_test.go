@@ -35,7 +35,7 @@ func TestFenceWriteOnDroppedConnectionKilled(t *testing.T) {
 	// n2's fence write for the grant is held on the link; what is sent
 	// after it passes at once.
 	heal := holdNextFenceWrite(t, b, p, delay, nil)
-	g, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "holder", TTL: ttl})
+	g, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "holder", TTL: ttl, NoReentry: true})
 	if err != nil {
 		t.Fatal(err)
 	}

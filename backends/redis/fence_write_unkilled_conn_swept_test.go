@@ -41,7 +41,7 @@ func TestFenceWriteOnUnkilledConnectionSwept(t *testing.T) {
 	heal := holdNextFenceWrite(t, b, p, delay, func() {
 		n2.StartRelease(context.Background(), "other-"+key, "other", quorum.AnyHold, func(bool, error) {})
 	})
-	g, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "holder", TTL: ttl})
+	g, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "holder", TTL: ttl, NoReentry: true})
 	if err != nil {
 		t.Fatal(err)
 	}

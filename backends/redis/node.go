@@ -2,11 +2,14 @@ package redis
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -107,7 +110,15 @@ type op struct {
 	base      string // the client's key (on the node: prefix "lock:" base)
 	mode      quorum.Mode
 	noReentry bool
-	hold      quorum.Hold // which holds a release may remove
+	// attempt names an exclusive acquire that may join a hold of its
+	// token (a LOCK with TOKEN): its first step is acquireMarkedScript,
+	// which marks a hold it makes afresh with it (in lockm), so that its
+	// roll-back when its answer is lost removes that hold and never one
+	// the token had before, also one whose fence write was lost (see
+	// lateGrantReleaseScript). On a release it is the attempt that
+	// release rolls back ("" for one without a mark).
+	attempt string
+	hold    quorum.Hold // which holds a release may remove
 	// lateGrant marks a release that rolls back an acquire in doubt: it
 	// goes out as lateGrantReleaseScript (see owed.written).
 	lateGrant bool
@@ -399,6 +410,9 @@ func (n *Node) acquireOp(req quorum.Request) *op {
 	o.slot = slot(req.Key)
 	o.mode = req.Mode
 	o.noReentry = req.NoReentry
+	if req.Mode != quorum.Shared && !req.NoReentry {
+		o.attempt = nextAttempt()
+	}
 	if req.WriterWait > 0 {
 		o.waitMs = max(1, req.WriterWait.Milliseconds())
 	}
@@ -1221,6 +1235,10 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 	for i, o := range ops {
 		switch o.kind {
 		case opAcquire:
+			if o.mode != quorum.Shared && o.attempt != "" {
+				n.addAcquireMarked(c, sha, o)
+				continue
+			}
 			if o.mode != quorum.Shared {
 				c.begin(6)
 				c.bulk("SET")
@@ -1248,7 +1266,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				continue
 			}
 			if o.lateGrant {
-				n.addLateGrantRelease(c, o.base, o.token)
+				n.addLateGrantRelease(c, o.base, o.token, o.attempt)
 				continue
 			}
 			n.addScript(c, scriptRelease, sha, o, keyWriterWaits, 4)
@@ -1355,6 +1373,25 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 	var writes []fenceWrite
 	for i, o := range ops {
 		switch {
+		case o.kind == opAcquire && o.mode != quorum.Shared && o.attempt != "":
+			// A marked acquire: its fence (and mark) stored with the hold.
+			if err := c.read(r); err != nil {
+				return fail(err)
+			}
+			answered[i] = true
+			switch {
+			case r.err != nil:
+				out[i].err = r.err
+			case r.kind == '$' && r.null:
+				// Held: it goes on as acquireScript, which adds a
+				// reentrant hold (see acquireMarkedScript).
+				answered[i] = false
+				held = append(held, i)
+			case r.kind != ':':
+				out[i].err = fmt.Errorf("unexpected reply to a marked acquire: %q", r.kind)
+			default:
+				out[i] = opResult{n: r.n, holds: 1}
+			}
 		case o.kind == opAcquire && o.mode != quorum.Shared:
 			if err := c.read(r); err != nil {
 				return fail(err)
@@ -1438,15 +1475,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 	}
 	if len(held) > 0 {
 		for _, i := range held {
-			o := ops[i]
-			n.addScript(c, scriptAcquire, sha, o, numLockKeys, 7)
-			c.bulk(o.token)
-			c.bulkInt(o.ms)
-			c.bulkInt(int64(o.slot))
-			c.bulkInt(o.waitMs)
-			c.bulk(readMarker)
-			c.bulk(boolArg(o.noReentry))
-			c.bulkInt(n.markMargin)
+			n.addAcquireScript(c, sha, ops[i])
 		}
 		if checkEpoch {
 			c.addEpochGet()
@@ -1565,10 +1594,11 @@ func (n *Node) addScript(c *nodeConn, s script, sha bool, o *op, k, argc int) {
 var keyNames = [...]string{keyLock: "lock:", keyFence: "lockf:", keyHolds: "lockm:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
 
 // addLateGrantRelease adds the roll-back of an acquire in doubt of base by
-// token (see owed). Always EVAL: it is rare, and a NOSCRIPT answer would
-// leave it unsent with its doubt settled.
-func (n *Node) addLateGrantRelease(c *nodeConn, base, token string) {
-	c.begin(3 + 3 + 1)
+// token, marked with attempt or not ("", see op.attempt and owed). Always
+// EVAL: it is rare, and a NOSCRIPT answer would leave it unsent with its
+// doubt settled.
+func (n *Node) addLateGrantRelease(c *nodeConn, base, token, attempt string) {
+	c.begin(3 + 3 + 2)
 	c.bulk(evalName(false))
 	c.bulk(scriptSource(scriptLateGrant, false))
 	c.bulk("3")
@@ -1576,6 +1606,58 @@ func (n *Node) addLateGrantRelease(c *nodeConn, base, token string) {
 	c.bulk3(n.prefix, "lockf:", base)
 	c.bulk3(n.prefix, "lockm:", base)
 	c.bulk(token)
+	c.bulk(attempt)
+}
+
+// addAcquireScript adds o as acquireScript: an acquire whose first step
+// found the key held.
+func (n *Node) addAcquireScript(c *nodeConn, sha bool, o *op) {
+	n.addScript(c, scriptAcquire, sha, o, numLockKeys, 7)
+	c.bulk(o.token)
+	c.bulkInt(o.ms)
+	c.bulkInt(int64(o.slot))
+	c.bulkInt(o.waitMs)
+	c.bulk(readMarker)
+	c.bulk(boolArg(o.noReentry))
+	c.bulkInt(n.markMargin)
+}
+
+// addAcquireMarked adds the first step of an acquire marked with an
+// attempt (see op.attempt and acquireMarkedScript).
+func (n *Node) addAcquireMarked(c *nodeConn, sha bool, o *op) {
+	c.begin(3 + 5 + 5)
+	c.bulk(evalName(sha))
+	c.bulk(scriptSource(scriptAcquireMarked, sha))
+	c.bulk("5")
+	c.bulk3(n.prefix, "lock:", o.base)
+	c.bulk3(n.prefix, "lockf:", o.base)
+	c.bulk3(n.prefix, "lockm:", o.base)
+	c.bulk3(n.prefix, "lockw:", o.base)
+	c.bulk(n.fenceKey)
+	c.bulk(o.token)
+	c.bulkInt(o.ms)
+	c.bulkInt(int64(o.slot))
+	c.bulk(o.attempt)
+	c.bulk(boolArg(o.waitMs > 0))
+}
+
+// attemptPrefix makes the attempt marks of this process unlike those of
+// any other lockproxy instance on the same nodes; attemptSeq unlike each
+// other.
+var (
+	attemptPrefix = func() string {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			panic("redis: no randomness for attempt marks: " + err.Error())
+		}
+		return hex.EncodeToString(b[:])
+	}()
+	attemptSeq atomic.Uint64
+)
+
+// nextAttempt is a new attempt mark (see op.attempt).
+func nextAttempt() string {
+	return attemptPrefix + strconv.FormatUint(attemptSeq.Add(1), 36)
 }
 
 // addReleaseArgs adds o's four release script arguments.

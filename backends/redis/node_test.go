@@ -628,7 +628,7 @@ func TestLateFenceStore(t *testing.T) {
 			}
 			granted := make(chan result, 1)
 			go func() {
-				g, err := a.Acquire(ctx, quorum.Request{Key: key, Token: "tok", TTL: 10 * time.Second})
+				g, err := a.Acquire(ctx, quorum.Request{Key: key, Token: "tok", TTL: 10 * time.Second, NoReentry: true})
 				granted <- result{g, err}
 			}()
 			select {
@@ -774,11 +774,15 @@ func TestLateFenceAfterRelease(t *testing.T) {
 	granted := make(chan error, 1)
 	var first quorum.NodeGrant
 	go func() {
-		g, err := a.Acquire(ctx, quorum.Request{Key: "k", Token: "t1", TTL: 10 * time.Second})
+		g, err := a.Acquire(ctx, quorum.Request{Key: "k", Token: "t1", TTL: 10 * time.Second, NoReentry: true})
 		first = g
 		granted <- err
 	}()
-	<-stores
+	select {
+	case <-stores:
+	case <-ctx.Done():
+		t.Fatal("the grant's fence write never came")
+	}
 	if ok, err := b.Release(ctx, "k", "t1", quorum.AnyHold); !ok || err != nil {
 		t.Fatalf("release before the fence write: %v, %v", ok, err)
 	}

@@ -78,10 +78,11 @@ type owed struct {
 	// fences are the fence writes a kill stopped: written again after
 	// the kills (owedFenceScript), which stores the lockf only while the
 	// token still holds the key and has none stored. Without it the hold
-	// would have no lockf, and the roll-back of a later reentrant acquire
-	// in doubt (lateGrantReleaseScript) would take it for that acquire's
-	// SET NX's and remove it. Each is owed only until its acquire's start
-	// plus its TTL (see keepWithin).
+	// would have no lockf: LOCKINFO would show the slot counter, and a
+	// reentrant grant would take the other nodes' fence or the counter.
+	// (The roll-back of a later reentrant acquire in doubt no longer
+	// depends on it: that acquire is marked, see op.attempt.) Each is owed
+	// only until its acquire's start plus its TTL (see keepWithin).
 	fences   []owedFence
 	releases []owedRelease
 	doubts   []owedAcquire
@@ -147,11 +148,13 @@ type owedFence struct {
 
 type owedRelease struct {
 	base, token string
+	attempt     string // the acquire's mark, or "" (see op.attempt)
 	owedTime
 }
 
 type owedAcquire struct {
 	base, token string
+	attempt     string
 	owedTime
 }
 
@@ -289,19 +292,19 @@ func (o *owed) reading() bool {
 }
 
 // settle removes the latest acquire in doubt of base by token and returns
-// its TTL entry: its roll-back is owed, or was written.
-func (o *owed) settle(base, token string) (owedTime, bool) {
+// it: its roll-back is owed, or was written.
+func (o *owed) settle(base, token string) (owedAcquire, bool) {
 	for i := len(o.doubts) - 1; i >= 0; i-- {
 		if d := o.doubts[i]; d.base == base && d.token == token {
 			o.doubts = slices.Delete(o.doubts, i, i+1)
-			return d.owedTime, true
+			return d, true
 		}
 	}
-	return owedTime{}, false
+	return owedAcquire{}, false
 }
 
-func (o *owed) owe(p *op, t owedTime) {
-	o.releases = push(o.releases, owedRelease{base: p.base, token: p.token, owedTime: t})
+func (o *owed) owe(d owedAcquire, t owedTime) {
+	o.releases = push(o.releases, owedRelease{base: d.base, token: d.token, attempt: d.attempt, owedTime: t})
 }
 
 // lost records that the writer's connection (client id, on the server
@@ -342,7 +345,7 @@ func (o *owed) lost(unanswered []*op, fences unansweredFences, id int64, run str
 	for _, p := range unanswered {
 		if lateGrantable(p) {
 			t := time.Duration(p.ms) * time.Millisecond
-			o.doubts = push(o.doubts, owedAcquire{base: p.base, token: p.token, owedTime: owedTime{now, t}})
+			o.doubts = push(o.doubts, owedAcquire{base: p.base, token: p.token, attempt: p.attempt, owedTime: owedTime{now, t}})
 			ttl = max(ttl, t)
 		}
 	}
@@ -473,8 +476,8 @@ func (o *owed) unsent(ops []*op, now time.Time) {
 		if !settles(p) {
 			continue
 		}
-		if t, ok := o.settle(p.base, p.token); ok {
-			o.owe(p, owedTime{now, t.ttl})
+		if d, ok := o.settle(p.base, p.token); ok {
+			o.owe(d, owedTime{now, d.ttl})
 		}
 	}
 }
@@ -485,7 +488,9 @@ func (o *owed) unsent(ops []*op, now time.Time) {
 func (o *owed) written(ops []*op) {
 	for _, p := range ops {
 		if settles(p) && !p.lateGrant {
-			_, p.lateGrant = o.settle(p.base, p.token)
+			var d owedAcquire
+			d, p.lateGrant = o.settle(p.base, p.token)
+			p.attempt = d.attempt
 		}
 	}
 }
@@ -552,7 +557,7 @@ func (n *Node) writeDebts(c *nodeConn, o *owed, now time.Time) {
 		c.bulkInt(f.fence)
 	}
 	for _, r := range o.releases {
-		n.addLateGrantRelease(c, r.base, r.token)
+		n.addLateGrantRelease(c, r.base, r.token, r.attempt)
 	}
 	// Written, the releases are owed no more, answered or not (see lost).
 	o.inKills = len(o.kills)

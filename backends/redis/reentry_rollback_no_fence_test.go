@@ -9,25 +9,21 @@ import (
 	"github.com/lockproxy/lockproxy/backends/redis"
 )
 
-// TestReentryRollbackKeepsHoldWithoutFence: T holds the key on n0 and n2,
-// but n2 has no stored fence for the hold (its fence write was lost: a
-// flush that failed, or a kill whose owed rewrite came too late, see
-// TestOwedFenceWriteKeptForHoldExtendedElsewhere). T's reentrant LOCK is
-// granted by n0 as a reentry, refused by n1 and its answer on n2 is lost.
-// The roll-back on n2 cannot tell T's hold from one the lost SET NX made
-// (no lockf, no lockm), and removed it: T, still within its validity, then
+// TestReentryRollbackKeepsHoldWithoutFence: T holds the key on n0 and n2
+// (a LOCK without TOKEN: the fast path, whose fence write follows the
+// answer), but n2 has no stored fence for the hold (its fence write was
+// lost: a flush that failed, or a kill whose owed rewrite came too late).
+// T's reentrant LOCK (with TOKEN) is granted by n0 as a reentry, refused
+// by n1 and its answer on n2 is lost. Before attempts were marked, the
+// roll-back on n2 could not tell T's hold from one the lost SET NX made
+// (no lockf, no lockm) and removed it: T, still within its validity, then
 // held n0 alone, and another token was granted n1 and n2 once n1's holder
-// left.
-//
-// Open: it fails. A roll-back that removed nothing where another node
-// granted the attempt as a reentry passed it, but let a fence go
-// backwards (TestReentryRollbackKeepDoesNotLowerFence): where the token's
-// hold on n2 had ended, the attempt's fresh hold was kept without a
-// fence, and the token's next reentrant grant kept its old, lower fence.
-// Telling the token's earlier hold from one a lost SET NX made needs a
-// mark of the attempt on the node.
+// left. Now the attempt's first step marks a hold it makes afresh
+// (acquireMarkedScript), and its roll-back removes only a hold with its
+// mark. A roll-back that removed nothing where another node granted the
+// attempt as a reentry let a fence go backwards
+// (TestReentryRollbackKeepDoesNotLowerFence).
 func TestReentryRollbackKeepsHoldWithoutFence(t *testing.T) {
-	t.Skip("open: the roll-back of a lost acquire takes a hold whose fence write was lost for the acquire's own")
 	const delay = 3 * time.Second
 	b, rs, _, p := backendWithN2Link(t, redis.DefaultUser)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -39,7 +35,7 @@ func TestReentryRollbackKeepsHoldWithoutFence(t *testing.T) {
 	if err := c1.Set(ctx, "lp:lock:"+key, "other", time.Minute).Err(); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: ttl}); err != nil {
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: ttl, NoReentry: true}); err != nil {
 		t.Fatalf("T's LOCK with n0 and n2 free = %v", err)
 	}
 	// n2's fence write is answered before the next batch on its

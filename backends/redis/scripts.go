@@ -694,23 +694,62 @@ announce({ARGV[2]})
 return 1
 `
 
+// acquireMarkedScript is the first step of an acquire marked with an
+// attempt (see op.attempt), in place of the plain SET NX PX and HINCRBY:
+// on a free key it makes the hold, stores its fence (lockf) and the
+// attempt's mark (lockm "0,,token,attempt", which meta reads as no lockm:
+// its token part is not the token) and takes the granted writer's
+// waiting mark off; on a held key it does nothing and answers nil, and the
+// acquire goes on as acquireScript (Node.send), as after a failed SET NX.
+// So an attempt whose answer is lost has either made a hold with its mark
+// or changed nothing (see lateGrantReleaseScript). KEYS lock, lockf,
+// lockm, lockw, fence hash; ARGV[1] token, ARGV[2] ttl ms, ARGV[3] slot,
+// ARGV[4] the attempt, ARGV[5] "1" to take the waiting mark off. ZREM by
+// pcall: an older lockproxy's string mark answers WRONGTYPE and stays (it
+// is not this writer's).
+const acquireMarkedScript = `
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
+local f = redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
+redis.call('SET', KEYS[2], f .. ',' .. ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[3], '0,,' .. ARGV[1] .. ',' .. ARGV[4], 'PX', ARGV[2])
+if ARGV[5] == '1' then redis.pcall('ZREM', KEYS[4], ARGV[1]) end
+return f
+`
+
 // lateGrantReleaseScript is the roll-back of an acquire in doubt (see
 // owed): one sent on a connection that was dropped before its answer came,
 // which may have run, may run later (unless the connection is killed
 // first), or never. It removes only what such an acquire alone can have
-// left: the token's write hold made by its SET NX (Node.send), which has
-// neither a stored fence (lockf: its fence write follows the answer,
-// which never came) nor a lockm of the token. A hold the token had before
-// has both or at least lockf (written before its holder heard of it), and
-// one more reentrant hold made by the acquire script has a lockm: those
-// stay, the second until its lease ends, as the acquire's own answer
-// being lost made it before. Nothing is announced (a roll-back frees
-// nothing anyone waits for). KEYS lock, lockf, lockm; ARGV[1] token.
+// left.
+//
+// An acquire that may join a hold of its token (a LOCK with TOKEN) is
+// marked with an attempt (ARGV[2], see op.attempt): acquireMarkedScript
+// stores the mark in lockm, with the hold's fence, where it makes the
+// hold afresh, and changes nothing where the key is held (a reentrant
+// hold is added only by acquireScript, sent once that answer is read).
+// Its hold is removed only where lockm is still that mark: a hold the
+// token had before, also one whose fence write was lost, has none, and a
+// reentrant hold added since replaced it (the hold count).
+//
+// An unmarked acquire ("") has a token that held nothing before (a LOCK
+// without TOKEN, a transparent SET NX): its hold is the token's write
+// hold made by its SET NX (Node.send), which has neither a stored fence
+// (lockf: its fence write follows the answer, which never came) nor a
+// lockm of the token. Those stay where present, as the acquire's own
+// answer being lost made them before.
+//
+// Nothing is announced (a roll-back frees nothing anyone waits for).
+// KEYS lock, lockf, lockm; ARGV[1] token, ARGV[2] the attempt or "".
 // Returns {1} when it removed the hold, else {0} (the release script's
 // answer).
 const lateGrantReleaseScript = luaMeta + `
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return {0} end
 local fm = redis.call('MGET', KEYS[2], KEYS[3])
+if ARGV[2] and ARGV[2] ~= '' then
+  if fm[2] ~= '0,,' .. ARGV[1] .. ',' .. ARGV[2] then return {0} end
+  redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+  return {1}
+end
 local h, r = meta(fm[2], ARGV[1])
 if h > 0 or r ~= '' or fenceOf(fm[1], ARGV[1]) > 0 then return {0} end
 redis.call('DEL', KEYS[1])
@@ -741,34 +780,35 @@ func newScript(src string) script {
 }
 
 var (
-	scriptAcquire    = newScript(acquireScript)
-	scriptRead       = newScript(readScript)
-	scriptRaiseFence = newScript(raiseFenceScript)
-	scriptRelease    = newScript(releaseScript)
-	scriptExtend     = newScript(extendScript)
-	scriptInfo       = newScript(infoScript)
-	scriptUnmark     = newScript(unmarkScript)
-	scriptSyncHolds  = newScript(syncHoldsScript)
-	scriptLateGrant  = newScript(lateGrantReleaseScript)
-	scriptOwedFence  = newScript(owedFenceScript)
-	scriptSweepFence = newScript(sweepFenceScript)
+	scriptAcquire       = newScript(acquireScript)
+	scriptAcquireMarked = newScript(acquireMarkedScript)
+	scriptRead          = newScript(readScript)
+	scriptRaiseFence    = newScript(raiseFenceScript)
+	scriptRelease       = newScript(releaseScript)
+	scriptExtend        = newScript(extendScript)
+	scriptInfo          = newScript(infoScript)
+	scriptUnmark        = newScript(unmarkScript)
+	scriptSyncHolds     = newScript(syncHoldsScript)
+	scriptLateGrant     = newScript(lateGrantReleaseScript)
+	scriptOwedFence     = newScript(owedFenceScript)
+	scriptSweepFence    = newScript(sweepFenceScript)
 )
 
 // batchScripts are the scripts batches send with EVALSHA (Node.send); a
 // writer's connection loads them when it is made (Node.connect).
-var batchScripts = []script{scriptAcquire, scriptRead, scriptRaiseFence, scriptRelease, scriptExtend}
+var batchScripts = []script{scriptAcquire, scriptAcquireMarked, scriptRead, scriptRaiseFence, scriptRelease, scriptExtend}
 
 // Script is a lock script's source and the SHA1 lockproxy sends in
 // EVALSHA.
 type Script struct{ Src, SHA string }
 
 // LeaseScripts are the lock scripts whose ARGV[2] is a lease in ms
-// (acquire, read, extend, and a watchdog's renewal of one kind of hold);
+// (acquire, marked acquire, read, extend, and a watchdog's renewal of one kind of hold);
 // plain SET … PX carries the others. Test tools that rewrite leases on the
 // wire (test/faultproxy's fast clock) use it.
 func LeaseScripts() []Script {
 	var out []Script
-	for _, s := range append([]script{scriptAcquire, scriptRead, scriptExtend}, scriptExtendHold[:]...) {
+	for _, s := range append([]script{scriptAcquire, scriptAcquireMarked, scriptRead, scriptExtend}, scriptExtendHold[:]...) {
 		out = append(out, Script{Src: s.src, SHA: s.sha})
 	}
 	return out

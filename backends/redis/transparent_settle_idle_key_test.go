@@ -77,7 +77,7 @@ func holdWriterInGrant(t *testing.T, ctx context.Context, b *Backend, n *Node) (
 	var once sync.Once
 	resume = func() { once.Do(func() { close(release) }) }
 	t.Cleanup(resume)
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: "other", Token: "o", TTL: time.Minute}); err != nil {
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "other", Token: "o", TTL: time.Minute, NoReentry: true}); err != nil {
 		t.Fatal(err)
 	}
 	select {

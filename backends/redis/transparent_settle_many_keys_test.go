@@ -115,7 +115,7 @@ func TestTransparentSettleEachWriterOfTheKeys(t *testing.T) {
 			close(resume)
 		}
 	}()
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: other, Token: "o", TTL: time.Minute}); err != nil {
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: other, Token: "o", TTL: time.Minute, NoReentry: true}); err != nil {
 		t.Fatal(err)
 	}
 	select {
