@@ -1576,10 +1576,7 @@ func releasedLater(ops []*op, out []opResult, i int) bool {
 // addScript begins an EVALSHA (or EVAL) of s with o's first k lock keys;
 // the caller adds the argc arguments.
 func (n *Node) addScript(c *nodeConn, s script, sha bool, o *op, k, argc int) {
-	c.begin(3 + k + argc)
-	c.bulk(evalName(sha))
-	c.bulk(scriptSource(s, sha))
-	c.bulkInt(int64(k))
+	beginScript(c, s, sha, k, argc)
 	c.bulk3(n.prefix, "lock:", o.base)
 	for i := keyFence; i < k && i < keyFenceHash; i++ {
 		c.bulk3(n.prefix, keyNames[i], o.base)
@@ -1587,6 +1584,15 @@ func (n *Node) addScript(c *nodeConn, s script, sha bool, o *op, k, argc int) {
 	if k > keyFenceHash {
 		c.bulk(n.fenceKey)
 	}
+}
+
+// beginScript starts an EVALSHA (sha) or EVAL of s with k keys and argc
+// arguments, which the caller adds.
+func beginScript(c *nodeConn, s script, sha bool, k, argc int) {
+	c.begin(3 + k + argc)
+	c.bulk(evalName(sha))
+	c.bulk(scriptSource(s, sha))
+	c.bulkInt(int64(k))
 }
 
 // keyNames are the lock's key names after the prefix, before the client's
@@ -1598,10 +1604,7 @@ var keyNames = [...]string{keyLock: "lock:", keyFence: "lockf:", keyHolds: "lock
 // EVAL: it is rare, and a NOSCRIPT answer would leave it unsent with its
 // doubt settled.
 func (n *Node) addLateGrantRelease(c *nodeConn, base, token, attempt string) {
-	c.begin(3 + 3 + 2)
-	c.bulk(evalName(false))
-	c.bulk(scriptSource(scriptLateGrant, false))
-	c.bulk("3")
+	beginScript(c, scriptLateGrant, false, 3, 2)
 	c.bulk3(n.prefix, "lock:", base)
 	c.bulk3(n.prefix, "lockf:", base)
 	c.bulk3(n.prefix, "lockm:", base)
@@ -1625,10 +1628,7 @@ func (n *Node) addAcquireScript(c *nodeConn, sha bool, o *op) {
 // addAcquireMarked adds the first step of an acquire marked with an
 // attempt (see op.attempt and acquireMarkedScript).
 func (n *Node) addAcquireMarked(c *nodeConn, sha bool, o *op) {
-	c.begin(3 + 5 + 5)
-	c.bulk(evalName(sha))
-	c.bulk(scriptSource(scriptAcquireMarked, sha))
-	c.bulk("5")
+	beginScript(c, scriptAcquireMarked, sha, 5, 5)
 	c.bulk3(n.prefix, "lock:", o.base)
 	c.bulk3(n.prefix, "lockf:", o.base)
 	c.bulk3(n.prefix, "lockm:", o.base)

@@ -612,10 +612,7 @@ func (n *Node) writeSweeps(c *nodeConn, o *owed, now time.Time) {
 
 // addSweep adds s's sweep (see sweepFenceScript). Always EVAL: it is rare.
 func (n *Node) addSweep(c *nodeConn, s *owedSweep) {
-	c.begin(3 + 2 + 2)
-	c.bulk(evalName(false))
-	c.bulk(scriptSource(scriptSweepFence, false))
-	c.bulk("2")
+	beginScript(c, scriptSweepFence, false, 2, 2)
 	c.bulk3(n.prefix, "lock:", s.base)
 	c.bulk3(n.prefix, "lockf:", s.base)
 	c.bulk(s.token)
