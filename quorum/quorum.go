@@ -2,14 +2,18 @@ package quorum
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -62,6 +66,29 @@ type Request struct {
 	// NoReentry: a node where the token already holds the key refuses,
 	// like SET NX, instead of adding a hold.
 	NoReentry bool
+	// Attempt names an exclusive attempt that may join a hold of its
+	// token (not NoReentry); Acquire sets it when empty, and its roll-back
+	// carries it (RollbackAttempt), so that a node that lost the
+	// attempt's answer removes only a hold that attempt made.
+	Attempt string
+}
+
+// attemptPrefix makes the attempt names of this process unlike those of
+// any other on the same nodes; attemptSeq unlike each other.
+var (
+	attemptPrefix = func() string {
+		var b [8]byte
+		if _, err := rand.Read(b[:]); err != nil {
+			panic("quorum: no randomness for attempt names: " + err.Error())
+		}
+		return hex.EncodeToString(b[:])
+	}()
+	attemptSeq atomic.Uint64
+)
+
+// NewAttempt is a new attempt name (see Request.Attempt).
+func NewAttempt() string {
+	return attemptPrefix + strconv.FormatUint(attemptSeq.Add(1), 36)
 }
 
 // NodeGrant is one node's answer to an acquisition.
@@ -513,6 +540,9 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	// Left only once the attempt settled its fence or was rolled back on
 	// every node it reached: what the next attempt of the token finds.
 	defer leave()
+	if req.Mode == Exclusive && !req.NoReentry && req.Attempt == "" {
+		req.Attempt = NewAttempt()
+	}
 	n, need := len(q.nodes), q.Majority()
 	// After the wait: the lease on the nodes starts with this attempt.
 	start := q.cfg.Clock.Now()
@@ -801,7 +831,7 @@ func HoldFence(stored []uint64, counter uint64, need int) uint64 {
 // one hold, so on a node where the attempt was reentrant it undoes just
 // that attempt's hold.
 func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool) {
-	ctx = context.WithValue(ctx, rollbackKey{}, true)
+	ctx = context.WithValue(ctx, rollbackKey{}, rollbackOf{attempt: req.Attempt})
 	// Use a context that survives the caller's cancellation: a client that
 	// gave up must still not leave keys behind.
 	q.fanOutBoolSkip(ctx, q.NodeTimeout(req.TTL), releaseOp(req.Key, req.Token, rollbackHold(req.Mode)), 0, skip)
@@ -809,13 +839,23 @@ func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool) {
 
 type rollbackKey struct{}
 
+// rollbackOf is the ctx value of a roll-back: the attempt it undoes.
+type rollbackOf struct{ attempt string }
+
 // Rollback tells whether a Release's ctx says it is a failed acquisition's
 // roll-back (releaseAll), not a holder's UNLOCK: a node that lost the
 // attempt's answer may roll back only what the attempt itself can have
 // made there, and must leave a holder's UNLOCK as it is.
 func Rollback(ctx context.Context) bool {
-	v, _ := ctx.Value(rollbackKey{}).(bool)
-	return v
+	_, ok := ctx.Value(rollbackKey{}).(rollbackOf)
+	return ok
+}
+
+// RollbackAttempt is the Request.Attempt a roll-back's ctx undoes ("" for
+// a NoReentry or read attempt, or no roll-back).
+func RollbackAttempt(ctx context.Context) string {
+	v, _ := ctx.Value(rollbackKey{}).(rollbackOf)
+	return v.attempt
 }
 
 // boolOp is a Release or Extend in both its forms.

@@ -2,14 +2,12 @@ package redis
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/tls"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
 	"runtime"
-	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -209,6 +207,15 @@ type Node struct {
 	// settleKeys). Keys that share a slot share a count, which costs
 	// nothing but a wait that was not needed.
 	inFlight [numSlots]atomic.Int32
+	// unsentAttempts are marked acquires (op.attempt) given up before
+	// they were sent (their caller gone before the writer took them, the
+	// writer past their deadline, no connection), each until its TTL has
+	// passed. The quorum may decide, and roll back, before such an
+	// attempt's answer comes; its roll-back has nothing to undo here and
+	// is answered without being sent, where a release would take a hold
+	// its token had before.
+	unsentMu       sync.Mutex
+	unsentAttempts []unsentAttempt
 }
 
 // numSlots is the number of key slots (see slot).
@@ -411,7 +418,12 @@ func (n *Node) acquireOp(req quorum.Request) *op {
 	o.mode = req.Mode
 	o.noReentry = req.NoReentry
 	if req.Mode != quorum.Shared && !req.NoReentry {
-		o.attempt = nextAttempt()
+		// The quorum names its attempts; a caller of the node alone gets
+		// one name per call.
+		o.attempt = req.Attempt
+		if o.attempt == "" {
+			o.attempt = quorum.NewAttempt()
+		}
 	}
 	if req.WriterWait > 0 {
 		o.waitMs = max(1, req.WriterWait.Milliseconds())
@@ -466,6 +478,7 @@ func (n *Node) Release(ctx context.Context, key, token string, hold quorum.Hold)
 	o := n.newOp(opRelease, key, token)
 	o.hold = hold
 	o.rollback = quorum.Rollback(ctx)
+	o.attempt = quorum.RollbackAttempt(ctx)
 	r := n.do(ctx, o)
 	return r.n == 1, r.err
 }
@@ -576,6 +589,7 @@ func (n *Node) StartRelease(ctx context.Context, key, token string, hold quorum.
 	o := n.newOp(opRelease, key, token)
 	o.hold = hold
 	o.rollback = quorum.Rollback(ctx)
+	o.attempt = quorum.RollbackAttempt(ctx)
 	n.startBool(ctx, o, done)
 }
 
@@ -622,6 +636,7 @@ func (n *Node) enqueue(ctx context.Context, o *op) {
 	select {
 	case n.queue(o) <- o:
 	case <-ctx.Done():
+		n.giveUp(o, time.Now())
 		n.finish(o, opResult{err: unsent(ctx.Err())})
 	}
 }
@@ -826,6 +841,43 @@ type writer struct {
 	shared   []bool
 	answered []bool
 	r        reply
+}
+
+type unsentAttempt struct {
+	attempt string
+	until   time.Time
+}
+
+// giveUp records that o, given up before it was sent, never reaches the
+// node (see Node.unsentAttempts).
+func (n *Node) giveUp(o *op, now time.Time) {
+	if o.kind != opAcquire || o.attempt == "" {
+		return
+	}
+	n.unsentMu.Lock()
+	defer n.unsentMu.Unlock()
+	n.unsentAttempts = slices.DeleteFunc(n.unsentAttempts, func(u unsentAttempt) bool { return !now.Before(u.until) })
+	if len(n.unsentAttempts) >= maxOwed {
+		n.unsentAttempts = slices.Delete(n.unsentAttempts, 0, 1)
+	}
+	n.unsentAttempts = append(n.unsentAttempts, unsentAttempt{o.attempt, now.Add(time.Duration(o.ms) * time.Millisecond)})
+}
+
+// undoesUnsent tells whether o is the roll-back of an attempt given up
+// before it was sent, and forgets that attempt.
+func (n *Node) undoesUnsent(o *op) bool {
+	if o.kind != opRelease || !o.rollback || o.attempt == "" {
+		return false
+	}
+	n.unsentMu.Lock()
+	defer n.unsentMu.Unlock()
+	for i, u := range n.unsentAttempts {
+		if u.attempt == o.attempt {
+			n.unsentAttempts = slices.Delete(n.unsentAttempts, i, i+1)
+			return true
+		}
+	}
+	return false
 }
 
 // get returns the writer's connection, dialing one when there is none or
@@ -1052,6 +1104,11 @@ func (n *Node) exec(w *writer, batch []*op) {
 	live := batch[:0]
 	var deadline time.Time
 	for _, o := range batch {
+		if n.undoesUnsent(o) {
+			// Its attempt never went out here: nothing to undo.
+			n.finish(o, opResult{})
+			continue
+		}
 		if !o.deadline.After(now) {
 			if o.kind == opRelease {
 				// The caller has stopped waiting, but the release still
@@ -1059,12 +1116,14 @@ func (n *Node) exec(w *writer, batch []*op) {
 				// of an acquire already on its way to this node, which
 				// would otherwise hold the key here until its TTL.
 				late := &op{kind: opRelease, base: o.base, token: o.token,
-					hold: o.hold, start: now, deadline: now.Add(n.timeout), res: make(chan opResult, 1),
+					hold: o.hold, rollback: o.rollback, attempt: o.attempt, lateGrant: o.lateGrant,
+					start: now, deadline: now.Add(n.timeout), res: make(chan opResult, 1),
 					done: func(opResult) {}}
 				n.track(late)
 				n.finish(o, opResult{err: context.DeadlineExceeded})
 				o = late
 			} else {
+				n.giveUp(o, now)
 				n.finish(o, opResult{err: unsent(context.DeadlineExceeded)})
 				continue
 			}
@@ -1184,7 +1243,9 @@ type fenceWrite struct {
 // the fence writes still pending on the connection (see exec).
 //
 // An exclusive acquire goes first as two plain commands, SET NX PX and
-// HINCRBY of the slot's fence counter: on a free key that is the whole
+// HINCRBY of the slot's fence counter (one marked with an attempt, which
+// may join its token's hold, as acquireMarkedScript, which does both and
+// stores the fence and the mark): on a free key that is the whole
 // grant, at a fraction of a Lua call's cost on the node (a script call
 // costs Redis several plain commands' time, and acquires are half of a
 // node's work). The increment runs right after the SET on the same
@@ -1211,8 +1272,10 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 	c, err := w.get(ctx, n)
 	if err != nil {
 		// Nothing reached the node.
-		for i := range out {
+		now := time.Now()
+		for i, o := range ops {
 			out[i].err = unsent(err)
+			n.giveUp(o, now)
 		}
 		if w.owed != nil {
 			w.owed.unsent(ops, time.Now())
@@ -1639,25 +1702,6 @@ func (n *Node) addAcquireMarked(c *nodeConn, sha bool, o *op) {
 	c.bulkInt(int64(o.slot))
 	c.bulk(o.attempt)
 	c.bulk(boolArg(o.waitMs > 0))
-}
-
-// attemptPrefix makes the attempt marks of this process unlike those of
-// any other lockproxy instance on the same nodes; attemptSeq unlike each
-// other.
-var (
-	attemptPrefix = func() string {
-		var b [8]byte
-		if _, err := rand.Read(b[:]); err != nil {
-			panic("redis: no randomness for attempt marks: " + err.Error())
-		}
-		return hex.EncodeToString(b[:])
-	}()
-	attemptSeq atomic.Uint64
-)
-
-// nextAttempt is a new attempt mark (see op.attempt).
-func nextAttempt() string {
-	return attemptPrefix + strconv.FormatUint(attemptSeq.Add(1), 36)
 }
 
 // addReleaseArgs adds o's four release script arguments.

@@ -51,8 +51,10 @@ import (
 // everything else. Once the node has run the kill, the old connection can
 // run nothing more. The roll-back of a doubt, owed or written later, goes
 // out as lateGrantReleaseScript: it removes the token's hold only where
-// the acquire's SET NX made it (no stored fence, no extra holds), never a
-// hold the token had before the acquire, which a plain release would take
+// the acquire made it (for a marked attempt, a LOCK with TOKEN: where
+// lockm is still its mark; for an unmarked one: no stored fence, no extra
+// holds), never a hold the token had before the acquire, which a plain
+// release would take
 // where the acquire found the key held by its own token (a reentrant
 // LOCK: the acquire script is sent only once the SET's answer is read) or
 // was killed before it ran. Everything sent on the new connection after
@@ -291,11 +293,15 @@ func (o *owed) reading() bool {
 	return o.inKills > 0 || o.inFences > 0 || len(o.inReleases) > 0 || o.inSweeps > 0 || len(o.inCheck) > 0
 }
 
-// settle removes the latest acquire in doubt of base by token and returns
-// it: its roll-back is owed, or was written.
-func (o *owed) settle(base, token string) (owedAcquire, bool) {
+// settle removes the latest acquire in doubt of base by token in attempt
+// ("" for an unmarked one) and returns it: its roll-back is owed, or was
+// written. The roll-back of another attempt of the token never settles
+// it: it would carry that attempt's mark and remove the hold the attempt
+// in doubt made, which may be one its token holds (the attempt won its
+// majority without this node's answer).
+func (o *owed) settle(base, token, attempt string) (owedAcquire, bool) {
 	for i := len(o.doubts) - 1; i >= 0; i-- {
-		if d := o.doubts[i]; d.base == base && d.token == token {
+		if d := o.doubts[i]; d.base == base && d.token == token && d.attempt == attempt {
 			o.doubts = slices.Delete(o.doubts, i, i+1)
 			return d, true
 		}
@@ -476,7 +482,7 @@ func (o *owed) unsent(ops []*op, now time.Time) {
 		if !settles(p) {
 			continue
 		}
-		if d, ok := o.settle(p.base, p.token); ok {
+		if d, ok := o.settle(p.base, p.token, p.attempt); ok {
 			o.owe(d, owedTime{now, d.ttl})
 		}
 	}
@@ -488,9 +494,7 @@ func (o *owed) unsent(ops []*op, now time.Time) {
 func (o *owed) written(ops []*op) {
 	for _, p := range ops {
 		if settles(p) && !p.lateGrant {
-			var d owedAcquire
-			d, p.lateGrant = o.settle(p.base, p.token)
-			p.attempt = d.attempt
+			_, p.lateGrant = o.settle(p.base, p.token, p.attempt)
 		}
 	}
 }

@@ -31,9 +31,13 @@ func lockOrFatal(t *testing.T, b *Backend, req backends.LockRequest) backends.Le
 // renewal cut the read lease to the write TTL, and writer b was granted
 // 0.8 s into a 10 s read validity.
 func TestDowngradeRenewOfWriteLeaseKeepsReadLease(t *testing.T) {
-	b, _ := newRealBackend(t, 3)
+	b, rs := newRealBackend(t, 3)
 	ctx := ctxTimeout(t, 60*time.Second)
 	const writeTTL, readTTL = 500 * time.Millisecond, 10 * time.Second
+	// The first LOCK has a node timeout of 25 ms: the writers' connections
+	// are made first (on a loaded host they were not, and every node timed
+	// out).
+	WarmUp(ctx, t, b, rs, "dr-warm", 10*time.Second)
 	for _, tc := range []struct {
 		name   string
 		unlock bool // UNLOCK (the write hold) after the RENEW

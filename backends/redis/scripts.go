@@ -29,7 +29,10 @@ import (
 //	            taking its fence.
 //	P lockm:k   string "extra holds,r,token" of the write hold, only while
 //	            it has holds beyond the first (reentrancy) or "r" (the
-//	            holder also holds it for reading: downgrade). Written by
+//	            holder also holds it for reading: downgrade); or, on a
+//	            single hold made by a marked attempt (a LOCK with TOKEN),
+//	            "0,,token,attempt" (acquireMarkedScript), which counts as
+//	            none but names the attempt for its roll-back. Written by
 //	            scripts only. A lockm of another token (left by an
 //	            earlier hold) counts as none.
 //	P lockr:k   sorted set: reader tokens scored by lease end (node ms)

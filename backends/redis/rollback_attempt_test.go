@@ -1,0 +1,92 @@
+package redis
+
+import (
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// TestLateRollbackOfLostAttemptKeepsHold: T holds the key (a LOCK without
+// TOKEN) and its later reentrant attempt A was lost on a dropped
+// connection without running (a doubt). A's roll-back waits in the queue
+// past its deadline (the writer busy with that dropped connection); exec
+// still sends it, as a new op. That op must stay A's roll-back: it
+// settles A's doubt and goes out as lateGrantReleaseScript with A's mark,
+// which finds no hold of A's and keeps T's. Before, the new op lost its
+// roll-back flag and went out as a plain release, which took T's hold.
+func TestLateRollbackOfLostAttemptKeepsHold(t *testing.T) {
+	n, r := nodeOnRedis(t)
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 10*time.Second)
+	const key, token, attempt = "late-rollback", "T", "attempt-A"
+	if g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: token, TTL: 10 * time.Second, NoReentry: true}); err != nil || !g.Acquired {
+		t.Fatalf("T's grant = %+v, %v", g, err)
+	}
+	now := time.Now()
+	w := &writer{owed: &owed{doubts: []owedAcquire{{base: key, token: token, attempt: attempt, owedTime: owedTime{now, 10 * time.Second}}}}}
+	defer w.drop()
+	rb := &op{kind: opRelease, base: key, token: token, hold: quorum.WriteHold, rollback: true, attempt: attempt,
+		start: now.Add(-2 * time.Second), deadline: now.Add(-time.Millisecond), res: make(chan opResult, 1)}
+	n.exec(w, []*op{rb})
+	<-rb.res
+	if v := direct.Get(ctx, "lp:lock:"+key).Val(); v != token {
+		t.Errorf("lock key %q after the late roll-back of an attempt that never ran; want T's hold kept", v)
+	}
+	if len(w.owed.doubts) != 0 {
+		t.Errorf("doubts left %+v; want A's settled by its roll-back", w.owed.doubts)
+	}
+}
+
+// TestRollbackOfUnsentAttemptKeepsHold: T holds the key and its reentrant
+// attempt A is given up by the writer before it was sent (past its
+// deadline); the quorum, which decided without this node's answer, rolls
+// A back here. Nothing of A's is on the node, so the roll-back must not
+// release anything: a release would take T's hold.
+func TestRollbackOfUnsentAttemptKeepsHold(t *testing.T) {
+	n, r := nodeOnRedis(t)
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 10*time.Second)
+	const key, token = "unsent-attempt", "T"
+	if g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: token, TTL: 10 * time.Second, NoReentry: true}); err != nil || !g.Acquired {
+		t.Fatalf("T's grant = %+v, %v", g, err)
+	}
+	now := time.Now()
+	a := n.acquireOp(quorum.Request{Key: key, Token: token, TTL: 10 * time.Second, Attempt: "attempt-A"})
+	a.start, a.deadline, a.res = now.Add(-time.Second), now.Add(-time.Millisecond), make(chan opResult, 1)
+	rb := &op{kind: opRelease, base: key, token: token, hold: quorum.WriteHold, rollback: true, attempt: "attempt-A",
+		start: now, deadline: now.Add(5 * time.Second), res: make(chan opResult, 1)}
+	w := &writer{}
+	defer w.drop()
+	n.exec(w, []*op{a})
+	if ra := <-a.res; ra.err == nil || !quorum.Unsent(ra.err) {
+		t.Fatalf("A past its deadline = %+v; want given up unsent", ra)
+	}
+	n.exec(w, []*op{rb})
+	if rr := <-rb.res; rr.err != nil || rr.n != 0 {
+		t.Errorf("roll-back of the unsent attempt = %+v; want answered 0", rr)
+	}
+	if v := direct.Get(ctx, "lp:lock:"+key).Val(); v != token {
+		t.Errorf("lock key %q after the roll-back of an attempt never sent; want T's hold kept", v)
+	}
+}
+
+// TestRollbackSettlesOnlyItsAttempt: a token's doubts are settled by the
+// roll-back of the same attempt only. Attempt A won its majority though
+// this node's answer was lost, so nothing rolls it back; a roll-back of
+// the token's later attempt B that took A's doubt would carry A's mark
+// and remove A's hold, which the token holds.
+func TestRollbackSettlesOnlyItsAttempt(t *testing.T) {
+	now := time.Now()
+	o := &owed{doubts: []owedAcquire{{base: "k", token: "T", attempt: "A", owedTime: owedTime{now, time.Minute}}}}
+	if _, ok := o.settle("k", "T", "B"); ok {
+		t.Fatal("B's roll-back settled A's doubt")
+	}
+	if d, ok := o.settle("k", "T", "A"); !ok || d.attempt != "A" {
+		t.Fatalf("A's roll-back: %+v, %v; want A's doubt", d, ok)
+	}
+	o.doubts = append(o.doubts, owedAcquire{base: "k", token: "G", owedTime: owedTime{now, time.Minute}})
+	if _, ok := o.settle("k", "G", ""); !ok {
+		t.Fatal("an unmarked attempt's roll-back did not settle its doubt")
+	}
+}
