@@ -811,7 +811,7 @@ type Script struct{ Src, SHA string }
 // wire (test/faultproxy's fast clock) use it.
 func LeaseScripts() []Script {
 	var out []Script
-	for _, s := range append([]script{scriptAcquire, scriptAcquireMarked, scriptRead, scriptExtend}, scriptExtendHold[:]...) {
+	for _, s := range append(append([]script{scriptAcquire, scriptRead, scriptExtend}, scriptExtendHold[:]...), scriptAcquireMarked) {
 		out = append(out, Script{Src: s.src, SHA: s.sha})
 	}
 	return out
