@@ -1294,10 +1294,15 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 	}
 	answered := w.answeredFor(len(ops))
 	shared := w.sharedReleases(ops)
+	whole := wholeAcquires(ops)
 	var calls [][]int // the shared release calls: the ops each answers
 	for i, o := range ops {
 		switch o.kind {
 		case opAcquire:
+			if whole != nil && whole[i] {
+				n.addAcquireScript(c, sha, o)
+				continue
+			}
 			if o.mode != quorum.Shared && o.attempt != "" {
 				n.addAcquireMarked(c, sha, o)
 				continue
@@ -1436,6 +1441,12 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 	var writes []fenceWrite
 	for i, o := range ops {
 		switch {
+		case whole != nil && whole[i]:
+			if err := c.read(r); err != nil {
+				return fail(err)
+			}
+			answered[i] = true
+			out[i] = acquireResult(r)
 		case o.kind == opAcquire && o.mode != quorum.Shared && o.attempt != "":
 			// A marked acquire: its fence (and mark) stored with the hold.
 			if err := c.read(r); err != nil {
@@ -1676,9 +1687,10 @@ func (n *Node) addLateGrantRelease(c *nodeConn, base, token, attempt string) {
 }
 
 // addAcquireScript adds o as acquireScript: an acquire whose first step
-// found the key held.
+// found the key held, or one sent whole (see wholeAcquires). A marked one
+// (op.attempt) marks a hold it makes afresh, as acquireMarkedScript does.
 func (n *Node) addAcquireScript(c *nodeConn, sha bool, o *op) {
-	n.addScript(c, scriptAcquire, sha, o, numLockKeys, 7)
+	n.addScript(c, scriptAcquire, sha, o, numLockKeys, 8)
 	c.bulk(o.token)
 	c.bulkInt(o.ms)
 	c.bulkInt(int64(o.slot))
@@ -1686,6 +1698,34 @@ func (n *Node) addAcquireScript(c *nodeConn, sha bool, o *op) {
 	c.bulk(readMarker)
 	c.bulk(boolArg(o.noReentry))
 	c.bulkInt(n.markMargin)
+	c.bulk(o.attempt)
+}
+
+// wholeAcquires marks the exclusive acquires of ops to send as
+// acquireScript at once, or is nil when there are none: those whose first
+// step could find the key held and leave the rest to a second round trip
+// (send), while a later operation of the batch touches the same key. That
+// one would run before the acquire's second step: its own roll-back would
+// release the token's earlier hold, and another token's SET NX could be
+// granted in between. An acquire that a held key refuses outright (a
+// token lockproxy generated, no wait) has no second step.
+func wholeAcquires(ops []*op) []bool {
+	var whole []bool
+	for i, o := range ops {
+		if o.kind != opAcquire || o.mode == quorum.Shared || o.noReentry && o.waitMs == 0 {
+			continue
+		}
+		for _, p := range ops[i+1:] {
+			if p.base == o.base {
+				if whole == nil {
+					whole = make([]bool, len(ops))
+				}
+				whole[i] = true
+				break
+			}
+		}
+	}
+	return whole
 }
 
 // addAcquireMarked adds the first step of an acquire marked with an

@@ -90,3 +90,46 @@ func TestRollbackSettlesOnlyItsAttempt(t *testing.T) {
 		t.Fatal("an unmarked attempt's roll-back did not settle its doubt")
 	}
 }
+
+// TestHeldAcquireNotOvertakenInItsBatch: T holds the key, and one batch
+// carries T's reentrant attempt, that attempt's roll-back (the quorum
+// decided before this node answered) and U's SET NX. An acquire whose
+// first step finds the key held used to finish in a second round trip,
+// after the rest of its batch: the roll-back ran first and released T's
+// hold, and U was granted the key while T held it. Now such an acquire is
+// sent whole (acquireScript) when a later operation of the batch touches
+// its key: it adds T's second hold, the roll-back removes it, and U is
+// refused.
+func TestHeldAcquireNotOvertakenInItsBatch(t *testing.T) {
+	n, r := nodeOnRedis(t)
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 10*time.Second)
+	const key = "reorder"
+	if g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: "T", TTL: 10 * time.Second}); err != nil || !g.Acquired {
+		t.Fatalf("T's grant = %+v, %v", g, err)
+	}
+	now := time.Now()
+	a := n.acquireOp(quorum.Request{Key: key, Token: "T", TTL: 10 * time.Second, Attempt: "attempt-A"})
+	a.start, a.deadline, a.res = now, now.Add(5*time.Second), make(chan opResult, 1)
+	rb := &op{kind: opRelease, base: key, token: "T", hold: quorum.WriteHold, rollback: true, attempt: "attempt-A",
+		start: now, deadline: now.Add(5 * time.Second), res: make(chan opResult, 1)}
+	u := n.acquireOp(quorum.Request{Key: key, Token: "U", TTL: 10 * time.Second, NoReentry: true})
+	u.start, u.deadline, u.res = now, now.Add(5*time.Second), make(chan opResult, 1)
+	w := &writer{}
+	defer w.drop()
+	n.exec(w, []*op{a, rb, u})
+	ra, rr, ru := <-a.res, <-rb.res, <-u.res
+	if ra.err != nil || ra.holds != 2 || rr.err != nil || rr.n != 1 {
+		t.Errorf("T's attempt %+v, its roll-back %+v; want a second hold, then it released", ra, rr)
+	}
+	if ru.err == nil && ru.n > 0 {
+		t.Errorf("U granted (%+v) in the batch that carried T's reentrant attempt and its roll-back; T holds the key", ru)
+	}
+	st, err := n.LockState(ctx, key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := describeState(st); got != "w:T:1" {
+		t.Errorf("state after the batch %q; want T's one hold (w:T:1), lock key %q", got, direct.Get(ctx, "lp:lock:"+key).Val())
+	}
+}

@@ -184,7 +184,9 @@ end
 // KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms,
 // ARGV[3] slot, ARGV[4] writer-wait ms or 0 (the most its mark may last:
 // what is left of its WAIT), ARGV[5] readMarker, ARGV[6] 1 to refuse
-// reentry (SET NX's rule) or 0, ARGV[7] the mark's margin in ms.
+// reentry (SET NX's rule) or 0, ARGV[7] the mark's margin in ms, ARGV[8]
+// (optional) the attempt's mark, stored where the hold is made afresh
+// (see acquireMarkedScript).
 // Returns {fence, holds} when granted, or {stored fence or 0, holds, slot
 // counter} for a reentrant grant (the token already holds it: one more
 // hold, the lease reset), {-1, ms, holder} when held by another, ms the
@@ -202,7 +204,12 @@ const acquireScript = luaMeta + luaMarks + `
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local f = redis.call('HINCRBY', KEYS[7], ARGV[3], 1)
   redis.call('SET', KEYS[2], f .. ',' .. ARGV[1], 'PX', ARGV[2])
-  redis.call('DEL', KEYS[3])
+  if ARGV[8] and ARGV[8] ~= '' then
+    -- A marked attempt's hold (see acquireMarkedScript).
+    redis.call('SET', KEYS[3], '0,,' .. ARGV[1] .. ',' .. ARGV[8], 'PX', ARGV[2])
+  else
+    redis.call('DEL', KEYS[3])
+  end
   if ARGV[4] ~= '0' then unmark(KEYS[6], ARGV[1]) end
   return {f, 1}
 end
