@@ -116,7 +116,7 @@ func (w workload) run(t *testing.T, e *env, healed <-chan struct{}) (*counts, fu
 		p := e.proxies[i%len(e.proxies)]
 		name := fmt.Sprintf("p%d.c%d", i%len(e.proxies), i)
 		wg.Go(func() {
-			n := e.client(name, p.addr, w, healed, stop, deadline, c)
+			n := e.client(name, p.addr, i%2 == 1, w, healed, stop, deadline, c)
 			select {
 			case <-stop:
 				return
@@ -143,7 +143,12 @@ func (w workload) run(t *testing.T, e *env, healed <-chan struct{}) (*counts, fu
 }
 
 // client is one workload client; it returns how many grants it made.
-func (e *env) client(name, addr string, w workload, healed, stop <-chan struct{}, deadline time.Time, c *counts) int {
+// With withToken it names a new token for each LOCK (TOKEN): such an
+// attempt may join a hold of its token (none here but its own earlier
+// tries within one WAIT), so its first step on the nodes is the marked
+// acquire and its roll-backs are marked ones; half the clients do, so
+// every row mixes both kinds on the same keys.
+func (e *env) client(name, addr string, withToken bool, w workload, healed, stop <-chan struct{}, deadline time.Time, c *counts) int {
 	cl := newClient(addr)
 	defer func() { _ = cl.Close() }()
 	n, atHeal := 0, -1
@@ -165,7 +170,11 @@ func (e *env) client(name, addr string, w workload, healed, stop <-chan struct{}
 		}
 		key := fmt.Sprintf("k%d", rand.N(w.keys))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		r, ok, err := lockclient.TryLock(ctx, cl, key, "PX", ttlMS, "WAIT", waitMS)
+		args := []any{"PX", ttlMS, "WAIT", waitMS}
+		if withToken {
+			args = append(args, "TOKEN", name+"."+lockclient.RandID())
+		}
+		r, ok, err := lockclient.TryLock(ctx, cl, key, args...)
 		cancel()
 		enter := e.hist.Now()
 		switch {
