@@ -478,7 +478,9 @@ func (n *Node) Release(ctx context.Context, key, token string, hold quorum.Hold)
 	o := n.newOp(opRelease, key, token)
 	o.hold = hold
 	o.rollback = quorum.Rollback(ctx)
-	o.attempt = quorum.RollbackAttempt(ctx)
+	if o.rollback {
+		o.attempt = quorum.RollbackAttempt(ctx)
+	}
 	r := n.do(ctx, o)
 	return r.n == 1, r.err
 }
@@ -589,7 +591,9 @@ func (n *Node) StartRelease(ctx context.Context, key, token string, hold quorum.
 	o := n.newOp(opRelease, key, token)
 	o.hold = hold
 	o.rollback = quorum.Rollback(ctx)
-	o.attempt = quorum.RollbackAttempt(ctx)
+	if o.rollback {
+		o.attempt = quorum.RollbackAttempt(ctx)
+	}
 	n.startBool(ctx, o, done)
 }
 

@@ -148,9 +148,9 @@ func (w workload) run(t *testing.T, e *env, healed <-chan struct{}) (*counts, fu
 // tries within one WAIT), so its first step on the nodes is the marked
 // acquire and its roll-backs are marked ones; a quarter of the clients
 // do, so every row mixes both kinds on the same keys. (With half of them
-// the suite took a minute longer: a WAIT's later try joins a hold an
-// earlier try left on a minority, as a reentry, and UNLOCK leaves that
-// one until its TTL.)
+// the suite took about a minute longer; not investigated. A guess: a
+// WAIT's later try joins, as a reentry, a hold an earlier try left on a
+// minority, and UNLOCK leaves that one until its TTL.)
 func (e *env) client(name, addr string, withToken bool, w workload, healed, stop <-chan struct{}, deadline time.Time, c *counts) int {
 	cl := newClient(addr)
 	defer func() { _ = cl.Close() }()
