@@ -21,6 +21,9 @@ import (
 // suite's checker finds no two holders' intervals overlapping and no fence
 // that does not grow.
 func TestNoOverlapAcrossInstances(t *testing.T) {
+	// Mostly waiting on leases, on tables of its own: it runs beside the
+	// package's other long tests (see Makefile: make test's last slot).
+	t.Parallel()
 	const (
 		clients = 8
 		grants  = 100

@@ -24,6 +24,9 @@ import (
 // instances must grant after the last kill. The run is
 // suite.RunProxyKilledRepeatedly.
 func TestProxyKilledRepeatedly(t *testing.T) {
+	// Mostly waiting on leases, on tables of its own: it runs beside the
+	// package's other long tests (see Makefile: make test's last slot).
+	t.Parallel()
 	const (
 		ttlMS  = 2000
 		waitMS = 3000
