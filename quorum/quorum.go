@@ -66,10 +66,12 @@ type Request struct {
 	// NoReentry: a node where the token already holds the key refuses,
 	// like SET NX, instead of adding a hold.
 	NoReentry bool
-	// Attempt names an exclusive attempt that may join a hold of its
-	// token (not NoReentry); Acquire sets it when empty, and its roll-back
-	// carries it (RollbackAttempt), so that a node that lost the
-	// attempt's answer removes only a hold that attempt made.
+	// Attempt names an attempt that may join a hold of its token: an
+	// exclusive one that is not NoReentry, and every shared one (a read
+	// hold of the token may be there before it). Acquire sets it when
+	// empty, and its roll-back carries it (RollbackAttempt), so that a
+	// node that lost the attempt's answer removes only a hold that
+	// attempt made.
 	Attempt string
 }
 
@@ -540,7 +542,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	// Left only once the attempt settled its fence or was rolled back on
 	// every node it reached: what the next attempt of the token finds.
 	defer leave()
-	if req.Mode == Exclusive && !req.NoReentry && req.Attempt == "" {
+	if (req.Mode == Shared || !req.NoReentry) && req.Attempt == "" {
 		req.Attempt = NewAttempt()
 	}
 	n, need := len(q.nodes), q.Majority()
@@ -852,7 +854,7 @@ func Rollback(ctx context.Context) bool {
 }
 
 // RollbackAttempt is the Request.Attempt a roll-back's ctx undoes ("" for
-// a NoReentry or read attempt, or no roll-back).
+// a NoReentry exclusive attempt, or no roll-back).
 func RollbackAttempt(ctx context.Context) string {
 	v, _ := ctx.Value(rollbackKey{}).(rollbackOf)
 	return v.attempt

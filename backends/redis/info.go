@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -97,7 +98,9 @@ func parseLockState(v any) (nodeLockState, error) {
 	} else {
 		h := map[string]int64{}
 		for i := 0; i < len(holds); i += 2 {
-			h[str(holds[i])] = num(holds[i+1])
+			if f := str(holds[i]); !strings.HasPrefix(f, attemptField) { // a read attempt's mark
+				h[f] = num(holds[i+1])
+			}
 		}
 		for i := 0; i < len(readers); i += 2 {
 			end := num(readers[i+1])

@@ -430,7 +430,7 @@ func (n *Node) acquireOp(req quorum.Request) *op {
 	o.slot = slot(req.Key)
 	o.mode = req.Mode
 	o.noReentry = req.NoReentry
-	if req.Mode != quorum.Shared && !req.NoReentry {
+	if req.Mode == quorum.Shared || !req.NoReentry {
 		// The quorum names its attempts; a caller of the node alone gets
 		// one name per call.
 		o.attempt = req.Attempt
@@ -1403,11 +1403,12 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				c.bulk("1")
 				continue
 			}
-			n.addScript(c, scriptRead, sha, o, numLockKeys, 4)
+			n.addScript(c, scriptRead, sha, o, numLockKeys, 5)
 			c.bulk(o.token)
 			c.bulkInt(o.ms)
 			c.bulkInt(int64(o.slot))
 			c.bulk(readMarker)
+			c.bulk(o.attempt)
 		case opRaiseFence:
 			n.addRaise(c, sha, o.base, o.token, o.slot, int64(o.fence), o.mode == quorum.Shared)
 		case opRelease:
@@ -1415,7 +1416,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				continue
 			}
 			if o.lateGrant {
-				n.addLateGrantRelease(c, o.base, o.token, o.attempt)
+				n.addLateGrantRelease(c, o.base, o.token, o.attempt, o.hold == quorum.ReadHold)
 				continue
 			}
 			n.addScript(c, scriptRelease, sha, o, keyWriterWaits, 4)
@@ -1755,10 +1756,20 @@ func beginScript(c *nodeConn, s script, sha bool, k, argc int) {
 var keyNames = [...]string{keyLock: "lock:", keyFence: "lockf:", keyHolds: "lockm:", keyReaders: "lockr:", keyReaderHolds: "lockrh:", keyWriterWaits: "lockw:"}
 
 // addLateGrantRelease adds the roll-back of an acquire in doubt of base by
-// token, marked with attempt or not ("", see op.attempt and owed). Always
-// EVAL: it is rare, and a NOSCRIPT answer would leave it unsent with its
-// doubt settled.
-func (n *Node) addLateGrantRelease(c *nodeConn, base, token, attempt string) {
+// token, marked with attempt or not ("", see op.attempt and owed); of a
+// read acquire (always marked) when read. Always EVAL: it is rare, and a
+// NOSCRIPT answer would leave it unsent with its doubt settled.
+func (n *Node) addLateGrantRelease(c *nodeConn, base, token, attempt string, read bool) {
+	if read {
+		beginScript(c, scriptLateRead, false, keyWriterWaits, 3)
+		for k := keyLock; k < keyWriterWaits; k++ {
+			c.bulk3(n.prefix, keyNames[k], base)
+		}
+		c.bulk(token)
+		c.bulk(attempt)
+		c.bulk(readMarker)
+		return
+	}
 	beginScript(c, scriptLateGrant, false, 3, 2)
 	c.bulk3(n.prefix, "lock:", base)
 	c.bulk3(n.prefix, "lockf:", base)

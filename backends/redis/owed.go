@@ -151,12 +151,14 @@ type owedFence struct {
 type owedRelease struct {
 	base, token string
 	attempt     string // the acquire's mark, or "" (see op.attempt)
+	read        bool   // a read acquire's (see lateReadReleaseScript)
 	owedTime
 }
 
 type owedAcquire struct {
 	base, token string
 	attempt     string
+	read        bool
 	owedTime
 }
 
@@ -310,7 +312,7 @@ func (o *owed) settle(base, token, attempt string) (owedAcquire, bool) {
 }
 
 func (o *owed) owe(d owedAcquire, t owedTime) {
-	o.releases = push(o.releases, owedRelease{base: d.base, token: d.token, attempt: d.attempt, owedTime: t})
+	o.releases = push(o.releases, owedRelease{base: d.base, token: d.token, attempt: d.attempt, read: d.read, owedTime: t})
 }
 
 // lost records that the writer's connection (client id, on the server
@@ -322,10 +324,10 @@ func (o *owed) owe(d owedAcquire, t owedTime) {
 // meant to (a reentrant holder's last). So the owed releases the
 // connection carried are paid, and its own releases are not owed.
 //
-// Its unanswered exclusive acquires are kept in doubt whatever else it
-// carried (a read acquire's roll-back stays a plain release), so
-// that their roll-backs go out as lateGrantReleaseScript and never take a
-// hold their token had before. The connection is killed from the next one
+// Its unanswered acquires (exclusive ones, and read ones marked with their
+// attempt) are kept in doubt whatever else it carried, so that their
+// roll-backs go out as lateGrantReleaseScript (lateReadReleaseScript)
+// and never take a hold their token had before. The connection is killed from the next one
 // only when it carried no unanswered release, owed release or unmark:
 // those must run (a user's UNLOCK killed would leave the key until its
 // TTL, and cannot be sent again). Unanswered fence writes, extends and
@@ -351,7 +353,7 @@ func (o *owed) lost(unanswered []*op, fences unansweredFences, id int64, run str
 	for _, p := range unanswered {
 		if lateGrantable(p) {
 			t := time.Duration(p.ms) * time.Millisecond
-			o.doubts = push(o.doubts, owedAcquire{base: p.base, token: p.token, attempt: p.attempt, owedTime: owedTime{now, t}})
+			o.doubts = push(o.doubts, owedAcquire{base: p.base, token: p.token, attempt: p.attempt, read: p.mode == quorum.Shared, owedTime: owedTime{now, t}})
 			ttl = max(ttl, t)
 		}
 	}
@@ -407,7 +409,7 @@ func (o *owed) unsentSweeps() {
 // before owed, so that a read acquire that ran before it does not keep
 // the key for its TTL.
 func lateGrantable(p *op) bool {
-	return p.kind == opAcquire && p.mode != quorum.Shared
+	return p.kind == opAcquire && (p.mode != quorum.Shared || p.attempt != "")
 }
 
 // inDoubt tells whether unanswered holds an acquire kept in doubt (see
@@ -467,11 +469,11 @@ func killable(unanswered []*op, fences bool) bool {
 }
 
 // settles tells whether p is the roll-back of an acquire that may be in
-// doubt: a failed exclusive attempt's release. A holder's UNLOCK (one of
-// its holds, whatever the doubt) and a read attempt's roll-back (its
-// read hold) stay plain releases.
+// doubt: a failed attempt's release (a read attempt's when it names the
+// attempt, as the quorum's do: see lateReadReleaseScript). A holder's
+// UNLOCK (one of its holds, whatever the doubt) stays a plain release.
 func settles(p *op) bool {
-	return p.kind == opRelease && p.rollback && p.hold != quorum.ReadHold
+	return p.kind == opRelease && p.rollback && (p.hold != quorum.ReadHold || p.attempt != "")
 }
 
 // unsent records a batch that could not be sent at now (no connection):
@@ -561,7 +563,7 @@ func (n *Node) writeDebts(c *nodeConn, o *owed, now time.Time) {
 		c.bulkInt(f.fence)
 	}
 	for _, r := range o.releases {
-		n.addLateGrantRelease(c, r.base, r.token, r.attempt)
+		n.addLateGrantRelease(c, r.base, r.token, r.attempt, r.read)
 	}
 	// Written, the releases are owed no more, answered or not (see lost).
 	o.inKills = len(o.kills)

@@ -120,7 +120,7 @@ const luaPrune = `
 local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now)
 if #gone > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
-  for _, r in ipairs(gone) do redis.call('HDEL', KEYS[5], r) end
+  for _, r in ipairs(gone) do redis.call('HDEL', KEYS[5], r, '\0lockproxy:attempt:' .. r) end
 end
 `
 
@@ -258,7 +258,9 @@ return {-1, left, v}
 `
 
 // readScript: KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms, ARGV[3]
-// slot, ARGV[4] readMarker. Returns {fence, holds} when granted,
+// slot, ARGV[4] readMarker, ARGV[5] the attempt (see op.attempt), which a
+// grant stores as the token's mark in lockrh (see attemptField and
+// lateReadReleaseScript). Returns {fence, holds} when granted,
 // {-1, ms, holder} when a writer holds the key (ms its lease left and
 // holder its token, as acquireScript's) or waits for it (ms what is left
 // of the first waiting writer's mark, which lasts until that writer's
@@ -284,6 +286,9 @@ if not mine or tonumber(mine) < now + tonumber(ARGV[2]) then
   redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
 end
 local h = redis.call('HINCRBY', KEYS[5], ARGV[1], 1)
+if ARGV[5] and ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[5], '\0lockproxy:attempt:' .. ARGV[1], ARGV[5])
+end
 local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
 local fence = tonumber(redis.call('HGET', KEYS[7], ARGV[3]) or '0')
 if v == ARGV[1] then
@@ -412,46 +417,15 @@ local function announce(chans)
 end
 `
 
-// releaseScript releases any number of holds in one call: a script call
-// costs the node a fixed overhead several times a plain command's, so a
-// batch's releases share one. For release i (from 0), KEYS[5i+1..5i+5] are
-// the lock's first five keys and ARGV[4i+1..4i+4] are token, release
-// channel, readMarker and which holds: empty for any (write holds first),
-// 'w' write only, 'r' read only (the roll-back of a failed attempt takes
-// only the kind of hold the attempt could have added). Each release
-// removes one hold of its token. Returns one answer per release: 1 when a
-// hold was released, 0 when the token held none.
-//
-// Each redis.call costs the node about a microsecond of its own, however
-// little the command does, so the call makes as few as it can for the
-// whole batch rather than for each release: one MGET reads every lock key
-// and lockm, one DEL ends every single write hold (the common UNLOCK), and
-// PUBSUB NUMPAT and NUMSUB find the channels anyone listens on. Releases that
-// need more (reentrant holds, readers, a downgrade) take their own calls.
-//
-// An UNLOCK (empty which) that makes the key free for someone else (the
-// last write hold, the last reader) announces it on the channel in the
-// same call, so that waiters on every lockproxy instance learn of it
-// without a round trip of their own; a channel with no subscriber gets no
-// PUBLISH, which would reach nobody (unless someone listens by pattern,
-// which PUBSUB NUMSUB does not count: then every release is announced).
-// A roll-back announces nothing: it
-// undoes a grant on a minority of nodes, which frees nothing for anyone,
-// and announcing it would wake the waiter whose own attempt it rolls back
-// (which then spins while the holder holds). An expiry is not announced:
-// waiters find it by their retry. The announcement is a pcall: a node user
-// whose ACL denies PUBSUB or the channel still releases, and waiters fall
-// back to their retry.
-//
-// The releases of one call are for distinct keys (Node.send sees to it),
-// so their order within the call does not matter, and the DEL that ends
-// the single holds can wait for the end of the call.
-const releaseScript = luaMeta + luaAnnounce + `
+// luaRelease defines release(k, fk, mk, rk, rhk, tok, marker, which, v, m),
+// which removes one hold of tok (see releaseScript), with its helpers
+// prune and nodeNow. Shared by releaseScript and lateReadReleaseScript.
+const luaRelease = `
 local function prune(rk, rhk, now)
   local gone = redis.call('ZRANGEBYSCORE', rk, '-inf', now)
   if #gone > 0 then
     redis.call('ZREMRANGEBYSCORE', rk, '-inf', now)
-    for _, r in ipairs(gone) do redis.call('HDEL', rhk, r) end
+    for _, r in ipairs(gone) do redis.call('HDEL', rhk, r, '\0lockproxy:attempt:' .. r) end
   end
 end
 local function nodeNow()
@@ -490,7 +464,7 @@ local function release(k, fk, mk, rk, rhk, tok, marker, which, v, m)
   if not redis.call('ZSCORE', rk, tok) then return 0, false end
   if redis.call('HINCRBY', rhk, tok, -1) > 0 then return 1, false end
   redis.call('ZREM', rk, tok)
-  redis.call('HDEL', rhk, tok)
+  redis.call('HDEL', rhk, tok, '\0lockproxy:attempt:' .. tok)
   if v == tok then
     -- The write holder's read hold ends (an undone downgrade).
     local h = meta(m, tok)
@@ -510,6 +484,43 @@ local function release(k, fk, mk, rk, rhk, tok, marker, which, v, m)
   redis.call('PEXPIRE', k, keep)
   return 1, false
 end
+`
+
+// releaseScript releases any number of holds in one call: a script call
+// costs the node a fixed overhead several times a plain command's, so a
+// batch's releases share one. For release i (from 0), KEYS[5i+1..5i+5] are
+// the lock's first five keys and ARGV[4i+1..4i+4] are token, release
+// channel, readMarker and which holds: empty for any (write holds first),
+// 'w' write only, 'r' read only (the roll-back of a failed attempt takes
+// only the kind of hold the attempt could have added). Each release
+// removes one hold of its token. Returns one answer per release: 1 when a
+// hold was released, 0 when the token held none.
+//
+// Each redis.call costs the node about a microsecond of its own, however
+// little the command does, so the call makes as few as it can for the
+// whole batch rather than for each release: one MGET reads every lock key
+// and lockm, one DEL ends every single write hold (the common UNLOCK), and
+// PUBSUB NUMPAT and NUMSUB find the channels anyone listens on. Releases that
+// need more (reentrant holds, readers, a downgrade) take their own calls.
+//
+// An UNLOCK (empty which) that makes the key free for someone else (the
+// last write hold, the last reader) announces it on the channel in the
+// same call, so that waiters on every lockproxy instance learn of it
+// without a round trip of their own; a channel with no subscriber gets no
+// PUBLISH, which would reach nobody (unless someone listens by pattern,
+// which PUBSUB NUMSUB does not count: then every release is announced).
+// A roll-back announces nothing: it
+// undoes a grant on a minority of nodes, which frees nothing for anyone,
+// and announcing it would wake the waiter whose own attempt it rolls back
+// (which then spins while the holder holds). An expiry is not announced:
+// waiters find it by their retry. The announcement is a pcall: a node user
+// whose ACL denies PUBSUB or the channel still releases, and waiters fall
+// back to their retry.
+//
+// The releases of one call are for distinct keys (Node.send sees to it),
+// so their order within the call does not matter, and the DEL that ends
+// the single holds can wait for the end of the call.
+const releaseScript = luaMeta + luaAnnounce + luaRelease + `
 local n = #KEYS / 5
 local names = {}
 for i = 0, n - 1 do
@@ -766,6 +777,33 @@ redis.call('DEL', KEYS[1])
 return {1}
 `
 
+// lateReadReleaseScript is the roll-back of a read acquire in doubt (see
+// owed), lateGrantReleaseScript's counterpart. A read acquire may join a
+// read hold its token has already (RLOCK with TOKEN, a downgrade), and a
+// plain release of one read hold cannot tell the two apart: one that
+// runs where the acquire never did (killed on its dropped connection)
+// takes the token's earlier hold. So every read acquire is marked with
+// its attempt: a grant stores the attempt as the token's mark in lockrh
+// (field attemptField..token, which no reader token can be: TOKEN refuses
+// the prefix), and this removes one read hold of the token only where the
+// mark is still this attempt's, taking the mark away. A later grant to
+// the token replaced the mark: then a hold stays until its lease ends,
+// which costs time, never safety. KEYS the lock's first five keys;
+// ARGV[1] token, ARGV[2] the attempt, ARGV[3] readMarker. Nothing is
+// announced. Returns {1} when it removed a hold, else {0}.
+const lateReadReleaseScript = luaMeta + luaRelease + `
+local f = '\0lockproxy:attempt:' .. ARGV[1]
+if redis.call('HGET', KEYS[5], f) ~= ARGV[2] then return {0} end
+redis.call('HDEL', KEYS[5], f)
+local vm = redis.call('MGET', KEYS[1], KEYS[3])
+local n = release(KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], ARGV[1], ARGV[3], 'r', vm[1], vm[2])
+return {n}
+`
+
+// attemptField prefixes the token in a read attempt's mark (see
+// lateReadReleaseScript); the scripts spell it out.
+const attemptField = "\x00lockproxy:attempt:"
+
 // seedFenceScript: KEYS[1] fence hash; ARGV field, value pairs. Raises
 // each field to at least its value, in one call, so a counter never goes
 // down even if acquires run on the node meanwhile. It re-seeds a node that
@@ -800,6 +838,7 @@ var (
 	scriptUnmark        = newScript(unmarkScript)
 	scriptSyncHolds     = newScript(syncHoldsScript)
 	scriptLateGrant     = newScript(lateGrantReleaseScript)
+	scriptLateRead      = newScript(lateReadReleaseScript)
 	scriptOwedFence     = newScript(owedFenceScript)
 	scriptSweepFence    = newScript(sweepFenceScript)
 )
