@@ -7,12 +7,14 @@ import (
 	"time"
 )
 
-// Grant is one exclusive grant as its client saw it. All times are offsets
-// on one monotonic clock (History.Now) of the test process.
+// Grant is one grant as its client saw it: exclusive (LOCK), or shared
+// (RLOCK) when Shared. All times are offsets on one monotonic clock
+// (History.Now) of the test process.
 type Grant struct {
-	Key   string
-	Token string
-	Fence int64
+	Key    string
+	Token  string
+	Fence  int64
+	Shared bool
 	// Client names who held it, for reports.
 	Client string
 	// Enter is stamped right after the LOCK reply arrived.
@@ -51,7 +53,11 @@ func (g Grant) end() time.Duration {
 }
 
 func (g Grant) String() string {
-	return fmt.Sprintf("%s fence %d by %s [%v, exit %v, deadline %v]", g.Key, g.Fence, g.Client, g.Enter, g.exit(), g.Deadline)
+	kind := ""
+	if g.Shared {
+		kind = " (read)"
+	}
+	return fmt.Sprintf("%s fence %d%s by %s [%v, exit %v, deadline %v]", g.Key, g.Fence, kind, g.Client, g.Enter, g.exit(), g.Deadline)
 }
 
 // History records grants from many goroutines on one monotonic clock.
@@ -95,11 +101,14 @@ func (p Pair) String() string { return p.First.String() + " / " + p.Second.Strin
 type Report struct {
 	Grants int
 	// Overlaps: Second entered before First's end (its exit, capped at its
-	// validity deadline): two holders at once while both leases were valid.
+	// validity deadline): two holders at once while both leases were valid,
+	// not both readers.
 	Overlaps     []Pair
 	OverlapCount int
 	// FenceRegressions: Second entered after First but its fence is not
-	// larger.
+	// larger (a write after a write or a read), or smaller (a read after a
+	// write: a read's fence is at least that of every earlier write, and
+	// readers share theirs).
 	FenceRegressions     []Pair
 	FenceRegressionCount int
 	// LateUses: First was still in its critical section (before its exit)
@@ -129,7 +138,9 @@ func (r Report) String() string {
 }
 
 // Check looks for overlaps, fence regressions, late uses and live writes
-// rejected, key by key, with grants ordered by Enter.
+// rejected, key by key, with grants ordered by Enter. A read grant is
+// checked against the writes before it only; a write against every grant
+// before it.
 func Check(grants []Grant) Report {
 	r := Report{Grants: len(grants)}
 	byKey := map[string][]Grant{}
@@ -151,38 +162,72 @@ func Check(grants []Grant) Report {
 		gs := byKey[k]
 		sort.SliceStable(gs, func(i, j int) bool { return gs[i].Enter < gs[j].Enter })
 		// Sweep: among the grants entered so far, the one that ends last
-		// (validity-capped) and the one that exits last (uncapped).
-		var lastEnd, lastExit Grant
-		for i, g := range gs {
-			if i > 0 {
+		// (validity-capped) and the one that exits last (uncapped), of all
+		// (against a write) and of the writes (against a read); the last
+		// write entered and the read with the highest fence.
+		var all, writes sweep
+		var lastWrite, topRead *Grant
+		for i := range gs {
+			g := gs[i]
+			against := &all
+			if g.Shared {
+				against = &writes
+			}
+			if against.n > 0 {
 				switch {
-				case g.Enter < lastEnd.end():
+				case g.Enter < against.lastEnd.end():
 					r.OverlapCount++
 					if len(r.Overlaps) < maxExamples {
-						r.Overlaps = append(r.Overlaps, Pair{lastEnd, g})
+						r.Overlaps = append(r.Overlaps, Pair{against.lastEnd, g})
 					}
-				case g.Enter < lastExit.exit():
+				case g.Enter < against.lastExit.exit():
 					r.LateUseCount++
 					if len(r.LateUses) < maxExamples {
-						r.LateUses = append(r.LateUses, Pair{lastExit, g})
-					}
-				}
-				if prev := gs[i-1]; g.Fence <= prev.Fence {
-					r.FenceRegressionCount++
-					if len(r.FenceRegressions) < maxExamples {
-						r.FenceRegressions = append(r.FenceRegressions, Pair{prev, g})
+						r.LateUses = append(r.LateUses, Pair{against.lastExit, g})
 					}
 				}
 			}
-			if i == 0 || g.end() > lastEnd.end() {
-				lastEnd = g
+			var regressed *Grant
+			switch {
+			case lastWrite != nil && (g.Fence < lastWrite.Fence || !g.Shared && g.Fence == lastWrite.Fence):
+				regressed = lastWrite
+			case !g.Shared && topRead != nil && g.Fence <= topRead.Fence:
+				regressed = topRead
 			}
-			if i == 0 || g.exit() > lastExit.exit() {
-				lastExit = g
+			if regressed != nil {
+				r.FenceRegressionCount++
+				if len(r.FenceRegressions) < maxExamples {
+					r.FenceRegressions = append(r.FenceRegressions, Pair{*regressed, g})
+				}
+			}
+			all.add(g)
+			if g.Shared {
+				if topRead == nil || g.Fence > topRead.Fence {
+					topRead = &gs[i]
+				}
+			} else {
+				writes.add(g)
+				lastWrite = &gs[i]
 			}
 		}
 	}
 	return r
+}
+
+// sweep is Check's running state over a key's grants in Enter order.
+type sweep struct {
+	n                 int
+	lastEnd, lastExit Grant
+}
+
+func (s *sweep) add(g Grant) {
+	if s.n == 0 || g.end() > s.lastEnd.end() {
+		s.lastEnd = g
+	}
+	if s.n == 0 || g.exit() > s.lastExit.exit() {
+		s.lastExit = g
+	}
+	s.n++
 }
 
 // LedgerEntry is one write the ledger was asked to make.

@@ -18,6 +18,13 @@ func g(key string, fence int64, enter, validity, exit int) Grant {
 	}
 }
 
+// rg is g for a read grant.
+func rg(key string, fence int64, enter, validity, exit int) Grant {
+	r := g(key, fence, enter, validity, exit)
+	r.Shared = true
+	return r
+}
+
 func TestCheck(t *testing.T) {
 	tests := []struct {
 		name                               string
@@ -48,6 +55,16 @@ func TestCheck(t *testing.T) {
 		{name: "write rejected within validity",
 			grants: []Grant{{Key: "k", Fence: 1, Enter: 1, Deadline: 100 * ms, Exit: 50 * ms, Use: 40 * ms, Rejected: true}},
 			rejLv:  1},
+		{name: "readers overlap each other", grants: []Grant{rg("k", 3, 0, 100, 50), rg("k", 3, 10, 100, 60), rg("k", 2, 20, 100, 30)}},
+		{name: "read inside a write", grants: []Grant{g("k", 1, 0, 100, 50), rg("k", 1, 20, 100, 30)}, overlaps: 1},
+		{name: "write inside a read", grants: []Grant{rg("k", 1, 0, 100, 50), g("k", 2, 20, 100, 30)}, overlaps: 1},
+		{name: "write inside the earlier of two reads",
+			grants: []Grant{rg("k", 1, 0, 100, 80), rg("k", 1, 10, 100, 20), g("k", 2, 40, 100, 50)}, overlaps: 1},
+		{name: "read, write, read in turn", grants: []Grant{rg("k", 1, 0, 100, 10), g("k", 2, 20, 100, 30), rg("k", 2, 40, 100, 50)}},
+		{name: "read below the write before it", grants: []Grant{g("k", 4, 0, 100, 10), rg("k", 3, 20, 100, 30)}, regressions: 1},
+		{name: "write not above the read before it", grants: []Grant{rg("k", 4, 0, 100, 10), g("k", 4, 20, 100, 30)}, regressions: 1},
+		{name: "write not above the highest earlier read",
+			grants: []Grant{rg("k", 6, 0, 100, 10), rg("k", 4, 5, 100, 15), g("k", 5, 20, 100, 30)}, regressions: 1},
 		{name: "write rejected past validity",
 			grants: []Grant{{Key: "k", Fence: 1, Enter: 1, Deadline: 100 * ms, Exit: 250 * ms, Use: 200 * ms, Rejected: true}}},
 	}

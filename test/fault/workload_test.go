@@ -75,6 +75,14 @@ func (e *env) critical(key string, g *Grant) {
 	g.Rejected = !e.ledger.Write(key, g.Fence, v+1)
 }
 
+// reading is a reader's critical section: read the key's counter with the
+// grant's fence and sleep up to maxSleep; it writes nothing (Use stays 0,
+// so porcupine leaves it out, and Check holds it against the writes).
+func (e *env) reading(key string, g *Grant) {
+	g.Read = e.ledger.Read(key, g.Fence)
+	time.Sleep(rand.N(maxSleep + 1))
+}
+
 // counts are a workload's outcomes.
 type counts struct {
 	grants, nils, noQuorum, errs, unlockZero, unlockErrs, vanished atomic.Int64
@@ -96,6 +104,9 @@ type workload struct {
 	// tokens has a quarter of the clients name a new token in each LOCK
 	// (see env.client).
 	tokens bool
+	// readers has another quarter of the clients take read locks (RLOCK)
+	// instead (see env.client).
+	readers bool
 }
 
 // afterHeal is how many grants each client makes after the fault healed
@@ -119,7 +130,7 @@ func (w workload) run(t *testing.T, e *env, healed <-chan struct{}) (*counts, fu
 		p := e.proxies[i%len(e.proxies)]
 		name := fmt.Sprintf("p%d.c%d", i%len(e.proxies), i)
 		wg.Go(func() {
-			n := e.client(name, p.addr, w.tokens && i%4 == 1, w, healed, stop, deadline, c)
+			n := e.client(name, p.addr, w.tokens && i%4 == 1, w.readers && i%4 == 3, w, healed, stop, deadline, c)
 			select {
 			case <-stop:
 				return
@@ -154,7 +165,14 @@ func (w workload) run(t *testing.T, e *env, healed <-chan struct{}) (*counts, fu
 // mixing both kinds on the same keys. (Not in every row of make test:
 // the suite's time, which such clients may lengthen, is not measured
 // apart from the host's load yet.)
-func (e *env) client(name, addr string, withToken bool, w workload, healed, stop <-chan struct{}, deadline time.Time, c *counts) int {
+//
+// A reader (in the rows that ask for readers) loops RLOCK, with a TOKEN of
+// its own as every other of its RLOCKs (a read acquire is marked with its
+// attempt either way: see lateReadReleaseScript), a read of the ledger,
+// and UNLOCK: the history must show no read within a write's validity and
+// no write within a read's, and read fences no lower than the writes
+// before them.
+func (e *env) client(name, addr string, withToken, reader bool, w workload, healed, stop <-chan struct{}, deadline time.Time, c *counts) int {
 	cl := newClient(addr)
 	defer func() { _ = cl.Close() }()
 	n, atHeal := 0, -1
@@ -177,10 +195,14 @@ func (e *env) client(name, addr string, withToken bool, w workload, healed, stop
 		key := fmt.Sprintf("k%d", rand.N(w.keys))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		args := []any{"PX", ttlMS, "WAIT", waitMS}
-		if withToken {
+		if withToken || reader && n%2 == 1 {
 			args = append(args, "TOKEN", name+"."+lockclient.RandID())
 		}
-		r, ok, err := lockclient.TryLock(ctx, cl, key, args...)
+		cmd := "LOCK"
+		if reader {
+			cmd = "RLOCK"
+		}
+		r, ok, err := lockclient.TryAcquire(ctx, cl, cmd, key, args...)
 		cancel()
 		enter := e.hist.Now()
 		switch {
@@ -197,9 +219,13 @@ func (e *env) client(name, addr string, withToken bool, w workload, healed, stop
 			c.nils.Add(1)
 			continue
 		}
-		g := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: name,
+		g := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: name, Shared: reader,
 			Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
-		e.critical(key, &g)
+		if reader {
+			e.reading(key, &g)
+		} else {
+			e.critical(key, &g)
+		}
 		n++
 		c.grants.Add(1)
 		if e.takeVanish() {
@@ -243,7 +269,8 @@ type fault struct {
 	// its schedule; otherwise e.links is nil.
 	links  bool
 	expect expect
-	// tokens: a quarter of the clients use TOKEN (see env.client).
+	// tokens: a quarter of the clients use TOKEN, and another quarter
+	// take read locks (see env.client).
 	tokens bool
 }
 
@@ -663,7 +690,7 @@ func runRow(t *testing.T, f fault) {
 		e = &linkEnv{env: newEnv(t, 5, 2, f.environ...)}
 	}
 	res := watchResources(t, e.proxies)
-	w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit, tokens: f.tokens || soak()}
+	w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit, tokens: f.tokens || soak(), readers: f.tokens || soak()}
 	healed := make(chan struct{})
 	start := time.Now()
 	c, wait := w.run(t, e.env, healed)
