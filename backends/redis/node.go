@@ -216,16 +216,6 @@ type Node struct {
 	// its token had before.
 	unsentMu       sync.Mutex
 	unsentAttempts []unsentAttempt
-	// enqueuing are the marked acquires whose enqueue is under way:
-	// neither taken by their writer yet nor given up. Their caller may
-	// wait for a full queue, and the quorum may decide and send the
-	// roll-back meanwhile, which can reach the writer first: the writer
-	// then answers it 0 and revokes the attempt, which it drops unsent if
-	// it comes after all (see undoesUnsent). Without this the roll-back
-	// went out and took the hold its token had before the attempt.
-	// Entries live only while their enqueue or their drop is pending.
-	enqueuing map[string]struct{}
-	revoked   map[string]struct{}
 }
 
 // numSlots is the number of key slots (see slot).
@@ -397,9 +387,6 @@ func (n *Node) Close() error {
 }
 
 var errClosed = errors.New("redis: node closed")
-
-// errRevoked answers an attempt whose roll-back reached its writer first.
-var errRevoked = errors.New("redis: attempt rolled back before it was sent")
 
 // unsentError marks an operation that never reached the node (see
 // quorum.Unsent).
@@ -650,16 +637,10 @@ func (n *Node) enqueue(ctx context.Context, o *op) {
 		n.finish(o, opResult{err: unsent(errClosed)})
 		return
 	}
-	marked := o.kind == opAcquire && o.attempt != ""
-	if marked {
-		n.noteEnqueuing(o.attempt)
-	}
 	select {
 	case n.queue(o) <- o:
 	case <-ctx.Done():
-		if marked {
-			n.giveUpEnqueuing(o, time.Now())
-		}
+		n.giveUp(o, time.Now())
 		n.finish(o, opResult{err: unsent(ctx.Err())})
 	}
 }
@@ -887,8 +868,7 @@ func (n *Node) giveUp(o *op, now time.Time) {
 }
 
 // undoesUnsent tells whether o is the roll-back of an attempt given up
-// before it was sent, and forgets that attempt; or of one whose enqueue
-// is still under way, which it revokes (see Node.enqueuing).
+// before it was sent, and forgets that attempt.
 func (n *Node) undoesUnsent(o *op) bool {
 	if o.kind != opRelease || !o.rollback || o.attempt == "" {
 		return false
@@ -901,58 +881,6 @@ func (n *Node) undoesUnsent(o *op) bool {
 			return true
 		}
 	}
-	if _, ok := n.enqueuing[o.attempt]; ok {
-		delete(n.enqueuing, o.attempt)
-		if n.revoked == nil {
-			n.revoked = map[string]struct{}{}
-		}
-		n.revoked[o.attempt] = struct{}{}
-		return true
-	}
-	return false
-}
-
-// noteEnqueuing records that the marked acquire attempt is on its way to
-// its writer (see Node.enqueuing).
-func (n *Node) noteEnqueuing(attempt string) {
-	n.unsentMu.Lock()
-	defer n.unsentMu.Unlock()
-	if n.enqueuing == nil {
-		n.enqueuing = map[string]struct{}{}
-	}
-	n.enqueuing[attempt] = struct{}{}
-}
-
-// giveUpEnqueuing is giveUp for a marked acquire whose caller left before
-// its writer took it: the writer answers its roll-back without sending
-// it, unless it already has (the attempt is revoked: nothing is left to
-// remember).
-func (n *Node) giveUpEnqueuing(o *op, now time.Time) {
-	n.unsentMu.Lock()
-	_, waiting := n.enqueuing[o.attempt]
-	delete(n.enqueuing, o.attempt)
-	delete(n.revoked, o.attempt)
-	n.unsentMu.Unlock()
-	if waiting {
-		n.giveUp(o, now)
-	}
-}
-
-// takeAttempt is called by the writer for each op it takes: it tells
-// whether o is a marked acquire whose roll-back the writer has answered
-// already (see undoesUnsent), which must not go out, and ends o's
-// enqueue otherwise.
-func (n *Node) takeAttempt(o *op) (revoked bool) {
-	if o.kind != opAcquire || o.attempt == "" {
-		return false
-	}
-	n.unsentMu.Lock()
-	defer n.unsentMu.Unlock()
-	if _, ok := n.revoked[o.attempt]; ok {
-		delete(n.revoked, o.attempt)
-		return true
-	}
-	delete(n.enqueuing, o.attempt)
 	return false
 }
 
@@ -1183,11 +1111,6 @@ func (n *Node) exec(w *writer, batch []*op) {
 		if n.undoesUnsent(o) {
 			// Its attempt never went out here: nothing to undo.
 			n.finish(o, opResult{})
-			continue
-		}
-		if n.takeAttempt(o) {
-			// Its roll-back came first and was answered: it stays unsent.
-			n.finish(o, opResult{err: unsent(errRevoked)})
 			continue
 		}
 		if !o.deadline.After(now) {

@@ -1,8 +1,6 @@
 package redis
 
 import (
-	"errors"
-	"strings"
 	"testing"
 	"time"
 
@@ -133,92 +131,5 @@ func TestHeldAcquireNotOvertakenInItsBatch(t *testing.T) {
 	}
 	if got := describeState(st); got != "w:T:1" {
 		t.Errorf("state after the batch %q; want T's one hold (w:T:1), lock key %q", got, direct.Get(ctx, "lp:lock:"+key).Val())
-	}
-}
-
-// TestRollbackBeforeItsAttemptIsTakenKeepsHold: T holds the key; its
-// reentrant attempt A is on its way to the writer (its caller waits for a
-// full queue) when the quorum decides and A's roll-back reaches the writer
-// first. That roll-back used to go out and take T's hold. Now the writer
-// answers it 0 and revokes A, which it drops unsent if it comes after all;
-// an A that the writer took first is undone by its roll-back as usual.
-func TestRollbackBeforeItsAttemptIsTakenKeepsHold(t *testing.T) {
-	n, r := nodeOnRedis(t)
-	direct := r.Client(t)
-	ctx := ctxTimeout(t, 10*time.Second)
-	rollback := func(key, attempt string) *op {
-		now := time.Now()
-		return &op{kind: opRelease, base: key, token: "T", hold: quorum.WriteHold, rollback: true, attempt: attempt,
-			start: now, deadline: now.Add(5 * time.Second), res: make(chan opResult, 1)}
-	}
-	attempt := func(key, name string) *op {
-		now := time.Now()
-		a := n.acquireOp(quorum.Request{Key: key, Token: "T", TTL: 10 * time.Second, Attempt: name})
-		a.start, a.deadline, a.res = now, now.Add(5*time.Second), make(chan opResult, 1)
-		return a
-	}
-	state := func(key string) string {
-		st, err := n.LockState(ctx, key)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return describeState(st)
-	}
-	for _, tc := range []struct {
-		name string
-		run  func(key string, w *writer) (rolledBack opResult)
-		want string
-	}{
-		{"roll-back first, attempt taken later", func(key string, w *writer) opResult {
-			a, rb := attempt(key, "A1"), rollback(key, "A1")
-			n.noteEnqueuing("A1")
-			n.exec(w, []*op{rb})
-			n.exec(w, []*op{a})
-			if ra := <-a.res; !errors.Is(ra.err, errRevoked) || !quorum.Unsent(ra.err) {
-				t.Errorf("attempt taken after its roll-back = %+v; want dropped unsent", ra)
-			}
-			return <-rb.res
-		}, "w:T:1"},
-		{"roll-back first, attempt given up later", func(key string, w *writer) opResult {
-			a, rb := attempt(key, "A2"), rollback(key, "A2")
-			n.noteEnqueuing("A2")
-			n.exec(w, []*op{rb})
-			n.giveUpEnqueuing(a, time.Now())
-			return <-rb.res
-		}, "w:T:1"},
-		{"attempt taken first", func(key string, w *writer) opResult {
-			a, rb := attempt(key, "A3"), rollback(key, "A3")
-			n.noteEnqueuing("A3")
-			n.exec(w, []*op{a})
-			if ra := <-a.res; ra.err != nil || ra.holds != 2 {
-				t.Errorf("attempt = %+v; want T's second hold", ra)
-			}
-			n.exec(w, []*op{rb})
-			if rr := <-rb.res; rr.err != nil || rr.n != 1 {
-				t.Errorf("roll-back of a sent attempt = %+v; want its hold released", rr)
-			}
-			return opResult{} // checked above: it answers 1 here
-		}, "w:T:1"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			key := "enqueue-race-" + strings.ReplaceAll(tc.name, " ", "-")
-			if g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: "T", TTL: 10 * time.Second, NoReentry: true}); err != nil || !g.Acquired {
-				t.Fatalf("T's grant = %+v, %v", g, err)
-			}
-			w := &writer{}
-			defer w.drop()
-			if rr := tc.run(key, w); rr.err != nil || rr.n != 0 {
-				t.Errorf("roll-back of the attempt not taken = %+v; want answered 0 unsent", rr)
-			}
-			if got := state(key); got != tc.want {
-				t.Errorf("state %q; want %q (lock key %q)", got, tc.want, direct.Get(ctx, "lp:lock:"+key).Val())
-			}
-			n.unsentMu.Lock()
-			left := len(n.enqueuing) + len(n.revoked)
-			n.unsentMu.Unlock()
-			if left != 0 {
-				t.Errorf("%d attempts left in enqueuing/revoked; want none", left)
-			}
-		})
 	}
 }
