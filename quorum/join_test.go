@@ -17,8 +17,9 @@ import (
 // another, before the fresh grant's fence was stored there) and the
 // token's one hold was told several fences (test/e2e
 // TestConcurrentSameTokenGrantsShareOneFence). Attempts that cannot join
-// that hold (another token, NoReentry, another key) do not wait, nor does
-// a waiting attempt past its context.
+// that hold (another token, NoReentry, a read without TOKEN, another key)
+// do not wait, nor does a waiting attempt past its context. (A read
+// attempt with the token waits like an exclusive one: see enterJoin.)
 func TestOverlappingSameTokenAttemptsRunInTurn(t *testing.T) {
 	checkGoroutines(t)
 	gate := make(chan struct{})
@@ -62,7 +63,7 @@ func TestOverlappingSameTokenAttemptsRunInTurn(t *testing.T) {
 		run(ctx, quorum.Request{Key: "k", Token: "u", TTL: 10 * time.Second}),
 		run(ctx, quorum.Request{Key: "k", Token: "t", TTL: 10 * time.Second, NoReentry: true}),
 		run(ctx, quorum.Request{Key: "k2", Token: "t", TTL: 10 * time.Second}),
-		run(ctx, quorum.Request{Key: "k", Token: "t", TTL: 10 * time.Second, Mode: quorum.Shared}),
+		run(ctx, quorum.Request{Key: "k", Token: "t", TTL: 10 * time.Second, Mode: quorum.Shared, NoReentry: true}),
 	}
 	awaitOps(nodes, "acquire", 1+len(others))
 	select {
@@ -105,6 +106,46 @@ func TestOverlappingSameTokenAttemptsRunInTurn(t *testing.T) {
 		}
 		if last := acq[len(acq)-1]; last.key != "k" || last.token != "t" {
 			t.Errorf("%s: last acquire %q/%q; want the token's second attempt k/t", nd.name, last.key, last.token)
+		}
+	}
+}
+
+// TestOverlappingSameTokenReadsRunInTurn: a read attempt with a TOKEN
+// waits for another attempt of its token on the key, as an exclusive one
+// does: a node keeps one attempt mark per reader token, so two
+// overlapping read attempts that both failed where their answers were
+// lost would leave one of their read holds behind (see enterJoin).
+func TestOverlappingSameTokenReadsRunInTurn(t *testing.T) {
+	gate := make(chan struct{})
+	nodes := makeNodes(t, 3, nil)
+	for _, nd := range nodes {
+		nd.gate = gate // closed here, not by makeNodes's cleanup
+	}
+	var closeOnce sync.Once
+	openGate := func() { closeOnce.Do(func() { close(gate) }) }
+	t.Cleanup(openGate)
+	q := newQuorum(t, defaultConfig(), nodes)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := quorum.Request{Key: "k", Token: "r", TTL: 10 * time.Second, Mode: quorum.Shared}
+	errs := make(chan error, 2)
+	for range 2 {
+		go func() {
+			_, err := q.Acquire(ctx, req)
+			errs <- err
+		}()
+		awaitOps(nodes, "acquire", 1)
+	}
+	time.Sleep(50 * time.Millisecond)
+	for _, nd := range nodes {
+		if got := len(nd.ops("acquire")); got != 1 {
+			t.Errorf("%s: %d read acquires of the token while its first was under way; want 1", nd.name, got)
+		}
+	}
+	openGate()
+	for range 2 {
+		if err := <-errs; err != nil {
+			t.Errorf("read attempt: %v", err)
 		}
 	}
 }

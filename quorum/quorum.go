@@ -361,12 +361,12 @@ type Quorum struct {
 	nodes    []Node
 	cfg      Config
 	allAsync bool
-	// joins runs a token's overlapping exclusive attempts on one key one
+	// joins runs a token's overlapping attempts on one key one
 	// after another (see enterJoin).
 	joins joinGate
 }
 
-// joinGate holds the exclusive attempts that may join a hold (not
+// joinGate holds the attempts that may join a hold (not
 // NoReentry) under way, by key and token. A token's attempts that overlap
 // would otherwise meet on the nodes in different orders: on each node one
 // of them grants afresh and the others join its hold, some before the
@@ -388,14 +388,18 @@ type joinGate struct {
 
 type joinKey struct{ key, token string }
 
-// enterJoin waits until no other exclusive attempt of req's token on its
-// key is under way in this Quorum, then registers req's; the returned
-// func ends it. Only attempts that may join a hold wait: a NoReentry
-// attempt (a token lockproxy generated, transparent mode's SET NX) never
-// joins one, so the common grant pays nothing here. A read attempt's
-// fence is not the hold's (see settleFence), so it does not wait either.
+// enterJoin waits until no other attempt of req's token on its key is
+// under way in this Quorum, then registers req's; the returned func ends
+// it. Only attempts that may join a hold wait: a NoReentry attempt (a
+// token lockproxy generated, transparent mode's SET NX) never joins one,
+// so the common grant pays nothing here. A read attempt's fence is not
+// the hold's (see settleFence), but a node keeps one attempt mark per
+// reader token (backends/redis lateReadReleaseScript): two overlapping
+// read attempts of a token that both fail on a node whose answers were
+// lost would leave one of their holds there until its lease ends, so
+// read attempts with a TOKEN wait too.
 func (q *Quorum) enterJoin(ctx context.Context, req Request) (func(), error) {
-	if req.Mode != Exclusive || req.NoReentry {
+	if req.NoReentry {
 		return func() {}, nil
 	}
 	g, k := &q.joins, joinKey{req.Key, req.Token}
@@ -552,6 +556,9 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	defer cancel()
 
 	// Buffered to N so that a node answering after we decided never blocks.
+	// StartAcquire is called in turn, not from goroutines, and the decision
+	// waits for the loop: a roll-back never reaches a node before its
+	// attempt was handed over there (TestRollbackNeverOvertakesItsAttempt).
 	results := make(chan grantResult, n)
 	for i, nd := range q.nodes {
 		if an, ok := nd.(AsyncNode); ok {

@@ -108,13 +108,15 @@ type op struct {
 	base      string // the client's key (on the node: prefix "lock:" base)
 	mode      quorum.Mode
 	noReentry bool
-	// attempt names an exclusive acquire that may join a hold of its
-	// token (a LOCK with TOKEN): its first step is acquireMarkedScript,
-	// which marks a hold it makes afresh with it (in lockm), so that its
-	// roll-back when its answer is lost removes that hold and never one
-	// the token had before, also one whose fence write was lost (see
-	// lateGrantReleaseScript). On a release it is the attempt that
-	// release rolls back ("" for one without a mark).
+	// attempt names an acquire that may join a hold of its token: an
+	// exclusive one with TOKEN, whose first step is acquireMarkedScript,
+	// which marks a hold it makes afresh with it (in lockm), and every
+	// read one, whose grant stores it as the token's mark among the
+	// readers (readScript). So its roll-back when its answer is lost
+	// removes that hold and never one the token had before, also one whose
+	// fence write was lost (see lateGrantReleaseScript and
+	// lateReadReleaseScript). On a release it is the attempt that release
+	// rolls back ("" for one without a mark).
 	attempt string
 	hold    quorum.Hold // which holds a release may remove
 	// lateGrant marks a release that rolls back an acquire in doubt: it
@@ -625,7 +627,10 @@ func (n *Node) start(ctx context.Context, o *op) {
 }
 
 // enqueue hands o to its key's writer, or answers it at once when the node
-// is closed or ctx ends first. The read lock makes Close wait for every
+// is closed or ctx ends first. It returns only then: the quorum sends an
+// attempt's roll-back only after StartAcquire returned on every node
+// (quorum TestRollbackNeverOvertakesItsAttempt), so the roll-back queues
+// behind its attempt, or finds it among the unsent ones (giveUp). The read lock makes Close wait for every
 // enqueue under way, so the writers' last drain answers everything queued.
 func (n *Node) enqueue(ctx context.Context, o *op) {
 	if o.kind != opSettle && !o.queued {
@@ -1206,6 +1211,9 @@ func (n *Node) failVotes(batch []*op, err error) []*op {
 			keep = append(keep, o)
 			continue
 		}
+		// Its roll-back, if the quorum decided without this answer, is
+		// behind it and goes out: it must know there is nothing to undo.
+		n.giveUp(o, time.Now())
 		n.finish(o, opResult{err: unsent(err)})
 	}
 	return keep

@@ -26,7 +26,8 @@ import (
 //     are reason enough: one that runs after the hold's release (sent on
 //     the next connection, which the node may serve first) stores a lockf
 //     that outlives the hold for its whole lease;
-//   - its unanswered exclusive acquires (doubts), killed or not, until
+//   - its unanswered acquires (doubts: exclusive ones, and read ones
+//     marked with their attempt), killed or not, until
 //     their roll-back (a failed attempt's release, never a holder's
 //     UNLOCK: see settles) is written or owed;
 //   - the roll-backs of doubts that could not be written at all (no
@@ -403,11 +404,11 @@ func (o *owed) unsentSweeps() {
 
 // lateGrantable tells whether p is an acquire kept in doubt when its
 // answer is lost: an exclusive one, whose hold lateGrantReleaseScript
-// knows (its SET NX's). A read acquire's hold is the token's entry among
-// the readers, which that script does not remove (the lock key is the
-// read marker): its roll-back stays a plain release of the read hold, as
-// before owed, so that a read acquire that ran before it does not keep
-// the key for its TTL.
+// knows (its SET NX's, or its mark), and a read one marked with its
+// attempt, whose hold lateReadReleaseScript knows by the mark. (A read
+// acquire without a mark, which the quorum never sends, is not: a plain
+// release would have to roll it back, and owed after a kill that stopped
+// it, it could take a read hold its token had before.)
 func lateGrantable(p *op) bool {
 	return p.kind == opAcquire && (p.mode != quorum.Shared || p.attempt != "")
 }
@@ -451,10 +452,10 @@ func (f unansweredFences) killable() bool {
 }
 
 // killable tells whether a connection dropped with unanswered left on it
-// may be killed: an exclusive acquire among them, or fence writes that
-// are reason to (fences), and no release, unmark or read acquire (whose
-// plain roll-back, after a kill that stopped it, would take a read hold
-// its token had before).
+// may be killed: an acquire kept in doubt among them (lateGrantable), or
+// fence writes that are reason to (fences), and no release, unmark or
+// unmarked read acquire (whose plain roll-back, after a kill that stopped
+// it, would take a read hold its token had before).
 func killable(unanswered []*op, fences bool) bool {
 	acquire := fences
 	for _, p := range unanswered {
