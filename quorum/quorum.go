@@ -556,9 +556,11 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	defer cancel()
 
 	// Buffered to N so that a node answering after we decided never blocks.
-	// StartAcquire is called in turn, not from goroutines, and the decision
-	// waits for the loop: a roll-back never reaches a node before its
-	// attempt was handed over there (TestRollbackNeverOvertakesItsAttempt).
+	// An AsyncNode's StartAcquire is called in turn, not from a goroutine,
+	// and the decision waits for the loop: a roll-back never reaches such a
+	// node before its attempt was handed over there
+	// (TestRollbackNeverOvertakesItsAttempt). A plain Node has no such
+	// promise; backends/redis's nodes are AsyncNodes.
 	results := make(chan grantResult, n)
 	for i, nd := range q.nodes {
 		if an, ok := nd.(AsyncNode); ok {

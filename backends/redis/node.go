@@ -403,6 +403,7 @@ func unsent(err error) error { return unsentError{err} }
 // Acquire implements quorum.Node.
 func (n *Node) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGrant, error) {
 	if err := n.health.refuse(); err != nil {
+		n.giveUpRequest(req)
 		return quorum.NodeGrant{}, unsent(err)
 	}
 	o := n.acquireOp(req)
@@ -507,6 +508,7 @@ var (
 // StartAcquire implements quorum.AsyncNode.
 func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(quorum.NodeGrant, error)) {
 	if err := n.health.refuse(); err != nil {
+		n.giveUpRequest(req)
 		done(quorum.NodeGrant{}, unsent(err))
 		return
 	}
@@ -872,6 +874,15 @@ func (n *Node) giveUp(o *op, now time.Time) {
 	n.unsentAttempts = append(n.unsentAttempts, unsentAttempt{o.attempt, now.Add(time.Duration(o.ms) * time.Millisecond)})
 }
 
+// giveUpRequest is giveUp for an attempt refused before it became an op:
+// the quorum may not read that answer before it decides, and its
+// roll-back then comes (see giveUp).
+func (n *Node) giveUpRequest(req quorum.Request) {
+	if req.Attempt != "" {
+		n.giveUp(&op{kind: opAcquire, attempt: req.Attempt, ms: req.TTL.Milliseconds()}, time.Now())
+	}
+}
+
 // undoesUnsent tells whether o is the roll-back of an attempt given up
 // before it was sent, and forgets that attempt.
 func (n *Node) undoesUnsent(o *op) bool {
@@ -1208,11 +1219,18 @@ func (n *Node) failVotes(batch []*op, err error) []*op {
 	keep := batch[:0]
 	for _, o := range batch {
 		if o.kind == opRelease || o.kind == opUnmark {
+			if n.undoesUnsent(o) {
+				// The roll-back of an attempt answered unsent earlier in
+				// this batch: nothing to undo.
+				n.finish(o, opResult{})
+				continue
+			}
 			keep = append(keep, o)
 			continue
 		}
 		// Its roll-back, if the quorum decided without this answer, is
-		// behind it and goes out: it must know there is nothing to undo.
+		// behind it (in this batch or a later one) and must know there is
+		// nothing to undo.
 		n.giveUp(o, time.Now())
 		n.finish(o, opResult{err: unsent(err)})
 	}

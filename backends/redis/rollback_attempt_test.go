@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -135,37 +136,59 @@ func TestHeldAcquireNotOvertakenInItsBatch(t *testing.T) {
 }
 
 // TestRollbackOfAttemptOutOfTheVoteKeepsHold: a node taken out of the vote
-// (here: restarting) answers a queued acquire unsent without sending it,
-// and lets releases out; the roll-back of that attempt, which the quorum
-// sends when it decided without this node's answer, used to go out and
-// release the hold T had before it. It is answered 0 unsent now.
+// (here: restarting) answers an acquire unsent without sending it, and
+// lets releases out; the roll-back of that attempt, which the quorum sends
+// when it decided without this node's answer, used to go out and release
+// the hold T had before it. It is answered 0 unsent now, whether it comes
+// in a later batch, in the attempt's own batch, or after the node refused
+// the attempt before queuing it.
 func TestRollbackOfAttemptOutOfTheVoteKeepsHold(t *testing.T) {
 	n, _ := nodeOnRedis(t)
 	ctx := ctxTimeout(t, 10*time.Second)
-	const key = "out-of-the-vote"
-	if g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: "T", TTL: 10 * time.Second, NoReentry: true}); err != nil || !g.Acquired {
-		t.Fatalf("T's grant = %+v, %v", g, err)
-	}
-	w := &writer{}
-	defer w.drop()
-	now := time.Now()
-	a := n.acquireOp(quorum.Request{Key: key, Token: "T", TTL: 10 * time.Second, Attempt: "V"})
-	a.start, a.deadline, a.res = now, now.Add(5*time.Second), make(chan opResult, 1)
-	n.health.blocked.Store(blockRestart)
-	n.exec(w, []*op{a})
-	if ra := <-a.res; !quorum.Unsent(ra.err) {
-		t.Fatalf("attempt on a node out of the vote = %+v; want unsent", ra)
-	}
-	rb := &op{kind: opRelease, base: key, token: "T", hold: quorum.WriteHold, rollback: true, attempt: "V",
-		start: now, deadline: time.Now().Add(5 * time.Second), res: make(chan opResult, 1)}
-	n.exec(w, []*op{rb})
-	rr := <-rb.res
-	n.health.blocked.Store(0)
-	st, err := n.LockState(ctx, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if s := describeState(st); rr.err != nil || rr.n != 0 || s != "w:T:1" {
-		t.Errorf("roll-back of attempt V, never sent = %+v, state %q; want 0 and T's hold kept (w:T:1)", rr, s)
+	for _, tc := range []string{"later batch", "same batch", "refused before queued"} {
+		t.Run(tc, func(t *testing.T) {
+			key := "out-of-the-vote-" + strings.ReplaceAll(tc, " ", "-")
+			if g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: "T", TTL: 10 * time.Second, NoReentry: true}); err != nil || !g.Acquired {
+				t.Fatalf("T's grant = %+v, %v", g, err)
+			}
+			w := &writer{}
+			defer w.drop()
+			now := time.Now()
+			attempt := "V-" + key
+			req := quorum.Request{Key: key, Token: "T", TTL: 10 * time.Second, Attempt: attempt}
+			a := n.acquireOp(req)
+			a.start, a.deadline, a.res = now, now.Add(5*time.Second), make(chan opResult, 1)
+			rb := &op{kind: opRelease, base: key, token: "T", hold: quorum.WriteHold, rollback: true, attempt: attempt,
+				start: now, deadline: time.Now().Add(5 * time.Second), res: make(chan opResult, 1)}
+			n.health.blocked.Store(blockRestart)
+			switch tc {
+			case "later batch":
+				n.exec(w, []*op{a})
+				n.exec(w, []*op{rb})
+			case "same batch":
+				n.exec(w, []*op{a, rb})
+			case "refused before queued":
+				got := make(chan error, 1)
+				n.StartAcquire(ctx, req, func(_ quorum.NodeGrant, err error) { got <- err })
+				if err := <-got; !quorum.Unsent(err) {
+					t.Fatalf("attempt on a node out of the vote: %v; want unsent", err)
+				}
+				n.exec(w, []*op{rb})
+			}
+			if tc != "refused before queued" {
+				if ra := <-a.res; !quorum.Unsent(ra.err) {
+					t.Fatalf("attempt on a node out of the vote = %+v; want unsent", ra)
+				}
+			}
+			rr := <-rb.res
+			n.health.blocked.Store(0)
+			st, err := n.LockState(ctx, key)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if s := describeState(st); rr.err != nil || rr.n != 0 || s != "w:T:1" {
+				t.Errorf("roll-back of attempt V, never sent = %+v, state %q; want 0 and T's hold kept (w:T:1)", rr, s)
+			}
+		})
 	}
 }
