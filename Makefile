@@ -26,14 +26,15 @@ deps:
 ## The fault suite and the end-to-end tests load both cores themselves (rows two at a time, many
 ## lockproxy processes), so they run after the rest, the two of them side by side; the end-to-end
 ## tests take about half as long, so the PostgreSQL end-to-end package, which mostly waits on leases,
-## runs after them in that slot. The other packages mostly wait on servers, sessions and lease timers,
-## so two of them run at once, with their parallel tests four at a time; the longest two (the
-## ZooKeeper end-to-end package, about two minutes of sessions expiring, and the Redis backend's)
-## go first, so that neither starts last and runs alone.
+## runs after them in that slot. The other packages mostly wait on servers, sessions and lease timers
+## (together they keep about half of the two cores busy), so three of them run at once, with their
+## parallel tests four at a time; the longest two (the ZooKeeper end-to-end package, about two
+## minutes of sessions expiring, and the Redis backend's) go first, so that neither starts last and
+## runs alone.
 FIRST_PKGS  := ./test/zk/ ./backends/redis/
 SERIAL_PKGS := ./test/fault/ ./test/e2e/ ./test/postgres/
 test: deps vet
-	$(GO) test -count=1 -p 2 -parallel 4 -timeout 9m $(FIRST_PKGS) $$($(GO) list ./... | grep -v -e '/test/e2e$$' -e '/test/fault$$' -e '/test/postgres$$' -e '/test/zk$$' -e '/backends/redis$$')
+	$(GO) test -count=1 -p 3 -parallel 4 -timeout 9m $(FIRST_PKGS) $$($(GO) list ./... | grep -v -e '/test/e2e$$' -e '/test/fault$$' -e '/test/postgres$$' -e '/test/zk$$' -e '/backends/redis$$')
 	$(GO) test -count=1 -p 2 -timeout 9m $(SERIAL_PKGS)
 
 ## test-race: every test with the race detector, the lockproxy binary of the end-to-end tests included
