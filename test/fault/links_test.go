@@ -277,7 +277,7 @@ func runLinkRow(t *testing.T, row linkRow) {
 	}
 	e := newLinkEnv(t, 5, 2, row.environ...)
 	res := watchResources(t, e.proxies)
-	w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit, tokens: soak()}
+	w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit, tokens: soak(), readers: true}
 	healed := make(chan struct{})
 	start := time.Now()
 	c, wait := w.run(t, e.env, healed)

@@ -105,7 +105,7 @@ type workload struct {
 	// (see env.client).
 	tokens bool
 	// readers has another quarter of the clients take read locks (RLOCK)
-	// instead (see env.client).
+	// instead (see env.client); every row of the suite sets it.
 	readers bool
 }
 
@@ -166,7 +166,7 @@ func (w workload) run(t *testing.T, e *env, healed <-chan struct{}) (*counts, fu
 // the suite's time, which such clients may lengthen, is not measured
 // apart from the host's load yet.)
 //
-// A reader (in the rows that ask for readers) loops RLOCK, with a TOKEN of
+// A reader (a quarter of the clients in every row) loops RLOCK, with a TOKEN of
 // its own as every other of its RLOCKs (a read acquire is marked with its
 // attempt either way: see lateReadReleaseScript), a read of the ledger,
 // and UNLOCK: the history must show no read within a write's validity and
@@ -269,8 +269,7 @@ type fault struct {
 	// its schedule; otherwise e.links is nil.
 	links  bool
 	expect expect
-	// tokens: a quarter of the clients use TOKEN, and another quarter
-	// take read locks (see env.client).
+	// tokens: a quarter of the clients use TOKEN (see env.client).
 	tokens bool
 }
 
@@ -690,7 +689,7 @@ func runRow(t *testing.T, f fault) {
 		e = &linkEnv{env: newEnv(t, 5, 2, f.environ...)}
 	}
 	res := watchResources(t, e.proxies)
-	w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit, tokens: f.tokens || soak(), readers: f.tokens || soak()}
+	w := workload{clients: clients, grants: grants, keys: rowKeys, limit: limit, tokens: f.tokens || soak(), readers: true}
 	healed := make(chan struct{})
 	start := time.Now()
 	c, wait := w.run(t, e.env, healed)
