@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -120,8 +121,17 @@ type op struct {
 	attempt string
 	hold    quorum.Hold // which holds a release may remove
 	// lateGrant marks a release that rolls back an acquire in doubt: it
-	// goes out as lateGrantReleaseScript (see owed.written).
+	// goes out as lateGrantReleaseScript (see owed.written), with
+	// lateMark when that acquire was marked by its node (mark).
 	lateGrant bool
+	lateMark  string
+	// mark is the name an unnamed exclusive acquire (no attempt: a LOCK …
+	// WAIT without TOKEN) sent as acquireScript marks its hold with: that
+	// script stores the hold's fence in the same step, so the unmarked
+	// roll-back rule (no stored fence) would keep a hold whose answer was
+	// lost until its TTL; its doubt carries the mark instead (see
+	// addAcquireScript).
+	mark string
 	// rollback marks a failed acquisition's release (quorum.Rollback):
 	// only it settles an acquire in doubt, never a holder's UNLOCK.
 	rollback bool
@@ -1136,7 +1146,7 @@ func (n *Node) exec(w *writer, batch []*op) {
 				// of an acquire already on its way to this node, which
 				// would otherwise hold the key here until its TTL.
 				late := &op{kind: opRelease, base: o.base, token: o.token,
-					hold: o.hold, rollback: o.rollback, attempt: o.attempt, lateGrant: o.lateGrant,
+					hold: o.hold, rollback: o.rollback, attempt: o.attempt, lateGrant: o.lateGrant, lateMark: o.lateMark,
 					start: now, deadline: now.Add(n.timeout), res: make(chan opResult, 1),
 					done: func(opResult) {}}
 				n.track(late)
@@ -1365,7 +1375,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				continue
 			}
 			if o.lateGrant {
-				n.addLateGrantRelease(c, o.base, o.token, o.attempt, o.hold == quorum.ReadHold)
+				n.addLateGrantRelease(c, o.base, o.token, cmp.Or(o.attempt, o.lateMark), o.hold == quorum.ReadHold)
 				continue
 			}
 			n.addScript(c, scriptRelease, sha, o, keyWriterWaits, 4)
@@ -1731,6 +1741,9 @@ func (n *Node) addLateGrantRelease(c *nodeConn, base, token, attempt string, rea
 // found the key held, or one sent whole (see wholeAcquires). A marked one
 // (op.attempt) marks a hold it makes afresh, as acquireMarkedScript does.
 func (n *Node) addAcquireScript(c *nodeConn, sha bool, o *op) {
+	if o.attempt == "" && o.mode != quorum.Shared && o.mark == "" {
+		o.mark = quorum.NewAttempt()
+	}
 	n.addScript(c, scriptAcquire, sha, o, numLockKeys, 8)
 	c.bulk(o.token)
 	c.bulkInt(o.ms)
@@ -1739,7 +1752,7 @@ func (n *Node) addAcquireScript(c *nodeConn, sha bool, o *op) {
 	c.bulk(readMarker)
 	c.bulk(boolArg(o.noReentry))
 	c.bulkInt(n.markMargin)
-	c.bulk(o.attempt)
+	c.bulk(cmp.Or(o.attempt, o.mark))
 }
 
 // wholeAcquires marks the exclusive acquires of ops to send as

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"bytes"
+	"cmp"
 	"slices"
 	"strconv"
 	"strings"
@@ -152,6 +153,7 @@ type owedFence struct {
 type owedRelease struct {
 	base, token string
 	attempt     string // the acquire's mark, or "" (see op.attempt)
+	mark        string // the mark its node stored for an unnamed one (see op.mark)
 	read        bool   // a read acquire's (see lateReadReleaseScript)
 	owedTime
 }
@@ -159,6 +161,7 @@ type owedRelease struct {
 type owedAcquire struct {
 	base, token string
 	attempt     string
+	mark        string // see op.mark
 	read        bool
 	owedTime
 }
@@ -313,7 +316,7 @@ func (o *owed) settle(base, token, attempt string) (owedAcquire, bool) {
 }
 
 func (o *owed) owe(d owedAcquire, t owedTime) {
-	o.releases = push(o.releases, owedRelease{base: d.base, token: d.token, attempt: d.attempt, read: d.read, owedTime: t})
+	o.releases = push(o.releases, owedRelease{base: d.base, token: d.token, attempt: d.attempt, mark: d.mark, read: d.read, owedTime: t})
 }
 
 // lost records that the writer's connection (client id, on the server
@@ -354,7 +357,7 @@ func (o *owed) lost(unanswered []*op, fences unansweredFences, id int64, run str
 	for _, p := range unanswered {
 		if lateGrantable(p) {
 			t := time.Duration(p.ms) * time.Millisecond
-			o.doubts = push(o.doubts, owedAcquire{base: p.base, token: p.token, attempt: p.attempt, read: p.mode == quorum.Shared, owedTime: owedTime{now, t}})
+			o.doubts = push(o.doubts, owedAcquire{base: p.base, token: p.token, attempt: p.attempt, mark: p.mark, read: p.mode == quorum.Shared, owedTime: owedTime{now, t}})
 			ttl = max(ttl, t)
 		}
 	}
@@ -497,7 +500,9 @@ func (o *owed) unsent(ops []*op, now time.Time) {
 func (o *owed) written(ops []*op) {
 	for _, p := range ops {
 		if settles(p) && !p.lateGrant {
-			_, p.lateGrant = o.settle(p.base, p.token, p.attempt)
+			var d owedAcquire
+			d, p.lateGrant = o.settle(p.base, p.token, p.attempt)
+			p.lateMark = d.mark
 		}
 	}
 }
@@ -564,7 +569,7 @@ func (n *Node) writeDebts(c *nodeConn, o *owed, now time.Time) {
 		c.bulkInt(f.fence)
 	}
 	for _, r := range o.releases {
-		n.addLateGrantRelease(c, r.base, r.token, r.attempt, r.read)
+		n.addLateGrantRelease(c, r.base, r.token, cmp.Or(r.attempt, r.mark), r.read)
 	}
 	// Written, the releases are owed no more, answered or not (see lost).
 	o.inKills = len(o.kills)

@@ -192,3 +192,51 @@ func TestRollbackOfAttemptOutOfTheVoteKeepsHold(t *testing.T) {
 		})
 	}
 }
+
+// TestWholeUnnamedAcquireRolledBackByItsMark: a LOCK … WAIT without TOKEN
+// (no attempt name) sharing a batch with another operation on its key is
+// sent whole, as acquireScript, which stores the hold's fence in the same
+// step. Its answer lost, the roll-back used the unnamed rule (no stored
+// fence) and kept the hold until its TTL. The node now marks such a hold
+// with a name of its own, which the doubt carries, and the roll-back
+// removes the hold with that mark.
+func TestWholeUnnamedAcquireRolledBackByItsMark(t *testing.T) {
+	n, r := nodeOnRedis(t)
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 10*time.Second)
+	const key = "whole-unnamed"
+	now := time.Now()
+	a := n.acquireOp(quorum.Request{Key: key, Token: "G", TTL: 10 * time.Second, NoReentry: true, WriterWait: time.Second})
+	a.start, a.deadline, a.res = now, now.Add(5*time.Second), make(chan opResult, 1)
+	u := n.acquireOp(quorum.Request{Key: key, Token: "U", TTL: 10 * time.Second, NoReentry: true})
+	u.start, u.deadline, u.res = now, now.Add(5*time.Second), make(chan opResult, 1)
+	w := &writer{}
+	defer w.drop()
+	n.exec(w, []*op{a, u})
+	if ra, ru := <-a.res, <-u.res; ra.err != nil || ra.n <= 0 || ru.err != nil || ru.n > 0 {
+		t.Fatalf("G's acquire %+v, U's %+v; want G granted, U refused", ra, ru)
+	}
+	if a.attempt != "" || a.mark == "" {
+		t.Fatalf("G's acquire: attempt %q, mark %q; want no attempt and a mark", a.attempt, a.mark)
+	}
+	if m := direct.Get(ctx, "lp:lockm:"+key).Val(); m != "0,,G,"+a.mark {
+		t.Fatalf("lockm %q; want G's hold marked with %q", m, a.mark)
+	}
+	// The answer lost: the dropped connection leaves G's acquire in doubt
+	// with its mark.
+	o := &owed{}
+	o.lost([]*op{a}, nil, 0, "", time.Now())
+	if len(o.doubts) != 1 || o.doubts[0].mark != a.mark || o.doubts[0].attempt != "" {
+		t.Fatalf("doubts %+v; want G's, unnamed, with its mark", o.doubts)
+	}
+	w.owed = o
+	rb := &op{kind: opRelease, base: key, token: "G", hold: quorum.WriteHold, rollback: true,
+		start: time.Now(), deadline: time.Now().Add(5 * time.Second), res: make(chan opResult, 1)}
+	n.exec(w, []*op{rb})
+	if rr := <-rb.res; rr.err != nil || rr.n != 1 {
+		t.Errorf("roll-back of G's lost acquire = %+v; want its hold removed (1)", rr)
+	}
+	if k := direct.Exists(ctx, "lp:lock:"+key, "lp:lockf:"+key, "lp:lockm:"+key).Val(); k != 0 {
+		t.Errorf("%d of the hold's keys left after the roll-back; want none", k)
+	}
+}
