@@ -36,7 +36,9 @@ import (
 //	            scripts only. A lockm of another token (left by an
 //	            earlier hold) counts as none.
 //	P lockr:k   sorted set: reader tokens scored by lease end (node ms)
-//	P lockrh:k  hash: reader token -> holds
+//	P lockrh:k  hash: reader token -> holds; and attemptField+token -> the
+//	            attempt of the token's latest read grant (its mark: see
+//	            lateReadReleaseScript), removed with the token's last hold
 //	P lockw:k   sorted set: the tokens of writers waiting with WAIT,
 //	            scored by the node time their mark ends; while one has
 //	            not ended, new readers queue behind them (see luaMarks)
