@@ -3,6 +3,7 @@ package quorum_test
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -147,5 +148,101 @@ func TestOverlappingSameTokenReadsRunInTurn(t *testing.T) {
 		if err := <-errs; err != nil {
 			t.Errorf("read attempt: %v", err)
 		}
+	}
+}
+
+// TestJoinWaitEndsAtJoinByAndHandsOverInOrder: an attempt queued behind
+// its token's attempt under way gives up at its JoinBy (LOCK … WAIT's
+// end), or a node timeout from its call when it has none (a LOCK without
+// WAIT), with ErrNotAcquired and without reaching a node; and an ending
+// attempt hands the key to the attempts waiting behind it one at a time,
+// first come first served, instead of waking them all to race for it.
+func TestJoinWaitEndsAtJoinByAndHandsOverInOrder(t *testing.T) {
+	checkGoroutines(t)
+	gate := make(chan struct{})
+	nodes := makeNodes(t, 3, nil)
+	for _, nd := range nodes {
+		nd.gate = gate // closed here, not by makeNodes's cleanup
+	}
+	var closeOnce sync.Once
+	openGate := func() { closeOnce.Do(func() { close(gate) }) }
+	t.Cleanup(openGate)
+	cfg := defaultConfig()
+	cfg.TimeoutMax = 40 * time.Millisecond
+	q := newQuorum(t, cfg, nodes)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	req := func(attempt string, joinBy time.Time) quorum.Request {
+		return quorum.Request{Key: "k", Token: "t", TTL: 10 * time.Second, Attempt: attempt, JoinBy: joinBy}
+	}
+	run := func(r quorum.Request) chan error {
+		ch := make(chan error, 1)
+		go func() {
+			_, err := q.Acquire(ctx, r)
+			ch <- err
+		}()
+		return ch
+	}
+	first := run(req("first", time.Time{}))
+	awaitOps(nodes, "acquire", 1)
+
+	for _, tc := range []struct {
+		name   string
+		joinBy time.Time
+	}{
+		{"no JoinBy: the node timeout", time.Time{}},
+		{"JoinBy", time.Now().Add(60 * time.Millisecond)},
+	} {
+		select {
+		case err := <-run(req("gives-up", tc.joinBy)):
+			if !errors.Is(err, quorum.ErrNotAcquired) {
+				t.Errorf("%s: an attempt queued past its bound: %v; want %v", tc.name, err, quorum.ErrNotAcquired)
+			}
+		case <-time.After(3 * time.Second):
+			t.Fatalf("%s: an attempt queued behind its token's attempt did not give up", tc.name)
+		}
+		if got := quorum.JoinWaiting(q, "k", "t"); got != 0 {
+			t.Errorf("%s: %d attempts left waiting after the one that gave up; want 0", tc.name, got)
+		}
+	}
+
+	later := time.Now().Add(10 * time.Second)
+	var waiters []chan error
+	for i, name := range []string{"w1", "w2", "w3"} {
+		waiters = append(waiters, run(req(name, later)))
+		for deadline := time.Now().Add(3 * time.Second); quorum.JoinWaiting(q, "k", "t") < i+1; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not queue", name)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	for _, nd := range nodes {
+		if got := len(nd.ops("acquire")); got != 1 {
+			t.Fatalf("%s: %d acquires while the first was under way; want 1", nd.name, got)
+		}
+	}
+	openGate()
+	if err := <-first; err != nil {
+		t.Fatalf("first attempt: %v", err)
+	}
+	for i, ch := range waiters {
+		if err := <-ch; err != nil {
+			t.Fatalf("waiter %d: %v", i+1, err)
+		}
+	}
+	awaitOps(nodes, "acquire", 4)
+	for _, nd := range nodes {
+		var order []string
+		for _, c := range nd.ops("acquire") {
+			order = append(order, c.attempt)
+		}
+		if want := []string{"first", "w1", "w2", "w3"}; !slices.Equal(order, want) {
+			t.Errorf("%s: attempts reached the node as %v; want %v (first come, first served)", nd.name, order, want)
+		}
+	}
+	if got := quorum.JoinWaiting(q, "k", "t"); got != -1 {
+		t.Errorf("the gate still holds the key and token (%d waiting) after every attempt ended", got)
 	}
 }

@@ -73,6 +73,13 @@ type Request struct {
 	// node that lost the attempt's answer removes only a hold that
 	// attempt made.
 	Attempt string
+	// JoinBy is the latest an attempt that may join its token's hold
+	// waits for that token's other attempts on the key to end (see
+	// enterJoin): LOCK … WAIT sets its WAIT's end, so that a client is
+	// not kept past it by an attempt of its own token. Zero: the node
+	// timeout after Acquire is called. Past it, Acquire answers
+	// ErrNotAcquired without having tried.
+	JoinBy time.Time
 }
 
 // attemptPrefix makes the attempt names of this process unlike those of
@@ -381,12 +388,18 @@ type Quorum struct {
 // own.
 type joinGate struct {
 	mu sync.Mutex
-	// A present entry is an attempt under way; its channel, made by the
-	// first attempt that waits for it, is closed when it ends.
-	m map[joinKey]chan struct{}
+	// A present entry is an attempt under way; the attempts waiting
+	// behind it are its turns, first come first served.
+	m map[joinKey]*joinTurns
 }
 
 type joinKey struct{ key, token string }
+
+// joinTurns is the attempts waiting for the one under way on a key and
+// token, in order. An ending attempt hands the gate to the first by
+// closing its channel (the entry stays: it is now that one's), so one
+// waiter wakes, not all of them.
+type joinTurns struct{ waiting []chan struct{} }
 
 // enterJoin waits until no other attempt of req's token on its key is
 // under way in this Quorum, then registers req's; the returned func ends
@@ -398,43 +411,70 @@ type joinKey struct{ key, token string }
 // read attempts of a token that both fail on a node whose answers were
 // lost would leave one of their holds there until its lease ends, so
 // read attempts with a TOKEN wait too.
+//
+// A waiter gives up with ctx, or at req.JoinBy (the node timeout from now
+// when zero) with ErrNotAcquired: an attempt ahead of it can take a node
+// timeout and more (a roll-back, the fence's settling), and a queue of
+// them longer still, which a LOCK without WAIT, or one whose WAIT ends
+// sooner, must not wait for.
 func (q *Quorum) enterJoin(ctx context.Context, req Request) (func(), error) {
 	if req.NoReentry {
 		return func() {}, nil
 	}
 	g, k := &q.joins, joinKey{req.Key, req.Token}
+	leave := func() {
+		g.mu.Lock()
+		defer g.mu.Unlock()
+		t := g.m[k]
+		if len(t.waiting) == 0 {
+			delete(g.m, k)
+			return
+		}
+		next := t.waiting[0]
+		t.waiting = t.waiting[1:]
+		close(next) // under mu: a waiter that gives up sees it (below)
+	}
 	g.mu.Lock()
-	for {
-		ch, busy := g.m[k]
-		if !busy {
-			break
+	t, busy := g.m[k]
+	if !busy {
+		if g.m == nil {
+			g.m = make(map[joinKey]*joinTurns)
 		}
-		if ch == nil {
-			ch = make(chan struct{})
-			g.m[k] = ch
-		}
+		g.m[k] = &joinTurns{}
 		g.mu.Unlock()
-		select {
-		case <-ch:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
-		g.mu.Lock()
+		return leave, nil
 	}
-	if g.m == nil {
-		g.m = make(map[joinKey]chan struct{})
-	}
-	g.m[k] = nil
+	turn := make(chan struct{})
+	t.waiting = append(t.waiting, turn)
 	g.mu.Unlock()
-	return func() {
-		g.mu.Lock()
-		ch := g.m[k]
-		delete(g.m, k)
+
+	by := req.JoinBy
+	if by.IsZero() {
+		by = time.Now().Add(q.NodeTimeout(req.TTL))
+	}
+	timer := time.NewTimer(time.Until(by))
+	defer timer.Stop()
+	var err error
+	select {
+	case <-turn:
+		return leave, nil
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-timer.C:
+		err = ErrNotAcquired
+	}
+	g.mu.Lock()
+	select {
+	case <-turn:
+		// Handed the gate as it gave up: pass it on.
 		g.mu.Unlock()
-		if ch != nil {
-			close(ch)
-		}
-	}, nil
+		leave()
+		return nil, err
+	default:
+	}
+	t.waiting = slices.DeleteFunc(t.waiting, func(c chan struct{}) bool { return c == turn })
+	g.mu.Unlock()
+	return nil, err
 }
 
 // deadlineCtx carries a deadline without arming a timer. AsyncNodes

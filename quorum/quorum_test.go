@@ -46,6 +46,8 @@ type call struct {
 	fence uint64
 	ttl   time.Duration
 	hold  quorum.Hold
+	// attempt is an acquire's Request.Attempt.
+	attempt string
 }
 
 // fakeNode is a quorum.Node whose answers the test sets. Its behaviour
@@ -118,7 +120,7 @@ func (n *fakeNode) tick() {
 }
 
 func (n *fakeNode) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGrant, error) {
-	n.record(call{op: "acquire", key: req.Key, token: req.Token, ttl: req.TTL})
+	n.record(call{op: "acquire", key: req.Key, token: req.Token, ttl: req.TTL, attempt: req.Attempt})
 	if n.gate != nil {
 		<-n.gate
 	} else if err := n.wait(ctx); err != nil {

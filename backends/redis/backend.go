@@ -364,6 +364,9 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		return b.tryOnce(ctx, qreq)
 	}
 	end := time.Now().Add(req.Wait)
+	// An attempt of the same token under way here keeps ours waiting at
+	// most until the WAIT ends (see quorum.enterJoin).
+	qreq.JoinBy = end
 	deadline := time.NewTimer(req.Wait)
 	defer deadline.Stop()
 	w := b.join(req.Key, req.Mode == backends.Read)
