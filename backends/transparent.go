@@ -37,8 +37,12 @@ type Fanout interface {
 	RunScript(ctx context.Context, body string, keys, argv []string) []NodeReply
 	// Undo deletes on node i each of keys whose value is still the
 	// corresponding one of values (compare-and-delete): the roll-back of a
-	// write that did not reach a majority.
-	Undo(ctx context.Context, node int, keys, values []string) error
+	// write that did not reach a majority. With unfenced, only a key with
+	// no fence stored for that value: the roll-back on a node whose answer
+	// was lost, where the value may be a grant's hold of a client that
+	// uses the same value (apps that lock with a constant, "1" or
+	// "locked"), which the script found there and left alone.
+	Undo(ctx context.Context, node int, keys, values []string, unfenced bool) error
 	// Fence gives an acquisition made by a script a fence, as LOCK's
 	// grants have: the key slot's counter is incremented on the nodes
 	// that granted, and the highest is stored with the hold on each of

@@ -590,7 +590,7 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		rs := h.fanout.RunScript(context.WithoutCancel(s.Context()), body, ks, argv)
 		d := decideScript(rs, h.fanout.NodeCount(), time.Since(start), h.fanout.Drift, h.limits.MaxTTL, scriptReturnsTTL(body))
 		if len(d.undo) > 0 {
-			h.undo(s.Context(), ks, d.undo)
+			h.undo(s.Context(), ks, d.undo, d.lost)
 		}
 		// A script that acquired gets a fence, as a LOCK would: LOCKINFO
 		// shows it, and the next grant of the key gets a higher one.
@@ -707,8 +707,9 @@ func scriptMayAcquire(body string) bool {
 
 // undo compare-and-deletes what a script wrote on the given nodes, in
 // parallel, with a context that outlives the client: a roll-back must not
-// stop because the client went away.
-func (h *Handler) undo(ctx context.Context, keys []string, writes map[int][]string) {
+// stop because the client went away. On the lost nodes it deletes only
+// values no grant holds (see backends.Fanout.Undo).
+func (h *Handler) undo(ctx context.Context, keys []string, writes map[int][]string, lost map[int]bool) {
 	ctx = context.WithoutCancel(ctx)
 	var wg sync.WaitGroup
 	for node, vals := range writes {
@@ -721,7 +722,7 @@ func (h *Handler) undo(ctx context.Context, keys []string, writes map[int][]stri
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if err := h.fanout.Undo(ctx, node, ks, vs); err != nil {
+			if err := h.fanout.Undo(ctx, node, ks, vs, lost[node]); err != nil {
 				h.metrics.commands.WithLabelValues("transparent_undo", "error").Inc()
 			}
 		}()
@@ -967,6 +968,10 @@ type scriptDecision struct {
 	// undo lists, per node, the value to compare-and-delete for each key
 	// ("" for none).
 	undo map[int][]string
+	// lost marks the nodes in undo whose answer was lost: there the value
+	// may be another client's hold, one that locks with the same value,
+	// which the script found and left (see backends.Fanout.Undo).
+	lost map[int]bool
 	// holders and written, for an acquisition that stands: the nodes that
 	// hold it and, per key, the value the script wrote (nil: none).
 	holders []int
@@ -1066,8 +1071,10 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 	// Not acquired: roll back every write of this script, and on the
 	// nodes that did not answer compare-and-delete the values written
 	// elsewhere, in case the script ran there before the answer was lost
-	// (as LOCK's roll-back releases on every node).
-	d := scriptDecision{undo: map[int][]string{}}
+	// (as LOCK's roll-back releases on every node), unless a grant's fence
+	// is stored with the value there: then it is the hold of a client
+	// that locks with the same value, which the script found and left.
+	d := scriptDecision{undo: map[int][]string{}, lost: map[int]bool{}}
 	for i, r := range rs {
 		vals := make([]string, len(written))
 		switch {
@@ -1083,6 +1090,7 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 					vals[j] = *w
 				}
 			}
+			d.lost[i] = true
 		default:
 			continue
 		}

@@ -163,7 +163,7 @@ func (b *fanoutBackend) Run(_ context.Context, args []string, keys []int, _ bool
 func (b *fanoutBackend) RunScript(_ context.Context, body string, keys, argv []string) []backends.NodeReply {
 	return b.replies
 }
-func (b *fanoutBackend) Undo(context.Context, int, []string, []string) error          { return nil }
+func (b *fanoutBackend) Undo(context.Context, int, []string, []string, bool) error    { return nil }
 func (b *fanoutBackend) Fence(context.Context, []int, string, string) (uint64, error) { return 1, nil }
 func (b *fanoutBackend) Drift(time.Duration) time.Duration                            { return 0 }
 

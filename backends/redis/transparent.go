@@ -314,9 +314,22 @@ func (n *Node) nonStringLock(ctx context.Context, created []string, writes []bac
 // undoScript deletes KEYS[1] if it still holds ARGV[1].
 var undoScript = goredis.NewScript(`if redis.call("get", KEYS[1]) == ARGV[1] then return redis.call("del", KEYS[1]) end return 0`)
 
+// undoUnfencedScript deletes KEYS[1] if it still holds ARGV[1] and
+// KEYS[2] (lockf) stores no fence for ARGV[1]: every grant's hold has
+// one (LOCK's fence write, a script grant's Fence), a script's write that
+// was not granted has none. A lockf left by an earlier holder of another
+// token does not keep the key.
+var undoUnfencedScript = goredis.NewScript(`if redis.call("get", KEYS[1]) ~= ARGV[1] then return 0 end
+local f = redis.call("get", KEYS[2])
+if f then
+  local c = string.find(f, ",", 1, true)
+  if c and string.sub(f, c + 1) == ARGV[1] then return 0 end
+end
+return redis.call("del", KEYS[1])`)
+
 // Undo implements backends.Fanout. Like a release it is sent whether or
 // not the node may vote.
-func (b *Backend) Undo(ctx context.Context, node int, keys, values []string) error {
+func (b *Backend) Undo(ctx context.Context, node int, keys, values []string, unfenced bool) error {
 	if node < 0 || node >= len(b.nodes) {
 		return fmt.Errorf("redis: no node %d", node)
 	}
@@ -325,7 +338,11 @@ func (b *Backend) Undo(ctx context.Context, node int, keys, values []string) err
 	defer cancel()
 	var errs []error
 	for i, k := range keys {
-		if err := undoScript.Run(ctx, n.client, []string{n.LockKey(k)}, values[i]).Err(); err != nil {
+		s, ks := undoScript, []string{n.LockKey(k)}
+		if unfenced {
+			s, ks = undoUnfencedScript, append(ks, n.prefix+"lockf:"+k)
+		}
+		if err := s.Run(ctx, n.client, ks, values[i]).Err(); err != nil {
 			errs = append(errs, fmt.Errorf("redis: undo on %s: %w", n.name, err))
 		}
 	}
