@@ -193,6 +193,9 @@ type conn struct {
 	perm    *perm          // what that user may do; nil: everything
 	ka      *connKeepalive // nil until the first KEEPALIVE lock
 	rl      *relayConn     // nil until the first relayed command
+	// tx: in MULTI with no upstream (see localTx); txDirty: a command
+	// was refused in it, so EXEC aborts.
+	tx, txDirty bool
 }
 
 func state(s *resp.Session) *conn {
@@ -244,6 +247,9 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 				rl.cachingNext = 'n'
 			}
 		}
+	}
+	if h.up == nil && h.localTx(s, cs, string(name), args) {
+		return
 	}
 	if cs.perm != nil {
 		if rl := cs.rl; rl != nil && rl.pipe.Tunneling() {
@@ -432,4 +438,55 @@ func randomHex(n int) string {
 		panic("commands: crypto/rand failed: " + err.Error())
 	}
 	return hex.EncodeToString(b)
+}
+
+// localTx serves MULTI … EXEC on a connection when there is no upstream
+// to relay transactions to, as Redis answers a transaction whose commands
+// could not be queued: MULTI is +OK, every command in it is refused
+// (which dooms the transaction), and EXEC answers EXECABORT, so nothing
+// in it runs. Unknown to lockproxy, MULTI was refused alone and the
+// commands after it ran one by one: a transaction's SET NX PX on a lock
+// key took the key while its client was told the transaction failed
+// (TestTransactionWithoutUpstreamRunsNothing). QUIT and RESET end the
+// transaction and are served as always. It reports whether it answered.
+func (h *Handler) localTx(s *resp.Session, cs *conn, name string, args [][]byte) bool {
+	if !cs.tx {
+		if name != "multi" {
+			return false
+		}
+		if len(args) != 1 {
+			s.W.Error("ERR wrong number of arguments for 'multi' command")
+			return true
+		}
+		cs.tx, cs.txDirty = true, false
+		s.W.Simple("OK")
+		return true
+	}
+	switch name {
+	case "quit", "reset":
+		cs.tx, cs.txDirty = false, false
+		return false
+	case "exec", "discard":
+		if len(args) != 1 {
+			cs.txDirty = true
+			s.W.Error("ERR wrong number of arguments for '" + name + "' command")
+			return true
+		}
+		switch {
+		case name == "discard":
+			s.W.Simple("OK")
+		case cs.txDirty:
+			s.W.Error("EXECABORT Transaction discarded because of previous errors.")
+		default:
+			s.W.Array(0) // an empty transaction, as Redis runs it
+		}
+		cs.tx, cs.txDirty = false, false
+	case "multi":
+		s.W.Error("ERR MULTI calls can not be nested")
+	default:
+		cs.txDirty = true
+		h.metrics.commands.WithLabelValues("transaction", "error").Inc()
+		s.W.Error("ERR '" + relay.Clip(name) + "' is not queued: transactions run on the upstream Redis, and lockproxy has none (upstream); EXEC will abort the transaction")
+	}
+	return true
 }
