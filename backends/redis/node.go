@@ -228,6 +228,21 @@ type Node struct {
 	// its token had before.
 	unsentMu       sync.Mutex
 	unsentAttempts []unsentAttempt
+	// erredAcquires are acquires the node answered with an error (OOM,
+	// BUSY, MISCONF, READONLY, NOPERM, a reply that made no sense), each
+	// until its TTL has passed: the acquire did not run there, or stopped
+	// part way, so its roll-back must remove only a hold the acquire
+	// itself made, as the roll-back of one in doubt does (see
+	// undoesErred). Under unsentMu.
+	erredAcquires []erredAcquire
+}
+
+// erredAcquire is an acquire answered with an error (see
+// Node.erredAcquires): its key, token, attempt ("" when unnamed) and the
+// mark its node gave it (op.mark), if any.
+type erredAcquire struct {
+	base, token, attempt, mark string
+	until                      time.Time
 }
 
 // numSlots is the number of key slots (see slot).
@@ -893,6 +908,47 @@ func (n *Node) giveUpRequest(req quorum.Request) {
 	}
 }
 
+// erred records that acquire o was answered with an error (see
+// Node.erredAcquires). A NOSCRIPT answer is not one: the batch sends the
+// acquire again as EVAL, and that answer counts.
+func (n *Node) erred(o *op, err error) {
+	if o.kind != opAcquire || err == nil || strings.HasPrefix(err.Error(), "NOSCRIPT") {
+		return
+	}
+	now := time.Now()
+	n.unsentMu.Lock()
+	defer n.unsentMu.Unlock()
+	n.erredAcquires = slices.DeleteFunc(n.erredAcquires, func(e erredAcquire) bool { return !now.Before(e.until) })
+	if len(n.erredAcquires) >= maxOwed {
+		n.erredAcquires = slices.Delete(n.erredAcquires, 0, 1)
+	}
+	n.erredAcquires = append(n.erredAcquires, erredAcquire{base: o.base, token: o.token, attempt: o.attempt, mark: o.mark,
+		until: now.Add(time.Duration(o.ms) * time.Millisecond)})
+}
+
+// undoesErred tells whether o is the roll-back of an acquire this node
+// answered with an error, and forgets that acquire; mark is the mark the
+// node gave it. Such a roll-back goes out as the roll-back of an acquire
+// in doubt (lateGrant), which removes a hold only where that acquire
+// made it: a plain release would take one the token held before (a
+// LOCK or RLOCK with TOKEN that the holder repeated), or, for a
+// transparent SET NX, the hold of another client that locks with the
+// same value.
+func (n *Node) undoesErred(o *op) (mark string, ok bool) {
+	if o.kind != opRelease || !o.rollback || o.lateGrant {
+		return "", false
+	}
+	n.unsentMu.Lock()
+	defer n.unsentMu.Unlock()
+	for i, e := range n.erredAcquires {
+		if e.base == o.base && e.token == o.token && e.attempt == o.attempt {
+			n.erredAcquires = slices.Delete(n.erredAcquires, i, i+1)
+			return e.mark, true
+		}
+	}
+	return "", false
+}
+
 // undoesUnsent tells whether o is the roll-back of an attempt given up
 // before it was sent, and forgets that attempt.
 func (n *Node) undoesUnsent(o *op) bool {
@@ -1133,10 +1189,20 @@ func (n *Node) exec(w *writer, batch []*op) {
 	now := time.Now()
 	live := batch[:0]
 	var deadline time.Time
+	// later: roll-backs of acquires in this batch, sent once the batch is
+	// answered (see rollsBackInBatch).
+	var later []*op
 	for _, o := range batch {
 		if n.undoesUnsent(o) {
 			// Its attempt never went out here: nothing to undo.
 			n.finish(o, opResult{})
+			continue
+		}
+		if mark, ok := n.undoesErred(o); ok {
+			o.lateGrant, o.lateMark = true, mark
+		}
+		if rollsBackInBatch(live, o) {
+			later = append(later, o)
 			continue
 		}
 		if !o.deadline.After(now) {
@@ -1175,6 +1241,10 @@ func (n *Node) exec(w *writer, batch []*op) {
 			// Queued before the node was taken out: only releases go out.
 			live = n.failVotes(live, err)
 		}
+	}
+	if len(later) > 0 {
+		// After this batch's answers are read, whatever happens to it.
+		defer n.exec(w, later)
 	}
 	if len(live) == 0 {
 		return
@@ -1220,6 +1290,27 @@ func (n *Node) exec(w *writer, batch []*op) {
 		}
 		n.finish(o, res[i])
 	}
+}
+
+// rollsBackInBatch tells whether o is the roll-back of an acquire among
+// before (the ops going out ahead of it in its batch): the quorum decided before this
+// node's writer sent the acquire. Written behind it in the same pipeline,
+// the roll-back would go out before the acquire's answer says what it
+// did, and one answered with an error (it did not run) must not be
+// rolled back with a plain release (see undoesErred); so it waits for the
+// batch's answers. (Matching on key and token may also hold back the
+// roll-back of another unnamed attempt with the same token, a transparent
+// SET NX's value: it only waits a round trip.)
+func rollsBackInBatch(before []*op, o *op) bool {
+	if o.kind != opRelease || !o.rollback {
+		return false
+	}
+	for _, p := range before {
+		if p.kind == opAcquire && p.base == o.base && p.token == o.token && p.attempt == o.attempt {
+			return true
+		}
+	}
+	return false
 }
 
 // failVotes answers every op of batch but the releases (and unmarks,
@@ -1488,6 +1579,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			}
 			answered[i] = true
 			out[i] = acquireResult(r)
+			n.erred(o, out[i].err)
 		case o.kind == opAcquire && o.mode != quorum.Shared && o.attempt != "":
 			// A marked acquire: its fence (and mark) stored with the hold.
 			if err := c.read(r); err != nil {
@@ -1507,6 +1599,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			default:
 				out[i] = opResult{n: r.n, holds: 1}
 			}
+			n.erred(o, out[i].err)
 		case o.kind == opAcquire && o.mode != quorum.Shared:
 			if err := c.read(r); err != nil {
 				return fail(err)
@@ -1548,6 +1641,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 				out[i] = opResult{n: r.n, holds: 1}
 				writes = append(writes, fenceWrite{base: o.base, token: o.token, fence: r.n, slot: o.slot, start: o.start, ms: o.ms, mark: o.waitMs > 0, op: i})
 			}
+			n.erred(o, out[i].err)
 		case o.kind == opRelease && shared != nil && shared[i]:
 			// Answered with its call, below.
 		default:
@@ -1558,6 +1652,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			switch o.kind {
 			case opAcquire:
 				out[i] = acquireResult(r)
+				n.erred(o, out[i].err)
 			case opRelease:
 				if rs, err := releaseResults(r, 1); err != nil {
 					out[i].err = err
@@ -1604,6 +1699,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			}
 			answered[i] = true
 			out[i] = acquireResult(r)
+			n.erred(ops[i], out[i].err)
 		}
 		if checkEpoch {
 			if err := readEpoch(); err != nil {
