@@ -564,7 +564,11 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 			if ro {
 				verb = "eval_ro"
 			}
-			cmd := append([]string{verb, body}, strs(args[2:])...)
+			run := body
+			if !ro {
+				run = boundedScript(body, h.limits.MaxTTL)
+			}
+			cmd := append([]string{verb, run}, strs(args[2:])...)
 			idx := make([]int, nk)
 			for i := range idx {
 				idx[i] = 3 + i
@@ -587,7 +591,7 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		start := time.Now()
 		// Not canceled with the client: what the scripts wrote must be
 		// seen, to be rolled back if it is not a grant.
-		rs := h.fanout.RunScript(context.WithoutCancel(s.Context()), body, ks, argv)
+		rs := h.fanout.RunScript(context.WithoutCancel(s.Context()), boundedScript(body, h.limits.MaxTTL), ks, argv)
 		d := decideScript(rs, h.fanout.NodeCount(), time.Since(start), h.fanout.Drift, h.limits.MaxTTL, scriptReturnsTTL(body))
 		if len(d.undo) > 0 {
 			h.undo(s.Context(), ks, d.undo, d.lost)
@@ -1155,6 +1159,58 @@ func validLease(leases []int64, need int, elapsed time.Duration, drift func(time
 // back and no node gave a "not acquired" reply to pass on.
 // errScriptUnbounded answers a script that left a lock key without an
 // expiry or beyond locks.max_ttl, after its writes were rolled back.
+// boundedScript is body followed by a check of its lock keys' expiry: one
+// the script left without an expiry (PERSIST, SET without PX) or beyond
+// maxTTL (a renewal script's PEXPIRE of an hour) is set to maxTTL, and the
+// script answers errScriptClamped instead of its own reply. No lock may
+// outlive locks.max_ttl: a node restarted without its data is kept out of
+// every quorum for that long (plus drift), no longer, and a lock that
+// outlived it could be granted again there. Plain PEXPIRE and SET are
+// refused above it before they run; a script's values cannot be read
+// before it runs, so its effect is checked in the same call, atomically.
+// The client is told its renewal failed, which is the safe side (it
+// stops relying on the lock); the lock stays, for max_ttl at most.
+//
+// The body runs as a function of its own, so its return is that
+// function's; a first line "#!lua …" (script flags) stays first.
+func boundedScript(body string, maxTTL time.Duration) string {
+	head := ""
+	if strings.HasPrefix(body, "#!") {
+		i := strings.IndexByte(body, '\n')
+		if i < 0 {
+			i = len(body) - 1
+		}
+		head, body = body[:i+1], body[i+1:]
+	}
+	limit := "p < 0"
+	if maxTTL > 0 {
+		limit = "p < 0 or p > " + strconv.FormatInt(maxTTL.Milliseconds(), 10)
+	}
+	maxMs := maxTTL.Milliseconds()
+	if maxMs <= 0 {
+		maxMs = int64(defaultUnboundedMs)
+	}
+	return head + "local lockproxy_reply = (function()\n" + body + "\nend)()\n" +
+		"for _, k in ipairs(KEYS) do\n" +
+		"  local p = redis.call('pttl', k)\n" +
+		"  if p ~= -2 and (" + limit + ") then\n" +
+		"    redis.call('pexpire', k, " + strconv.FormatInt(maxMs, 10) + ")\n" +
+		"    return redis.error_reply([==[" + errScriptClamped + "]==])\n" +
+		"  end\n" +
+		"end\n" +
+		"return lockproxy_reply\n"
+}
+
+// errScriptClamped is a script's answer when it left a lock key without
+// an expiry or beyond locks.max_ttl (see boundedScript). Redis prefixes
+// an error_reply's text with nothing, so it carries its own ERR.
+const errScriptClamped = "ERR transparent mode: the script left a lock key without an expiry or beyond locks.max_ttl; lockproxy set its expiry to max_ttl and answers this instead of the script's reply: a lock needs PX or EX within max_ttl"
+
+// defaultUnboundedMs is the expiry boundedScript gives a lock key a
+// script left without one when no locks.max_ttl is set: ten minutes, the
+// default max_ttl.
+const defaultUnboundedMs = 600000
+
 var errScriptUnbounded = errors.New("ERR transparent mode: the script left a lock key without an expiry or beyond locks.max_ttl, so it was rolled back; a lock needs PX or EX within max_ttl")
 
 type scriptFailedError struct{ holders, need, total int }
