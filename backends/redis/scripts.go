@@ -555,7 +555,8 @@ return out
 // luaExtendWrite defines extendWriteOf, the write path of a renewal: k
 // the lock keys (first five, in the scripts' order), tok the token,
 // which holds the key for writing, ms the ttl: the write lease set to the
-// ttl, the read hold of a downgrade raised to it but never shortened.
+// ttl, the read hold of a downgrade raised to it but never shortened
+// (and left alone once its lease has ended).
 // With raise the write lease is only raised, never shortened, as a
 // reentry raises it: a KEEPALIVE watchdog's renewal (extendWriteScript)
 // renews every write hold of the token, also those taken without
@@ -571,15 +572,20 @@ local function extendWriteOf(k, tok, ms, raise)
   local s
   if r == 'r' then s = redis.call('ZSCORE', k[4], tok) end
   if s then` + luaNow + `
-    -- The token's read hold (a downgrade) rides along, but is never
-    -- shortened: it keeps others' writes out for the whole lease its
-    -- holder was told of. The keys live until the later of the two ends
-    -- (acquireScript's rule), and the reader keys no longer.
+    -- The token's read hold (a downgrade) rides along while its lease
+    -- lasts, but is never shortened: it keeps others' writes out for the
+    -- whole lease its holder was told of. The keys live until the later
+    -- of the two ends (acquireScript's rule), and the reader keys no
+    -- longer. A read lease that has ended stays ended (as
+    -- extendReadScript refuses to renew it): raising it would hold the
+    -- key for a read hold nobody holds once the write hold is released.
     s = tonumber(s)
-    if s < now + ms then
-      redis.call('ZADD', k[4], now + ms, tok)
-    else
-      ms = s - now
+    if s > now then
+      if s < now + ms then
+        redis.call('ZADD', k[4], now + ms, tok)
+      else
+        ms = s - now
+      end
     end
     redis.call('PEXPIRE', k[4], ms)
     redis.call('PEXPIRE', k[5], ms)
@@ -597,8 +603,8 @@ end
 
 // extendScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
 // ttl ms, ARGV[3] readMarker. Compare-and-expire, for a write hold (with
-// the read hold of a downgrade, whose lease it raises to the ttl but never
-// shortens) or a live reader's own lease. Returns 1 when the token held
+// the live read hold of a downgrade, whose lease it raises to the ttl but
+// never shortens) or a live reader's own lease. Returns 1 when the token held
 // the key. The meta keys' expiries are set before the lock key's, so that
 // they never outlive it.
 const extendScript = luaMeta + luaExtendWrite + `
