@@ -227,6 +227,16 @@ func TestReaderKeysEndWithLastHold(t *testing.T) {
 				t.Fatalf("RENEW of the read hold = %v, %v", v, err)
 			}
 		}},
+		// The read hold is the shorter: the write hold's release leaves the
+		// key to it, and the reader keys end with it, not with the write
+		// lease (see TestWriteReleaseAfterDowngradeEndsReaderKeysWithKey).
+		{"downgraded holder releases the write hold, shorter read hold expires", func(key string) {
+			lockOrFatal(t, b, backends.LockRequest{Key: key, Token: "a", TTL: 5 * time.Minute})
+			lockOrFatal(t, b, backends.LockRequest{Key: key, Token: "a", TTL: 200 * time.Millisecond, Mode: backends.Read})
+			if ok, err := b.Unlock(ctx, key, "a"); !ok || err != nil {
+				t.Fatalf("UNLOCK of the write hold = %v, %v", ok, err)
+			}
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "keys-" + strings.ReplaceAll(tc.name, " ", "-")

@@ -451,7 +451,13 @@ local function release(k, fk, mk, rk, rhk, tok, marker, which, v, m)
       redis.call('DEL', fk, mk)
       local top = redis.call('ZRANGE', rk, -1, -1, 'WITHSCORES')
       if #top > 0 then
-        redis.call('SET', k, marker, 'PX', tonumber(top[2]) - now)
+        -- The key is the readers' now: the reader keys end with it, not
+        -- with the write lease readScript gave them (the same rule as a
+        -- reader's release below).
+        local keep = tonumber(top[2]) - now
+        redis.call('SET', k, marker, 'PX', keep)
+        redis.call('PEXPIRE', rk, keep)
+        redis.call('PEXPIRE', rhk, keep)
       else
         redis.call('DEL', k, rk, rhk)
       end
