@@ -52,7 +52,11 @@ import (
 // (crc16(key) mod 16384): memory on a node stays bounded however many
 // distinct keys are ever locked, and two keys only share a counter when
 // they share a slot, which costs nothing but a bigger jump in the fence.
-// Fences stay below 2^53, where Lua numbers are exact.
+// Fences stay below 2^53, where Lua numbers are exact; but Lua's own
+// number-to-string (a .. b) writes them with %.14g, so "1e+14" from 10^14
+// on, which lockf's readers (fenceOf) cannot read. A script that writes a
+// fence into a string formats it with string.format('%d', f), which
+// Redis's Lua 5.1 prints as a 64-bit integer.
 
 // readMarker is the value of a lock key held by readers. TOKEN refuses it.
 const readMarker = "\x00lockproxy:read"
@@ -205,7 +209,7 @@ end
 const acquireScript = luaMeta + luaMarks + `
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   local f = redis.call('HINCRBY', KEYS[7], ARGV[3], 1)
-  redis.call('SET', KEYS[2], f .. ',' .. ARGV[1], 'PX', ARGV[2])
+  redis.call('SET', KEYS[2], string.format('%d', f) .. ',' .. ARGV[1], 'PX', ARGV[2])
   if ARGV[8] and ARGV[8] ~= '' then
     -- A marked attempt's hold (see acquireMarkedScript).
     redis.call('SET', KEYS[3], '0,,' .. ARGV[1] .. ',' .. ARGV[8], 'PX', ARGV[2])
@@ -348,7 +352,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   local want = tonumber(ARGV[3])
   if cur < want then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
   local p = redis.call('PTTL', KEYS[1])
-  if p > 0 then redis.call('SET', KEYS[3], want .. ',' .. ARGV[1], 'PX', p) end
+  if p > 0 then redis.call('SET', KEYS[3], string.format('%d', want) .. ',' .. ARGV[1], 'PX', p) end
   return 1
 end
 return 0
@@ -370,7 +374,7 @@ local cur = tonumber(redis.call('HGET', KEYS[2], ARGV[2]) or '0')
 if cur < want then redis.call('HSET', KEYS[2], ARGV[2], ARGV[3]) end
 if fenceOf(redis.call('GET', KEYS[3]), ARGV[1]) > 0 then return 1 end
 local p = redis.call('PTTL', KEYS[1])
-if p > 0 then redis.call('SET', KEYS[3], want .. ',' .. ARGV[1], 'PX', p) end
+if p > 0 then redis.call('SET', KEYS[3], string.format('%d', want) .. ',' .. ARGV[1], 'PX', p) end
 return 1
 `
 
@@ -745,7 +749,7 @@ return 1
 const acquireMarkedScript = `
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return false end
 local f = redis.call('HINCRBY', KEYS[5], ARGV[3], 1)
-redis.call('SET', KEYS[2], f .. ',' .. ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], string.format('%d', f) .. ',' .. ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[3], '0,,' .. ARGV[1] .. ',' .. ARGV[4], 'PX', ARGV[2])
 if ARGV[5] == '1' then redis.pcall('ZREM', KEYS[4], ARGV[1]) end
 return f
