@@ -467,8 +467,35 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 // that it renews a LOCK holder's whole hold, reentrant holds and fence
 // included, as RENEW does for the token the key holds.
 func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
-	if len(args) < 3 || len(args) > 4 {
+	if len(args) < 3 {
 		wrongArity(s, name)
+		return
+	}
+	// Redis 7's options, in any number and order, and its refusals of
+	// the combinations that contradict each other, checked before the
+	// TTL as Redis does.
+	var nx, xx, gt, lt bool
+	for _, o := range args[3:] {
+		switch {
+		case resp.EqualFold(o, "NX"):
+			nx = true
+		case resp.EqualFold(o, "XX"):
+			xx = true
+		case resp.EqualFold(o, "GT"):
+			gt = true
+		case resp.EqualFold(o, "LT"):
+			lt = true
+		default:
+			s.W.Error("ERR Unsupported option " + relay.Clip(string(o)))
+			return
+		}
+	}
+	switch {
+	case nx && (xx || gt || lt):
+		s.W.Error("ERR NX and XX, GT or LT options at the same time are not compatible")
+		return
+	case gt && lt:
+		s.W.Error("ERR GT and LT options at the same time are not compatible")
 		return
 	}
 	n, ok := resp.ParseInt(args[2])
@@ -489,13 +516,6 @@ func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
 		// lock sooner, as in Redis.
 		if ttl := time.Duration(n) * unit; h.limits.MaxTTL > 0 && ttl > h.limits.MaxTTL {
 			s.W.Error(h.limits.checkTTL(ttl).Error())
-			return
-		}
-	}
-	if len(args) == 4 {
-		o := args[3]
-		if !resp.EqualFold(o, "NX") && !resp.EqualFold(o, "XX") && !resp.EqualFold(o, "GT") && !resp.EqualFold(o, "LT") {
-			s.W.Error("ERR Unsupported option " + relay.Clip(string(o)))
 			return
 		}
 	}
