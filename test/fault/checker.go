@@ -108,7 +108,10 @@ type Report struct {
 	// FenceRegressions: Second entered after First but its fence is not
 	// larger (a write after a write or a read), or smaller (a read after a
 	// write: a read's fence is at least that of every earlier write, and
-	// readers share theirs).
+	// readers share theirs). First is the earlier write with the highest
+	// fence (or the earlier read with the highest fence, for a write that
+	// is above every earlier write's but not above that read's), so every
+	// grant out of order is counted, not only the first after a high one.
 	FenceRegressions     []Pair
 	FenceRegressionCount int
 	// LateUses: First was still in its critical section (before its exit)
@@ -164,9 +167,9 @@ func Check(grants []Grant) Report {
 		// Sweep: among the grants entered so far, the one that ends last
 		// (validity-capped) and the one that exits last (uncapped), of all
 		// (against a write) and of the writes (against a read); the last
-		// write entered and the read with the highest fence.
+		// write and the read with the highest fence.
 		var all, writes sweep
-		var lastWrite, topRead *Grant
+		var topWrite, topRead *Grant
 		for i := range gs {
 			g := gs[i]
 			against := &all
@@ -189,8 +192,8 @@ func Check(grants []Grant) Report {
 			}
 			var regressed *Grant
 			switch {
-			case lastWrite != nil && (g.Fence < lastWrite.Fence || !g.Shared && g.Fence == lastWrite.Fence):
-				regressed = lastWrite
+			case topWrite != nil && (g.Fence < topWrite.Fence || !g.Shared && g.Fence == topWrite.Fence):
+				regressed = topWrite
 			case !g.Shared && topRead != nil && g.Fence <= topRead.Fence:
 				regressed = topRead
 			}
@@ -207,7 +210,9 @@ func Check(grants []Grant) Report {
 				}
 			} else {
 				writes.add(g)
-				lastWrite = &gs[i]
+				if topWrite == nil || g.Fence > topWrite.Fence {
+					topWrite = &gs[i]
+				}
 			}
 		}
 	}

@@ -65,6 +65,17 @@ func TestCheck(t *testing.T) {
 		{name: "write not above the read before it", grants: []Grant{rg("k", 4, 0, 100, 10), g("k", 4, 20, 100, 30)}, regressions: 1},
 		{name: "write not above the highest earlier read",
 			grants: []Grant{rg("k", 6, 0, 100, 10), rg("k", 4, 5, 100, 15), g("k", 5, 20, 100, 30)}, regressions: 1},
+		// Each grant out of order is counted against the highest earlier
+		// fence, not only the first one after it (which lowered the last
+		// write's fence the next was held to).
+		{name: "every write below an earlier higher fence",
+			grants: []Grant{g("k", 10, 0, 100, 10), g("k", 3, 20, 100, 30), g("k", 4, 40, 100, 50)}, regressions: 2},
+		{name: "read below an earlier write that is not the last",
+			grants: []Grant{g("k", 10, 0, 100, 10), g("k", 3, 20, 100, 30), rg("k", 5, 40, 100, 50)}, regressions: 2},
+		{name: "write equal to an earlier write that is not the last",
+			grants: []Grant{g("k", 5, 0, 100, 10), g("k", 3, 20, 100, 30), g("k", 5, 40, 100, 50)}, regressions: 2},
+		{name: "writes and a read below fence 10",
+			grants: []Grant{g("k", 10, 0, 100, 10), g("k", 3, 20, 100, 30), g("k", 4, 40, 100, 50), rg("k", 5, 60, 100, 70)}, regressions: 3},
 		{name: "write rejected past validity",
 			grants: []Grant{{Key: "k", Fence: 1, Enter: 1, Deadline: 100 * ms, Exit: 250 * ms, Use: 200 * ms, Rejected: true}}},
 	}
