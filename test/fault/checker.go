@@ -105,6 +105,10 @@ type Report struct {
 	// not both readers.
 	Overlaps     []Pair
 	OverlapCount int
+	// ReadOverlapCount counts the overlaps a read takes part in: a read
+	// entered within a write's validity, or a write within a read's
+	// (also when it is within a write's too, and Overlaps shows that pair).
+	ReadOverlapCount int
 	// FenceRegressions: Second entered after First but its fence is not
 	// larger (a write after a write or a read), or smaller (a read after a
 	// write: a read's fence is at least that of every earlier write, and
@@ -135,8 +139,8 @@ func (r Report) Violations() int {
 }
 
 func (r Report) String() string {
-	return fmt.Sprintf("%d grants: %d overlaps %v, %d fence regressions %v, %d late uses %v, %d live writes rejected %v",
-		r.Grants, r.OverlapCount, r.Overlaps, r.FenceRegressionCount, r.FenceRegressions,
+	return fmt.Sprintf("%d grants: %d overlaps (%d with a read) %v, %d fence regressions %v, %d late uses %v, %d live writes rejected %v",
+		r.Grants, r.OverlapCount, r.ReadOverlapCount, r.Overlaps, r.FenceRegressionCount, r.FenceRegressions,
 		r.LateUseCount, r.LateUses, r.RejectedLiveCount, r.RejectedLive)
 }
 
@@ -166,9 +170,10 @@ func Check(grants []Grant) Report {
 		sort.SliceStable(gs, func(i, j int) bool { return gs[i].Enter < gs[j].Enter })
 		// Sweep: among the grants entered so far, the one that ends last
 		// (validity-capped) and the one that exits last (uncapped), of all
-		// (against a write) and of the writes (against a read); the last
-		// write and the read with the highest fence.
-		var all, writes sweep
+		// (against a write), of the writes (against a read) and of the
+		// reads (whether a write's overlap involves one); the write and
+		// the read with the highest fence.
+		var all, writes, reads sweep
 		var topWrite, topRead *Grant
 		for i := range gs {
 			g := gs[i]
@@ -180,6 +185,9 @@ func Check(grants []Grant) Report {
 				switch {
 				case g.Enter < against.lastEnd.end():
 					r.OverlapCount++
+					if g.Shared || reads.n > 0 && g.Enter < reads.lastEnd.end() {
+						r.ReadOverlapCount++
+					}
 					if len(r.Overlaps) < maxExamples {
 						r.Overlaps = append(r.Overlaps, Pair{against.lastEnd, g})
 					}
@@ -205,6 +213,7 @@ func Check(grants []Grant) Report {
 			}
 			all.add(g)
 			if g.Shared {
+				reads.add(g)
 				if topRead == nil || g.Fence > topRead.Fence {
 					topRead = &gs[i]
 				}

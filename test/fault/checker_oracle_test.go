@@ -9,11 +9,12 @@ import (
 
 // oracleCheck is the pairwise definition Check's sweep stands for, per
 // grant in Check's order (by Enter, stable): b overlaps if an earlier grant
-// it conflicts with (not both reads) ends after b entered; b is a late use
-// if it overlaps none but such a grant exits after b entered; b regresses if it
+// it conflicts with (not both reads) ends after b entered, and the overlap
+// involves a read if b is one or such a grant is; b is a late use if it
+// overlaps none but such a grant exits after b entered; b regresses if it
 // is a write whose fence is not above every earlier grant's, or a read
 // whose fence is below an earlier write's.
-func oracleCheck(grants []Grant) (overlaps, late, regress int) {
+func oracleCheck(grants []Grant) (overlaps, withRead, late, regress int) {
 	byKey := map[string][]Grant{}
 	for _, g := range grants {
 		byKey[g.Key] = append(byKey[g.Key], g)
@@ -21,13 +22,14 @@ func oracleCheck(grants []Grant) (overlaps, late, regress int) {
 	for _, gs := range byKey {
 		sort.SliceStable(gs, func(i, j int) bool { return gs[i].Enter < gs[j].Enter })
 		for j, b := range gs {
-			ov, lt, rg := false, false, false
+			ov, rd, lt, rg := false, false, false, false
 			for _, a := range gs[:j] {
 				if a.Shared && b.Shared {
 					continue
 				}
 				if b.Enter < a.end() {
 					ov = true
+					rd = rd || a.Shared || b.Shared
 				} else if b.Enter < a.exit() {
 					lt = true
 				}
@@ -38,6 +40,9 @@ func oracleCheck(grants []Grant) (overlaps, late, regress int) {
 			switch {
 			case ov:
 				overlaps++
+				if rd {
+					withRead++
+				}
 			case lt:
 				late++
 			}
@@ -70,9 +75,9 @@ func TestCheckMatchesPairwiseOracle(t *testing.T) {
 			gs = append(gs, gr)
 		}
 		r := Check(gs)
-		ov, lt, rg := oracleCheck(gs)
-		if r.OverlapCount != ov || r.LateUseCount != lt || r.FenceRegressionCount != rg {
-			t.Fatalf("history %d %v:\nCheck = %v\noracle: %d overlaps, %d late uses, %d fence regressions", n, gs, r, ov, lt, rg)
+		ov, rd, lt, rg := oracleCheck(gs)
+		if r.OverlapCount != ov || r.ReadOverlapCount != rd || r.LateUseCount != lt || r.FenceRegressionCount != rg {
+			t.Fatalf("history %d %v:\nCheck = %v\noracle: %d overlaps (%d with a read), %d late uses, %d fence regressions", n, gs, r, ov, rd, lt, rg)
 		}
 	}
 }

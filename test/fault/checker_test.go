@@ -30,6 +30,7 @@ func TestCheck(t *testing.T) {
 		name                               string
 		grants                             []Grant
 		overlaps, regressions, late, rejLv int
+		withRead                           int // overlaps a read takes part in
 	}{
 		{name: "empty"},
 		{name: "one", grants: []Grant{g("k", 1, 0, 100, 10)}},
@@ -56,10 +57,14 @@ func TestCheck(t *testing.T) {
 			grants: []Grant{{Key: "k", Fence: 1, Enter: 1, Deadline: 100 * ms, Exit: 50 * ms, Use: 40 * ms, Rejected: true}},
 			rejLv:  1},
 		{name: "readers overlap each other", grants: []Grant{rg("k", 3, 0, 100, 50), rg("k", 3, 10, 100, 60), rg("k", 2, 20, 100, 30)}},
-		{name: "read inside a write", grants: []Grant{g("k", 1, 0, 100, 50), rg("k", 1, 20, 100, 30)}, overlaps: 1},
-		{name: "write inside a read", grants: []Grant{rg("k", 1, 0, 100, 50), g("k", 2, 20, 100, 30)}, overlaps: 1},
+		{name: "read inside a write", grants: []Grant{g("k", 1, 0, 100, 50), rg("k", 1, 20, 100, 30)}, overlaps: 1, withRead: 1},
+		{name: "write inside a read", grants: []Grant{rg("k", 1, 0, 100, 50), g("k", 2, 20, 100, 30)}, overlaps: 1, withRead: 1},
 		{name: "write inside the earlier of two reads",
-			grants: []Grant{rg("k", 1, 0, 100, 80), rg("k", 1, 10, 100, 20), g("k", 2, 40, 100, 50)}, overlaps: 1},
+			grants: []Grant{rg("k", 1, 0, 100, 80), rg("k", 1, 10, 100, 20), g("k", 2, 40, 100, 50)}, overlaps: 1, withRead: 1},
+		{name: "write inside a write and a read",
+			grants: []Grant{g("k", 1, 0, 100, 90), rg("k", 1, 10, 100, 80), g("k", 2, 20, 100, 30)}, overlaps: 2, withRead: 2},
+		{name: "write inside a write, after a read",
+			grants: []Grant{rg("k", 1, 0, 100, 5), g("k", 2, 10, 100, 90), g("k", 3, 20, 100, 30)}, overlaps: 1},
 		{name: "read, write, read in turn", grants: []Grant{rg("k", 1, 0, 100, 10), g("k", 2, 20, 100, 30), rg("k", 2, 40, 100, 50)}},
 		{name: "read below the write before it", grants: []Grant{g("k", 4, 0, 100, 10), rg("k", 3, 20, 100, 30)}, regressions: 1},
 		{name: "write not above the read before it", grants: []Grant{rg("k", 4, 0, 100, 10), g("k", 4, 20, 100, 30)}, regressions: 1},
@@ -83,9 +88,9 @@ func TestCheck(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := Check(tc.grants)
 			if r.Grants != len(tc.grants) || r.OverlapCount != tc.overlaps || r.FenceRegressionCount != tc.regressions ||
-				r.LateUseCount != tc.late || r.RejectedLiveCount != tc.rejLv {
-				t.Errorf("Check = %v; want %d overlaps, %d fence regressions, %d late uses, %d live writes rejected",
-					r, tc.overlaps, tc.regressions, tc.late, tc.rejLv)
+				r.LateUseCount != tc.late || r.RejectedLiveCount != tc.rejLv || r.ReadOverlapCount != tc.withRead {
+				t.Errorf("Check = %v; want %d overlaps (%d with a read), %d fence regressions, %d late uses, %d live writes rejected",
+					r, tc.overlaps, tc.withRead, tc.regressions, tc.late, tc.rejLv)
 			}
 			if len(r.Overlaps) != min(r.OverlapCount, maxExamples) || len(r.LateUses) != min(r.LateUseCount, maxExamples) {
 				t.Errorf("examples do not match the counts: %v", r)
