@@ -127,8 +127,15 @@ func (w workload) run(t *testing.T, e *env, healed <-chan struct{}) (*counts, fu
 	var wg sync.WaitGroup
 	var short atomic.Int64
 	for i := range w.clients {
-		p := e.proxies[i%len(e.proxies)]
-		name := fmt.Sprintf("p%d.c%d", i%len(e.proxies), i)
+		// The role goes by i%4 (TOKEN clients 1, readers 3) and the
+		// instance by (i + i/4) % instances: with two instances it
+		// alternates every four clients, so readers and TOKEN clients go
+		// through both (by i%2 alone they all went through p1, and the
+		// rows that kill or cut off p1 saw no read granted elsewhere).
+		// With two instances each still serves two of every four.
+		inst := (i + i/4) % len(e.proxies)
+		p := e.proxies[inst]
+		name := fmt.Sprintf("p%d.c%d", inst, i)
 		wg.Go(func() {
 			n := e.client(name, p.addr, w.tokens && i%4 == 1, w.readers && i%4 == 3, w, healed, stop, deadline, c)
 			select {
