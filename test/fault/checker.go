@@ -36,6 +36,11 @@ type Grant struct {
 	// Read is the ledger value the client read in its critical section
 	// (for the linearizability check).
 	Read int64
+	// TTL is the lease the grant asked for (PX) and Validity the
+	// validity_ms its reply told, for the rows' validity check
+	// (checkValidity in row_test.go). Check goes by Deadline, which a
+	// RENEW or a lock-lost signal may move; these stay as granted.
+	TTL, Validity time.Duration
 }
 
 // exit is Exit, or Deadline when the exit is unknown.

@@ -213,3 +213,43 @@ func TestHistoryClock(t *testing.T) {
 		t.Errorf("Grants() has %d; want 1", n)
 	}
 }
+
+// The rows' validity check (validityProblem, row_test.go): a validity of
+// 0 or in the wrong unit would turn an overlap into a late use (Check
+// measures a grant to Enter + validity), so it must not pass.
+func TestCheckValidityBounds(t *testing.T) {
+	ttl := ttlMS * time.Millisecond
+	for _, tc := range []struct {
+		name          string
+		ttl, validity time.Duration
+		ok            bool
+	}{
+		{"TTL less drift", ttl, (ttlMS - driftMS) * ms, true},
+		{"1 ms", ttl, ms, true},
+		{"0", ttl, 0, false},
+		{"negative", ttl, -ms, false},
+		{"1 ms over TTL less drift", ttl, (ttlMS - driftMS + 1) * ms, false},
+		{"the TTL", ttl, ttl, false},
+		{"seconds taken for ms", ttl, 1980 * time.Second, false},
+		{"3 s TTL less its drift", 3 * time.Second, 2968 * ms, true},
+		{"3 s TTL less the 2 s TTL's drift", 3 * time.Second, 2978 * ms, false},
+		{"no TTL recorded", 0, 1900 * ms, false},
+	} {
+		gr := Grant{Key: "k", Fence: 1, Enter: 0, Deadline: tc.validity, Exit: ms, TTL: tc.ttl, Validity: tc.validity}
+		if p := validityProblem(gr); (p == "") != tc.ok {
+			t.Errorf("%s: validityProblem(TTL %v, validity %v) = %q; want ok %v", tc.name, tc.ttl, tc.validity, p, tc.ok)
+		}
+	}
+	// The overlap a validity of 0 hides from Check (a late use for it) is
+	// failed by the validity check.
+	gs := []Grant{
+		{Key: "k", Fence: 1, Enter: 0, Deadline: 0, Exit: 50 * ms, TTL: ttl, Validity: 0},
+		{Key: "k", Fence: 2, Enter: 20 * ms, Deadline: 1990 * ms, Exit: 30 * ms, TTL: ttl, Validity: 1970 * ms},
+	}
+	if r := Check(gs); r.Violations() != 0 || r.LateUseCount != 1 {
+		t.Errorf("Check = %v; want the overlap taken for 1 late use (what the validity check is for)", r)
+	}
+	if validityProblem(gs[0]) == "" {
+		t.Errorf("a grant told validity 0 passes the validity check")
+	}
+}

@@ -122,7 +122,7 @@ func (e *env) longHold(t *testing.T, h longHold) longHoldOutcome {
 	}
 	o.validity = time.Duration(r.ValidityMS) * time.Millisecond
 	hg := Grant{Key: h.key, Token: r.Token, Fence: r.Fence, Client: fmt.Sprintf("p%d.long-holder", h.holder),
-		Enter: enter, Deadline: enter + o.validity}
+		Enter: enter, Deadline: enter + o.validity, TTL: ttlMS * time.Millisecond, Validity: o.validity}
 	hg.Read = e.ledger.Read(h.key, hg.Fence)
 
 	type result struct {
@@ -143,6 +143,7 @@ func (e *env) longHold(t *testing.T, h longHold) longHoldOutcome {
 				g := Grant{Key: h.key, Token: wr.Token, Fence: wr.Fence, Client: fmt.Sprintf("p%d.long-waiter", h.waiter),
 					Enter: e.hist.Now()}
 				g.Deadline = g.Enter + time.Duration(wr.ValidityMS)*time.Millisecond
+				g.TTL, g.Validity = ttlMS*time.Millisecond, time.Duration(wr.ValidityMS)*time.Millisecond
 				e.critical(h.key, &g)
 				g.Exit = e.hist.Now()
 				e.hist.Add(g)

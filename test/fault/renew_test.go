@@ -67,7 +67,8 @@ func renewCutOff(t *testing.T, e *linkEnv, notes *rowNotes) int {
 				return events
 			}
 			hg = Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "renew-holder",
-				Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+				Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond,
+				TTL: ttlMS * time.Millisecond, Validity: time.Duration(r.ValidityMS) * time.Millisecond}
 			e.critical(key, &hg)
 			// Renewed while the links are healthy: each renewal moves
 			// the deadline the holder goes by.
@@ -112,6 +113,7 @@ func renewCutOff(t *testing.T, e *linkEnv, notes *rowNotes) int {
 				Client: "renew-waiter", Enter: e.hist.Now()}}
 			if ok {
 				res.g.Deadline = res.g.Enter + time.Duration(r.ValidityMS)*time.Millisecond
+				res.g.TTL, res.g.Validity = ttlMS*time.Millisecond, time.Duration(r.ValidityMS)*time.Millisecond
 				e.critical(key, &res.g)
 				res.g.Exit = e.hist.Now()
 				_ = cl.Do(ctx, "UNLOCK", key, r.Token).Err()

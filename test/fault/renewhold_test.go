@@ -47,7 +47,8 @@ func TestRenewedLongHold(t *testing.T) {
 				t.Fatalf("%s %s = %v, %v; want a grant", tc.cmd, key, ok, err)
 			}
 			hg := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "p0.renewed-holder",
-				Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+				Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond,
+				TTL: ttlMS * time.Millisecond, Validity: time.Duration(r.ValidityMS) * time.Millisecond}
 			hg.Read = e.ledger.Read(key, hg.Fence)
 
 			// The writer waiting, through the other instance.
@@ -66,6 +67,7 @@ func TestRenewedLongHold(t *testing.T) {
 				}
 				g.Token, g.Fence = wr.Token, wr.Fence
 				g.Deadline = g.Enter + time.Duration(wr.ValidityMS)*time.Millisecond
+				g.TTL, g.Validity = ttlMS*time.Millisecond, time.Duration(wr.ValidityMS)*time.Millisecond
 				e.critical(key, &g)
 				g.Exit = e.hist.Now()
 				_ = cl.Do(ctx, "UNLOCK", key, wr.Token).Err()

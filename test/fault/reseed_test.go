@@ -48,7 +48,8 @@ func TestRestartedNodesReseeded(t *testing.T) {
 					t.Fatalf("%s: LOCK %s = %v, %v; want a grant", what, key, ok, err)
 				}
 				g := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "p0." + what, Enter: enter,
-					Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+					Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond,
+					TTL:      ttlMS * time.Millisecond, Validity: time.Duration(r.ValidityMS) * time.Millisecond}
 				e.critical(key, &g)
 				g.Exit = e.hist.Now()
 				e.hist.Add(g)

@@ -23,6 +23,9 @@ const (
 	waitMS = 3000
 	// maxSleep bounds the random sleep inside the critical section.
 	maxSleep = 2 * time.Millisecond
+	// proxyDefaultTTL is lockproxy's locks.default_ttl, the lease of a
+	// LOCK without PX (keepaliveVanish's holders).
+	proxyDefaultTTL = 30 * time.Second
 )
 
 // env is one fault run: real redis-server nodes, lockproxy instances in
@@ -227,7 +230,8 @@ func (e *env) client(name, addr string, withToken, reader bool, w workload, heal
 			continue
 		}
 		g := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: name, Shared: reader,
-			Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+			Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond,
+			TTL: ttlMS * time.Millisecond, Validity: time.Duration(r.ValidityMS) * time.Millisecond}
 		if reader {
 			e.reading(key, &g)
 		} else {
@@ -486,7 +490,8 @@ func restartWhileHeld(t *testing.T, e *linkEnv, notes *rowNotes) int {
 		if len(on) != 3 {
 			t.Logf("set-up %d: the lock landed on nodes %v, not exactly 0-2; trying again", attempt, on)
 			hg := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "p0.restart-holder", Enter: enter,
-				Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond, Exit: e.hist.Now()}
+				Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond, Exit: e.hist.Now(),
+				TTL: quarantineMaxTTL, Validity: time.Duration(r.ValidityMS) * time.Millisecond}
 			e.hist.Add(hg)
 			_ = holder.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
 		}
@@ -496,7 +501,8 @@ func restartWhileHeld(t *testing.T, e *linkEnv, notes *rowNotes) int {
 		return events
 	}
 	hg := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "p0.restart-holder", Enter: enter,
-		Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+		Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond,
+		TTL:      quarantineMaxTTL, Validity: time.Duration(r.ValidityMS) * time.Millisecond}
 	hg.Read = e.ledger.Read(key, hg.Fence)
 
 	restarted := time.Now()
@@ -527,6 +533,7 @@ func restartWhileHeld(t *testing.T, e *linkEnv, notes *rowNotes) int {
 			if ok || !lockclient.IsNoQuorum(err) || time.Now().After(end) {
 				if ok {
 					res.g.Deadline = res.g.Enter + time.Duration(wr.ValidityMS)*time.Millisecond
+					res.g.TTL, res.g.Validity = ttlMS*time.Millisecond, time.Duration(wr.ValidityMS)*time.Millisecond
 					e.critical(key, &res.g)
 					res.g.Exit = e.hist.Now()
 					_ = cl.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, wr.Token).Err()
@@ -624,7 +631,8 @@ func keepaliveVanish(t *testing.T, e *env, rounds int) int {
 			return round
 		}
 		hg := Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "keepalive-holder",
-			Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond}
+			Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond,
+			TTL: proxyDefaultTTL, Validity: time.Duration(r.ValidityMS) * time.Millisecond}
 		e.critical(key, &hg)
 
 		type result struct {
@@ -663,7 +671,8 @@ func keepaliveVanish(t *testing.T, e *env, rounds int) int {
 		}
 		slowest = max(slowest, d)
 		wg := Grant{Key: key, Token: res.r.Token, Fence: res.r.Fence, Client: "keepalive-waiter",
-			Enter: res.enter, Deadline: res.enter + time.Duration(res.r.ValidityMS)*time.Millisecond}
+			Enter: res.enter, Deadline: res.enter + time.Duration(res.r.ValidityMS)*time.Millisecond,
+			TTL: ttlMS * time.Millisecond, Validity: time.Duration(res.r.ValidityMS) * time.Millisecond}
 		e.critical(key, &wg)
 		wg.Exit = e.hist.Now()
 		e.hist.Add(wg)
