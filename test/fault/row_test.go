@@ -50,7 +50,8 @@ type expect struct {
 	// it: fencing is what protects the resource when timing fails.
 	unsafe bool
 	// clean: a row without faults: no NOQUORUM beyond a busy host's odd
-	// timeout, no other error.
+	// timeout, no other error, and no UNLOCK answered 0 within the first
+	// half of its grant's validity (the lock lost early).
 	clean bool
 }
 
@@ -94,11 +95,11 @@ func judge(t *testing.T, e *env, run rowRun, x expect) {
 	t.Logf("ROW %s: %d grants in %v (%d during %d fault windows of %v, by client %v; %d attempts from injection to heal); %d faults injected; "+
 		"%d overlaps, %d fence regressions, %d live writes rejected, %d lost updates; "+
 		"%d late uses, %d stale writes rejected (%d accepted); validity told %v–%v; %d attempts: %d nil, %d NOQUORUM, %d other errors; "+
-		"%d UNLOCK 0, %d UNLOCK errors, %d vanished; porcupine: %s over %d ledger operations in %v; %v%s",
+		"%d UNLOCK 0 (%d in the first half of the validity), %d UNLOCK errors, %d vanished; porcupine: %s over %d ledger operations in %v; %v%s",
 		run.name, r.Grants, run.took.Round(time.Millisecond), during, len(run.windows), faultTime.Round(time.Millisecond), byProxy, run.attemptsDuring, run.events,
 		r.OverlapCount, r.FenceRegressionCount, r.RejectedLiveCount, lost,
 		r.LateUseCount, rejected, accepted, minV, maxV, attempts, c.nils.Load(), c.noQuorum.Load(), c.errs.Load(),
-		c.unlockZero.Load(), c.unlockErrs.Load(), c.vanished.Load(), lin, linOps, linTook.Round(time.Millisecond),
+		c.unlockZero.Load(), c.unlockZeroEarly.Load(), c.unlockErrs.Load(), c.vanished.Load(), lin, linOps, linTook.Round(time.Millisecond),
 		run.res, prefixed("; ", run.notes))
 
 	if x.unsafe {
@@ -149,6 +150,12 @@ func judge(t *testing.T, e *env, run rowRun, x expect) {
 		if c.errs.Load() > 0 || c.noQuorum.Load()*100 > attempts {
 			t.Errorf("without faults: %d NOQUORUM in %d attempts, %d other errors (last: %v); want no errors and NOQUORUM under 1 %%",
 				c.noQuorum.Load(), attempts, c.errs.Load(), c.lastErr.Load())
+		}
+		// Without faults nothing takes a lock from its holder: an UNLOCK
+		// sent well within the validity and answered 0 means the lock
+		// was lost early.
+		if n := c.unlockZeroEarly.Load(); n > 0 {
+			t.Errorf("without faults: %d UNLOCKs sent in the first half of their grant's validity answered 0 (of %d answered 0); want none", n, c.unlockZero.Load())
 		}
 	}
 	for _, p := range e.proxies {

@@ -86,10 +86,13 @@ func (e *env) reading(key string, g *Grant) {
 	time.Sleep(rand.N(maxSleep + 1))
 }
 
-// counts are a workload's outcomes.
+// counts are a workload's outcomes. unlockZeroEarly counts the UNLOCKs
+// answered 0 that were sent within the first half of their grant's
+// validity: the lock was gone well before its lease ran out (a client
+// descheduled past its lease gets 0 honestly, hence the half).
 type counts struct {
-	grants, nils, noQuorum, errs, unlockZero, unlockErrs, vanished atomic.Int64
-	lastErr                                                        atomic.Value // string
+	grants, nils, noQuorum, errs, unlockZero, unlockZeroEarly, unlockErrs, vanished atomic.Int64
+	lastErr                                                                         atomic.Value // string
 }
 
 // attempts is how many LOCKs the clients got an answer to so far.
@@ -251,6 +254,7 @@ func (e *env) client(name, addr string, withToken, reader bool, w workload, heal
 		g.Exit = e.hist.Now()
 		e.hist.Add(g)
 		ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
+		sent := e.hist.Now()
 		released, err := cl.Do(ctx, "UNLOCK", key, r.Token).Int64()
 		cancel()
 		switch {
@@ -258,6 +262,9 @@ func (e *env) client(name, addr string, withToken, reader bool, w workload, heal
 			c.unlockErrs.Add(1)
 		case released == 0:
 			c.unlockZero.Add(1)
+			if sent < g.Enter+g.Validity/2 {
+				c.unlockZeroEarly.Add(1)
+			}
 		}
 	}
 	return n
