@@ -349,9 +349,14 @@ type Zookeeper struct {
 	Servers []string `yaml:"servers"` // host:port each
 	Root    string   `yaml:"root"`
 	// SessionTimeout is asked of the servers for lockproxy's session; it
-	// also caps the validity of every lock (a lock lives in the session).
-	// The servers' maxSessionTimeout must not be below it.
+	// also caps the validity of every lock (a lock lives in the session):
+	// at 5/12 of it, or at 2/3 of it less half of TickTime when TickTime
+	// is set. The servers' maxSessionTimeout must not be below it.
 	SessionTimeout time.Duration `yaml:"session_timeout"`
+	// TickTime is the servers' tickTime, when known (0: taken as half the
+	// session timeout, the most it is with ZooKeeper's default
+	// minSessionTimeout).
+	TickTime time.Duration `yaml:"tick_time"`
 	// Digest, "user:password", authenticates the session with ZooKeeper's
 	// digest scheme, and every znode lockproxy creates (the root included)
 	// then gets an ACL giving that user alone all rights.
@@ -732,6 +737,12 @@ func (c Config) Validate() error {
 		v.add("zookeeper.root", "must be a clean absolute path such as /lockproxy, got %q", z.Root)
 	}
 	v.positive("zookeeper.session_timeout", z.SessionTimeout)
+	switch {
+	case z.TickTime < 0:
+		v.add("zookeeper.tick_time", "must not be negative, got %v", z.TickTime)
+	case z.TickTime > 0 && z.SessionTimeout > 0 && z.SessionTimeout*2/3-z.TickTime/2 <= 0:
+		v.add("zookeeper.tick_time", "%v leaves no validity with zookeeper.session_timeout %v (validity is capped at 2/3 of the session timeout less half a tick)", z.TickTime, z.SessionTimeout)
+	}
 	if user, _, ok := strings.Cut(z.Digest, ":"); z.Digest != "" && (!ok || user == "") {
 		v.add("zookeeper.digest", "must be user:password")
 	}

@@ -163,6 +163,14 @@ func TestValidate(t *testing.T) {
 			"zookeeper.session_timeout: must be positive, got 0s",
 			"zookeeper.digest: must be user:password",
 		}},
+		{"zookeeper tick", func(c *Config) { c.Zookeeper.TickTime = -time.Second }, []string{
+			"zookeeper.tick_time: must not be negative, got -1s",
+		}},
+		{"zookeeper tick past the session", func(c *Config) {
+			c.Zookeeper.SessionTimeout, c.Zookeeper.TickTime = 3*time.Second, 4*time.Second
+		}, []string{
+			"zookeeper.tick_time: 4s leaves no validity with zookeeper.session_timeout 3s (validity is capped at 2/3 of the session timeout less half a tick)",
+		}},
 		{"postgres", func(c *Config) {
 			c.Backend = BackendPostgres
 			c.Postgres.DSN = " "

@@ -28,9 +28,15 @@ type Config struct {
 	Root string
 	// SessionTimeout is asked of the servers for the one session this
 	// backend holds. A lock is guaranteed only while the session lives,
-	// so it also caps the validity reported. The servers'
-	// maxSessionTimeout must not be below it.
+	// so the validity reported is capped by the session's horizon: 5/12
+	// of it, or 2/3 of it less half of ServerTick when that is set (see
+	// sessionHorizon). The servers' maxSessionTimeout must not be below
+	// it.
 	SessionTimeout time.Duration
+	// ServerTick is the servers' tickTime, when known; 0 assumes the most
+	// it can be with ZooKeeper's default minSessionTimeout (two ticks):
+	// half the session timeout.
+	ServerTick time.Duration
 	// Digest, "user:password", authenticates the session with the digest
 	// scheme; every node is then created with an ACL giving that user
 	// alone all rights. Empty: no authentication, world-open ACL.

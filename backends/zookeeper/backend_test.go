@@ -147,8 +147,9 @@ func TestChildNamesAndData(t *testing.T) {
 // through two instances (two sessions), with binary keys.
 func TestLockUnlockRenew(t *testing.T) {
 	root := testRoot(t)
-	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
-	b := newBackend(t, []string{zkAddr}, root, 10*time.Second)
+	// Sessions whose horizon (5/12 of them, 12.5 s) is past the leases.
+	a := newBackend(t, []string{zkAddr}, root, 30*time.Second)
+	b := newBackend(t, []string{zkAddr}, root, 30*time.Second)
 	for _, key := range []string{"plain", "a/b", "\x00\r\n\xff", strings.Repeat("k", 4096)} {
 		t.Run(fmt.Sprintf("%.12q", key), func(t *testing.T) {
 			l := mustLock(t, a, key, "A", 5*time.Second, backends.Write)

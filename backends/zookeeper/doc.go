@@ -14,8 +14,10 @@
 // of the command layer.
 //
 // Caveats: a lock lives in the ZooKeeper session of the instance that
-// created it, so validity is capped by the session timeout (a session can
-// end only after that long without contact) and closing the backend drops
+// created it, so validity is capped by the session's horizon, a part of
+// the session timeout (a session ends only after that long without contact
+// reaching the leader, and a follower forwards contact late; see
+// sessionHorizon), and closing the backend drops
 // every lock it holds. go-zookeeper's calls take no context; each runs on a
 // goroutine that ends when its connection answers or closes, and the
 // caller returns when its context is done.

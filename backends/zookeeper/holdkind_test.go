@@ -21,8 +21,9 @@ import (
 func TestHoldKindLeavesOtherKind(t *testing.T) {
 	t.Parallel() // mostly waits on lease timers, in a root of its own
 	root := testRoot(t)
-	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
-	other := newBackend(t, []string{zkAddr}, root, 10*time.Second)
+	// Sessions whose horizon (5/12 of them, 12.5 s) is past the leases.
+	a := newBackend(t, []string{zkAddr}, root, 30*time.Second)
+	other := newBackend(t, []string{zkAddr}, root, 30*time.Second)
 	ctx := ctxT(t, 60*time.Second)
 	for _, tc := range []struct {
 		name              string
@@ -84,7 +85,7 @@ func TestHoldKindLeavesOtherKind(t *testing.T) {
 // not have answers false or 0 and leaves the hold it has as it was.
 func TestHoldKindNotHeld(t *testing.T) {
 	root := testRoot(t)
-	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
+	a := newBackend(t, []string{zkAddr}, root, 30*time.Second) // a horizon (12.5 s) past the lease
 	ctx := ctxT(t, 30*time.Second)
 	for _, held := range []backends.Mode{backends.Write, backends.Read} {
 		other := backends.Read

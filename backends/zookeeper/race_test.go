@@ -51,7 +51,7 @@ func TestAbandonedNodeDeletedAfterBlip(t *testing.T) {
 // one a rival could be granted within.
 func TestRenewThroughOtherInstancePromisesNothing(t *testing.T) {
 	root := testRoot(t)
-	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
+	a := newBackend(t, []string{zkAddr}, root, 30*time.Second) // a horizon of 12.5 s
 	b := newBackend(t, []string{zkAddr}, root, 10*time.Second)
 	mustLock(t, a, "r", "T", 30*time.Second, backends.Write)
 	v, err := b.Renew(ctxT(t, 10*time.Second), "r", "T", 30*time.Second)
@@ -64,7 +64,7 @@ func TestRenewThroughOtherInstancePromisesNothing(t *testing.T) {
 	}
 	// Through the instance that made it, the usual validity.
 	if v, err := a.Renew(ctxT(t, 10*time.Second), "r", "T", 30*time.Second); err != nil || v < 5*time.Second {
-		t.Errorf("RENEW through the instance that made the node = %v, %v; want about the session timeout", v, err)
+		t.Errorf("RENEW through the instance that made the node = %v, %v; want about the session's horizon", v, err)
 	}
 }
 

@@ -27,7 +27,7 @@ const maxCAS = 16
 
 // validity is what the holder may count on after a grant or renewal whose
 // last successful round trip started at t0: the lease, capped by the
-// session timeout (the session, and so the node, cannot end sooner after
+// session's horizon (the session, and so the node, cannot end sooner after
 // that round trip reached a server), less elapsed time and drift.
 func (b *Backend) validity(ttl time.Duration, t0 time.Time) time.Duration {
 	return b.validityAt(ttl, t0, time.Now())
@@ -35,14 +35,43 @@ func (b *Backend) validity(ttl time.Duration, t0 time.Time) time.Duration {
 
 // validityAt is validity as of now.
 func (b *Backend) validityAt(ttl time.Duration, t0, now time.Time) time.Duration {
-	d := min(ttl, b.cfg.SessionTimeout)
+	d := min(ttl, b.sessionHorizon())
 	return d - now.Sub(t0) - time.Duration(float64(ttl)*b.cfg.DriftFactor) - b.cfg.DriftMin
+}
+
+// sessionHorizon is how long after the start of a round trip that reached
+// a server the session is sure to live. It is not the session timeout S:
+// in an ensemble only the leader expires sessions, and a follower tells it
+// of the sessions it heard from only when it answers the leader's pings,
+// every half tick. A follower cut off from its peers right after the round
+// trip never reports it: the leader counts S from the last touch the
+// follower did report, that of a message that reached the follower at
+// least half a tick before the cut. go-zookeeper pings every S/3, so that
+// message left the client no more than S/3 + tick/2 before the cut, which
+// came after the round trip reached the follower (then following): the
+// session lives at least 2S/3 - tick/2 after the round trip's start (the
+// leader rounds expiries up to a tick, never down). Not covered: a
+// follower already cut off when the round trip reached it, which serves
+// reads for up to syncLimit ticks (a grant's last round trip is a read),
+// and a host or server clock that runs slow beyond the drift allowance.
+//
+// S is Config.SessionTimeout. The tick is Config.ServerTick
+// when set; else S/2, the most it can be when the servers'
+// minSessionTimeout is ZooKeeper's default of two ticks (no session is
+// negotiated shorter), so that the horizon is then 5S/12.
+func (b *Backend) sessionHorizon() time.Duration {
+	s := b.cfg.SessionTimeout
+	tick := b.cfg.ServerTick
+	if tick <= 0 {
+		tick = s / 2
+	}
+	return max(s*2/3-tick/2, 0)
 }
 
 // leaseLeft is the TTL LOCKINFO shows for a node with data d and stat st
 // at now: the validity a grant or renewal at the lease's start would have
 // left by now, so never more than the holder was told it may count on
-// (the lease capped by the session timeout, less drift), as RedLock's
+// (the lease capped by the session's horizon, less drift), as RedLock's
 // LOCKINFO never shows more than a majority would honour. The start may
 // come from another host's clock: one ahead of this one cannot make the
 // lease look longer than it is.

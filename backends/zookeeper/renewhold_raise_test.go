@@ -13,7 +13,7 @@ import (
 func TestRenewHoldNeverShortens(t *testing.T) {
 	t.Parallel()
 	root := testRoot(t)
-	a := newBackend(t, []string{zkAddr}, root, 10*time.Second)
+	a := newBackend(t, []string{zkAddr}, root, 30*time.Second) // a horizon (12.5 s) past the leases
 	ctx := ctxT(t, 60*time.Second)
 	backendtest.RunRenewHoldNeverShortens(t, ctx, a, func(t *testing.T, key string, c backendtest.RenewHoldCase) {
 		info, ok, err := a.Info(ctx, key)

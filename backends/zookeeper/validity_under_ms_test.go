@@ -10,10 +10,11 @@ import (
 )
 
 // tightBackend is a backend whose drift allowance (no factor, driftMin)
-// leaves a lease of ttl ttl−driftMin before any time is spent.
+// leaves a lease of ttl ttl−driftMin before any time is spent, in a
+// session whose horizon (5/12 of it, 12.5 s) is past the leases.
 func tightBackend(t *testing.T, root string, driftMin time.Duration) *Backend {
 	t.Helper()
-	b, err := New(Config{Servers: []string{zkAddr}, Root: root, SessionTimeout: 10 * time.Second,
+	b, err := New(Config{Servers: []string{zkAddr}, Root: root, SessionTimeout: 30 * time.Second,
 		DriftMin: driftMin, StartTimeout: 30 * time.Second})
 	if err != nil {
 		t.Fatalf("New: %v", err)
@@ -124,8 +125,8 @@ func TestValidityUnderOneMsRefused(t *testing.T) {
 				return fmt.Errorf("children = %v, %v", kids, err)
 			}
 			// Begun so long ago that 0.999 ms of the validity is left
-			// (the lease capped by the 10 s session, less the drift).
-			t0 := time.Now().Add(-(10*time.Second - short))
+			// (the lease capped by the session's horizon, less the drift).
+			t0 := time.Now().Add(-(a.sessionHorizon() - short))
 			l, err := a.granted(ctx, backends.LockRequest{Key: key, Token: "T", TTL: long}, path, want, t0, kids, 0)
 			if err == nil {
 				err = errors.New("granted")

@@ -357,7 +357,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 		nodes = cfg.Zookeeper.Servers
 		zc := cfg.Zookeeper
 		zb, err := zkbackend.New(zkbackend.Config{
-			Servers: zc.Servers, Root: zc.Root, SessionTimeout: zc.SessionTimeout, Digest: zc.Digest,
+			Servers: zc.Servers, Root: zc.Root, SessionTimeout: zc.SessionTimeout, ServerTick: zc.TickTime, Digest: zc.Digest,
 			DriftFactor: cfg.Redlock.DriftFactor, DriftMin: cfg.Redlock.DriftMin, Logger: log, Registerer: reg,
 		})
 		if err != nil {

@@ -54,9 +54,10 @@ const (
 )
 
 // maxValidityMS is the largest validity_ms lockproxy may answer for ttlMS
-// on ZooKeeper: the lease capped by the session timeout, less drift.
+// on ZooKeeper: the lease capped by the session's horizon (5/12 of the
+// session timeout without zookeeper.tick_time), less drift.
 func maxValidityMS(ttlMS int64) int64 {
-	return min(ttlMS, sessionMS) - int64(float64(ttlMS)*driftFactor) - driftMinMS
+	return min(ttlMS, sessionMS*5/12) - int64(float64(ttlMS)*driftFactor) - driftMinMS
 }
 
 // lc is the lock-client helpers with this package's waits, three times
