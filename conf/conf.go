@@ -351,7 +351,8 @@ type Zookeeper struct {
 	// SessionTimeout is asked of the servers for lockproxy's session; it
 	// also caps the validity of every lock (a lock lives in the session):
 	// at 5/12 of it, or at 2/3 of it less half of TickTime when TickTime
-	// is set. The servers' maxSessionTimeout must not be below it.
+	// is set. Servers whose maxSessionTimeout is below it negotiate less,
+	// which then counts instead (a warning is logged).
 	SessionTimeout time.Duration `yaml:"session_timeout"`
 	// TickTime is the servers' tickTime, when known (0: taken as half the
 	// session timeout, the most it is with ZooKeeper's default

@@ -3,6 +3,7 @@ package zookeeper
 import (
 	"context"
 	"crypto/rand"
+	"encoding/binary"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -29,9 +30,10 @@ type Config struct {
 	// SessionTimeout is asked of the servers for the one session this
 	// backend holds. A lock is guaranteed only while the session lives,
 	// so the validity reported is capped by the session's horizon: 5/12
-	// of it, or 2/3 of it less half of ServerTick when that is set (see
-	// sessionHorizon). The servers' maxSessionTimeout must not be below
-	// it.
+	// of the smaller of this and the timeout the server negotiated, or
+	// 2/3 of it less half of ServerTick when that is set (see
+	// sessionHorizon). A server whose maxSessionTimeout is below it
+	// negotiates less, which is logged.
 	SessionTimeout time.Duration
 	// ServerTick is the servers' tickTime, when known; 0 assumes the most
 	// it can be with ZooKeeper's default minSessionTimeout (two ticks):
@@ -62,6 +64,9 @@ type Backend struct {
 
 	// connected is true while the session is established on a server.
 	connected atomic.Bool
+	// negotiatedMS is the session timeout, in ms, of the last session
+	// handshake's answer (0 before the first).
+	negotiatedMS atomic.Int64
 	// wakeups counts watches fired for waiting Lock calls.
 	wakeups atomic.Int64
 	// rearms counts watches a waiter set again on the same node after a
@@ -215,7 +220,7 @@ func New(cfg Config) (*Backend, error) {
 	}
 	conn, _, err := zk.Connect(cfg.Servers, cfg.SessionTimeout,
 		zk.WithLogger(zkLogger{b.log}), zk.WithLogInfo(false), zk.WithEventCallback(b.onEvent),
-		zk.WithDialer(handshakeBounded(cfg.SessionTimeout*2/3)))
+		zk.WithDialer(handshakeBounded(cfg.SessionTimeout*2/3, b.negotiated)))
 	if err != nil {
 		return nil, fmt.Errorf("zookeeper: connect: %w", err)
 	}
@@ -287,6 +292,21 @@ func (b *Backend) onEvent(ev zk.Event) {
 		// fail (the watchdog retries while the lease lasts); the session,
 		// and so every lock, lives on if a server takes it back in time.
 		b.connected.Store(false)
+	}
+}
+
+// negotiated records the session timeout of a session handshake's answer,
+// and warns when it is below the one asked for: the validity of every lock
+// is then shorter than the configuration says.
+func (b *Backend) negotiated(ms int32) {
+	if ms <= 0 {
+		return // a refused (expired) session's answer
+	}
+	prev := b.negotiatedMS.Swap(int64(ms))
+	got := time.Duration(ms) * time.Millisecond
+	if prev != int64(ms) && got < b.cfg.SessionTimeout {
+		b.log.Warn("zookeeper: the server negotiated a session timeout below the one asked for (its maxSessionTimeout is lower); validity is capped by it",
+			zap.Duration("asked", b.cfg.SessionTimeout), zap.Duration("negotiated", got))
 	}
 }
 
@@ -390,29 +410,43 @@ func (b *Backend) Close() error {
 // accepts connections, then held the instance disconnected that long per
 // attempt, however soon the other servers served again, and cost the
 // session besides.
-func handshakeBounded(limit time.Duration) zk.Dialer {
-	return func(network, addr string, timeout time.Duration) (net.Conn, error) {
-		c, err := net.DialTimeout(network, addr, timeout)
+//
+// The connections also hand the session timeout of the handshake's answer
+// to timeout (go-zookeeper keeps it to itself).
+func handshakeBounded(limit time.Duration, timeout func(ms int32)) zk.Dialer {
+	return func(network, addr string, dialTimeout time.Duration) (net.Conn, error) {
+		c, err := net.DialTimeout(network, addr, dialTimeout)
 		if err != nil {
 			return nil, err
 		}
-		return &boundedConn{Conn: c, limit: limit}, nil
+		return &boundedConn{Conn: c, limit: limit, timeout: timeout}, nil
 	}
 }
 
 // boundedConn caps the deadlines set on it at limit from when they are set
 // until the first byte is read from the server (the handshake's answer);
-// after that they are go-zookeeper's.
+// after that they are go-zookeeper's. It reads the session timeout from
+// the handshake's answer, the first bytes the server sends: a length, the
+// protocol version and the timeout in ms, big-endian int32s.
 type boundedConn struct {
 	net.Conn
-	limit time.Duration
-	heard atomic.Bool
+	limit   time.Duration
+	heard   atomic.Bool
+	timeout func(ms int32)
+	head    [12]byte // the answer's first bytes; only Read touches it
+	got     int      // of head
 }
 
 func (c *boundedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	if n > 0 {
 		c.heard.Store(true)
+		if c.got < len(c.head) {
+			c.got += copy(c.head[c.got:], p[:n])
+			if c.got == len(c.head) && c.timeout != nil {
+				c.timeout(int32(binary.BigEndian.Uint32(c.head[8:])))
+			}
+		}
 	}
 	return n, err
 }

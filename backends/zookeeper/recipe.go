@@ -55,17 +55,29 @@ func (b *Backend) validityAt(ttl time.Duration, t0, now time.Time) time.Duration
 // reads for up to syncLimit ticks (a grant's last round trip is a read),
 // and a host or server clock that runs slow beyond the drift allowance.
 //
-// S is Config.SessionTimeout. The tick is Config.ServerTick
+// S is the smaller of the timeout asked for and the one the server
+// negotiated (see Backend.sessionTimeout). The tick is Config.ServerTick
 // when set; else S/2, the most it can be when the servers'
 // minSessionTimeout is ZooKeeper's default of two ticks (no session is
 // negotiated shorter), so that the horizon is then 5S/12.
 func (b *Backend) sessionHorizon() time.Duration {
-	s := b.cfg.SessionTimeout
+	s := b.sessionTimeout()
 	tick := b.cfg.ServerTick
 	if tick <= 0 {
 		tick = s / 2
 	}
 	return max(s*2/3-tick/2, 0)
+}
+
+// sessionTimeout is the smaller of the session timeout asked for and the
+// one the server answered the last session handshake with (it clamps the
+// one asked for to its minSessionTimeout and maxSessionTimeout).
+func (b *Backend) sessionTimeout() time.Duration {
+	s := b.cfg.SessionTimeout
+	if n := time.Duration(b.negotiatedMS.Load()) * time.Millisecond; n > 0 && n < s {
+		s = n
+	}
+	return s
 }
 
 // leaseLeft is the TTL LOCKINFO shows for a node with data d and stat st
