@@ -33,10 +33,13 @@ func (b *Backend) validity(ttl time.Duration, t0 time.Time) time.Duration {
 	return b.validityAt(ttl, t0, time.Now())
 }
 
-// validityAt is validity as of now.
+// validityAt is validity as of now. The drift allowance is counted on the
+// time counted on (the lease or the session's horizon, whichever is
+// shorter), not on the lease: a lease far longer than the session would
+// otherwise leave no validity at all, and a held lock would read as lost.
 func (b *Backend) validityAt(ttl time.Duration, t0, now time.Time) time.Duration {
 	d := min(ttl, b.sessionHorizon())
-	return d - now.Sub(t0) - time.Duration(float64(ttl)*b.cfg.DriftFactor) - b.cfg.DriftMin
+	return d - now.Sub(t0) - time.Duration(float64(d)*b.cfg.DriftFactor) - b.cfg.DriftMin
 }
 
 // sessionHorizon is how long after the start of a round trip that reached

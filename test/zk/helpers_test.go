@@ -55,9 +55,10 @@ const (
 
 // maxValidityMS is the largest validity_ms lockproxy may answer for ttlMS
 // on ZooKeeper: the lease capped by the session's horizon (5/12 of the
-// session timeout without zookeeper.tick_time), less drift.
+// session timeout without zookeeper.tick_time), less drift on that.
 func maxValidityMS(ttlMS int64) int64 {
-	return min(ttlMS, sessionMS*5/12) - int64(float64(ttlMS)*driftFactor) - driftMinMS
+	d := min(ttlMS, sessionMS*5/12)
+	return d - int64(float64(d)*driftFactor) - driftMinMS
 }
 
 // lc is the lock-client helpers with this package's waits, three times
