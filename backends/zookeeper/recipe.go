@@ -190,6 +190,16 @@ func (b *Backend) children(ctx context.Context, dir string) ([]child, error) {
 	return sortChildren(names), nil
 }
 
+// syncedChildren is children after a sync of dir: what the server reads
+// is then at least what the ensemble had committed when the sync began.
+func (b *Backend) syncedChildren(ctx context.Context, dir string) ([]child, error) {
+	_, err := call(ctx, func() (string, error) { return b.conn.Sync(dir) })
+	if err != nil && !errors.Is(err, zk.ErrNoNode) {
+		return nil, zkErr("sync", err)
+	}
+	return b.children(ctx, dir)
+}
+
 type got struct {
 	data lockData
 	stat *zk.Stat
@@ -963,7 +973,11 @@ func (b *Backend) abandonByNonce(dir, prefix string) {
 			case <-time.After(50 * time.Millisecond):
 			}
 		}
-		kids, err := b.children(ctx, dir)
+		// The session may be back on another server, one that has not
+		// applied the lost create yet (a follower behind its leader):
+		// a sync first brings it up to date, create included (the
+		// leader answers a sync once its proposals before it are done).
+		kids, err := b.syncedChildren(ctx, dir)
 		if err == nil {
 			for _, c := range kids {
 				if c.name[:len(c.name)-seqDigits] == prefix {
