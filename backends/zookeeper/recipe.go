@@ -1548,7 +1548,9 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 		return backends.LockInfo{}, false, err
 	}
 	dir := keyDir(b.cfg.Root, key)
-	kids, err := b.children(ctx, dir)
+	// Synced: a follower cut off from its leader serves its clients for a
+	// while, and would show holders the ensemble has let go.
+	kids, err := b.syncedChildren(ctx, dir)
 	if err != nil {
 		return backends.LockInfo{}, false, err
 	}
