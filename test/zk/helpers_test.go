@@ -54,10 +54,11 @@ const (
 )
 
 // maxValidityMS is the largest validity_ms lockproxy may answer for ttlMS
-// on ZooKeeper: the lease capped by the session's horizon (5/12 of the
-// session timeout without zookeeper.tick_time), less drift on that.
+// on ZooKeeper: the lease capped by the session's horizon (2/3 of the
+// session timeout less half the servers' tick, which the instances here
+// are told: zookeeper.tick_time), less drift on that.
 func maxValidityMS(ttlMS int64) int64 {
-	d := min(ttlMS, sessionMS*5/12)
+	d := min(ttlMS, sessionMS*2/3-harness.ZKTick.Milliseconds()/2)
 	return d - int64(float64(d)*driftFactor) - driftMinMS
 }
 
@@ -106,7 +107,8 @@ func (in *instance) start(t *testing.T) {
 	cmd := exec.Command(bin, "--listen", in.addr, "--admin", in.admin,
 		"--backend", "zookeeper", "--zk", strings.Join(in.servers, ","))
 	cmd.Env = append(os.Environ(), "LOCKPROXY_ZOOKEEPER_ROOT="+in.root,
-		fmt.Sprintf("LOCKPROXY_ZOOKEEPER_SESSION_TIMEOUT=%dms", sessionMS))
+		fmt.Sprintf("LOCKPROXY_ZOOKEEPER_SESSION_TIMEOUT=%dms", sessionMS),
+		fmt.Sprintf("LOCKPROXY_ZOOKEEPER_TICK_TIME=%dms", harness.ZKTick.Milliseconds()))
 	cmd.Env = append(cmd.Env, in.env...)
 	in.proc = harness.StartCmd(t, cmd)
 	if err := harness.WaitTCP(in.addr, 60*time.Second); err != nil {
