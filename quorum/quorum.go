@@ -692,6 +692,13 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		holds = max(holds, g.grant.Holds)
 	}
 	fresh := reentrant() < need
+	if expired(req.TTL - q.cfg.Clock.Now().Sub(start) - q.Drift(req.TTL)) {
+		// Already gone: no raise for a grant no one will hold (each costs
+		// up to a node timeout, and a raise that finds the hold expired
+		// would turn the answer into NOQUORUM).
+		q.releaseAll(ctx, req, refusedBy)
+		return Lease{}, ErrExpired
+	}
 	fence, err := q.settleFence(ctx, req, granted, need, fresh, failures)
 	if err != nil {
 		q.releaseAll(ctx, req, refusedBy)
@@ -834,13 +841,19 @@ func (q *Quorum) startRaise(ctx context.Context, idx int, req Request, fence uin
 }
 
 // reentryFence is the fence of the hold a reentrant grant joins (see
-// HoldFence), from the nodes where the grant joined a hold.
+// HoldFence), from the nodes where the grant joined a hold. The counter
+// is taken from those that store no fence for it: their hold may be a
+// fresh grant made after another holder's (the token's hold lapsed there
+// and was granted again, its fence write lost), which only their counter
+// is sure to be above.
 func reentryFence(granted []grantResult, need int) uint64 {
 	var fences []uint64
 	var counter uint64
 	for _, g := range granted {
 		if g.grant.Holds > 1 {
-			counter = max(counter, g.grant.Counter)
+			if g.grant.Fence == 0 {
+				counter = max(counter, g.grant.Counter)
+			}
 			fences = append(fences, g.grant.Fence)
 		}
 	}
@@ -854,8 +867,11 @@ func reentryFence(granted []grantResult, need int) uint64 {
 // held the key for the token since that grant, so no other holder can
 // have been granted it meanwhile, and a node that answered the grant late
 // may store a fence of its own, higher or lower. Without such a majority,
-// the highest stored fence (or, with none stored, the counter), which is
-// at least that of any grant the token's nodes have seen.
+// the highest stored fence or counter, which is at least that of any grant
+// the token's nodes have seen: counter is the highest counter of the nodes
+// that store none, where the token's hold may have been granted afresh
+// after another holder's grant (its fence write lost), with a fence above
+// that grant's and above every stored one.
 func HoldFence(stored []uint64, counter uint64, need int) uint64 {
 	votes := map[uint64]int{}
 	var highest uint64
@@ -870,10 +886,7 @@ func HoldFence(stored []uint64, counter uint64, need int) uint64 {
 			return f
 		}
 	}
-	if highest > 0 {
-		return highest
-	}
-	return counter
+	return max(highest, counter)
 }
 
 // releaseAll releases req on every node, bounded by the node timeout, and

@@ -199,7 +199,9 @@ func combineLockStates(states []nodeLockState, need, failed int, honoured func(t
 				ttls = append(ttls, int64(st.ttl))
 				holds = append(holds, st.extraHolds+1)
 				fences = append(fences, st.fence)
-				counter = max(counter, st.counter)
+				if st.fence == 0 {
+					counter = max(counter, st.counter)
+				}
 			}
 		}
 		ttl := honoured(time.Duration(kth(ttls)))
