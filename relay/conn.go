@@ -96,7 +96,14 @@ type upConn struct {
 
 	// tunnel: every frame goes to push (pub/sub, MONITOR), until a
 	// marker reply finds no subscription left.
-	tunnel     atomic.Bool
+	tunnel atomic.Bool
+	// tunneled: the connection was in tunnel mode at some time. It never
+	// goes back to the idle list: the subscription count that ends the
+	// mode comes from frames the upstream sends, and a client could make
+	// one (a script's reply shaped like an unsubscribe confirmation),
+	// which left a connection still subscribed to the client's channels
+	// to the next client (see release).
+	tunneled   atomic.Bool
 	marker     []byte
 	markerDone chan bool
 	subs       int64 // channels + patterns, from the last (un)subscribe frame
@@ -677,7 +684,11 @@ func (c *upConn) tunnelFrame(f []byte) {
 		}
 		return
 	}
-	if t, el, ok := elements(f); ok && (t == '*' || t == '>') && len(el) == 3 {
+	// A subscription's confirmations are pushes in RESP3; an array there is
+	// a command's reply (a script can return one shaped like them), which
+	// must not count. RESP2 allows only the subscription commands, PING
+	// and QUIT/RESET in this mode.
+	if t, el, ok := elements(f); ok && (t == '>' && c.proto == 3 || t == '*' && c.proto == 2) && len(el) == 3 {
 		if kind, ok := str(el[0]); ok && pubsubKinds[string(kind)] {
 			if n, ok := integer(el[2]); ok {
 				// Shard channels are counted apart ("subscribe" starts with

@@ -465,7 +465,7 @@ func (r *Relay) release(c *upConn, clean bool) {
 	// another client: what the naming command left on it (a tracking
 	// redirection's invalidations) or may still do to it (an UNBLOCK on
 	// its way) was meant for this client.
-	keep := clean && !r.closed && c.db == 0 && !c.tunnel.Load() && c.failed() == nil && !c.named.Load() &&
+	keep := clean && !r.closed && c.db == 0 && !c.tunneled.Load() && c.failed() == nil && !c.named.Load() &&
 		len(r.idle[c.proto-2]) < r.cfg.PoolSize
 	if keep {
 		c.setHooks(nil, nil)
@@ -885,6 +885,7 @@ func (p *Pipe) Tunnel(args [][]byte) error {
 		return errors.New("relay: tunnel needs a pinned connection")
 	}
 	p.pin.tunnel.Store(true)
+	p.pin.tunneled.Store(true)
 	return p.pin.send(appendCommand(nil, args), nil, false)
 }
 
@@ -981,6 +982,7 @@ func (p *Pipe) resetKept(ctx context.Context, c *upConn) bool {
 	default:
 	}
 	c.tunnel.Store(true)
+	c.tunneled.Store(true)
 	if err := c.send(req, nil, false); err != nil {
 		return false
 	}
