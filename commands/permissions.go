@@ -127,6 +127,38 @@ var alwaysPermitted = map[string]bool{
 	"command": true, "info": true,
 }
 
+// bcastOutside tells whether CLIENT TRACKING ON … BCAST (args) would
+// report keys outside the user's globs: it has no PREFIX (every key), or
+// a PREFIX that no glob of the form "literal*" covers (every key starting
+// with the PREFIX starts with the literal). Other globs cannot be shown to
+// cover a prefix, and are not taken for one.
+func (p *perm) bcastOutside(args [][]byte) bool {
+	if len(args) < 3 || !resp.EqualFold(args[2], "ON") || !hasWord(args, "BCAST") {
+		return false
+	}
+	prefixes := 0
+	for i := 3; i+1 < len(args); i++ {
+		if !resp.EqualFold(args[i], "PREFIX") {
+			continue
+		}
+		pre := args[i+1]
+		i++
+		prefixes++
+		covered := false
+		for _, g := range p.keys {
+			lit, ok := strings.CutSuffix(g, "*")
+			if ok && !strings.ContainsAny(lit, "*?[\\") && bytes.HasPrefix(pre, []byte(lit)) {
+				covered = true
+				break
+			}
+		}
+		if !covered {
+			return true
+		}
+	}
+	return prefixes == 0
+}
+
 // keyOutside reports whether k matches none of the user's globs.
 func (p *perm) keyOutside(k []byte) bool {
 	for _, g := range p.keys {
@@ -276,6 +308,12 @@ func (h *Handler) permitted(p *perm, user, name string, c *Command, args [][]byt
 	}
 	if !p.limitKeys {
 		return h.lockValueCheck(p, user, name, args)
+	}
+	if name == "client" && strings.EqualFold(sub, "tracking") && p.bcastOutside(args) {
+		// Broadcast invalidations name every key written under the
+		// prefixes, whoever writes it.
+		h.metrics.deniedKey.Inc()
+		return "NOPERM No permissions to access a key", false
 	}
 	if (name == "sort" || name == "sort_ro") && sortReadsOtherKeys(args) {
 		// BY and GET read keys made from a pattern, as Redis refuses

@@ -280,6 +280,35 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 	return false
 }
 
+// bcastReachesPrefix refuses CLIENT TRACKING ON … BCAST (args) whose
+// invalidations may name keys under prefix, the lock key prefix: one with
+// no PREFIX (every key), or with a PREFIX that a key under prefix may
+// start with. Relayed commands may not touch or list those keys, and a
+// broadcast tracker would learn each one written on the upstream. It
+// returns the refusal, or "".
+func bcastReachesPrefix(args [][]byte, prefix string) string {
+	if prefix == "" || len(args) < 3 || !resp.EqualFold(args[2], "ON") || !hasWord(args, "BCAST") {
+		return ""
+	}
+	var prefixes int
+	for i := 3; i+1 < len(args); i++ {
+		if resp.EqualFold(args[i], "PREFIX") {
+			p := args[i+1]
+			if bytes.HasPrefix(p, []byte(prefix)) || bytes.HasPrefix([]byte(prefix), p) {
+				return "ERR CLIENT TRACKING BCAST with PREFIX '" + relay.Clip(string(p)) + "' would report lockproxy's keys (prefix '" +
+					relay.Clip(prefix) + "'); give prefixes outside it"
+			}
+			prefixes++
+			i++
+		}
+	}
+	if prefixes == 0 {
+		return "ERR CLIENT TRACKING BCAST without PREFIX would report every key, lockproxy's own (prefix '" +
+			relay.Clip(prefix) + "') among them; give one or more PREFIX outside it"
+	}
+	return ""
+}
+
 // listingMayReach tells whether KEYS or SCAN (name, in lower case) may
 // list a key that starts with prefix: KEYS unless its pattern cannot
 // match one, SCAN unless it has a MATCH and none of its MATCH values (Redis
@@ -1033,6 +1062,11 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		h.rm.refused.Inc()
 		relayError(s, "ERR CLIENT REPLY is not supported through lockproxy")
 	case name == "client" && len(args) > 2 && resp.EqualFold(args[1], "TRACKING"):
+		if why := bcastReachesPrefix(args, h.up.KeyPrefix()); why != "" {
+			h.rm.refused.Inc()
+			relayError(s, why)
+			return
+		}
 		if !h.pin(s, rs) {
 			return
 		}

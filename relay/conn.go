@@ -103,7 +103,10 @@ type upConn struct {
 	// one (a script's reply shaped like an unsubscribe confirmation),
 	// which left a connection still subscribed to the client's channels
 	// to the next client (see release).
-	tunneled   atomic.Bool
+	tunneled atomic.Bool
+	// reserved is the lock key prefix: keyspace notifications about keys
+	// under it are not passed on (see revealsReserved).
+	reserved   []byte
 	marker     []byte
 	markerDone chan bool
 	subs       int64 // channels + patterns, from the last (un)subscribe frame
@@ -701,7 +704,53 @@ func (c *upConn) tunnelFrame(f []byte) {
 			}
 		}
 	}
+	if revealsReserved(f, c.reserved) {
+		return
+	}
 	if push := c.push.Load(); push != nil {
 		(*push)(bytes.Clone(f))
 	}
+}
+
+// revealsReserved tells whether f is a pub/sub message that names a key
+// under the lock key prefix: a keyspace notification about such a key
+// (channel __keyspace@<db>__:<key>), or a key-event one whose message is
+// such a key (channel __keyevent@<db>__:<event>). Relayed commands may not
+// touch those keys, nor list them (KEYS, SCAN), so a subscriber does not
+// learn of them either; Redis sends them when the upstream has
+// notify-keyspace-events set and something writes there (the upstream is
+// also a lock node).
+func revealsReserved(f, reserved []byte) bool {
+	if len(reserved) == 0 || len(f) > 1<<16 {
+		return false
+	}
+	t, el, ok := elements(f)
+	if !ok || t != '>' && t != '*' || len(el) < 3 {
+		return false
+	}
+	kind, ok := str(el[0])
+	if !ok {
+		return false
+	}
+	var channel, message []byte
+	switch {
+	case string(kind) == "message" && len(el) == 3:
+		channel, _ = str(el[1])
+		message, _ = str(el[2])
+	case string(kind) == "pmessage" && len(el) == 4:
+		channel, _ = str(el[2])
+		message, _ = str(el[3])
+	default:
+		return false
+	}
+	at := bytes.Index(channel, []byte("__:"))
+	switch {
+	case at < 0:
+		return false
+	case bytes.HasPrefix(channel, []byte("__keyspace@")):
+		return bytes.HasPrefix(channel[at+3:], reserved)
+	case bytes.HasPrefix(channel, []byte("__keyevent@")):
+		return bytes.HasPrefix(message, reserved)
+	}
+	return false
 }

@@ -213,8 +213,11 @@ func (e *UnsupportedError) Error() string {
 // commands. CLIENT REPLY, of the same kind, is refused by the commands
 // package; MONITOR and the subscribe commands run on a pinned connection
 // in tunnel mode; DEBUG is left to deny_commands (its subcommands each
-// answer once, or take the upstream down).
-var neverRelayed = map[string]bool{"replconf": true, "sync": true, "psync": true}
+// answer once, or take the upstream down). READONLY and READWRITE set a
+// cluster connection's mode for every command after them, and ASKING the
+// next command's, whoever sends it.
+var neverRelayed = map[string]bool{"replconf": true, "sync": true, "psync": true,
+	"readonly": true, "readwrite": true, "asking": true}
 
 // neverRelayedSub are neverRelayed's subcommands, by command.
 var neverRelayedSub = map[string]string{"script": "debug"}

@@ -302,6 +302,7 @@ func (r *Relay) dialOnce(ctx context.Context, proto, db int, push func([]byte), 
 		}
 	}
 	c := newUpConn(nc, proto, db, r.cfg.ReadTimeout)
+	c.reserved = r.prefix
 	c.seedRTT(connectTime)
 	c.stale = &r.specsStale
 	c.setHooks(push, lost)
