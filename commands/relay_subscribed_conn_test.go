@@ -60,4 +60,3 @@ func TestSubscribedConnectionNeverReachesAnotherClient(t *testing.T) {
 		}
 	}
 }
-
