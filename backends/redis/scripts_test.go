@@ -225,7 +225,10 @@ func TestCombineLockStates(t *testing.T) {
 		// A lost fence store leaves the node's counter, which refused
 		// rivals raise: it must not outvote the stored fences.
 		{"lost store, counter raised", []nodeLockState{wc("a", 0, 7), wc("a", 1, 1), wc("a", 1, 1)}, 0, "write a h=1 ttl=900ns fence=1", 0},
-		{"no store on a majority", []nodeLockState{wc("a", 0, 7), wc("a", 4, 4), wc("a", 0, 6)}, 0, "write a h=1 ttl=900ns fence=4", 0},
+		// No majority stored one fence: a node storing none may hold a
+		// grant made after another holder's, up to its counter, which
+		// the fence must not fall below (quorum.HoldFence).
+		{"no store on a majority", []nodeLockState{wc("a", 0, 7), wc("a", 4, 4), wc("a", 0, 6)}, 0, "write a h=1 ttl=900ns fence=7", 0},
 		{"nothing stored", []nodeLockState{wc("a", 0, 7), wc("a", 0, 6), free}, 0, "write a h=1 ttl=900ns fence=7", 0},
 		{"readers", []nodeLockState{
 			r(3, map[string]readerState{"x": {900, 1}, "y": {300, 1}}),
