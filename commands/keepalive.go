@@ -1259,7 +1259,7 @@ func (k *keepalives) maxHoldReached(w *watchdog, why string) {
 	owners := w.owners()
 	k.mu.Unlock()
 	k.tell(w, owners, lostMaxHold, why)
-	holds, _, _, ok := k.settle(w, false)
+	holds, _, _, ok := k.settle(w)
 	if ok {
 		k.releaseHolds(w, holds)
 	}
@@ -1324,10 +1324,15 @@ func renewAfter(period, validity time.Duration) time.Duration {
 // ended handles w's context being done: UNLOCK stopped it (nothing to do),
 // or the connection closed (release, or the lock-delay) or the server is
 // shutting down (release: its holder did not lose it). It releases the
-// holds counted once no UNLOCK is in flight (settle); none is added once
-// w is ending (holderGone).
+// KEEPALIVE holds counted once no UNLOCK is in flight (settle); none is
+// added once w is ending (holderGone). The loose holds (granted without
+// KEEPALIVE, on connections that may still be open) are not released:
+// each holder was told a validity of its own and relies on it until then,
+// and no UNLOCK of theirs came. They keep what lease the nodes have, which
+// is at least the one each was told, as w's renewals only raise a lease
+// (backends.HoldKeeper.RenewHold), and runs out on its own.
 func (k *keepalives) ended(w *watchdog) {
-	holds, mode, shutdown, ok := k.settle(w, true)
+	holds, mode, shutdown, ok := k.settle(w)
 	if !ok {
 		return
 	}
@@ -1338,8 +1343,8 @@ func (k *keepalives) ended(w *watchdog) {
 }
 
 // settle stops w, which is ending, and returns the holds it is to
-// release (with the loose ones, or its KEEPALIVE holds only), the kind it
-// renewed, and whether the server is shutting down; ok is false when w
+// release (its KEEPALIVE holds only: the loose ones keep their lease), the
+// kind it renewed, and whether the server is shutting down; ok is false when w
 // was stopped already. An UNLOCK in flight releases
 // one of the token's holds, alike on the nodes, and endUnlock takes it
 // off w's counts; counted before that, it would be released twice, and
@@ -1347,7 +1352,7 @@ func (k *keepalives) ended(w *watchdog) {
 // connection. So settle waits, within the release bound, until none is
 // in flight; past the bound it leaves one hold unreleased for each still
 // in flight, whose lease then runs out on its own.
-func (k *keepalives) settle(w *watchdog, loose bool) (holds [2]int, mode backends.Mode, shutdown, ok bool) {
+func (k *keepalives) settle(w *watchdog) (holds [2]int, mode backends.Mode, shutdown, ok bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	if w.stopped {
@@ -1375,10 +1380,8 @@ func (k *keepalives) settle(w *watchdog, loose bool) (holds [2]int, mode backend
 		}
 	}
 	holds, mode = w.holds(), w.renewMode()
-	if !loose {
-		for m := range holds {
-			holds[m] -= w.loose[m]
-		}
+	for m := range holds {
+		holds[m] -= w.loose[m]
 	}
 	for m := range holds {
 		// An UNLOCK pending (watchdog.pending) when w began ending
