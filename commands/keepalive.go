@@ -103,8 +103,10 @@ func lockLostFrame(key, token string) []byte {
 type connKeepalive struct {
 	// lastActive is when the client last sent a command (Session.LastActive).
 	lastActive func() time.Time
-	// push queues a RESP3 frame on the connection (Session.Push); it never
-	// blocks.
+	// push queues a RESP3 frame on the connection (Session.PushHeld); it
+	// never blocks and never drops a frame: it reports false only when the
+	// connection is closed (or closed by it, past the frames it may keep
+	// waiting), which tells the client as much.
 	push func([]byte) bool
 	// proto is the connection's RESP version, kept here because the
 	// watchdogs may not read the connection's writer.

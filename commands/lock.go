@@ -243,7 +243,7 @@ func (h *Handler) lockLost(s *resp.Session, key []byte) bool {
 func (h *Handler) connKeepalive(s *resp.Session) *connKeepalive {
 	c := state(s)
 	if c.ka == nil {
-		c.ka = newConnKeepalive(s.LastActive, s.Push, s.W.Proto())
+		c.ka = newConnKeepalive(s.LastActive, s.PushHeld, s.W.Proto())
 	} else {
 		c.ka.proto.Store(int32(s.W.Proto()))
 	}

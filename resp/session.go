@@ -74,6 +74,13 @@ type Session struct {
 	closed atomic.Bool
 	srv    *Server
 	pushes chan []byte
+	// held are frames PushHeld could not put in pushes (full), in order,
+	// under heldMu: they are written after the frames in pushes, and
+	// while there are any, PushHeld queues behind them. pushes is full
+	// whenever held has frames, except while writePushesLocked (which
+	// takes them next) runs, so a check of len(pushes) finds them too.
+	heldMu sync.Mutex
+	held   [][]byte
 	// serving is set while the connection's goroutine runs a batch whose
 	// replies are not written yet: push frames wait for them, so that a
 	// push the upstream sent after a reply (a tracking invalidation after
@@ -385,7 +392,7 @@ func (s *Session) CloseAfterReply() { s.closeAfter = true }
 // goroutine, without blocking: it is written at once when no reply is
 // being written, else right after. When more than a few frames wait for a
 // client that does not read, further ones are dropped and Push reports
-// false.
+// false (PushHeld keeps them).
 func (s *Session) Push(frame []byte) bool {
 	if s.ctx.Err() != nil {
 		return false
@@ -395,6 +402,44 @@ func (s *Session) Push(frame []byte) bool {
 	default:
 		return false
 	}
+	s.drainPushes()
+	return true
+}
+
+// maxHeldPushes bounds the frames PushHeld keeps past pushes' room for a
+// connection: as many as a connection may have KEEPALIVE locks (commands'
+// maxKeepalivePerConn), whose lock-lost notices are what it keeps.
+const maxHeldPushes = 10000
+
+// PushHeld is Push for a frame that must not be dropped (a lock-lost
+// notice): when pushes is full (a batch's replies are not written yet, or
+// another writer holds the connection), the frame waits in held instead,
+// to be written after the ones before it. Past maxHeldPushes frames
+// waiting, the connection is closed instead of the frame dropped: its
+// client then learns, as from any close, that what it held through the
+// connection is gone. It reports false when the frame will not be
+// written: the connection is closed (or closing).
+func (s *Session) PushHeld(frame []byte) bool {
+	if s.ctx.Err() != nil {
+		return false
+	}
+	s.heldMu.Lock()
+	if len(s.held) == 0 {
+		select {
+		case s.pushes <- frame:
+			s.heldMu.Unlock()
+			s.drainPushes()
+			return true
+		default:
+		}
+	}
+	if len(s.held) >= maxHeldPushes {
+		s.heldMu.Unlock()
+		s.Close()
+		return false
+	}
+	s.held = append(s.held, frame)
+	s.heldMu.Unlock()
 	s.drainPushes()
 	return true
 }
@@ -421,19 +466,35 @@ func (s *Session) writePushesLocked() error {
 	for {
 		select {
 		case p := <-s.pushes:
-			var err error
-			if s.raw == nil {
-				err = s.writeConnLocked(p, true)
-			} else {
-				err = s.sendLocked(p)
-			}
-			if err != nil {
+			if err := s.writePushLocked(p); err != nil {
 				return err
 			}
+			continue
 		default:
+		}
+		// pushes is empty: the frames PushHeld kept past its room come
+		// next, and then whatever was queued meanwhile.
+		s.heldMu.Lock()
+		held := s.held
+		s.held = nil
+		s.heldMu.Unlock()
+		if len(held) == 0 {
 			return nil
 		}
+		for _, p := range held {
+			if err := s.writePushLocked(p); err != nil {
+				return err
+			}
+		}
 	}
+}
+
+// writePushLocked writes one push frame (see writePushesLocked).
+func (s *Session) writePushLocked(p []byte) error {
+	if s.raw == nil {
+		return s.writeConnLocked(p, true)
+	}
+	return s.sendLocked(p)
 }
 
 // PassPushes writes the replies buffered in W, then every push frame
