@@ -440,6 +440,14 @@ func (k *keepalives) toldRenewal(key, token string, validity time.Duration) {
 	}
 }
 
+// earlier is the earlier of t and u.
+func earlier(t, u time.Time) time.Time {
+	if u.Before(t) {
+		return u
+	}
+	return t
+}
+
 // later is the later of t and u.
 func later(t, u time.Time) time.Time {
 	if u.After(t) {
@@ -1126,6 +1134,14 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 	// the grant's own time. Not from when the watchdog starts, after the
 	// grant's reply: a slow grant's lease began long before that.
 	lastOK := w.sent
+	// validEnd is when the validity the lock store last answered ends:
+	// the grant's, then each successful renewal's, counted from when it
+	// was sent. It may be far below ttl (ZooKeeper caps it by the
+	// session's horizon), and the lease may end with it: a failed renewal
+	// is tried again only while another try ends before it, and no try
+	// runs past it, so that a loss is told within the last validity
+	// answered, before a rival elsewhere can be granted the lock.
+	validEnd := w.sent.Add(w.validity)
 	retry := max(period/6, 10*time.Millisecond)
 	// The first renewal comes within the validity the grant told, however
 	// short (a slow grant's): the holder relies on the lock until told it
@@ -1184,9 +1200,10 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			}
 			ttl = min(ttl, left)
 		}
-		sent, validity, err := k.renew(ctx, w, ttl, period)
-		// Whether the lease has time left for another try.
-		canRetry := time.Now().Add(retry + period).Before(lastOK.Add(w.ttl - w.ttl/10))
+		sent, validity, err := k.renew(ctx, w, ttl, period, validEnd)
+		// Whether the lease, and the validity last answered, have time
+		// left for another try.
+		canRetry := time.Now().Add(retry + period).Before(earlier(lastOK.Add(w.ttl-w.ttl/10), validEnd))
 		switch {
 		case ctx.Err() != nil:
 			k.ended(w)
@@ -1214,6 +1231,7 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			return
 		}
 		lastOK = sent
+		validEnd = later(validEnd, sent.Add(validity))
 		k.renewedTo(w, sent.Add(ttl))
 		k.held.raised(w.key, w.token, ttl)
 		reset(renewAfter(period, validity))
@@ -1268,7 +1286,8 @@ func (k *keepalives) maxHoldReached(w *watchdog, why string) {
 }
 
 // renew renews the holds w keeps, of the kind it renews
-// (watchdog.renewMode), with ttl, each try within period; sent is when the
+// (watchdog.renewMode), with ttl, each try within period and before
+// validEnd (the end of the validity last answered); sent is when the
 // renewal answered was sent. Renewals are per kind, and UNLOCK releases a
 // write hold before a read hold: a renewal of a write hold that an UNLOCK
 // released meanwhile finds none though w may still keep a read hold. So a
@@ -1280,14 +1299,17 @@ func (k *keepalives) maxHoldReached(w *watchdog, why string) {
 // kind w still keeps that finds nothing, with no UNLOCK since, is left to
 // run to take for a loss. Each try again needs an UNLOCK or a change of
 // kind since the last, or is the one read try, so the tries are bounded.
-func (k *keepalives) renew(ctx context.Context, w *watchdog, ttl, period time.Duration) (sent time.Time, validity time.Duration, err error) {
+func (k *keepalives) renew(ctx context.Context, w *watchdog, ttl, period time.Duration, validEnd time.Time) (sent time.Time, validity time.Duration, err error) {
 	k.mu.Lock()
 	want, seen := w.renewMode(), w.unlocks
 	k.mu.Unlock()
 	mode := want
 	for {
 		sent = time.Now()
-		rctx, cancel := context.WithTimeout(ctx, period)
+		// No try runs past the validity last answered (validEnd): an
+		// answer after it comes too late to spare the holder a loss
+		// told after the lease may have ended.
+		rctx, cancel := context.WithDeadline(ctx, earlier(sent.Add(period), validEnd))
 		validity, err = backends.RenewHold(rctx, k.backend, w.key, w.token, mode, ttl)
 		cancel()
 		if err != nil || validity > 0 || ctx.Err() != nil {
