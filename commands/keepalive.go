@@ -192,6 +192,11 @@ type watchdog struct {
 	// (toldRenewal): MAXHOLD releases no hold before it, and the
 	// lock-delay leaves the lease no shorter.
 	toldEnd time.Time
+	// renewed is the end of the validity a RENEW of w's key and token
+	// answered (from when it was sent), for w's goroutine to take
+	// (takeRenewed): the lease may now end then, sooner than w's
+	// renewals left it. Zero: none since it last took one.
+	renewed time.Time
 	// askedEnd is the latest end of a lease w's renewals or the grants it
 	// counts asked for (from when each was sent): the nodes' lease lasts
 	// at least as long (renewals never shorten it).
@@ -424,16 +429,29 @@ func (k *keepalives) joinLocked(w *watchdog, sessCtx context.Context, ka *connKe
 	}
 }
 
-// toldRenewal records that a RENEW of key with token told its client
-// validity, from now: the watchdogs that keep key with token leave the
-// lease no shorter (watchdog.toldEnd).
-func (k *keepalives) toldRenewal(key, token string, validity time.Duration) {
+// toldRenewal records that a RENEW of key with token, sent at sent, told
+// its client validity, from now: the watchdogs that keep key with token
+// leave the lease no shorter (watchdog.toldEnd). RENEW sets the lease, and
+// may have shortened it below what the running watchdog's renewals keep:
+// its goroutine is woken to renew within half the validity the RENEW
+// answered (watchdog.renewed), as it does after its own renewals, rather
+// than at its next renewal, which may come after that lease has run out.
+func (k *keepalives) toldRenewal(key, token string, sent time.Time, validity time.Duration) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	hk := heldKey{key, token}
 	end := time.Now().Add(validity)
 	if w := k.m[hk]; w != nil {
 		w.toldEnd = later(w.toldEnd, end)
+		// Of RENEWs not yet taken, the earliest end: which of them
+		// landed last cannot be told.
+		if e := sent.Add(validity); w.renewed.IsZero() || e.Before(w.renewed) {
+			w.renewed = e
+		}
+		select {
+		case w.wake <- struct{}{}:
+		default:
+		}
 	}
 	for _, w := range k.ending[hk] {
 		w.toldEnd = later(w.toldEnd, end)
@@ -1167,6 +1185,16 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			if deadline, _ := k.deadlineOf(w); !deadline.IsZero() && deadline.Before(due) {
 				reset(max(time.Until(deadline), 0))
 			}
+			// A RENEW of the key and token may have shortened the
+			// lease: its validity is the last answered, and the next
+			// renewal comes within half of it. Not once MAXHOLD's
+			// final lease runs (no more renewals).
+			if end := k.takeRenewed(w); !end.IsZero() && !final {
+				validEnd = end
+				if d := max(time.Until(end)/2, 0); time.Now().Add(d).Before(due) {
+					reset(d)
+				}
+			}
 			continue
 		case <-t.C:
 		}
@@ -1236,6 +1264,17 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 		k.held.raised(w.key, w.token, ttl)
 		reset(renewAfter(period, validity))
 	}
+}
+
+// takeRenewed returns, once, the end of the validity a RENEW of w's key
+// and token answered since the last call (watchdog.renewed); zero for
+// none.
+func (k *keepalives) takeRenewed(w *watchdog) time.Time {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	end := w.renewed
+	w.renewed = time.Time{}
+	return end
 }
 
 // deadlineOf returns w's MAXHOLD deadline (zero for none) and the MAXHOLD

@@ -135,7 +135,7 @@ func TestLockDelayRaisesTheLease(t *testing.T) {
 				t.Fatal("startGrant = false")
 			}
 			if tc.renewed > 0 {
-				k.toldRenewal("k", "tok", tc.renewed)
+				k.toldRenewal("k", "tok", time.Now(), tc.renewed)
 			}
 			time.Sleep(tc.wait)
 			before, _ := b.counts()

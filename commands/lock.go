@@ -459,6 +459,7 @@ func (h *Handler) renew(s *resp.Session, args [][]byte) {
 		return
 	}
 	key, token := string(args[1]), string(args[2])
+	sent := time.Now()
 	validity, err := h.backend.Renew(s.Context(), key, token, ttl)
 	if err != nil {
 		h.replyError(s, "renew", err)
@@ -466,7 +467,7 @@ func (h *Handler) renew(s *resp.Session, args [][]byte) {
 	}
 	if validity > 0 {
 		h.held.renewed(key, token, ttl)
-		h.keepalive.toldRenewal(key, token, validity)
+		h.keepalive.toldRenewal(key, token, sent, validity)
 	}
 	s.W.Int(validity.Milliseconds())
 }
