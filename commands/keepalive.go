@@ -119,8 +119,16 @@ type connKeepalive struct {
 	// live counts this connection's running watchdogs.
 	live atomic.Int32
 
-	mu   sync.Mutex
-	lost map[string]string // key → why it was lost, until the next lock command for key
+	mu sync.Mutex
+	// lost: why the keepalive lock of a key (first level) held by a
+	// token (second) was lost, until the connection's next UNLOCK or
+	// RENEW of the key with that token, LOCK/RLOCK of it with TOKEN
+	// token, or LOCK/RLOCK of it without TOKEN (which takes every notice
+	// of the key). By key and token, so that an UNLOCK or RENEW is never
+	// answered for another token's loss, and not run (its hold then left
+	// held). nLost counts them all.
+	lost  map[string]map[string]string
+	nLost int
 }
 
 func newConnKeepalive(lastActive func() time.Time, push func([]byte) bool, proto int) *connKeepalive {
@@ -134,29 +142,67 @@ func (ka *connKeepalive) alive(now time.Time, idle time.Duration) bool {
 	return ka.busy.Load() > 0 || now.Sub(ka.lastActive()) <= idle
 }
 
-func (ka *connKeepalive) noteLost(key, why string) {
+func (ka *connKeepalive) noteLost(key, token, why string) {
 	ka.mu.Lock()
 	defer ka.mu.Unlock()
 	if ka.lost == nil {
-		ka.lost = map[string]string{}
+		ka.lost = map[string]map[string]string{}
 	}
-	if _, ok := ka.lost[key]; ok || len(ka.lost) < maxKeepalivePerConn {
-		ka.lost[key] = why
+	byToken := ka.lost[key]
+	if _, ok := byToken[token]; ok {
+		byToken[token] = why
+		return
 	}
+	if ka.nLost >= maxKeepalivePerConn {
+		return
+	}
+	if byToken == nil {
+		byToken = map[string]string{}
+		ka.lost[key] = byToken
+	}
+	byToken[token] = why
+	ka.nLost++
 }
 
-// takeLost returns, once, why the keepalive lock on key was lost.
+// takeLostToken returns, once, why the keepalive lock on key held by
+// token was lost.
+func (ka *connKeepalive) takeLostToken(key, token []byte) (string, bool) {
+	ka.mu.Lock()
+	defer ka.mu.Unlock()
+	if ka.nLost == 0 {
+		return "", false
+	}
+	byToken := ka.lost[string(key)]
+	why, ok := byToken[string(token)]
+	if ok {
+		delete(byToken, string(token))
+		ka.nLost--
+		if len(byToken) == 0 {
+			delete(ka.lost, string(key))
+		}
+	}
+	return why, ok
+}
+
+// takeLost returns, once, why a keepalive lock on key was lost, whatever
+// its token, and takes every notice of key: for a LOCK or RLOCK without
+// TOKEN, "the first lock command on a key whose keepalive lock was lost".
 func (ka *connKeepalive) takeLost(key []byte) (string, bool) {
 	ka.mu.Lock()
 	defer ka.mu.Unlock()
-	if len(ka.lost) == 0 {
+	if ka.nLost == 0 {
 		return "", false
 	}
-	why, ok := ka.lost[string(key)]
-	if ok {
-		delete(ka.lost, string(key))
+	byToken, ok := ka.lost[string(key)]
+	if !ok {
+		return "", false
 	}
-	return why, ok
+	delete(ka.lost, string(key))
+	ka.nLost -= len(byToken)
+	for _, why := range byToken {
+		return why, true
+	}
+	return "", false
 }
 
 // watchdog is one keepalive lock.
@@ -1538,11 +1584,12 @@ func (w *watchdog) owners() []*connKeepalive {
 }
 
 // tell tells owners that w's lock was lost, for reason r: the metric, the
-// notice for each one's next lock command on the key, and a RESP3 push.
+// notice for each one's next lock command on the key with w's token, and
+// a RESP3 push.
 func (k *keepalives) tell(w *watchdog, owners []*connKeepalive, r lostReason, why string) {
 	k.lost[r].Inc()
 	for _, ka := range owners {
-		ka.noteLost(w.key, why)
+		ka.noteLost(w.key, w.token, why)
 		if ka.proto.Load() == 3 {
 			ka.push(lockLostFrame(w.key, w.token))
 		}

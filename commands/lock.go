@@ -204,7 +204,7 @@ func (h *Handler) rlock(s *resp.Session, args [][]byte) {
 		s.W.Error(err.Error())
 		return
 	}
-	if h.lockLost(s, a.key) {
+	if h.lockLost(s, a.key, a.token) {
 		return
 	}
 	h.acquire(s, "rlock", a, backends.Read)
@@ -216,21 +216,32 @@ func (h *Handler) lock(s *resp.Session, args [][]byte) {
 		s.W.Error(err.Error())
 		return
 	}
-	if h.lockLost(s, a.key) {
+	if h.lockLost(s, a.key, a.token) {
 		return
 	}
 	h.acquire(s, "lock", a, backends.Write)
 }
 
-// lockLost answers a lock command for key with LOCKLOST, once, when a
-// keepalive lock on key was lost since this connection's last lock
-// command for key. The command itself is not run.
-func (h *Handler) lockLost(s *resp.Session, key []byte) bool {
+// lockLost answers a lock command for key with token (UNLOCK, RENEW, or
+// LOCK/RLOCK with TOKEN) with LOCKLOST, once, when this connection's
+// keepalive lock on key held by token was lost since its last such
+// command; the command itself is not run. An UNLOCK or RENEW with
+// another token is about another hold, which must not be left held (or
+// unrenewed) for a loss that is not its own. A LOCK or RLOCK without
+// TOKEN (token nil) is answered for a loss of any token's lock on key,
+// as "the first lock command on a key whose keepalive lock was lost".
+func (h *Handler) lockLost(s *resp.Session, key, token []byte) bool {
 	c, ok := s.Data.(*conn)
 	if !ok || c.ka == nil {
 		return false
 	}
-	why, lost := c.ka.takeLost(key)
+	var why string
+	var lost bool
+	if token == nil {
+		why, lost = c.ka.takeLost(key)
+	} else {
+		why, lost = c.ka.takeLostToken(key, token)
+	}
 	if !lost {
 		return false
 	}
@@ -409,7 +420,7 @@ func (h *Handler) unlock(s *resp.Session, args [][]byte) {
 		s.W.Error(err.Error())
 		return
 	}
-	if h.lockLost(s, args[1]) {
+	if h.lockLost(s, args[1], args[2]) {
 		return
 	}
 	key, token := string(args[1]), string(args[2])
@@ -455,7 +466,7 @@ func (h *Handler) renew(s *resp.Session, args [][]byte) {
 		s.W.Error(err.Error())
 		return
 	}
-	if h.lockLost(s, args[1]) {
+	if h.lockLost(s, args[1], args[2]) {
 		return
 	}
 	key, token := string(args[1]), string(args[2])

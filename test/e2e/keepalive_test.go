@@ -225,7 +225,7 @@ func TestKeepaliveMaxHold(t *testing.T) {
 	other := lc.NewClient(t, addr, 2)
 	key := "maxhold-" + lockclient.RandID()
 
-	rawGrant(t, holder, key, "PX", fmt.Sprint(ttlMS), "KEEPALIVE", "MAXHOLD", fmt.Sprint(maxHoldMS))
+	tok := rawGrant(t, holder, key, "PX", fmt.Sprint(ttlMS), "KEEPALIVE", "MAXHOLD", fmt.Sprint(maxHoldMS))
 	start := time.Now()
 	var took time.Duration
 	for i := 0; ; i++ {
@@ -246,11 +246,14 @@ func TestKeepaliveMaxHold(t *testing.T) {
 		t.Errorf("free %v after LOCK … MAXHOLD %d; want about %d ms", took, maxHoldMS, maxHoldMS)
 	}
 	// The notice is due at the deadline, which the other client may beat by
-	// a little; until then RENEW runs (and answers 0).
+	// a little; until then RENEW runs (and answers 0). It is the lost
+	// lock's, by key and token: a RENEW with another token (this test
+	// sent "t" before the notice was kept by token too) is not answered
+	// for it.
 	want := "LOCKLOST lock on '" + key + "' was lost: MAXHOLD of 1800 ms reached"
 	var r lockclient.Reply
 	for i := 0; i < 50; i++ {
-		if r = holder.Do("RENEW", key, "t", "PX", "100"); r.Kind == '-' {
+		if r = holder.Do("RENEW", key, tok, "PX", "100"); r.Kind == '-' {
 			break
 		}
 		time.Sleep(50 * time.Millisecond)
