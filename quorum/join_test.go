@@ -117,14 +117,7 @@ func TestOverlappingSameTokenAttemptsRunInTurn(t *testing.T) {
 // overlapping read attempts that both failed where their answers were
 // lost would leave one of their read holds behind (see enterJoin).
 func TestOverlappingSameTokenReadsRunInTurn(t *testing.T) {
-	gate := make(chan struct{})
-	nodes := makeNodes(t, 3, nil)
-	for _, nd := range nodes {
-		nd.gate = gate // closed here, not by makeNodes's cleanup
-	}
-	var closeOnce sync.Once
-	openGate := func() { closeOnce.Do(func() { close(gate) }) }
-	t.Cleanup(openGate)
+	nodes, openGate := gatedNodes(t, 3)
 	q := newQuorum(t, defaultConfig(), nodes)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -159,14 +152,7 @@ func TestOverlappingSameTokenReadsRunInTurn(t *testing.T) {
 // first come first served, instead of waking them all to race for it.
 func TestJoinWaitEndsAtJoinByAndHandsOverInOrder(t *testing.T) {
 	checkGoroutines(t)
-	gate := make(chan struct{})
-	nodes := makeNodes(t, 3, nil)
-	for _, nd := range nodes {
-		nd.gate = gate // closed here, not by makeNodes's cleanup
-	}
-	var closeOnce sync.Once
-	openGate := func() { closeOnce.Do(func() { close(gate) }) }
-	t.Cleanup(openGate)
+	nodes, openGate := gatedNodes(t, 3)
 	cfg := defaultConfig()
 	cfg.TimeoutMax = 40 * time.Millisecond
 	q := newQuorum(t, cfg, nodes)
@@ -245,4 +231,18 @@ func TestJoinWaitEndsAtJoinByAndHandsOverInOrder(t *testing.T) {
 	if got := quorum.JoinWaiting(q, "k", "t"); got != -1 {
 		t.Errorf("the gate still holds the key and token (%d waiting) after every attempt ended", got)
 	}
+}
+
+// gatedNodes returns n granting nodes whose acquires wait for one gate,
+// and the func that opens it (once; the test's cleanup opens it too).
+func gatedNodes(t *testing.T, n int) ([]*fakeNode, func()) {
+	gate := make(chan struct{})
+	nodes := makeNodes(t, n, nil)
+	for _, nd := range nodes {
+		nd.gate = gate // closed here, not by makeNodes's cleanup
+	}
+	var closeOnce sync.Once
+	openGate := func() { closeOnce.Do(func() { close(gate) }) }
+	t.Cleanup(openGate)
+	return nodes, openGate
 }
