@@ -691,7 +691,8 @@ func (c *upConn) tunnelFrame(f []byte) {
 	// a command's reply (a script can return one shaped like them), which
 	// must not count. RESP2 allows only the subscription commands, PING
 	// and QUIT/RESET in this mode.
-	if t, el, ok := elements(f); ok && (t == '>' && c.proto == 3 || t == '*' && c.proto == 2) && len(el) == 3 {
+	t, el, ok := elements(f)
+	if ok && (t == '>' && c.proto == 3 || t == '*' && c.proto == 2) && len(el) == 3 {
 		if kind, ok := str(el[0]); ok && pubsubKinds[string(kind)] {
 			if n, ok := integer(el[2]); ok {
 				// Shard channels are counted apart ("subscribe" starts with
@@ -704,7 +705,7 @@ func (c *upConn) tunnelFrame(f []byte) {
 			}
 		}
 	}
-	if revealsReserved(f, c.reserved) {
+	if ok && revealsReserved(t, el, c.reserved) {
 		return
 	}
 	if push := c.push.Load(); push != nil {
@@ -712,20 +713,17 @@ func (c *upConn) tunnelFrame(f []byte) {
 	}
 }
 
-// revealsReserved tells whether f is a pub/sub message that names a key
-// under the lock key prefix: a keyspace notification about such a key
+// revealsReserved tells whether a frame (its type t and elements el, as
+// tunnelFrame parsed them) is a pub/sub message that names a key under
+// the lock key prefix: a keyspace notification about such a key
 // (channel __keyspace@<db>__:<key>), or a key-event one whose message is
 // such a key (channel __keyevent@<db>__:<event>). Relayed commands may not
 // touch those keys, nor list them (KEYS, SCAN), so a subscriber does not
 // learn of them either; Redis sends them when the upstream has
 // notify-keyspace-events set and something writes there (the upstream is
 // also a lock node).
-func revealsReserved(f, reserved []byte) bool {
-	if len(reserved) == 0 || len(f) > 1<<16 {
-		return false
-	}
-	t, el, ok := elements(f)
-	if !ok || t != '>' && t != '*' || len(el) < 3 {
+func revealsReserved(t byte, el [][]byte, reserved []byte) bool {
+	if len(reserved) == 0 || t != '>' && t != '*' || len(el) < 3 {
 		return false
 	}
 	kind, ok := str(el[0])
