@@ -353,7 +353,10 @@ func TestKeepaliveMaxHold(t *testing.T) {
 	ca, cb := lc.NewClient(t, a.addr, 3), lc.NewClient(t, b.addr, 3)
 	key := "maxhold-" + lockclient.RandID()
 	granted := time.Now()
-	lc.MustLock(t, ca, key, "PX", 500, "KEEPALIVE", "MAXHOLD", 3000)
+	// A 1 s lease: a shorter one can be spent whole by one slow grant on
+	// a loaded machine (answered nil), and the rival's first wait below
+	// still ends past it and within MAXHOLD.
+	lc.MustLock(t, ca, key, "PX", 1000, "KEEPALIVE", "MAXHOLD", 3000)
 	// The holder's connection stays busy enough for the watchdog.
 	stop := make(chan struct{})
 	done := make(chan struct{})
@@ -369,8 +372,8 @@ func TestKeepaliveMaxHold(t *testing.T) {
 		}
 	}()
 	defer func() { close(stop); <-done }()
-	if _, ok := lc.Lock(t, cb, key, "PX", 10000, "WAIT", 1500); ok {
-		t.Fatalf("a rival was granted %v after the grant, within MAXHOLD, past the 500 ms lease", time.Since(granted))
+	if _, ok := lc.Lock(t, cb, key, "PX", 10000, "WAIT", 2000); ok {
+		t.Fatalf("a rival was granted %v after the grant, within MAXHOLD, past the 1 s lease", time.Since(granted))
 	}
 	g, ok := lc.Lock(t, cb, key, "PX", 10000, "WAIT", 30000)
 	if !ok {
