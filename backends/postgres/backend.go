@@ -447,6 +447,12 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 		}
 	}()
 	quick := false // the last pause was the quick one after a busy key
+	// expectFree: the last pause ended as the key was likely freed (a
+	// NOTIFY, or the conflicting lease's end); queueNext: a writer's try
+	// then found the key's advisory lock taken, so the next one queues for
+	// it briefly (lockQueue) instead of only trying it, and so on until a
+	// try gets the lock.
+	expectFree, queueNext := false, false
 	// failed is the last try's error when the database could not decide
 	// it: a waiting LOCK waits through that, as the RedLock backend does
 	// through a try without a quorum, and answers it if its WAIT ends so.
@@ -506,10 +512,22 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 		}
 		// The first try queues on the key's advisory lock; the retries
 		// only try it, so that waiters on a hot key do not hold pool
-		// connections queued behind each other.
-		lease, left, lostNow, err := b.try(ctx, req, marker, tries > 0, &redo)
+		// connections queued behind each other, except a writer's right
+		// after a try that found the key likely free but its lock taken
+		// (see lockQueue).
+		how := lockWait
+		if tries > 0 {
+			how = lockTry
+			if queueNext {
+				how = lockQueue
+			}
+		}
+		lease, left, lostNow, err := b.try(ctx, req, marker, how, &redo)
 		lost = lostNow
 		tries++
+		// A lockQueue try that ran out queues again next time: its
+		// queueLockTimeout may end before its turn on a loaded database.
+		queueNext = req.Mode == backends.Write && (expectFree || how == lockQueue) && errors.Is(err, errKeyBusy)
 		if err == nil {
 			marker = "" // deleted by the grant's transaction
 		}
@@ -541,12 +559,14 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 			return notAcquired()
 		}
 		pause := b.pause(left)
+		byLeft := left > 0 && pause >= left+2*time.Millisecond // ends when the conflicting lease does
 		if failed != nil {
 			// The database failed: about a second, not the quick polls
 			// of a lost listening connection, so that waiters do not
 			// dial a database that is down many times a second; the
 			// listening connection's return wakes them all.
 			pause = notifyWaitMax*3/4 + rand.N(notifyWaitMax/4)
+			byLeft = false
 		}
 		if errors.Is(err, errKeyBusy) && !quick {
 			// Another transaction is deciding on the key and may free it
@@ -560,7 +580,9 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 		select {
 		case <-w.wake:
 			b.wakeups.Add(1)
+			expectFree = true
 		case <-t.C:
+			expectFree = byLeft
 		case <-ctx.Done():
 			t.Stop()
 			return backends.Lease{}, ctx.Err()
@@ -568,6 +590,32 @@ func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.
 		t.Stop()
 	}
 }
+
+// lockHow is how a try takes the key's advisory lock.
+type lockHow uint8
+
+const (
+	// lockWait (a first try) waits for it in the database, one try per
+	// key and instance at a time (enterGate).
+	lockWait lockHow = iota
+	// lockTry (a retry) only tries it: busy, the try ends with
+	// actKeyBusy.
+	lockTry
+	// lockQueue (a writer's retry after a lockTry that found the lock
+	// taken just as the key was likely freed) waits for it in the
+	// database up to queueLockTimeout, one per key and instance at a time
+	// as lockWait (enterGate), then ends as key busy. Only
+	// trying, a waiting writer could be kept from a free key for its
+	// whole WAIT: the first tries of readers it holds back (each refused)
+	// queue on the lock one after another, so that it is nearly always
+	// taken; queued, the writer comes next.
+	lockQueue
+)
+
+// queueLockTimeout bounds a lockQueue try's wait for the key's advisory
+// lock: longer than a check of the key takes, so short that a stalled
+// transaction holding it keeps a pool connection that long only.
+const queueLockTimeout = 50 * time.Millisecond
 
 // enterGate waits, within ctx, until key's gate is this call's; release
 // gives it to the next call waiting, in arrival order.
@@ -673,21 +721,27 @@ func (b *Backend) pause(left time.Duration) time.Duration {
 // wait for before it tries again. *redo are the fences of earlier such
 // grants of the caller whose take-back failed: a retry drops them first,
 // under the key's lock, and empties *redo once that commits.
-func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker string, tryLock bool, redo *[]uint64) (lease backends.Lease, left time.Duration, lost *lostGrant, err error) {
+func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker string, how lockHow, redo *[]uint64) (lease backends.Lease, left time.Duration, lost *lostGrant, err error) {
 	start := time.Now()
 	caller := ctx
 	ctx, cancel := b.op(ctx)
 	defer cancel()
-	if !tryLock {
+	if how != lockTry {
 		// A first try waits for the key's advisory lock in the database,
 		// holding a pooled connection: while another transaction holds
 		// that lock (an instance stalled in a grant, up to op_timeout),
 		// the LOCKs of a hot key would take the whole pool, and RENEWs and
 		// UNLOCKs of other keys (a KEEPALIVE watchdog's among them) would
 		// wait for a connection. One first try per key waits there; the
-		// others wait here, in order, within their op_timeout.
+		// others wait here, in order, within their op_timeout. So does a
+		// lockQueue retry (a herd of writers woken by one release would
+		// otherwise hold the pool queued behind each other), which ends as
+		// key busy if its turn does not come.
 		release, err := b.enterGate(ctx, req.Key)
 		if err != nil {
+			if how == lockQueue && caller.Err() == nil {
+				return backends.Lease{}, 0, nil, errKeyBusy
+			}
 			return backends.Lease{}, 0, nil, b.fail(caller, fmt.Errorf("waiting for this instance's try of the key before: %w", err))
 		}
 		defer release()
@@ -695,7 +749,11 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 	var act action
 	var granted bool // a first hold was inserted: fence is its row's
 	for attempt := 0; ; attempt++ {
-		act, granted, lease, left, err = b.attempt(ctx, req, marker, tryLock, start, redo)
+		act, granted, lease, left, err = b.attempt(ctx, req, marker, how, start, redo)
+		if how == lockQueue && lockNotAvailable(err) && ctx.Err() == nil {
+			// queueLockTimeout ran out (rolled back: nothing to take back).
+			return backends.Lease{}, 0, nil, errKeyBusy
+		}
 		if errors.Is(err, errLate) {
 			// Rolled back: nothing to take back.
 			return backends.Lease{}, 0, nil, backends.ErrNotAcquired
@@ -748,13 +806,14 @@ type lostGrant struct {
 }
 
 // attempt is one transaction of try under the key's advisory lock.
-// With tryLock it does not wait for the key's advisory lock: busy, it
+// With lockTry it does not wait for the key's advisory lock: busy, it
 // ends with actKeyBusy (one more round trip, as what follows the lock may
-// not run without it).
+// not run without it); with lockQueue it waits up to queueLockTimeout
+// (the same round trip more), then fails with SQLSTATE 55P03.
 // With *redo not empty (only on a retry, which tries the lock) it first
 // drops one hold of the token's row of each fence (see try), and empties
 // *redo once the transaction committed.
-func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string, tryLock bool, start time.Time, redo *[]uint64) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
+func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker string, how lockHow, start time.Time, redo *[]uint64) (act action, granted bool, lease backends.Lease, left time.Duration, err error) {
 	redone := false
 	defer func() {
 		if redone && err == nil {
@@ -765,13 +824,20 @@ func (b *Backend) attempt(ctx context.Context, req backends.LockRequest, marker 
 		batch := &pgx.Batch{}
 		batch.Queue(b.idleTxSQL)
 		lead := 2 // statements before the lazy DELETE
-		if tryLock {
-			if req.Mode == backends.Read {
+		if how != lockWait {
+			pre := 1 // the SET LOCAL
+			switch {
+			case how == lockQueue:
+				batch.Queue(fmt.Sprintf("SET LOCAL lock_timeout = %d", queueLockTimeout.Milliseconds()))
+				pre++
+				batch.Queue(b.n.queueLockKeySQL(), req.Key)
+				batch.Queue("SET LOCAL lock_timeout TO DEFAULT")
+			case req.Mode == backends.Read:
 				batch.Queue(b.n.readerTryLockKeySQL(), req.Key, req.Token)
-			} else {
+			default:
 				batch.Queue(b.n.tryLockKeySQL(), req.Key)
 			}
-			locked, heldBack, err := readTryLock(tx.SendBatch(ctx, batch))
+			locked, heldBack, err := readTryLock(tx.SendBatch(ctx, batch), pre)
 			if err != nil {
 				return err
 			}
@@ -863,6 +929,13 @@ var errLate = errors.New("postgres: grant too late to be of use")
 // transaction is deciding on the key, which may free it at once.
 var errKeyBusy = fmt.Errorf("%w (the key's lock was taken)", backends.ErrNotAcquired)
 
+// lockNotAvailable reports a lock wait that lock_timeout ended (SQLSTATE
+// 55P03).
+func lockNotAvailable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "55P03"
+}
+
 // retryable reports a transaction the database rolled back for a
 // deadlock or a serialization failure (SQLSTATE class 40): nothing of it
 // stays, and running it again may well succeed.
@@ -871,16 +944,18 @@ func retryable(err error) bool {
 	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "40")
 }
 
-// readTryLock reads a retry's first batch: the SET LOCAL and whether the
-// key's advisory lock was taken.
-func readTryLock(br pgx.BatchResults) (locked, heldBack bool, err error) {
+// readTryLock reads a retry's first batch: pre SET LOCALs, whether the
+// key's advisory lock was taken, and what follows.
+func readTryLock(br pgx.BatchResults, pre int) (locked, heldBack bool, err error) {
 	defer func() {
 		if cerr := br.Close(); err == nil {
 			err = cerr
 		}
 	}()
-	if _, err = br.Exec(); err != nil {
-		return false, false, err
+	for range pre {
+		if _, err = br.Exec(); err != nil {
+			return false, false, err
+		}
 	}
 	var got *bool
 	if err = br.QueryRow().Scan(&got); err != nil {

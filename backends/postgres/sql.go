@@ -241,6 +241,13 @@ func (n names) tryLockKeySQL() string {
 	return `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`
 }
 
+// queueLockKeySQL is lockKeySQL for a lockQueue try, read as
+// tryLockKeySQL is: true once taken (the lock_timeout set before it ends a
+// long wait).
+func (n names) queueLockKeySQL() string {
+	return `SELECT true FROM pg_advisory_xact_lock(hashtextextended($1, 0))`
+}
+
 // readerTryLockKeySQL is tryLockKeySQL for a waiting reader ($2 its
 // token): NULL, without touching the key's lock, while a writer waits and
 // the reader holds nothing of the key (the grant would refuse it anyway),
