@@ -38,7 +38,8 @@ func (h *Handler) commandInfo(s *resp.Session, args [][]byte) {
 	for _, a := range args[2:] {
 		parent, c := find(string(a))
 		if c == nil {
-			s.W.NullArray()
+			// Redis's addReplyNull: "$-1" in RESP2, not a null array.
+			s.W.Null()
 			continue
 		}
 		writeInfo(s.W, parent, c)
