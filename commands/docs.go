@@ -22,11 +22,85 @@ func (h *Handler) command(s *resp.Session, args [][]byte) {
 func (h *Handler) commandCount(s *resp.Session, args [][]byte) { s.W.Int(int64(len(table))) }
 
 func (h *Handler) commandList(s *resp.Session, args [][]byte) {
-	names := sortedNames()
+	f, ok := parseListFilter(args)
+	if !ok {
+		s.W.Error(errSyntax.Error())
+		return
+	}
+	var names []string
+	if f == nil {
+		names = sortedNames()
+	} else {
+		names = f.local()
+	}
 	s.W.Array(len(names))
 	for _, n := range names {
 		s.W.BulkString(n)
 	}
+}
+
+// listFilter is COMMAND LIST's FILTERBY MODULE|ACLCAT|PATTERN arg.
+type listFilter struct {
+	kind string // "module", "aclcat" or "pattern"
+	arg  string
+}
+
+// parseListFilter parses COMMAND LIST [FILTERBY kind arg] (args from
+// COMMAND) as Redis 7's commandListCommand does: one FILTERBY with exactly
+// its two words, else a syntax error (ok false). The filter is nil when
+// none is given.
+func parseListFilter(args [][]byte) (f *listFilter, ok bool) {
+	switch {
+	case len(args) == 2:
+		return nil, true
+	case len(args) != 5 || !resp.EqualFold(args[2], "FILTERBY"):
+		return nil, false
+	}
+	kind := strings.ToLower(string(args[3]))
+	switch kind {
+	case "module", "aclcat", "pattern":
+	default:
+		return nil, false
+	}
+	return &listFilter{kind: kind, arg: string(args[4])}, true
+}
+
+// matches tells whether the filter lists c (a subcommand of parent, or a
+// command when parent is nil), as Redis's shouldFilterFromCommandList:
+// ACLCAT a category's name without '@', case-insensitively; PATTERN a
+// glob matched against the full name ("client|id"), case-insensitively;
+// MODULE none, lockproxy having no module commands.
+func (f *listFilter) matches(parent, c *Command) bool {
+	switch f.kind {
+	case "aclcat":
+		for _, cat := range c.Categories {
+			if strings.EqualFold(strings.TrimPrefix(cat, "@"), f.arg) {
+				return true
+			}
+		}
+		return false
+	case "pattern":
+		return globMatch(strings.ToLower(f.arg), []byte(fullName(parent, c)))
+	}
+	return false
+}
+
+// local is what the filter lists of lockproxy's table, commands and
+// subcommands, sorted.
+func (f *listFilter) local() []string {
+	names := []string{}
+	for _, n := range sortedNames() {
+		c := table[n]
+		if f.matches(nil, c) {
+			names = append(names, n)
+		}
+		for _, sc := range sortedSubs(c) {
+			if f.matches(c, sc) {
+				names = append(names, fullName(c, sc))
+			}
+		}
+	}
+	return names
 }
 
 func (h *Handler) commandInfo(s *resp.Session, args [][]byte) {

@@ -103,11 +103,52 @@ func (h *Handler) commandCountMerged(s *resp.Session, args [][]byte) {
 }
 
 func (h *Handler) commandListMerged(s *resp.Session, args [][]byte) {
-	if h.up == nil || len(args) > 2 {
-		h.commandList(s, args) // FILTERBY: lockproxy's own commands
+	if h.up == nil {
+		h.commandList(s, args)
+		return
+	}
+	if len(args) > 2 {
+		h.commandListFiltered(s, args)
 		return
 	}
 	names := h.mergedNames(s)
+	s.W.Array(len(names))
+	for _, n := range names {
+		s.W.BulkString(n)
+	}
+}
+
+// commandListFiltered is COMMAND LIST FILTERBY with an upstream: what the
+// upstream's filter lists (commands and subcommands), with lockproxy's own
+// matches; lockproxy's alone when the upstream cannot answer.
+func (h *Handler) commandListFiltered(s *resp.Session, args [][]byte) {
+	f, ok := parseListFilter(args)
+	if !ok {
+		s.W.Error(errSyntax.Error())
+		return
+	}
+	set := map[string]bool{}
+	for _, n := range f.local() {
+		set[n] = true
+	}
+	req := make([]string, len(args))
+	for i, a := range args {
+		req[i] = string(a)
+	}
+	if up, ok := h.upstreamReply(s, req...); ok {
+		if _, el, ok := relay.Split(up); ok {
+			for _, e := range el {
+				if n, ok := relay.Text(e); ok {
+					set[strings.ToLower(string(n))] = true
+				}
+			}
+		}
+	}
+	names := make([]string, 0, len(set))
+	for n := range set {
+		names = append(names, n)
+	}
+	sort.Strings(names)
 	s.W.Array(len(names))
 	for _, n := range names {
 		s.W.BulkString(n)
