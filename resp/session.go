@@ -556,7 +556,10 @@ func (s *Session) PubSub() bool { return s.pubsub.Load() }
 // blocks, and cancels the session's context as soon as the peer goes away.
 // Call the returned stop before the connection's goroutine reads again.
 // Commands the client pipelines meanwhile are kept for after the blocking
-// one (up to a bound, past which the watch just stops).
+// one, up to a bound (maxWatchBuffer); past it, nothing more is read, and
+// the peer's close is watched for without reading (peerGone, on Linux),
+// so that a client gone behind a long pipeline is not served, say granted
+// a lock, as if it were there.
 func (s *Session) WatchClose() (stop func()) {
 	// The replies before the blocking command are out (the caller flushed
 	// them): pushes (a lock lost meanwhile) need not wait for it to end.
@@ -564,14 +567,23 @@ func (s *Session) WatchClose() (stop func()) {
 	if len(s.pushes) > 0 {
 		s.drainPushes()
 	}
-	done := make(chan struct{})
+	done, stopping := make(chan struct{}), make(chan struct{})
+	raw := s.raw
 	go func() {
 		defer close(done)
-		if err := s.rd.watch(); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+		err := s.rd.watch()
+		switch {
+		case err == nil:
+			// The buffer bound is reached.
+			if peerGone(raw, stopping) {
+				s.cancel()
+			}
+		case !errors.Is(err, os.ErrDeadlineExceeded):
 			s.cancel()
 		}
 	}()
 	return func() {
+		close(stopping)
 		_ = s.conn.SetReadDeadline(time.Now()) // ends the watcher's read
 		<-done
 		_ = s.conn.SetReadDeadline(time.Time{})
