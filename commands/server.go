@@ -253,15 +253,6 @@ func passwordMatch(given []byte, want string, known bool) bool {
 	return subtle.ConstantTimeCompare(givenSum[:], wantSum[:])&knownBit == 1
 }
 
-func helloHasAuth(args [][]byte) bool {
-	for i := 2; i+2 < len(args); i++ {
-		if resp.EqualFold(args[i], "AUTH") {
-			return true
-		}
-	}
-	return false
-}
-
 // noAuthNeeded are the commands Redis serves before AUTH.
 func noAuthNeeded(cmd []byte) bool {
 	for _, c := range []string{"AUTH", "HELLO", "QUIT", "RESET"} {
@@ -287,10 +278,6 @@ func (h *Handler) selectDB(s *resp.Session, args [][]byte) {
 // hello: HELLO [protover [AUTH username password] [SETNAME clientname]]
 func (h *Handler) hello(s *resp.Session, args [][]byte) {
 	proto := s.W.Proto()
-	if h.authRequired() && !state(s).authed && !helloHasAuth(args) {
-		s.W.Error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time")
-		return
-	}
 	if len(args) >= 2 {
 		v, ok := resp.ParseInt(args[1])
 		if !ok {
@@ -327,6 +314,13 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 			s.W.Error("ERR Syntax error in HELLO option '" + relay.Clip(string(args[i])) + "'")
 			return
 		}
+	}
+	// As in Redis's helloCommand, a HELLO is refused for being
+	// unauthenticated only once its version and options are found right:
+	// a client probing for a protocol is told NOPROTO first.
+	if h.authRequired() && !state(s).authed {
+		s.W.Error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time")
+		return
 	}
 	if c, ok := s.Data.(*conn); ok && c.rl != nil && !h.pinnedHello(s, c.rl, proto) {
 		return
