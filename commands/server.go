@@ -295,12 +295,17 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 		switch {
 		case resp.EqualFold(args[i], "AUTH") && i+2 < len(args):
 			// Without auth.password or auth.users, like Redis's default
-			// user with nopass, any credentials are accepted.
-			if h.authRequired() {
+			// user with nopass, any password is accepted for "default",
+			// the only user there is (as AUTH takes them).
+			switch {
+			case h.authRequired():
 				if !h.checkPassword(s, args[i+1], args[i+2]) {
 					return
 				}
 				h.signIn(s, args[i+1])
+			case string(args[i+1]) != "default":
+				s.W.Error(errWrongPass)
+				return
 			}
 			i += 2
 		case resp.EqualFold(args[i], "SETNAME") && i+1 < len(args):
