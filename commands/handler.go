@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -318,7 +319,7 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 			return
 		}
 		h.metrics.commands.WithLabelValues(c.Metric, "error").Inc()
-		s.W.Error("ERR unknown subcommand '" + relay.Clip(string(args[1])) + "'. Try " + strings.ToUpper(c.Name) + " HELP.")
+		s.W.Error("ERR unknown subcommand '" + string(cString(args[1], 128)) + "'. Try " + strings.ToUpper(c.Name) + " HELP.")
 		return
 	}
 	if !arityOK(c.Arity, len(args)) || c.run == nil {
@@ -393,20 +394,40 @@ func (h *Handler) Closed(s *resp.Session) {
 	}
 }
 
+// unknownCommand is redis-server 7's reply to an unknown command, byte for
+// byte (processCommand): the name as "%.128s", and the arguments as
+// "'%.*s' " each while the list is under 128 bytes, each cut to what is
+// left of the 128. Writer.Error turns line breaks into spaces, as
+// rejectCommandFormat does.
 func unknownCommand(args [][]byte) string {
 	var b strings.Builder
 	b.WriteString("ERR unknown command '")
-	b.WriteString(relay.Clip(string(args[0])))
+	b.Write(cString(args[0], 128))
 	b.WriteString("', with args beginning with: ")
-	for i, a := range args[1:] {
-		if i == 8 {
+	n := 0 // the argument list's length so far
+	for _, a := range args[1:] {
+		if n >= 128 {
 			break
 		}
-		b.WriteString("'")
-		b.WriteString(relay.Clip(string(a)))
+		part := cString(a, 128-n)
+		b.WriteByte('\'')
+		b.Write(part)
 		b.WriteString("' ")
+		n += len(part) + 3
 	}
 	return b.String()
+}
+
+// cString is what C's "%.*s" prints of a with precision max: up to its
+// first NUL byte, and at most max bytes.
+func cString(a []byte, max int) []byte {
+	if i := bytes.IndexByte(a, 0); i >= 0 {
+		a = a[:i]
+	}
+	if len(a) > max {
+		a = a[:max]
+	}
+	return a
 }
 
 // replyError turns a backend error into the one error reply clients see.
