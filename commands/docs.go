@@ -132,7 +132,11 @@ func find(name string) (parent, c *Command) {
 	return nil, table[name]
 }
 
-func writeInfo(w *resp.Writer, parent, c *Command) {
+func writeInfo(w *resp.Writer, parent, c *Command) { writeInfoWith(w, parent, c, nil) }
+
+// writeInfoWith is writeInfo with extra, COMMAND INFO entries of the
+// upstream's, among c's subcommands.
+func writeInfoWith(w *resp.Writer, parent, c *Command, extra [][]byte) {
 	w.Array(10)
 	w.BulkString(fullName(parent, c))
 	w.Int(int64(c.Arity))
@@ -154,9 +158,12 @@ func writeInfo(w *resp.Writer, parent, c *Command) {
 		w.Array(0)
 	}
 	subs := sortedSubs(c)
-	w.Array(len(subs))
+	w.Array(len(subs) + len(extra))
 	for _, sc := range subs {
 		writeInfo(w, c, sc)
+	}
+	for _, e := range extra {
+		w.Raw(e)
 	}
 }
 
@@ -224,12 +231,16 @@ func (h *Handler) commandDocs(s *resp.Session, args [][]byte) {
 	}
 }
 
-func writeDoc(w *resp.Writer, c *Command) {
+func writeDoc(w *resp.Writer, c *Command) { writeDocWith(w, c, nil) }
+
+// writeDocWith is writeDoc with extra, the upstream's subcommand docs
+// (name and doc frames in turn), among c's subcommands.
+func writeDocWith(w *resp.Writer, c *Command, extra [][]byte) {
 	n := 4
 	if len(c.Args) > 0 {
 		n++
 	}
-	if len(c.Subs) > 0 {
+	if len(c.Subs) > 0 || len(extra) > 0 {
 		n++
 	}
 	w.Map(n)
@@ -245,13 +256,16 @@ func writeDoc(w *resp.Writer, c *Command) {
 		w.BulkString("arguments")
 		writeArgs(w, c.Args)
 	}
-	if len(c.Subs) > 0 {
+	if len(c.Subs) > 0 || len(extra) > 0 {
 		w.BulkString("subcommands")
 		subs := sortedSubs(c)
-		w.Map(len(subs))
+		w.Map(len(subs) + len(extra)/2)
 		for _, sc := range subs {
 			w.BulkString(fullName(c, sc))
 			writeDoc(w, sc)
+		}
+		for _, e := range extra {
+			w.Raw(e)
 		}
 	}
 }

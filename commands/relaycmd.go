@@ -56,9 +56,12 @@ func (h *Handler) commandAll(s *resp.Session, args [][]byte) {
 		return
 	}
 	var kept [][]byte
+	extra := map[string][][]byte{} // the upstream's subcommands of lockproxy's containers
 	for _, e := range el {
-		if table[entryName(e)] == nil {
+		if c := table[entryName(e)]; c == nil {
 			kept = append(kept, e)
+		} else if c.Subs != nil {
+			extra[c.Name] = upstreamInfoSubs(c, e)
 		}
 	}
 	names := sortedNames()
@@ -67,8 +70,65 @@ func (h *Handler) commandAll(s *resp.Session, args [][]byte) {
 		s.W.Raw(e)
 	}
 	for _, n := range names {
-		writeInfo(s.W, nil, table[n])
+		writeInfoWith(s.W, nil, table[n], extra[n])
 	}
+}
+
+// servesSub tells whether full ("client|id") names a subcommand of c that
+// lockproxy serves itself.
+func servesSub(c *Command, full []byte) bool {
+	_, sub, ok := strings.Cut(strings.ToLower(string(full)), "|")
+	return ok && c.Subs[sub] != nil
+}
+
+// upstreamInfoSubs returns the subcommand entries of entry, the upstream's
+// COMMAND INFO entry for the container c, that lockproxy does not serve
+// (they are relayed): merged into lockproxy's entry for c.
+func upstreamInfoSubs(c *Command, entry []byte) [][]byte {
+	_, el, ok := relay.Split(entry)
+	if !ok || len(el) < 10 {
+		return nil
+	}
+	_, subs, ok := relay.Split(el[9])
+	if !ok {
+		return nil
+	}
+	var out [][]byte
+	for _, sub := range subs {
+		if _, sel, ok := relay.Split(sub); ok && len(sel) > 0 {
+			if n, ok := relay.Text(sel[0]); ok && !servesSub(c, n) {
+				out = append(out, sub)
+			}
+		}
+	}
+	return out
+}
+
+// upstreamDocSubs returns the subcommand docs (name and doc frames in
+// turn) of doc, the upstream's COMMAND DOCS doc of the container c, that
+// lockproxy does not serve: merged into lockproxy's doc for c.
+func upstreamDocSubs(c *Command, doc []byte) [][]byte {
+	_, el, ok := relay.Split(doc)
+	if !ok {
+		return nil
+	}
+	for i := 0; i+1 < len(el); i += 2 {
+		if k, _ := relay.Text(el[i]); string(k) != "subcommands" {
+			continue
+		}
+		_, subs, ok := relay.Split(el[i+1])
+		if !ok {
+			return nil
+		}
+		var out [][]byte
+		for j := 0; j+1 < len(subs); j += 2 {
+			if n, ok := relay.Text(subs[j]); ok && !servesSub(c, n) {
+				out = append(out, subs[j], subs[j+1])
+			}
+		}
+		return out
+	}
+	return nil
 }
 
 // mergedNames is the union of the upstream's command names and lockproxy's.
@@ -158,7 +218,8 @@ func (h *Handler) commandListFiltered(s *resp.Session, args [][]byte) {
 // localOnly tells whether every name asked for is lockproxy's own.
 func localOnly(names [][]byte) bool {
 	for _, a := range names {
-		if _, c := find(string(a)); c == nil {
+		// A container's entry merges in the upstream's subcommands.
+		if p, c := find(string(a)); c == nil || p == nil && c.Subs != nil {
 			return false
 		}
 	}
@@ -186,10 +247,13 @@ func (h *Handler) commandInfoMerged(s *resp.Session, args [][]byte) {
 	}
 	s.W.Array(len(el))
 	for i, a := range args[2:] {
-		if p, c := find(string(a)); c != nil {
-			writeInfo(s.W, p, c)
-		} else {
+		switch p, c := find(string(a)); {
+		case c == nil:
 			s.W.Raw(el[i])
+		case p == nil && c.Subs != nil:
+			writeInfoWith(s.W, nil, c, upstreamInfoSubs(c, el[i]))
+		default:
+			writeInfo(s.W, p, c)
 		}
 	}
 }
@@ -210,10 +274,13 @@ func (h *Handler) commandDocsMerged(s *resp.Session, args [][]byte) {
 		return
 	}
 	var kept [][]byte
+	extra := map[*Command][][]byte{} // the upstream's subcommands of lockproxy's containers
 	for i := 0; i+1 < len(el); i += 2 {
 		n, _ := relay.Text(el[i])
-		if _, c := find(string(n)); c == nil {
+		if p, c := find(string(n)); c == nil {
 			kept = append(kept, el[i], el[i+1])
+		} else if p == nil && c.Subs != nil {
+			extra[c] = upstreamDocSubs(c, el[i+1])
 		}
 	}
 	type entry struct{ parent, c *Command }
@@ -235,7 +302,11 @@ func (h *Handler) commandDocsMerged(s *resp.Session, args [][]byte) {
 	}
 	for _, e := range local {
 		s.W.BulkString(fullName(e.parent, e.c))
-		writeDoc(s.W, e.c)
+		if e.parent == nil {
+			writeDocWith(s.W, e.c, extra[e.c])
+		} else {
+			writeDoc(s.W, e.c)
+		}
 	}
 }
 
