@@ -3,6 +3,8 @@ package commands
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"net"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -10,6 +12,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/relay"
+	"github.com/lockproxy/lockproxy/resp"
 )
 
 // maxWatch is resp's maxWatchBuffer: what the reader buffers of a
@@ -45,8 +48,40 @@ func (b *gatedGrantBackend) Lock(ctx context.Context, req backends.LockRequest) 
 // bound and nothing noticed the close: the lock was granted to nobody and
 // held for its whole TTL.
 func TestLockWaitClientGoneBehindBigPipeline(t *testing.T) {
-	b := &gatedGrantBackend{gate: make(chan struct{}), returned: make(chan struct{})}
-	conn := dialHandler(t, b)
+	for _, loop := range []bool{false, true} {
+		t.Run(fmt.Sprintf("event loop %v", loop), func(t *testing.T) {
+			b := &gatedGrantBackend{gate: make(chan struct{}), returned: make(chan struct{})}
+			lockWaitGoneBehindBigPipeline(t, b, dialServer(t, b, loop))
+		})
+	}
+}
+
+// dialServer serves a handler over b, on the event loop or not, and
+// dials it.
+func dialServer(t *testing.T, b backends.Backend, loop bool) net.Conn {
+	t.Helper()
+	h := NewHandler(Options{Limits: testLimits, Backend: b})
+	srv := &resp.Server{Handler: h, EventLoop: loop}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+		h.Close()
+	})
+	conn, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
+}
+
+func lockWaitGoneBehindBigPipeline(t *testing.T, b *gatedGrantBackend, conn net.Conn) {
 	req := relay.AppendCommand(nil, [][]byte{[]byte("LOCK"), []byte("k"), []byte("PX"), []byte("10000"), []byte("WAIT"), []byte("5000")})
 	// Past the watch's bound, by less than the socket buffers hold, so
 	// that the client's close reaches the server's kernel.
