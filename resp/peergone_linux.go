@@ -7,8 +7,10 @@ import (
 )
 
 // peerGonePoll is how long one poll for the peer's close waits (ms) before
-// peerGone looks whether it should stop.
-const peerGonePoll = 50
+// peerGone looks whether it should stop: what it may add to the reply of
+// the blocked command, and to a Close of the connection meanwhile (Control
+// holds the descriptor), for one system call per period.
+const peerGonePoll = 10
 
 // peerGone waits, without reading, until the peer of raw's socket closes
 // or shuts down its writing half (reports true), or stop is closed or the
