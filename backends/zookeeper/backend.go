@@ -3,6 +3,7 @@ package zookeeper
 import (
 	"context"
 	"crypto/rand"
+	"encoding/base64"
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
@@ -131,7 +132,27 @@ var (
 	errUnhandled = errors.New("zookeeper: a lock node kept changing under a hold change; gave up")
 	// errHoldGone: the node a reentry was to add a hold to is gone.
 	errHoldGone = errors.New("zookeeper: the held lock node is gone")
+	// errTooLarge: see fits.
+	errTooLarge = errors.New("zookeeper: key or token too long for a ZooKeeper request")
 )
+
+// maxRequestBytes bounds what a key and a token put in one request. A
+// ZooKeeper server closes the connection of a client that sends a packet
+// longer than its jute.maxbuffer (1 MiB less one byte by default), which
+// fails every request in flight on the instance's one session, other
+// clients' included, and suspends every lock until it reconnects. The room
+// left covers the packet's headers, the ACL, the node's name and the data's
+// header.
+const maxRequestBytes = 1<<20 - 1 - 16<<10
+
+// fits reports whether the requests for key, with a token of tokenLen
+// bytes, fit in what a server accepts: a write lock's create names the
+// key's directory twice (the node and its gate) and carries the token. A
+// key that does not fit is never locked, so nothing holds it.
+func (b *Backend) fits(key string, tokenLen int) bool {
+	dir := len(b.cfg.Root) + len("/k") + base64.RawURLEncoding.EncodedLen(len(key))
+	return 2*dir+tokenLen <= maxRequestBytes
+}
 
 // unavailable is the error of an operation the ensemble could not decide:
 // no session, a lost connection, an expired session. It reads as a

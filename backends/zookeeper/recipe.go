@@ -558,6 +558,9 @@ const lastLookTimeout = time.Second
 // watching only its blocker (a reader: the blocking writer's gate), until
 // it holds or req.Wait runs out.
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
+	if !b.fits(req.Key, len(req.Token)) {
+		return backends.Lease{}, fmt.Errorf("%w: key %d bytes, token %d bytes", errTooLarge, len(req.Key), len(req.Token))
+	}
 	if err := b.usable(); err != nil {
 		return backends.Lease{}, err
 	}
@@ -1368,6 +1371,9 @@ func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backen
 
 // release releases one hold of key by token of kind k.
 func (b *Backend) release(ctx context.Context, key, token string, k holdKind) (bool, error) {
+	if !b.fits(key, 0) {
+		return false, nil // never locked (see fits)
+	}
 	if err := b.usable(); err != nil {
 		return false, err
 	}
@@ -1477,6 +1483,9 @@ func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backend
 
 // renew resets the lease of the node with token's hold of kind k on key.
 func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl time.Duration) (time.Duration, error) {
+	if !b.fits(key, 0) {
+		return 0, nil // never locked (see fits)
+	}
 	if err := b.usable(); err != nil {
 		return 0, err
 	}
@@ -1544,6 +1553,9 @@ func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl 
 // start as recorded in the node (its mtime for the previous data format)
 // against this host's clock.
 func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
+	if !b.fits(key, 0) {
+		return backends.LockInfo{}, false, nil // never locked (see fits)
+	}
 	if err := b.usable(); err != nil {
 		return backends.LockInfo{}, false, err
 	}
