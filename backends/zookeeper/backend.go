@@ -62,6 +62,10 @@ type Backend struct {
 	conn *zk.Conn
 	acl  []zk.ACL
 	log  *zap.Logger
+	// serverOf maps each address go-zookeeper may connect to (a server's
+	// host resolved, as its host provider resolves it once at start) to
+	// the server's index in cfg.Servers: conn.Server() names the address.
+	serverOf map[string]int
 
 	// connected is true while the session is established on a server.
 	connected atomic.Bool
@@ -246,6 +250,8 @@ func New(cfg Config) (*Backend, error) {
 		return nil, fmt.Errorf("zookeeper: connect: %w", err)
 	}
 	b.conn = conn
+	// After Connect, which fails at once on a host that does not resolve.
+	b.serverOf = resolveServers(cfg.Servers)
 	if cfg.Registerer != nil {
 		b.register(cfg.Registerer)
 	}
@@ -542,17 +548,44 @@ func (b *Backend) Waiting() int {
 // ("standby": go-zookeeper moves to one when its server fails).
 func (b *Backend) NodeStates() []string {
 	cur := b.conn.Server()
+	on, resolved := b.serverOf[cur]
 	up := b.connected.Load()
 	out := make([]string, len(b.cfg.Servers))
 	for i, s := range b.cfg.Servers {
 		st := "standby"
-		if s == cur {
+		if s == cur || resolved && on == i {
 			st = "disconnected"
 			if up {
 				st = "ok"
 			}
 		}
 		out[i] = "addr=" + s + ",state=" + st
+	}
+	return out
+}
+
+// resolveServers maps the addresses of servers, as go-zookeeper's default
+// host provider resolves them (each host's addresses, with its port), to
+// the server's index; a host that does not resolve has none.
+func resolveServers(servers []string) map[string]int {
+	// Bounded as go-zookeeper bounds its own look-ups.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	out := map[string]int{}
+	for i, s := range zk.FormatServers(servers) {
+		host, port, err := net.SplitHostPort(s)
+		if err != nil {
+			continue
+		}
+		addrs, err := net.DefaultResolver.LookupHost(ctx, host)
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			if _, dup := out[net.JoinHostPort(a, port)]; !dup {
+				out[net.JoinHostPort(a, port)] = i
+			}
+		}
 	}
 	return out
 }
