@@ -93,6 +93,9 @@ type Backend struct {
 	expired chan struct{}         // closed (and replaced) when the session expires
 	closed  bool
 	timers  sync.WaitGroup // lease timers armed or running
+	// renewed: the leases RENEWs through this instance set on nodes
+	// another instance made (see enforceRenewed), by path.
+	renewed map[string]*renewedLease
 
 	// Set by tests only, before use: run before a waiter sets its watch on
 	// its blocker, before a reentry changes the held node, before a grant
@@ -234,6 +237,7 @@ func New(cfg Config) (*Backend, error) {
 		byToken:    map[heldKey]*ownedNode{},
 		waiters:    map[string]int{},
 		watches:    map[string]*pathWatch{},
+		renewed:    map[string]*renewedLease{},
 		expired:    make(chan struct{}),
 	}
 	if cfg.Digest != "" {
@@ -422,6 +426,9 @@ func (b *Backend) Close() error {
 	b.closed = true
 	for _, o := range b.owned {
 		b.disarmLocked(o)
+	}
+	for _, r := range b.renewed {
+		b.stopRenewedLocked(r)
 	}
 	b.mu.Unlock()
 	b.timers.Wait()

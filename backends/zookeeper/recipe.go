@@ -1521,6 +1521,9 @@ func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl 
 		done()
 		switch {
 		case err == nil:
+			if how == leaseSet {
+				b.enforceRenewed(n.path, st.Version, d.hasGate(), t0.Add(ttl))
+			}
 			// A renewal too late to be of use (a validity under
 			// backends.MinValidity) answers 0: the caller must no longer count on
 			// the key, which stays held until the lease just set ends.
@@ -1733,5 +1736,95 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 		if b.owned[o.path] == o && o.gen == gen && !b.closed {
 			b.armLocked(o, leaseRetry)
 		}
+	}
+}
+
+// renewedLease is the lease a RENEW through this instance set on a node
+// another instance made, enforced here (see enforceRenewed). Guarded by
+// Backend.mu.
+type renewedLease struct {
+	path    string
+	version int32 // the node's data version the RENEW wrote
+	gated   bool  // that data has a gate
+	timer   *time.Timer
+}
+
+// enforceRenewed enforces the lease a RENEW through this instance set on
+// the node at path, when another instance made it (this one's own nodes
+// are enforced by their lease timers: see written): at end, the node is
+// deleted if its data is still at version, the RENEW's, so that no change
+// since (a renewal, a reentry, a release of one of several holds, through
+// any instance) is overridden. The instance that made the node sees the
+// RENEW only when its own timer fires, at the end of the lease it knew of,
+// and then counts the new TTL from then: a RENEW that shortened the lease
+// left the key held until the old lease's end, one that lengthened it
+// until the old end plus the new TTL. Either way that instance still
+// deletes the node later if this one cannot (it closed).
+func (b *Backend) enforceRenewed(path string, version int32, gated bool, end time.Time) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed || b.owned[path] != nil {
+		return
+	}
+	if r := b.renewed[path]; r != nil {
+		b.stopRenewedLocked(r)
+		delete(b.renewed, path)
+	}
+	r := &renewedLease{path: path, version: version, gated: gated}
+	b.renewed[path] = r
+	b.armRenewedLocked(r, time.Until(end))
+}
+
+// armRenewedLocked starts r's timer, to fire in d; b.mu is held.
+func (b *Backend) armRenewedLocked(r *renewedLease, d time.Duration) {
+	b.timers.Add(1)
+	r.timer = time.AfterFunc(max(d, 0), func() {
+		defer b.timers.Done()
+		b.renewedEnded(r)
+	})
+}
+
+// stopRenewedLocked stops r's timer if it has not fired; b.mu is held.
+func (b *Backend) stopRenewedLocked(r *renewedLease) {
+	if r.timer != nil && r.timer.Stop() {
+		b.timers.Done()
+	}
+	r.timer = nil
+}
+
+// renewedEnded deletes r's node if it is still as the RENEW left it.
+func (b *Backend) renewedEnded(r *renewedLease) {
+	b.mu.Lock()
+	if b.renewed[r.path] != r || b.closed {
+		b.mu.Unlock()
+		return
+	}
+	if !b.connected.Load() {
+		// Suspended, as in leaseEnded.
+		b.armRenewedLocked(r, leaseRetry)
+		b.mu.Unlock()
+		return
+	}
+	b.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.SessionTimeout)
+	defer cancel()
+	err := b.remove(ctx, r.path, r.version, r.gated)
+	if err == nil {
+		b.leasesEnded.Add(1)
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.renewed[r.path] != r {
+		return
+	}
+	switch {
+	case err == nil, errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
+		// Deleted; or gone, or changed since (its lease is then another
+		// change's, which the node's instance enforces).
+		delete(b.renewed, r.path)
+	case b.closed:
+	default:
+		b.log.Debug("zookeeper: renewed lease end: delete failed; retrying", zap.Error(err))
+		b.armRenewedLocked(r, leaseRetry)
 	}
 }

@@ -1,0 +1,53 @@
+package zookeeper
+
+import (
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/backends"
+)
+
+// TestRenewThroughOtherInstanceSetsLease: a RENEW through an instance that
+// did not make the node sets its lease as a RENEW through the one that did:
+// the key is free when that lease ends, never sooner. The instance that
+// made the node enforces the lease it knows of; a renewal through another
+// one it sees only when its own timer fires, and then counts the stored TTL
+// from then. Before, a RENEW that shortened the lease (PX 1000 of a PX
+// 20000 lock) left the key held for the whole original lease, and one that
+// lengthened it (PX 3500 of a PX 3000 lock, at once) held it until the
+// original lease's end plus the new TTL (6.5 s), not 3.5 s.
+func TestRenewThroughOtherInstanceSetsLease(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
+	root := testRoot(t)
+	// Sessions whose horizon (5/12 of them, 12.5 s) is past the leases.
+	a := newBackend(t, []string{zkAddr}, root, 30*time.Second)
+	b := newBackend(t, []string{zkAddr}, root, 30*time.Second)
+	for _, tc := range []struct {
+		name       string
+		lock, renw time.Duration
+	}{
+		{"shortened", 20 * time.Second, time.Second},
+		{"lengthened", 3 * time.Second, 3500 * time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			key := "renewed-elsewhere-" + tc.name
+			mustLock(t, a, key, "A", tc.lock, backends.Write)
+			start := time.Now()
+			if v, err := b.Renew(ctxT(t, 10*time.Second), key, "A", tc.renw); err != nil || v != backends.MinValidity {
+				t.Fatalf("RENEW through the other instance = %v, %v; want %v (held, nothing promised)", v, err, backends.MinValidity)
+			}
+			if _, err := lock(t, b, key, "B", time.Second, tc.renw+3*time.Second, backends.Write); err != nil {
+				t.Fatalf("LOCK of a rival waiting %v after a RENEW PX %v = %v; want a grant when that lease ends",
+					tc.renw+3*time.Second, tc.renw, err)
+			}
+			el := time.Since(start)
+			if el < tc.renw {
+				t.Errorf("rival granted %v after a RENEW PX %v; want no sooner than its lease's end", el, tc.renw)
+			}
+			if el > tc.renw+1500*time.Millisecond {
+				t.Errorf("rival granted %v after a RENEW PX %v; want by its lease's end (+1.5 s)", el, tc.renw)
+			}
+		})
+	}
+}
