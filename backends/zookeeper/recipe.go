@@ -1227,6 +1227,15 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 		d = d.raised(n.stat, t0, req.TTL)
 		done := b.changing(n.path)
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
+		if errors.Is(err, zk.ErrConnectionClosed) {
+			// The answer was lost with the connection, not necessarily
+			// the write: made, it added a hold no one would be told of,
+			// which would keep the key held after the holder's last
+			// UNLOCK until the lease ends. Made, it is a grant.
+			if got, ok := b.applied(ctx, n.path, n.stat.Version, d); ok {
+				st, err = got, nil
+			}
+		}
 		if err == nil {
 			if b.testBeforeWritten != nil {
 				b.testBeforeWritten()
@@ -1827,4 +1836,38 @@ func (b *Backend) renewedEnded(r *renewedLease) {
 		b.log.Debug("zookeeper: renewed lease end: delete failed; retrying", zap.Error(err))
 		b.armRenewedLocked(r, leaseRetry)
 	}
+}
+
+// applied reports whether the write of d to the node at path at data
+// version version, whose answer was lost with the connection, was made,
+// and the node's stat after it: once the session is back on a server (for
+// a session timeout at most, while ctx lasts) and that server is synced
+// with the ensemble, the node has version+1 and data d. When it has
+// version, the write was not made; when it changed again since, or the
+// session did not come back in time, it is not known: false either way.
+func (b *Backend) applied(ctx context.Context, path string, version int32, d lockData) (*zk.Stat, bool) {
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.SessionTimeout)
+	defer cancel()
+	b.mu.Lock()
+	expired := b.expired
+	b.mu.Unlock()
+	for !b.connected.Load() {
+		select {
+		case <-ctx.Done():
+			return nil, false
+		case <-expired:
+			return nil, false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	// The session may be back on a server that has not applied the write
+	// yet: a sync brings it up to date (see abandonByNonce).
+	if _, err := call(ctx, func() (string, error) { return b.conn.Sync(path) }); err != nil {
+		return nil, false
+	}
+	g, ok, err := b.get(ctx, path)
+	if err != nil || !ok || g.stat.Version != version+1 || g.data != d {
+		return nil, false
+	}
+	return g.stat, true
 }
