@@ -95,6 +95,11 @@ var ErrNotAcquired = errors.New("backends: lock not acquired")
 // for each other forever.
 var ErrUpgrade = errors.New("backends: read lock held by this token; upgrade to write is not supported")
 
+// ErrTooLarge means the lock store cannot take a request this big: a key
+// or token past what one request to it may carry (ZooKeeper's packet
+// limit). Clients are told so, not answered an internal error.
+var ErrTooLarge = errors.New("backends: key or token too long for the lock store")
+
 // LossNotifier is implemented by backends that learn of lost locks by
 // themselves, sooner than a renewal would (a ZooKeeper session that
 // expired). OnLost sets the function called, on a goroutine of the

@@ -440,6 +440,8 @@ func (h *Handler) replyError(s *resp.Session, cmd string, err error) {
 		s.W.Error("NOQUORUM " + nq.Error())
 	case errors.Is(err, quorum.ErrNoQuorum):
 		s.W.Error("NOQUORUM not enough nodes answered")
+	case errors.Is(err, backends.ErrTooLarge):
+		s.W.Error("ERR key or token too long for the lock store")
 	case errors.Is(err, context.Canceled):
 		s.W.Error("ERR command canceled: connection closing or server shutting down")
 	case errors.Is(err, context.DeadlineExceeded):

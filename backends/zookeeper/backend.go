@@ -140,7 +140,7 @@ var (
 	// errHoldGone: the node a reentry was to add a hold to is gone.
 	errHoldGone = errors.New("zookeeper: the held lock node is gone")
 	// errTooLarge: see fits.
-	errTooLarge = errors.New("zookeeper: key or token too long for a ZooKeeper request")
+	errTooLarge = fmt.Errorf("zookeeper: too long for a ZooKeeper request: %w", backends.ErrTooLarge)
 )
 
 // maxRequestBytes bounds what a key and a token put in one request. A
