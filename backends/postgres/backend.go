@@ -342,22 +342,29 @@ func (b *Backend) makeSchemaTx(ctx context.Context) func(pgx.Tx) error {
 	}
 }
 
+// minFenceMax is the least maximum a fence sequence may have: 2^53, which
+// lasts 285 years at a million grants a second. A sequence made beforehand
+// AS integer (2^31 - 1, some weeks at a thousand grants a second) or with
+// a low MAXVALUE would run out, and every LOCK fail from then on.
+const minFenceMax = 1 << 53
+
 // checkSequence refuses a fence sequence with a cache (each connection
 // would hand out values from a block of its own, and a later grant could
 // get a smaller fence), one that cycles (after its maximum it would
-// start again from its minimum), one that descends, and an UNLOGGED one
+// start again from its minimum), one that descends, one that would run out
+// (minFenceMax), and an UNLOGGED one
 // or holds table: crash recovery resets an unlogged sequence to its start
 // and empties an unlogged table, so later grants would get smaller fences
 // and locks granted before the crash would be granted again. Objects made
 // beforehand are kept as they are (CREATE … IF NOT EXISTS).
 func (b *Backend) checkSequence(ctx context.Context) error {
-	var cache, increment int64
+	var cache, increment, max int64
 	var cycle bool
 	var seqPersistence, holdsPersistence string
-	err := b.pool.QueryRow(ctx, `SELECT s.seqcache, s.seqcycle, s.seqincrement, c.relpersistence::text,
+	err := b.pool.QueryRow(ctx, `SELECT s.seqcache, s.seqcycle, s.seqincrement, s.seqmax, c.relpersistence::text,
 	coalesce((SELECT h.relpersistence::text FROM pg_catalog.pg_class h WHERE h.oid = to_regclass($2)), '')
 FROM pg_catalog.pg_sequence s JOIN pg_catalog.pg_class c ON c.oid = s.seqrelid WHERE s.seqrelid = to_regclass($1)`,
-		b.n.fences, b.n.holds).Scan(&cache, &cycle, &increment, &seqPersistence, &holdsPersistence)
+		b.n.fences, b.n.holds).Scan(&cache, &cycle, &increment, &max, &seqPersistence, &holdsPersistence)
 	switch {
 	case err != nil:
 		return fmt.Errorf("postgres: read the fence sequence %s: %s: %w", b.n.fences, reason(err), err)
@@ -367,6 +374,8 @@ FROM pg_catalog.pg_sequence s JOIN pg_catalog.pg_class c ON c.oid = s.seqrelid W
 		return fmt.Errorf("postgres: the fence sequence %s is CYCLE: fences would start again from its minimum after its maximum; run ALTER SEQUENCE %s NO CYCLE", b.n.fences, b.n.fences)
 	case increment <= 0:
 		return fmt.Errorf("postgres: the fence sequence %s has INCREMENT BY %d: fences would not grow; run ALTER SEQUENCE %s INCREMENT BY 1 MAXVALUE 9223372036854775807 RESTART WITH a value above every fence handed out", b.n.fences, increment, b.n.fences)
+	case max < minFenceMax:
+		return fmt.Errorf("postgres: the fence sequence %s ends at %d: once there every LOCK would fail; run ALTER SEQUENCE %s AS bigint MAXVALUE 9223372036854775807", b.n.fences, max, b.n.fences)
 	case seqPersistence == "u":
 		return fmt.Errorf("postgres: the fence sequence %s is UNLOGGED: crash recovery would reset it and later grants would get smaller fences; run ALTER SEQUENCE %s SET LOGGED", b.n.fences, b.n.fences)
 	case holdsPersistence == "u":

@@ -14,7 +14,8 @@ import (
 // last; crash recovery resets an UNLOGGED sequence to its start and
 // empties an UNLOGGED table (seen: a lock granted for 10 minutes granted
 // again to another token after a SIGKILL and restart, with fence 1 after
-// fence 5). Before, New accepted them all.
+// fence 5). A sequence AS integer or with a low MAXVALUE runs out, and
+// every LOCK fails from then on. Before, New accepted them all.
 func TestFenceStoreThatForgetsRefused(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
@@ -24,6 +25,12 @@ func TestFenceStoreThatForgetsRefused(t *testing.T) {
 		{"descending sequence", func(p string) []string {
 			return []string{`ALTER SEQUENCE ` + p + `fence INCREMENT BY -1 MINVALUE -1000 START WITH 1000 RESTART`}
 		}, "INCREMENT BY 1"},
+		{"integer sequence", func(p string) []string {
+			return []string{`ALTER SEQUENCE ` + p + `fence AS integer`}
+		}, "AS bigint"},
+		{"low maximum", func(p string) []string {
+			return []string{`ALTER SEQUENCE ` + p + `fence MAXVALUE 1000000`}
+		}, "AS bigint"},
 		{"unlogged sequence", func(p string) []string {
 			return []string{`ALTER SEQUENCE ` + p + `fence SET UNLOGGED`}
 		}, "SET LOGGED"},
