@@ -32,6 +32,9 @@ type Limits struct {
 	// the watchdog stops renewing its KEEPALIVE locks (locks.keepalive_idle);
 	// 0 means DefaultKeepaliveIdle.
 	KeepaliveIdle time.Duration
+	// MaxKeepalive bounds the KEEPALIVE locks of the whole instance
+	// (locks.max_keepalive); 0 means DefaultMaxKeepalive.
+	MaxKeepalive int
 	// LockDelays (locks.lock_delay): the first whose pattern matches a key
 	// keeps a KEEPALIVE lock on it held for Delay after its holder lost it
 	// without releasing it.
@@ -166,7 +169,7 @@ func NewHandler(o Options) *Handler {
 	for user, p := range o.Permissions {
 		h.perms[user] = newPerm(p)
 	}
-	h.keepalive = newKeepalives(o.Backend, h.held, o.Logger, o.Limits.KeepaliveIdle, o.Registry)
+	h.keepalive = newKeepalives(o.Backend, h.held, o.Logger, o.Limits.KeepaliveIdle, o.Limits.MaxKeepalive, o.Registry)
 	h.keepalive.delayFor = h.limits.lockDelay
 	if ln, ok := o.Backend.(backends.LossNotifier); ok {
 		ln.OnLost(h.keepalive.lostByBackend)

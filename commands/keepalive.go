@@ -43,6 +43,9 @@ const (
 	// notices waiting to be read) of one connection, so one client cannot
 	// make the server hold unbounded goroutines and memory.
 	maxKeepalivePerConn = 10000
+	// DefaultMaxKeepalive bounds the KEEPALIVE locks of the whole instance
+	// when Limits.MaxKeepalive is zero (conf's default too).
+	DefaultMaxKeepalive = 100000
 	// releaseTimeout bounds the release of one keepalive lock when its
 	// connection closes or the server shuts down: a dead majority must not
 	// hold up shutdown, and the lease expires on its own anyway.
@@ -81,6 +84,12 @@ func (r lostReason) label() string {
 
 var errTooManyKeepalive = errors.New("ERR too many KEEPALIVE locks on this connection (limit " +
 	strconv.Itoa(maxKeepalivePerConn) + "); UNLOCK some, or give PX/EX without KEEPALIVE")
+
+// tooManyKeepaliveServer is the refusal past the instance's bound.
+func tooManyKeepaliveServer(max int) error {
+	return errors.New("ERR too many KEEPALIVE locks on this server (limit " + strconv.Itoa(max) +
+		", locks.max_keepalive); UNLOCK some, or give PX/EX without KEEPALIVE")
+}
 
 var errShuttingDown = errors.New("ERR command canceled: connection closing or server shutting down")
 
@@ -355,6 +364,10 @@ type keepalives struct {
 	held    *heldLocks
 	log     *zap.Logger
 	idle    time.Duration
+	// max bounds the running watchdogs (locks.max_keepalive); errFull
+	// refuses one more.
+	max     int
+	errFull error
 	release time.Duration // bound of one release (releaseTimeout)
 	lost    [numLostReasons]prometheus.Counter
 	active  prometheus.Gauge
@@ -375,9 +388,12 @@ type keepalives struct {
 	wg       sync.WaitGroup
 }
 
-func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle time.Duration, reg prometheus.Registerer) *keepalives {
+func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle time.Duration, max int, reg prometheus.Registerer) *keepalives {
 	if idle <= 0 {
 		idle = DefaultKeepaliveIdle
+	}
+	if max <= 0 {
+		max = DefaultMaxKeepalive
 	}
 	lost := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "lockproxy_lock_lost_total",
@@ -393,6 +409,7 @@ func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle ti
 	})
 	reg.MustRegister(lost, active, delayed)
 	k := &keepalives{backend: b, held: held, log: log, idle: idle, release: releaseTimeout,
+		max: max, errFull: tooManyKeepaliveServer(max),
 		active: active, delayed: delayed, m: map[heldKey]*watchdog{}, ending: map[heldKey][]*watchdog{},
 		delayFor: func(string) time.Duration { return 0 }}
 	for r := lostReason(0); r < numLostReasons; r++ {
@@ -401,9 +418,18 @@ func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle ti
 	return k
 }
 
-// full reports whether ka may start no more watchdogs.
-func (k *keepalives) full(ka *connKeepalive) bool {
-	return ka != nil && ka.live.Load() >= maxKeepalivePerConn
+// full is the refusal of one more KEEPALIVE lock on ka's connection: past
+// the connection's bound or the instance's (locks.max_keepalive); nil
+// when there is room. Concurrent LOCKs may each find room and pass the
+// bound by as many: it bounds memory, it is not a count clients rely on.
+func (k *keepalives) full(ka *connKeepalive) error {
+	if ka != nil && ka.live.Load() >= maxKeepalivePerConn {
+		return errTooManyKeepalive
+	}
+	if k.count() >= k.max {
+		return k.errFull
+	}
+	return nil
 }
 
 // granted is grantedHold of a write hold with the client's own token.

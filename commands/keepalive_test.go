@@ -164,7 +164,7 @@ func (c *testConn) pushed() [][]byte {
 func newTestKeepalives(t *testing.T, b backends.Backend, idle time.Duration) *keepalives {
 	reg := prometheus.NewRegistry()
 	held := newHeldLocks(newMetrics(reg))
-	k := newKeepalives(b, held, zap.NewNop(), idle, reg)
+	k := newKeepalives(b, held, zap.NewNop(), idle, 0, reg)
 	t.Cleanup(func() {
 		k.close()
 		held.close()
@@ -497,12 +497,12 @@ func TestKeepalivesClose(t *testing.T) {
 func TestKeepaliveLimitPerConn(t *testing.T) {
 	k := newTestKeepalives(t, &fakeBackend{}, time.Second)
 	c := newTestConn(t, 2)
-	if k.full(nil) || k.full(c.ka) {
+	if k.full(nil) != nil || k.full(c.ka) != nil {
 		t.Fatalf("full on a new connection; want not")
 	}
 	c.ka.live.Store(maxKeepalivePerConn)
-	if !k.full(c.ka) {
-		t.Errorf("full with %d watchdogs = false; want true", maxKeepalivePerConn)
+	if err := k.full(c.ka); err != errTooManyKeepalive {
+		t.Errorf("full with %d watchdogs = %v; want %v", maxKeepalivePerConn, err, errTooManyKeepalive)
 	}
 	c.ka.live.Store(0)
 	// Notices are bounded too; the ones kept are given once each.
@@ -604,5 +604,36 @@ func TestLostByBackend(t *testing.T) {
 	}
 	if p := c.pushed(); len(p) != 1 {
 		t.Errorf("%d pushes; want 1", len(p))
+	}
+}
+
+// TestKeepaliveLimitPerServer: past locks.max_keepalive watchdogs over
+// all connections, one more KEEPALIVE lock is refused on any connection,
+// also one far below its own bound, and there is room again once one
+// ends. Without it, many connections could each start the per-connection
+// bound's worth of watchdogs.
+func TestKeepaliveLimitPerServer(t *testing.T) {
+	k := newTestKeepalives(t, &fakeBackend{}, time.Minute)
+	k.max, k.errFull = 2, tooManyKeepaliveServer(2)
+	a, b, c := newTestConn(t, 2), newTestConn(t, 2), newTestConn(t, 2)
+	for i, conn := range []*testConn{a, b} {
+		if err := k.full(conn.ka); err != nil {
+			t.Fatalf("full before lock %d = %v; want room", i, err)
+		}
+		if !k.start(conn.ctx, conn.ka, fmt.Sprint("key", i), "tok", time.Minute, 0) {
+			t.Fatalf("start %d = false", i)
+		}
+	}
+	err := k.full(c.ka)
+	if err == nil || !strings.Contains(err.Error(), "on this server (limit 2, locks.max_keepalive)") {
+		t.Fatalf("full with 2 of 2 watchdogs = %v; want the server's refusal", err)
+	}
+	a.cancel() // the holder's connection closes: its watchdog releases and ends
+	deadline := time.Now().Add(5 * time.Second)
+	for k.full(c.ka) != nil {
+		if time.Now().After(deadline) {
+			t.Fatalf("still full 5 s after a holder's connection closed")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

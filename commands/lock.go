@@ -262,9 +262,11 @@ func (h *Handler) connKeepalive(s *resp.Session) *connKeepalive {
 }
 
 func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends.Mode) {
-	if a.keepalive && h.keepalive.full(state(s).ka) {
-		s.W.Error(errTooManyKeepalive.Error())
-		return
+	if a.keepalive {
+		if err := h.keepalive.full(state(s).ka); err != nil {
+			s.W.Error(err.Error())
+			return
+		}
 	}
 	token := newToken()
 	if a.token != nil {

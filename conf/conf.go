@@ -301,6 +301,11 @@ type Locks struct {
 	// sent a command (PING will do) within this window; after that the
 	// lease runs out and the lock is lost.
 	KeepaliveIdle time.Duration `yaml:"keepalive_idle"`
+	// MaxKeepalive bounds the KEEPALIVE locks of the whole instance, over
+	// all connections: each is a watchdog (a goroutine, and a renewal
+	// every TTL/3 on the lock store), and the per-connection bound alone
+	// lets many connections take any number of them.
+	MaxKeepalive int `yaml:"max_keepalive"`
 	// LockDelay lists "pattern=duration" items (Chubby's lock-delay): after
 	// a KEEPALIVE holder of a key matching pattern lost its lock without
 	// releasing it (its connection dropped, it went idle, MAXHOLD ran
@@ -495,6 +500,9 @@ func Default() Config {
 			// connection pools check their connections (30 s) keeps its
 			// locks, while a hung one loses them within about 90 s.
 			KeepaliveIdle: 60 * time.Second,
+			// Ten connections' worth of the per-connection bound: 100,000
+			// locks of the default 30 s lease renew 10,000 times a second.
+			MaxKeepalive: 100000,
 		},
 		Zookeeper: Zookeeper{
 			// One subtree per application, easy to ACL and inspect.
@@ -719,6 +727,7 @@ func (c Config) Validate() error {
 		v.add("locks.retry_max", "must be >= locks.retry_min (%v), got %v", l.RetryMin, l.RetryMax)
 	}
 	v.positive("locks.keepalive_idle", l.KeepaliveIdle)
+	v.between("locks.max_keepalive", l.MaxKeepalive, 1, -1)
 	for i, item := range l.LockDelay {
 		d, err := ParseLockDelay(item)
 		switch {

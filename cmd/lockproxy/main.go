@@ -490,6 +490,7 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 			DefaultTTL: cfg.Locks.DefaultTTL, MinTTL: cfg.Locks.MinTTL, MaxTTL: cfg.Locks.MaxTTL,
 			MaxWait: cfg.Locks.MaxWait, MaxKeyBytes: cfg.Limits.MaxKeyBytes, MaxTokenBytes: cfg.Limits.MaxTokenBytes,
 			KeepaliveIdle: cfg.Locks.KeepaliveIdle,
+			MaxKeepalive:  cfg.Locks.MaxKeepalive,
 			LockDelays:    lockDelays(cfg.Locks.LockDelays()),
 		},
 		Info: commands.Info{
