@@ -70,3 +70,31 @@ func TestHelloChecksArgumentsBeforeNoAuth(t *testing.T) {
 		_ = conn.Close()
 	}
 }
+
+// TestHelloWithBadOptionSignsNobodyIn: a HELLO with right credentials but
+// an option in error answers the error and leaves the connection
+// unauthenticated, as Redis 7.2 (whose version lockproxy reports) checks
+// every option before the credentials. Before, the AUTH part signed the
+// client in as it was read, and the error came after.
+func TestHelloWithBadOptionSignsNobodyIn(t *testing.T) {
+	addr := serveWithPassword(t, "pw")
+	for _, tc := range []struct {
+		hello []string
+		want  string
+	}{
+		{[]string{"HELLO", "3", "AUTH", "default", "pw", "FOO"}, "-ERR Syntax error in HELLO option 'FOO'\r\n"},
+		{[]string{"HELLO", "3", "AUTH", "default", "pw", "SETNAME", "a b"}, "-ERR Client names cannot contain spaces, newlines or special characters.\r\n"},
+	} {
+		conn, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := string(do(t, conn, tc.hello...)); got != tc.want {
+			t.Errorf("%q = %q; want %q", tc.hello, got, tc.want)
+		}
+		if got := string(do(t, conn, "PING")); got != "-NOAUTH Authentication required.\r\n" {
+			t.Errorf("PING after the refused %q = %q; want NOAUTH", tc.hello, got)
+		}
+		_ = conn.Close()
+	}
+}

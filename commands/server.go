@@ -290,23 +290,11 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 		}
 		proto = int(v)
 	}
-	var name []byte
+	var name, user, pass []byte
 	for i := 2; i < len(args); i++ {
 		switch {
 		case resp.EqualFold(args[i], "AUTH") && i+2 < len(args):
-			// Without auth.password or auth.users, like Redis's default
-			// user with nopass, any password is accepted for "default",
-			// the only user there is (as AUTH takes them).
-			switch {
-			case h.authRequired():
-				if !h.checkPassword(s, args[i+1], args[i+2]) {
-					return
-				}
-				h.signIn(s, args[i+1])
-			case string(args[i+1]) != "default":
-				s.W.Error(errWrongPass)
-				return
-			}
+			user, pass = args[i+1], args[i+2]
 			i += 2
 		case resp.EqualFold(args[i], "SETNAME") && i+1 < len(args):
 			name = args[i+1]
@@ -320,9 +308,26 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 			return
 		}
 	}
-	// As in Redis's helloCommand, a HELLO is refused for being
-	// unauthenticated only once its version and options are found right:
-	// a client probing for a protocol is told NOPROTO first.
+	// As in Redis 7.2's helloCommand, the credentials are checked only
+	// once the version and every option are found right (a HELLO that
+	// answers an error signs nobody in), and a HELLO is refused for being
+	// unauthenticated only after that: a client probing for a protocol
+	// is told NOPROTO first.
+	if user != nil {
+		// Without auth.password or auth.users, like Redis's default
+		// user with nopass, any password is accepted for "default",
+		// the only user there is (as AUTH takes them).
+		switch {
+		case h.authRequired():
+			if !h.checkPassword(s, user, pass) {
+				return
+			}
+			h.signIn(s, user)
+		case string(user) != "default":
+			s.W.Error(errWrongPass)
+			return
+		}
+	}
 	if h.authRequired() && !state(s).authed {
 		s.W.Error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time")
 		return
