@@ -474,18 +474,26 @@ func randomHex(n int) string {
 // commands after it ran one by one: a transaction's SET NX PX on a lock
 // key took the key while its client was told the transaction failed
 // (TestTransactionWithoutUpstreamRunsNothing). QUIT and RESET end the
-// transaction and are served as always. It reports whether it answered.
+// transaction and are served as always; EXEC and DISCARD outside one are
+// refused as Redis refuses them. It reports whether it answered.
 func (h *Handler) localTx(s *resp.Session, cs *conn, name string, args [][]byte) bool {
 	if !cs.tx {
-		if name != "multi" {
+		switch name {
+		case "multi", "exec", "discard":
+		default:
 			return false
 		}
-		if len(args) != 1 {
-			s.W.Error("ERR wrong number of arguments for 'multi' command")
-			return true
+		switch {
+		case len(args) != 1:
+			s.W.Error("ERR wrong number of arguments for '" + name + "' command")
+		case name == "multi":
+			cs.tx, cs.txDirty = true, false
+			s.W.Simple("OK")
+		default:
+			// Redis's own text, which clients that pipeline EXEC after a
+			// MULTI that failed know.
+			s.W.Error("ERR " + strings.ToUpper(name) + " without MULTI")
 		}
-		cs.tx, cs.txDirty = true, false
-		s.W.Simple("OK")
 		return true
 	}
 	switch name {
