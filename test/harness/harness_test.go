@@ -275,6 +275,11 @@ func TestFreePortUnique(t *testing.T) {
 				if p <= 0 || p > 65535 || reservedPort(p) {
 					t.Errorf("bad port %d", p)
 				}
+				// Below the ephemeral range, where nothing but FreePort
+				// takes a port between its check and the server's bind.
+				if lo, hi, ok := pickRange(); ok && (p < lo || p > hi) {
+					t.Errorf("port %d outside %d-%d", p, lo, hi)
+				}
 				seen[p] = true
 				mu.Unlock()
 			}

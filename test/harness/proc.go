@@ -7,10 +7,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -42,8 +44,9 @@ func reservedPort(p int) bool {
 	return p == 6379 || (p >= 7001 && p <= 7005)
 }
 
-// FreePort returns a free TCP port on 127.0.0.1 (listen on :0, close,
-// return). Ports are remembered process-wide, so two calls in one test binary
+// FreePort returns a free TCP port on 127.0.0.1, picked at random below
+// the kernel's ephemeral range (see pickRange) and checked by binding it.
+// Ports are remembered process-wide, so two calls in one test binary
 // never return the same port.
 func FreePort(t testing.TB) int {
 	t.Helper()
@@ -76,15 +79,43 @@ func RefusedAddr(t testing.TB) string {
 	return fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 }
 
+// pickRange is where FreePort picks ports: from 10000 to just below the
+// kernel's ephemeral range (ip_local_port_range). A port is free only when
+// it is checked, and the server it is meant for binds it later; in the
+// ephemeral range the kernel hands ports to every outgoing connection and
+// every listen on port 0 — which the tests, their clients and their
+// servers make by the thousand — so one could take it in between (seen:
+// lockproxy's bind refused, address already in use, in a CI run). Below
+// it, only another test binary's FreePort could, at random. ok is false
+// where that range is too small: FreePort then asks the kernel for one.
+func pickRange() (lo, hi int, ok bool) {
+	lo, hi = 10000, 32767
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if e, err := strconv.Atoi(f[0]); err == nil {
+				hi = min(hi, e-1)
+			}
+		}
+	}
+	return lo, hi, hi-lo >= 1000
+}
+
 func freePort() (int, error) {
 	portsMu.Lock()
 	defer portsMu.Unlock()
+	lo, hi, ok := pickRange()
 	var lastErr error
 	for range 200 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		addr := "127.0.0.1:0"
+		if ok {
+			addr = "127.0.0.1:" + strconv.Itoa(lo+rand.IntN(hi-lo+1))
+		}
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
 			lastErr = err
-			time.Sleep(5 * time.Millisecond)
+			if !ok {
+				time.Sleep(5 * time.Millisecond)
+			}
 			continue
 		}
 		p := l.Addr().(*net.TCPAddr).Port
