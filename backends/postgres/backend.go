@@ -72,6 +72,13 @@ const (
 	// a sweep never holds row locks on many rows at once or runs long.
 	sweepBatch  = 1000
 	sweepRounds = 10
+	// sweepCatchUp is the pause after a sweep that left expired rows
+	// behind (a table's every round was full): the next comes this soon,
+	// not a sweep_interval later, so that expired rows are deleted as
+	// fast as they come however many one-time keys expire, rather than
+	// sweepRounds × sweepBatch per table per interval (1,000 a second at
+	// the defaults) and the tables grow without bound past that.
+	sweepCatchUp = 100 * time.Millisecond
 	// cleanupTimeout bounds the statements run after a caller's context
 	// ended (a waiting writer's marker removed, a grant the caller never
 	// saw dropped).
@@ -1489,8 +1496,12 @@ func (b *Backend) listenOnce() (listened time.Time, err error) {
 // lockproxies on one database spread their sweeps), in bounded batches.
 func (b *Backend) sweep() {
 	defer b.bg.Done()
+	more := false
 	for {
 		d := b.cfg.SweepInterval/2 + rand.N(b.cfg.SweepInterval/2+1)
+		if more {
+			d = min(d, sweepCatchUp)
+		}
 		t := time.NewTimer(d)
 		select {
 		case <-t.C:
@@ -1498,20 +1509,30 @@ func (b *Backend) sweep() {
 			t.Stop()
 			return
 		}
-		for _, table := range []string{b.n.holds, b.n.waiters} {
-			for range sweepRounds {
-				n, err := b.sweepOnce(table)
-				if err != nil {
-					b.log.Debug("postgres: sweep failed", zap.String("table", table), zap.Error(err))
-					break
-				}
-				b.swept.Add(n)
-				if n < sweepBatch {
-					break
-				}
+		more = b.sweepPass()
+	}
+}
+
+// sweepPass deletes the expired rows of both tables, at most sweepRounds
+// batches of each, and reports whether one had more left.
+func (b *Backend) sweepPass() (more bool) {
+	for _, table := range []string{b.n.holds, b.n.waiters} {
+		for r := range sweepRounds {
+			n, err := b.sweepOnce(table)
+			if err != nil {
+				b.log.Debug("postgres: sweep failed", zap.String("table", table), zap.Error(err))
+				break
+			}
+			b.swept.Add(n)
+			if n < sweepBatch {
+				break
+			}
+			if r == sweepRounds-1 {
+				more = true
 			}
 		}
 	}
+	return more
 }
 
 func (b *Backend) sweepOnce(table string) (int64, error) {

@@ -3,6 +3,7 @@ package postgres
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -722,5 +723,42 @@ func TestSequenceCheckedBesideMissingTables(t *testing.T) {
 	}
 	if err == nil || !strings.Contains(err.Error(), "CACHE") {
 		t.Errorf("New beside a CACHE 10 fence sequence = %v; want a refusal naming CACHE", err)
+	}
+}
+
+// TestSweepPassReportsBacklog: a sweep deletes at most sweepRounds ×
+// sweepBatch rows of a table, and says when it left expired rows behind,
+// so that the next comes after sweepCatchUp rather than a whole
+// sweep_interval later. Before, a sweep said nothing: at the defaults
+// the sweep deleted at most 1,000 expired rows a second per instance, and
+// one-time keys expiring faster than that (idempotency keys taken with
+// SET NX PX) grew the table without bound.
+func TestSweepPassReportsBacklog(t *testing.T) {
+	pg, p := testDB(t)
+	b := newTestBackend(t, pg, p, 4)
+	const rows = 2*sweepRounds*sweepBatch + 500
+	execAll(t, pg, fmt.Sprintf(`INSERT INTO %sholds SELECT 'k' || g, 't', 0, 1, clock_timestamp() - interval '1 s', g FROM generate_series(1, %d) g`, p, rows))
+	conn := pg.Conn(t)
+	left := func() int64 {
+		var n int64
+		if err := conn.QueryRow(context.Background(), `SELECT count(*) FROM `+p+`holds`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	for i, want := range []struct {
+		more bool
+		left int64
+	}{
+		{true, rows - sweepRounds*sweepBatch},
+		{true, rows - 2*sweepRounds*sweepBatch},
+		{false, 0},
+	} {
+		if more := b.sweepPass(); more != want.more {
+			t.Errorf("sweep %d: more = %v; want %v", i+1, more, want.more)
+		}
+		if n := left(); n != want.left {
+			t.Errorf("sweep %d left %d rows; want %d", i+1, n, want.left)
+		}
 	}
 }
