@@ -1,10 +1,8 @@
 package commands
 
 import (
-	"context"
 	"net"
 	"testing"
-	"time"
 
 	"github.com/lockproxy/lockproxy/resp"
 )
@@ -14,19 +12,7 @@ import (
 func serveWithPassword(t *testing.T, pw string) string {
 	t.Helper()
 	h := NewHandler(Options{Limits: testLimits, Backend: &fakeBackend{}, Password: pw})
-	srv := &resp.Server{Handler: h, AuthRequired: true}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		h.Close()
-	})
-	return ln.Addr().String()
+	return serveOn(t, &resp.Server{Handler: h, AuthRequired: true})
 }
 
 // TestHelloChecksArgumentsBeforeNoAuth: an unauthenticated HELLO without

@@ -61,24 +61,7 @@ func TestLockWaitClientGoneBehindBigPipeline(t *testing.T) {
 func dialServer(t *testing.T, b backends.Backend, loop bool) net.Conn {
 	t.Helper()
 	h := NewHandler(Options{Limits: testLimits, Backend: b})
-	srv := &resp.Server{Handler: h, EventLoop: loop}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(ctx)
-		h.Close()
-	})
-	conn, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
+	return dialTest(t, serveOn(t, &resp.Server{Handler: h, EventLoop: loop}))
 }
 
 func lockWaitGoneBehindBigPipeline(t *testing.T, b *gatedGrantBackend, conn net.Conn) {

@@ -182,7 +182,13 @@ func serveHandler(t *testing.T, b backends.Backend, reg *prometheus.Registry) (*
 		o.Registry = reg // a nil *Registry in the interface would not be nil
 	}
 	h := NewHandler(o)
-	srv := &resp.Server{Handler: h}
+	return h, dialTest(t, serveOn(t, &resp.Server{Handler: h}))
+}
+
+// serveOn serves srv on a loopback port for the test's life (then shuts
+// it down and closes its Handler), and returns its address.
+func serveOn(t *testing.T, srv *resp.Server) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -192,14 +198,22 @@ func serveHandler(t *testing.T, b backends.Backend, reg *prometheus.Registry) (*
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = srv.Shutdown(ctx)
-		h.Close()
+		if h, ok := srv.Handler.(*Handler); ok {
+			h.Close()
+		}
 	})
-	conn, err := net.Dial("tcp", ln.Addr().String())
+	return ln.Addr().String()
+}
+
+// dialTest connects to addr for the test's life.
+func dialTest(t *testing.T, addr string) net.Conn {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = conn.Close() })
-	return h, conn
+	return conn
 }
 
 // TestAcquireTotalOfRefusedGrants: every LOCK answered is in
