@@ -604,6 +604,9 @@ func (c Config) Validate() error {
 	v.addr("listen", c.Listen, false)
 	if c.Admin != "" {
 		v.addr("admin", c.Admin, false)
+		if sameBind(c.Listen, c.Admin) {
+			v.add("admin", "%s and listen %s cannot both bind: one port on one host (or on every interface); give admin another port", hideCredentials(c.Admin), hideCredentials(c.Listen))
+		}
 	}
 	switch c.Backend {
 	case BackendRedlock, BackendZookeeper, BackendPostgres:
@@ -871,6 +874,28 @@ func loopbackAddr(addr string) bool {
 	}
 	ip, err := netip.ParseAddr(host)
 	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// sameBind reports whether listeners on a and b, both host:port, would
+// take the same socket: one port, and one host as nodeID spells it, or
+// either of them every interface (Go listens there with one dual-stack
+// socket, which any address on the port then clashes with). Names that
+// only resolve alike (localhost and 127.0.0.1) are not caught. Addresses
+// that do not parse are addr's to report.
+func sameBind(a, b string) bool {
+	ha, pa, errA := net.SplitHostPort(nodeID(a))
+	hb, pb, errB := net.SplitHostPort(nodeID(b))
+	if errA != nil || errB != nil || pa != pb {
+		return false
+	}
+	if _, err := strconv.ParseUint(pa, 10, 16); err != nil {
+		return false // not a port: addr says so
+	}
+	wildcard := func(h string) bool {
+		ip, err := netip.ParseAddr(h)
+		return h == "" || err == nil && ip.IsUnspecified()
+	}
+	return ha == hb || wildcard(ha) || wildcard(hb)
 }
 
 // validator collects problems in the order the checks run.
