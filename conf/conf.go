@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"net"
 	"net/netip"
 	"path"
@@ -14,6 +15,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"gopkg.in/yaml.v3"
 )
 
@@ -763,6 +765,10 @@ func (c Config) Validate() error {
 	pg := c.Postgres
 	if c.Backend == BackendPostgres && strings.TrimSpace(pg.DSN) == "" {
 		v.add("postgres.dsn", "a connection string is required with backend %s (postgres://user@host:5432/db or host=… dbname=…)", BackendPostgres)
+	} else if c.Backend == BackendPostgres {
+		if p := dsnProblem(pg.DSN); p != "" {
+			v.add("postgres.dsn", "%s", p)
+		}
 	}
 	if !identRE.MatchString(pg.Schema) || len(pg.Schema) > 63 {
 		v.add("postgres.schema", "must be a lower-case SQL identifier such as public, got %q", pg.Schema)
@@ -874,6 +880,25 @@ func loopbackAddr(addr string) bool {
 	}
 	ip, err := netip.ParseAddr(host)
 	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// dsnProblem parses dsn as the PostgreSQL backend does at start (pgxpool,
+// which reads the files the DSN names but opens no connection) and
+// returns why it cannot, or "". The cause is a fixed text: pgx's errors
+// quote the DSN, whose password its redaction can miss, and the problem
+// is printed by check-config and to the journal.
+func dsnProblem(dsn string) string {
+	_, err := pgxpool.ParseConfig(dsn)
+	var pe *fs.PathError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &pe):
+		return "cannot be parsed: a file it names (sslrootcert, sslcert, sslkey or a service file) cannot be read (the value is secret and not shown)"
+	case strings.HasPrefix(dsn, "postgres://"), strings.HasPrefix(dsn, "postgresql://"):
+		return "cannot be parsed: not a valid postgres:// URL, or a setting in it is invalid (reserved characters in the user name and password must be percent-encoded; the value is secret and not shown)"
+	}
+	return "cannot be parsed: not valid keyword=value settings, or a setting in it is invalid (a value with spaces or quotes goes in single quotes; the value is secret and not shown)"
 }
 
 // sameBind reports whether listeners on a and b, both host:port, would
