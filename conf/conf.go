@@ -551,6 +551,10 @@ func Default() Config {
 	}
 }
 
+// minZookeeperValidity is the least validity the ZooKeeper backend
+// grants (backends.MinValidity, which conf may not import).
+const minZookeeperValidity = time.Millisecond
+
 // Bounds of Redlock.RestartCheckInterval. Faster than 250 ms, INFO reads
 // add up on busy nodes for no gain (reconnects are caught anyway); slower
 // than 5 s, a restart behind a connection that never broke (a proxy or a
@@ -757,6 +761,19 @@ func (c Config) Validate() error {
 		v.add("zookeeper.tick_time", "must not be negative, got %v", z.TickTime)
 	case z.TickTime > 0 && z.SessionTimeout > 0 && z.SessionTimeout*2/3-z.TickTime/2 <= 0:
 		v.add("zookeeper.tick_time", "%v leaves no validity with zookeeper.session_timeout %v (validity is capped at 2/3 of the session timeout less half a tick)", z.TickTime, z.SessionTimeout)
+	case c.Backend == BackendZookeeper && z.SessionTimeout > 0 && driftOK && r.DriftMin >= 0:
+		// The backend's validity: the lease capped by the session's
+		// horizon, less drift on it (backends/zookeeper validityAt),
+		// and below minZookeeperValidity no grant is answered.
+		tick := z.TickTime
+		if tick == 0 {
+			tick = z.SessionTimeout / 2
+		}
+		horizon := z.SessionTimeout*2/3 - tick/2
+		if float64(horizon)*(1-r.DriftFactor)-float64(r.DriftMin) < float64(minZookeeperValidity) {
+			v.add("zookeeper.session_timeout", "%v leaves no validity: every lock is capped at %v (2/3 of it less half of zookeeper.tick_time, or 5/12 of it without one), and redlock.drift_factor %g and redlock.drift_min %v take all of that",
+				z.SessionTimeout, horizon, r.DriftFactor, r.DriftMin)
+		}
 	}
 	if user, _, ok := strings.Cut(z.Digest, ":"); z.Digest != "" && (!ok || user == "") {
 		v.add("zookeeper.digest", "must be user:password")
