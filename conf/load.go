@@ -285,6 +285,13 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, key string) {
 		return
 	}
 	if v.Kind() != reflect.Struct {
+		if n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null" {
+			// "deny_commands:" with its items commented out keeps the
+			// default, as a null section or scalar does: yaml.v3 would
+			// zero a list, and an empty upstream.deny_commands relays
+			// FLUSHALL. An explicit [] still empties a list.
+			return
+		}
 		err := n.Decode(v.Addr().Interface())
 		switch l, _ := leafByPath(key); {
 		case err == nil:
