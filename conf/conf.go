@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"net"
 	"net/netip"
 	"path"
@@ -725,6 +726,11 @@ func (c Config) Validate() error {
 	}
 	if v.positive("locks.max_ttl", l.MaxTTL) && l.MaxTTL < l.DefaultTTL {
 		v.add("locks.max_ttl", "must be >= locks.default_ttl (%v), got %v", l.DefaultTTL, l.MaxTTL)
+	} else if limit := maxTTLLimit(r.DriftFactor, r.DriftMin); driftOK && r.DriftMin >= 0 && l.MaxTTL > limit {
+		// A restarted node is kept out for max_ttl plus drift on it
+		// (backends/redis QuarantinePeriod): past the limit that sum
+		// overflows to a negative period, and the node votes at once.
+		v.add("locks.max_ttl", "must be at most %v (with redlock.drift_factor %g), so that a restarted node's quarantine, max_ttl plus drift, fits in a duration; got %v", limit, r.DriftFactor, l.MaxTTL)
 	}
 	// validity = ttl - elapsed - (ttl*drift_factor + drift_min): the
 	// shortest lease must leave something even before any round trip.
@@ -897,6 +903,13 @@ func loopbackAddr(addr string) bool {
 	}
 	ip, err := netip.ParseAddr(host)
 	return err == nil && ip.Unmap().IsLoopback()
+}
+
+// maxTTLLimit is the longest locks.max_ttl whose quarantine period,
+// max_ttl × (1 + driftFactor) + driftMin, fits in a time.Duration, with
+// a margin for float64 rounding.
+func maxTTLLimit(driftFactor float64, driftMin time.Duration) time.Duration {
+	return time.Duration((0.999*float64(math.MaxInt64) - float64(driftMin)) / (1 + driftFactor))
 }
 
 // dsnProblem parses dsn as the PostgreSQL backend does at start (pgxpool,
