@@ -307,6 +307,11 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, key string) {
 	switch {
 	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null":
 		return // "redlock:" with nothing under it keeps the defaults
+	case n.Kind != yaml.MappingNode && n.Kind == yaml.ScalarNode && holdsSecret(v.Type()):
+		// "auth: s3cret" is likely auth.password, "zookeeper:
+		// app:s3cret" zookeeper.digest: the kind only.
+		d.add(key, n.Line, "want a mapping, got %s (not shown: the section holds secrets)", n.ShortTag())
+		return
 	case n.Kind != yaml.MappingNode:
 		d.add(key, n.Line, "want a mapping, got %s", kindName(n))
 		return
@@ -339,6 +344,18 @@ func (d *decoder) value(n *yaml.Node, v reflect.Value, key string) {
 		}
 		d.value(val, v.Field(idx), path)
 	}
+}
+
+// holdsSecret reports whether the struct type t has a secret key, at any
+// depth.
+func holdsSecret(t reflect.Type) bool {
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Tag.Get("secret") == "true" || f.Type.Kind() == reflect.Struct && holdsSecret(f.Type) {
+			return true
+		}
+	}
+	return false
 }
 
 // merge applies the value of a "<<" key: a mapping or a list of them, the
