@@ -625,6 +625,9 @@ func (c Config) Validate() error {
 	}
 	if u := c.Upstream; u.Address != "" {
 		v.addr("upstream.address", u.Address, true)
+		if dialsListener(u.Address, c.Listen) {
+			v.add("upstream.address", "%s is lockproxy's own listener (listen %s): relayed commands would come back to lockproxy; give the Redis that serves them", hideCredentials(u.Address), hideCredentials(c.Listen))
+		}
 		v.between("upstream.pool_size", u.PoolSize, 1, 256)
 		v.positive("upstream.dial_timeout", u.DialTimeout)
 		if u.ReadTimeout < 0 {
@@ -951,6 +954,26 @@ func sameBind(a, b string) bool {
 		return h == "" || err == nil && ip.IsUnspecified()
 	}
 	return ha == hb || wildcard(ha) || wildcard(hb)
+}
+
+// dialsListener reports whether a dial to target (host:port) reaches a
+// listener on listen: the same port, and the same host as nodeID spells
+// it, or a loopback host (localhost, 127.0.0.0/8, ::1) when listen is on
+// every interface. Another name or address of this host is not caught.
+func dialsListener(target, listen string) bool {
+	ht, pt, errT := net.SplitHostPort(nodeID(target))
+	hl, pl, errL := net.SplitHostPort(nodeID(listen))
+	if errT != nil || errL != nil || pt != pl {
+		return false
+	}
+	if _, err := strconv.ParseUint(pt, 10, 16); err != nil {
+		return false
+	}
+	if ht == hl {
+		return true
+	}
+	ip, err := netip.ParseAddr(hl)
+	return (hl == "" || err == nil && ip.IsUnspecified()) && loopbackAddr(net.JoinHostPort(ht, pt))
 }
 
 // validator collects problems in the order the checks run.
