@@ -202,12 +202,29 @@ var certExpiryDesc = prometheus.NewDesc("lockproxy_tls_certificate_expiry_timest
 
 func (certExpiry) Describe(ch chan<- *prometheus.Desc) { ch <- certExpiryDesc }
 
+// Collect sends one series per cert_file: the same file loaded with two
+// spellings of its key's path is two reloaders, and two series with one
+// label value would fail every scrape. The earliest expiry of them is
+// the one an alert must see.
 func (certExpiry) Collect(ch chan<- prometheus.Metric) {
+	earliest := map[string]time.Time{}
+	var order []string
 	for _, r := range conf.Reloaders() {
-		if at := r.NotAfter(); !at.IsZero() {
-			cert, _ := r.Files()
-			ch <- prometheus.MustNewConstMetric(certExpiryDesc, prometheus.GaugeValue, float64(at.Unix()), cert)
+		at := r.NotAfter()
+		if at.IsZero() {
+			continue
 		}
+		cert, _ := r.Files()
+		prev, seen := earliest[cert]
+		if !seen {
+			order = append(order, cert)
+		}
+		if !seen || at.Before(prev) {
+			earliest[cert] = at
+		}
+	}
+	for _, cert := range order {
+		ch <- prometheus.MustNewConstMetric(certExpiryDesc, prometheus.GaugeValue, float64(earliest[cert].Unix()), cert)
 	}
 }
 
