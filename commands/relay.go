@@ -186,15 +186,16 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 				// upstream id turned back (redirectInfo).
 				what = strings.ToLower("client|" + string(args[1]))
 			}
-			if what == "" {
+			if what == "" && !(local && rs.pipe.PinnedProto() == 3 && answeredInTunnel(string(name), args)) {
 				h.relayTunnel(s, rs, string(name), args)
 				return true
 			}
 		}
-		// A reply of lockproxy's own (a refusal, QUIT's, RESET's) goes
-		// after those of the commands tunnelled before it, as Redis would
-		// answer them: QUIT must not close the connection, nor RESET drop
-		// the upstream one, with replies still on their way.
+		// A reply of lockproxy's own (a refusal, QUIT's, RESET's, a
+		// connection command's) goes after those of the commands
+		// tunnelled before it, as Redis would answer them: QUIT must not
+		// close the connection, nor RESET drop the upstream one, with
+		// replies still on their way.
 		if !h.tunnelSync(s, rs) {
 			return true
 		}
@@ -202,8 +203,8 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 			s.W.Error("ERR '" + relay.Clip(what) + "' is not allowed in pub/sub mode through lockproxy; unsubscribe first")
 			return true
 		}
-		// QUIT or RESET, or the tunnel ended meanwhile: served as on any
-		// other connection.
+		// QUIT or RESET, a connection command (answeredInTunnel), or the
+		// tunnel ended meanwhile: served as on any other connection.
 	}
 	switch {
 	case rs.multi && !isReset:
@@ -360,6 +361,26 @@ func (h *Handler) relayOne(s *resp.Session, args [][]byte) []byte {
 		h.relayCollect(s, rs, true)
 	}
 	return s.W.Bytes()[at:]
+}
+
+// answeredInTunnel tells whether a connection command lockproxy serves
+// from memory (name in lower case) is answered by lockproxy on a RESP3
+// subscribed connection too, after the replies tunnelled before it
+// (tunnelSync): tunnelled, it would get the answer of the pinned upstream
+// connection (CLIENT ID its id, which names another client here; CLIENT
+// GETNAME its name; CLIENT LIST and INFO the upstream's). In RESP2 Redis
+// refuses them while subscribed, and the upstream's refusal is relayed.
+// PING and ECHO answer the same upstream; COMMAND asks the upstream
+// itself, which it cannot on a tunnelled connection.
+func answeredInTunnel(name string, args [][]byte) bool {
+	switch name {
+	case "info":
+		return true
+	case "client":
+		return len(args) >= 2 && (resp.EqualFold(args[1], "ID") || resp.EqualFold(args[1], "GETNAME") ||
+			resp.EqualFold(args[1], "INFO") || resp.EqualFold(args[1], "LIST"))
+	}
+	return false
 }
 
 // notInTunnel names a command (name in lower case, cmd its table entry or
