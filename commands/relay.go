@@ -252,6 +252,19 @@ func (h *Handler) relayRoute(s *resp.Session, args [][]byte, name []byte, cmd *C
 			s.W.Error("ERR '" + what + "' is not allowed inside MULTI through lockproxy: it changes the connection's state, which lockproxy tracks outside transactions only")
 			return true
 		}
+		if local && answeredInTunnel(string(name), args) {
+			// Queued, EXEC would run it upstream and give the pinned
+			// connection's answer: its id (which names another client
+			// here), its name, the upstream's clients or INFO.
+			what := string(name)
+			if what == "client" {
+				what += "|" + strings.ToLower(string(args[1]))
+			}
+			rs.dirty = true
+			s.W.Error("ERR '" + what + "' is not allowed inside MULTI through lockproxy: lockproxy answers it, and inside a transaction " +
+				"the upstream connection would; run it outside the transaction")
+			return true
+		}
 		if string(name) == "client" && rs.redirUp != 0 && redirectInfoCommand(args) {
 			// EXEC's reply would give the upstream id of the
 			// redirection's target, which redirectInfo turns back into
@@ -371,7 +384,8 @@ func (h *Handler) relayOne(s *resp.Session, args [][]byte) []byte {
 // GETNAME its name; CLIENT LIST and INFO the upstream's). In RESP2 Redis
 // refuses them while subscribed, and the upstream's refusal is relayed.
 // PING and ECHO answer the same upstream; COMMAND asks the upstream
-// itself, which it cannot on a tunnelled connection.
+// itself, which it cannot on a tunnelled connection. Inside MULTI they
+// are refused (relayRoute): EXEC's reply is the upstream's.
 func answeredInTunnel(name string, args [][]byte) bool {
 	switch name {
 	case "info":
