@@ -1,8 +1,6 @@
 package conf
 
 import (
-	"os"
-	"path/filepath"
 	"reflect"
 	"testing"
 )
@@ -31,13 +29,9 @@ func TestNullValueKeepsDefault(t *testing.T) {
 		{"max_output_bytes:", "limits:\n  max_output_bytes:\n",
 			func(c Config) any { return c.Limits.MaxOutputBytes }, 1 << 30},
 	}
-	dir := t.TempDir()
-	for i, tt := range tests {
+	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := filepath.Join(dir, "c"+string(rune('a'+i))+".yaml")
-			if err := os.WriteFile(p, []byte("dev: true\n"+tt.yaml), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			p := writeFile(t, "c.yaml", "dev: true\n"+tt.yaml)
 			c, err := Parse([]string{p}, nil)
 			if err != nil {
 				t.Fatalf("Parse = %v", err)

@@ -1,8 +1,6 @@
 package conf
 
 import (
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -26,13 +24,9 @@ func TestSectionScalarNotEchoed(t *testing.T) {
 		{"postgres DSN", "postgres: host=db pass=" + secret + "\n", "postgres: want a mapping, got !!str"},
 		{"a number", "auth: 987654321\n", "auth: want a mapping, got !!int"},
 	}
-	dir := t.TempDir()
-	for i, tt := range tests {
+	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			p := filepath.Join(dir, "c"+string(rune('a'+i))+".yaml")
-			if err := os.WriteFile(p, []byte("dev: true\n"+tt.yaml), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			p := writeFile(t, "c.yaml", "dev: true\n"+tt.yaml)
 			_, err := Parse([]string{p}, nil)
 			if err == nil || !strings.HasPrefix(err.Error(), tt.want) {
 				t.Fatalf("Parse(%q) = %v; want a problem starting %q", tt.yaml, err, tt.want)
