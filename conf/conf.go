@@ -688,6 +688,13 @@ func (c Config) Validate() error {
 		v.add("redlock.nodes", "at least one node is required (or use --dev)")
 	}
 	v.addrs("redlock.nodes", r.Nodes)
+	for i, n := range r.Nodes {
+		if dialsListener(n, c.Listen) {
+			// As for upstream.address: the lock commands would come
+			// back to lockproxy, and that node never answer one.
+			v.add(fmt.Sprintf("redlock.nodes[%d]", i), "%s is lockproxy's own listener (listen %s): give a redis-server", hideCredentials(n), hideCredentials(c.Listen))
+		}
+	}
 	r.TLS.validate(&v, "redlock.tls")
 	// Only the embedded nodes speak no TLS: --dev with real nodes given
 	// talks to them as configured.

@@ -38,3 +38,29 @@ func TestUpstreamIsNotTheListener(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeIsNotTheListener: a lock node that is lockproxy's own listener
+// is refused under its redlock.nodes entry, as an upstream is: before,
+// check-config passed it and that node never answered a lock command.
+func TestNodeIsNotTheListener(t *testing.T) {
+	tests := []struct {
+		name, listen string
+		nodes        []string
+		want         string // the problem's key, "" for none
+	}{
+		{"second node is the listener", "127.0.0.1:7380", []string{"127.0.0.1:7001", "127.0.0.1:7380", "127.0.0.1:7003"}, "redlock.nodes[1]: "},
+		{"wildcard listener, localhost node", ":7380", []string{"localhost:7380", "10.0.0.2:7380", "10.0.0.3:7380"}, "redlock.nodes[0]: "},
+		{"other ports", "127.0.0.1:7380", []string{"127.0.0.1:7001", "127.0.0.1:7002", "127.0.0.1:7003"}, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := Default()
+			c.Listen, c.Redlock.Nodes = tt.listen, tt.nodes
+			got := problems(t, c.Validate())
+			has := slices.ContainsFunc(got, func(p string) bool { return tt.want != "" && strings.HasPrefix(p, tt.want) })
+			if (tt.want != "") != has || len(got) > 1 || (tt.want == "" && len(got) > 0) {
+				t.Errorf("Validate(listen %q, nodes %q) = %q; want only a problem starting %q", tt.listen, tt.nodes, got, tt.want)
+			}
+		})
+	}
+}
