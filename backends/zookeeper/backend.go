@@ -415,6 +415,13 @@ func (b *Backend) Ready(ctx context.Context) error {
 	return nil
 }
 
+// isClosed tells whether Close was called.
+func (b *Backend) isClosed() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.closed
+}
+
 // Close stops enforcing leases and closes the session, which deletes every
 // lock node it created: drain clients first.
 func (b *Backend) Close() error {

@@ -807,7 +807,15 @@ func (b *Backend) create(ctx context.Context, dir, prefix string, data []byte) (
 // when missing. If the answer is lost with the connection, it looks for
 // the node by its nonce and deletes it: the caller gets an error either
 // way.
-func (b *Backend) createNode(ctx context.Context, dir, prefix string, data []byte, gate string) (string, error) {
+func (b *Backend) createNode(ctx context.Context, dir, prefix string, data []byte, gate string) (path string, err error) {
+	madeDir := false // this call sent a create of dir
+	defer func() {
+		if err != nil && madeDir {
+			// dir may be a container that never had a child, which
+			// ZooKeeper keeps for good (see dropIfNeverUsed).
+			go b.dropIfNeverUsed(dir)
+		}
+	}()
 	for attempt := 0; ; attempt++ {
 		ch := make(chan result[string], 1)
 		go func() {
@@ -858,6 +866,7 @@ func (b *Backend) createNode(ctx context.Context, dir, prefix string, data []byt
 		case errors.Is(r.err, zk.ErrNoNode) && attempt < 3:
 			// The key's container is missing (never made, or just
 			// deleted by the server for being empty).
+			madeDir = true
 			_, err := call(ctx, func() (string, error) { return b.conn.CreateContainer(dir, nil, zk.FlagContainer, b.acl) })
 			if err != nil && !errors.Is(err, zk.ErrNodeExists) {
 				return "", zkErr("create key", err)
@@ -867,6 +876,66 @@ func (b *Backend) createNode(ctx context.Context, dir, prefix string, data []byt
 			return "", zkErr("create", r.err)
 		default:
 			return "", zkErr("create", r.err)
+		}
+	}
+}
+
+// dropIfNeverUsed deletes the key directory dir if it has never had a
+// child. A createNode that made dir and then failed (the container's
+// answer lost, or the client gone before its lock node was made) may
+// leave it so, and ZooKeeper deletes a container only once it has had a
+// child and lost it again (a never-used one only when its servers set
+// znode.container.maxNeverUsedIntervalMs, 0 by default): each such
+// failure on a new key would leave a znode on the ensemble for good. It
+// waits for the connection as abandonByNonce does. A LOCK of the same key
+// elsewhere that finds dir gone between its own create of dir and of its
+// node makes dir again (createNode's attempts).
+func (b *Backend) dropIfNeverUsed(dir string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*b.cfg.SessionTimeout)
+	defer cancel()
+	for {
+		for ctx.Err() == nil && !b.connected.Load() && !b.isClosed() {
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+		if b.isClosed() {
+			return
+		}
+		// A sync first: the session may be back on a server that has not
+		// applied the lost create yet.
+		_, err := call(ctx, func() (string, error) { return b.conn.Sync(dir) })
+		if errors.Is(err, zk.ErrNoNode) {
+			return
+		}
+		var st *zk.Stat
+		if err == nil {
+			st, err = call(ctx, func() (*zk.Stat, error) {
+				ok, st, err := b.conn.Exists(dir)
+				if err == nil && !ok {
+					return nil, zk.ErrNoNode
+				}
+				return st, err
+			})
+			if errors.Is(err, zk.ErrNoNode) {
+				return
+			}
+		}
+		if err == nil {
+			if st.Cversion != 0 || st.NumChildren != 0 {
+				return // used: the server deletes it once it is empty
+			}
+			_, err = call(ctx, func() (struct{}, error) { return struct{}{}, b.conn.Delete(dir, st.Version) })
+			if err == nil || errors.Is(err, zk.ErrNoNode) || errors.Is(err, zk.ErrNotEmpty) || errors.Is(err, zk.ErrBadVersion) {
+				return
+			}
+		}
+		select {
+		case <-ctx.Done():
+			b.log.Warn("zookeeper: could not delete a key directory left without a lock node", zap.Error(err))
+			return
+		case <-time.After(leaseRetry):
 		}
 	}
 }
