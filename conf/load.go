@@ -862,6 +862,20 @@ func newFlagSet() (*flag.FlagSet, *string) {
 	return fs, file
 }
 
+// VersionAsked tells whether args ask for the version: --version,
+// -version or -v given as a flag, not as another flag's value
+// ("--key-prefix -v" sets a prefix). Flags are read as Parse reads
+// them, up to the first it would refuse.
+func VersionAsked(args []string) bool {
+	fs, _ := newFlagSet()
+	var asked bool
+	for _, name := range []string{"version", "v"} {
+		fs.BoolVar(&asked, name, false, "")
+	}
+	_, _ = parseFlags(fs, args)
+	return asked
+}
+
 // parseFlags parses args, allowing positional arguments between flags
 // ("lockproxy lockproxy.yaml --dev"); everything after "--" is positional.
 func parseFlags(fs *flag.FlagSet, args []string) ([]string, error) {

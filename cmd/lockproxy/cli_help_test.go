@@ -102,3 +102,26 @@ func TestDevBannerNamesWhereLocksComeFrom(t *testing.T) {
 		})
 	}
 }
+
+// TestVersionOnlyAsAFlag: `lockproxy --listen -v` is a listen address
+// (refused), not a request for the version: before, any argument spelt
+// -v, -version or --version printed the version and exited 0, whatever
+// flag it was the value of. As a flag it still does, anywhere.
+func TestVersionOnlyAsAFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args    []string
+		version bool
+	}{
+		{[]string{"--version"}, true},
+		{[]string{"--dev", "-v"}, true},
+		{[]string{"--listen", "-v"}, false},
+		{[]string{"--upstream", "--version"}, false},
+	} {
+		var stdout, stderr bytes.Buffer
+		code := run(tc.args, &stdout, &stderr)
+		printed := strings.HasPrefix(stdout.String(), "lockproxy ") && strings.Contains(stdout.String(), "(commit ")
+		if printed != tc.version || (code == 0) != tc.version {
+			t.Errorf("lockproxy %q exited %d, stdout %q, stderr %q; want the version printed: %v", tc.args, code, stdout.String(), stderr.String(), tc.version)
+		}
+	}
+}

@@ -91,11 +91,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if os.Getenv("GOGC") == "" {
 		debug.SetGCPercent(gcPercent)
 	}
-	for _, a := range args {
-		if a == "--version" || a == "-version" || a == "-v" {
-			fmt.Fprintf(stdout, "lockproxy %s (commit %s)\n", version, commit())
-			return 0
-		}
+	if conf.VersionAsked(args) {
+		fmt.Fprintf(stdout, "lockproxy %s (commit %s)\n", version, commit())
+		return 0
 	}
 	if len(args) > 0 && args[0] == "check-config" {
 		return checkConfig(args[1:], os.Environ(), stdout, stderr)
