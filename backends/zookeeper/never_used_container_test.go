@@ -95,83 +95,56 @@ func (d *containerAnswerDropper) dropped() bool {
 }
 
 func startContainerAnswerDropper(t *testing.T, up string) *containerAnswerDropper {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &containerAnswerDropper{ln: ln}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { ln.Close(); wg.Wait() })
-	var conns sync.Map
-	t.Cleanup(func() {
-		conns.Range(func(k, _ any) bool { k.(net.Conn).Close(); return true })
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
+	d := &containerAnswerDropper{}
+	d.ln = startRelay(t, up, func(c, s net.Conn) {
+		var dropping sync.Once
+		drop := make(chan struct{})
+		done := make(chan struct{})
+		defer func() { <-done }() // after the closes below
+		defer c.Close()
+		defer s.Close()
+		go func() { // requests: forwarded frame by frame, watched for opCreateContainer
+			defer close(done)
+			defer s.Close()
+			defer c.Close()
+			first := true // the connect request has no request header
+			for {
+				frame, err := readFrame(c)
+				if err != nil {
+					return
+				}
+				if !first && len(frame) >= 12 && int32(binary.BigEndian.Uint32(frame[8:12])) == 19 {
+					dropping.Do(func() {
+						d.mu.Lock()
+						d.n++
+						d.mu.Unlock()
+						close(drop)
+					})
+				}
+				first = false
+				if _, err := s.Write(frame); err != nil {
+					return
+				}
+			}
+		}()
+		buf := make([]byte, 32<<10) // replies: forwarded until the drop begins
 		for {
-			c, err := ln.Accept()
+			k, err := s.Read(buf)
+			select {
+			case <-drop:
+				k = 0
+			default:
+			}
+			if k > 0 {
+				if _, err := c.Write(buf[:k]); err != nil {
+					return
+				}
+			}
 			if err != nil {
 				return
 			}
-			s, err := net.Dial("tcp", up)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			conns.Store(c, true)
-			conns.Store(s, true)
-			var dropping sync.Once
-			drop := make(chan struct{})
-			wg.Add(2)
-			go func() { // requests: forwarded frame by frame, watched for opCreateContainer
-				defer wg.Done()
-				defer s.Close()
-				defer c.Close()
-				first := true // the connect request has no request header
-				for {
-					frame, err := readFrame(c)
-					if err != nil {
-						return
-					}
-					if !first && len(frame) >= 12 && int32(binary.BigEndian.Uint32(frame[8:12])) == 19 {
-						dropping.Do(func() {
-							d.mu.Lock()
-							d.n++
-							d.mu.Unlock()
-							close(drop)
-						})
-					}
-					first = false
-					if _, err := s.Write(frame); err != nil {
-						return
-					}
-				}
-			}()
-			go func() { // replies: forwarded until the drop begins
-				defer wg.Done()
-				defer c.Close()
-				defer s.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					k, err := s.Read(buf)
-					select {
-					case <-drop:
-						k = 0
-					default:
-					}
-					if k > 0 {
-						if _, err := c.Write(buf[:k]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 	return d
 }
 

@@ -396,49 +396,33 @@ type replyDropper struct {
 }
 
 func startReplyDropper(t *testing.T, up string) *replyDropper {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &replyDropper{ln: ln}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	d := &replyDropper{}
+	d.ln = startRelay(t, up, func(c, s net.Conn) {
+		d.mu.Lock()
+		d.n++
+		id := d.n
+		d.mu.Unlock()
+		done := make(chan struct{})
+		go func() { defer close(done); io.Copy(s, c); s.Close(); c.Close() }()
+		defer func() { <-done }() // after the closes below
+		defer c.Close()
+		defer s.Close()
+		buf := make([]byte, 32<<10)
 		for {
-			c, err := ln.Accept()
+			k, err := s.Read(buf)
+			d.mu.Lock()
+			dropping := id <= d.drop
+			d.mu.Unlock()
+			if k > 0 && !dropping {
+				if _, err := c.Write(buf[:k]); err != nil {
+					return
+				}
+			}
 			if err != nil {
 				return
 			}
-			s, err := net.Dial("tcp", up)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			d.mu.Lock()
-			d.n++
-			id := d.n
-			d.mu.Unlock()
-			go func() { io.Copy(s, c); s.Close(); c.Close() }()
-			go func() {
-				defer c.Close()
-				defer s.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					k, err := s.Read(buf)
-					d.mu.Lock()
-					dropping := id <= d.drop
-					d.mu.Unlock()
-					if k > 0 && !dropping {
-						if _, err := c.Write(buf[:k]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			}()
 		}
-	}()
+	})
 	return d
 }
 

@@ -23,56 +23,25 @@ type stallProxy struct {
 	ln      net.Listener
 	stalled atomic.Bool
 	release chan struct{}
-	wg      sync.WaitGroup
 }
 
 func startStallProxy(t *testing.T, up string) *stallProxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	p := &stallProxy{ln: ln, release: make(chan struct{})}
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		close(p.release)
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		p.wg.Wait()
+	p := &stallProxy{release: make(chan struct{})}
+	p.ln = startRelay(t, up, func(c, s net.Conn) {
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() { defer wg.Done(); p.pipe(c, s, true) }()
+		go func() { defer wg.Done(); p.pipe(s, c, false) }()
+		wg.Wait()
 	})
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", up)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			mu.Lock()
-			conns = append(conns, c, s)
-			mu.Unlock()
-			p.wg.Add(2)
-			go p.pipe(c, s, true)
-			go p.pipe(s, c, false)
-		}
-	}()
+	t.Cleanup(func() { close(p.release) }) // before the relay's cleanup waits
 	return p
 }
 
 // pipe copies src to dst; the client's side (fromClient) stops being read
 // once the proxy is stalled.
 func (p *stallProxy) pipe(src, dst net.Conn, fromClient bool) {
-	defer p.wg.Done()
 	defer src.Close()
 	defer dst.Close()
 	buf := make([]byte, 32<<10)
