@@ -239,7 +239,9 @@ func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []strin
 		}
 		r.Writes = make([]backends.KeyWrite, len(keys))
 		// Lock keys the script found or left holding another type than a
-		// string, and of those the ones it created.
+		// string, and of those the ones it made so: held nothing or a
+		// string token before it (one that deleted the token and stored a
+		// hash in its place made the hash as surely as on a free key).
 		var nonString, created []string
 		for i := range keys {
 			was, errB := before[i].Result()
@@ -247,7 +249,7 @@ func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []strin
 			ttl, errT := pttls[i].Int64()
 			if wrongType(errB) || wrongType(errA) {
 				nonString = append(nonString, nkeys[i])
-				if notNil(errB) == nil && was == nil && wrongType(errA) {
+				if notNil(errB) == nil && wrongType(errA) {
 					created = append(created, nkeys[i])
 				}
 				continue
@@ -293,7 +295,8 @@ const errNonStringLock = "ERR transparent mode: a lock key holds a string token 
 var dropNonStringScript = goredis.NewScript(`if redis.call("type", KEYS[1]).ok ~= "string" then return redis.call("del", KEYS[1]) end return 0`)
 
 // nonStringLock answers a script that found (or, created, stored where
-// there was nothing) a value other than a string at a lock key. The
+// there was nothing or a string token) a value other than a string at a
+// lock key. The
 // acquisition rule sees writes by comparing string values, so such a
 // script's effect cannot be judged, nor rolled back where it is a
 // minority: it is refused, and what it created is deleted, which puts

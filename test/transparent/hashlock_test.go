@@ -64,3 +64,49 @@ func TestHashLockRefused(t *testing.T) {
 		t.Errorf("SET NX PX after the refusals = %v, %v; want true", ok, err)
 	}
 }
+
+// TestScriptTurningStringLockIntoOtherTypeLeavesNothing: a script that
+// deletes a lock key's string token and stores another type in its place
+// is refused like one that creates it on a free key, and what it stored is
+// deleted on every node: it made that value, no one else's is there (lock
+// keys hold string tokens only). Before, only a value stored where there
+// was nothing was deleted, and the hash stayed on the nodes, so SET NX
+// found the key held and GET answered WRONGTYPE until its expiry.
+func TestScriptTurningStringLockIntoOtherTypeLeavesNothing(t *testing.T) {
+	t.Parallel()
+	e := start(t)
+	c := e.client(t)
+	ctx := lockclient.CtxFor(t, 60*time.Second)
+	for _, tc := range []struct{ name, store string }{
+		{"hash", `redis.call('hset', KEYS[1], ARGV[1], 1)`},
+		{"list", `redis.call('rpush', KEYS[1], ARGV[1])`},
+		{"set", `redis.call('sadd', KEYS[1], ARGV[1])`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "lock:retype:" + tc.name
+			if ok, err := c.SetNX(ctx, key, "tok", 20*time.Second).Result(); err != nil || !ok {
+				t.Fatalf("SET NX PX = %v, %v", ok, err)
+			}
+			// The script is the test: start with the token on every node
+			// (a third node's acquire may land after the reply).
+			for i := 0; e.present(t, key) != 3; i++ {
+				if i == 200 {
+					t.Fatalf("%s on %d of 3 nodes 2 s after its grant", key, e.present(t, key))
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			script := `if redis.call('get', KEYS[1]) ~= ARGV[1] then return 0 end redis.call('del', KEYS[1]) ` +
+				tc.store + ` redis.call('pexpire', KEYS[1], 20000) return 1`
+			err := c.Eval(ctx, script, []string{key}, "tok").Err()
+			if err == nil || !strings.Contains(err.Error(), "string token") {
+				t.Fatalf("script = %v; want the non-string refusal", err)
+			}
+			if n := e.present(t, key); n != 0 {
+				t.Errorf("after the refused script %s is on %d of 3 nodes; want none (what the script stored there is deleted)", key, n)
+			}
+			if ok, err := c.SetNX(ctx, key, "other", 5*time.Second).Result(); err != nil || !ok {
+				t.Errorf("SET NX PX after the refusal = %v, %v; want true", ok, err)
+			}
+		})
+	}
+}
