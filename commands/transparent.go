@@ -29,7 +29,8 @@ import (
 //
 //   - SET key value NX PX|EX ttl is a LOCK with the value as token: quorum,
 //     validity, roll-back of partial grants and the fence come from the
-//     backend. Other SET forms run on every node (majority rule below).
+//     backend. Other SET forms are run like a script that may acquire
+//     (setScript, below).
 //   - GET, EXISTS, DEL, UNLINK, PEXPIRE, EXPIRE, PTTL, TTL and read-only
 //     scripts run on every node that may vote; the reply is the one shared
 //     by a majority of all nodes (PTTL/TTL: see agreeTTL). When no reply is
@@ -439,7 +440,7 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 			s.W.Error(errTransparentFanout)
 			return
 		}
-		v, err := agree(h.fanout.Run(s.Context(), strs(args), []int{1}, false), h.fanout.NodeCount())
+		v, err := h.runAcquiring(s, setScript, []string{string(args[1])}, strs(args[2:]), false)
 		if err == nil && v == "OK" && !get {
 			s.W.Simple("OK") // a status reply, as Redis gives
 			return
@@ -607,28 +608,45 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 			h.tReply(s, name, v, err)
 			return
 		}
-		ks, argv := strs(keys), strs(args[3+nk:])
-		start := time.Now()
-		// Not canceled with the client: what the scripts wrote must be
-		// seen, to be rolled back if it is not a grant.
-		rs := h.fanout.RunScript(context.WithoutCancel(s.Context()), boundedScript(body, h.limits.MaxTTL), ks, argv)
-		d := decideScript(rs, h.fanout.NodeCount(), time.Since(start), h.fanout.Drift, h.limits.MaxTTL, scriptReturnsTTL(body))
-		if len(d.undo) > 0 {
-			h.undo(s.Context(), ks, d.undo, d.lost)
-		}
-		// A script that acquired gets a fence, as a LOCK would: LOCKINFO
-		// shows it, and the next grant of the key gets a higher one.
-		for j, v := range d.written {
-			if v != nil && len(d.holders) > 0 {
-				if _, err := h.fanout.Fence(context.WithoutCancel(s.Context()), d.holders, ks[j], *v); err != nil {
-					h.log.Warn("transparent mode: fencing a script's acquisition failed", zap.Error(err))
-				}
-			}
-		}
-		h.tReply(s, name, d.reply, d.err)
+		v, err := h.runAcquiring(s, boundedScript(body, h.limits.MaxTTL), strs(keys), strs(args[3+nk:]), scriptReturnsTTL(body))
+		h.tReply(s, name, v, err)
 	})
 	return true
 }
+
+// runAcquiring runs a script that may acquire (body) on every node with
+// the reads of its keys around it (RunScript) and applies the acquisition
+// rule (decideScript): what it wrote that is no grant is rolled back, and
+// a grant that stands gets a fence. It returns the reply to give.
+func (h *Handler) runAcquiring(s *resp.Session, body string, ks, argv []string, ttlReply bool) (any, error) {
+	start := time.Now()
+	// Not canceled with the client: what the scripts wrote must be seen,
+	// to be rolled back if it is not a grant.
+	rs := h.fanout.RunScript(context.WithoutCancel(s.Context()), body, ks, argv)
+	d := decideScript(rs, h.fanout.NodeCount(), time.Since(start), h.fanout.Drift, h.limits.MaxTTL, ttlReply)
+	if len(d.undo) > 0 {
+		h.undo(s.Context(), ks, d.undo, d.lost)
+	}
+	// An acquisition gets a fence, as a LOCK would: LOCKINFO shows it,
+	// and the next grant of the key gets a higher one.
+	for j, v := range d.written {
+		if v != nil && len(d.holders) > 0 {
+			if _, err := h.fanout.Fence(context.WithoutCancel(s.Context()), d.holders, ks[j], *v); err != nil {
+				h.log.Warn("transparent mode: fencing a script's acquisition failed", zap.Error(err))
+			}
+		}
+	}
+	return d.reply, d.err
+}
+
+// setScript is SET without NX on a lock key, run by runAcquiring: ARGV is
+// the value and SET's options as the client gave them. A SET that leaves
+// the key holding a value it did not hold (SET k v PX ms on a free key,
+// SET k v XX PX ms over another holder's token) is an acquisition like a
+// script's SET: it stands only on a majority within the lease, is rolled
+// back elsewhere, and gets a fence above the previous holder's. A SET of
+// the value the key holds is a renewal, agreed on as before.
+const setScript = `return redis.call('set', KEYS[1], unpack(ARGV))`
 
 // namesNodeKeys reports whether a script on lock keys names lockproxy's
 // own keys on the nodes (redlock.key_prefix), as the relay's check does
