@@ -573,7 +573,7 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 				relay.Clip(h.nodeKeyPrefix) + "); a lock script reaches its lock through KEYS")
 			return
 		}
-		if why := h.lockKeyOutsideKeys(args[3+nk:], []byte(body)); why != "" {
+		if why := h.lockKeyOutside(args[3+nk:], []byte(body), true); why != "" {
 			// On the nodes the script's other arguments and its literals
 			// are used as they are, outside lockproxy's key namespace: a
 			// lock key there is no one's lock, and taking it is no grant.
@@ -1723,12 +1723,25 @@ var luaEscapes = map[byte]byte{'a': '\a', 'b': '\b', 'f': '\f', 'n': '\n', 'r': 
 // ARGV[1]); like the redlock.key_prefix check it guards against
 // mistakes, and a script that builds the name at run time is not caught.
 func (h *Handler) lockKeyOutsideKeys(argv [][]byte, body []byte) string {
+	return h.lockKeyOutside(argv, body, false)
+}
+
+// lockKeyOutside is lockKeyOutsideKeys; with onNodes (a script whose KEYS
+// are lock keys, served on the lock nodes) an ARGV counts as a lock key
+// only by a pattern with a literal byte, as string literals in the body
+// do (namesLockKey): a pattern of wildcards alone ('*', lock_patterns
+// for a lockproxy that serves nothing but locks) matches every token and
+// TTL a lock script is given, which are not key names, and refusing them
+// refused every compare-and-delete. Relayed, such an argument may still
+// be the name of a key the script takes on the upstream: every argument
+// matching a pattern is refused there.
+func (h *Handler) lockKeyOutside(argv [][]byte, body []byte, onNodes bool) string {
 	if len(h.patterns) == 0 {
 		return ""
 	}
 	const must = "; lock keys must be passed in KEYS, through which the lock nodes serve them"
 	for _, a := range argv {
-		if h.isLockKey(a) {
+		if h.argIsLockKey(a, onNodes) {
 			return "ERR transparent mode: the script's argument '" + relay.Clip(string(a)) +
 				"' is a lock key (matching lock_patterns)" + must
 		}
@@ -1751,6 +1764,21 @@ func (h *Handler) lockKeyOutsideKeys(argv [][]byte, body []byte) string {
 			"' names a lock key (matching lock_patterns)" + must
 	}
 	return ""
+}
+
+// argIsLockKey reports whether a script's argument a matches a lock
+// pattern; with literalOnly, one that has a literal byte (see
+// lockKeyOutside).
+func (h *Handler) argIsLockKey(a []byte, literalOnly bool) bool {
+	if !literalOnly {
+		return h.isLockKey(a)
+	}
+	for _, p := range h.patterns {
+		if longestLiteral(p) != "" && globMatch(p, a) {
+			return true
+		}
+	}
+	return false
 }
 
 // mayNameLockKey reports whether body contains the text namesLockKey

@@ -922,3 +922,31 @@ func TestScriptCacheLRU(t *testing.T) {
 		t.Errorf("re-adding a body: %d scripts, %d bytes; want 1, %d", c.lru.Len(), c.size, before)
 	}
 }
+
+// TestScriptArgsOnNodesByPatternsWithText: on the lock nodes (onNodes) a
+// script's argument is a lock key only by a pattern with a literal byte;
+// relayed, by any pattern.
+func TestScriptArgsOnNodesByPatternsWithText(t *testing.T) {
+	for _, c := range []struct {
+		name     string
+		patterns []string
+		arg      string
+		onNodes  bool
+		refused  bool
+	}{
+		{"catch-all, token, on the nodes", []string{"*"}, "tok-1", true, false},
+		{"catch-all, token, relayed", []string{"*"}, "tok-1", false, true},
+		{"wildcards and classes only", []string{"?[a-z]*"}, "tok-1", true, false},
+		{"catch-all and lock:*, lock key", []string{"*", "lock:*"}, "lock:k", true, true},
+		{"catch-all and lock:*, token", []string{"*", "lock:*"}, "tok-1", true, false},
+		{"lock:*, lock key", []string{"lock:*"}, "lock:k", true, true},
+		{"*:lock:*, lock key", []string{"*:lock:*"}, "a:lock:b", true, true},
+		{"escaped star is text", []string{`\*`}, "*", true, true},
+	} {
+		h := &Handler{patterns: c.patterns}
+		got := h.lockKeyOutside([][]byte{[]byte(c.arg)}, []byte(tgCAD), c.onNodes)
+		if (got != "") != c.refused {
+			t.Errorf("%s: lockKeyOutside(%q, onNodes %v) = %q; want refused %v", c.name, c.arg, c.onNodes, got, c.refused)
+		}
+	}
+}
