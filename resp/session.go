@@ -569,6 +569,11 @@ func (s *Session) WatchClose() (stop func()) {
 	}
 	done, stopping := make(chan struct{}), make(chan struct{})
 	raw := s.raw
+	if raw == nil && s.tsock != nil {
+		// Over TLS the socket under crypto/tls is watched: the peer's
+		// close shows there as on plain TCP.
+		raw = s.tsock.raw
+	}
 	go func() {
 		defer close(done)
 		err := s.rd.watch()
