@@ -28,10 +28,19 @@ func (w *Writer) SetProto(p int) { w.proto = p }
 // Bytes returns what was written since the last Reset.
 func (w *Writer) Bytes() []byte { return w.b }
 
+// maxKeptReply is the reply buffer memory a Writer keeps across Reset: a
+// full batch (maxBatchCommands) of lock replies, about 90 bytes each,
+// reuses it, so that the hot path does not allocate; what one big reply
+// (a large value, COMMAND DOCS) grew is given back once it is written, as
+// the read buffer (maxKeptBuffer) and the output buffer (maxKeptOutput)
+// give theirs back, so that a connection idling after it does not keep
+// it.
+const maxKeptReply = 128 << 10
+
 // Reset empties the buffer, keeping its memory unless it grew large.
 func (w *Writer) Reset() {
 	w.resets++
-	if cap(w.b) > 1<<20 {
+	if cap(w.b) > maxKeptReply {
 		w.b = make([]byte, 0, 4096)
 		return
 	}
