@@ -361,6 +361,41 @@ func (r *Reader) parseOne(i int) (next, need int, err error) {
 	return p, 0, nil
 }
 
+// preAuthCapped is the pre-auth cap error of args, a command read while
+// the client was signed in and served after it signed out (RESET): Redis
+// reads a command only once the one before it ran, and holds the commands
+// after a RESET to the caps. nil when args is within them.
+func preAuthCapped(args [][]byte) error {
+	if len(args) > PreAuthMaxArgs {
+		return errPreAuthArgs
+	}
+	for _, a := range args {
+		if len(a) > PreAuthMaxBulkLen {
+			return errPreAuthBulk
+		}
+	}
+	return nil
+}
+
+// partCapped is preAuthCapped for the command in progress, as far as it
+// came: its argument count, and the arguments complete so far (the next
+// one's header is read again, under the caps, when it resumes).
+func (r *Reader) partCapped() error {
+	p := r.part
+	if p.n == 0 {
+		return nil
+	}
+	if p.n > PreAuthMaxArgs {
+		return errPreAuthArgs
+	}
+	for k := 0; k+1 < len(p.offs); k += 2 {
+		if p.offs[k+1]-p.offs[k] > PreAuthMaxBulkLen {
+			return errPreAuthBulk
+		}
+	}
+	return nil
+}
+
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
 }

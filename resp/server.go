@@ -420,7 +420,18 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 			sess.lastActive.Store(time.Now().UnixNano())
 			sess.serving.Store(true)
 		}
-		for i, args := range cmds {
+		for i := 0; i < len(cmds); i++ {
+			args := cmds[i]
+			if sess.rd.preAuth {
+				// A RESET earlier in the batch signed the client out:
+				// the commands after it, read while it was signed in,
+				// are held to the pre-auth caps now, as Redis holds
+				// them (the reader holds those it reads from now on).
+				if perr := preAuthCapped(args); perr != nil {
+					cmds, err = cmds[:i], perr
+					break
+				}
+			}
 			s.Handler.ServeRESP(sess, args)
 			if sess.closeAfter {
 				break
@@ -436,6 +447,10 @@ func (s *Server) serveConn(sess *Session, cmds [][][]byte, err error) {
 		}
 		if bh != nil && len(cmds) > 0 {
 			bh.EndBatch(sess)
+		}
+		if err == nil && rest == nil && sess.rd.preAuth && !sess.closeAfter {
+			// So is the command in progress, as far as it came.
+			err = sess.rd.partCapped()
 		}
 		if rest != nil && !sess.closeAfter {
 			if sess.endBatch() != nil || s.isClosing() {
