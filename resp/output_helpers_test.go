@@ -245,6 +245,11 @@ func checkLimitClose(t *testing.T, srv *Server, served *atomic.Int64, logs *obse
 		if got := srv.OutputLimitCloses(); got != 1 {
 			t.Errorf("OutputLimitCloses = %d; want 1", got)
 		}
+		// The close is counted, and the client gone, before the line is
+		// logged: wait for it.
+		waitUntil(time.Now().Add(5*time.Second), 5*time.Millisecond, func() bool {
+			return logs.FilterMessageSnippet("output buffer limit").Len() > 0
+		})
 		if got := logs.FilterMessageSnippet("output buffer limit").Len(); got != 1 {
 			t.Errorf("%d log lines on the output limit; want 1 (logs: %v)", got, logs.All())
 		}

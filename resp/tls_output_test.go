@@ -187,7 +187,13 @@ func TestTLSPubSubOutputLimit(t *testing.T) {
 	if got := srv.OutputLimitCloses(); got != 1 {
 		t.Errorf("OutputLimitCloses = %d; want 1", got)
 	}
-	lines := logs.FilterMessageSnippet("output buffer limit").All()
+	// The close is counted, and the client gone, before the line is
+	// logged: wait for it.
+	var lines []observer.LoggedEntry
+	waitUntil(time.Now().Add(5*time.Second), 5*time.Millisecond, func() bool {
+		lines = logs.FilterMessageSnippet("output buffer limit").All()
+		return len(lines) > 0
+	})
 	if len(lines) != 1 {
 		t.Fatalf("%d log lines on the output limit; want 1 (logs: %v)", len(lines), logs.All())
 	}
