@@ -669,16 +669,44 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		tally(<-results)
 	}
 
-	if len(granted) < need && len(failures) > 0 {
-		// Hear out the nodes still answering (each within the node
-		// timeout) so the error names every failed node.
+	// hearOut waits for the nodes still answering (each within the node
+	// timeout) before a roll-back, so that it skips every node that
+	// refused: a refusal not heard yet would get a release, and where the
+	// token already holds the key (a NoReentry attempt, transparent
+	// mode's SET NX, refused because its value holds it there) that
+	// release takes the holder's hold, which the attempt never made
+	// (backends/redis TestRefusedSetNXKeepsSameValueHold). It costs no
+	// time a roll-back would not: a node's release queues behind its
+	// acquire, and the roll-back waits for every node's answer anyway.
+	// It also lets the error name every failed node. A node that has not
+	// answered by the node timeout's end and the longest node timeout
+	// after it (each must answer by the first, "or soon after": a
+	// backends/redis writer answers with its batch, whose deadline may be
+	// another operation's) gets the release unheard, as before.
+	hearOut := func() {
+		if got == n {
+			return
+		}
+		d, _ := nodeCtx.Deadline()
+		limit := time.NewTimer(time.Until(d) + q.cfg.TimeoutMax)
+		defer limit.Stop()
 		for ; got < n; got++ {
-			tally(<-results)
+			select {
+			case r := <-results:
+				tally(r)
+			case <-limit.C:
+				return
+			}
 		}
 	}
 	if len(granted) < need {
+		// The answer is the one decided on: a refused upgrade heard only
+		// now (a leftover read hold on a minority) does not turn it into
+		// ErrUpgrade.
+		decidedUpgrades := upgrades
+		hearOut()
 		q.releaseAll(ctx, req, refusedBy)
-		if upgrades > 0 {
+		if decidedUpgrades > 0 {
 			return Lease{}, ErrUpgrade
 		}
 		if len(failures) > n-need || (len(failures) > 0 && refused == 0) {
@@ -696,17 +724,20 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		// Already gone: no raise for a grant no one will hold (each costs
 		// up to a node timeout, and a raise that finds the hold expired
 		// would turn the answer into NOQUORUM).
+		hearOut()
 		q.releaseAll(ctx, req, refusedBy)
 		return Lease{}, ErrExpired
 	}
 	fence, err := q.settleFence(ctx, req, granted, need, fresh, failures)
 	if err != nil {
+		hearOut()
 		q.releaseAll(ctx, req, refusedBy)
 		return Lease{}, err
 	}
 
 	validity := req.TTL - q.cfg.Clock.Now().Sub(start) - q.Drift(req.TTL)
 	if expired(validity) {
+		hearOut()
 		q.releaseAll(ctx, req, refusedBy)
 		return Lease{}, ErrExpired
 	}
