@@ -191,6 +191,12 @@ func (n *Node) eval(ctx context.Context, s script, keys []string, args ...any) (
 // extendWriteScript and extendReadScript), counted in the node's extend
 // metrics as RENEW's are.
 func (n *Node) extendHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (ok bool, err error) {
+	// The generation is read before the check that the node may vote: a
+	// restart revealed by the call's own new connection (onConnect) then
+	// shows as a new generation after it, and the answer, from a server
+	// that may hold a stale snapshot's keys, is no vote (as a RENEW's on
+	// the writers and LOCKINFO's are not).
+	gen := n.health.gen.Load()
 	if err := n.health.refuse(); err != nil {
 		return false, err
 	}
@@ -200,6 +206,11 @@ func (n *Node) extendHold(ctx context.Context, key, token string, mode backends.
 	v, err := n.eval(ctx, scriptExtendHold[mode], keys, token, ttl.Milliseconds(), readMarker)
 	if err != nil {
 		return false, fmt.Errorf("extend %v hold: %w", mode, err)
+	}
+	if n.health.gen.Load() != gen {
+		if err := n.health.refuse(); err != nil {
+			return false, err
+		}
 	}
 	i, isInt := v.(int64)
 	if !isInt {
