@@ -28,6 +28,12 @@ type Fanout interface {
 	// still on its way to a slow node when the client's next command on
 	// the key reaches the others.
 	Run(ctx context.Context, args []string, keys []int, readOnly bool) []NodeReply
+	// RunEach runs the one-key command name once for each of keys on
+	// every node that may vote, like Run, all in one round trip per node
+	// (one MULTI for a write), and returns one reply per node whose Val is
+	// an array of the node's replies in the order of keys. A node that
+	// failed to answer for any key carries Err.
+	RunEach(ctx context.Context, name string, keys []string, readOnly bool) []NodeReply
 	// RunScript runs EVAL of body with keys (lock keys, rewritten per node)
 	// and argv on every node that may vote, and reports, besides each
 	// node's reply, which keys the script left holding a value other than

@@ -338,22 +338,38 @@ func (h *Handler) tRun(s *resp.Session, args [][]byte, keys []int, ttl, readOnly
 
 // tRunEachKey runs EXISTS, DEL or UNLINK once per key, each on every node
 // under the majority rule, and replies the sum of the agreed counts, as a
-// single Redis counts the keys it has.
+// single Redis counts the keys it has. The keys go to each node together
+// (RunEach): a node that does not answer costs one timeout, not one per
+// key.
 func (h *Handler) tRunEachKey(s *resp.Session, args [][]byte, readOnly bool) {
 	if h.fanout == nil {
 		s.W.Error(errTransparentFanout)
 		return
 	}
+	name := strings.ToLower(string(args[0]))
+	rs := h.fanout.RunEach(s.Context(), name, strs(args[1:]), readOnly)
+	per := make([]backends.NodeReply, len(rs))
 	var sum int64
-	for _, k := range args[1:] {
-		v, err := agree(h.fanout.Run(s.Context(), []string{string(args[0]), string(k)}, []int{1}, readOnly), h.fanout.NodeCount())
+	for i := range args[1:] {
+		for j, r := range rs {
+			per[j] = backends.NodeReply{Node: r.Node, Err: r.Err}
+			if r.Err != nil {
+				continue
+			}
+			if vs, ok := r.Val.([]any); ok && len(vs) == len(args)-1 {
+				per[j].Val = vs[i]
+			} else {
+				per[j].Err = errors.New("commands: a node gave " + strconv.Itoa(len(vs)) + " replies for " + strconv.Itoa(len(args)-1) + " keys")
+			}
+		}
+		v, err := agree(per, h.fanout.NodeCount())
 		n, ok := v.(int64)
 		if err == nil && !ok {
 			writeValue(s.W, v) // a node's error reply, shared by a majority
 			return
 		}
 		if err != nil {
-			h.tReply(s, strings.ToLower(string(args[0])), v, err)
+			h.tReply(s, name, v, err)
 			return
 		}
 		sum += n

@@ -160,6 +160,21 @@ func (b *fanoutBackend) Run(_ context.Context, args []string, keys []int, _ bool
 	b.args, b.keys = args, keys
 	return b.replies
 }
+func (b *fanoutBackend) RunEach(ctx context.Context, name string, keys []string, readOnly bool) []backends.NodeReply {
+	out := make([]backends.NodeReply, len(b.replies))
+	for _, k := range keys {
+		for i, r := range b.Run(ctx, []string{name, k}, []int{1}, readOnly) {
+			if out[i].Err != nil {
+				continue
+			}
+			if out[i].Err = r.Err; r.Err == nil {
+				vs, _ := out[i].Val.([]any)
+				out[i].Val = append(vs, r.Val)
+			}
+		}
+	}
+	return out
+}
 func (b *fanoutBackend) RunScript(_ context.Context, body string, keys, argv []string) []backends.NodeReply {
 	return b.replies
 }

@@ -91,6 +91,53 @@ func (b *Backend) Run(ctx context.Context, args []string, keys []int, readOnly b
 	})
 }
 
+// RunEach implements backends.Fanout: on each node the command for every
+// key is sent at once, in one MULTI with the line-up of the holds' keys
+// for a write (see Run), so that a node that does not answer costs one
+// timeout for all the keys, not one each.
+func (b *Backend) RunEach(ctx context.Context, name string, keys []string, readOnly bool) []backends.NodeReply {
+	return b.each(ctx, readOnly, func(ctx context.Context, n *Node) backends.NodeReply {
+		cmds := make([]*goredis.Cmd, len(keys))
+		queue := func(p goredis.Pipeliner) {
+			for i, k := range keys {
+				cmds[i] = p.Do(ctx, name, n.LockKey(k))
+			}
+		}
+		var sync *goredis.Cmd
+		var err error
+		if readOnly {
+			_, err = n.client.Pipelined(ctx, func(p goredis.Pipeliner) error {
+				queue(p)
+				return nil
+			})
+		} else {
+			n.settleKeys(ctx, keys)
+			_, err = n.client.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+				queue(p)
+				sync = n.syncHolds(ctx, p, keys)
+				return nil
+			})
+		}
+		if err != nil && !isReply(err) {
+			return backends.NodeReply{Err: err}
+		}
+		vals := make([]any, len(keys))
+		for i, c := range cmds {
+			r := nodeReply(c.Result())
+			if r.Err != nil {
+				return r
+			}
+			vals[i] = r.Val
+		}
+		if sync != nil {
+			if err := n.syncHoldsDone(ctx, sync, keys); err != nil {
+				return backends.NodeReply{Err: err}
+			}
+		}
+		return backends.NodeReply{Val: vals}
+	})
+}
+
 // settleKeys waits until what was queued on the node's writers for bases
 // (client keys) before the call was answered (see Node.startSettle), so
 // that a transparent write runs on the node after the operations its
