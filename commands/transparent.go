@@ -404,8 +404,14 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 		s.W.Error(err.Error())
 		return
 	}
+	// As Redis 7.0: an option may be repeated, a PX after a PX (or an EX
+	// after an EX) replacing it, and only the TTL that applies, the last,
+	// is read, once every option has been checked. The nodes get the
+	// options as given, and apply the same one.
 	var nx, xx, get, keepTTL, ttlSet bool
 	var ttl time.Duration
+	var ttlArg []byte
+	var unit time.Duration
 	for i := 3; i < len(args); i++ {
 		o := args[i]
 		switch {
@@ -417,23 +423,24 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 			get = true
 		case resp.EqualFold(o, "KEEPTTL") && !ttlSet:
 			keepTTL = true
-		case (resp.EqualFold(o, "PX") || resp.EqualFold(o, "EX")) && !ttlSet && !keepTTL && i+1 < len(args):
-			unit := time.Millisecond
-			if resp.EqualFold(o, "EX") {
-				unit = time.Second
-			}
-			var err error
-			if ttl, err = parseTTL(args[i+1], unit, "set"); err != nil {
-				s.W.Error(err.Error())
-				return
-			}
-			ttlSet = true
+		case resp.EqualFold(o, "PX") && unit != time.Second && !keepTTL && i+1 < len(args):
+			unit, ttlArg, ttlSet = time.Millisecond, args[i+1], true
+			i++
+		case resp.EqualFold(o, "EX") && unit != time.Millisecond && !keepTTL && i+1 < len(args):
+			unit, ttlArg, ttlSet = time.Second, args[i+1], true
 			i++
 		case resp.EqualFold(o, "PXAT") || resp.EqualFold(o, "EXAT"):
 			s.W.Error("ERR transparent mode: SET with PXAT/EXAT is not supported on lock keys (an absolute time depends on each node's clock); use PX or EX")
 			return
 		default:
 			s.W.Error(errSyntax.Error())
+			return
+		}
+	}
+	if ttlSet {
+		var err error
+		if ttl, err = parseTTL(ttlArg, unit, "set"); err != nil {
+			s.W.Error(err.Error())
 			return
 		}
 	}
