@@ -513,11 +513,38 @@ func nodeReply(v any, err error) backends.NodeReply {
 		return backends.NodeReply{Val: replyValue(v)}
 	case errors.Is(err, goredis.Nil):
 		return backends.NodeReply{}
+	case notNowReply(err):
+		// The node did not run the command: no answer to agree on, as
+		// for LOCK, and never a reply for the client, which would act
+		// on it as on its own server's (retry, reconnect, redirect).
+		return backends.NodeReply{Err: err}
 	case isReply(err):
 		return backends.NodeReply{Val: backends.ReplyError(err.Error())}
 	default:
 		return backends.NodeReply{Err: err}
 	}
+}
+
+// notNowReplies are the prefixes of the error replies with which a node
+// refuses a command it did not run, for now or in its present role: busy
+// with another client's script, loading its data, a replica, a cluster
+// redirect or outage. Clients act on these prefixes (PROTOCOL.md forbids
+// them in lockproxy's replies).
+var notNowReplies = []string{"BUSY", "LOADING", "TRYAGAIN", "READONLY", "MOVED", "ASK", "MASTERDOWN", "CLUSTERDOWN", "NOPROTO"}
+
+// notNowReply tells whether err is an error reply of notNowReplies: the
+// node did not answer the command.
+func notNowReply(err error) bool {
+	if !isReply(err) {
+		return false
+	}
+	m := err.Error()
+	for _, p := range notNowReplies {
+		if strings.HasPrefix(m, p) && (len(m) == len(p) || m[len(p)] == ' ') {
+			return true
+		}
+	}
+	return false
 }
 
 // isReply reports whether err is an error reply from the server rather
