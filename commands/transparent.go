@@ -651,15 +651,36 @@ func (h *Handler) runAcquiring(s *resp.Session, body string, ks, argv []string, 
 		h.undo(s.Context(), ks, d.undo, d.lost)
 	}
 	// An acquisition gets a fence, as a LOCK would: LOCKINFO shows it,
-	// and the next grant of the key gets a higher one.
+	// and the next grant of the key gets a higher one. A fence that
+	// reached no majority would not be above the next grant's: as a LOCK
+	// would, the acquisition is then rolled back on its holders and the
+	// client gets the failure (-NOQUORUM …).
 	for j, v := range d.written {
 		if v != nil && len(d.holders) > 0 {
 			if _, err := h.fanout.Fence(context.WithoutCancel(s.Context()), d.holders, ks[j], *v); err != nil {
-				h.log.Warn("transparent mode: fencing a script's acquisition failed", zap.Error(err))
+				h.log.Warn("transparent mode: fencing a script's acquisition failed; rolled back", zap.Error(err))
+				h.undo(s.Context(), ks, writtenOn(d.holders, d.written), nil)
+				return nil, err
 			}
 		}
 	}
 	return d.reply, d.err
+}
+
+// writtenOn is the roll-back of an acquisition that stood: on each of
+// nodes, the value written to each key ("" for none), for Undo.
+func writtenOn(nodes []int, written []*string) map[int][]string {
+	vals := make([]string, len(written))
+	for j, v := range written {
+		if v != nil {
+			vals[j] = *v
+		}
+	}
+	out := make(map[int][]string, len(nodes))
+	for _, n := range nodes {
+		out[n] = vals
+	}
+	return out
 }
 
 // setScript is SET without NX on a lock key, run by runAcquiring: ARGV is

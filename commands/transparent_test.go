@@ -1,9 +1,12 @@
 package commands
 
 import (
+	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -150,9 +153,12 @@ func TestDecideScript(t *testing.T) {
 // record what they were sent.
 type fanoutBackend struct {
 	fakeBackend
-	replies []backends.NodeReply
-	args    []string
-	keys    []int
+	replies  []backends.NodeReply
+	args     []string
+	keys     []int
+	fenceErr error          // Fence's answer
+	undone   map[int]string // node: the values Undo was sent there
+	mu       sync.Mutex
 }
 
 func (b *fanoutBackend) NodeCount() int { return len(b.replies) }
@@ -178,9 +184,52 @@ func (b *fanoutBackend) RunEach(ctx context.Context, name string, keys []string,
 func (b *fanoutBackend) RunScript(_ context.Context, body string, keys, argv []string) []backends.NodeReply {
 	return b.replies
 }
-func (b *fanoutBackend) Undo(context.Context, int, []string, []string, bool) error    { return nil }
-func (b *fanoutBackend) Fence(context.Context, []int, string, string) (uint64, error) { return 1, nil }
-func (b *fanoutBackend) Drift(time.Duration) time.Duration                            { return 0 }
+func (b *fanoutBackend) Undo(_ context.Context, node int, _, values []string, _ bool) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.undone == nil {
+		b.undone = map[int]string{}
+	}
+	b.undone[node] = strings.Join(values, ",")
+	return nil
+}
+func (b *fanoutBackend) Fence(context.Context, []int, string, string) (uint64, error) {
+	if b.fenceErr != nil {
+		return 0, b.fenceErr
+	}
+	return 1, nil
+}
+func (b *fanoutBackend) Drift(time.Duration) time.Duration { return 0 }
+
+// TestScriptAcquisitionRolledBackWhenFenceFails: a script acquisition
+// that stood on the nodes but whose fence reached no majority is rolled
+// back on its holders and answered with the failure, as a LOCK whose fence
+// cannot be settled is: its fence would not be above the next grant's.
+// Before, the failure was logged and the client told it acquired.
+func TestScriptAcquisitionRolledBackWhenFenceFails(t *testing.T) {
+	fan := &fanoutBackend{
+		replies: []backends.NodeReply{
+			scriptReply(int64(1), true, "tok", 1000), scriptReply(int64(1), true, "tok", 1000), scriptReply(int64(1), true, "tok", 1000),
+		},
+		fenceErr: &quorum.NoQuorumError{OK: 1, Total: 3, Failures: []quorum.NodeError{{Node: "n1", Err: errDown}, {Node: "n2", Err: errDown}}},
+	}
+	h := NewHandler(Options{Limits: testLimits, Backend: fan, LockPatterns: []string{"lock:*"}})
+	conn := dialTest(t, serveOn(t, &resp.Server{Handler: h}))
+	body := `return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', 1000) and 1 or 0`
+	fmt.Fprintf(conn, "*5\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n1\r\n$6\r\nlock:a\r\n$3\r\ntok\r\n", len(body), body)
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	got, err := bufio.NewReader(conn).ReadString('\n')
+	if err != nil || !strings.HasPrefix(got, "-NOQUORUM 1/3 nodes") {
+		t.Errorf("EVAL whose acquisition's fence reached one node of three = %q, %v; want -NOQUORUM", got, err)
+	}
+	fan.mu.Lock()
+	defer fan.mu.Unlock()
+	for n := range 3 {
+		if fan.undone[n] != "tok" {
+			t.Errorf("undo on node %d: %q; want the acquisition's value rolled back (all undos: %v)", n, fan.undone[n], fan.undone)
+		}
+	}
+}
 
 // TestTransparentDispatch: which commands transparent mode takes, what
 // it sends to the nodes, and what a backend without nodes answers.

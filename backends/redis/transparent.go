@@ -14,6 +14,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
 )
 
 // Transparent mode's node side: plain Redis commands on lock keys run on
@@ -428,16 +429,44 @@ func (b *Backend) Fence(ctx context.Context, nodes []int, key, token string) (ui
 	if fence == 0 {
 		return 0, fmt.Errorf("redis: fence for a script acquisition: %w", errors.Join(errs...))
 	}
+	raised := make([]bool, len(nodes))
 	for i, idx := range nodes {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, errs[i] = b.nodes[idx].RaiseFence(ctx, key, token, uint64(fence))
+			raised[i], errs[i] = b.nodes[idx].RaiseFence(ctx, key, token, uint64(fence))
 		}()
 	}
 	wg.Wait()
-	return uint64(fence), errors.Join(errs...)
+	// The fence counts only where it was raised: a later grant reads the
+	// counters of a majority, which must meet one raised to it, or its
+	// fence may be this one's or lower (as LOCK's settleFence).
+	ok := 0
+	var failures []quorum.NodeError
+	for i, idx := range nodes {
+		switch {
+		case errs[i] != nil:
+			failures = append(failures, quorum.NodeError{Node: b.nodes[idx].name, Err: errs[i]})
+		case raised[i]:
+			ok++
+		default:
+			failures = append(failures, quorum.NodeError{Node: b.nodes[idx].name, Err: errFenceHoldLost})
+		}
+	}
+	if ok < len(b.nodes)/2+1 {
+		return 0, &quorum.NoQuorumError{OK: ok, Total: len(b.nodes), Failures: failures}
+	}
+	return uint64(fence), nil
 }
+
+// errFenceHoldLost is a holder's failure when raising a script
+// acquisition's fence found the hold gone there.
+var errFenceHoldLost error = fenceHoldLostError{}
+
+type fenceHoldLostError struct{}
+
+func (fenceHoldLostError) Error() string  { return "redis: hold lost before its fence was stored" }
+func (fenceHoldLostError) Reason() string { return "hold lost before its fence was stored" }
 
 // each runs do on every node at once and waits for all of them, each
 // bounded by fanoutTimeout; with early, it returns as soon as a majority of
