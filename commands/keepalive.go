@@ -252,6 +252,11 @@ type watchdog struct {
 	// (takeRenewed): the lease may now end then, sooner than w's
 	// renewals left it. Zero: none since it last took one.
 	renewed time.Time
+	// undecided is the earliest end of the lease a RENEW of w's key and
+	// token that answered an error may have set (from when it was sent,
+	// its TTL): it may have reached a majority though too few answered
+	// (undecidedRenewal). Zero: none since w's goroutine last took one.
+	undecided time.Time
 	// askedEnd is the latest end of a lease w's renewals or the grants it
 	// counts asked for (from when each was sent): the nodes' lease lasts
 	// at least as long (renewals never shorten it).
@@ -527,6 +532,32 @@ func (k *keepalives) toldRenewal(key, token string, sent time.Time, validity tim
 	}
 	for _, w := range k.ending[hk] {
 		w.toldEnd = later(w.toldEnd, end)
+	}
+}
+
+// undecidedRenewal records that a RENEW of key with token, sent at sent
+// with ttl, answered an error (NOQUORUM, a timeout): it told its client
+// nothing, but it may have set the lease to ttl on a majority all the same
+// (the nodes that applied it answered late), shorter than what the
+// watchdog's renewals keep. The holder was told the lock is kept ("a
+// KEEPALIVE lock is then retried, not dropped"), so its goroutine is woken
+// to renew within half of that lease, as after a RENEW that answered,
+// rather than at its next renewal, which may come after that lease ran
+// out. The validity last answered is left as it was: this one is a
+// possibility, not an answer.
+func (k *keepalives) undecidedRenewal(key, token string, sent time.Time, ttl time.Duration) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	w := k.m[heldKey{key, token}]
+	if w == nil {
+		return
+	}
+	if e := sent.Add(ttl); w.undecided.IsZero() || e.Before(w.undecided) {
+		w.undecided = e
+	}
+	select {
+	case w.wake <- struct{}{}:
+	default:
 	}
 }
 
@@ -1261,9 +1292,18 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			// lease: its validity is the last answered, and the next
 			// renewal comes within half of it. Not once MAXHOLD's
 			// final lease runs (no more renewals).
-			if end := k.takeRenewed(w); !end.IsZero() && !final {
+			end, undecided := k.takeRenewed(w)
+			if !end.IsZero() && !final {
 				validEnd = end
 				if d := max(time.Until(end)/2, 0); time.Now().Add(d).Before(due) {
+					reset(d)
+				}
+			}
+			// A RENEW that answered an error may have shortened the
+			// lease as well: the next renewal comes within half of what
+			// it may have left.
+			if !undecided.IsZero() && !final {
+				if d := max(time.Until(undecided)/2, 0); time.Now().Add(d).Before(due) {
 					reset(d)
 				}
 			}
@@ -1339,14 +1379,15 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 }
 
 // takeRenewed returns, once, the end of the validity a RENEW of w's key
-// and token answered since the last call (watchdog.renewed); zero for
-// none.
-func (k *keepalives) takeRenewed(w *watchdog) time.Time {
+// and token answered since the last call (watchdog.renewed), and the
+// earliest end of a lease a RENEW that answered an error may have set
+// (watchdog.undecided); zero for none.
+func (k *keepalives) takeRenewed(w *watchdog) (end, undecided time.Time) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	end := w.renewed
-	w.renewed = time.Time{}
-	return end
+	end, undecided = w.renewed, w.undecided
+	w.renewed, w.undecided = time.Time{}, time.Time{}
+	return end, undecided
 }
 
 // deadlineOf returns w's MAXHOLD deadline (zero for none) and the MAXHOLD

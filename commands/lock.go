@@ -475,6 +475,8 @@ func (h *Handler) renew(s *resp.Session, args [][]byte) {
 	sent := time.Now()
 	validity, err := h.backend.Renew(s.Context(), key, token, ttl)
 	if err != nil {
+		// Undecided: the lease may be ttl on a majority all the same.
+		h.keepalive.undecidedRenewal(key, token, sent, ttl)
 		h.replyError(s, "renew", err)
 		return
 	}
