@@ -1329,13 +1329,20 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 		ttl := w.ttl
 		if !deadline.IsZero() {
 			left := deadline.Sub(now)
-			if left <= period {
+			if left <= period && (left <= retry || time.Until(validEnd) >= left/2) {
 				// The renewals never asked for a lease past the
 				// deadline (each for at most what was left of it), and
 				// never shorten one: the lease w asked for ends by the
-				// deadline.
+				// deadline. A rival may be granted the key as soon as
+				// it does, so the loss is told, as a failed renewal's
+				// is, by the end of the validity last answered, which
+				// ends before that lease: not at the deadline itself,
+				// where a rival could be granted first. While that
+				// validity ends well before the deadline (ZooKeeper's,
+				// capped by the session's horizon), w renews on, for
+				// what is left, rather than end the hold that early.
 				final = true
-				reset(left)
+				reset(max(min(left, time.Until(validEnd)), 0))
 				continue
 			}
 			ttl = min(ttl, left)

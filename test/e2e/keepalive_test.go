@@ -245,8 +245,9 @@ func TestKeepaliveMaxHold(t *testing.T) {
 	if took < (maxHoldMS-100)*time.Millisecond || took > (maxHoldMS+1000)*time.Millisecond {
 		t.Errorf("free %v after LOCK … MAXHOLD %d; want about %d ms", took, maxHoldMS, maxHoldMS)
 	}
-	// The notice is due at the deadline, which the other client may beat by
-	// a little; until then RENEW runs (and answers 0). It is the lost
+	// The notice is due by the end of the validity the last renewal
+	// answered, just before the deadline, and is read here after the other
+	// client's grant; until then RENEW runs (and answers 0). It is the lost
 	// lock's, by key and token: a RENEW with another token (this test
 	// sent "t" before the notice was kept by token too) is not answered
 	// for it.

@@ -1,0 +1,140 @@
+package commands
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/backends/redis"
+	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/resp"
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// TestMaxHoldToldWithinLastValidity: a KEEPALIVE lock's MAXHOLD ends it
+// with a loss told to its holder ("a RESP3 connection receives the push
+// [\"lock-lost\", key, token]"), who relies on the lock until then. The
+// watchdog's last renewal asks for what is left until the deadline, so
+// the lease on the nodes ends about then, and a rival may be granted the
+// key as soon as it does: the loss must be told within the validity that
+// renewal answered, as a failed renewal's is, not at the deadline. Before,
+// the push went out at the deadline itself, when the lease was ending, and
+// a rival polling the key was granted it 0.3 to 2 ms after the push (on a
+// loaded host a late timer puts the grant first). Here the nodes' drift
+// allowance is raised (drift factor 0.2) so that the validity answered
+// ends over 100 ms before the deadline, and the push must come well
+// before the rival's grant.
+func TestMaxHoldToldWithinLastValidity(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	rs := harness.StartRedisN(t, 3, harness.RedisOptions{})
+	cfg := redis.Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
+		Quorum: quorum.Config{DriftFactor: 0.2, DriftMin: 2 * time.Millisecond, TimeoutMin: 100 * time.Millisecond}}
+	for _, r := range rs {
+		cfg.Nodes = append(cfg.Nodes, redis.NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second, Metrics: redis.NewMetrics(nil)})
+	}
+	be, err := redis.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = be.Close() })
+	h := NewHandler(Options{Limits: testLimits, Backend: be})
+	c := dialRaw(t, serveOn(t, &resp.Server{Handler: h}))
+	if got := c.do(t, "HELLO 3"); !strings.HasPrefix(got, "%") {
+		t.Fatalf("HELLO 3 = %q", got)
+	}
+	for i := 0; ; i++ { // the rest of HELLO's map, up to its last pair's empty array
+		if i > 100 {
+			t.Fatal("HELLO's map did not end")
+		}
+		if c.reply(t) == "*0" {
+			break
+		}
+	}
+	const key, tok = "mhtold", "t-mh"
+	cmd := "LOCK " + key + " PX 1500 TOKEN " + tok + " KEEPALIVE MAXHOLD 2000"
+	if got := c.do(t, cmd); got != "%3" {
+		t.Fatalf("%s = %q; want a grant", cmd, got)
+	}
+	for range 6 {
+		c.reply(t)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rival := make(chan time.Time, 1)
+	polled := make(chan struct{})
+	go func() {
+		defer close(polled)
+		for ctx.Err() == nil {
+			if _, err := be.Lock(ctx, backends.LockRequest{Key: key, Token: "rival", TTL: 5 * time.Second, Mode: backends.Write, NoReentry: true}); err == nil {
+				rival <- time.Now()
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}()
+	defer func() { cancel(); <-polled }()
+	if got := c.reply(t); got != ">3" {
+		t.Fatalf("after MAXHOLD: %q; want the lock-lost push", got)
+	}
+	pushed := time.Now()
+	for range 3 {
+		c.reply(t)
+	}
+	var granted time.Time
+	select {
+	case granted = <-rival:
+	case <-ctx.Done():
+		t.Fatal("the rival was not granted the key within 10 s")
+	}
+	t.Logf("rival granted %v after the push", granted.Sub(pushed).Round(100*time.Microsecond))
+	if gap := granted.Sub(pushed); gap < 40*time.Millisecond {
+		t.Errorf("a rival was granted the key %v after the holder was told of its MAXHOLD; want the loss told within the last validity answered (over 100 ms before the lease ends)",
+			gap.Round(100*time.Microsecond))
+	}
+}
+
+// TestMaxHoldToldWithinCappedValidity: where the lock store answers a
+// validity far below the TTL (ZooKeeper: capped by the session's
+// horizon), MAXHOLD's loss is still told within the validity last
+// answered, and not long before the deadline either: the watchdog renews
+// for what is left of the hold until that validity reaches about the
+// deadline, rather than stop renewing a TTL/3 before it, which would leave
+// the holder relying on the lock long after the lock store's last word
+// (or, told at the end of that word, cut the hold short).
+func TestMaxHoldToldWithinCappedValidity(t *testing.T) {
+	const ttl, maxHold = 3 * time.Second, 4 * time.Second
+	const validity = 300 * time.Millisecond
+	b := &cappedValidityBackend{validity: validity, okRenews: 1 << 30}
+	k := newTestKeepalives(t, b, time.Minute)
+	c := newTestConn(t, 3)
+	start := time.Now()
+	if !k.startGrant(c.ctx, c.ka, "k", "tok", ttl, maxHold, backends.Write, true,
+		grantTiming{sent: start, validity: validity}) {
+		t.Fatal("startGrant = false")
+	}
+	for i := 0; c.ka.live.Load() != 0; i++ {
+		if i > 1000 {
+			t.Fatal("the watchdog still runs 10 s after a MAXHOLD of 4 s")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	told := time.Now()
+	waitStopped(t, k)
+	b.mu.Lock()
+	end := b.lastOK.Add(validity)
+	b.mu.Unlock()
+	if len(c.pushed()) != 1 {
+		t.Fatalf("pushes %q; want one lock-lost push", c.pushed())
+	}
+	t.Logf("told %v after the grant, %v before the last validity answered ended", told.Sub(start).Round(time.Millisecond), end.Sub(told).Round(time.Millisecond))
+	// The loop above polls every 10 ms.
+	if told.After(end.Add(15 * time.Millisecond)) {
+		t.Errorf("holder told of its MAXHOLD %v after the validity the last renewal answered (%v) had ended",
+			told.Sub(end).Round(time.Millisecond), validity)
+	}
+	if held := told.Sub(start); held < maxHold-validity {
+		t.Errorf("holder told of its MAXHOLD of %v after %v; want within the last %v before it", maxHold, held.Round(time.Millisecond), validity)
+	}
+}
