@@ -1290,20 +1290,30 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			}
 			// A RENEW of the key and token may have shortened the
 			// lease: its validity is the last answered, and the next
-			// renewal comes within half of it. Not once MAXHOLD's
-			// final lease runs (no more renewals).
+			// renewal comes within half of it. A RENEW that answered an
+			// error may have shortened it as well, to the lease it
+			// asked for: the next renewal comes within half of what it
+			// may have left, and no try runs past it. Also in MAXHOLD's
+			// last stretch, where w renews no more for a lease of its
+			// own: the holder relies on the lock until told it is
+			// lost, and the timer decides again whether to renew for
+			// what is left of the hold or to tell the loss at the end
+			// of the validity last answered.
 			end, undecided := k.takeRenewed(w)
-			if !end.IsZero() && !final {
-				validEnd = end
-				if d := max(time.Until(end)/2, 0); time.Now().Add(d).Before(due) {
-					reset(d)
-				}
+			switch {
+			case undecided.IsZero():
+			case !end.IsZero():
+				// Which of them landed last cannot be told.
+				end = earlier(end, undecided)
+			case undecided.Before(validEnd):
+				// One that asked for more may have lengthened the
+				// lease, or not been applied: it ends no sooner.
+				end = undecided
 			}
-			// A RENEW that answered an error may have shortened the
-			// lease as well: the next renewal comes within half of what
-			// it may have left.
-			if !undecided.IsZero() && !final {
-				if d := max(time.Until(undecided)/2, 0); time.Now().Add(d).Before(due) {
+			if !end.IsZero() {
+				validEnd = end
+				final = false
+				if d := max(time.Until(end)/2, 0); time.Now().Add(d).Before(due) {
 					reset(d)
 				}
 			}
