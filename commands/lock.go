@@ -483,6 +483,12 @@ func (h *Handler) renew(s *resp.Session, args [][]byte) {
 	if validity > 0 {
 		h.held.renewed(key, token, ttl)
 		h.keepalive.toldRenewal(key, token, sent, validity)
+	} else {
+		// Not held, or renewed on a majority too late to leave 1 ms:
+		// the lease may be ttl there, too short to count on, while the
+		// lock's KEEPALIVE holder may be another connection. Its
+		// watchdog renews (or finds the lock gone and tells) at once.
+		h.keepalive.undecidedRenewal(key, token, sent, ttl)
 	}
 	s.W.Int(validity.Milliseconds())
 }
