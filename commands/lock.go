@@ -326,6 +326,16 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		h.metrics.acquireErr.Inc()
 		h.releaseOrphan(s, req.Key, token, mode)
 		s.W.Error(errShuttingDown.Error())
+	case err == nil && a.token != nil && h.lockLost(s, a.key, a.token):
+		// This connection's KEEPALIVE lock of the key with the token
+		// was lost while the attempt ran (a WAIT, a slow grant): this
+		// LOCK is the command the notice answers (lockLost wrote
+		// -LOCKLOST), and as a command so answered runs nothing, the
+		// grant is given back. Granted, it would be kept alive while
+		// the notice went to the UNLOCK after it, which would then not
+		// run.
+		h.metrics.acquireErr.Inc()
+		h.releaseOrphan(s, req.Key, token, mode)
 	case err == nil:
 		// Counted before the watchdog may release it (releaseHolds
 		// takes it off then).
