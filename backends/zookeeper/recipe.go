@@ -1600,7 +1600,7 @@ func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl 
 		switch {
 		case err == nil:
 			if how == leaseSet {
-				b.enforceRenewed(n.path, st.Version, d.hasGate(), t0.Add(ttl))
+				b.enforceRenewed(n.path, st.Version, d, t0.Add(ttl))
 			}
 			// A renewal too late to be of use (a validity under
 			// backends.MinValidity) answers 0: the caller must no longer count on
@@ -1822,23 +1822,30 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 // Backend.mu.
 type renewedLease struct {
 	path    string
-	version int32 // the node's data version the RENEW wrote
+	version int32 // the node's data version the RENEW wrote, or one since that kept its lease
 	gated   bool  // that data has a gate
+	// startMS and ttl are the lease the RENEW stored: a change since that
+	// keeps them (an UNLOCK of one of several holds) leaves it the node's
+	// lease, still enforced here.
+	startMS int64
+	ttl     time.Duration
 	timer   *time.Timer
 }
 
 // enforceRenewed enforces the lease a RENEW through this instance set on
 // the node at path, when another instance made it (this one's own nodes
 // are enforced by their lease timers: see written): at end, the node is
-// deleted if its data is still at version, the RENEW's, so that no change
-// since (a renewal, a reentry, a release of one of several holds, through
-// any instance) is overridden. The instance that made the node sees the
+// deleted if its data is still at version, the RENEW's, or if every change
+// since kept the lease the RENEW stored (d's start and TTL: a release of
+// one of several holds, through any instance), so that no change that
+// restarted the lease (a renewal, a reentry that raised it) is overridden.
+// The instance that made the node sees the
 // RENEW only when its own timer fires, at the end of the lease it knew of,
 // and then counts the new TTL from then: a RENEW that shortened the lease
 // left the key held until the old lease's end, one that lengthened it
 // until the old end plus the new TTL. Either way that instance still
 // deletes the node later if this one cannot (it closed).
-func (b *Backend) enforceRenewed(path string, version int32, gated bool, end time.Time) {
+func (b *Backend) enforceRenewed(path string, version int32, d lockData, end time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed || b.owned[path] != nil {
@@ -1848,7 +1855,7 @@ func (b *Backend) enforceRenewed(path string, version int32, gated bool, end tim
 		b.stopRenewedLocked(r)
 		delete(b.renewed, path)
 	}
-	r := &renewedLease{path: path, version: version, gated: gated}
+	r := &renewedLease{path: path, version: version, gated: d.hasGate(), startMS: d.startMS, ttl: d.ttl}
 	b.renewed[path] = r
 	b.armRenewedLocked(r, time.Until(end))
 }
@@ -1886,9 +1893,25 @@ func (b *Backend) renewedEnded(r *renewedLease) {
 	b.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.SessionTimeout)
 	defer cancel()
-	err := b.remove(ctx, r.path, r.version, r.gated)
+	b.mu.Lock()
+	version, gated := r.version, r.gated
+	b.mu.Unlock()
+	err := b.remove(ctx, r.path, version, gated)
 	if err == nil {
 		b.leasesEnded.Add(1)
+	}
+	var g got
+	var ok bool
+	if errors.Is(err, zk.ErrBadVersion) {
+		// Changed since: by a change that restarted the lease (a
+		// renewal, a reentry that raised it), whose lease the node's
+		// instance enforces, or by one that kept it (an UNLOCK of one of
+		// several holds, through any instance), after which the lease
+		// is still the one the RENEW set, ended now.
+		var gerr error
+		if g, ok, gerr = b.get(ctx, r.path); gerr != nil {
+			err = gerr
+		}
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -1896,9 +1919,17 @@ func (b *Backend) renewedEnded(r *renewedLease) {
 		return
 	}
 	switch {
+	case errors.Is(err, zk.ErrBadVersion) && ok && g.data.startMS == r.startMS && g.data.ttl == r.ttl && !b.closed:
+		if g.stat.Version == r.version {
+			// Read from a server behind the leader's refusal: again shortly.
+			b.armRenewedLocked(r, leaseRetry)
+			break
+		}
+		r.version, r.gated = g.stat.Version, g.data.hasGate()
+		b.armRenewedLocked(r, 0)
 	case err == nil, errors.Is(err, zk.ErrNoNode), errors.Is(err, zk.ErrBadVersion):
-		// Deleted; or gone, or changed since (its lease is then another
-		// change's, which the node's instance enforces).
+		// Deleted; or gone, or its lease restarted since (by a change
+		// the node's instance enforces).
 		delete(b.renewed, r.path)
 	case b.closed:
 	default:
