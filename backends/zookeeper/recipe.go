@@ -1037,13 +1037,16 @@ func (b *Backend) abandonByNonce(dir, prefix string) {
 	expired := b.expired
 	b.mu.Unlock()
 	for {
-		for ctx.Err() == nil && !b.connected.Load() {
+		for ctx.Err() == nil && !b.connected.Load() && !b.isClosed() {
 			select {
 			case <-ctx.Done():
 			case <-expired:
 				return // the node went with the session
 			case <-time.After(50 * time.Millisecond):
 			}
+		}
+		if b.isClosed() {
+			return // the node goes with the session, which Close ended
 		}
 		// The session may be back on another server, one that has not
 		// applied the lost create yet (a follower behind its leader):
