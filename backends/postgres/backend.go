@@ -102,6 +102,10 @@ type Backend struct {
 	cfg       Config
 	n         names
 	idleTxSQL string // SET LOCAL idle_in_transaction_session_timeout, first in a grant
+	// asciiOnly: the connections' encodings do not take every UTF-8
+	// string as it is (rawTextSafe), so keys and tokens that are not
+	// plain ASCII are stored encoded (dbTextFor). Set by setup.
+	asciiOnly bool
 	pool      *pgxpool.Pool
 	log       *zap.Logger
 	addr      string // host:port, for INFO and errors
@@ -243,6 +247,15 @@ func New(cfg Config) (*Backend, error) {
 // all is there, it changes nothing, so a role that may not create or
 // alter the tables runs on tables an owner made.
 func (b *Backend) setup(ctx context.Context) error {
+	var server, client string
+	if err := b.pool.QueryRow(ctx, `SELECT current_setting('server_encoding'), current_setting('client_encoding')`).Scan(&server, &client); err != nil {
+		return fmt.Errorf("postgres: %s: %s: %w", b.addr, reason(err), err)
+	}
+	b.asciiOnly = !rawTextSafe(server, client)
+	if b.asciiOnly {
+		b.log.Info("postgres: keys and tokens that are not plain ASCII are stored base64-encoded, as the connections' encoding is not UTF8",
+			zap.String("server_encoding", server), zap.String("client_encoding", client))
+	}
 	q, args := b.n.schemaStateSQL()
 	var tables, indexes, keyed bool
 	if err := b.pool.QueryRow(ctx, q, args...).Scan(&tables, &indexes, &keyed); err != nil {
@@ -432,7 +445,7 @@ func (b *Backend) Close() error {
 
 // Lock implements backends.Backend.
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
-	lease, err := b.lock(ctx, storable(req))
+	lease, err := b.lock(ctx, b.storable(req))
 	if err == nil {
 		lease.Token = req.Token
 	}
@@ -440,10 +453,15 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 }
 
 // storable is req with its key and token in the form the tables store.
-func storable(req backends.LockRequest) backends.LockRequest {
-	req.Key, req.Token = dbText(req.Key), dbText(req.Token)
+func (b *Backend) storable(req backends.LockRequest) backends.LockRequest {
+	req.Key, req.Token = b.text(req.Key), b.text(req.Token)
 	return req
 }
+
+// text is s in the form the tables store (dbTextFor): on a database whose
+// connections may not take every UTF-8 string as it is (asciiOnly), every
+// one that is not plain ASCII is encoded.
+func (b *Backend) text(s string) string { return dbTextFor(s, b.asciiOnly) }
 
 // lock is Lock with the key and token in the form the tables store.
 func (b *Backend) lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
@@ -1198,12 +1216,12 @@ func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
 	octx, cancel := b.op(ctx)
 	defer cancel()
 	var before, notified int64
-	err := b.rowStatement(octx, dbText(key), func(noWait bool) error {
+	err := b.rowStatement(octx, b.text(key), func(noWait bool) error {
 		q := b.n.releaseSQL()
 		if noWait {
 			q = b.n.releaseNoWaitSQL()
 		}
-		return b.pool.QueryRow(octx, q, dbText(key), dbText(token)).Scan(&before, &notified)
+		return b.pool.QueryRow(octx, q, b.text(key), b.text(token)).Scan(&before, &notified)
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -1223,12 +1241,12 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	octx, cancel := b.op(ctx)
 	defer cancel()
 	var tag pgconn.CommandTag
-	err := b.rowStatement(octx, dbText(key), func(noWait bool) (err error) {
+	err := b.rowStatement(octx, b.text(key), func(noWait bool) (err error) {
 		q := b.n.renewSQL()
 		if noWait {
 			q = b.n.renewNoWaitSQL()
 		}
-		tag, err = b.pool.Exec(octx, q, dbText(key), dbText(token), ttlMS(ttl.Milliseconds()))
+		tag, err = b.pool.Exec(octx, q, b.text(key), b.text(token), ttlMS(ttl.Milliseconds()))
 		return err
 	})
 	if err != nil {
@@ -1261,12 +1279,12 @@ func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backen
 	octx, cancel := b.op(ctx)
 	defer cancel()
 	var before, notified int64
-	err := b.rowStatement(octx, dbText(key), func(noWait bool) error {
+	err := b.rowStatement(octx, b.text(key), func(noWait bool) error {
 		q := b.n.releaseHoldSQL()
 		if noWait {
 			q = b.n.releaseHoldNoWaitSQL()
 		}
-		return b.pool.QueryRow(octx, q, dbText(key), dbText(token), int16(mode)).Scan(&before, &notified)
+		return b.pool.QueryRow(octx, q, b.text(key), b.text(token), int16(mode)).Scan(&before, &notified)
 	})
 	switch {
 	case errors.Is(err, pgx.ErrNoRows):
@@ -1288,12 +1306,12 @@ func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backend
 	octx, cancel := b.op(ctx)
 	defer cancel()
 	var tag pgconn.CommandTag
-	err := b.rowStatement(octx, dbText(key), func(noWait bool) (err error) {
+	err := b.rowStatement(octx, b.text(key), func(noWait bool) (err error) {
 		q := b.n.renewHoldSQL()
 		if noWait {
 			q = b.n.renewHoldNoWaitSQL()
 		}
-		tag, err = b.pool.Exec(octx, q, dbText(key), dbText(token), int16(mode), ttlMS(ttl.Milliseconds()))
+		tag, err = b.pool.Exec(octx, q, b.text(key), b.text(token), int16(mode), ttlMS(ttl.Milliseconds()))
 		return err
 	})
 	if err != nil {
@@ -1311,7 +1329,7 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 	if err := b.usable(); err != nil {
 		return backends.LockInfo{}, false, err
 	}
-	key = dbText(key)
+	key = b.text(key)
 	start := time.Now()
 	octx, cancel := b.op(ctx)
 	defer cancel()
