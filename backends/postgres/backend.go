@@ -102,7 +102,7 @@ type Backend struct {
 	cfg       Config
 	n         names
 	idleTxSQL string // SET LOCAL idle_in_transaction_session_timeout, first in a grant
-	// asciiOnly: the connections' encodings do not take every UTF-8
+	// asciiOnly: the database's encoding does not store every UTF-8
 	// string as it is (rawTextSafe), so keys and tokens that are not
 	// plain ASCII are stored encoded (dbTextFor). Set by setup.
 	asciiOnly bool
@@ -207,6 +207,14 @@ func New(cfg Config) (*Backend, error) {
 	if pcfg.ConnConfig.ConnectTimeout == 0 {
 		pcfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	}
+	// Every connection, of every instance, sends and reads keys and
+	// tokens as UTF-8 whatever the DSN or the database says: the server
+	// reads a string's bytes in the connection's client_encoding, so two
+	// instances with different ones stored, locked and looked up one key
+	// as two (two holders at once). See rawTextSafe for the database's
+	// side. The listening connection copies this config.
+	pcfg.ConnConfig.RuntimeParams["client_encoding"] = "UTF8"
+	pcfg.AfterConnect = checkClientEncoding
 	b := &Backend{
 		cfg: cfg,
 		// A lockproxy that stops in the middle of a grant's transaction
@@ -247,14 +255,14 @@ func New(cfg Config) (*Backend, error) {
 // all is there, it changes nothing, so a role that may not create or
 // alter the tables runs on tables an owner made.
 func (b *Backend) setup(ctx context.Context) error {
-	var server, client string
-	if err := b.pool.QueryRow(ctx, `SELECT current_setting('server_encoding'), current_setting('client_encoding')`).Scan(&server, &client); err != nil {
+	var server string
+	if err := b.pool.QueryRow(ctx, `SELECT current_setting('server_encoding')`).Scan(&server); err != nil {
 		return fmt.Errorf("postgres: %s: %s: %w", b.addr, reason(err), err)
 	}
-	b.asciiOnly = !rawTextSafe(server, client)
+	b.asciiOnly = !rawTextSafe(server)
 	if b.asciiOnly {
-		b.log.Info("postgres: keys and tokens that are not plain ASCII are stored base64-encoded, as the connections' encoding is not UTF8",
-			zap.String("server_encoding", server), zap.String("client_encoding", client))
+		b.log.Info("postgres: keys and tokens that are not plain ASCII are stored base64-encoded, as the database's encoding is not UTF8",
+			zap.String("server_encoding", server))
 	}
 	q, args := b.n.schemaStateSQL()
 	var tables, indexes, keyed bool
@@ -400,6 +408,16 @@ FROM pg_catalog.pg_sequence s JOIN pg_catalog.pg_class c ON c.oid = s.seqrelid W
 		return fmt.Errorf("postgres: the fence sequence %s is UNLOGGED: crash recovery would reset it and later grants would get smaller fences; run ALTER SEQUENCE %s SET LOGGED", b.n.fences, b.n.fences)
 	case holdsPersistence == "u":
 		return fmt.Errorf("postgres: the lock table %s is UNLOGGED: crash recovery would empty it and locks still held would be granted again; run ALTER TABLE %s SET LOGGED", b.n.holds, b.n.holds)
+	}
+	return nil
+}
+
+// checkClientEncoding refuses a connection whose client_encoding is not
+// UTF8 (one set in the DSN's options, which New's cannot override): see
+// New.
+func checkClientEncoding(_ context.Context, conn *pgx.Conn) error {
+	if enc := conn.PgConn().ParameterStatus("client_encoding"); enc != "UTF8" {
+		return fmt.Errorf("postgres: the connection's client_encoding is %s; lockproxy needs UTF8 (remove client_encoding from the DSN's options)", enc)
 	}
 	return nil
 }
@@ -1476,6 +1494,10 @@ func (b *Backend) listenOnce() (listened time.Time, err error) {
 	conn, err := pgx.ConnectConfig(b.ctx, b.pool.Config().ConnConfig.Copy())
 	if err != nil {
 		return time.Time{}, fmt.Errorf("dial: %w", err)
+	}
+	if err := checkClientEncoding(b.ctx, conn); err != nil {
+		_ = conn.Close(b.ctx)
+		return time.Time{}, err
 	}
 	defer func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)

@@ -88,3 +88,48 @@ func testKeysInEncoding(t *testing.T, enc string) {
 		}
 	}
 }
+
+// TestClientEncodingInDSNNotTwoHolders: two lockproxies on one database
+// whose DSNs set different client_encodings (one leaves the database's)
+// see a non-ASCII key as one key: the second is refused while the first
+// holds it. Each connection's server read the key's bytes in its own
+// client_encoding, so the two stored, locked and looked up two different
+// keys and both were granted.
+func TestClientEncodingInDSNNotTwoHolders(t *testing.T) {
+	for _, tc := range []struct{ enc, dsnEnc string }{
+		{"LATIN1", "UTF8"},
+		{"UTF8", "LATIN1"},
+		{"EUC_JP", "UTF8"},
+	} {
+		t.Run(tc.enc+"_"+tc.dsnEnc, func(t *testing.T) {
+			pg, p := testDB(t)
+			db := strings.TrimSuffix(p, "_") + "_db"
+			execAll(t, pg, fmt.Sprintf(`CREATE DATABASE %s ENCODING '%s' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`, db, tc.enc))
+			dsn := strings.Replace(pg.DSN(), "/postgres?", "/"+db+"?", 1)
+			var bs []*Backend
+			for _, d := range []string{dsn, dsn + "&client_encoding=" + tc.dsnEnc} {
+				b, err := New(Config{DSN: d, TablePrefix: p, SweepInterval: time.Hour,
+					DriftFactor: 0.01, DriftMin: 2 * time.Millisecond})
+				if err != nil {
+					t.Fatal(err)
+				}
+				t.Cleanup(func() { b.Close() })
+				bs = append(bs, b)
+			}
+			t.Cleanup(func() { execAll(t, pg, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)") })
+			ctx := context.Background()
+			for _, key := range []string{"clé", "Ãé"} {
+				if _, err := bs[0].Lock(ctx, backends.LockRequest{Key: key, Token: "A", TTL: time.Minute}); err != nil {
+					t.Fatalf("%q: LOCK through the first = %v", key, err)
+				}
+				if l, err := bs[1].Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: time.Minute}); err == nil {
+					t.Errorf("%q: LOCK through the second granted (fence %d) while the first holds it: two holders", key, l.Fence)
+				}
+				info, held, err := bs[1].Info(ctx, key)
+				if err != nil || !held || len(info.Holders) != 1 || info.Holders[0].Token != "A" {
+					t.Errorf("%q: LOCKINFO through the second = %+v, held %v, %v; want held by A", key, info, held, err)
+				}
+			}
+		})
+	}
+}

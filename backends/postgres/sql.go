@@ -499,12 +499,9 @@ const encodedMark = "\x01"
 func dbText(s string) string { return dbTextFor(s, false) }
 
 // dbTextFor is how s is stored. asciiOnly (see rawTextSafe) encodes every
-// string with a byte outside ASCII as well: the server reads what it is
-// sent in the connection's client_encoding, which pgx leaves at the
-// database's, and a multi-byte one (EUC_JP, …) refuses the bytes of most
-// UTF-8 characters (SQLSTATE 22021), while a conversion to another
-// refuses the characters it lacks (22P05). ASCII is the same bytes in
-// every encoding PostgreSQL serves.
+// string with a byte outside ASCII as well. ASCII is the same bytes in
+// every encoding PostgreSQL serves, so the stored form does not depend on
+// the database's encoding's conversions.
 func dbTextFor(s string, asciiOnly bool) string {
 	if utf8.ValidString(s) && !strings.ContainsRune(s, 0) && !strings.HasPrefix(s, encodedMark) && (!asciiOnly || isASCII(s)) {
 		return s
@@ -521,28 +518,14 @@ func isASCII(s string) bool {
 	return true
 }
 
-// rawTextSafe reports whether connections with these server_encoding and
-// client_encoding store every valid UTF-8 string without NUL bytes as its
-// own bytes: a SQL_ASCII database takes any bytes as they are; otherwise
-// the two must be the same (no conversion, which refuses characters the
-// database's encoding lacks) and either UTF8 or a single-byte encoding,
-// which takes every byte but NUL (LATIN1 and the like: a UTF-8 character
-// is stored as two or more of its characters, and read back the same).
-// The multi-byte encodings a server may have besides UTF8 refuse most
-// UTF-8 sequences.
-func rawTextSafe(server, client string) bool {
-	switch {
-	case server == "SQL_ASCII":
-		return true
-	case server != client:
-		return false
-	}
-	switch server {
-	case "EUC_JP", "EUC_CN", "EUC_KR", "EUC_TW", "EUC_JIS_2004", "MULE_INTERNAL":
-		return false
-	}
-	return true
-}
+// rawTextSafe reports whether a database whose server_encoding is server
+// stores every valid UTF-8 string without NUL bytes, sent by a connection
+// whose client_encoding is UTF8 (New sets it), as its own bytes: a UTF8
+// one does, and a SQL_ASCII one takes any bytes as they are. Any other
+// converts: a multi-byte one (EUC_JP, …) refuses most UTF-8 characters
+// (SQLSTATE 22021 when they were read in its encoding), and every one
+// refuses those it lacks (22P05).
+func rawTextSafe(server string) bool { return server == "UTF8" || server == "SQL_ASCII" }
 
 // fromDBText undoes dbText.
 func fromDBText(s string) string {
