@@ -695,7 +695,31 @@ func (b *Backend) enterRowGate(ctx context.Context, key string) (release func(),
 // the key whose rows are free (another token's) neither wait for nor
 // queue behind one that waits; then, only when a row was locked, in its
 // waiting form through the key's row gate (enterRowGate).
+//
+// Each is one statement, at the session's default isolation: on a database
+// whose default_transaction_isolation is repeatable read or serializable,
+// one that waited for a row another transaction updated (a renewal or a
+// release of the same token, a reentry) fails with SQLSTATE 40001 and is
+// rolled back, with nothing applied, so it is run again, up to
+// rowStatementTries times within ctx. (The isolation is not set at
+// connect: PgBouncer refuses startup parameters it does not know, and a
+// session's SET does not stay with a client through it.)
 func (b *Backend) rowStatement(ctx context.Context, key string, run func(noWait bool) error) error {
+	var err error
+	for range rowStatementTries {
+		if err = b.rowStatementOnce(ctx, key, run); !retryable(err) || ctx.Err() != nil {
+			return err
+		}
+		b.log.Debug("postgres: statement rolled back; running it again", zap.Error(err))
+	}
+	return err
+}
+
+// rowStatementTries bounds the runs of a RENEW's or UNLOCK's statement
+// that the database rolled back (rowStatement).
+const rowStatementTries = 3
+
+func (b *Backend) rowStatementOnce(ctx context.Context, key string, run func(noWait bool) error) error {
 	err := run(true)
 	var pe *pgconn.PgError
 	if !errors.As(err, &pe) || pe.Code != "55P03" { // lock_not_available
