@@ -243,6 +243,12 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 	if rl := cs.rl; rl != nil && rl.tracks {
 		// CLIENT CACHING applies to the command after it (trackedLockRead).
 		rl.cachingNow, rl.cachingNext = rl.cachingNext, 0
+		// Redis spends a CLIENT CACHING on the next command that is no
+		// CLIENT command, outside MULTI (disarmCaching).
+		rl.counted = string(name) != "client" && string(name) != "multi" && !rl.multi
+		if rl.counted && rl.armed {
+			rl.spent++
+		}
 		if string(name) == "client" && len(args) > 2 && resp.EqualFold(args[1], "CACHING") {
 			switch {
 			case resp.EqualFold(args[2], "YES"):

@@ -48,6 +48,16 @@ type relayConn struct {
 	// is tracked, in OPTOUT mode every read but one right after CLIENT
 	// CACHING NO.
 	trackOpt, cachingNext, cachingNow byte
+	// armed: a CLIENT CACHING went to the pinned connection, and the
+	// upstream applies it to the next command it runs there that is no
+	// CLIENT command (outside MULTI; EXEC's commands too). Redis applies
+	// it to the client's next such command, which may be one lockproxy
+	// answers itself (PING, a lock command) or refuses: spent counts
+	// those served since (serve), counted tells whether the command
+	// being served is one, and disarmCaching spends the upstream's flag
+	// where Redis would have.
+	armed, counted bool
+	spent          int
 	// redirTo is the client id of the last CLIENT TRACKING … REDIRECT,
 	// and redirUp the upstream id relayed in its place (clientids.go),
 	// for the replies that give that id back (redirectInfo); 0 when
@@ -950,6 +960,12 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 			"connection's first write: lockproxy then keeps its writes and WAITs on one upstream connection")
 		return
 	}
+	if rs.armed && rs.tracks && name != "client" {
+		h.disarmCaching(s, rs, name)
+	}
+	if name == "client" && len(args) > 2 && rs.tracks && !rs.multi && resp.EqualFold(args[1], "CACHING") {
+		rs.armed, rs.spent = true, 0
+	}
 	h.rm.relayed.Inc()
 	if !rs.multi && relayPlain(name, args) {
 		// The hot path, and the only one the event loop runs (LoopSafe).
@@ -1114,6 +1130,8 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		}
 		rs.tracking = rs.tracking || resp.EqualFold(args[2], "ON")
 		rs.tracks = resp.EqualFold(args[2], "ON")
+		// Tracking turned off drops a CLIENT CACHING's flag upstream.
+		rs.armed = rs.armed && rs.tracks
 		rs.trackOpt = 0
 		switch {
 		case rs.tracks && hasWord(args, "OPTIN"):
@@ -1140,6 +1158,42 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		h.relayBlocking(s, rs, args)
 	default:
 		h.relayAdd(s, rs, args)
+	}
+}
+
+// disarmCaching runs before a relayed command (name, no CLIENT one) while
+// the pinned connection holds a CLIENT CACHING's flag (armed). When a
+// command served by lockproxy came between, Redis would have applied the
+// flag to that one: the upstream's is spent with a PING, whose reply the
+// client does not see, so that it does not apply to this command (after
+// CLIENT CACHING NO in OPTOUT mode, a read that Redis tracks would go
+// untracked, and the client's cache would keep the value past a change).
+func (h *Handler) disarmCaching(s *resp.Session, rs *relayConn, name string) {
+	if rs.spent > 1 || rs.spent == 1 && !rs.counted {
+		h.relayAdd(s, rs, [][]byte{[]byte("PING")})
+		at := rs.at
+		h.relayCollect(s, rs, true)
+		// PING's reply is the last frame.
+		b := s.W.Bytes()
+		last := -1
+		for i := at; i < len(b); {
+			n, err := relay.FrameEnd(b[i:])
+			if err != nil || n == 0 {
+				break
+			}
+			last, i = i, i+n
+		}
+		if last >= 0 {
+			w := bytes.Clone(b[:last])
+			s.W.Reset()
+			s.W.Raw(w)
+		}
+		rs.armed = false
+		return
+	}
+	if name != "multi" && !rs.multi || name == "exec" {
+		// This command is the one the flag is for, upstream as in Redis.
+		rs.armed = false
 	}
 }
 
@@ -1329,6 +1383,7 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 		c.rl.multi, c.rl.dirty, c.rl.watch, c.rl.db, c.rl.tracking, c.rl.monitor = false, false, false, 0, false, false
 		c.rl.watchLost, c.rl.waiter, c.rl.failedTx, c.rl.linger, c.rl.tracks = false, false, false, false, false
 		c.rl.trackOpt, c.rl.cachingNext, c.rl.cachingNow = 0, 0, 0
+		c.rl.armed, c.rl.counted, c.rl.spent = false, false, 0
 		c.rl.redirTo, c.rl.redirUp = 0, 0
 		c.rl.redirPush.Store(nil)
 		c.rl.light.Store(false)
