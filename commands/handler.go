@@ -241,8 +241,14 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 	c := table[string(name)]
 	cs := state(s)
 	if rl := cs.rl; rl != nil && rl.tracks {
-		// CLIENT CACHING applies to the command after it (trackedLockRead).
-		rl.cachingNow, rl.cachingNext = rl.cachingNext, 0
+		// CLIENT CACHING applies to the next command that is no CLIENT
+		// command (trackedLockRead): Redis keeps its flag across CLIENT
+		// commands, MULTI and the commands queued after it, and drops it
+		// after any other (EXEC's and DISCARD's included).
+		rl.cachingNow = rl.cachingNext
+		if n := string(name); n != "client" && n != "multi" && (!rl.multi || n == "exec" || n == "discard") {
+			rl.cachingNext = 0
+		}
 		// Redis spends a CLIENT CACHING on the next command that is no
 		// CLIENT command, outside MULTI (disarmCaching).
 		rl.counted = string(name) != "client" && string(name) != "multi" && !rl.multi

@@ -73,3 +73,45 @@ func quietRead(nc net.Conn, d time.Duration) string {
 	}
 	return string(got)
 }
+
+// TestClientCachingKeptAcrossClientCommands: Redis keeps a CLIENT
+// CACHING's flag across CLIENT commands (CLIENT GETNAME, CLIENT ID…),
+// and applies it to the next command that is no CLIENT one. lockproxy
+// dropped it at the next command of any kind, so after CLIENT CACHING YES
+// (OPTIN) and CLIENT GETNAME it served a read of a lock key that Redis
+// would track, a reply the client caches and that no invalidation ever
+// reaches; and after CLIENT CACHING NO (OPTOUT) it refused one Redis would
+// not track. Found by a review.
+func TestClientCachingKeptAcrossClientCommands(t *testing.T) {
+	up := harness.StartRedis(t, harness.RedisOptions{})
+	addr := defaultsProxy(t, up, 1)
+	const refusal = "-ERR transparent mode: lock keys (lock_patterns) are served by the lock nodes"
+	for _, tc := range []struct {
+		name, mode, batch string
+		refused           bool // the last command, GET lock:x, a read Redis tracks
+	}{
+		{"optin yes then GET", "OPTIN", "CLIENT CACHING yes|GET lock:x", true},
+		{"optin yes then CLIENT GETNAME", "OPTIN", "CLIENT CACHING yes|CLIENT GETNAME|GET lock:x", true},
+		{"optin yes then CLIENT ID twice", "OPTIN", "CLIENT CACHING yes|CLIENT ID|CLIENT GETNAME|GET lock:x", true},
+		{"optin yes then PING", "OPTIN", "CLIENT CACHING yes|PING|GET lock:x", false},
+		{"optout no then CLIENT GETNAME", "OPTOUT", "CLIENT CACHING no|CLIENT GETNAME|GET lock:x", false},
+		{"optout no then PING", "OPTOUT", "CLIENT CACHING no|PING|GET lock:x", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialFrames(t, addr)
+			if r := c.do("HELLO 3"); !strings.HasPrefix(r, "%") {
+				t.Fatalf("HELLO 3: %s", r)
+			}
+			if r := c.do("CLIENT TRACKING on " + tc.mode); r != "+OK" {
+				t.Fatalf("CLIENT TRACKING: %s", r)
+			}
+			cmds := strings.Split(tc.batch, "|")
+			c.send(cmds...)
+			got := c.readAll(len(cmds), 5*time.Second)
+			last := got[len(got)-1]
+			if strings.HasPrefix(last, refusal) != tc.refused {
+				t.Errorf("%s: GET lock:x = %q; want refused %v (as Redis would track it)", tc.batch, last, tc.refused)
+			}
+		})
+	}
+}
