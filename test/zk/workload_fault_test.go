@@ -346,6 +346,17 @@ func TestWorkloadUnderServerFaults(t *testing.T) {
 			} else {
 				time.Sleep(tc.hold)
 			}
+			if tc.serverCut {
+				// On a loaded host the election and the end of instance
+				// 0's session can take longer than hold: the cut lasts
+				// until instance 1 took w0 over, 30 s more at most
+				// (checkServerCut fails the row if it never did).
+				for end := time.Now().Add(30 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+					if tallyCut(hist.Grants(), from, hist.Now(), 0).taken != nil {
+						break
+					}
+				}
+			}
 			newLeader := ""
 			for end := time.Now().Add(10 * time.Second); !tc.partition && newLeader == "" && time.Now().Before(end); time.Sleep(200 * time.Millisecond) {
 				for _, z := range ensemble {
