@@ -1018,25 +1018,9 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		h.maybeUnpin(rs)
 	case (name == "exec" || name == "discard") && rs.multi:
 		if rs.dirty && name == "exec" {
-			h.relayAdd(s, rs, [][]byte{[]byte("DISCARD")})
-			at := rs.at
-			h.relayCollect(s, rs, true)
-			// DISCARD's reply, whatever it is, is the last frame: EXEC
+			// DISCARD's reply, whatever it is, is not the client's: EXEC
 			// answers in its place, one reply for one command.
-			b := s.W.Bytes()
-			last := -1
-			for i := at; i < len(b); {
-				n, err := relay.FrameEnd(b[i:])
-				if err != nil || n == 0 {
-					break
-				}
-				last, i = i, i+n
-			}
-			if last >= 0 {
-				w := bytes.Clone(b[:last])
-				s.W.Reset()
-				s.W.Raw(w)
-			}
+			h.relayUnseen(s, rs, "DISCARD")
 			s.W.Error("EXECABORT Transaction discarded because of previous errors.")
 		} else {
 			h.relayAdd(s, rs, args)
@@ -1170,24 +1154,7 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 // untracked, and the client's cache would keep the value past a change).
 func (h *Handler) disarmCaching(s *resp.Session, rs *relayConn, name string) {
 	if rs.spent > 1 || rs.spent == 1 && !rs.counted {
-		h.relayAdd(s, rs, [][]byte{[]byte("PING")})
-		at := rs.at
-		h.relayCollect(s, rs, true)
-		// PING's reply is the last frame.
-		b := s.W.Bytes()
-		last := -1
-		for i := at; i < len(b); {
-			n, err := relay.FrameEnd(b[i:])
-			if err != nil || n == 0 {
-				break
-			}
-			last, i = i, i+n
-		}
-		if last >= 0 {
-			w := bytes.Clone(b[:last])
-			s.W.Reset()
-			s.W.Raw(w)
-		}
+		h.relayUnseen(s, rs, "PING")
 		rs.armed = false
 		return
 	}
@@ -1422,4 +1389,27 @@ func newRelayMetrics(reg prometheus.Registerer) *relayMetrics {
 	}
 	reg.MustRegister(m.relayed, m.refused, m.dropped)
 	return m
+}
+
+// relayUnseen relays cmd (a command without arguments) on rs after what
+// is queued, collects the replies, and drops cmd's own, the last frame:
+// the client did not send it and gets no reply for it.
+func (h *Handler) relayUnseen(s *resp.Session, rs *relayConn, cmd string) {
+	h.relayAdd(s, rs, [][]byte{[]byte(cmd)})
+	at := rs.at
+	h.relayCollect(s, rs, true)
+	b := s.W.Bytes()
+	last := -1
+	for i := at; i < len(b); {
+		n, err := relay.FrameEnd(b[i:])
+		if err != nil || n == 0 {
+			break
+		}
+		last, i = i, i+n
+	}
+	if last >= 0 {
+		w := bytes.Clone(b[:last])
+		s.W.Reset()
+		s.W.Raw(w)
+	}
 }
