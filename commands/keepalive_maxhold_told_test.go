@@ -37,23 +37,7 @@ func TestMaxHoldToldWithinLastValidity(t *testing.T) {
 	for range 6 {
 		c.reply(t)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rival, stop := pollRival(ctx, be, key)
-	defer stop()
-	if got := c.reply(t); got != ">3" {
-		t.Fatalf("after MAXHOLD: %q; want the lock-lost push", got)
-	}
-	pushed := time.Now()
-	for range 3 {
-		c.reply(t)
-	}
-	var granted time.Time
-	select {
-	case granted = <-rival:
-	case <-ctx.Done():
-		t.Fatal("the rival was not granted the key within 10 s")
-	}
+	pushed, granted := pushThenRival(t, c, be, key)
 	t.Logf("rival granted %v after the push", granted.Sub(pushed).Round(100*time.Microsecond))
 	if gap := granted.Sub(pushed); gap < 40*time.Millisecond {
 		t.Errorf("a rival was granted the key %v after the holder was told of its MAXHOLD; want the loss told within the last validity answered (over 100 ms before the lease ends)",
@@ -145,6 +129,30 @@ func dialRESP3(t *testing.T, be backends.Backend) *rawConn {
 	return c
 }
 
+// pushThenRival polls key for a rival (pollRival) while it waits for c's
+// lock-lost push at MAXHOLD, and returns when the push came and when the
+// rival was granted the key (10 s at most).
+func pushThenRival(t *testing.T, c *rawConn, be backends.Backend, key string) (pushed, granted time.Time) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rival, stop := pollRival(ctx, be, key)
+	defer stop()
+	if got := c.reply(t); got != ">3" {
+		t.Fatalf("after MAXHOLD: %q; want the lock-lost push", got)
+	}
+	pushed = time.Now()
+	for range 3 {
+		c.reply(t)
+	}
+	select {
+	case granted = <-rival:
+	case <-ctx.Done():
+		t.Fatal("the rival was not granted the key within 10 s")
+	}
+	return pushed, granted
+}
+
 // pollRival tries to lock key for a rival token until it is granted or
 // ctx ends, and sends when it was granted; the returned function stops
 // it and waits for it.
@@ -193,23 +201,7 @@ func TestRenewInMaxHoldsLastThirdKeptAlive(t *testing.T) {
 	if got := c.do(t, "RENEW "+key+" "+tok+" PX 150"); !strings.HasPrefix(got, ":") || got == ":0" {
 		t.Fatalf("RENEW = %q; want the validity", got)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rival, stop := pollRival(ctx, be, key)
-	defer stop()
-	if got := c.reply(t); got != ">3" {
-		t.Fatalf("after MAXHOLD: %q; want the lock-lost push", got)
-	}
-	pushed := time.Now()
-	for range 3 {
-		c.reply(t)
-	}
-	var at time.Time
-	select {
-	case at = <-rival:
-	case <-ctx.Done():
-		t.Fatal("the rival was not granted the key within 10 s")
-	}
+	pushed, at := pushThenRival(t, c, be, key)
 	t.Logf("pushed %v after the grant; rival granted %v after the push", pushed.Sub(granted).Round(time.Millisecond), at.Sub(pushed).Round(100*time.Microsecond))
 	if at.Before(pushed) {
 		t.Errorf("a rival was granted the key %v after the grant, %v before the holder was told of its MAXHOLD, after a RENEW PX 150 of the kept lock 2.5 s after the grant",

@@ -62,6 +62,30 @@ func newTestBackend(t *testing.T, pg *harness.Postgres, prefix string, pool int3
 	return b
 }
 
+// newDatabase creates database db on pg (CREATE DATABASE db options, then
+// the statements after), dropped at the end of the test, and returns a
+// DSN for it.
+func newDatabase(t *testing.T, pg *harness.Postgres, db, options string, after ...string) string {
+	t.Helper()
+	execAll(t, pg, append([]string{"CREATE DATABASE " + db + options}, after...)...)
+	t.Cleanup(func() { execAll(t, pg, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)") })
+	return strings.Replace(pg.DSN(), "/postgres?", "/"+db+"?", 1)
+}
+
+// newDSNBackend is a Backend on dsn's database, its tables named with
+// prefix, with no periodic sweep; closed at the end of the test, before
+// a database newDatabase made is dropped.
+func newDSNBackend(t *testing.T, dsn, prefix string) *Backend {
+	t.Helper()
+	b, err := New(Config{DSN: dsn, TablePrefix: prefix, SweepInterval: time.Hour,
+		DriftFactor: 0.01, DriftMin: 2 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
+}
+
 // execAll runs statements on a direct connection to pg.
 func execAll(t *testing.T, pg *harness.Postgres, stmts ...string) {
 	t.Helper()

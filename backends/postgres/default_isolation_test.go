@@ -24,18 +24,8 @@ import (
 func TestRenewUnlockUnderSerializableDefault(t *testing.T) {
 	pg, p := testDB(t)
 	db := strings.TrimSuffix(p, "_") + "_ser"
-	execAll(t, pg, "CREATE DATABASE "+db,
-		"ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
-	dsn := strings.Replace(pg.DSN(), "/postgres?", "/"+db+"?", 1)
-	b, err := New(Config{DSN: dsn, TablePrefix: p, SweepInterval: time.Hour,
-		DriftFactor: 0.01, DriftMin: 2 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		b.Close()
-		execAll(t, pg, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
-	})
+	dsn := newDatabase(t, pg, db, "", "ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
+	b := newDSNBackend(t, dsn, p)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	conn, err := pgx.Connect(ctx, dsn)

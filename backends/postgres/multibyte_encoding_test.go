@@ -26,17 +26,8 @@ func TestKeysInMultibyteEncodedDatabase(t *testing.T) {
 func testKeysInEncoding(t *testing.T, enc string) {
 	pg, p := testDB(t)
 	db := strings.TrimSuffix(p, "_") + "_db"
-	execAll(t, pg, fmt.Sprintf(`CREATE DATABASE %s ENCODING '%s' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`, db, enc))
-	dsn := strings.Replace(pg.DSN(), "/postgres?", "/"+db+"?", 1)
-	b, err := New(Config{DSN: dsn, TablePrefix: p, SweepInterval: time.Hour,
-		DriftFactor: 0.01, DriftMin: 2 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		b.Close()
-		execAll(t, pg, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)")
-	})
+	dsn := newDatabase(t, pg, db, encodingOptions(enc))
+	b := newDSNBackend(t, dsn, p)
 	waitListening(t, b)
 	ctx := context.Background()
 	for _, tc := range []struct{ key, token string }{
@@ -104,19 +95,8 @@ func TestClientEncodingInDSNNotTwoHolders(t *testing.T) {
 		t.Run(tc.enc+"_"+tc.dsnEnc, func(t *testing.T) {
 			pg, p := testDB(t)
 			db := strings.TrimSuffix(p, "_") + "_db"
-			execAll(t, pg, fmt.Sprintf(`CREATE DATABASE %s ENCODING '%s' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`, db, tc.enc))
-			dsn := strings.Replace(pg.DSN(), "/postgres?", "/"+db+"?", 1)
-			var bs []*Backend
-			for _, d := range []string{dsn, dsn + "&client_encoding=" + tc.dsnEnc} {
-				b, err := New(Config{DSN: d, TablePrefix: p, SweepInterval: time.Hour,
-					DriftFactor: 0.01, DriftMin: 2 * time.Millisecond})
-				if err != nil {
-					t.Fatal(err)
-				}
-				t.Cleanup(func() { b.Close() })
-				bs = append(bs, b)
-			}
-			t.Cleanup(func() { execAll(t, pg, "DROP DATABASE IF EXISTS "+db+" WITH (FORCE)") })
+			dsn := newDatabase(t, pg, db, encodingOptions(tc.enc))
+			bs := []*Backend{newDSNBackend(t, dsn, p), newDSNBackend(t, dsn+"&client_encoding="+tc.dsnEnc, p)}
 			ctx := context.Background()
 			for _, key := range []string{"clé", "Ãé"} {
 				if _, err := bs[0].Lock(ctx, backends.LockRequest{Key: key, Token: "A", TTL: time.Minute}); err != nil {
@@ -132,4 +112,10 @@ func TestClientEncodingInDSNNotTwoHolders(t *testing.T) {
 			}
 		})
 	}
+}
+
+// encodingOptions are CREATE DATABASE's options for a database in
+// encoding enc (any encoding: the C locale and template0).
+func encodingOptions(enc string) string {
+	return fmt.Sprintf(` ENCODING '%s' LC_COLLATE 'C' LC_CTYPE 'C' TEMPLATE template0`, enc)
 }
