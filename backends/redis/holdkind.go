@@ -207,10 +207,8 @@ func (n *Node) extendHold(ctx context.Context, key, token string, mode backends.
 	if err != nil {
 		return false, fmt.Errorf("extend %v hold: %w", mode, err)
 	}
-	if n.health.gen.Load() != gen {
-		if err := n.health.refuse(); err != nil {
-			return false, err
-		}
+	if err := n.answeredBy(gen); err != nil {
+		return false, err
 	}
 	i, isInt := v.(int64)
 	if !isInt {
@@ -231,4 +229,18 @@ func (n *Node) announceHoldRelease(ctx context.Context, key, token string, mode 
 		n.log.Debug("redis node: a hold's release was not announced; waiters find it by their retry",
 			zap.String("node", n.Name()), zap.Error(err))
 	}
+}
+
+// answeredBy tells whether an answer read on the go-redis client (not on
+// a writer, whose batches check this themselves) is a vote: nil unless
+// the node's restart generation moved from gen, read before the call's
+// check that the node may vote, and the node may no longer vote. A
+// restart the call's own new connection revealed (onConnect) is such a
+// move: the answer came from a server that forgot its locks, or holds a
+// stale snapshot's.
+func (n *Node) answeredBy(gen uint64) error {
+	if n.health.gen.Load() != gen {
+		return n.health.refuse()
+	}
+	return nil
 }

@@ -50,10 +50,8 @@ func (n *Node) LockState(ctx context.Context, key string) (nodeLockState, error)
 	if err != nil {
 		return nodeLockState{}, err
 	}
-	if n.health.gen.Load() != gen {
-		if err := n.health.refuse(); err != nil {
-			return nodeLockState{}, err
-		}
+	if err := n.answeredBy(gen); err != nil {
+		return nodeLockState{}, err
 	}
 	return parseLockState(v)
 }
