@@ -3,8 +3,6 @@ package harness
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -430,8 +428,9 @@ var (
 // BuildLockproxy builds ./cmd/lockproxy once per test binary run and returns
 // the path of the binary. The module root is found by walking up from the
 // working directory to go.mod. The binary is written to a temporary file and
-// renamed into a per-module directory under os.TempDir, so concurrently
-// running test binaries never see a half-written file.
+// renamed to bin/lockproxy-test in the checkout (ignored by git, and gone
+// with the checkout, where a directory under os.TempDir outlived every
+// clone), so concurrently running test binaries never see a half-written file.
 func BuildLockproxy(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() { buildPath, buildErr = buildLockproxy() })
@@ -476,12 +475,11 @@ func buildLockproxy() (string, error) {
 	if err != nil {
 		return "", err
 	}
-	sum := sha256.Sum256([]byte(root))
-	dir := filepath.Join(os.TempDir(), "lockproxy-harness-"+hex.EncodeToString(sum[:6]))
+	dir := filepath.Join(root, "bin")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
 	}
-	final := filepath.Join(dir, "lockproxy")
+	final := filepath.Join(dir, "lockproxy-test")
 	tmp := fmt.Sprintf("%s.%d.tmp", final, os.Getpid())
 
 	ctx, cancel := context.WithTimeout(context.Background(), buildTimeout)
