@@ -1498,6 +1498,15 @@ func (b *Backend) releaseNode(ctx context.Context, n node, key, token string, k 
 			}
 			var st *zk.Stat
 			st, err = b.setData(ctx, n.path, d, n.stat.Version, n.data)
+			if errors.Is(err, zk.ErrConnectionClosed) {
+				// The answer was lost with the connection, not necessarily
+				// the write: made, it released a hold, and an error would
+				// have the client UNLOCK again and release a second one
+				// it still counts on. Made, it is the release.
+				if got, ok := b.applied(ctx, n.path, n.stat.Version, d); ok {
+					st, err = got, nil
+				}
+			}
 			if err == nil {
 				b.written(n.path, n.data, d, st, leaseKept, time.Time{})
 				return true, nil
