@@ -1748,10 +1748,10 @@ func (b *Backend) disarmLocked(o *ownedNode) {
 
 // leaseEnded deletes o's node when its lease ran out without a renewal. A
 // change to its data that this instance did not make (a renewal or
-// reentry through another instance) restarts the lease from now, which
-// ends it no sooner than that change asked for; one that kept the lease's
-// start and TTL (an UNLOCK of one of several holds) leaves it ended. While
-// a reentry or renewal made here is in flight it waits (see changing).
+// reentry through another instance) restarted the lease: it ends as that
+// change stored it (see restartedEnd); one that kept the lease's start and
+// TTL (an UNLOCK of one of several holds) leaves it ended. While a
+// reentry or renewal made here is in flight it waits (see changing).
 func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 	ctx, cancel := context.WithTimeout(context.Background(), b.cfg.SessionTimeout)
 	defer cancel()
@@ -1815,7 +1815,7 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 			}
 		default:
 			o.data, o.version, o.mtime = g.data, g.stat.Version, g.stat.Mtime
-			b.armLocked(o, g.data.ttl)
+			b.armUntilLocked(o, restartedEnd(g, time.Now()))
 		}
 	default:
 		// No answer: try again shortly. If the session expires meanwhile
@@ -1827,6 +1827,29 @@ func (b *Backend) leaseEnded(o *ownedNode, gen int) {
 			b.armLocked(o, leaseRetry)
 		}
 	}
+}
+
+// restartedEnd is when the lease timer of a node, found at its end with
+// data and stat g restarted by a change it did not record, fires next: the
+// end of the lease as stored, no sooner than now, and no later than the
+// stored TTL from now (a start stored by a host whose clock is ahead of
+// this one's). No validity told is cut short: one told here through a
+// change the timer recorded ended by now, as the timer never fires before
+// it (see written), and one told here through a change it did not record
+// (a reentry of a node not yet tracked) ends no later than the lease that
+// change stored (raised), on this clock; a reentry or renewal through
+// another instance promises nothing (see validityOf), and the lease it
+// stored starts before its request, on its host's clock (kept in sync,
+// as LOCKINFO and raised need). Counting the whole TTL from now instead
+// held the key, its holder gone, until the old lease's end plus the new
+// TTL (a reentry elsewhere that lengthened the lease), and up to twice
+// the TTL past a renewal elsewhere.
+func restartedEnd(g got, now time.Time) time.Time {
+	end := later(now, g.data.leaseStart(g.stat).Add(g.data.ttl))
+	if limit := now.Add(g.data.ttl); end.After(limit) {
+		return limit
+	}
+	return end
 }
 
 // renewedLease is the lease a RENEW through this instance set on a node
@@ -1852,11 +1875,10 @@ type renewedLease struct {
 // one of several holds, through any instance), so that no change that
 // restarted the lease (a renewal, a reentry that raised it) is overridden.
 // The instance that made the node sees the
-// RENEW only when its own timer fires, at the end of the lease it knew of,
-// and then counts the new TTL from then: a RENEW that shortened the lease
-// left the key held until the old lease's end, one that lengthened it
-// until the old end plus the new TTL. Either way that instance still
-// deletes the node later if this one cannot (it closed).
+// RENEW only when its own timer fires, at the end of the lease it knew of
+// (then ending it as stored, see restartedEnd): a RENEW that shortened the
+// lease would leave the key held until the old lease's end. That instance
+// still deletes the node if this one cannot (it closed).
 func (b *Backend) enforceRenewed(path string, version int32, d lockData, end time.Time) {
 	b.mu.Lock()
 	defer b.mu.Unlock()

@@ -1,6 +1,7 @@
 package zookeeper
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -11,8 +12,8 @@ import (
 // did not make the node sets its lease as a RENEW through the one that did:
 // the key is free when that lease ends, never sooner. The instance that
 // made the node enforces the lease it knows of; a renewal through another
-// one it sees only when its own timer fires, and then counts the stored TTL
-// from then. Before, a RENEW that shortened the lease (PX 1000 of a PX
+// one it sees only when its own timer fires, and then ends the lease as
+// stored (TestLengthenedElsewhereLeaseEndsAsStored). Before, a RENEW that shortened the lease (PX 1000 of a PX
 // 20000 lock) left the key held for the whole original lease, and one that
 // lengthened it (PX 3500 of a PX 3000 lock, at once) held it until the
 // original lease's end plus the new TTL (6.5 s), not 3.5 s.
@@ -47,6 +48,57 @@ func TestRenewThroughOtherInstanceSetsLease(t *testing.T) {
 			}
 			if el > tc.renw+1500*time.Millisecond {
 				t.Errorf("rival granted %v after a RENEW PX %v; want by its lease's end (+1.5 s)", el, tc.renw)
+			}
+		})
+	}
+}
+
+// TestLengthenedElsewhereLeaseEndsAsStored: a reentrant LOCK, or a
+// KEEPALIVE renewal (RenewHold), through an instance that did not make the
+// node, that makes its lease end later, is enforced by the instance that
+// made the node, which sees it when its own timer fires: the key is free
+// when the lease as stored ends, not sooner than the first grant's
+// validity. Before, that instance counted the stored TTL from when its
+// timer fired: PX 3000 lengthened at once elsewhere to PX 3500 left the
+// key held, its holder gone, for 6.5 s, not 3.5 s.
+func TestLengthenedElsewhereLeaseEndsAsStored(t *testing.T) {
+	t.Parallel() // mostly waits on lease timers, in a root of its own
+	root := testRoot(t)
+	// Sessions whose horizon (5/12 of them, 12.5 s) is past the leases.
+	a := newBackend(t, []string{zkAddr}, root, 30*time.Second)
+	b := newBackend(t, []string{zkAddr}, root, 30*time.Second)
+	const first, longer = 3 * time.Second, 3500 * time.Millisecond
+	for _, tc := range []struct {
+		name   string
+		change func(t *testing.T, key string) (time.Duration, error)
+	}{
+		{"reentry", func(t *testing.T, key string) (time.Duration, error) {
+			l, err := lock(t, b, key, "A", longer, 0, backends.Write)
+			return l.Validity, err
+		}},
+		{"keepalive renewal", func(t *testing.T, key string) (time.Duration, error) {
+			return b.RenewHold(ctxT(t, 10*time.Second), key, "A", backends.Write, longer)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			key := "lengthened-elsewhere-" + strings.ReplaceAll(tc.name, " ", "-")
+			start := time.Now()
+			told := mustLock(t, a, key, "A", first, backends.Write).Validity
+			if v, err := tc.change(t, key); err != nil || v != backends.MinValidity {
+				t.Fatalf("%s PX %v through the other instance = %v, %v; want %v (held, nothing promised)",
+					tc.name, longer, v, err, backends.MinValidity)
+			}
+			if _, err := lock(t, b, key, "B", time.Second, longer+3*time.Second, backends.Write); err != nil {
+				t.Fatalf("LOCK of a rival waiting %v = %v; want a grant when the lengthened lease ends", longer+3*time.Second, err)
+			}
+			el := time.Since(start)
+			if el < told || el < longer {
+				t.Errorf("rival granted %v after a grant told %v and a %s PX %v; want no sooner than either's end",
+					el, told, tc.name, longer)
+			}
+			if el > longer+1500*time.Millisecond {
+				t.Errorf("rival granted %v after a %s PX %v; want by the stored lease's end (+1.5 s)", el, tc.name, longer)
 			}
 		})
 	}
