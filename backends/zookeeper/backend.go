@@ -96,19 +96,24 @@ type Backend struct {
 	// renewed: the leases RENEWs through this instance set on nodes
 	// another instance made (see enforceRenewed), by path.
 	renewed map[string]*renewedLease
+	// resolving: the paths whose hold change made here lost its answer
+	// and is being looked for (see resolve).
+	resolving map[string]*resolution
 
 	// Set by tests only, before use: run before a waiter sets its watch on
 	// its blocker, before a reentry changes the held node, before a grant
 	// rewrites its node to wake a LOCK with the same token, between a
 	// reentry's or renewal's write and its written, before a hold of a
-	// grant too late to be of use is taken back, and before (read false)
-	// and after (read true) a first grant reads its node.
+	// grant too late to be of use is taken back, before (read false)
+	// and after (read true) a first grant reads its node, and once the
+	// session is back before a lost answer is looked for (applied).
 	testBeforeWatch    func(blocker string)
 	testBeforeReenter  func()
 	testBeforeWake     func()
 	testBeforeWritten  func()
 	testBeforeTakeBack func()
 	testGrantRead      func(read bool)
+	testBeforeApplied  func()
 }
 
 // ownedNode is a granted lock node this instance created, whose lease it
@@ -238,6 +243,7 @@ func New(cfg Config) (*Backend, error) {
 		waiters:    map[string]int{},
 		watches:    map[string]*pathWatch{},
 		renewed:    map[string]*renewedLease{},
+		resolving:  map[string]*resolution{},
 		expired:    make(chan struct{}),
 	}
 	if cfg.Digest != "" {

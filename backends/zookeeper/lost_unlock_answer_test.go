@@ -16,8 +16,12 @@ import (
 // with the hold already gone, and the client's UNLOCK again released a
 // second one: the node lost a hold its holder still counted on (with two
 // write holds, the whole lock). The write-to-read case ends the write
-// holds of a gated node, a multi that also deletes the gate. A reentrant
-// LOCK's lost answer is TestLostReentryAnswerLeavesNoHold.
+// holds of a gated node, a multi that also deletes the gate. A renewal
+// through the instance as soon as the session is back (a KEEPALIVE
+// watchdog's) waits until the UNLOCK has looked: before, it could change
+// the node first, and the UNLOCK, no longer able to tell whether its
+// write was made, answered NOQUORUM as before. A reentrant LOCK's lost
+// answer is TestLostReentryAnswerLeavesNoHold.
 func TestLostPartialUnlockAnswerReleasesOneHold(t *testing.T) {
 	t.Parallel() // mostly waits for the connection to be given up
 	root := testRoot(t)
@@ -27,10 +31,12 @@ func TestLostPartialUnlockAnswerReleasesOneHold(t *testing.T) {
 		name         string
 		holds        []backends.Mode // taken in this order
 		wantW, wantR int64           // left after one UNLOCK
+		renewed      bool            // a renewal comes as soon as the session is back
 	}{
-		{"two write holds", []backends.Mode{backends.Write, backends.Write}, 1, 0},
-		{"two read holds", []backends.Mode{backends.Read, backends.Read}, 0, 1},
-		{"write hold and read hold", []backends.Mode{backends.Write, backends.Read}, 0, 1},
+		{"two write holds", []backends.Mode{backends.Write, backends.Write}, 1, 0, false},
+		{"two read holds", []backends.Mode{backends.Read, backends.Read}, 0, 1, false},
+		{"write hold and read hold", []backends.Mode{backends.Write, backends.Read}, 0, 1, false},
+		{"two write holds renewed meanwhile", []backends.Mode{backends.Write, backends.Write}, 1, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -39,6 +45,14 @@ func TestLostPartialUnlockAnswerReleasesOneHold(t *testing.T) {
 			a := newBackend(t, []string{d.ln.Addr().String()}, root, session)
 			for _, m := range tc.holds {
 				mustLock(t, a, key, "A", 30*time.Second, m)
+			}
+			if tc.renewed {
+				a.testBeforeApplied = func() {
+					// Waits for the UNLOCK's look, which waits for this:
+					// bounded, it gives up.
+					_, err := a.RenewHold(ctxT(t, 300*time.Millisecond), key, "A", backends.Write, 30*time.Second)
+					t.Logf("renewal while the UNLOCK looks for its write = %v", err)
+				}
 			}
 			d.dropOpen()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

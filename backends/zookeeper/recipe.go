@@ -1297,6 +1297,9 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 		// LOCK with this token while this one was on its way): restarting
 		// it at t0 would end it early.
 		d = d.raised(n.stat, t0, req.TTL)
+		if err := b.settled(ctx, n.path); err != nil {
+			return backends.Lease{}, err
+		}
 		done := b.changing(n.path)
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
 		if errors.Is(err, zk.ErrConnectionClosed) {
@@ -1304,9 +1307,11 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 			// the write: made, it added a hold no one would be told of,
 			// which would keep the key held after the holder's last
 			// UNLOCK until the lease ends. Made, it is a grant.
+			resolved := b.resolve(n.path)
 			if got, ok := b.applied(ctx, n.path, n.stat.Version, d); ok {
 				st, err = got, nil
 			}
+			resolved()
 		}
 		if err == nil {
 			if b.testBeforeWritten != nil {
@@ -1480,6 +1485,9 @@ func (b *Backend) releaseNode(ctx context.Context, n node, key, token string, k 
 		default:
 			return false, nil
 		}
+		if err := b.settled(ctx, n.path); err != nil {
+			return false, err
+		}
 		var err error
 		if d.write == 0 && d.read == 0 {
 			err = b.remove(ctx, n.path, n.stat.Version, n.data.hasGate())
@@ -1503,9 +1511,11 @@ func (b *Backend) releaseNode(ctx context.Context, n node, key, token string, k 
 				// the write: made, it released a hold, and an error would
 				// have the client UNLOCK again and release a second one
 				// it still counts on. Made, it is the release.
+				resolved := b.resolve(n.path)
 				if got, ok := b.applied(ctx, n.path, n.stat.Version, d); ok {
 					st, err = got, nil
 				}
+				resolved()
 			}
 			if err == nil {
 				b.written(n.path, n.data, d, st, leaseKept, time.Time{})
@@ -1599,6 +1609,9 @@ func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl 
 			d, how = d.raised(n.stat, t0, ttl), leaseRaised
 		} else {
 			d.ttl, d.startMS = ttl, t0.UnixMilli()
+		}
+		if err := b.settled(ctx, n.path); err != nil {
+			return 0, err
 		}
 		done := b.changing(n.path)
 		st, err := call(ctx, func() (*zk.Stat, error) { return b.conn.Set(n.path, d.encode(), n.stat.Version) })
@@ -1972,6 +1985,60 @@ func (b *Backend) renewedEnded(r *renewedLease) {
 	}
 }
 
+// resolution marks a path while lost answers of hold changes made here
+// to it are looked for (see resolve). Guarded by Backend.mu.
+type resolution struct {
+	n    int           // lost answers being looked for
+	done chan struct{} // closed when n drops to 0
+}
+
+// resolve marks path while the outcome of a hold change made here, whose
+// answer was lost, is looked for (applied), until resolved is called.
+// applied finds the write made by the node's next version having its
+// data: another change to the node before it looks would leave the
+// outcome unknown, answered NOQUORUM, and the client's retry would make
+// the change twice (an UNLOCK would release a second hold). The
+// reentries, renewals and releases made here, such as a KEEPALIVE
+// watchdog's renewal as soon as the session is back, so wait for it
+// (settled) before they write.
+func (b *Backend) resolve(path string) (resolved func()) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	r := b.resolving[path]
+	if r == nil {
+		r = &resolution{done: make(chan struct{})}
+		b.resolving[path] = r
+	}
+	r.n++
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if r.n--; r.n == 0 {
+			delete(b.resolving, path)
+			close(r.done)
+		}
+	}
+}
+
+// settled waits until no lost answer of a hold change made here to path
+// is being looked for (see resolve), or ctx is done. A look is bounded by
+// a session timeout (applied).
+func (b *Backend) settled(ctx context.Context, path string) error {
+	for {
+		b.mu.Lock()
+		r := b.resolving[path]
+		b.mu.Unlock()
+		if r == nil {
+			return nil
+		}
+		select {
+		case <-r.done:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
 // applied reports whether the write of d to the node at path at data
 // version version, whose answer was lost with the connection, was made,
 // and the node's stat after it: once the session is back on a server (for
@@ -1993,6 +2060,9 @@ func (b *Backend) applied(ctx context.Context, path string, version int32, d loc
 			return nil, false
 		case <-time.After(20 * time.Millisecond):
 		}
+	}
+	if b.testBeforeApplied != nil {
+		b.testBeforeApplied()
 	}
 	// The session may be back on a server that has not applied the write
 	// yet: a sync brings it up to date (see abandonByNonce).
