@@ -129,15 +129,33 @@ type connKeepalive struct {
 	live atomic.Int32
 
 	mu sync.Mutex
-	// lost: why the keepalive lock of a key (first level) held by a
-	// token (second) was lost, until the connection's next UNLOCK or
+	// lost: the notice of the keepalive lock of a key (first level) held
+	// by a token (second) lost, until the connection's next UNLOCK or
 	// RENEW of the key with that token, LOCK/RLOCK of it with TOKEN
 	// token, or LOCK/RLOCK of it without TOKEN (which takes every notice
 	// of the key). By key and token, so that an UNLOCK or RENEW is never
 	// answered for another token's loss, and not run (its hold then left
 	// held). nLost counts them all.
-	lost  map[string]map[string]string
+	lost  map[string]map[string]lostNotice
 	nLost int
+	// cmd is the lock of the UNLOCK or RENEW the connection runs, while
+	// cmdOn (commands on a connection run one at a time): a loss of it
+	// told meanwhile is answered by that command (endCmd), the
+	// connection's next on the lock, not left for the one after it.
+	// cmdUnlock: it is an UNLOCK, and the pushes of that loss wait in
+	// cmdPushes until it ends: an UNLOCK that released the lock itself is
+	// told nothing of it.
+	cmd       heldKey
+	cmdOn     bool
+	cmdUnlock bool
+	cmdPushes [][]byte
+}
+
+// lostNotice is why a keepalive lock was lost, and how many KEEPALIVE
+// holds of it the connection had then.
+type lostNotice struct {
+	why   string
+	holds int
 }
 
 func newConnKeepalive(lastActive func() time.Time, push func([]byte) bool, proto int) *connKeepalive {
@@ -151,26 +169,48 @@ func (ka *connKeepalive) alive(now time.Time, idle time.Duration) bool {
 	return ka.busy.Load() > 0 || now.Sub(ka.lastActive()) <= idle
 }
 
-func (ka *connKeepalive) noteLost(key, token, why string) {
+// tellLost tells the connection that its keepalive lock on key held by
+// token, of which it had holds KEEPALIVE holds, was lost: the notice for
+// its next lock command on it, and, on RESP3, a push (held back while an
+// UNLOCK of that lock runs: see cmdUnlock).
+func (ka *connKeepalive) tellLost(key, token, why string, holds int) {
+	var frame []byte
+	if ka.proto.Load() == 3 {
+		frame = lockLostFrame(key, token)
+	}
 	ka.mu.Lock()
-	defer ka.mu.Unlock()
+	kept := ka.noteLostLocked(key, token, why, holds)
+	if kept && frame != nil && ka.cmdOn && ka.cmdUnlock && ka.cmd == (heldKey{key, token}) {
+		ka.cmdPushes = append(ka.cmdPushes, frame)
+		frame = nil
+	}
+	ka.mu.Unlock()
+	if frame != nil {
+		ka.push(frame)
+	}
+}
+
+// noteLostLocked records the notice; it reports false when it cannot, the
+// connection having maxKeepalivePerConn notices waiting. ka.mu is held.
+func (ka *connKeepalive) noteLostLocked(key, token, why string, holds int) bool {
 	if ka.lost == nil {
-		ka.lost = map[string]map[string]string{}
+		ka.lost = map[string]map[string]lostNotice{}
 	}
 	byToken := ka.lost[key]
 	if _, ok := byToken[token]; ok {
-		byToken[token] = why
-		return
+		byToken[token] = lostNotice{why, holds}
+		return true
 	}
 	if ka.nLost >= maxKeepalivePerConn {
-		return
+		return false
 	}
 	if byToken == nil {
-		byToken = map[string]string{}
+		byToken = map[string]lostNotice{}
 		ka.lost[key] = byToken
 	}
-	byToken[token] = why
+	byToken[token] = lostNotice{why, holds}
 	ka.nLost++
+	return true
 }
 
 // takeLostToken returns, once, why the keepalive lock on key held by
@@ -178,19 +218,25 @@ func (ka *connKeepalive) noteLost(key, token, why string) {
 func (ka *connKeepalive) takeLostToken(key, token []byte) (string, bool) {
 	ka.mu.Lock()
 	defer ka.mu.Unlock()
+	n, ok := ka.takeLocked(string(key), string(token))
+	return n.why, ok
+}
+
+// takeLocked takes the notice of key with token, if any. ka.mu is held.
+func (ka *connKeepalive) takeLocked(key, token string) (lostNotice, bool) {
 	if ka.nLost == 0 {
-		return "", false
+		return lostNotice{}, false
 	}
-	byToken := ka.lost[string(key)]
-	why, ok := byToken[string(token)]
+	byToken := ka.lost[key]
+	n, ok := byToken[token]
 	if ok {
-		delete(byToken, string(token))
+		delete(byToken, token)
 		ka.nLost--
 		if len(byToken) == 0 {
-			delete(ka.lost, string(key))
+			delete(ka.lost, key)
 		}
 	}
-	return why, ok
+	return n, ok
 }
 
 // takeLost returns, once, why a keepalive lock on key was lost, whatever
@@ -208,10 +254,50 @@ func (ka *connKeepalive) takeLost(key []byte) (string, bool) {
 	}
 	delete(ka.lost, string(key))
 	ka.nLost -= len(byToken)
-	for _, why := range byToken {
-		return why, true
+	for _, n := range byToken {
+		return n.why, true
 	}
 	return "", false
+}
+
+// beginCmd begins an UNLOCK (unlock) or RENEW of key with token: it takes
+// the notice of that lock's loss, if one waits, which the command answers
+// without running; else the command runs, and a loss told meanwhile is
+// answered by it (endCmd). One at a time: commands on a connection do not
+// overlap.
+func (ka *connKeepalive) beginCmd(key, token []byte, unlock bool) (string, bool) {
+	ka.mu.Lock()
+	defer ka.mu.Unlock()
+	if n, ok := ka.takeLocked(string(key), string(token)); ok {
+		return n.why, true
+	}
+	ka.cmd, ka.cmdOn, ka.cmdUnlock = heldKey{string(key), string(token)}, true, unlock
+	return "", false
+}
+
+// endCmd ends what beginCmd began; released says an UNLOCK released a
+// hold. It returns, once, why the lock was lost when a loss was told
+// while the command ran: the command answers it, as the connection's
+// next on the lock, rather than the one after it, which may take the key
+// afresh. Not to an UNLOCK that released the connection's only KEEPALIVE
+// hold of it, though: the hold was still there, and the client released
+// it as it meant to; the loss is no news to it, and neither the notice
+// nor the push held back for it is given.
+func (ka *connKeepalive) endCmd(released bool) (string, bool) {
+	ka.mu.Lock()
+	hk := ka.cmd
+	ka.cmd, ka.cmdOn, ka.cmdUnlock = heldKey{}, false, false
+	pushes := ka.cmdPushes
+	ka.cmdPushes = nil
+	n, ok := ka.takeLocked(hk.key, hk.token)
+	ka.mu.Unlock()
+	if !ok || (released && n.holds <= 1) {
+		return "", false
+	}
+	for _, p := range pushes {
+		ka.push(p)
+	}
+	return n.why, true
 }
 
 // watchdog is one keepalive lock.
@@ -1057,7 +1143,7 @@ func (k *keepalives) forsakeLocked(w *watchdog, ka *connKeepalive, h *holder, mo
 	last := h.total() == 1
 	k.takeHolderLocked(w, ka, h, mode)
 	if last {
-		k.tell(w, []*connKeepalive{ka}, lostUnlocked,
+		k.tell(w, []owner{{ka, 1}}, lostUnlocked,
 			"an UNLOCK with its token on another connection released a hold that lockproxy could not tell from this connection's KEEPALIVE hold (the lock store did not answer how many the token has left), which is no longer kept alive")
 	}
 }
@@ -1658,26 +1744,30 @@ func (k *keepalives) releaseHolds(w *watchdog, holds [2]int) {
 	}
 }
 
+// owner is a KEEPALIVE holder of a watchdog's lock and how many holds of
+// it it has.
+type owner struct {
+	ka    *connKeepalive
+	holds int
+}
+
 // owners are w's KEEPALIVE holders. k.mu is held.
-func (w *watchdog) owners() []*connKeepalive {
-	owners := make([]*connKeepalive, 0, len(w.holders))
-	for ka := range w.holders {
-		owners = append(owners, ka)
+func (w *watchdog) owners() []owner {
+	owners := make([]owner, 0, len(w.holders))
+	for ka, h := range w.holders {
+		owners = append(owners, owner{ka, h.total()})
 	}
 	return owners
 }
 
-// tell tells owners that w's lock was lost, for reason r: the metric, the
-// notice for each one's next lock command on the key with w's token, and
-// a RESP3 push.
-func (k *keepalives) tell(w *watchdog, owners []*connKeepalive, r lostReason, why string) {
-	k.lost[r].Inc()
-	for _, ka := range owners {
-		ka.noteLost(w.key, w.token, why)
-		if ka.proto.Load() == 3 {
-			ka.push(lockLostFrame(w.key, w.token))
-		}
+// tell tells owners that w's lock was lost, for reason r: the notice for
+// each one's next lock command on the key with w's token, a RESP3 push,
+// and the metric, counted once every owner has been told.
+func (k *keepalives) tell(w *watchdog, owners []owner, r lostReason, why string) {
+	for _, o := range owners {
+		o.ka.tellLost(w.key, w.token, why, o.holds)
 	}
+	k.lost[r].Inc()
 	k.log.Info("keepalive lock lost", zap.String("reason", r.label()), zap.Duration("ttl", w.ttl))
 }
 

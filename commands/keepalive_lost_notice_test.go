@@ -14,7 +14,7 @@ import (
 // kept alive by another connection, although its holder sent UNLOCK.
 func TestLostNoticeIsByKeyAndToken(t *testing.T) {
 	ka := newConnKeepalive(time.Now, func([]byte) bool { return true }, 2)
-	ka.noteLost("k", "t1", "why")
+	ka.tellLost("k", "t1", "why", 1)
 	for _, other := range [][2]string{{"k", "t2"}, {"k2", "t1"}} {
 		if _, lost := ka.takeLostToken([]byte(other[0]), []byte(other[1])); lost {
 			t.Errorf("notice taken for key %s token %s; want only for k t1", other[0], other[1])
@@ -26,8 +26,8 @@ func TestLostNoticeIsByKeyAndToken(t *testing.T) {
 	if _, lost := ka.takeLostToken([]byte("k"), []byte("t1")); lost {
 		t.Error("notice given twice")
 	}
-	ka.noteLost("k", "t1", "why1")
-	ka.noteLost("k", "t2", "why2")
+	ka.tellLost("k", "t1", "why1", 1)
+	ka.tellLost("k", "t2", "why2", 1)
 	if _, lost := ka.takeLost([]byte("k")); !lost {
 		t.Error("takeLost(k) (LOCK without TOKEN) found no notice; want one")
 	}

@@ -114,7 +114,12 @@ func newDriftRedLock(t *testing.T, factor float64) *redis.Backend {
 func dialRESP3(t *testing.T, be backends.Backend) *rawConn {
 	t.Helper()
 	h := NewHandler(Options{Limits: testLimits, Backend: be})
-	c := dialRaw(t, serveOn(t, &resp.Server{Handler: h}))
+	return helloRESP3(t, dialRaw(t, serveOn(t, &resp.Server{Handler: h})))
+}
+
+// helloRESP3 switches c to RESP3 (HELLO 3) and reads the reply.
+func helloRESP3(t *testing.T, c *rawConn) *rawConn {
+	t.Helper()
 	if got := c.do(t, "HELLO 3"); !strings.HasPrefix(got, "%") {
 		t.Fatalf("HELLO 3 = %q", got)
 	}

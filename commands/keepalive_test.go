@@ -507,7 +507,7 @@ func TestKeepaliveLimitPerConn(t *testing.T) {
 	c.ka.live.Store(0)
 	// Notices are bounded too; the ones kept are given once each.
 	for i := 0; i < maxKeepalivePerConn+10; i++ {
-		c.ka.noteLost(fmt.Sprint(i), "tok", "why")
+		c.ka.tellLost(fmt.Sprint(i), "tok", "why", 1)
 	}
 	if n := c.ka.nLost; n != maxKeepalivePerConn {
 		t.Errorf("%d notices kept; want %d", n, maxKeepalivePerConn)

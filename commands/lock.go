@@ -222,12 +222,12 @@ func (h *Handler) lock(s *resp.Session, args [][]byte) {
 	h.acquire(s, "lock", a, backends.Write)
 }
 
-// lockLost answers a lock command for key with token (UNLOCK, RENEW, or
-// LOCK/RLOCK with TOKEN) with LOCKLOST, once, when this connection's
-// keepalive lock on key held by token was lost since its last such
-// command; the command itself is not run. An UNLOCK or RENEW with
-// another token is about another hold, which must not be left held (or
-// unrenewed) for a loss that is not its own. A LOCK or RLOCK without
+// lockLost answers a LOCK/RLOCK of key with TOKEN token with LOCKLOST,
+// once, when this connection's keepalive lock on key held by token was
+// lost since its last lock command on it; the command itself is not run
+// (UNLOCK and RENEW: beginLockCmd). A command with another token is about
+// another hold, which must not be left held (or unrenewed) for a loss
+// that is not its own. A LOCK or RLOCK without
 // TOKEN (token nil) is answered for a loss of any token's lock on key,
 // as "the first lock command on a key whose keepalive lock was lost".
 func (h *Handler) lockLost(s *resp.Session, key, token []byte) bool {
@@ -245,8 +245,48 @@ func (h *Handler) lockLost(s *resp.Session, key, token []byte) bool {
 	if !lost {
 		return false
 	}
-	s.W.Error("LOCKLOST lock on '" + relay.Clip(string(key)) + "' was lost: " + why)
+	writeLost(s, key, why)
 	return true
+}
+
+// writeLost answers a lock command for key with the notice that its
+// keepalive lock was lost, for why.
+func writeLost(s *resp.Session, key []byte, why string) {
+	s.W.Error("LOCKLOST lock on '" + relay.Clip(string(key)) + "' was lost: " + why)
+}
+
+// beginLockCmd begins an UNLOCK (unlock) or RENEW of key with token on a
+// connection with keepalive state (else there is nothing to tell it):
+// when the lock's loss waits to be told, it answers -LOCKLOST and reports
+// true, and the command does not run; else a loss told while it runs is
+// answered by endLockCmd.
+func beginLockCmd(s *resp.Session, key, token []byte, unlock bool) bool {
+	c, ok := s.Data.(*conn)
+	if !ok || c.ka == nil {
+		return false
+	}
+	why, lost := c.ka.beginCmd(key, token, unlock)
+	if lost {
+		writeLost(s, key, why)
+	}
+	return lost
+}
+
+// endLockCmd ends what beginLockCmd began (released: an UNLOCK released a
+// hold). When the lock was lost while the command ran, it answers
+// -LOCKLOST for the command, whatever it did, and reports true: the
+// command was the connection's next on the lock, and the notice must not
+// wait for the one after it.
+func endLockCmd(s *resp.Session, key []byte, released bool) bool {
+	c, ok := s.Data.(*conn)
+	if !ok || c.ka == nil {
+		return false
+	}
+	why, lost := c.ka.endCmd(released)
+	if lost {
+		writeLost(s, key, why)
+	}
+	return lost
 }
 
 // connKeepalive returns the connection's keepalive state, made on first
@@ -432,7 +472,7 @@ func (h *Handler) unlock(s *resp.Session, args [][]byte) {
 		s.W.Error(err.Error())
 		return
 	}
-	if h.lockLost(s, args[1], args[2]) {
+	if beginLockCmd(s, args[1], args[2], true) {
 		return
 	}
 	key, token := string(args[1]), string(args[2])
@@ -442,17 +482,23 @@ func (h *Handler) unlock(s *resp.Session, args [][]byte) {
 	// must not stop with its write hold.
 	h.keepalive.whichHold(s.Context(), op)
 	ok, err := h.backend.Unlock(s.Context(), key, token)
-	h.keepalive.endUnlock(op, ok && err == nil, state(s).ka)
-	if err != nil {
-		h.replyError(s, "unlock", err)
-		return
-	}
-	if ok {
+	released := ok && err == nil
+	h.keepalive.endUnlock(op, released, state(s).ka)
+	if released {
 		h.held.released(key, token)
-		s.W.Int(1)
-		return
 	}
-	s.W.Int(0)
+	switch {
+	case endLockCmd(s, args[1], released):
+		// The lock was lost while the UNLOCK ran, which is answered
+		// that, as the next UNLOCK would be (unless it released the
+		// connection's only hold: then there is no loss to tell).
+	case err != nil:
+		h.replyError(s, "unlock", err)
+	case ok:
+		s.W.Int(1)
+	default:
+		s.W.Int(0)
+	}
 }
 
 // renew: RENEW key token PX ms | EX s
@@ -478,27 +524,35 @@ func (h *Handler) renew(s *resp.Session, args [][]byte) {
 		s.W.Error(err.Error())
 		return
 	}
-	if h.lockLost(s, args[1], args[2]) {
+	if beginLockCmd(s, args[1], args[2], false) {
 		return
 	}
 	key, token := string(args[1]), string(args[2])
 	sent := time.Now()
 	validity, err := h.backend.Renew(s.Context(), key, token, ttl)
-	if err != nil {
+	switch {
+	case err != nil:
 		// Undecided: the lease may be ttl on a majority all the same.
 		h.keepalive.undecidedRenewal(key, token, sent, ttl)
-		h.replyError(s, "renew", err)
-		return
-	}
-	if validity > 0 {
+	case validity > 0:
 		h.held.renewed(key, token, ttl)
 		h.keepalive.toldRenewal(key, token, sent, validity)
-	} else {
+	default:
 		// Not held, or renewed on a majority too late to leave 1 ms:
 		// the lease may be ttl there, too short to count on, while the
 		// lock's KEEPALIVE holder may be another connection. Its
 		// watchdog renews (or finds the lock gone and tells) at once.
 		h.keepalive.undecidedRenewal(key, token, sent, ttl)
 	}
-	s.W.Int(validity.Milliseconds())
+	switch {
+	case endLockCmd(s, args[1], false):
+		// The lock was lost while the RENEW ran, which is answered
+		// that, as the next RENEW would be; what lease it set on the
+		// nodes runs out on its own (the watchdogs above were told of
+		// it all the same: it may have shortened the lease).
+	case err != nil:
+		h.replyError(s, "renew", err)
+	default:
+		s.W.Int(validity.Milliseconds())
+	}
 }
