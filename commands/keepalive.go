@@ -117,6 +117,9 @@ type connKeepalive struct {
 	// connection is closed (or closed by it, past the frames it may keep
 	// waiting), which tells the client as much.
 	push func([]byte) bool
+	// close closes the connection (Session.Close): past the notices it
+	// may keep waiting, as push does past the frames (tellLost).
+	close func()
 	// proto is the connection's RESP version, kept here because the
 	// watchdogs may not read the connection's writer.
 	proto atomic.Int32
@@ -158,8 +161,8 @@ type lostNotice struct {
 	holds int
 }
 
-func newConnKeepalive(lastActive func() time.Time, push func([]byte) bool, proto int) *connKeepalive {
-	ka := &connKeepalive{lastActive: lastActive, push: push}
+func newConnKeepalive(lastActive func() time.Time, push func([]byte) bool, close func(), proto int) *connKeepalive {
+	ka := &connKeepalive{lastActive: lastActive, push: push, close: close}
 	ka.proto.Store(int32(proto))
 	return ka
 }
@@ -172,7 +175,14 @@ func (ka *connKeepalive) alive(now time.Time, idle time.Duration) bool {
 // tellLost tells the connection that its keepalive lock on key held by
 // token, of which it had holds KEEPALIVE holds, was lost: the notice for
 // its next lock command on it, and, on RESP3, a push (held back while an
-// UNLOCK of that lock runs: see cmdUnlock).
+// UNLOCK of that lock runs: see cmdUnlock). Past maxKeepalivePerConn
+// notices waiting, the connection is closed instead, whatever its RESP
+// version, as a RESP3 one is past as many pushes waiting
+// (resp.Session.PushHeld): a notice dropped would leave its client
+// relying, unwarned, on a lock it lost, where a close tells it, as any
+// close does, that what it held through the connection is gone. A client
+// gets there only by losing that many locks and reading none of the
+// notices (it holds at most as many KEEPALIVE locks at a time).
 func (ka *connKeepalive) tellLost(key, token, why string, holds int) {
 	var frame []byte
 	if ka.proto.Load() == 3 {
@@ -185,7 +195,10 @@ func (ka *connKeepalive) tellLost(key, token, why string, holds int) {
 		frame = nil
 	}
 	ka.mu.Unlock()
-	if frame != nil {
+	switch {
+	case !kept:
+		ka.close()
+	case frame != nil:
 		ka.push(frame)
 	}
 }
@@ -1138,7 +1151,8 @@ func tokenHolds(info backends.LockInfo, ok bool, token string, mode backends.Mod
 // still be on the nodes (the hold released may have been one w does not
 // count) or gone (it was ka's): ka is told it is lost, as a loss is told,
 // rather than left relying on a lock nobody renews. w stops with its last
-// KEEPALIVE holder. k.mu is held; the push never blocks.
+// KEEPALIVE holder. k.mu is held; neither the push nor the close past the
+// notices a connection may keep waiting (tellLost) blocks.
 func (k *keepalives) forsakeLocked(w *watchdog, ka *connKeepalive, h *holder, mode backends.Mode) {
 	last := h.total() == 1
 	k.takeHolderLocked(w, ka, h, mode)

@@ -13,7 +13,7 @@ import (
 // -LOCKLOST for t1's loss and was not run: t2's KEEPALIVE lock stayed,
 // kept alive by another connection, although its holder sent UNLOCK.
 func TestLostNoticeIsByKeyAndToken(t *testing.T) {
-	ka := newConnKeepalive(time.Now, func([]byte) bool { return true }, 2)
+	ka := newConnKeepalive(time.Now, func([]byte) bool { return true }, func() {}, 2)
 	ka.tellLost("k", "t1", "why", 1)
 	for _, other := range [][2]string{{"k", "t2"}, {"k2", "t1"}} {
 		if _, lost := ka.takeLostToken([]byte(other[0]), []byte(other[1])); lost {

@@ -133,6 +133,7 @@ type testConn struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	idle   atomic.Bool // when set, the client last sent a command an hour ago
+	closed atomic.Bool // connKeepalive closed the connection
 	mu     sync.Mutex
 	pushes [][]byte
 }
@@ -151,7 +152,7 @@ func newTestConn(t *testing.T, proto int) *testConn {
 		defer c.mu.Unlock()
 		c.pushes = append(c.pushes, p)
 		return true
-	}, proto)
+	}, func() { c.closed.Store(true) }, proto)
 	return c
 }
 
@@ -505,12 +506,39 @@ func TestKeepaliveLimitPerConn(t *testing.T) {
 		t.Errorf("full with %d watchdogs = %v; want %v", maxKeepalivePerConn, err, errTooManyKeepalive)
 	}
 	c.ka.live.Store(0)
-	// Notices are bounded too; the ones kept are given once each.
-	for i := 0; i < maxKeepalivePerConn+10; i++ {
-		c.ka.tellLost(fmt.Sprint(i), "tok", "why", 1)
-	}
-	if n := c.ka.nLost; n != maxKeepalivePerConn {
-		t.Errorf("%d notices kept; want %d", n, maxKeepalivePerConn)
+}
+
+// TestLostNoticesPastTheBoundCloseTheConnection: a connection keeps at
+// most maxKeepalivePerConn lost-lock notices waiting (it may lose that
+// many locks, take as many again, and lose those too, reading none). One
+// more lock lost past the bound closes the connection, on RESP2 as on
+// RESP3 (where the pushes waiting past as many close it: resp.Session's
+// PushHeld), and a notice already waiting for the same lock is told
+// again without a close. Before, a RESP2 connection's notice past the bound
+// was dropped: its client was never told that lock was lost, and went on
+// relying on it.
+func TestLostNoticesPastTheBoundCloseTheConnection(t *testing.T) {
+	for _, proto := range []int{2, 3} {
+		c := newTestConn(t, proto)
+		for i := 0; i < maxKeepalivePerConn; i++ {
+			c.ka.tellLost(fmt.Sprint(i), "tok", "why", 1)
+		}
+		c.ka.tellLost("0", "tok", "again", 1)
+		if c.closed.Load() {
+			t.Fatalf("RESP%d: closed at %d notices, one told again; want open until one past the bound", proto, maxKeepalivePerConn)
+		}
+		c.ka.tellLost("past", "tok", "why", 1)
+		if !c.closed.Load() {
+			t.Errorf("RESP%d: the notice past %d waiting left the connection open; want it closed, the loss never dropped silently",
+				proto, maxKeepalivePerConn)
+		}
+		// The notices kept are given once each.
+		if why, lost := c.ka.takeLostToken([]byte("0"), []byte("tok")); !lost || why != "again" {
+			t.Errorf("RESP%d: notice of 0 = %q, %v; want the last told", proto, why, lost)
+		}
+		if _, lost := c.ka.takeLostToken([]byte("0"), []byte("tok")); lost {
+			t.Errorf("RESP%d: notice of 0 given twice", proto)
+		}
 	}
 }
 

@@ -294,7 +294,7 @@ func endLockCmd(s *resp.Session, key []byte, released bool) bool {
 func (h *Handler) connKeepalive(s *resp.Session) *connKeepalive {
 	c := state(s)
 	if c.ka == nil {
-		c.ka = newConnKeepalive(s.LastActive, s.PushHeld, s.W.Proto())
+		c.ka = newConnKeepalive(s.LastActive, s.PushHeld, s.Close, s.W.Proto())
 	} else {
 		c.ka.proto.Store(int32(s.W.Proto()))
 	}
