@@ -995,6 +995,39 @@ func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 	k.settlePendingLocked(live, mode, left)
 }
 
+// unlockFoundNothing handles an UNLOCK of key with token, on the
+// connection with keepalive state ka, that answered the token holds no
+// hold of the key (none on a majority): ka's KEEPALIVE holds of that
+// lock, if the watchdog still keeps them, are gone, and it stops keeping
+// them, without a notice: the UNLOCK's :0 told the client it did not hold
+// the lock, as an UNLOCK in flight answers its caller when a renewal finds
+// nothing meanwhile (loseWith). Kept, they would be renewed until a
+// renewal found them gone and told the loss to the connection's next lock
+// command on the key, after the client let the lock go: a LOCK … TOKEN
+// taking it afresh would be answered -LOCKLOST and not run. The watchdog
+// goes on for other connections' holds, whose next renewal tells them.
+func (k *keepalives) unlockFoundNothing(key, token string, ka *connKeepalive) {
+	if ka == nil {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	w := k.m[heldKey{key, token}]
+	if w == nil {
+		return
+	}
+	h := w.holders[ka]
+	if h == nil {
+		return
+	}
+	for _, m := range []backends.Mode{backends.Write, backends.Read} {
+		for h.n[m] > 0 {
+			dropHolderLocked(w, ka, h, m)
+		}
+	}
+	k.noHolderLocked(w)
+}
+
 // askedLocked is how many holds of op's kind were counted on op's
 // watchdogs, and UNLOCKs begun on them (watchdog.grants, begun). k.mu is
 // held.

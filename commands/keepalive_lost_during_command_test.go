@@ -146,3 +146,51 @@ func TestLossDuringRenewOrUnlockAnsweredByIt(t *testing.T) {
 		}
 	}
 }
+
+// TestUnlockFindingKeepaliveLockGoneLeavesNoLaterNotice: a connection's
+// KEEPALIVE lock is gone from the nodes before its watchdog's next
+// renewal, and the client UNLOCKs it: the UNLOCK answers :0 (no majority
+// holds it), which tells the client it did not hold the lock, and the
+// watchdog stops keeping the connection's hold. Before, the watchdog kept
+// it, its next renewal found nothing, and the loss was told after the
+// client had been answered: a lock-lost push after the :0 on RESP3, and
+// on both versions -LOCKLOST for the connection's next lock command on
+// the key, such as a LOCK … TOKEN taking it afresh, which was not run.
+func TestUnlockFindingKeepaliveLockGoneLeavesNoLaterNotice(t *testing.T) {
+	const key, tok = "gonelock", "t-gl"
+	for _, proto := range []int{2, 3} {
+		t.Run("RESP"+string(rune('0'+proto)), func(t *testing.T) {
+			b := &lostDuringCmdBackend{gate: make(chan struct{}), entered: make(chan struct{}, 1)}
+			close(b.gate)
+			b.renewZero = true // the lock is gone: the renewals find nothing
+			h := NewHandler(Options{Limits: testLimits, Backend: b})
+			c := dialRaw(t, serveOn(t, &resp.Server{Handler: h}))
+			if proto == 3 {
+				helloRESP3(t, c)
+			}
+			readGrant := func(cmd string) {
+				t.Helper()
+				if got := c.do(t, cmd); got != "*6" && got != "%3" {
+					t.Fatalf("%s = %q; want the lease", cmd, got)
+				}
+				for range 6 {
+					c.reply(t)
+				}
+			}
+			// The first renewal comes 100 ms in, after the UNLOCK.
+			readGrant("LOCK " + key + " PX 300 TOKEN " + tok + " KEEPALIVE")
+			if got := c.do(t, "UNLOCK "+key+" "+tok); got != ":0" {
+				t.Errorf("UNLOCK of a lock gone from the nodes = %q; want :0", got)
+			}
+			// Whatever the watchdog does, it has done it once it ends.
+			waitStopped(t, h.keepalive)
+			if got := c.do(t, "PING"); got != "+PONG" {
+				t.Errorf("PING after the UNLOCK = %q; want +PONG (no lock-lost push for the lock the UNLOCK was answered for)", got)
+			}
+			readGrant("LOCK " + key + " PX 300 TOKEN " + tok)
+			if n := counterValue(t, h.keepalive.lost[lostRenewFailed]); n != 0 {
+				t.Errorf("%v losses counted; want none: the UNLOCK told the client", n)
+			}
+		})
+	}
+}

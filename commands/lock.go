@@ -484,6 +484,9 @@ func (h *Handler) unlock(s *resp.Session, args [][]byte) {
 	ok, err := h.backend.Unlock(s.Context(), key, token)
 	released := ok && err == nil
 	h.keepalive.endUnlock(op, released, state(s).ka)
+	if err == nil && !ok {
+		h.keepalive.unlockFoundNothing(key, token, state(s).ka)
+	}
 	if released {
 		h.held.released(key, token)
 	}
