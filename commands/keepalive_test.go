@@ -208,6 +208,10 @@ func TestWatchdog(t *testing.T) {
 	// Long enough that a loaded machine's scheduling delays (tens of ms)
 	// stay well inside a renewal period.
 	const ttl = 200 * time.Millisecond
+	// maxHoldSlack is how much before the MAXHOLD deadline its loss may be
+	// told: the fake's 1 ms short validity and the scheduling between a
+	// renewal's send and its record.
+	const maxHoldSlack = 5 * time.Millisecond
 	noQuorum := fmt.Errorf("extend: %w", quorum.ErrNoQuorum)
 	none := lostReason(255)
 	for _, tc := range []struct {
@@ -286,8 +290,13 @@ func TestWatchdog(t *testing.T) {
 					t.Errorf("renewal at +%v for %v outlasts MAXHOLD %v", r.at.Sub(start), r.ttl, tc.maxHold)
 				}
 			}
-			if tc.maxHold > 0 && ended.Sub(start) < tc.maxHold {
-				t.Errorf("ended after %v; want at the MAXHOLD deadline %v or after", ended.Sub(start), tc.maxHold)
+			// The MAXHOLD loss is told by the end of the validity last
+			// answered, which ends before the deadline: the fake answers
+			// each renewal 1 ms short of its lease, counted from when the
+			// renewal was sent. So the end may come a few ms early, never
+			// more (a renewal period early would be a hold cut short).
+			if tc.maxHold > 0 && ended.Sub(start) < tc.maxHold-maxHoldSlack {
+				t.Errorf("ended after %v; want within %v of the MAXHOLD deadline %v or after", ended.Sub(start), maxHoldSlack, tc.maxHold)
 			}
 			if unlocks != tc.wantUnlocks {
 				t.Errorf("%d releases; want %d", unlocks, tc.wantUnlocks)
