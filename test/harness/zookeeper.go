@@ -425,6 +425,9 @@ type Link struct {
 	// first is replaced by the second in what clients send (see
 	// launchEnsemble).
 	rewrite atomic.Pointer[[2][]byte]
+	// strandOn, when set, is what strands the next connection whose
+	// client sends it (StrandOn).
+	strandOn atomic.Pointer[[]byte]
 
 	mu     sync.Mutex
 	conns  map[net.Conn]struct{}
@@ -465,6 +468,12 @@ func (l *Link) Cut() { l.cut.Store(true) }
 // now, as a NAT or firewall that forgot them does; they stay open, and new
 // connections pass.
 func (l *Link) Strand() { l.stranded.Store(l.accepted.Load()) }
+
+// StrandOn strands the first connection whose client sends pattern (in
+// one read), from those bytes on, for good: a link that stops delivering
+// in the middle of a connection's life, at a point of the protocol the
+// test chooses. Only that one connection: those after it pass.
+func (l *Link) StrandOn(pattern []byte) { l.strandOn.Store(&pattern) }
 
 // Heal closes the connections that lost bytes (their streams have a hole)
 // and lets bytes through again.
@@ -542,14 +551,16 @@ func (l *Link) connect(c net.Conn) {
 		return
 	}
 	id := l.accepted.Add(1)
+	lost := new(atomic.Bool) // stranded by StrandOn
 	l.wg.Add(2)
-	go l.pipe(c, s, id, l.rewrite.Load())
-	go l.pipe(s, c, id, nil)
+	go l.pipe(c, s, id, lost, true, l.rewrite.Load())
+	go l.pipe(s, c, id, lost, false, nil)
 }
 
 // pipe copies src to dst until either ends, dropping bytes while cut, and
-// for good once its connection (number id) is stranded.
-func (l *Link) pipe(src, dst net.Conn, id int64, rewrite *[2][]byte) {
+// for good once its connection (number id) is stranded, by Strand or, lost
+// set, by StrandOn (which toServer, the client's side, looks for).
+func (l *Link) pipe(src, dst net.Conn, id int64, lost *atomic.Bool, toServer bool, rewrite *[2][]byte) {
 	defer l.wg.Done()
 	defer func() {
 		_ = src.Close()
@@ -562,7 +573,10 @@ func (l *Link) pipe(src, dst net.Conn, id int64, rewrite *[2][]byte) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !l.cut.Load() && id > l.stranded.Load() {
+		if p := l.strandOn.Load(); toServer && n > 0 && p != nil && bytes.Contains(buf[:n], *p) && l.strandOn.CompareAndSwap(p, nil) {
+			lost.Store(true)
+		}
+		if n > 0 && !l.cut.Load() && id > l.stranded.Load() && !lost.Load() {
 			if rewrite != nil {
 				// Same length: a length field before it stays right.
 				copy(buf[:n], bytes.ReplaceAll(buf[:n], rewrite[0], rewrite[1]))
