@@ -1528,7 +1528,14 @@ func (b *Backend) listenOnce() (listened time.Time, err error) {
 		defer cancel()
 		_ = conn.Close(ctx)
 	}()
-	if _, err := conn.Exec(b.ctx, "LISTEN "+b.n.channelIdent); err != nil {
+	// Bounded as any round trip: a link that stops delivering right after
+	// the dial would keep the LISTEN waiting until the kernel gives up on
+	// the connection (many minutes), not listening all that while, and
+	// every waiter polling the database meanwhile.
+	lctx, lcancel := context.WithTimeout(b.ctx, b.cfg.OpTimeout)
+	_, err = conn.Exec(lctx, "LISTEN "+b.n.channelIdent)
+	lcancel()
+	if err != nil {
 		return time.Time{}, fmt.Errorf("LISTEN: %w", err)
 	}
 	listened = time.Now()

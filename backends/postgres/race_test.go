@@ -695,18 +695,23 @@ func TestListenerRedialsStrandedConnection(t *testing.T) {
 		}
 	}
 	waitListening(t, b)
+	checkNotifyWakes(t, pg, b)
+}
 
-	w := &waiter{key: "k", tag: keyTag("k"), wake: make(chan struct{}, 1)}
-	b.mu.Lock()
-	b.waiters[w.tag] = map[*waiter]struct{}{w: {}}
-	b.mu.Unlock()
+// checkNotifyWakes checks that a NOTIFY of a key's release, sent on
+// another connection, reaches b's listening connection and wakes a waiter
+// of the key within 5 s.
+func checkNotifyWakes(t *testing.T, pg *harness.Postgres, b *Backend) {
+	t.Helper()
+	w := b.addWaiter("notify-check")
+	defer b.removeWaiter(w)
 	if _, err := pg.Conn(t).Exec(context.Background(), "SELECT pg_notify($1, $2)", b.n.channel, w.tag); err != nil {
 		t.Fatal(err)
 	}
 	select {
 	case <-w.wake:
 	case <-time.After(5 * time.Second):
-		t.Fatal("a NOTIFY after the redial woke no waiter")
+		t.Fatal("a NOTIFY woke no waiter within 5 s")
 	}
 }
 
