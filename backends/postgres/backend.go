@@ -701,13 +701,24 @@ func (b *Backend) enterRowGate(ctx context.Context, key string) (release func(),
 // one that waited for a row another transaction updated (a renewal or a
 // release of the same token, a reentry) fails with SQLSTATE 40001 and is
 // rolled back, with nothing applied, so it is run again, up to
-// rowStatementTries times within ctx. (The isolation is not set at
+// rolledBackTries times within ctx (rerun). (The isolation is not set at
 // connect: PgBouncer refuses startup parameters it does not know, and a
 // session's SET does not stay with a client through it.)
 func (b *Backend) rowStatement(ctx context.Context, key string, run func(noWait bool) error) error {
+	return b.rerun(ctx, func() error { return b.rowStatementOnce(ctx, key, run) })
+}
+
+// rerun runs f, one statement run at the session's default isolation, and
+// runs it again while the database rolls it back for a serialization
+// failure or a deadlock (retryable: nothing of it stays), up to
+// rolledBackTries runs in all, within ctx. On a database whose
+// default_transaction_isolation is repeatable read or serializable, a
+// statement that waited for a row another transaction updated fails so
+// once that commits, though it would succeed run again.
+func (b *Backend) rerun(ctx context.Context, f func() error) error {
 	var err error
-	for range rowStatementTries {
-		if err = b.rowStatementOnce(ctx, key, run); !retryable(err) || ctx.Err() != nil {
+	for range rolledBackTries {
+		if err = f(); !retryable(err) || ctx.Err() != nil {
 			return err
 		}
 		b.log.Debug("postgres: statement rolled back; running it again", zap.Error(err))
@@ -715,9 +726,9 @@ func (b *Backend) rowStatement(ctx context.Context, key string, run func(noWait 
 	return err
 }
 
-// rowStatementTries bounds the runs of a RENEW's or UNLOCK's statement
-// that the database rolled back (rowStatement).
-const rowStatementTries = 3
+// rolledBackTries bounds the runs of a statement that the database rolled
+// back (rerun).
+const rolledBackTries = 3
 
 func (b *Backend) rowStatementOnce(ctx context.Context, key string, run func(noWait bool) error) error {
 	err := run(true)
@@ -1179,8 +1190,13 @@ func (b *Backend) dropReentry(req backends.LockRequest, fence uint64) {
 		// Not under the key's advisory lock: queued behind grants, it
 		// could come after the holder's UNLOCK and then had to take the
 		// row's last hold, which it does (dropHoldSQL) in either order.
-		_, err := b.pool.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(fence))
-		return err
+		// Run again when rolled back (rerun): at serializable it fails
+		// whenever the holder's RENEW updated the row while it waited,
+		// and the token would keep the hold its holder was not told of.
+		return b.rerun(ctx, func() error {
+			_, err := b.pool.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(fence))
+			return err
+		})
 	})
 }
 

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/lockproxy/lockproxy/test/harness"
 )
 
@@ -96,5 +98,25 @@ func execAll(t *testing.T, pg *harness.Postgres, stmts ...string) {
 		if _, err := conn.Exec(ctx, q); err != nil {
 			t.Fatalf("%s: %v", q, err)
 		}
+	}
+}
+
+// waitActivity waits up to 10 s until a session of conn's database other
+// than conn's matches cond, a condition on pg_stat_activity's columns
+// (wait_event_type = 'Lock' AND query LIKE …).
+func waitActivity(t *testing.T, conn *pgx.Conn, what, cond string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		var n int
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+WHERE datname = current_database() AND pid <> pg_backend_pid() AND `+cond).Scan(&n); err != nil {
+			t.Fatalf("waiting for %s: %v", what, err)
+		}
+		if n > 0 {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }

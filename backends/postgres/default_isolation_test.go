@@ -2,6 +2,7 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 	"testing"
@@ -81,5 +82,99 @@ func TestRenewUnlockUnderSerializableDefault(t *testing.T) {
 		case <-time.After(10 * time.Second):
 			t.Fatalf("%s not answered", op.name)
 		}
+	}
+}
+
+// TestTakeBackOfLateReentryUnderSerializableDefault: a reentrant LOCK
+// whose reply comes too late to be of use (its COMMIT held 1 s by a
+// deferred trigger, past its 200 ms lease) is answered no, and the hold
+// it added is taken back in the background (dropReentry). On a database
+// whose default_transaction_isolation is serializable, that take-back,
+// one statement at the session's default isolation, waited for the row
+// another transaction was updating (here a direct UPDATE; the holder's
+// RENEW or KEEPALIVE renewal does the same) and failed with SQLSTATE
+// 40001 once it committed: the token kept one hold more than its holder
+// was told of, and the holder's one UNLOCK left the key held by no one
+// for the rest of the lease (a minute here; for good while a watchdog
+// renews it). It is run again, as RENEW and UNLOCK are.
+func TestTakeBackOfLateReentryUnderSerializableDefault(t *testing.T) {
+	pg, p := testDB(t)
+	db := strings.TrimSuffix(p, "_") + "_ser"
+	dsn := newDatabase(t, pg, db, "", "ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
+	b := newDSNBackend(t, dsn, p)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	watch, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(context.Background())
+	const key = "late-reentry"
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "A", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE FUNCTION ` + p + `slow() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF NEW.holds > OLD.holds THEN PERFORM pg_sleep(1); END IF; RETURN NULL; END $$`,
+		`CREATE CONSTRAINT TRIGGER slow AFTER UPDATE ON ` + b.n.holds + ` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ` + p + `slow()`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reentry := make(chan error, 1)
+	go func() {
+		l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "A", TTL: 200 * time.Millisecond})
+		if err == nil {
+			err = fmt.Errorf("granted %+v", l)
+		}
+		reentry <- err
+	}()
+	waitActivity(t, watch, "the reentry's COMMIT held by the trigger", `wait_event = 'PgSleep'`)
+	// An update of A's row queues behind the reentry's and gets the row
+	// as it commits, before the take-back's statement comes.
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	updated := make(chan error, 1)
+	go func() {
+		_, err := tx.Exec(ctx, `UPDATE `+b.n.holds+` SET expires_at = expires_at + interval '1 second' WHERE key = $1`, key)
+		updated <- err
+	}()
+	waitActivity(t, watch, "the update queued behind the reentry", `wait_event_type = 'Lock' AND query LIKE 'UPDATE%'`)
+	if err := <-reentry; !errors.Is(err, backends.ErrNotAcquired) {
+		t.Fatalf("reentry answering after 1 s with a 200 ms lease = %v; want not acquired", err)
+	}
+	if err := <-updated; err != nil {
+		t.Fatal(err)
+	}
+	waitActivity(t, watch, "the take-back waiting for the updated row", `wait_event_type = 'Lock' AND query LIKE 'WITH target%'`)
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	var holds int64
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err := conn.QueryRow(ctx, `SELECT holds FROM `+b.n.holds+` WHERE key = $1 AND token = 'A'`, key).Scan(&holds); err != nil {
+			t.Fatal(err)
+		}
+		if holds == 1 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if holds != 1 {
+		t.Errorf("A's holds 5 s after its late reentry was answered no = %d; want 1 (the reentry's hold taken back)", holds)
+	}
+	if ok, err := b.Unlock(ctx, key, "A"); !ok || err != nil {
+		t.Fatalf("A's UNLOCK = %v, %v", ok, err)
+	}
+	if l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: time.Minute}); err != nil {
+		t.Errorf("B's LOCK after A's one UNLOCK of its one granted hold = %+v, %v; want granted", l, err)
 	}
 }
