@@ -1622,11 +1622,17 @@ func (b *Backend) sweepPass() (more bool) {
 	return more
 }
 
-func (b *Backend) sweepOnce(table string) (int64, error) {
+// sweepOnce runs one batch's DELETE on table. At serializable, one run
+// beside serializable transactions that read rows it deletes and write
+// where it reads is rolled back, which would end the sweep's pass over
+// the table: it is run again (rerun).
+func (b *Backend) sweepOnce(table string) (n int64, err error) {
 	ctx, cancel := context.WithTimeout(b.ctx, cleanupTimeout)
 	defer cancel()
-	var n, keys int64
-	err := b.pool.QueryRow(ctx, b.n.sweepSQL(table), sweepBatch).Scan(&n, &keys)
+	var keys int64
+	err = b.rerun(ctx, func() error {
+		return b.pool.QueryRow(ctx, b.n.sweepSQL(table), sweepBatch).Scan(&n, &keys)
+	})
 	return n, err
 }
 

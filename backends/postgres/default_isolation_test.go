@@ -178,3 +178,89 @@ BEGIN IF NEW.holds > OLD.holds THEN PERFORM pg_sleep(1); END IF; RETURN NULL; EN
 		t.Errorf("B's LOCK after A's one UNLOCK of its one granted hold = %+v, %v; want granted", l, err)
 	}
 }
+
+// TestSweepUnderSerializableDefault: on a database whose
+// default_transaction_isolation is serializable, the sweep's DELETE, one
+// statement at the session's default isolation, is rolled back (SQLSTATE
+// 40001) when a serializable transaction that ran beside it read rows it
+// deleted and wrote where it read (here a direct one, while a trigger
+// holds the sweep's DELETE 1 s). The sweep must run it again.
+// Before, the pass over the table ended there: its expired rows stayed
+// until the next sweep, a sweep_interval later, their keys' waiters were
+// not woken when the leases ran out, and a backlog was not caught up.
+func TestSweepUnderSerializableDefault(t *testing.T) {
+	pg, p := testDB(t)
+	db := strings.TrimSuffix(p, "_") + "_ser"
+	dsn := newDatabase(t, pg, db, "", "ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
+	b := newDSNBackend(t, dsn, p)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	watch, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(context.Background())
+	insertExpired := `INSERT INTO ` + b.n.holds + ` (key, token, mode, holds, expires_at, fence)
+SELECT k, 't', 0, 1, clock_timestamp() - interval '1 hour', 1 FROM unnest($1::text[]) k`
+	for _, q := range []string{
+		`CREATE FUNCTION ` + p + `slow() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF OLD.key = 'e1' THEN PERFORM pg_sleep(1); END IF; RETURN NULL; END $$`,
+		`CREATE TRIGGER slow AFTER DELETE ON ` + b.n.holds + ` FOR EACH ROW EXECUTE FUNCTION ` + p + `slow()`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := conn.Exec(ctx, insertExpired, []string{"e1", "e2"}); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		b.sweepPass()
+	}()
+	waitActivity(t, watch, "the sweep's DELETE held by the trigger", `wait_event = 'PgSleep'`)
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+b.n.holds+` WHERE key = 'e2'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, insertExpired, []string{"e3"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("sweep not done after 20 s")
+	}
+	var left []string
+	rows, err := conn.Query(ctx, `SELECT key FROM `+b.n.holds+` ORDER BY key`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var k string
+		if err := rows.Scan(&k); err != nil {
+			t.Fatal(err)
+		}
+		left = append(left, k)
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	if len(left) > 0 {
+		t.Errorf("expired rows left by the sweep = %v (swept %d); want none", left, b.Swept())
+	}
+}
