@@ -1227,7 +1227,12 @@ func (b *Backend) unmarkWriter(ctx context.Context, key, marker string) {
 	done := make(chan struct{})
 	b.background(func(bctx context.Context) error {
 		defer close(done)
-		if _, err := b.pool.Exec(bctx, b.n.unmarkWriterNotifySQL(), key, marker); err != nil {
+		// Run again when rolled back (rerun): left, the marker would hold
+		// new readers back until it expires, behind no writer.
+		if err := b.rerun(bctx, func() error {
+			_, err := b.pool.Exec(bctx, b.n.unmarkWriterNotifySQL(), key, marker)
+			return err
+		}); err != nil {
 			b.log.Debug("postgres: waiting writer's marker not removed; it expires by itself", zap.Error(err))
 		}
 		return nil

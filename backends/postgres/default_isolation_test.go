@@ -264,3 +264,72 @@ BEGIN IF OLD.key = 'e1' THEN PERFORM pg_sleep(1); END IF; RETURN NULL; END $$`,
 		t.Errorf("expired rows left by the sweep = %v (swept %d); want none", left, b.Swept())
 	}
 }
+
+// TestUnmarkWriterUnderSerializableDefault: a waiting writer that gives
+// up deletes its marker (unmarkWriter), one statement at the session's
+// default isolation. On a database whose default_transaction_isolation is
+// serializable, a serializable transaction beside it that read the marker
+// and wrote where the DELETE read (here a direct one, while a trigger
+// holds the DELETE 1 s) has it rolled back (SQLSTATE 40001). It must be
+// run again. Before, the marker stayed until it expired: new readers of
+// the key, on every instance, were held back up to writerMarkTTL (3 s)
+// behind a writer that no longer waited.
+func TestUnmarkWriterUnderSerializableDefault(t *testing.T) {
+	pg, p := testDB(t)
+	db := strings.TrimSuffix(p, "_") + "_ser"
+	dsn := newDatabase(t, pg, db, "", "ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
+	b := newDSNBackend(t, dsn, p)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	watch, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(context.Background())
+	const key, marker = "k", "gave-up"
+	if err := b.markWriter(ctx, key, marker); err != nil {
+		t.Fatal(err)
+	}
+	for _, q := range []string{
+		`CREATE FUNCTION ` + p + `slow() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN PERFORM pg_sleep(1); RETURN NULL; END $$`,
+		`CREATE TRIGGER slow AFTER DELETE ON ` + b.n.waiters + ` FOR EACH ROW EXECUTE FUNCTION ` + p + `slow()`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	b.unmarkWriter(ctx, key, marker) // answers after unmarkWait; the DELETE goes on
+	waitActivity(t, watch, "the marker's DELETE held by the trigger", `wait_event = 'PgSleep'`)
+	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(context.Background()) }()
+	var n int
+	if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+b.n.waiters).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO `+b.n.waiters+` (key, waiter, expires_at) VALUES ('other', 'w', clock_timestamp())`); err != nil {
+		t.Fatal(err)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+b.n.waiters+` WHERE waiter = $1`, marker).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		if n == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the marker of a writer that gave up still there 5 s later; want it deleted")
+		}
+	}
+}
