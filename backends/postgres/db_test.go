@@ -120,3 +120,30 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND `+cond).Scan(
 		time.Sleep(5 * time.Millisecond)
 	}
 }
+
+// gateSQL is the statement, in a test's trigger, that holds the backend's
+// statement there while the test holds gate n (holdGate): for as long as
+// the test needs, unlike a sleep.
+func gateSQL(n int) string { return fmt.Sprintf(`PERFORM pg_advisory_xact_lock(7426031, %d)`, n) }
+
+// holdGate takes gate n of gateSQL on conn until the function it returns
+// is called.
+func holdGate(t *testing.T, conn *pgx.Conn, n int) (release func()) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, `SELECT pg_advisory_lock(7426031, $1)`, n); err != nil {
+		t.Fatal(err)
+	}
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := conn.Exec(ctx, `SELECT pg_advisory_unlock(7426031, $1)`, n); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// gateWaitCond is waitActivity's condition for a statement held by a
+// gate.
+const gateWaitCond = `wait_event_type = 'Lock' AND wait_event = 'advisory'`
