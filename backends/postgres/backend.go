@@ -700,35 +700,52 @@ func (b *Backend) enterRowGate(ctx context.Context, key string) (release func(),
 // whose default_transaction_isolation is repeatable read or serializable,
 // one that waited for a row another transaction updated (a renewal or a
 // release of the same token, a reentry) fails with SQLSTATE 40001 and is
-// rolled back, with nothing applied, so it is run again, up to
-// rolledBackTries times within ctx (rerun). (The isolation is not set at
-// connect: PgBouncer refuses startup parameters it does not know, and a
-// session's SET does not stay with a client through it.)
+// rolled back, with nothing applied, so it is run again, within ctx
+// (rerun). (The isolation is not set at connect: PgBouncer refuses
+// startup parameters it does not know, and a session's SET does not stay
+// with a client through it.)
 func (b *Backend) rowStatement(ctx context.Context, key string, run func(noWait bool) error) error {
 	return b.rerun(ctx, func() error { return b.rowStatementOnce(ctx, key, run) })
 }
 
 // rerun runs f, one statement run at the session's default isolation, and
 // runs it again while the database rolls it back for a serialization
-// failure or a deadlock (retryable: nothing of it stays), up to
-// rolledBackTries runs in all, within ctx. On a database whose
-// default_transaction_isolation is repeatable read or serializable, a
-// statement that waited for a row another transaction updated fails so
-// once that commits, though it would succeed run again.
+// failure or a deadlock (retryable: nothing of it stays), for as long as
+// ctx lasts, after a jittered pause that grows with each run (up to
+// rerunPauseMax), so that the transactions that rolled each other back
+// do not meet again. On a database whose default_transaction_isolation is
+// repeatable read or serializable, a statement that waited for a row
+// another transaction updated fails so once that commits, and at
+// serializable one beside others on the same rows (page-grained: on the
+// same table, with few rows) fails so whenever their reads and writes
+// cross; run again, it succeeds. Not a fixed number of runs: on a key
+// that several clients renew and release, now and then a statement is
+// rolled back three times in a row, and UNLOCK and RENEW then answered
+// an error though the next run would have gone through.
 func (b *Backend) rerun(ctx context.Context, f func() error) error {
-	var err error
-	for range rolledBackTries {
-		if err = f(); !retryable(err) || ctx.Err() != nil {
+	for runs := 1; ; runs++ {
+		err := f()
+		if !retryable(err) || ctx.Err() != nil {
 			return err
 		}
-		b.log.Debug("postgres: statement rolled back; running it again", zap.Error(err))
+		b.log.Debug("postgres: statement rolled back; running it again", zap.Error(err), zap.Int("runs", runs))
+		t := time.NewTimer(rand.N(min(rerunPauseMin<<min(runs, 16), rerunPauseMax)))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		}
 	}
-	return err
 }
 
-// rolledBackTries bounds the runs of a statement that the database rolled
-// back (rerun).
-const rolledBackTries = 3
+// rerunPauseMin and rerunPauseMax bound the growth of the longest pause
+// before a rolled-back statement is run again (rerun): up to 2 ms after
+// the first run, doubling each run, up to 50 ms.
+const (
+	rerunPauseMin = time.Millisecond
+	rerunPauseMax = 50 * time.Millisecond
+)
 
 func (b *Backend) rowStatementOnce(ctx context.Context, key string, run func(noWait bool) error) error {
 	err := run(true)

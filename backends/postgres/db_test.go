@@ -122,9 +122,9 @@ WHERE datname = current_database() AND pid <> pg_backend_pid() AND `+cond).Scan(
 }
 
 // gateSQL is the statement, in a test's trigger, that holds the backend's
-// statement there while the test holds gate n (holdGate): for as long as
-// the test needs, unlike a sleep.
-func gateSQL(n int) string { return fmt.Sprintf(`PERFORM pg_advisory_xact_lock(7426031, %d)`, n) }
+// statement there while the test holds gate n (holdGate), n the value of
+// SQL expression e: for as long as the test needs, unlike a sleep.
+func gateSQL(e string) string { return `PERFORM pg_advisory_xact_lock(7426031, (` + e + `)::int)` }
 
 // holdGate takes gate n of gateSQL on conn until the function it returns
 // is called.
@@ -144,6 +144,22 @@ func holdGate(t *testing.T, conn *pgx.Conn, n int) (release func()) {
 	}
 }
 
-// gateWaitCond is waitActivity's condition for a statement held by a
-// gate.
-const gateWaitCond = `wait_event_type = 'Lock' AND wait_event = 'advisory'`
+// waitGate waits up to 10 s until a session of conn's database waits for
+// gate n.
+func waitGate(t *testing.T, conn *pgx.Conn, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for {
+		var waiting bool
+		if err := conn.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+WHERE d.datname = current_database() AND l.locktype = 'advisory' AND l.classid = 7426031 AND l.objid = $1 AND l.objsubid = 2 AND NOT l.granted)`,
+			n).Scan(&waiting); err != nil {
+			t.Fatalf("waiting for a statement held by gate %d: %v", n, err)
+		}
+		if waiting {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}

@@ -116,7 +116,7 @@ func TestTakeBackOfLateReentryUnderSerializableDefault(t *testing.T) {
 	defer watch.Close(context.Background())
 	for _, q := range []string{
 		`CREATE FUNCTION ` + p + `slow() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN IF NEW.holds > OLD.holds THEN ` + gateSQL(1) + `; END IF; RETURN NULL; END $$`,
+BEGIN IF NEW.holds > OLD.holds THEN ` + gateSQL("1") + `; END IF; RETURN NULL; END $$`,
 		`CREATE CONSTRAINT TRIGGER slow AFTER UPDATE ON ` + b.n.holds + ` DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION ` + p + `slow()`,
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
@@ -149,7 +149,7 @@ BEGIN IF NEW.holds > OLD.holds THEN ` + gateSQL(1) + `; END IF; RETURN NULL; END
 			}
 			reentry <- err
 		}()
-		waitActivity(t, watch, "the reentry's COMMIT held by the trigger", gateWaitCond)
+		waitGate(t, watch, 1) // the reentry's COMMIT, held by the trigger
 		tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
 		if err != nil {
 			t.Fatal(err)
@@ -248,7 +248,7 @@ func TestSweepUnderSerializableDefault(t *testing.T) {
 SELECT k, 't', 0, 1, clock_timestamp() - interval '1 hour', 1 FROM unnest($1::text[]) k`
 	for _, q := range []string{
 		`CREATE FUNCTION ` + p + `slow() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN IF OLD.key = 'e1' THEN ` + gateSQL(1) + `; END IF; RETURN NULL; END $$`,
+BEGIN IF OLD.key = 'e1' THEN ` + gateSQL("1") + `; END IF; RETURN NULL; END $$`,
 		`CREATE TRIGGER slow AFTER DELETE ON ` + b.n.holds + ` FOR EACH ROW EXECUTE FUNCTION ` + p + `slow()`,
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
@@ -264,7 +264,7 @@ BEGIN IF OLD.key = 'e1' THEN ` + gateSQL(1) + `; END IF; RETURN NULL; END $$`,
 		defer close(done)
 		b.sweepPass()
 	}()
-	waitActivity(t, watch, "the sweep's DELETE held by the trigger", gateWaitCond)
+	waitGate(t, watch, 1) // the sweep's DELETE, held by the trigger
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
 	if err != nil {
 		t.Fatal(err)
@@ -338,7 +338,7 @@ func TestUnmarkWriterUnderSerializableDefault(t *testing.T) {
 	}
 	for _, q := range []string{
 		`CREATE FUNCTION ` + p + `slow() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN ` + gateSQL(1) + `; RETURN NULL; END $$`,
+BEGIN ` + gateSQL("1") + `; RETURN NULL; END $$`,
 		`CREATE TRIGGER slow AFTER DELETE ON ` + b.n.waiters + ` FOR EACH ROW EXECUTE FUNCTION ` + p + `slow()`,
 	} {
 		if _, err := conn.Exec(ctx, q); err != nil {
@@ -347,7 +347,7 @@ BEGIN ` + gateSQL(1) + `; RETURN NULL; END $$`,
 	}
 	release := holdGate(t, watch, 1)
 	b.unmarkWriter(ctx, key, marker) // answers after unmarkWait; the DELETE goes on
-	waitActivity(t, watch, "the marker's DELETE held by the trigger", gateWaitCond)
+	waitGate(t, watch, 1)            // the marker's DELETE, held by the trigger
 	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
 	if err != nil {
 		t.Fatal(err)
@@ -374,5 +374,99 @@ BEGIN ` + gateSQL(1) + `; RETURN NULL; END $$`,
 		if time.Now().After(deadline) {
 			t.Fatal("the marker of a writer that gave up still there 5 s later; want it deleted")
 		}
+	}
+}
+
+// TestUnlockRolledBackRepeatedlyUnderSerializableDefault: on a database
+// whose default_transaction_isolation is serializable, UNLOCK's statement
+// is rolled back (SQLSTATE 40001) whenever a serializable transaction
+// beside it read the row it deletes and wrote where it read; renewals
+// and releases of a key's holders do so to each other (the rows of a
+// small table share their pages), and on a key several clients renew and
+// release, one statement was rolled back three times in a row now and
+// then. Here three such transactions in turn (each while a trigger holds
+// one run of the statement) roll back three runs. UNLOCK must go on
+// running it within its op_timeout. Before, it gave up after three runs
+// and answered -NOQUORUM (transaction rolled back), though the fourth run
+// released the lock; RENEW and the KEEPALIVE watchdog's renewals and
+// releases likewise.
+func TestUnlockRolledBackRepeatedlyUnderSerializableDefault(t *testing.T) {
+	pg, p := testDB(t)
+	db := strings.TrimSuffix(p, "_") + "_ser"
+	dsn := newDatabase(t, pg, db, "", "ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
+	b := newDSNBackend(t, dsn, p)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	watch, err := pgx.Connect(ctx, dsn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watch.Close(context.Background())
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: time.Minute}); err != nil {
+		t.Fatal(err)
+	}
+	// Run n of the statement waits for gate n.
+	for _, q := range []string{
+		`CREATE SEQUENCE ` + p + `runs`,
+		`CREATE FUNCTION ` + p + `slow() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN ` + gateSQL(`nextval('`+p+`runs')`) + `; RETURN NULL; END $$`,
+		`CREATE TRIGGER slow AFTER DELETE ON ` + b.n.holds + ` FOR EACH ROW EXECUTE FUNCTION ` + p + `slow()`,
+	} {
+		if _, err := conn.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	const rolledBack = 3
+	var release [rolledBack + 1]func()
+	for n := 1; n <= rolledBack; n++ {
+		release[n] = holdGate(t, watch, n)
+	}
+	type answer struct {
+		ok  bool
+		err error
+	}
+	done := make(chan answer, 1)
+	go func() {
+		ok, err := b.Unlock(ctx, "k", "A")
+		done <- answer{ok, err}
+	}()
+	for n := 1; n <= rolledBack; n++ {
+		waitGate(t, watch, n)
+		tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.Serializable})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var rows int
+		if err := tx.QueryRow(ctx, `SELECT count(*) FROM `+b.n.holds).Scan(&rows); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO `+b.n.holds+` (key, token, mode, holds, expires_at, fence)
+VALUES ($1, 'B', 0, 1, clock_timestamp() + interval '1 minute', 1)`, fmt.Sprintf("other-%d", n)); err != nil {
+			t.Fatal(err)
+		}
+		if err := tx.Commit(ctx); err != nil {
+			t.Fatal(err)
+		}
+		release[n]()
+	}
+	select {
+	case a := <-done:
+		if !a.ok || a.err != nil {
+			t.Errorf("UNLOCK whose statement was rolled back %d times in a row = %v, %v; want released", rolledBack, a.ok, a.err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("UNLOCK not answered after 20 s")
+	}
+	var left int
+	if err := conn.QueryRow(ctx, `SELECT count(*) FROM `+b.n.holds+` WHERE key = 'k'`).Scan(&left); err != nil {
+		t.Fatal(err)
+	}
+	if left != 0 {
+		t.Errorf("A's row after its UNLOCK: %d left; want none", left)
 	}
 }
