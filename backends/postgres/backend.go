@@ -432,16 +432,27 @@ func (b *Backend) usable() error {
 	return nil
 }
 
-// Ready runs a bounded SELECT 1.
+// Ready reports whether a lock can be granted now, in one bounded
+// statement: the lock tables can be read and the session may write. A
+// database that answers queries may still grant nothing (a hot standby
+// the DSN reaches after a failover, default_transaction_read_only on,
+// the tables dropped), and /readyz must then send clients elsewhere. The
+// error reads as the grants' own would (fail).
 func (b *Backend) Ready(ctx context.Context) error {
 	if err := b.usable(); err != nil {
 		return err
 	}
 	octx, cancel := b.op(ctx)
 	defer cancel()
-	var one int
-	if err := b.pool.QueryRow(octx, `SELECT 1`).Scan(&one); err != nil {
+	var readOnly string
+	var holds, waiters bool // whether rows exist: unused, the reads are the check
+	q := `SELECT current_setting('transaction_read_only'), EXISTS (SELECT FROM ` + b.n.holds + `), EXISTS (SELECT FROM ` + b.n.waiters + `)`
+	if err := b.pool.QueryRow(octx, q).Scan(&readOnly, &holds, &waiters); err != nil {
 		return b.fail(ctx, err)
+	}
+	if readOnly == "on" {
+		// SQLSTATE 25006 is what the grant's first write would get.
+		return b.fail(ctx, &pgconn.PgError{Code: "25006", Message: "transaction_read_only is on"})
 	}
 	return nil
 }
