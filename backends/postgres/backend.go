@@ -433,26 +433,31 @@ func (b *Backend) usable() error {
 }
 
 // Ready reports whether a lock can be granted now, in one bounded
-// statement: the lock tables can be read and the session may write. A
-// database that answers queries may still grant nothing (a hot standby
-// the DSN reaches after a failover, default_transaction_read_only on,
-// the tables dropped), and /readyz must then send clients elsewhere. The
-// error reads as the grants' own would (fail).
+// statement: the session may write, its role may change the lock tables
+// and take fences, and the tables can be read. A database that answers
+// queries may still grant nothing (a hot standby the DSN reaches after a
+// failover, default_transaction_read_only on, a role granted SELECT
+// alone, the tables dropped), and /readyz must then send clients
+// elsewhere. The error reads as the grants' own would (fail).
 func (b *Backend) Ready(ctx context.Context) error {
 	if err := b.usable(); err != nil {
 		return err
 	}
 	octx, cancel := b.op(ctx)
 	defer cancel()
-	var readOnly string
+	var readOnly, mayWrite bool
 	var holds, waiters bool // whether rows exist: unused, the reads are the check
-	q := `SELECT current_setting('transaction_read_only'), EXISTS (SELECT FROM ` + b.n.holds + `), EXISTS (SELECT FROM ` + b.n.waiters + `)`
-	if err := b.pool.QueryRow(octx, q).Scan(&readOnly, &holds, &waiters); err != nil {
+	if err := b.pool.QueryRow(octx, b.n.readySQL(), b.n.holds, b.n.waiters, b.n.fences).Scan(&readOnly, &mayWrite, &holds, &waiters); err != nil {
 		return b.fail(ctx, err)
 	}
-	if readOnly == "on" {
-		// SQLSTATE 25006 is what the grant's first write would get.
+	switch {
+	case readOnly:
+		// The SQLSTATEs a grant would get: its first write's, or its
+		// first statement on a table it may not change.
 		return b.fail(ctx, &pgconn.PgError{Code: "25006", Message: "transaction_read_only is on"})
+	case !mayWrite:
+		return b.fail(ctx, &pgconn.PgError{Code: "42501", Message: "the role may not insert, update and delete rows of " +
+			b.n.holds + " and " + b.n.waiters + ", or take values of " + b.n.fences})
 	}
 	return nil
 }

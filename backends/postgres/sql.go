@@ -440,6 +440,21 @@ FROM l WHERE ` + keyIs("h.key") + ` AND h.token = $2 AND h.mode = l.mode AND EXI
 RETURNING h.mode`
 }
 
+// readySQL tells ($1 holds, $2 waiting_writers, $3 fence, as names spells
+// them) whether the session is read-only and whether its role may change
+// both tables and take fences (nextval needs USAGE or UPDATE), and reads
+// both tables, which fails when they are gone. A privilege function given
+// a list answers whether any one is held: each is asked alone. INSERT and
+// UPDATE may be granted on columns (has_any_column_privilege counts those
+// too), DELETE only on the table.
+func (n names) readySQL() string {
+	return `SELECT current_setting('transaction_read_only') = 'on',
+	has_any_column_privilege($1, 'INSERT') AND has_any_column_privilege($1, 'UPDATE') AND has_table_privilege($1, 'DELETE')
+	AND has_any_column_privilege($2, 'INSERT') AND has_any_column_privilege($2, 'UPDATE') AND has_table_privilege($2, 'DELETE')
+	AND has_sequence_privilege($3, 'USAGE, UPDATE'),
+	EXISTS (SELECT FROM ` + n.holds + `), EXISTS (SELECT FROM ` + n.waiters + `)`
+}
+
 // markWriterSQL records or refreshes a waiting writer ($2 waiter id, $3
 // ms); a row of the same digest and waiter but another key is left alone,
 // as grantSQL leaves one.
