@@ -552,6 +552,12 @@ func Default() Config {
 	}
 }
 
+// maxPostgresOpTimeout is the longest postgres.op_timeout: each grant's
+// transaction sets idle_in_transaction_session_timeout to it (backends/
+// postgres), an int of milliseconds in PostgreSQL, which refuses more, and
+// then every LOCK would fail.
+const maxPostgresOpTimeout = math.MaxInt32 * time.Millisecond
+
 // minZookeeperValidity is the least validity the ZooKeeper backend
 // grants (backends.MinValidity, which conf may not import).
 const minZookeeperValidity = time.Millisecond
@@ -811,7 +817,9 @@ func (c Config) Validate() error {
 	}
 	v.between("postgres.pool_size", pg.PoolSize, 1, 1000)
 	v.positive("postgres.sweep_interval", pg.SweepInterval)
-	v.positive("postgres.op_timeout", pg.OpTimeout)
+	if v.positive("postgres.op_timeout", pg.OpTimeout) && pg.OpTimeout > maxPostgresOpTimeout {
+		v.add("postgres.op_timeout", "must be at most %v: every grant sets PostgreSQL's idle_in_transaction_session_timeout to it, which takes no more; got %v", maxPostgresOpTimeout, pg.OpTimeout)
+	}
 
 	v.between("limits.max_clients", c.Limits.MaxClients, 1, -1)
 	v.between("limits.max_key_bytes", c.Limits.MaxKeyBytes, 1, -1)

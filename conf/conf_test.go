@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -187,6 +188,12 @@ func TestValidate(t *testing.T) {
 			"postgres.sweep_interval: must be positive, got 0s",
 			"postgres.op_timeout: must be positive, got -1s",
 		}},
+		{"postgres op timeout past idle_in_transaction_session_timeout", func(c *Config) {
+			c.Postgres.OpTimeout = math.MaxInt32*time.Millisecond + time.Millisecond
+		}, []string{
+			"postgres.op_timeout: must be at most 596h31m23.647s: every grant sets PostgreSQL's idle_in_transaction_session_timeout to it, which takes no more; got 596h31m23.648s",
+		}},
+		{"postgres op timeout at the bound", func(c *Config) { c.Postgres.OpTimeout = math.MaxInt32 * time.Millisecond }, nil},
 		{"lock patterns", func(c *Config) { c.LockPatterns = []string{"lock:*", "", "bad[", "a\\"} }, []string{
 			"lock_patterns[1]: must not be empty",
 			`lock_patterns[2]: invalid glob "bad[": syntax error in pattern`,
