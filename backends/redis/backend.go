@@ -578,6 +578,14 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 // a node made a replica since its last health check grants nothing
 // already, and /readyz promises a lock can be granted now. That read
 // changes nothing in the node's health: only the checks do, in order.
+//
+// A node that answers PING may still refuse every write, and so every
+// grant: maxmemory reached under noeviction (OOM), a failed RDB save with
+// stop-writes-on-bgsave-error (MISCONF), fewer replicas than
+// min-replicas-to-write (NOREPLICAS). Each node therefore also gets the
+// write that every new connection to it sends (HINCRBY of the fence
+// hash's pad by 0, which changes no value), and one it refuses counts as
+// failed.
 func (b *Backend) Ready(ctx context.Context) error {
 	type res struct {
 		name string
@@ -589,6 +597,7 @@ func (b *Backend) Ready(ctx context.Context) error {
 			pipe := n.client.Pipeline()
 			ping := pipe.Ping(ctx)
 			repl := pipe.Info(ctx, "replication")
+			write := pipe.HIncrBy(ctx, n.fenceKey, fenceHashPad, 0)
 			_, _ = pipe.Exec(ctx) // per-command errors are read from the commands
 			err := ping.Err()
 			if err == nil {
@@ -602,6 +611,9 @@ func (b *Backend) Ready(ctx context.Context) error {
 				if info, ierr := repl.Result(); ierr == nil && parseReplInfo(info).role == "slave" {
 					err = errReplica
 				}
+			}
+			if werr := write.Err(); err == nil && werr != nil {
+				err = fmt.Errorf("redis: node refuses writes: %w", werr)
 			}
 			ch <- res{n.Name(), err}
 		}(n)

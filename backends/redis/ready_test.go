@@ -3,6 +3,7 @@ package redis
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,16 +29,20 @@ func readyBackend(t *testing.T, checkEvery time.Duration) (*Backend, []*harness.
 }
 
 // TestReadyCountsVoters: Ready needs a majority of nodes that answer AND
-// may vote; one that answers PING while quarantined after a restart or
-// out for its clock grants nothing, so /readyz must not count it.
+// may vote AND take writes; one that answers PING while quarantined after
+// a restart, out for its clock, or refusing every write (maxmemory
+// reached, too few replicas for min-replicas-to-write) grants nothing, so
+// /readyz must not count it.
 func TestReadyCountsVoters(t *testing.T) {
 	tests := []struct {
 		name        string
-		quarantined []int         // put in quarantine as if restarted
-		clockOut    []int         // taken out for their clock
-		down        []int         // stopped
-		wantOK      int           // nodes that count; ready when >= 2
-		wantErr     map[int]error // by node; nil: any error (down)
+		quarantined []int               // put in quarantine as if restarted
+		clockOut    []int               // taken out for their clock
+		down        []int               // stopped
+		config      map[int][][2]string // CONFIG SET parameter value, by node
+		wantOK      int                 // nodes that count; ready when >= 2
+		wantErr     map[int]error       // by node; nil: any error (down)
+		wantText    string              // in Ready's error, when not ""
 	}{
 		{name: "all vote", wantOK: 3},
 		{name: "one quarantined", quarantined: []int{0}, wantOK: 2},
@@ -45,6 +50,15 @@ func TestReadyCountsVoters(t *testing.T) {
 		{name: "two quarantined", quarantined: []int{0, 2}, wantOK: 1, wantErr: map[int]error{0: errQuarantined, 2: errQuarantined}},
 		{name: "one quarantined, one clock out", quarantined: []int{0}, clockOut: []int{1}, wantOK: 1, wantErr: map[int]error{0: errQuarantined, 1: errClock}},
 		{name: "one down, one quarantined", quarantined: []int{1}, down: []int{2}, wantOK: 1, wantErr: map[int]error{1: errQuarantined, 2: nil}},
+		{name: "one out of memory", config: map[int][][2]string{0: {{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}}}, wantOK: 2},
+		{name: "two out of memory", config: map[int][][2]string{
+			0: {{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}},
+			2: {{"maxmemory-policy", "noeviction"}, {"maxmemory", "1"}},
+		}, wantOK: 1, wantErr: map[int]error{0: nil, 2: nil}, wantText: "OOM"},
+		{name: "two without their replicas", config: map[int][][2]string{
+			1: {{"min-replicas-to-write", "1"}},
+			2: {{"min-replicas-to-write", "1"}},
+		}, wantOK: 1, wantErr: map[int]error{1: nil, 2: nil}, wantText: "NOREPLICAS"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -59,6 +73,13 @@ func TestReadyCountsVoters(t *testing.T) {
 				rs[i].Kill()
 			}
 			ctx := ctxTimeout(t, 5*time.Second)
+			for i, params := range tt.config {
+				for _, p := range params {
+					if err := rs[i].Client(t).ConfigSet(ctx, p[0], p[1]).Err(); err != nil {
+						t.Fatalf("node %d: CONFIG SET %s %s: %v", i, p[0], p[1], err)
+					}
+				}
+			}
 			err := b.Ready(ctx)
 			if tt.wantErr == nil {
 				if err != nil {
@@ -83,6 +104,9 @@ func TestReadyCountsVoters(t *testing.T) {
 				if err, ok := got[name]; !ok || want != nil && !errors.Is(err, want) {
 					t.Errorf("Ready's failure for node %d = %v (listed %v); want %v", i, err, ok, want)
 				}
+			}
+			if !strings.Contains(err.Error(), tt.wantText) {
+				t.Errorf("Ready = %v; want %q in it", err, tt.wantText)
 			}
 		})
 	}
