@@ -23,17 +23,9 @@ import (
 // (could not serialize access due to concurrent update), which the client
 // got as -NOQUORUM and a KEEPALIVE watchdog took for a lost lock.
 func TestRenewUnlockUnderSerializableDefault(t *testing.T) {
-	pg, p := testDB(t)
-	db := strings.TrimSuffix(p, "_") + "_ser"
-	dsn := newDatabase(t, pg, db, "", "ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
-	b := newDSNBackend(t, dsn, p)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
+	_, b, conn, _ := serializableDB(ctx, t)
 	const key = "ser-key"
 	for i := 0; i < 2; i++ { // two holds of token A
 		if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "A", TTL: time.Minute}); err != nil {
@@ -98,22 +90,9 @@ func TestRenewUnlockUnderSerializableDefault(t *testing.T) {
 // for the rest of the lease (a minute here; for good while a watchdog
 // renews it). It is run again, as RENEW and UNLOCK are.
 func TestTakeBackOfLateReentryUnderSerializableDefault(t *testing.T) {
-	pg, p := testDB(t)
-	db := strings.TrimSuffix(p, "_") + "_ser"
-	dsn := newDatabase(t, pg, db, "", "ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
-	b := newDSNBackend(t, dsn, p)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	watch, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close(context.Background())
+	p, b, conn, watch := serializableDB(ctx, t)
 	for _, q := range []string{
 		`CREATE FUNCTION ` + p + `slow() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN IF NEW.holds > OLD.holds THEN ` + gateSQL("1") + `; END IF; RETURN NULL; END $$`,
@@ -228,22 +207,9 @@ BEGIN IF NEW.holds > OLD.holds THEN ` + gateSQL("1") + `; END IF; RETURN NULL; E
 // until the next sweep, a sweep_interval later, their keys' waiters were
 // not woken when the leases ran out, and a backlog was not caught up.
 func TestSweepUnderSerializableDefault(t *testing.T) {
-	pg, p := testDB(t)
-	db := strings.TrimSuffix(p, "_") + "_ser"
-	dsn := newDatabase(t, pg, db, "", "ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
-	b := newDSNBackend(t, dsn, p)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	watch, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close(context.Background())
+	p, b, conn, watch := serializableDB(ctx, t)
 	insertExpired := `INSERT INTO ` + b.n.holds + ` (key, token, mode, holds, expires_at, fence)
 SELECT k, 't', 0, 1, clock_timestamp() - interval '1 hour', 1 FROM unnest($1::text[]) k`
 	for _, q := range []string{
@@ -316,22 +282,9 @@ BEGIN IF OLD.key = 'e1' THEN ` + gateSQL("1") + `; END IF; RETURN NULL; END $$`,
 // the key, on every instance, were held back up to writerMarkTTL (3 s)
 // behind a writer that no longer waited.
 func TestUnmarkWriterUnderSerializableDefault(t *testing.T) {
-	pg, p := testDB(t)
-	db := strings.TrimSuffix(p, "_") + "_ser"
-	dsn := newDatabase(t, pg, db, "", "ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
-	b := newDSNBackend(t, dsn, p)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	watch, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close(context.Background())
+	p, b, conn, watch := serializableDB(ctx, t)
 	const key, marker = "k", "gave-up"
 	if err := b.markWriter(ctx, key, marker); err != nil {
 		t.Fatal(err)
@@ -391,22 +344,9 @@ BEGIN ` + gateSQL("1") + `; RETURN NULL; END $$`,
 // released the lock; RENEW and the KEEPALIVE watchdog's renewals and
 // releases likewise.
 func TestUnlockRolledBackRepeatedlyUnderSerializableDefault(t *testing.T) {
-	pg, p := testDB(t)
-	db := strings.TrimSuffix(p, "_") + "_ser"
-	dsn := newDatabase(t, pg, db, "", "ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
-	b := newDSNBackend(t, dsn, p)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close(context.Background())
-	watch, err := pgx.Connect(ctx, dsn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer watch.Close(context.Background())
+	p, b, conn, watch := serializableDB(ctx, t)
 	if _, err := b.Lock(ctx, backends.LockRequest{Key: "k", Token: "A", TTL: time.Minute}); err != nil {
 		t.Fatal(err)
 	}
@@ -469,4 +409,27 @@ VALUES ($1, 'B', 0, 1, clock_timestamp() + interval '1 minute', 1)`, fmt.Sprintf
 	if left != 0 {
 		t.Errorf("A's row after its UNLOCK: %d left; want none", left)
 	}
+}
+
+// serializableDB makes a database of t's own whose default isolation is
+// serializable, where statements that meet a row another transaction
+// changed are rolled back (SQLSTATE 40001), and returns its table prefix,
+// a Backend on it and two direct connections, closed at the end of t: conn
+// for the test's own transactions, watch to look at the gate and the
+// sessions from outside them.
+func serializableDB(ctx context.Context, t *testing.T) (prefix string, b *Backend, conn, watch *pgx.Conn) {
+	t.Helper()
+	pg, p := testDB(t)
+	db := strings.TrimSuffix(p, "_") + "_ser"
+	dsn := newDatabase(t, pg, db, "", "ALTER DATABASE "+db+" SET default_transaction_isolation = 'serializable'")
+	b = newDSNBackend(t, dsn, p)
+	for _, c := range []**pgx.Conn{&conn, &watch} {
+		var err error
+		if *c, err = pgx.Connect(ctx, dsn); err != nil {
+			t.Fatalf("connect to %s: %v", db, err)
+		}
+		cc := *c
+		t.Cleanup(func() { cc.Close(context.Background()) })
+	}
+	return p, b, conn, watch
 }
