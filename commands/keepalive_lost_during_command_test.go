@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/resp"
 )
 
@@ -90,20 +91,8 @@ func TestLossDuringRenewOrUnlockAnsweredByIt(t *testing.T) {
 				b := &lostDuringCmdBackend{gate: make(chan struct{}), entered: make(chan struct{}, 1),
 					renewed: tc.renewed, released: tc.released}
 				b.renewZero = tc.renewZero
-				h := NewHandler(Options{Limits: testLimits, Backend: b})
-				c := dialRaw(t, serveOn(t, &resp.Server{Handler: h}))
-				if proto == 3 {
-					helloRESP3(t, c)
-				}
-				readGrant := func(cmd string) {
-					t.Helper()
-					if got := c.do(t, cmd); got != "*6" && got != "%3" {
-						t.Fatalf("%s = %q; want the lease", cmd, got)
-					}
-					for range 6 {
-						c.reply(t)
-					}
-				}
+				h, c := dialProto(t, b, proto)
+				readGrant := func(cmd string) { t.Helper(); c.readGrant(t, cmd) }
 				for range max(tc.holds, 1) {
 					readGrant("LOCK " + key + " " + tc.lock + " TOKEN " + tok + " KEEPALIVE")
 				}
@@ -163,20 +152,8 @@ func TestUnlockFindingKeepaliveLockGoneLeavesNoLaterNotice(t *testing.T) {
 			b := &lostDuringCmdBackend{gate: make(chan struct{}), entered: make(chan struct{}, 1)}
 			close(b.gate)
 			b.renewZero = true // the lock is gone: the renewals find nothing
-			h := NewHandler(Options{Limits: testLimits, Backend: b})
-			c := dialRaw(t, serveOn(t, &resp.Server{Handler: h}))
-			if proto == 3 {
-				helloRESP3(t, c)
-			}
-			readGrant := func(cmd string) {
-				t.Helper()
-				if got := c.do(t, cmd); got != "*6" && got != "%3" {
-					t.Fatalf("%s = %q; want the lease", cmd, got)
-				}
-				for range 6 {
-					c.reply(t)
-				}
-			}
+			h, c := dialProto(t, b, proto)
+			readGrant := func(cmd string) { t.Helper(); c.readGrant(t, cmd) }
 			// The first renewal comes 100 ms in, after the UNLOCK.
 			readGrant("LOCK " + key + " PX 300 TOKEN " + tok + " KEEPALIVE")
 			if got := c.do(t, "UNLOCK "+key+" "+tok); got != ":0" {
@@ -192,5 +169,29 @@ func TestUnlockFindingKeepaliveLockGoneLeavesNoLaterNotice(t *testing.T) {
 				t.Errorf("%v losses counted; want none: the UNLOCK told the client", n)
 			}
 		})
+	}
+}
+
+// dialProto serves a handler on b and dials it, switched to RESP3 when
+// proto is 3.
+func dialProto(t *testing.T, b backends.Backend, proto int) (*Handler, *rawConn) {
+	t.Helper()
+	h := NewHandler(Options{Limits: testLimits, Backend: b})
+	c := dialRaw(t, serveOn(t, &resp.Server{Handler: h}))
+	if proto == 3 {
+		helloRESP3(t, c)
+	}
+	return h, c
+}
+
+// readGrant sends cmd and reads the lease it must answer: token,
+// validity_ms and fence, as an array (RESP2) or a map (RESP3).
+func (c *rawConn) readGrant(t *testing.T, cmd string) {
+	t.Helper()
+	if got := c.do(t, cmd); got != "*6" && got != "%3" {
+		t.Fatalf("%s = %q; want the lease", cmd, got)
+	}
+	for range 6 {
+		c.reply(t)
 	}
 }
