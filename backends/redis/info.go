@@ -115,7 +115,8 @@ func parseLockState(v any) (nodeLockState, error) {
 // Info implements backends.Backend. It asks every node that may vote and
 // reports what a majority agrees on: a holder is one that holds the key on
 // a majority, and each number is the one a majority reaches (the
-// majority-th largest). A TTL is what a majority would still honour, less
+// majority-th largest), but a read lock's fence, which is at least every
+// reader's (see combineLockStates). A TTL is what a majority would still honour, less
 // the time the question took and the drift allowance for that span, as a
 // grant's validity is: never longer than a holder may rely on. When the
 // nodes that failed to answer could change the answer (a token seen on
@@ -169,14 +170,16 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 // have made another token a holder. honoured turns the TTL a majority
 // reaches into the one reported.
 func combineLockStates(states []nodeLockState, need, failed int, honoured func(time.Duration) time.Duration) (info backends.LockInfo, held, decided bool) {
-	// kth is the need-th largest of xs: the value a majority reaches.
-	kth := func(xs []int64) int64 {
-		if len(xs) < need {
+	// kthOf is the k-th largest of xs, 0 when there are fewer.
+	kthOf := func(xs []int64, k int) int64 {
+		if len(xs) < k {
 			return 0
 		}
 		slices.Sort(xs)
-		return xs[len(xs)-need]
+		return xs[len(xs)-k]
 	}
+	// kth is the need-th largest of xs: the value a majority reaches.
+	kth := func(xs []int64) int64 { return kthOf(xs, need) }
 	writers := map[string]int{}
 	for _, st := range states {
 		if st.held && st.value != readMarker {
@@ -249,6 +252,11 @@ func combineLockStates(states []nodeLockState, need, failed int, honoured func(t
 		return backends.LockInfo{}, false, true
 	}
 	slices.SortFunc(info.Holders, func(a, b backends.Holder) int { return int(b.TTL - a.TTL) })
-	info.Fence = uint64(kth(counters))
+	// A reader's fence is on a majority (settleFence), of which the failed
+	// nodes may be part: need-failed of those that answered are sure to
+	// be at it, so their least counter is at least every reader's fence.
+	// The need-th largest of the answers alone can be a lagging node's
+	// counter, below a fence a reader was granted.
+	info.Fence = uint64(kthOf(counters, max(need-failed, 1)))
 	return info, true, true
 }

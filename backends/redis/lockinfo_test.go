@@ -206,3 +206,50 @@ func TestInfoFenceWithLostFenceWrite(t *testing.T) {
 		t.Errorf("LOCKINFO fence %d; T was granted fence %d (and nodes 2 and 3 store it)", info.Fence, l.Fence)
 	}
 }
+
+// TestInfoReadFenceWithNodeDown: node 3's counter for the key's slot lags
+// (writes granted while it was out of quorums), so reader R is granted on
+// all three nodes with the fence of nodes 1 and 2, which a majority
+// already has: node 3 is not raised. With node 2 down, LOCKINFO hears
+// nodes 1 and 3, both holding R, and must still report a fence at least
+// R's (as documented for a read lock): node 2, which did not answer, may
+// be one of the majority at R's fence. The majority-th largest counter of
+// the nodes that answered, reported before, was node 3's lagging one.
+func TestInfoReadFenceWithNodeDown(t *testing.T) {
+	b, rs := newRealBackend(t, 3)
+	ctx := ctxTimeout(t, 30*time.Second)
+	const key = "rf"
+	b.nodes[2].health.setClockOut(true)
+	for i := 0; i < 5; i++ {
+		l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: fmt.Sprint("W", i), TTL: 20 * time.Second})
+		if err != nil {
+			t.Fatalf("write %d on nodes 1 and 2: %v", i, err)
+		}
+		if ok, err := b.Unlock(ctx, key, l.Token); !ok || err != nil {
+			t.Fatalf("release of write %d = %v, %v", i, ok, err)
+		}
+	}
+	b.nodes[2].health.setClockOut(false)
+
+	r, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "R", TTL: 20 * time.Second, Mode: backends.Read})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The grant was decided on two nodes; wait for node 3's to land.
+	c3 := rs[2].Client(t)
+	for c3.ZScore(ctx, "lp:lockr:"+key, "R").Err() != nil {
+		if ctx.Err() != nil {
+			t.Fatal("node 3 never granted R")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	rs[1].Kill()
+
+	info, held, err := b.Info(ctx, key)
+	if err != nil || !held || len(info.Holders) != 1 {
+		t.Fatalf("LOCKINFO = %+v, %v, %v; want R's read hold", info, held, err)
+	}
+	if info.Fence < r.Fence {
+		t.Errorf("LOCKINFO fence %d with node 2 down; reader R was granted fence %d", info.Fence, r.Fence)
+	}
+}

@@ -247,6 +247,12 @@ func TestCombineLockStates(t *testing.T) {
 			r(3, map[string]readerState{"x": {900, 1}, "y": {900, 1}}),
 			r(3, map[string]readerState{"x": {900, 1}}),
 		}, 1, "undecided", 0},
+		// The failed node may be one of the majority at the reader's
+		// fence: the counter of the node that lags is no bound.
+		{"reader on both, counters apart, one failed", []nodeLockState{
+			r(5, map[string]readerState{"x": {900, 1}}),
+			r(2, map[string]readerState{"x": {800, 1}}),
+		}, 1, "read x h=1 ttl=800ns ttl=800ns fence=5", 0},
 		// Five nodes, two failed: a token on one of three answers could
 		// hold a majority.
 		{"writer on one of three, two failed", []nodeLockState{w("a", 900, 1, 5), free, free}, 2, "undecided", 3},
