@@ -45,11 +45,16 @@ func TestFenceAboveRejoiningNodesCounter(t *testing.T) {
 	}
 	n1.health.setClockOut(false)
 
-	// A's leftover hold on node 3, without its fence; node 2 goes down.
+	// A's leftover hold on node 3, without its fence; node 2 refuses A
+	// (another token's leftover there). Node 2 must answer: were it down,
+	// it could hold A's hold too, and the attempt would be undecided
+	// (TestReentryOnMinorityWithFailedNodesKeepsHold).
 	if err := rs[2].Client(t).Set(ctx, "lp:lock:"+key, "A", 20*time.Second).Err(); err != nil {
 		t.Fatal(err)
 	}
-	rs[1].Kill()
+	if err := rs[1].Client(t).Set(ctx, "lp:lock:"+key, "C", 20*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
 
 	l, err := q.Acquire(ctx, quorum.Request{Key: key, Token: "A", TTL: 10 * time.Second})
 	if err != nil {
