@@ -115,6 +115,9 @@ type NodeGrant struct {
 	// Counter, for a reentrant grant, is the key's fence counter on the
 	// node: at least the hold's fence, for when Fence is 0 (not stored).
 	Counter uint64
+	// WriteHeld, for a read grant, says the token holds the key for
+	// writing on this node too (a downgrade).
+	WriteHeld bool
 }
 
 // Node is one independent lock store. Every method must return by the time
@@ -654,6 +657,17 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		}
 		return c
 	}
+	// downgrades counts read grants made where the token holds the key
+	// for writing too.
+	downgrades := func() int {
+		c := 0
+		for _, g := range granted {
+			if g.grant.WriteHeld {
+				c++
+			}
+		}
+		return c
+	}
 	got := 0
 	for ; got < n; got++ {
 		// Decide as soon as the outcome is known. A reentrant grant hears
@@ -732,6 +746,24 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	if j := reentrant(); j > 0 && j < need {
 		hearOut()
 		if j = reentrant(); j > 0 && j < need && j+len(failures)+(n-got) >= need {
+			q.releaseAll(ctx, req, refusedBy)
+			return Lease{}, q.noQuorum(len(granted)+refused, failures)
+		}
+	}
+
+	// Likewise a downgrade (a read grant to the write holder) made where
+	// the token holds the key for writing on fewer nodes than a majority,
+	// but on a majority counting the nodes that failed: its write hold may
+	// be on that majority, its holder told so. Granted, the nodes without
+	// the write hold would give their read hold to the UNLOCK that
+	// releases the write hold (write holds first), and the read hold would
+	// be left on a minority (TestReentryOnMinorityWithFailedNodesKeepsHold,
+	// downgrade). Where the write hold is on a majority of the nodes that
+	// answered, or on too few for the failed ones to make a majority
+	// (it was lost), the grant stands as before.
+	if d := downgrades(); d > 0 && d < need {
+		hearOut()
+		if d = downgrades(); d > 0 && d < need && d+len(failures)+(n-got) >= need {
 			q.releaseAll(ctx, req, refusedBy)
 			return Lease{}, q.noQuorum(len(granted)+refused, failures)
 		}

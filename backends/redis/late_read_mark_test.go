@@ -28,7 +28,7 @@ func TestLateReadReleaseTakesOnlyItsAttemptsHold(t *testing.T) {
 		a.start, a.deadline, a.res = now, now.Add(5*time.Second), make(chan opResult, 1)
 		n.exec(w, []*op{a})
 		ra := <-a.res
-		if g, err := acquireGrant(ra); err != nil || !g.Acquired {
+		if g, err := acquireGrant(ra, quorum.Shared); err != nil || !g.Acquired {
 			t.Fatalf("RLOCK %s (%s) = %+v; want granted", token, attempt, ra)
 		}
 		return ra

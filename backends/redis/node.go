@@ -436,7 +436,7 @@ func (n *Node) Acquire(ctx context.Context, req quorum.Request) (quorum.NodeGran
 	if r.n < 0 || req.WriterWait > 0 {
 		noteAnswer(ctx, n, r)
 	}
-	return acquireGrant(r)
+	return acquireGrant(r, req.Mode)
 }
 
 func (n *Node) acquireOp(req quorum.Request) *op {
@@ -459,8 +459,10 @@ func (n *Node) acquireOp(req quorum.Request) *op {
 	return o
 }
 
-// acquireGrant turns an acquire's answer into the quorum's terms.
-func acquireGrant(r opResult) (quorum.NodeGrant, error) {
+// acquireGrant turns an acquire in mode's answer into the quorum's terms.
+// A read grant's third element is not a counter but whether the token
+// holds the key for writing there too (see readScript).
+func acquireGrant(r opResult, mode quorum.Mode) (quorum.NodeGrant, error) {
 	switch {
 	case r.err != nil:
 		return quorum.NodeGrant{}, r.err
@@ -468,6 +470,8 @@ func acquireGrant(r opResult) (quorum.NodeGrant, error) {
 		return quorum.NodeGrant{Upgrade: true}, nil
 	case r.n < 0:
 		return quorum.NodeGrant{}, nil
+	case mode == quorum.Shared:
+		return quorum.NodeGrant{Acquired: true, Fence: uint64(r.n), Holds: r.holds, WriteHeld: r.counter == 1}, nil
 	}
 	return quorum.NodeGrant{Acquired: true, Fence: uint64(r.n), Holds: r.holds, Counter: uint64(r.counter)}, nil
 }
@@ -545,7 +549,7 @@ func (n *Node) StartAcquire(ctx context.Context, req quorum.Request, done func(q
 		if r.n < 0 || writerWaits {
 			noteAnswer(ctx, n, r)
 		}
-		done(acquireGrant(r))
+		done(acquireGrant(r, req.Mode))
 	}
 	n.start(ctx, o)
 }

@@ -11,21 +11,31 @@ import (
 
 // TestReentryOnMinorityWithFailedNodesKeepsHold: R holds the key on nodes
 // 2 and 3 (node 1 was out of the vote), and its second LOCK/RLOCK … TOKEN R
-// comes while node 3 is out: it joins R's hold on node 2 alone and is
-// granted afresh on node 1. Granted so, the nodes' hold counts were
-// 1, 2, 1, and the UNLOCK of one of R's two holds took the key on nodes 1
-// and 3: W was granted the key while R still held it, with nearly 10 s
-// of validity. Node 3 did not answer, so whether R's earlier hold is on a
-// majority cannot be told: the attempt must not be granted (NOQUORUM, as
-// UNLOCK answers when failed nodes leave it undecided), and R's holds
-// left after its UNLOCKs (one fewer than its grants) keep W out.
+// comes while node 3 is out: it joins R's hold (or, for a downgrade, meets
+// R's write hold) on node 2 alone and is granted afresh on node 1.
+// Granted so, the nodes disagreed: a reentry left hold counts 1, 2, 1, and
+// a downgrade a read hold on node 1 without the write hold, which UNLOCK,
+// releasing write holds first, took there. The UNLOCK of one of R's two
+// holds then took the key off nodes 1 and 3, and W was granted the key
+// while R still held it, with nearly 10 s of validity. Node 3 did not
+// answer, so whether R's earlier hold is on a majority cannot be told:
+// the attempt must not be granted (NOQUORUM, as UNLOCK answers when failed
+// nodes leave it undecided), and R's holds left after its UNLOCKs (one
+// fewer than its grants) keep W out.
 func TestReentryOnMinorityWithFailedNodesKeepsHold(t *testing.T) {
-	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
-		t.Run(mode.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		first, second backends.Mode
+	}{
+		{"write reentry", backends.Write, backends.Write},
+		{"read reentry", backends.Read, backends.Read},
+		{"downgrade", backends.Write, backends.Read},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			b, _ := newRealBackend(t, 3)
 			ctx := ctxTimeout(t, 30*time.Second)
 			const key = "split"
-			req := backends.LockRequest{Key: key, Token: "R", TTL: 10 * time.Second, Mode: mode}
+			req := backends.LockRequest{Key: key, Token: "R", TTL: 10 * time.Second, Mode: tc.first}
 			b.nodes[0].health.setClockOut(true)
 			if _, err := b.Lock(ctx, req); err != nil {
 				t.Fatalf("R's first grant, on nodes 2 and 3: %v", err)
@@ -33,6 +43,7 @@ func TestReentryOnMinorityWithFailedNodesKeepsHold(t *testing.T) {
 			b.nodes[0].health.setClockOut(false)
 			b.nodes[2].health.setClockOut(true)
 			grants := 1
+			req.Mode = tc.second
 			_, second := b.Lock(ctx, req)
 			var nq *quorum.NoQuorumError
 			switch {

@@ -266,7 +266,9 @@ return {-1, left, v}
 // readScript: KEYS the lock keys; ARGV[1] token, ARGV[2] ttl ms, ARGV[3]
 // slot, ARGV[4] readMarker, ARGV[5] the attempt (see op.attempt), which a
 // grant stores as the token's mark in lockrh (see attemptField and
-// lateReadReleaseScript). Returns {fence, holds} when granted,
+// lateReadReleaseScript). Returns {fence, holds, write} when granted,
+// write 1 when the token holds the key for writing here too (a
+// downgrade), else 0;
 // {-1, ms, holder} when a writer holds the key (ms its lease left and
 // holder its token, as acquireScript's) or waits for it (ms what is left
 // of the first waiting writer's mark, which lasts until that writer's
@@ -320,7 +322,8 @@ else
 end
 redis.call('PEXPIRE', KEYS[4], keep)
 redis.call('PEXPIRE', KEYS[5], keep)
-return {fence, h}
+if v == ARGV[1] then return {fence, h, 1} end
+return {fence, h, 0}
 `
 
 // raiseFenceScript: KEYS[1] lock key, KEYS[2] fence hash, KEYS[3] lockf,
