@@ -230,7 +230,13 @@ func combineLockStates(states []nodeLockState, need, failed int, honoured func(t
 			seen[tok] = true
 			var ttls, holds []int64
 			for _, o := range states {
-				if r, ok := o.readers[tok]; ok && o.held && o.value == readMarker {
+				// A node where tok holds the key for writing too (a
+				// downgrade) holds its read hold as well: no writer
+				// but tok is granted there. Left out, a reader whose
+				// majority includes such a node (its write hold on a
+				// minority) was not listed, and the key answered free
+				// while every rival LOCK was refused.
+				if r, ok := o.readers[tok]; ok && o.held && (o.value == readMarker || o.value == tok) {
 					ttls = append(ttls, int64(r.ttl))
 					holds = append(holds, r.holds)
 				}

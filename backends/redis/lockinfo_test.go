@@ -253,3 +253,45 @@ func TestInfoReadFenceWithNodeDown(t *testing.T) {
 		t.Errorf("LOCKINFO fence %d with node 2 down; reader R was granted fence %d", info.Fence, r.Fence)
 	}
 }
+
+// TestInfoCountsDowngradedNodesForTheirReadHold: writer B missed node 1
+// (out of the vote), downgraded on all three nodes (node 1 a read hold
+// afresh, nodes 2 and 3 a read hold beside the write hold), and renewed
+// while node 3 was out, whose lease then ran out. B holds the key for
+// reading on nodes 1 and 2, a majority (node 2 for writing too), and a
+// rival LOCK is refused; LOCKINFO, which counted a reader only on the
+// nodes held by readers alone, answered the key free.
+func TestInfoCountsDowngradedNodesForTheirReadHold(t *testing.T) {
+	// The first grant dials the nodes: a short lease's node timeout (5 %)
+	// is too short for that on a loaded host.
+	b, _ := newRealBackend(t, 3, func(c *Config) { c.Quorum.TimeoutMin = 200 * time.Millisecond })
+	ctx := ctxTimeout(t, 30*time.Second)
+	const key = "dg"
+	lease := time.Second
+	b.nodes[0].health.setClockOut(true)
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: lease}); err != nil {
+		t.Fatalf("B's write grant on nodes 2 and 3: %v", err)
+	}
+	b.nodes[0].health.setClockOut(false)
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: lease, Mode: backends.Read}); err != nil {
+		t.Fatalf("B's downgrade: %v", err)
+	}
+	b.nodes[2].health.setClockOut(true)
+	renewed, err := b.Renew(ctx, key, "B", 10*time.Second)
+	b.nodes[2].health.setClockOut(false)
+	if err != nil || renewed <= 0 {
+		t.Fatalf("B's renewal on nodes 1 and 2 = %v, %v", renewed, err)
+	}
+	time.Sleep(lease + 100*time.Millisecond) // node 3's lease ends
+
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "W", TTL: time.Second}); !errors.Is(err, backends.ErrNotAcquired) {
+		t.Fatalf("W's LOCK = %v; want it refused (B holds the key on nodes 1 and 2)", err)
+	}
+	info, held, err := b.Info(ctx, key)
+	if err != nil || !held {
+		t.Fatalf("LOCKINFO = %+v, %v, %v; want B's hold", info, held, err)
+	}
+	if len(info.Holders) != 1 || info.Holders[0].Token != "B" {
+		t.Errorf("LOCKINFO = %+v; want B the one holder", info)
+	}
+}

@@ -253,6 +253,13 @@ func TestCombineLockStates(t *testing.T) {
 			r(5, map[string]readerState{"x": {900, 1}}),
 			r(2, map[string]readerState{"x": {800, 1}}),
 		}, 1, "read x h=1 ttl=800ns ttl=800ns fence=5", 0},
+		// x holds the key for reading on the first two, the second for
+		// writing too (a downgrade whose write hold is on a minority).
+		{"reader on a majority, one of it downgraded", []nodeLockState{
+			r(3, map[string]readerState{"x": {900, 1}}),
+			{held: true, value: "x", ttl: 900, readers: map[string]readerState{"x": {800, 1}}, counter: 3},
+			free,
+		}, 0, "read x h=1 ttl=800ns ttl=800ns fence=3", 0},
 		// Five nodes, two failed: a token on one of three answers could
 		// hold a majority.
 		{"writer on one of three, two failed", []nodeLockState{w("a", 900, 1, 5), free, free}, 2, "undecided", 3},
