@@ -565,9 +565,77 @@ func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
 	return b.q.Release(ctx, key, token, 0)
 }
 
-// Renew implements backends.Backend.
+// Renew implements backends.Backend: the quorum's Extend, but told which
+// kind of hold each node renewed. A downgraded token holds the key for
+// writing and reading, and a node where it holds only the read hold (it
+// missed the write grant) renews that: such a node must not count towards
+// renewing the write hold. Where the write hold was renewed on fewer nodes
+// than a majority, but on a majority counting the nodes that failed, the
+// write hold may be on that majority, its holder relying on it: the
+// renewal is undecided (NOQUORUM), not told as the write hold's while the
+// nodes that renewed only a read hold let readers in once the failed
+// nodes' lease ends (TestRenewOfDowngradeCountsWriteHolds). Otherwise
+// every renewed hold counts, as in quorum.Extend: a write hold on too few
+// nodes for the failed ones to make a majority was lost already.
 func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
-	return b.q.Extend(ctx, key, token, ttl)
+	start := time.Now()
+	n, need := len(b.nodes), b.q.Majority()
+	// The nodes not waited for still finish, even once the caller's
+	// context ends (as quorum.Extend's do).
+	nodeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.q.NodeTimeout(ttl))
+	type answer struct {
+		idx  int
+		kind int64
+		err  error
+	}
+	answers := make(chan answer, n) // buffered: a late answer never blocks
+	for i, nd := range b.nodes {
+		nd.startExtendKind(nodeCtx, key, token, ttl, func(kind int64, err error) {
+			answers <- answer{i, kind, err}
+		})
+	}
+	var writes, reads, got int
+	var failures []quorum.NodeError
+	// Decided: the write hold renewed on a majority, or read holds
+	// renewed on a majority and no write hold (the nodes left cannot
+	// make the write hold a majority's).
+	for ; got < n && writes < need && (writes > 0 || reads < need); got++ {
+		a := <-answers
+		switch {
+		case a.err != nil:
+			failures = append(failures, quorum.NodeError{Node: b.nodes[a.idx].Name(), Err: a.err})
+		case a.kind == extendedWrite:
+			writes++
+		case a.kind == extendedRead:
+			reads++
+		}
+	}
+	if got == n {
+		cancel()
+	} else {
+		go func(left int) {
+			for ; left > 0; left-- {
+				<-answers
+			}
+			cancel()
+		}(n - got)
+	}
+	oks := writes + reads
+	undecided := &quorum.NoQuorumError{OK: n - len(failures), Total: n, Failures: failures}
+	if writes > 0 && writes < need && writes+len(failures) >= need {
+		return 0, undecided
+	}
+	if oks < need {
+		if oks+len(failures) >= need {
+			return 0, undecided
+		}
+		return 0, nil
+	}
+	validity := ttl - time.Since(start) - b.q.Drift(ttl)
+	if validity < time.Millisecond {
+		return 0, nil
+	}
+	return validity, nil
 }
 
 // Ready implements backends.Backend: a majority of nodes must answer PING

@@ -276,10 +276,12 @@ func TestInfoCountsDowngradedNodesForTheirReadHold(t *testing.T) {
 	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: lease, Mode: backends.Read}); err != nil {
 		t.Fatalf("B's downgrade: %v", err)
 	}
+	// Undecided (NOQUORUM: the write hold is renewed on node 2 alone,
+	// see TestRenewOfDowngradeCountsWriteHolds), but run on nodes 1 and 2.
 	b.nodes[2].health.setClockOut(true)
 	renewed, err := b.Renew(ctx, key, "B", 10*time.Second)
 	b.nodes[2].health.setClockOut(false)
-	if err != nil || renewed <= 0 {
+	if nq := (*quorum.NoQuorumError)(nil); err != nil && !errors.As(err, &nq) || err == nil && renewed <= 0 {
 		t.Fatalf("B's renewal on nodes 1 and 2 = %v, %v", renewed, err)
 	}
 	time.Sleep(lease + 100*time.Millisecond) // node 3's lease ends

@@ -525,8 +525,16 @@ func (n *Node) Extend(ctx context.Context, key, token string, ttl time.Duration)
 	o := n.newOp(opExtend, key, token)
 	o.ms = ttl.Milliseconds()
 	r := n.do(ctx, o)
-	return r.n == 1, r.err
+	return r.n == extendedWrite || r.n == extendedRead, r.err
 }
+
+// The answers of the extend script (extendScript): which kind of the
+// token's hold it renewed.
+const (
+	extendedNone  = 0
+	extendedWrite = 1
+	extendedRead  = 2 // a read hold alone: the key is held by readers here
+)
 
 var (
 	_ quorum.AsyncNode            = (*Node)(nil)
@@ -636,9 +644,22 @@ func (n *Node) StartExtend(ctx context.Context, key, token string, ttl time.Dura
 		done(false, err)
 		return
 	}
+	n.startExtendKind(ctx, key, token, ttl, func(kind int64, err error) {
+		done(kind == extendedWrite || kind == extendedRead, err)
+	})
+}
+
+// startExtendKind is StartExtend answering which kind of hold it renewed
+// (extendedWrite, extendedRead or extendedNone).
+func (n *Node) startExtendKind(ctx context.Context, key, token string, ttl time.Duration, done func(int64, error)) {
+	if err := n.health.refuse(); err != nil {
+		done(extendedNone, err)
+		return
+	}
 	o := n.newOp(opExtend, key, token)
 	o.ms = ttl.Milliseconds()
-	n.startBool(ctx, o, done)
+	o.done = func(r opResult) { done(r.n, r.err) }
+	n.start(ctx, o)
 }
 
 func (n *Node) startBool(ctx context.Context, o *op, done func(bool, error)) {

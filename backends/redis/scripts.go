@@ -617,9 +617,10 @@ end
 // extendScript: KEYS the lock keys (first five); ARGV[1] token, ARGV[2]
 // ttl ms, ARGV[3] readMarker. Compare-and-expire, for a write hold (with
 // the live read hold of a downgrade, whose lease it raises to the ttl but
-// never shortens) or a live reader's own lease. Returns 1 when the token held
-// the key. The meta keys' expiries are set before the lock key's, so that
-// they never outlive it.
+// never shortens) or a live reader's own lease. Returns 1 when it renewed
+// the token's write hold, 2 its read hold alone (the key is held by
+// readers), 0 when the token held neither. The meta keys' expiries are
+// set before the lock key's, so that they never outlive it.
 const extendScript = luaMeta + luaExtendWrite + `
 local v = redis.call('GET', KEYS[1])
 if not v then return 0 end
@@ -632,7 +633,7 @@ local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - 
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[4], keep)
 redis.call('PEXPIRE', KEYS[5], keep)
-return 1
+return 2
 `
 
 // syncHoldsScript follows every transparent-mode command that may write
