@@ -69,7 +69,7 @@ type relayConn struct {
 	redirPush atomic.Pointer[[2]int64]
 	// monitor: the tunnel is MONITOR's, not pub/sub's. The upstream feeds
 	// the monitor every command, the marker PING too, and has no
-	// subscription to count: tunnelSync cannot tell when it is done.
+	// subscription to count: only RESET or QUIT ends it.
 	monitor bool
 	// broken: the pinned connection was lost, and with it the state (a
 	// WATCH, a transaction, a database, subscriptions) the client's later
@@ -1274,19 +1274,15 @@ func (h *Handler) relayTunnel(s *resp.Session, rs *relayConn, name string, args 
 // frames, in the order the upstream sends them, so a reply written at once
 // would overtake them. The marker PING of EndTunnel follows those
 // commands, and its answer comes after theirs; it also tells whether the
-// last subscription ended. The wait is bounded by the relay's read
-// timeout and the client's context. tunnelSync reports false when the
-// upstream did not answer: the client's connection is then closed, as for
-// a lost pinned connection, since the replies it waits for can no longer
-// come before any other.
+// last subscription ended (under MONITOR only that the replies came: the
+// relay tells the marker's reply from the feed's lines). The wait is
+// bounded by the relay's read timeout and the client's context.
+// tunnelSync reports false when the upstream did not answer: the client's
+// connection is then closed, as for a lost pinned connection, since the
+// replies it waits for can no longer come before any other.
 func (h *Handler) tunnelSync(s *resp.Session, rs *relayConn) bool {
 	// Frames go out as they come while it waits (see relayTunnel).
 	_ = s.PassPushes()
-	if rs.monitor {
-		// No marker can be told apart from the feed: the replies that
-		// arrived are written, and that is all.
-		return true
-	}
 	ended, err := rs.pipe.EndTunnel(s.Context())
 	if err != nil {
 		h.log.Debug("relay: no answer on a pub/sub connection; closing the client's", zap.Int64("client", s.ID()), zap.Error(err))

@@ -104,6 +104,15 @@ type upConn struct {
 	// which left a connection still subscribed to the client's channels
 	// to the next client (see release).
 	tunneled atomic.Bool
+	// monitor: the tunnel is MONITOR's. Its mode has no subscription to
+	// count down, so a marker reply never ends it (only RESET does), and
+	// the feed names every command, the marker PINGs too: fedMarkers are
+	// those markers (under mu), whose feed lines are lockproxy's, not the
+	// client's, and are dropped. Each leaves the list with its line; a
+	// line that never comes (a connection failing) leaves a stale entry,
+	// so the list is bounded.
+	monitor    atomic.Bool
+	fedMarkers [][]byte
 	// reserved is the lock key prefix: keyspace notifications about keys
 	// under it are not passed on (see revealsReserved).
 	reserved   []byte
@@ -649,8 +658,10 @@ func (c *upConn) resetFrame(f, marker []byte, state byte) bool {
 		return true
 	}
 	if ok = ok && bytes.Contains(f, marker); ok {
-		// No unsubscribe frame counted the subscriptions down.
+		// No unsubscribe frame counted the subscriptions down, and
+		// RESET ends MONITOR too.
 		c.subs, c.shardSubs = 0, 0
+		c.monitor.Store(false)
 		c.tunnel.Store(false)
 	}
 	select {
@@ -671,8 +682,27 @@ func (c *upConn) tunnelFrame(f []byte) {
 	if resetting != 0 && c.resetFrame(f, marker, resetting) {
 		return
 	}
+	if c.monitor.Load() && len(f) > 0 && f[0] == '+' {
+		// A feed line (MONITOR's feed is simple strings, the marker
+		// PING's reply a bulk string), which may name the marker too,
+		// before or after its reply: only the marker PING's own line is
+		// dropped.
+		c.mu.Lock()
+		for i, fed := range c.fedMarkers {
+			if bytes.Contains(f, fed) {
+				c.fedMarkers = append(c.fedMarkers[:i], c.fedMarkers[i+1:]...)
+				c.mu.Unlock()
+				return
+			}
+		}
+		c.mu.Unlock()
+		if push := c.push.Load(); push != nil {
+			(*push)(bytes.Clone(f))
+		}
+		return
+	}
 	if marker != nil && len(f) < 128 && bytes.Contains(f, marker) {
-		ended := c.subs == 0 && c.shardSubs == 0
+		ended := c.subs == 0 && c.shardSubs == 0 && !c.monitor.Load()
 		if ended {
 			c.tunnel.Store(false)
 		}

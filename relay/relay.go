@@ -885,6 +885,9 @@ func (p *Pipe) Tunnel(args [][]byte) error {
 	if p.pin == nil {
 		return errors.New("relay: tunnel needs a pinned connection")
 	}
+	if len(args) > 0 && strings.EqualFold(string(args[0]), "monitor") {
+		p.pin.monitor.Store(true)
+	}
 	p.pin.tunnel.Store(true)
 	p.pin.tunneled.Store(true)
 	return p.pin.send(appendCommand(nil, args), nil, false)
@@ -895,7 +898,9 @@ func (p *Pipe) Tunneling() bool { return p.pin != nil && p.pin.tunnel.Load() }
 
 // EndTunnel asks, after an UNSUBSCRIBE, whether any subscription is left:
 // a PING carrying a random marker follows the commands sent, and its reply
-// comes after theirs. It reports whether the connection left tunnel mode.
+// comes after theirs. It reports whether the connection left tunnel mode
+// (never under MONITOR, where the marker only tells that the replies
+// before it came).
 func (p *Pipe) EndTunnel(ctx context.Context) (bool, error) {
 	c := p.pin
 	if c == nil || !c.tunnel.Load() {
@@ -904,6 +909,12 @@ func (p *Pipe) EndTunnel(ctx context.Context) (bool, error) {
 	marker := newMarker()
 	c.mu.Lock()
 	c.marker = marker
+	if c.monitor.Load() {
+		if len(c.fedMarkers) == maxFedMarkers {
+			c.fedMarkers = c.fedMarkers[1:]
+		}
+		c.fedMarkers = append(c.fedMarkers, marker)
+	}
 	c.mu.Unlock()
 	select {
 	case <-c.markerDone: // a stale answer from a connection that failed
@@ -928,6 +939,10 @@ func (p *Pipe) EndTunnel(ctx context.Context) (bool, error) {
 		return false, ctx.Err()
 	}
 }
+
+// maxFedMarkers bounds upConn.fedMarkers: the feed line of a marker
+// PING comes next to its reply, so only the last few can still be due.
+const maxFedMarkers = 16
 
 // newMarker is the random argument of a marker PING, which no other
 // frame carries.
