@@ -1295,6 +1295,8 @@ func (h *Handler) tunnelSync(s *resp.Session, rs *relayConn) bool {
 	_ = s.PassPushes()
 	if ended {
 		// The batch's replies go to s.W again, and pushes wait for them.
+		// (A MONITOR ends here only when the upstream refused it.)
+		rs.monitor = false
 		s.HoldPushes()
 		s.SetPubSub(false)
 		h.maybeUnpin(rs)

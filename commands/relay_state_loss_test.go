@@ -276,14 +276,16 @@ func TestMultiWithoutPinnedConnection(t *testing.T) {
 }
 
 // TestRefusedSubscribeKeepsNormalMode: a SUBSCRIBE the upstream refuses
-// (for its arity, or its ACL on channels) leaves the connection as it
-// was, as on Redis: the commands after it are served normally, not
-// refused as "not allowed in pub/sub mode".
+// (for its arity, or its ACL on channels), or a MONITOR (its ACL on
+// commands), leaves the connection as it was, as on Redis: the commands
+// after it are served normally, not refused as "not allowed in pub/sub
+// mode".
 func TestRefusedSubscribeKeepsNormalMode(t *testing.T) {
 	up := harness.StartRedis(t, harness.RedisOptions{})
 	addr := defaultsProxy(t, up, 1)
-	// lockproxy's upstream user may use the channels ok* only.
-	if err := up.Client(t).Do(context.Background(), "ACL", "SETUSER", "app", "on", ">pw", "~*", "resetchannels", "&ok*", "+@all").Err(); err != nil {
+	// lockproxy's upstream user may use the channels ok* only, and not
+	// MONITOR.
+	if err := up.Client(t).Do(context.Background(), "ACL", "SETUSER", "app", "on", ">pw", "~*", "resetchannels", "&ok*", "+@all", "-monitor").Err(); err != nil {
 		t.Fatal(err)
 	}
 	limited := serveRelay(t, relay.New(relay.Config{Addr: up.Addr, Username: "app", Password: "pw", PoolSize: 1,
@@ -297,6 +299,7 @@ func TestRefusedSubscribeKeepsNormalMode(t *testing.T) {
 		{"through lockproxy", addr, "SSUBSCRIBE", "-ERR wrong number of arguments"},
 		{"upstream ACL", limited, "SUBSCRIBE secret", "-NOPERM"},
 		{"upstream ACL", limited, "PSUBSCRIBE sec*", "-NOPERM"},
+		{"upstream ACL", limited, "MONITOR", "-NOPERM"},
 	} {
 		t.Run(tc.name+" "+tc.cmd, func(t *testing.T) {
 			c := dialFrames(t, tc.addr)

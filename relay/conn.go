@@ -113,6 +113,10 @@ type upConn struct {
 	// so the list is bounded.
 	monitor    atomic.Bool
 	fedMarkers [][]byte
+	// monitorAsked: MONITOR was sent and its reply has not come. One
+	// the upstream refuses (an ACL) starts no feed: the tunnel then ends
+	// at the next marker, as after a refused SUBSCRIBE.
+	monitorAsked atomic.Bool
 	// reserved is the lock key prefix: keyspace notifications about keys
 	// under it are not passed on (see revealsReserved).
 	reserved   []byte
@@ -680,6 +684,18 @@ func (c *upConn) tunnelFrame(f []byte) {
 	marker, resetting := c.marker, c.resetting
 	c.mu.Unlock()
 	if resetting != 0 && c.resetFrame(f, marker, resetting) {
+		return
+	}
+	if c.monitorAsked.Load() && len(f) > 0 && (f[0] == '+' || f[0] == '-') {
+		// MONITOR's reply: the first simple frame after it (a push may
+		// come before).
+		c.monitorAsked.Store(false)
+		if f[0] == '-' {
+			c.monitor.Store(false)
+		}
+		if push := c.push.Load(); push != nil {
+			(*push)(bytes.Clone(f))
+		}
 		return
 	}
 	if c.monitor.Load() && len(f) > 0 && f[0] == '+' {

@@ -887,6 +887,7 @@ func (p *Pipe) Tunnel(args [][]byte) error {
 	}
 	if len(args) > 0 && strings.EqualFold(string(args[0]), "monitor") {
 		p.pin.monitor.Store(true)
+		p.pin.monitorAsked.Store(true)
 	}
 	p.pin.tunnel.Store(true)
 	p.pin.tunneled.Store(true)
