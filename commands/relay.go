@@ -834,6 +834,17 @@ func splice(w *resp.Writer, at int, data []byte) {
 // relayLocal writes a reply lockproxy makes itself for a relayed command.
 func relayError(s *resp.Session, msg string) { s.W.Error(msg) }
 
+// execAbort is the reply to an EXEC that discards its transaction, in
+// Redis's words: an EXEC Redis refuses itself (its arity) names that
+// reason, whatever flagged the transaction before; any other names the
+// queuing errors before it.
+func execAbort(args [][]byte) string {
+	if len(args) != 1 {
+		return "EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command"
+	}
+	return "EXECABORT Transaction discarded because of previous errors."
+}
+
 // pin gives the connection an upstream connection of its own, after the
 // replies pending on the shared one. It reports false after writing an
 // error reply when none could be had.
@@ -1010,7 +1021,7 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		// A failed transaction (above): nothing was queued upstream, on
 		// any connection.
 		if name == "exec" {
-			s.W.Error("EXECABORT Transaction discarded because of previous errors.")
+			s.W.Error(execAbort(args))
 		} else {
 			s.W.Simple("OK")
 		}
@@ -1021,7 +1032,7 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 			// DISCARD's reply, whatever it is, is not the client's: EXEC
 			// answers in its place, one reply for one command.
 			h.relayUnseen(s, rs, "DISCARD")
-			s.W.Error("EXECABORT Transaction discarded because of previous errors.")
+			s.W.Error(execAbort(args))
 		} else {
 			h.relayAdd(s, rs, args)
 			h.relayCollect(s, rs, true)

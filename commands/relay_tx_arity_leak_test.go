@@ -24,9 +24,12 @@ func TestTxCommandsWithWrongArityKeepUpstreamState(t *testing.T) {
 	}{
 		{"DISCARD x in MULTI", []string{"MULTI", "DISCARD x", "SET a:1 1", "EXEC"},
 			[]string{"+OK", "-ERR wrong number of arguments", "+QUEUED", "-EXECABORT"}},
-		// Redis 7 aborts the transaction for an EXEC it refuses.
+		// Redis 7 aborts the transaction for an EXEC it refuses, and says
+		// why, also when a queuing error flagged it before.
 		{"EXEC x in MULTI", []string{"MULTI", "SET a:2 1", "EXEC x", "SET a:2 2", "EXEC"},
-			[]string{"+OK", "+QUEUED", "-EXECABORT", "+OK", "-ERR EXEC without MULTI"}},
+			[]string{"+OK", "+QUEUED", execArityAbort, "+OK", "-ERR EXEC without MULTI"}},
+		{"EXEC x in a flagged MULTI", []string{"MULTI", "SET a:5", "EXEC x", "SET a:5 2", "EXEC"},
+			[]string{"+OK", "-ERR wrong number of arguments", execArityAbort, "+OK", "-ERR EXEC without MULTI"}},
 		{"MULTI x", []string{"MULTI x", "SET a:3 1", "EXEC"},
 			[]string{"-ERR wrong number of arguments", "+OK", "-ERR EXEC without MULTI"}},
 		{"MULTI x then a refused command", []string{"MULTI x", "SET a:4 1", "SET lockproxy:x 1", "EXEC", "PING"},
@@ -83,3 +86,6 @@ func TestUnwatchWithWrongArityKeepsTheWatch(t *testing.T) {
 		t.Errorf("B: EXEC of a transaction that watched nothing: %s; want *[+OK] (A's WATCH left on the connection B got)", r)
 	}
 }
+
+// execArityAbort is Redis's reply to an EXEC with arguments inside MULTI.
+const execArityAbort = "-EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command"
