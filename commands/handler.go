@@ -513,16 +513,19 @@ func (h *Handler) localTx(s *resp.Session, cs *conn, name string, args [][]byte)
 		cs.tx, cs.txDirty = false, false
 		return false
 	case "exec", "discard":
-		if len(args) != 1 {
+		if len(args) != 1 && name == "discard" {
+			// Refused, and the transaction stays open, flagged.
 			cs.txDirty = true
-			s.W.Error("ERR wrong number of arguments for '" + name + "' command")
+			s.W.Error("ERR wrong number of arguments for 'discard' command")
 			return true
 		}
 		switch {
 		case name == "discard":
 			s.W.Simple("OK")
-		case cs.txDirty:
-			s.W.Error("EXECABORT Transaction discarded because of previous errors.")
+		case cs.txDirty || len(args) != 1:
+			// Redis 7 discards the transaction for an EXEC it refuses
+			// (execAbort names why), as for one flagged before.
+			s.W.Error(execAbort(args))
 		default:
 			s.W.Array(0) // an empty transaction, as Redis runs it
 		}

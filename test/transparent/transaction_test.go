@@ -57,6 +57,12 @@ func TestTransactionWithoutUpstreamRunsNothing(t *testing.T) {
 		{[]any{"PING"}, "ERR 'ping' is not queued"},
 		{[]any{"EXEC"}, "EXECABORT"},
 		{[]any{"PING"}, "PONG"},
+		// Redis 7 refuses an EXEC with arguments and ends the
+		// transaction: what follows runs.
+		{[]any{"MULTI"}, "OK"},
+		{[]any{"EXEC", "x"}, "EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command"},
+		{[]any{"PING"}, "PONG"},
+		{[]any{"EXEC"}, "ERR EXEC without MULTI"},
 	}
 	for _, st := range steps {
 		v, err := conn.Do(ctx, st.args...).Result()
