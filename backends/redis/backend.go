@@ -369,7 +369,13 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	qreq.JoinBy = end
 	deadline := time.NewTimer(req.Wait)
 	defer deadline.Stop()
-	w := b.join(req.Key, req.Mode == backends.Read)
+	// A writer that names its token may hold the key already: then it is
+	// let try out of its turn (see waiter.token).
+	var reentry string
+	if req.Mode == backends.Write && !req.NoReentry {
+		reentry = req.Token
+	}
+	w := b.join(req.Key, req.Mode == backends.Read, reentry)
 	var (
 		granted   bool
 		heldUntil time.Time // the granted lease's end at the latest
@@ -431,6 +437,28 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		case <-ctx.Done():
 			return backends.Lease{}, err
 		}
+		if !b.waiters.isHead(w) {
+			// Signaled out of turn: the head was refused by this
+			// waiter's token's hold, which this attempt joins. It leaves
+			// no writer mark (it is not waiting for anyone), and a
+			// refusal (the hold ended meanwhile) sends it back to wait
+			// for its turn, with no retry of its own: only the head's
+			// runs.
+			out := qreq
+			out.WriterWait = 0
+			started := time.Now()
+			var lease backends.Lease
+			lease, err = b.tryOnce(ctx, out)
+			if err == nil {
+				granted = true
+				heldUntil = started.Add(req.TTL)
+				return lease, nil
+			}
+			if ctx.Err() != nil || errors.Is(err, backends.ErrUpgrade) {
+				return backends.Lease{}, err
+			}
+			continue
+		}
 		if qreq.Mode == quorum.Exclusive {
 			// Mark this writer waiting on the nodes until well after its
 			// next attempt (see luaMarks), so readers on every instance
@@ -464,6 +492,7 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		refused = refused || rs.refusedAny()
 		b.watch(req.Key)
 		b.waiters.refused(req.Key)
+		b.waiters.heldBy(req.Key, rs.holder(b.q.Majority()))
 		until, ok := rs.until(b.q.Majority())
 		if !ok || !heard {
 			until = time.Time{}
@@ -507,10 +536,12 @@ func (b *Backend) unmark(nodes []*Node, key, token string) {
 // soon after.
 func (b *Backend) writerMark() time.Duration { return max(3*b.retryMax, time.Second) }
 
-// join queues a waiter for key. One that joins behind another subscribes
-// the key's release announcements on every node, if that is not done yet.
-func (b *Backend) join(key string, read bool) *waiter {
-	w, watch := b.waiters.join(key, read)
+// join queues a waiter for key, whose attempts may join a hold of token
+// ("" for none: see waiter.token). One that joins behind another
+// subscribes the key's release announcements on every node, if that is
+// not done yet.
+func (b *Backend) join(key string, read bool, token string) *waiter {
+	w, watch := b.waiters.joinToken(key, read, token)
 	if watch {
 		b.updateSubscriptions(key)
 	}

@@ -70,6 +70,10 @@ type waitQueue struct {
 	earlyGen uint64
 	// watched is set once the key is contended, until the queue empties.
 	watched bool
+	// holder is the token that held the key on a majority of nodes when
+	// the head's last attempt was refused, or "": a waiter of that token
+	// (see waiter.token) need not wait its turn.
+	holder string
 }
 
 // stopEarly stops the queue's early signal, if one is pending.
@@ -101,6 +105,17 @@ type waiter struct {
 	// granted before it ends (at the latest: its TTL from the start of its
 	// attempt), or zero.
 	heldUntil time.Time
+	// token is set for a writer whose attempt may join its token's hold
+	// (LOCK … TOKEN): when that token holds the key (waitQueue.holder),
+	// the waiter is signaled wherever it is in the queue. The waiters
+	// ahead of it wait for that very hold to end, so waiting behind them
+	// would keep the holder's reentry from being granted until its WAIT
+	// ran out, where the same LOCK without WAIT is granted at once. A
+	// hold that ended unannounced (an expiry) is the holder until the
+	// head's next refusal: a waiter of its token joining meanwhile is
+	// granted afresh ahead of its turn, as that LOCK without WAIT would
+	// be.
+	token string
 }
 
 func newWaitQueues(need int, soon time.Duration) *waitQueues {
@@ -111,7 +126,13 @@ func newWaitQueues(need int, soon time.Duration) *waitQueues {
 // empty is the head and is signaled at once. watch reports whether the
 // key became watched: the waiter joined behind another.
 func (qs *waitQueues) join(key string, read bool) (w *waiter, watch bool) {
-	w = &waiter{key: key, turn: make(chan struct{}, 1), promoted: make(chan struct{}, 1), queued: true, read: read}
+	return qs.joinToken(key, read, "")
+}
+
+// joinToken is join for a waiter whose attempt may join a hold of token
+// (see waiter.token); "" for none.
+func (qs *waitQueues) joinToken(key string, read bool, token string) (w *waiter, watch bool) {
+	w = &waiter{key: key, turn: make(chan struct{}, 1), promoted: make(chan struct{}, 1), queued: true, read: read, token: token}
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
 	qs.total++
@@ -130,6 +151,9 @@ func (qs *waitQueues) join(key string, read bool) (w *waiter, watch bool) {
 	q.tail = w
 	watch = !q.watched
 	q.watched = true
+	if token != "" && q.holder == token {
+		signal(w)
+	}
 	return w, watch
 }
 
@@ -185,6 +209,10 @@ func (qs *waitQueues) leaveHeld(w *waiter, granted bool, heldUntil time.Time) (u
 		delete(qs.keys, w.key)
 		return q.watched
 	}
+	if wasHead && granted {
+		// A new hold: the head's. Its token's waiters behind it join it.
+		q.holder = w.token
+	}
 	switch {
 	case wasHead && granted && w.read && q.head.read:
 		signal(q.head)
@@ -215,9 +243,13 @@ func (qs *waitQueues) wake(key string, node int) bool {
 		return false
 	}
 	if node < 0 || node >= 64 {
+		q.holder = ""
 		signal(q.head)
 		return true
 	}
+	// A release: the holder the head was refused by may be gone, and a
+	// waiter of its token would be granted afresh, ahead of its turn.
+	q.holder = ""
 	bit := uint64(1) << node
 	// One release's announcements come within about a millisecond of
 	// each other, so one that comes more than soon after the first
@@ -276,6 +308,28 @@ func (qs *waitQueues) refused(key string) {
 	defer qs.mu.Unlock()
 	if q := qs.keys[key]; q != nil {
 		q.heard = 0
+	}
+}
+
+// heldBy notes that the head's attempt on key was refused by holder's
+// hold on a majority of nodes ("" when no one holder refused it so), and
+// signals the waiters of that token behind the head: their attempts join
+// the hold (see waiter.token).
+func (qs *waitQueues) heldBy(key, holder string) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	q := qs.keys[key]
+	if q == nil {
+		return
+	}
+	q.holder = holder
+	if holder == "" {
+		return
+	}
+	for w := q.head.next; w != nil; w = w.next {
+		if w.token == holder {
+			signal(w)
+		}
 	}
 }
 
@@ -478,6 +532,19 @@ func (rs *refusals) until(majority int) (time.Time, bool) {
 		}
 	}
 	return time.Time{}, false
+}
+
+// holder is the token whose hold refused the attempt on at least majority
+// nodes, telling its lease (see until), or "".
+func (rs *refusals) holder(majority int) string {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	for h, held := range rs.holds {
+		if held.nodes >= majority {
+			return h
+		}
+	}
+	return ""
 }
 
 // refusedAny reports whether a node refused, so far.
