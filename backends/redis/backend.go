@@ -369,10 +369,10 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	qreq.JoinBy = end
 	deadline := time.NewTimer(req.Wait)
 	defer deadline.Stop()
-	// A writer that names its token may hold the key already: then it is
+	// A waiter that names its token may hold the key already: then it is
 	// let try out of its turn (see waiter.token).
 	var reentry string
-	if req.Mode == backends.Write && !req.NoReentry {
+	if !req.NoReentry {
 		reentry = req.Token
 	}
 	w := b.join(req.Key, req.Mode == backends.Read, reentry)
@@ -438,8 +438,8 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			return backends.Lease{}, err
 		}
 		if !b.waiters.isHead(w) {
-			// Signaled out of turn: the head was refused by this
-			// waiter's token's hold, which this attempt joins. It leaves
+			// Signaled out of turn: the head was refused by a hold
+			// this waiter's attempt may join (waiter.mayJoin). It leaves
 			// no writer mark (it is not waiting for anyone), and a
 			// refusal (the hold ended meanwhile) sends it back to wait
 			// for its turn, with no retry of its own: only the head's

@@ -105,9 +105,10 @@ type waiter struct {
 	// granted before it ends (at the latest: its TTL from the start of its
 	// attempt), or zero.
 	heldUntil time.Time
-	// token is set for a writer whose attempt may join its token's hold
-	// (LOCK … TOKEN): when that token holds the key (waitQueue.holder),
-	// the waiter is signaled wherever it is in the queue. The waiters
+	// token is set for a waiter whose attempt may join its token's hold
+	// (LOCK or RLOCK … TOKEN): when that token holds the key
+	// (waitQueue.holder), or for a reader when readers hold it, the
+	// waiter is signaled wherever it is in the queue (see mayJoin). The waiters
 	// ahead of it wait for that very hold to end, so waiting behind them
 	// would keep the holder's reentry from being granted until its WAIT
 	// ran out, where the same LOCK without WAIT is granted at once. A
@@ -116,6 +117,16 @@ type waiter struct {
 	// granted afresh ahead of its turn, as that LOCK without WAIT would
 	// be.
 	token string
+}
+
+// mayJoin reports whether w's attempt may join a hold when holder's hold
+// refused the head: w's token holds the key, or w reads and readers hold
+// it. A reader's attempt joins its token's read hold whatever writer
+// waits (a new reader is refused while one does), and the refusals of
+// readers name no reader, so a reader tries whenever readers hold the
+// key: a refusal sends it back to its place.
+func (w *waiter) mayJoin(holder string) bool {
+	return w.token != "" && holder != "" && (w.token == holder || w.read && holder == readMarker)
 }
 
 func newWaitQueues(need int, soon time.Duration) *waitQueues {
@@ -151,7 +162,7 @@ func (qs *waitQueues) joinToken(key string, read bool, token string) (w *waiter,
 	q.tail = w
 	watch = !q.watched
 	q.watched = true
-	if token != "" && q.holder == token {
+	if w.mayJoin(q.holder) {
 		signal(w)
 	}
 	return w, watch
@@ -313,8 +324,8 @@ func (qs *waitQueues) refused(key string) {
 
 // heldBy notes that the head's attempt on key was refused by holder's
 // hold on a majority of nodes ("" when no one holder refused it so), and
-// signals the waiters of that token behind the head: their attempts join
-// the hold (see waiter.token).
+// signals the waiters behind the head whose attempts may join that hold
+// (see waiter.mayJoin).
 func (qs *waitQueues) heldBy(key, holder string) {
 	qs.mu.Lock()
 	defer qs.mu.Unlock()
@@ -327,7 +338,7 @@ func (qs *waitQueues) heldBy(key, holder string) {
 		return
 	}
 	for w := q.head.next; w != nil; w = w.next {
-		if w.token == holder {
+		if w.mayJoin(holder) {
 			signal(w)
 		}
 	}

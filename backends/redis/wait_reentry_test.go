@@ -8,26 +8,30 @@ import (
 	"github.com/lockproxy/lockproxy/backends"
 )
 
-// TestWaitReentryNotQueuedBehindItsWaiters: the write holder's own
-// LOCK … TOKEN … WAIT through the instance where others wait for the key
-// is a reentry, granted at once with the hold's fence, as it is without
-// WAIT: it must not queue behind the waiters, who wait for that very
-// holder. Before, it joined the queue's tail and ran out its whole WAIT
-// unanswered. A waiter with a token of its own that holds nothing still
-// waits its turn: the waiter ahead of it is granted first.
+// TestWaitReentryNotQueuedBehindItsWaiters: the holder's own LOCK (or,
+// holding a read lock, RLOCK) … TOKEN … WAIT through the instance where
+// writers wait for the key is a reentry, granted at once with the hold's
+// fence, as it is without WAIT: it must not queue behind the waiters, who
+// wait for that very holder. Before, it joined the queue's tail and ran
+// out its whole WAIT unanswered. A waiter with a token of its own that
+// holds nothing still waits its turn: the waiters ahead of it are granted
+// first.
 func TestWaitReentryNotQueuedBehindItsWaiters(t *testing.T) {
 	b, _ := newRealBackend(t, 3)
 	ctx := ctxTimeout(t, 30*time.Second)
 	for _, tc := range []struct {
 		name  string
-		ahead int // waiters queued before the holder's reentry
+		mode  backends.Mode // the holder's, its reentry's and X's
+		ahead int           // writers queued before the holder's reentry
 	}{
-		{"behind one waiter", 1},
-		{"behind three waiters", 3},
+		{"write, behind one waiter", backends.Write, 1},
+		{"write, behind three waiters", backends.Write, 3},
+		{"read, behind one waiter", backends.Read, 1},
+		{"read, behind three waiters", backends.Read, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "reentry-" + tc.name
-			first, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: 10 * time.Second})
+			first, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: 10 * time.Second, Mode: tc.mode})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -36,20 +40,20 @@ func TestWaitReentryNotQueuedBehindItsWaiters(t *testing.T) {
 				err error
 			}
 			granted := make(chan grant, tc.ahead+1)
-			wait := func(who string) {
-				_, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: who, TTL: 10 * time.Second, Wait: 10 * time.Second})
+			wait := func(who string, mode backends.Mode) {
+				_, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: who, TTL: 10 * time.Second, Wait: 10 * time.Second, Mode: mode})
 				granted <- grant{who, err}
 			}
 			for i := range tc.ahead {
-				go wait("W" + string(rune('0'+i)))
+				go wait("W"+string(rune('0'+i)), backends.Write)
 				waitFor(t, "waiter queued", func() bool { return b.waiters.count(key) == i+1 })
 			}
 			// A token of its own that holds nothing: it queues.
-			go wait("X")
+			go wait("X", tc.mode)
 			waitFor(t, "X queued", func() bool { return b.waiters.count(key) == tc.ahead+1 })
 
 			start := time.Now()
-			l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: 10 * time.Second, Wait: 3 * time.Second})
+			l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: 10 * time.Second, Wait: 3 * time.Second, Mode: tc.mode})
 			took := time.Since(start)
 			if err != nil {
 				t.Fatalf("holder's LOCK … TOKEN … WAIT behind %d waiters = %v after %v; want a reentrant grant", tc.ahead, err, took)
@@ -109,8 +113,15 @@ func TestWaitQueuesHolderLetsItsTokenIn(t *testing.T) {
 			join("T", false, "T")
 			join("X", false, "X")
 			join("R", true, "")
+			join("TR", true, "T") // a downgrade
 			qs.heldBy("k", "T")
-		}, []string{"T"}},
+		}, []string{"T", "TR"}},
+		{"readers hold: every reader that names its token", func(qs *waitQueues, join func(string, bool, string)) {
+			join("R", true, "R")
+			join("r", true, "")
+			join("W", false, "W")
+			qs.heldBy("k", readMarker)
+		}, []string{"R"}},
 		{"joined after the refusal", func(qs *waitQueues, join func(string, bool, string)) {
 			qs.heldBy("k", "T")
 			join("T", false, "T")
