@@ -457,6 +457,7 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			if ctx.Err() != nil || errors.Is(err, backends.ErrUpgrade) {
 				return backends.Lease{}, err
 			}
+			b.waiters.refusedOutOfTurn(w)
 			continue
 		}
 		if qreq.Mode == quorum.Exclusive {

@@ -117,16 +117,29 @@ type waiter struct {
 	// granted afresh ahead of its turn, as that LOCK without WAIT would
 	// be.
 	token string
+	// readTried is set once the reader's out-of-turn attempt was refused:
+	// it holds no read hold, and is not let try out of turn again just
+	// because readers hold the key, or a queue of readers that name
+	// their tokens would cost the nodes an attempt each at every refusal
+	// of the head.
+	readTried bool
 }
 
 // mayJoin reports whether w's attempt may join a hold when holder's hold
 // refused the head: w's token holds the key, or w reads and readers hold
 // it. A reader's attempt joins its token's read hold whatever writer
 // waits (a new reader is refused while one does), and the refusals of
-// readers name no reader, so a reader tries whenever readers hold the
-// key: a refusal sends it back to its place.
+// readers name no reader, so a reader tries when readers hold the key,
+// once: a refusal sends it back to its place for good (see readTried).
 func (w *waiter) mayJoin(holder string) bool {
-	return w.token != "" && holder != "" && (w.token == holder || w.read && holder == readMarker)
+	return w.token != "" && holder != "" && (w.token == holder || w.read && !w.readTried && holder == readMarker)
+}
+
+// refusedOutOfTurn notes that w's attempt out of its turn was refused.
+func (qs *waitQueues) refusedOutOfTurn(w *waiter) {
+	qs.mu.Lock()
+	defer qs.mu.Unlock()
+	w.readTried = w.read
 }
 
 func newWaitQueues(need int, soon time.Duration) *waitQueues {

@@ -122,6 +122,14 @@ func TestWaitQueuesHolderLetsItsTokenIn(t *testing.T) {
 			join("W", false, "W")
 			qs.heldBy("k", readMarker)
 		}, []string{"R"}},
+		{"readers hold: a reader refused out of turn is not let in again", func(qs *waitQueues, join func(string, bool, string)) {
+			join("R", true, "R")
+			join("S", true, "S")
+			qs.heldBy("k", readMarker)
+			<-qs.keys["k"].head.next.turn // R tries
+			qs.refusedOutOfTurn(qs.keys["k"].head.next)
+			qs.heldBy("k", readMarker)
+		}, []string{"S"}},
 		{"joined after the refusal", func(qs *waitQueues, join func(string, bool, string)) {
 			qs.heldBy("k", "T")
 			join("T", false, "T")
