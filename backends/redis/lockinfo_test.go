@@ -262,25 +262,11 @@ func TestInfoReadFenceWithNodeDown(t *testing.T) {
 // rival LOCK is refused; LOCKINFO, which counted a reader only on the
 // nodes held by readers alone, answered the key free.
 func TestInfoCountsDowngradedNodesForTheirReadHold(t *testing.T) {
-	// The first grant dials the nodes: a short lease's node timeout (5 %)
-	// is too short for that on a loaded host.
-	b, _ := newRealBackend(t, 3, func(c *Config) { c.Quorum.TimeoutMin = 200 * time.Millisecond })
-	ctx := ctxTimeout(t, 30*time.Second)
 	const key = "dg"
 	lease := time.Second
-	b.nodes[0].health.setClockOut(true)
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: lease}); err != nil {
-		t.Fatalf("B's write grant on nodes 2 and 3: %v", err)
-	}
-	b.nodes[0].health.setClockOut(false)
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: lease, Mode: backends.Read}); err != nil {
-		t.Fatalf("B's downgrade: %v", err)
-	}
 	// Undecided (NOQUORUM: the write hold is renewed on node 2 alone,
 	// see TestRenewOfDowngradeCountsWriteHolds), but run on nodes 1 and 2.
-	b.nodes[2].health.setClockOut(true)
-	renewed, err := b.Renew(ctx, key, "B", 10*time.Second)
-	b.nodes[2].health.setClockOut(false)
+	b, ctx, renewed, err := downgradeRenewedOnNodes12(t, key, lease)
 	if nq := (*quorum.NoQuorumError)(nil); err != nil && !errors.As(err, &nq) || err == nil && renewed <= 0 {
 		t.Fatalf("B's renewal on nodes 1 and 2 = %v, %v", renewed, err)
 	}
