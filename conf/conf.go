@@ -558,6 +558,11 @@ func Default() Config {
 // then every LOCK would fail.
 const maxPostgresOpTimeout = math.MaxInt32 * time.Millisecond
 
+// maxZookeeperSessionTimeout is the longest zookeeper.session_timeout: the
+// ZooKeeper client (go-zookeeper) sends it in the connect request as an
+// int32 of milliseconds, so a longer one would wrap around.
+const maxZookeeperSessionTimeout = math.MaxInt32 * time.Millisecond
+
 // minZookeeperValidity is the least validity the ZooKeeper backend
 // grants (backends.MinValidity, which conf may not import).
 const minZookeeperValidity = time.Millisecond
@@ -777,7 +782,9 @@ func (c Config) Validate() error {
 	if !strings.HasPrefix(z.Root, "/") || path.Clean(z.Root) != z.Root {
 		v.add("zookeeper.root", "must be a clean absolute path such as /lockproxy, got %q", z.Root)
 	}
-	v.positive("zookeeper.session_timeout", z.SessionTimeout)
+	if v.positive("zookeeper.session_timeout", z.SessionTimeout) && z.SessionTimeout > maxZookeeperSessionTimeout {
+		v.add("zookeeper.session_timeout", "must be at most %v: the ZooKeeper client sends it as a 32-bit count of milliseconds, which holds no more; got %v", maxZookeeperSessionTimeout, z.SessionTimeout)
+	}
 	switch {
 	case z.TickTime < 0:
 		v.add("zookeeper.tick_time", "must not be negative, got %v", z.TickTime)

@@ -172,6 +172,12 @@ func TestValidate(t *testing.T) {
 		}, []string{
 			"zookeeper.tick_time: 4s leaves no validity with zookeeper.session_timeout 3s (validity is capped at 2/3 of the session timeout less half a tick)",
 		}},
+		{"zookeeper session timeout past 32-bit milliseconds", func(c *Config) {
+			c.Zookeeper.SessionTimeout = math.MaxInt32*time.Millisecond + time.Millisecond
+		}, []string{
+			"zookeeper.session_timeout: must be at most 596h31m23.647s: the ZooKeeper client sends it as a 32-bit count of milliseconds, which holds no more; got 596h31m23.648s",
+		}},
+		{"zookeeper session timeout at the bound", func(c *Config) { c.Zookeeper.SessionTimeout = math.MaxInt32 * time.Millisecond }, nil},
 		{"postgres", func(c *Config) {
 			c.Backend = BackendPostgres
 			c.Postgres.DSN = " "
