@@ -30,6 +30,12 @@ type LockRequest struct {
 	// NoReentry refuses the lock even to its current holder's token, as
 	// SET NX does (transparent mode).
 	NoReentry bool
+	// Keepalive: the caller will keep the lock alive by renewing it
+	// through this backend instance (KEEPALIVE). A backend whose lease this
+	// instance cannot keep for a hold it would join (ZooKeeper: a node in
+	// another instance's session) answers ErrKeepaliveElsewhere instead of
+	// adding the hold.
+	Keepalive bool
 }
 
 // String is the word LOCKINFO shows for m.
@@ -94,6 +100,12 @@ var ErrNotAcquired = errors.New("backends: lock not acquired")
 // token. Upgrading is refused: two readers upgrading at once would wait
 // for each other forever.
 var ErrUpgrade = errors.New("backends: read lock held by this token; upgrade to write is not supported")
+
+// ErrKeepaliveElsewhere means a LockRequest with Keepalive would join a
+// hold whose lease this instance cannot keep alive: its renewals through
+// this instance would promise no validity (ZooKeeper: the token's node
+// lives in another lockproxy instance's session). Nothing was added.
+var ErrKeepaliveElsewhere = errors.New("backends: the token's hold is kept by another instance; KEEPALIVE cannot renew it here")
 
 // ErrTooLarge means the lock store cannot take a request this big: a key
 // or token past what one request to it may carry (ZooKeeper's packet

@@ -314,7 +314,8 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	}
 	// A token made here cannot hold the key already: the backend need not
 	// look for a hold to join.
-	req := backends.LockRequest{Key: string(a.key), Token: token, TTL: a.ttl, Wait: a.wait, Mode: mode, NoReentry: a.token == nil}
+	req := backends.LockRequest{Key: string(a.key), Token: token, TTL: a.ttl, Wait: a.wait, Mode: mode, NoReentry: a.token == nil,
+		Keepalive: a.keepalive}
 	ctx := s.Context()
 	var wait *lockWait
 	if a.wait > 0 {
@@ -414,6 +415,14 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	case errors.Is(err, backends.ErrNotAcquired):
 		h.metrics.notAcquired.Inc()
 		s.W.Null()
+	case errors.Is(err, backends.ErrKeepaliveElsewhere):
+		// The token holds the key through a lease another instance
+		// keeps (a ZooKeeper node in that instance's session): renewals
+		// through this one would promise nothing, and the watchdog
+		// would give the lock up at once. No hold was added.
+		h.metrics.notAcquired.Inc()
+		s.W.Error("ERR KEEPALIVE refused: token already holds '" + relay.Clip(req.Key) +
+			"' through another lockproxy instance, whose session keeps its lease; LOCK with KEEPALIVE through that instance, or give PX/EX without KEEPALIVE")
 	case errors.Is(err, backends.ErrUpgrade):
 		h.metrics.notAcquired.Inc()
 		s.W.Error("ERR upgrade refused: this token holds a read lock on '" + relay.Clip(req.Key) +

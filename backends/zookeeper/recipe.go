@@ -1278,6 +1278,14 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 		// SET NX's rule (transparent mode): held is held, whoever asks.
 		return backends.Lease{}, backends.ErrNotAcquired
 	}
+	if req.Keepalive && !b.ownSession(n) {
+		// The node lives in another instance's session, whose end this
+		// one cannot see: the reentry, and every renewal of it through
+		// this instance, would promise nothing (validityOf), so a
+		// watchdog here could not keep it alive. Refused before any
+		// write, leaving the token's holds as they were.
+		return backends.Lease{}, backends.ErrKeepaliveElsewhere
+	}
 	if b.testBeforeReenter != nil {
 		b.testBeforeReenter()
 	}
