@@ -205,6 +205,15 @@ func combineLockStates(states []nodeLockState, need, failed int, honoured func(t
 				}
 			}
 		}
+		// The fence is the one a majority stored (the grant's), when
+		// one did among the answers. Otherwise, when the failed nodes
+		// could make one of the stored fences the majority's, that
+		// one is the grant's and LOCKINFO cannot tell which: the
+		// highest stored (a late node's own) may be above the fence
+		// the next holder, granted without that node, gets.
+		if failed > 0 && !fenceDecided(fences, need, failed) {
+			return backends.LockInfo{}, false, false
+		}
 		ttl := honoured(time.Duration(kth(ttls)))
 		return backends.LockInfo{
 			Mode:    backends.Write,
@@ -265,4 +274,19 @@ func combineLockStates(states []nodeLockState, need, failed int, honoured func(t
 	// counter, below a fence a reader was granted.
 	info.Fence = uint64(kthOf(counters, max(need-failed, 1)))
 	return info, true, true
+}
+
+// fenceDecided tells whether the fence a majority stored is known from
+// stored, the fences the answering nodes holding the key stored: either
+// one has need votes, or none could reach need with the failed nodes'.
+func fenceDecided(stored []uint64, need, failed int) bool {
+	votes := map[uint64]int{}
+	most := 0
+	for _, f := range stored {
+		if f > 0 {
+			votes[f]++
+			most = max(most, votes[f])
+		}
+	}
+	return most >= need || most+failed < need
 }

@@ -240,6 +240,10 @@ func TestCombineLockStates(t *testing.T) {
 		}, 0, "free", 0},
 		// One node of three did not answer.
 		{"writer on a majority, one failed", []nodeLockState{w("a", 900, 1, 5), w("a", 800, 1, 5)}, 1, "write a h=1 ttl=800ns fence=5", 0},
+		// The failed node may have stored either fence: which one the
+		// grant told is not known.
+		{"fences split, one failed", []nodeLockState{wc("a", 11, 11), wc("a", 1, 1)}, 1, "undecided", 0},
+		{"fence and a lost store, one failed", []nodeLockState{wc("a", 0, 7), wc("a", 1, 1)}, 1, "undecided", 0},
 		{"writer on one of two, one failed", []nodeLockState{w("a", 900, 1, 5), free}, 1, "undecided", 0},
 		{"reader on one of two, one failed", []nodeLockState{r(3, map[string]readerState{"x": {900, 1}}), free}, 1, "undecided", 0},
 		{"free on both, one failed", []nodeLockState{free, free}, 1, "free", 0},
