@@ -180,6 +180,14 @@ func combineLockStates(states []nodeLockState, need, failed int, honoured func(t
 	}
 	// kth is the need-th largest of xs: the value a majority reaches.
 	kth := func(xs []int64) int64 { return kthOf(xs, need) }
+	// holdsDecided tells whether the failed nodes could not raise the
+	// need-th largest of a token's hold counts: with their counts it
+	// lies between that of the answers and their (need-failed)-th
+	// largest. An undercount is no safe side: the keepalive watchdogs
+	// take fewer holds left than they count for one of theirs released.
+	holdsDecided := func(holds []int64) bool {
+		return failed == 0 || kthOf(holds, need) == kthOf(holds, max(need-failed, 1))
+	}
 	writers := map[string]int{}
 	for _, st := range states {
 		if st.held && st.value != readMarker {
@@ -211,7 +219,7 @@ func combineLockStates(states []nodeLockState, need, failed int, honoured func(t
 		// one is the grant's and LOCKINFO cannot tell which: the
 		// highest stored (a late node's own) may be above the fence
 		// the next holder, granted without that node, gets.
-		if failed > 0 && !fenceDecided(fences, need, failed) {
+		if failed > 0 && (!fenceDecided(fences, need, failed) || !holdsDecided(holds)) {
 			return backends.LockInfo{}, false, false
 		}
 		ttl := honoured(time.Duration(kth(ttls)))
@@ -255,6 +263,9 @@ func combineLockStates(states []nodeLockState, need, failed int, honoured func(t
 					return backends.LockInfo{}, false, false
 				}
 				continue
+			}
+			if !holdsDecided(holds) {
+				return backends.LockInfo{}, false, false
 			}
 			h := backends.Holder{Token: tok, Holds: kth(holds), TTL: honoured(time.Duration(kth(ttls)))}
 			info.Holders = append(info.Holders, h)

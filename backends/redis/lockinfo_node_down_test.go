@@ -76,3 +76,68 @@ func TestInfoFenceNodeDownUndecided(t *testing.T) {
 		t.Errorf("next holder U's fence %d <= the fence %d LOCKINFO showed for T: the fence went backwards", next.Fence, info.Fence)
 	}
 }
+
+// TestInfoHoldsNodeDownUndecided: T holds the key on all three nodes and
+// takes a second hold while node 3 is out, so the nodes count 2, 2 and 1
+// holds: a majority holds two. With node 1 out, the answers (2 and 1)
+// have the majority-th largest 1, an undercount, which the keepalive
+// watchdogs rely on (holdsLeft): fewer holds left than a watchdog counts
+// takes one of its KEEPALIVE holds off, and with its last stops renewing
+// a hold still on the nodes. LOCKINFO must answer NOQUORUM or 2.
+func TestInfoHoldsNodeDownUndecided(t *testing.T) {
+	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
+		t.Run(mode.String(), func(t *testing.T) {
+			b, _ := newRealBackend(t, 3)
+			ctx := ctxTimeout(t, 30*time.Second)
+			const key = "hd"
+			req := backends.LockRequest{Key: key, Token: "T", TTL: 20 * time.Second, Mode: mode}
+			if _, err := b.Lock(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+			// Let the grant land on all three nodes.
+			for {
+				info, held, err := b.Info(ctx, key)
+				if err != nil || !held {
+					t.Fatalf("LOCKINFO = %v, %v", held, err)
+				}
+				n := 0
+				for _, nd := range b.nodes {
+					if st, err := nd.LockState(ctx, key); err == nil && st.held {
+						n++
+					}
+				}
+				if n == 3 {
+					break
+				}
+				if ctx.Err() != nil {
+					t.Fatalf("T not granted on all nodes: %+v", info)
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			b.nodes[2].health.setClockOut(true)
+			if _, err := b.Lock(ctx, req); err != nil {
+				t.Fatalf("T's second hold, on nodes 1 and 2: %v", err)
+			}
+			b.nodes[2].health.setClockOut(false)
+
+			b.nodes[0].health.setClockOut(true) // node 1 does not answer
+			info, held, err := b.Info(ctx, key)
+			b.nodes[0].health.setClockOut(false)
+			var nq *quorum.NoQuorumError
+			switch {
+			case err != nil && !errors.As(err, &nq):
+				t.Fatalf("LOCKINFO err = %v; want NOQUORUM or T's two holds", err)
+			case err != nil:
+				t.Logf("LOCKINFO with node 1 out: %v", err)
+			case !held || len(info.Holders) != 1 || info.Holders[0].Token != "T":
+				t.Fatalf("LOCKINFO = %+v, %v; want T", info, held)
+			case info.Holders[0].Holds != 2:
+				t.Errorf("LOCKINFO holds %d with node 1 out; T holds the key twice on nodes 1 and 2", info.Holders[0].Holds)
+			}
+			all, _, err := b.Info(ctx, key)
+			if err != nil || len(all.Holders) != 1 || all.Holders[0].Holds != 2 {
+				t.Fatalf("LOCKINFO with every node = %+v, %v; want T's two holds", all, err)
+			}
+		})
+	}
+}

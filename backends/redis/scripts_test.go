@@ -244,6 +244,13 @@ func TestCombineLockStates(t *testing.T) {
 		// grant told is not known.
 		{"fences split, one failed", []nodeLockState{wc("a", 11, 11), wc("a", 1, 1)}, 1, "undecided", 0},
 		{"fence and a lost store, one failed", []nodeLockState{wc("a", 0, 7), wc("a", 1, 1)}, 1, "undecided", 0},
+		// The failed node may hold as many as the higher count: the
+		// majority's count is 1 or 2.
+		{"hold counts split, one failed", []nodeLockState{w("a", 900, 2, 5), w("a", 900, 1, 5)}, 1, "undecided", 0},
+		{"reader's hold counts split, one failed", []nodeLockState{
+			r(3, map[string]readerState{"x": {900, 2}}),
+			r(3, map[string]readerState{"x": {900, 1}}),
+		}, 1, "undecided", 0},
 		{"writer on one of two, one failed", []nodeLockState{w("a", 900, 1, 5), free}, 1, "undecided", 0},
 		{"reader on one of two, one failed", []nodeLockState{r(3, map[string]readerState{"x": {900, 1}}), free}, 1, "undecided", 0},
 		{"free on both, one failed", []nodeLockState{free, free}, 1, "free", 0},
