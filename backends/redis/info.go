@@ -121,7 +121,9 @@ func parseLockState(v any) (nodeLockState, error) {
 // grant's validity is: never longer than a holder may rely on. When the
 // nodes that failed to answer could change the answer (a token seen on
 // fewer than a majority of those that answered, but on a majority with
-// them), it answers NOQUORUM rather than guess, as UNLOCK does.
+// them; a write holder's fence that no majority of the answers stored but
+// one with them could; a hold count they could raise), it answers
+// NOQUORUM rather than guess, as UNLOCK does.
 func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
 	need := b.q.Majority()
 	start := time.Now()
@@ -167,7 +169,8 @@ func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool
 
 // combineLockStates reduces the nodes' views to what need of them agree on.
 // failed nodes did not answer; decided is false when their answers could
-// have made another token a holder. honoured turns the TTL a majority
+// have made another token a holder, another stored fence the write
+// holder's, or a holder's hold count higher. honoured turns the TTL a majority
 // reaches into the one reported.
 func combineLockStates(states []nodeLockState, need, failed int, honoured func(time.Duration) time.Duration) (info backends.LockInfo, held, decided bool) {
 	// kthOf is the k-th largest of xs, 0 when there are fewer.
