@@ -16,34 +16,8 @@ import (
 // LOCKINFO must answer NOQUORUM (or T's granted fence), not node 1's,
 // above the fence the next holder, granted without node 1, gets.
 func TestInfoFenceNodeDownUndecided(t *testing.T) {
-	b, rs := newRealBackend(t, 3)
-	ctx := ctxTimeout(t, 60*time.Second)
 	const key = "fd"
-
-	b.nodes[1].health.setClockOut(true)
-	b.nodes[2].health.setClockOut(true)
-	for i := 0; i < 10; i++ {
-		if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "Y", TTL: 20 * time.Second}); err == nil {
-			t.Fatalf("Y's attempt %d granted on one node", i)
-		}
-	}
-	b.nodes[1].health.setClockOut(false)
-	b.nodes[2].health.setClockOut(false)
-
-	rs[0].Pause()
-	l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: 20 * time.Second})
-	rs[0].Resume()
-	if err != nil {
-		t.Fatal(err)
-	}
-	// Wait for node 1's late grant to land.
-	c1 := rs[0].Client(t)
-	for c1.Get(ctx, "lp:lock:"+key).Val() != "T" {
-		if ctx.Err() != nil {
-			t.Fatal("node 1 never granted T")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	b, _, ctx, l := grantBesideLateHigherFence(t, key)
 
 	b.nodes[1].health.setClockOut(true) // node 2 does not answer
 	info, held, infoErr := b.Info(ctx, key)

@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -8,6 +9,7 @@ import (
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // TestInfoWithNodeDownSeesMajorityHold: a holder that holds the key on a
@@ -104,30 +106,8 @@ func TestInfoTTLNotAboveHonoured(t *testing.T) {
 // only from LOCKINFO; reporting node 1's lets the next holder, granted
 // without node 1, get a smaller fence than the one T was shown.
 func TestInfoFenceIsGrantsFence(t *testing.T) {
-	b, rs := newRealBackend(t, 3)
-	ctx := ctxTimeout(t, 60*time.Second)
 	const key = "f"
-
-	// Attempts made while nodes 2 and 3 are out of quorums (each a SET NX
-	// and HINCRBY on node 1 alone, rolled back) raise node 1's counter only.
-	b.nodes[1].health.setClockOut(true)
-	b.nodes[2].health.setClockOut(true)
-	for i := 0; i < 10; i++ {
-		if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "Y", TTL: 20 * time.Second}); err == nil {
-			t.Fatalf("Y's attempt %d granted on one node", i)
-		}
-	}
-	b.nodes[1].health.setClockOut(false)
-	b.nodes[2].health.setClockOut(false)
-
-	// T is granted while node 1 is paused; node 1 grants when it resumes.
-	rs[0].Pause()
-	l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: 20 * time.Second})
-	rs[0].Resume()
-	if err != nil {
-		t.Fatal(err)
-	}
-	time.Sleep(300 * time.Millisecond)
+	b, rs, ctx, l := grantBesideLateHigherFence(t, key)
 	info, held, err := b.Info(ctx, key)
 	if err != nil || !held {
 		t.Fatalf("LOCKINFO = %v, %v", held, err)
@@ -282,4 +262,41 @@ func TestInfoCountsDowngradedNodesForTheirReadHold(t *testing.T) {
 	if len(info.Holders) != 1 || info.Holders[0].Token != "B" {
 		t.Errorf("LOCKINFO = %+v; want B the one holder", info)
 	}
+}
+
+// grantBesideLateHigherFence grants token T key on three real nodes with
+// node 1's fence counter ahead: attempts made while nodes 2 and 3 are out
+// of quorums (each a SET NX and HINCRBY on node 1 alone, rolled back)
+// raise node 1's counter only; T is then granted while node 1 is paused,
+// on nodes 2 and 3 with their lower fence, and node 1, resumed, grants T
+// its own higher one, which this waits for. It returns the backend, its
+// nodes, the test's context and T's lease.
+func grantBesideLateHigherFence(t *testing.T, key string) (*Backend, []*harness.Redis, context.Context, backends.Lease) {
+	t.Helper()
+	b, rs := newRealBackend(t, 3)
+	ctx := ctxTimeout(t, 60*time.Second)
+	b.nodes[1].health.setClockOut(true)
+	b.nodes[2].health.setClockOut(true)
+	for i := 0; i < 10; i++ {
+		if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "Y", TTL: 20 * time.Second}); err == nil {
+			t.Fatalf("Y's attempt %d granted on one node", i)
+		}
+	}
+	b.nodes[1].health.setClockOut(false)
+	b.nodes[2].health.setClockOut(false)
+
+	rs[0].Pause()
+	l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: 20 * time.Second})
+	rs[0].Resume()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c1 := rs[0].Client(t)
+	for c1.Get(ctx, "lp:lock:"+key).Val() != "T" {
+		if ctx.Err() != nil {
+			t.Fatal("node 1 never granted T")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return b, rs, ctx, l
 }
