@@ -30,15 +30,7 @@ func TestInfoFenceNodeDownUndecided(t *testing.T) {
 		t.Fatalf("LOCKINFO = free while T holds the key")
 	}
 
-	if ok, err := b.Unlock(ctx, key, "T"); !ok || err != nil {
-		t.Fatalf("T's release = %v, %v", ok, err)
-	}
-	b.nodes[0].health.setClockOut(true)
-	next, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "U", TTL: 20 * time.Second})
-	b.nodes[0].health.setClockOut(false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	next := nextHolderWithoutNode1(ctx, t, b, key)
 	if infoErr != nil {
 		return // NOQUORUM: nothing shown to go back from
 	}

@@ -119,16 +119,7 @@ func TestInfoFenceIsGrantsFence(t *testing.T) {
 		n, _ := c.HGet(ctx, "lp:fence", fmt.Sprint(slot(key))).Result()
 		t.Logf("node %d: lockf %q, counter %s", i+1, f, n)
 	}
-	if ok, err := b.Unlock(ctx, key, "T"); !ok || err != nil {
-		t.Fatalf("T's release = %v, %v", ok, err)
-	}
-	// The next holder is granted without node 1.
-	b.nodes[0].health.setClockOut(true)
-	next, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "U", TTL: 20 * time.Second})
-	b.nodes[0].health.setClockOut(false)
-	if err != nil {
-		t.Fatal(err)
-	}
+	next := nextHolderWithoutNode1(ctx, t, b, key)
 	if info.Fence != l.Fence {
 		t.Errorf("LOCKINFO fence %d; T was granted fence %d", info.Fence, l.Fence)
 	}
@@ -299,4 +290,22 @@ func grantBesideLateHigherFence(t *testing.T, key string) (*Backend, []*harness.
 		time.Sleep(5 * time.Millisecond)
 	}
 	return b, rs, ctx, l
+}
+
+// nextHolderWithoutNode1 releases T's hold on key (set up by
+// grantBesideLateHigherFence) and grants the key to U while node 1, the
+// one whose fence counter is ahead, is out of the vote: U's fence comes
+// from nodes 2 and 3 alone.
+func nextHolderWithoutNode1(ctx context.Context, t *testing.T, b *Backend, key string) backends.Lease {
+	t.Helper()
+	if ok, err := b.Unlock(ctx, key, "T"); !ok || err != nil {
+		t.Fatalf("T's release = %v, %v", ok, err)
+	}
+	b.nodes[0].health.setClockOut(true)
+	next, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "U", TTL: 20 * time.Second})
+	b.nodes[0].health.setClockOut(false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return next
 }
