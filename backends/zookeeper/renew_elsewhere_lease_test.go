@@ -42,9 +42,10 @@ func TestRenewThroughOtherInstanceSetsLease(t *testing.T) {
 				t.Fatalf("LOCK of a rival waiting %v after a RENEW PX %v = %v; want a grant when that lease ends",
 					tc.renw+3*time.Second, tc.renw, err)
 			}
-			el := time.Since(start)
-			if el < tc.renw {
-				t.Errorf("rival granted %v after a RENEW PX %v; want no sooner than its lease's end", el, tc.renw)
+			el, wall := time.Since(start), wallSince(start)
+			if wall < tc.renw {
+				t.Errorf("rival granted %v (%v on the wall clock) after a RENEW PX %v; want no sooner than its lease's end",
+					el, wall, tc.renw)
 			}
 			if el > tc.renw+1500*time.Millisecond {
 				t.Errorf("rival granted %v after a RENEW PX %v; want by its lease's end (+1.5 s)", el, tc.renw)
@@ -92,14 +93,28 @@ func TestLengthenedElsewhereLeaseEndsAsStored(t *testing.T) {
 			if _, err := lock(t, b, key, "B", time.Second, longer+3*time.Second, backends.Write); err != nil {
 				t.Fatalf("LOCK of a rival waiting %v = %v; want a grant when the lengthened lease ends", longer+3*time.Second, err)
 			}
-			el := time.Since(start)
-			if el < told || el < longer {
-				t.Errorf("rival granted %v after a grant told %v and a %s PX %v; want no sooner than either's end",
-					el, told, tc.name, longer)
+			el, wall := time.Since(start), wallSince(start)
+			if el < told || wall < longer {
+				t.Errorf("rival granted %v (%v on the wall clock) after a grant told %v and a %s PX %v; want no sooner than either's end",
+					el, wall, told, tc.name, longer)
 			}
 			if el > longer+1500*time.Millisecond {
 				t.Errorf("rival granted %v after a %s PX %v; want by the stored lease's end (+1.5 s)", el, tc.name, longer)
 			}
 		})
 	}
+}
+
+// wallSince is the time since start on the wall clock. A lease changed
+// through another instance is stored as a wall-clock start and a TTL (the
+// only time two hosts share), so a step of the wall clock moves its end
+// as the monotonic clock counts it: one run saw all three such rivals
+// granted 9-13 ms before 3.5 s on the monotonic clock, which only a wall
+// clock stepped ahead between the change and the timer explains (timers
+// run on the monotonic clock and never fire early). The holder through
+// that instance was promised nothing (see validityOf); a validity told is
+// timed on the monotonic clock of the instance that told it, and checked
+// on it.
+func wallSince(start time.Time) time.Duration {
+	return time.Now().Round(0).Sub(start.Round(0))
 }
