@@ -300,6 +300,14 @@ func (b *Backend) RunScript(ctx context.Context, body string, keys, argv []strin
 				if notNil(errB) == nil && wrongType(errA) {
 					created = append(created, nkeys[i])
 				}
+				if wrongType(errB) && errA == nil && errT == nil {
+					// It replaced another type with a string (SET over a
+					// hash): that string is its write, to be rolled back
+					// with its others, or the refused client's token
+					// would hold the key for its whole TTL.
+					nowS, _ := now.(string)
+					r.Writes[i] = backends.KeyWrite{Wrote: true, Exists: true, Value: nowS, PTTL: ttl}
+				}
 				continue
 			}
 			if e := errors.Join(notNil(errB), notNil(errA), errT); e != nil {

@@ -110,3 +110,48 @@ func TestScriptTurningStringLockIntoOtherTypeLeavesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestStringWrittenOverOtherTypeRolledBack: a SET (without NX) or a script
+// that replaces a lock key's hash with a string token is refused like any
+// script that finds another type there, and the token it wrote is rolled
+// back with its other writes. Before, the string it left in the hash's
+// place was not counted as a write: the client got the refusal, and its
+// token held the key on every node for the whole TTL, so its own SET NX
+// and every other client's found the lock taken by a holder that believed
+// it had none.
+func TestStringWrittenOverOtherTypeRolledBack(t *testing.T) {
+	t.Parallel()
+	e := start(t)
+	c := e.client(t)
+	ctx := lockclient.CtxFor(t, 60*time.Second)
+	for _, tc := range []struct {
+		name, key string
+		args      []any
+	}{
+		{"SET PX", "lock:over:set", []any{"SET", "lock:over:set", "tok", "PX", 20000}},
+		{"SET XX PX", "lock:over:xx", []any{"SET", "lock:over:xx", "tok", "XX", "PX", 20000}},
+		{"script", "lock:over:eval", []any{"EVAL", `redis.call('del', KEYS[1]) redis.call('set', KEYS[1], ARGV[1], 'PX', 20000) return 1`, 1, "lock:over:eval", "tok"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := tc.key
+			// A hash on every node, written directly (what a hash lock
+			// script leaves on a node whose answer was lost).
+			for i, d := range e.direct {
+				if err := d.HSet(ctx, keyPrefix+"lock:"+key, "uuid-X:1", 1).Err(); err != nil {
+					t.Fatalf("node %d: HSET: %v", i, err)
+				}
+				d.PExpire(ctx, keyPrefix+"lock:"+key, 20*time.Second)
+			}
+			err := c.Do(ctx, tc.args...).Err()
+			if err == nil || !strings.Contains(err.Error(), "string token") {
+				t.Fatalf("%v over a hash = %v; want the non-string refusal", tc.args, err)
+			}
+			if n := e.holding(t, key, "tok"); n != 0 {
+				t.Errorf("after the refusal the client's token holds %s on %d of 3 nodes; want none (rolled back)", key, n)
+			}
+			if ok, err := c.SetNX(ctx, key, "other", 5*time.Second).Result(); err != nil || !ok {
+				t.Errorf("SET NX PX after the refusal = %v, %v; want true", ok, err)
+			}
+		})
+	}
+}
