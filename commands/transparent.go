@@ -1254,7 +1254,8 @@ func validLease(leases []int64, need int, elapsed time.Duration, drift func(time
 // stops relying on the lock); the lock stays, for max_ttl at most.
 //
 // The body runs as a function of its own, so its return is that
-// function's; a first line "#!lua …" (script flags) stays first. The
+// function's; it is given the chunk's varargs, so a body that names
+// "..." compiles and sees what it would unwrapped (none); a first line "#!lua …" (script flags) stays first. The
 // function's header shares the body's first line, so that an error names
 // the line of the client's script, as Redis would (user_script:N).
 func boundedScript(body string, maxTTL time.Duration) string {
@@ -1274,7 +1275,7 @@ func boundedScript(body string, maxTTL time.Duration) string {
 	if maxMs <= 0 {
 		maxMs = int64(defaultUnboundedMs)
 	}
-	return head + "local lockproxy_reply = (function() " + body + "\nend)()\n" +
+	return head + "local lockproxy_reply = (function(...) " + body + "\nend)(...)\n" +
 		"for _, k in ipairs(KEYS) do\n" +
 		"  local p = redis.call('pttl', k)\n" +
 		"  if p ~= -2 and (" + limit + ") then\n" +

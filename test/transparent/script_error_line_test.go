@@ -41,3 +41,27 @@ func TestScriptErrorLineAsRedisSays(t *testing.T) {
 		})
 	}
 }
+
+// TestScriptVarargsAsRedis: a script on lock keys that names "..." (the
+// chunk's varargs, empty in Redis) runs as it does on Redis. lockproxy's
+// function around the body took no varargs, so such a script failed to
+// compile ("cannot use '...' outside a vararg function").
+func TestScriptVarargsAsRedis(t *testing.T) {
+	t.Parallel()
+	e := start(t)
+	c := e.client(t)
+	ctx := lockclient.CtxFor(t, 30*time.Second)
+	for _, tc := range []struct{ name, body string }{
+		{"count", `return select('#', ...)`},
+		{"table", "local a = {...}\nreturn #a"},
+		{"shebang", "#!lua\nreturn select('#', ...)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			want, werr := e.direct[0].Eval(ctx, tc.body, []string{"plain"}).Result()
+			got, gerr := c.Eval(ctx, tc.body, []string{"lock:varargs"}).Result()
+			if werr != nil || gerr != nil || got != want {
+				t.Errorf("lockproxy answered %v, %v; Redis %v, %v", got, gerr, want, werr)
+			}
+		})
+	}
+}
