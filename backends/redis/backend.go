@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
 	"github.com/lockproxy/lockproxy/backends"
@@ -686,6 +687,14 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 // write that every new connection to it sends (HINCRBY of the fence
 // hash's pad by 0, which changes no value), and one it refuses counts as
 // failed.
+//
+// LOCK and RLOCK grants, releases and renewals are scripts sent with
+// EVALSHA (see Node.send; only transparent mode's SET NX grants are plain
+// commands, and their releases are scripts): a node that takes writes but
+// refuses scripts (an ACL without @scripting or EVALSHA, EVALSHA renamed
+// away) refuses every LOCK. Each node therefore also runs a script that
+// does nothing, by SHA as the batches send theirs, loaded with EVAL when
+// the node does not have it, as they are; one refused counts as failed.
 func (b *Backend) Ready(ctx context.Context) error {
 	type res struct {
 		name string
@@ -698,6 +707,7 @@ func (b *Backend) Ready(ctx context.Context) error {
 			ping := pipe.Ping(ctx)
 			repl := pipe.Info(ctx, "replication")
 			write := pipe.HIncrBy(ctx, n.fenceKey, fenceHashPad, 0)
+			probe := pipe.EvalSha(ctx, scriptProbe.sha, nil)
 			_, _ = pipe.Exec(ctx) // per-command errors are read from the commands
 			err := ping.Err()
 			if err == nil {
@@ -714,6 +724,15 @@ func (b *Backend) Ready(ctx context.Context) error {
 			}
 			if werr := write.Err(); err == nil && werr != nil {
 				err = fmt.Errorf("redis: node refuses writes: %w", werr)
+			}
+			if err == nil {
+				perr := probe.Err()
+				if perr != nil && goredis.HasErrorPrefix(perr, "NOSCRIPT") {
+					perr = n.client.Eval(ctx, scriptProbe.src, nil).Err()
+				}
+				if perr != nil {
+					err = fmt.Errorf("redis: node refuses scripts: %w", perr)
+				}
 			}
 			ch <- res{n.Name(), err}
 		}(n)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
 	"github.com/lockproxy/lockproxy/test/harness"
 )
@@ -29,10 +30,12 @@ func readyBackend(t *testing.T, checkEvery time.Duration) (*Backend, []*harness.
 }
 
 // TestReadyCountsVoters: Ready needs a majority of nodes that answer AND
-// may vote AND take writes; one that answers PING while quarantined after
-// a restart, out for its clock, or refusing every write (maxmemory
-// reached, too few replicas for min-replicas-to-write) grants nothing, so
-// /readyz must not count it.
+// may vote AND take writes AND run scripts; one that answers PING while
+// quarantined after a restart, out for its clock, refusing every write
+// (maxmemory reached, too few replicas for min-replicas-to-write) or every
+// script (an ACL without @scripting, or without EVALSHA, which every lock
+// operation but a first grant's batch sends) grants nothing, so /readyz
+// must not count it.
 func TestReadyCountsVoters(t *testing.T) {
 	tests := []struct {
 		name        string
@@ -40,6 +43,7 @@ func TestReadyCountsVoters(t *testing.T) {
 		clockOut    []int               // taken out for their clock
 		down        []int               // stopped
 		config      map[int][][2]string // CONFIG SET parameter value, by node
+		acl         map[int][]string    // ACL SETUSER default rules, by node
 		wantOK      int                 // nodes that count; ready when >= 2
 		wantErr     map[int]error       // by node; nil: any error (down)
 		wantText    string              // in Ready's error, when not ""
@@ -59,6 +63,12 @@ func TestReadyCountsVoters(t *testing.T) {
 			1: {{"min-replicas-to-write", "1"}},
 			2: {{"min-replicas-to-write", "1"}},
 		}, wantOK: 1, wantErr: map[int]error{1: nil, 2: nil}, wantText: "NOREPLICAS"},
+		{name: "one without scripting", acl: map[int][]string{1: {"-@scripting"}}, wantOK: 2},
+		{name: "two without scripting", acl: map[int][]string{0: {"-@scripting"}, 1: {"-@scripting"}},
+			wantOK: 1, wantErr: map[int]error{0: nil, 1: nil}, wantText: "refuses scripts: NOPERM"},
+		// EVAL alone would pass: the batches send EVALSHA.
+		{name: "two without EVALSHA", acl: map[int][]string{1: {"-evalsha"}, 2: {"-evalsha"}},
+			wantOK: 1, wantErr: map[int]error{1: nil, 2: nil}, wantText: "refuses scripts"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -80,7 +90,25 @@ func TestReadyCountsVoters(t *testing.T) {
 					}
 				}
 			}
+			for i, rules := range tt.acl {
+				// The default user is the backend's and the test's: the
+				// rules take its existing connections too.
+				args := []any{"ACL", "SETUSER", "default"}
+				for _, r := range rules {
+					args = append(args, r)
+				}
+				if err := rs[i].Client(t).Do(ctx, args...).Err(); err != nil {
+					t.Fatalf("node %d: ACL SETUSER default %v: %v", i, rules, err)
+				}
+			}
 			err := b.Ready(ctx)
+			if tt.acl != nil {
+				// What Ready promises: a lock can be granted now, or not.
+				_, lerr := b.Lock(ctx, backends.LockRequest{Key: "ready", Token: "tok", TTL: 10 * time.Second})
+				if (lerr == nil) != (err == nil) {
+					t.Fatalf("Ready = %v but LOCK = %v", err, lerr)
+				}
+			}
 			if tt.wantErr == nil {
 				if err != nil {
 					t.Fatalf("Ready = %v; want nil (%d of 3 nodes vote)", err, tt.wantOK)

@@ -863,6 +863,8 @@ var (
 	scriptLateRead      = newScript(lateReadReleaseScript)
 	scriptOwedFence     = newScript(owedFenceScript)
 	scriptSweepFence    = newScript(sweepFenceScript)
+	// scriptProbe is Ready's: a node that runs it runs scripts.
+	scriptProbe = newScript("return 1")
 )
 
 // batchScripts are the scripts batches send with EVALSHA (Node.send); a
