@@ -473,8 +473,26 @@ func (b *Backend) Close() error {
 	b.mu.Unlock()
 	b.cancel()
 	b.bg.Wait()
-	b.pool.Close()
-	return nil
+	// pgx closes a connection given up on in the middle of a statement
+	// with a cancel request to the server, bounded by 15 s, and the
+	// pool's Close waits for every one: with the database unreachable (a
+	// partition, a frozen host) that held lockproxy's exit up to 15 s
+	// past its drain. Nothing is left to do on those connections (the
+	// locks were released, or are left to expire, before Close), so
+	// Close waits for them no longer than for one operation.
+	done := make(chan struct{})
+	go func() {
+		b.pool.Close()
+		close(done)
+	}()
+	wait := time.NewTimer(b.cfg.OpTimeout)
+	defer wait.Stop()
+	select {
+	case <-done:
+		return nil
+	case <-wait.C:
+		return fmt.Errorf("postgres: pool connections not closed within op_timeout (%v); left closing", b.cfg.OpTimeout)
+	}
 }
 
 // Lock implements backends.Backend.
