@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -30,13 +31,14 @@ func goroutines(t *testing.T, in *instance) int {
 }
 
 // TestNoGoroutineLeak: after connections that lock, wait, take keepalive
-// locks and vanish have all gone, lockproxy's goroutines fall back to where
-// they were.
+// locks and vanish have all gone, and others that left in the middle of a
+// command (before AUTH and after it) or after a wrong password, lockproxy's
+// goroutines fall back to where they were.
 func TestNoGoroutineLeak(t *testing.T) {
 	cl := startCluster(t, 3)
-	in := startInstance(t, cl.addrs())
+	in := startInstanceEnv(t, cl.addrs(), []string{"LOCKPROXY_AUTH_PASSWORD=pw"})
 	// Warm up: node connections and pools exist before the baseline.
-	warm := lc.NewClient(t, in.addr, 2)
+	warm := redis.NewClient(&redis.Options{Addr: in.addr, Password: "pw", PoolSize: 1, MaxRetries: -1})
 	g := lc.MustLock(t, warm, "warm", "PX", 1000)
 	lc.Unlock(t, warm, "warm", g.Token)
 	warm.Close()
@@ -49,10 +51,24 @@ func TestNoGoroutineLeak(t *testing.T) {
 		wg.Add(1)
 		go func(i int) {
 			defer wg.Done()
-			c := redis.NewClient(&redis.Options{Addr: in.addr, Protocol: 2 + i%2, PoolSize: 1, MaxRetries: -1})
-			defer c.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
+			// Half a command, then gone: before AUTH, and after it.
+			half := "*3\r\n$4\r\nAUTH\r\n$2\r\np"
+			if i%2 == 1 {
+				half = "*2\r\n$4\r\nAUTH\r\n$2\r\npw\r\n*4\r\n$4\r\nLOCK\r\n$3\r\nabc"
+			}
+			if nc, err := net.DialTimeout("tcp", in.addr, 5*time.Second); err == nil {
+				_, _ = nc.Write([]byte(half))
+				_ = nc.Close()
+			}
+			if i%5 == 0 {
+				bad := redis.NewClient(&redis.Options{Addr: in.addr, Password: "wrong", PoolSize: 1, MaxRetries: -1})
+				bad.Ping(ctx)
+				bad.Close()
+			}
+			c := redis.NewClient(&redis.Options{Addr: in.addr, Password: "pw", Protocol: 2 + i%2, PoolSize: 1, MaxRetries: -1})
+			defer c.Close()
 			key := fmt.Sprintf("leak:%d", i%10)
 			for j := 0; j < 5; j++ {
 				v, err := c.Do(ctx, "LOCK", key, "PX", 2000, "WAIT", 50).Result()
