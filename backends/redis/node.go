@@ -360,8 +360,19 @@ func NewNode(cfg NodeConfig) *Node {
 func (n *Node) dialGoRedis(ctx context.Context, network, addr string) (net.Conn, error) {
 	d := net.Dialer{Timeout: n.dialTimeout, KeepAlive: 5 * time.Minute}
 	nc, err := d.DialContext(ctx, network, addr)
-	if err != nil || n.tls == nil {
-		return nc, err
+	if err != nil {
+		return nil, err
+	}
+	if s, ok := ctx.Value(subscriberKey{}).(*subscriber); ok {
+		// The raw connection, so that closing it also ends a TLS
+		// handshake the node leaves unanswered.
+		if err := s.dialed(nc); err != nil {
+			_ = nc.Close()
+			return nil, err
+		}
+	}
+	if n.tls == nil {
+		return nc, nil
 	}
 	deadline := time.Now().Add(n.dialTimeout)
 	if dl, ok := ctx.Deadline(); ok && dl.Before(deadline) {

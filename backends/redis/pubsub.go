@@ -58,6 +58,36 @@ type subscriber struct {
 	kick  chan struct{}       // buffered 1: dirty is not empty
 	stop  chan struct{}
 	done  chan struct{} // closed when run has returned
+
+	// ctx is the PubSub calls' context: it names the subscriber to the
+	// node's dialer (subscriberKey, dialed), and close cancels it.
+	ctx    context.Context
+	cancel context.CancelFunc
+	// conn is the connection last dialed for the PubSub, which close
+	// closes: go-redis holds the PubSub's lock while it connects, and
+	// reads a node that accepted the connection but does not answer (a
+	// frozen host) until its read timeouts pass, seconds; PubSub.Close
+	// would wait for that, and so would lockproxy's exit. connStopped: no
+	// connection may be made any more.
+	connMu      sync.Mutex
+	conn        net.Conn
+	connStopped bool
+}
+
+// subscriberKey is the context key of a subscriber's PubSub calls (see
+// subscriber.ctx).
+type subscriberKey struct{}
+
+// dialed takes in nc, a connection just dialed for s's PubSub. It is
+// refused once s is closing.
+func (s *subscriber) dialed(nc net.Conn) error {
+	s.connMu.Lock()
+	defer s.connMu.Unlock()
+	if s.connStopped {
+		return errClosed
+	}
+	s.conn = nc
+	return nil
 }
 
 func newSubscriber(n *Node, wanted func(string) bool, wake func(string)) *subscriber {
@@ -81,6 +111,7 @@ func newSubscriberLive(n *Node, wanted func(string) bool, wake func(string), liv
 		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
 	}
+	s.ctx, s.cancel = context.WithCancel(context.WithValue(context.Background(), subscriberKey{}, s))
 	go s.run()
 	return s
 }
@@ -108,6 +139,14 @@ func (s *subscriber) close() {
 	default:
 		close(s.stop)
 	}
+	// An attempt to connect under way ends now, not on its timeouts.
+	s.cancel()
+	s.connMu.Lock()
+	s.connStopped = true
+	if s.conn != nil {
+		_ = s.conn.Close()
+	}
+	s.connMu.Unlock()
 	<-s.done
 }
 
@@ -145,7 +184,7 @@ func (s *subscriber) run() {
 		}
 		// Errors need no handling: go-redis keeps the channel set and
 		// subscribes again when the receiver reconnects.
-		ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+		ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
 		if len(unsub) > 0 {
 			_ = s.ps.Unsubscribe(ctx, unsub...)
 		}
@@ -171,11 +210,11 @@ func (s *subscriber) receive(done chan<- struct{}) {
 			// go-redis closes and redials: a write into a connection
 			// that a partition or a forgetful NAT left open succeeds, so
 			// only the missing answer tells.
-			ctx, cancel := context.WithTimeout(context.Background(), max(s.timeout, time.Second))
+			ctx, cancel := context.WithTimeout(s.ctx, max(s.timeout, time.Second))
 			msg, err = s.ps.ReceiveTimeout(ctx, 0)
 			cancel()
 		} else {
-			msg, err = s.ps.ReceiveTimeout(context.Background(), s.pingEvery)
+			msg, err = s.ps.ReceiveTimeout(s.ctx, s.pingEvery)
 		}
 		select {
 		case <-s.stop:
@@ -185,7 +224,7 @@ func (s *subscriber) receive(done chan<- struct{}) {
 		var ne net.Error
 		if err != nil && !pinged && errors.As(err, &ne) && ne.Timeout() {
 			// Silence: make sure the connection is alive.
-			ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
+			ctx, cancel := context.WithTimeout(s.ctx, s.timeout)
 			err = s.ps.Ping(ctx)
 			cancel()
 			pinged = err == nil // a failed write makes go-redis redial
