@@ -59,6 +59,13 @@ type Backend struct {
 	log      *zap.Logger
 	stop     context.CancelFunc
 	wg       sync.WaitGroup
+	// late counts the attempts of LOCK … WAITs under way, also those
+	// that outlived their WAIT (see attemptBy): Close lets those give
+	// their grants back before it closes the nodes.
+	late sync.WaitGroup
+	// lateMu guards closing, set once Close waits for late.
+	lateMu  sync.Mutex
+	closing bool
 
 	driftFactor float64
 	maxRateErr  float64
@@ -448,8 +455,11 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			out := qreq
 			out.WriterWait = 0
 			started := time.Now()
-			var lease backends.Lease
-			lease, err = b.tryOnce(ctx, out)
+			lease, answered, aerr := b.attemptBy(ctx, deadline.C, out, req.Mode)
+			if !answered {
+				return backends.Lease{}, err
+			}
+			err = aerr
 			if err == nil {
 				granted = true
 				heldUntil = started.Add(req.TTL)
@@ -472,8 +482,11 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		heard := b.waiters.hearsReleases(req.Key)
 		rs := &refusals{}
 		started := time.Now()
-		var lease backends.Lease
-		lease, err = b.tryOnce(withRefusals(ctx, rs), qreq)
+		lease, answered, aerr := b.attemptBy(withRefusals(ctx, rs), deadline.C, qreq, req.Mode)
+		if !answered {
+			return backends.Lease{}, err
+		}
+		err = aerr
 		if err == nil {
 			granted = true
 			heldUntil = started.Add(req.TTL)
@@ -501,6 +514,85 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		}
 		armRetry(until)
 	}
+}
+
+// attemptBy makes one attempt of a LOCK … WAIT and waits for its answer
+// until the WAIT ends (expired fires) or ctx is done, and reports whether
+// it got one (answered). An attempt can take far longer than a healthy
+// node's round trip: where a node does not answer (a blackholed link, a
+// paused server), a refused attempt hears that node out for the node
+// timeout and then waits up to another for its roll-back there, so the
+// answer of one started just before the WAIT's end came up to about two
+// node timeouts late (TestWaitEndsOnTimeWithSilentNode). Past the WAIT's
+// end the client is answered at once, and the attempt finishes on its
+// own: it runs without ctx's cancellation, which comes as soon as the
+// client is answered, so that it hears out every node and rolls back as
+// it would have. ctx done while Lock waits (the client gone, CLIENT
+// UNBLOCK, shutdown) cancels the attempt, as it did before, and is
+// answered at once too. Either way a grant the attempt makes is given
+// back, as nobody is told of it, and a writer's mark it may have left on
+// the nodes is taken off after it. Both are bounded by the node timeouts.
+func (b *Backend) attemptBy(ctx context.Context, expired <-chan time.Time, req quorum.Request, mode backends.Mode) (backends.Lease, bool, error) {
+	type answer struct {
+		lease backends.Lease
+		err   error
+	}
+	done := make(chan answer) // taken only while Lock waits for it
+	gaveUp := make(chan struct{})
+	actx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	tracked := b.trackLate()
+	go func() {
+		if tracked {
+			defer b.late.Done()
+		}
+		defer cancel()
+		l, err := b.tryOnce(actx, req)
+		select {
+		case done <- answer{l, err}:
+			return
+		case <-gaveUp:
+		}
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), b.lateReleaseTimeout())
+		defer rcancel()
+		if err == nil {
+			if _, err := b.UnlockHold(rctx, req.Key, req.Token, mode); err != nil {
+				b.log.Warn("giving back a grant that came after its LOCK … WAIT was answered failed; the lease will expire on its own",
+					zap.Error(fmt.Errorf("release of a late %v grant: %w", mode, err)))
+			}
+		}
+		if req.WriterWait > 0 {
+			b.unmark(b.nodes, req.Key, req.Token)
+		}
+	}()
+	select {
+	case a := <-done:
+		return a.lease, true, a.err
+	case <-expired:
+	case <-ctx.Done():
+		cancel()
+	}
+	close(gaveUp)
+	return backends.Lease{}, false, nil
+}
+
+// trackLate counts an attempt in late, unless Close has begun waiting for
+// them: an Add then would race with its Wait. An attempt made that late
+// finishes on nodes being closed, which answer it at once.
+func (b *Backend) trackLate() bool {
+	b.lateMu.Lock()
+	defer b.lateMu.Unlock()
+	if b.closing {
+		return false
+	}
+	b.late.Add(1)
+	return true
+}
+
+// lateReleaseTimeout bounds the release of a grant that came after its
+// LOCK … WAIT was answered: the quorum's longest node timeout, which the release gives
+// each node anyway, and a second for the nodes' queues.
+func (b *Backend) lateReleaseTimeout() time.Duration {
+	return b.q.NodeTimeout(time.Duration(math.MaxInt64)) + time.Second
 }
 
 // leaseSleepMax is the longest a head sleeps on a lease it was told
@@ -752,6 +844,12 @@ func (b *Backend) Ready(ctx context.Context) error {
 
 // Close stops the subscriptions and every node client.
 func (b *Backend) Close() error {
+	// The attempts of WAITs that ended are bounded by the node timeouts;
+	// the nodes must still be there for their roll-backs and give-backs.
+	b.lateMu.Lock()
+	b.closing = true
+	b.lateMu.Unlock()
+	b.late.Wait()
 	if b.stop != nil {
 		b.stop()
 		b.wg.Wait()
