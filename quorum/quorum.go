@@ -782,11 +782,16 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		q.releaseAll(ctx, req, refusedBy)
 		return Lease{}, ErrExpired
 	}
-	fence, err := q.settleFence(ctx, req, granted, need, fresh, failures)
-	if err != nil {
+	fence, raiseFailures, settled := q.settleFence(ctx, req, granted, need, fresh)
+	if !settled {
 		hearOut()
 		q.releaseAll(ctx, req, refusedBy)
-		return Lease{}, err
+		// Counted once every node was heard out: the nodes that answered
+		// are those that granted, less those whose fence could not be
+		// raised, and those that refused; every other node is named with
+		// why it failed (PROTOCOL.md's k/n). Before, k was the nodes at
+		// the fence, which left out the refusals and the late grants.
+		return Lease{}, q.noQuorum(len(granted)+refused-len(raiseFailures), append(slices.Clone(failures), raiseFailures...))
 	}
 
 	validity := req.TTL - q.cfg.Clock.Now().Sub(start) - q.Drift(req.TTL)
@@ -831,9 +836,10 @@ func expired(validity time.Duration) bool { return validity < time.Millisecond }
 // hold's fence, or 0 when that was never stored, and only its counter is
 // sure to be at least the fence of every grant whose majority it was in.
 //
-// The error, when too few nodes could be raised, names the nodes that
-// failed to grant (acquireFailures) and those that failed to be raised.
-func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantResult, need int, fresh bool, acquireFailures []NodeError) (uint64, error) {
+// When too few nodes could be raised it reports false, with the nodes
+// that failed to be raised and why: the caller names them with those that
+// failed to grant.
+func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantResult, need int, fresh bool) (uint64, []NodeError, bool) {
 	var fence uint64
 	if req.Mode == Shared {
 		for _, g := range granted {
@@ -856,7 +862,7 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 		}
 	}
 	if atFence >= need && (fresh || req.Mode == Shared || atFence == len(granted)) {
-		return fence, nil
+		return fence, nil, true
 	}
 	// Raise the lagging granting nodes, in parallel, within the node timeout.
 	nodeCtx, cancel := q.nodeContext(ctx, q.NodeTimeout(req.TTL))
@@ -872,7 +878,7 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 			results <- boolResult{idx: g.idx, ok: ok, err: err}
 		})
 	}
-	failures := slices.Clone(acquireFailures)
+	var failures []NodeError
 	for i := 0; i < lagging; i++ {
 		r := <-results
 		switch {
@@ -885,9 +891,9 @@ func (q *Quorum) settleFence(ctx context.Context, req Request, granted []grantRe
 		}
 	}
 	if atFence >= need {
-		return fence, nil
+		return fence, nil, true
 	}
-	return 0, q.noQuorum(atFence, failures)
+	return 0, failures, false
 }
 
 // startRaise raises node idx's fence for req's grant (RaiseFence, or for

@@ -618,6 +618,12 @@ func TestAcquireSlowNodesBounded(t *testing.T) {
 // read fence as a write hold's); where they agree, nothing is raised (the
 // common case stays one round trip). A raise that fails on too many nodes
 // is NOQUORUM naming them, and the grant is rolled back (read holds only).
+//
+// Such a NOQUORUM's k/n counts the nodes that answered, refusals and
+// grants at the fence alike, as PROTOCOL.md says, and names the others
+// (a gated node, not heard by then, is neither). Before, k counted only
+// the nodes at the fence ("1/3 nodes: n2 timeout" with n3's refusal
+// heard).
 func TestAcquireFences(t *testing.T) {
 	late := func() chan struct{} { return make(chan struct{}) }
 	type node struct {
@@ -732,13 +738,13 @@ func TestAcquireFences(t *testing.T) {
 		{
 			name:      "N=3/raise times out",
 			nodes:     []node{{fence: 7}, {fence: 5, raise: raiseSlow}, {refuse: true}},
-			wantErr:   "1/3 nodes: n2 timeout",
+			wantErr:   "2/3 nodes: n2 timeout",
 			wantRaise: map[int]uint64{1: 7},
 		},
 		{
 			name:      "N=5/one of two raises fails",
 			nodes:     []node{{fence: 9}, {fence: 5}, {fence: 5, raise: raiseFail}, {fence: 9, late: true}, {refuse: true}},
-			wantErr:   "2/5 nodes: n3 connection refused",
+			wantErr:   "3/5 nodes: n3 connection refused",
 			wantRaise: map[int]uint64{1: 9, 2: 9},
 		},
 		{
@@ -779,14 +785,14 @@ func TestAcquireFences(t *testing.T) {
 			read:      true,
 			name:      "read/N=3/raise fails",
 			nodes:     []node{{fence: 7}, {fence: 5, raise: raiseFail}, {refuse: true}},
-			wantErr:   "1/3 nodes: n2 connection refused",
+			wantErr:   "2/3 nodes: n2 connection refused",
 			wantRaise: map[int]uint64{1: 7},
 		},
 		{
 			read:      true,
 			name:      "read/N=3/raise times out",
 			nodes:     []node{{fence: 7}, {fence: 5, raise: raiseSlow}, {refuse: true}},
-			wantErr:   "1/3 nodes: n2 timeout",
+			wantErr:   "2/3 nodes: n2 timeout",
 			wantRaise: map[int]uint64{1: 7},
 		},
 		{
@@ -801,14 +807,14 @@ func TestAcquireFences(t *testing.T) {
 			read:      true,
 			name:      "read/N=5/one of two lagging raises fails",
 			nodes:     []node{{fence: 9}, {fence: 5}, {fence: 2, raise: raiseFail}, {refuse: true}, {refuse: true}},
-			wantErr:   "2/5 nodes: n3 connection refused",
+			wantErr:   "4/5 nodes: n3 connection refused",
 			wantRaise: map[int]uint64{1: 9, 2: 9},
 		},
 		{
 			read:      true,
 			name:      "read/N=5/two lagging raises fail",
 			nodes:     []node{{fence: 9}, {fence: 5, raise: raiseSlow}, {fence: 2, raise: raiseFail}, {refuse: true}, {refuse: true}},
-			wantErr:   "1/5 nodes: n2 timeout, n3 connection refused",
+			wantErr:   "3/5 nodes: n2 timeout, n3 connection refused",
 			wantRaise: map[int]uint64{1: 9, 2: 9},
 		},
 	} {

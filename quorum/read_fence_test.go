@@ -40,7 +40,7 @@ func TestAcquireReadFenceNodeWithoutRaise(t *testing.T) {
 		wantErr string
 	}{
 		{"agreeing", []uint64{4, 4, 4}, ""},
-		{"disagreeing", []uint64{4, 2, 2}, "1/3 nodes: n2 cannot raise a read grant's fence"},
+		{"disagreeing", []uint64{4, 2, 2}, "2/3 nodes: n2 cannot raise a read grant's fence"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checkGoroutines(t)
