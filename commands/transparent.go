@@ -660,7 +660,7 @@ func (h *Handler) runAcquiring(s *resp.Session, body string, ks, argv []string, 
 			if _, err := h.fanout.Fence(context.WithoutCancel(s.Context()), d.holders, ks[j], *v); err != nil {
 				h.log.Warn("transparent mode: fencing a script's acquisition failed; rolled back", zap.Error(err))
 				h.undo(s.Context(), ks, writtenOn(d.holders, d.written), nil)
-				return nil, err
+				return nil, fenceNoQuorum(rs, err)
 			}
 		}
 	}
@@ -1008,6 +1008,31 @@ func agreeTTL(rs []backends.NodeReply, total int) (any, error) {
 		return ttls[need-1], nil
 	}
 	return agree(rs, total)
+}
+
+// fenceNoQuorum restates Fence's no-quorum error, which counts and names
+// only the holders it was sent to, over every node, as PROTOCOL.md's
+// -NOQUORUM k/n does: k the nodes that answered the script less the
+// holders whose fence could not be raised, and the list those holders
+// and the nodes the script failed on. Before, k was the holders at the
+// fence: the nodes that answered the script without holding were in
+// neither, and those it failed on named nowhere. Other errors are left
+// as they are.
+func fenceNoQuorum(rs []backends.NodeReply, err error) error {
+	var nq *quorum.NoQuorumError
+	if !errors.As(err, &nq) {
+		return err
+	}
+	e, _ := noQuorum(rs, nq.Total).(*quorum.NoQuorumError)
+	e.OK -= len(nq.Failures)
+	e.Failures = append(e.Failures, nq.Failures...)
+	// In the nodes' order, as the quorum names them.
+	order := make(map[string]int, len(rs))
+	for i, r := range rs {
+		order[r.Node] = i
+	}
+	sort.SliceStable(e.Failures, func(i, j int) bool { return order[e.Failures[i].Node] < order[e.Failures[j].Node] })
+	return e
 }
 
 func noQuorum(rs []backends.NodeReply, total int) error {

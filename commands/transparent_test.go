@@ -206,28 +206,60 @@ func (b *fanoutBackend) Drift(time.Duration) time.Duration { return 0 }
 // back on its holders and answered with the failure, as a LOCK whose fence
 // cannot be settled is: its fence would not be above the next grant's.
 // Before, the failure was logged and the client told it acquired.
+//
+// The -NOQUORUM k/n counts the nodes that answered (also one that refused
+// the script's write) less the holders whose fence failed, and names
+// those and the nodes the script failed on, as PROTOCOL.md has it. Fence
+// counts and names only the holders: before, a refusing node was in
+// neither ("1/3 nodes: n2 …" with n1 at the fence and n3's refusal heard)
+// and a node the script failed on was not named.
 func TestScriptAcquisitionRolledBackWhenFenceFails(t *testing.T) {
-	fan := &fanoutBackend{
-		replies: []backends.NodeReply{
-			scriptReply(int64(1), true, "tok", 1000), scriptReply(int64(1), true, "tok", 1000), scriptReply(int64(1), true, "tok", 1000),
-		},
-		fenceErr: &quorum.NoQuorumError{OK: 1, Total: 3, Failures: []quorum.NodeError{{Node: "n1", Err: errDown}, {Node: "n2", Err: errDown}}},
+	held := func(node string) backends.NodeReply {
+		r := scriptReply(int64(1), true, "tok", 1000)
+		r.Node = node
+		return r
 	}
-	h := NewHandler(Options{Limits: testLimits, Backend: fan, LockPatterns: []string{"lock:*"}})
-	conn := dialTest(t, serveOn(t, &resp.Server{Handler: h}))
-	body := `return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', 1000) and 1 or 0`
-	fmt.Fprintf(conn, "*5\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n1\r\n$6\r\nlock:a\r\n$3\r\ntok\r\n", len(body), body)
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	got, err := bufio.NewReader(conn).ReadString('\n')
-	if err != nil || !strings.HasPrefix(got, "-NOQUORUM 1/3 nodes") {
-		t.Errorf("EVAL whose acquisition's fence reached one node of three = %q, %v; want -NOQUORUM", got, err)
-	}
-	fan.mu.Lock()
-	defer fan.mu.Unlock()
-	for n := range 3 {
-		if fan.undone[n] != "tok" {
-			t.Errorf("undo on node %d: %q; want the acquisition's value rolled back (all undos: %v)", n, fan.undone[n], fan.undone)
-		}
+	refused := scriptReply(int64(0), false, "other", 1000)
+	refused.Node = "n3"
+	down := backends.NodeReply{Node: "n3", Err: errDown}
+	lost := quorum.NodeError{Node: "n2", Err: errors.New("hold lost")}
+	for _, tc := range []struct {
+		name    string
+		replies []backends.NodeReply
+		holders []int
+		// fenceErr is Fence's: over the holders only.
+		fenceErr error
+		want     string
+	}{
+		{"three holders, two not raised", []backends.NodeReply{held("n1"), held("n2"), held("n3")}, []int{0, 1, 2},
+			&quorum.NoQuorumError{OK: 1, Total: 3, Failures: []quorum.NodeError{{Node: "n1", Err: errDown}, {Node: "n2", Err: errDown}}},
+			"-NOQUORUM 1/3 nodes: n1 connection refused, n2 connection refused\r\n"},
+		{"two holders, one not raised, one refusal", []backends.NodeReply{held("n1"), held("n2"), refused}, []int{0, 1},
+			&quorum.NoQuorumError{OK: 1, Total: 3, Failures: []quorum.NodeError{lost}},
+			"-NOQUORUM 2/3 nodes: n2 error: hold lost\r\n"},
+		{"two holders, one not raised, the script failed on one", []backends.NodeReply{held("n1"), held("n2"), down}, []int{0, 1},
+			&quorum.NoQuorumError{OK: 1, Total: 3, Failures: []quorum.NodeError{lost}},
+			"-NOQUORUM 1/3 nodes: n2 error: hold lost, n3 connection refused\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			fan := &fanoutBackend{replies: tc.replies, fenceErr: tc.fenceErr}
+			h := NewHandler(Options{Limits: testLimits, Backend: fan, LockPatterns: []string{"lock:*"}})
+			conn := dialTest(t, serveOn(t, &resp.Server{Handler: h}))
+			body := `return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', 1000) and 1 or 0`
+			fmt.Fprintf(conn, "*5\r\n$4\r\nEVAL\r\n$%d\r\n%s\r\n$1\r\n1\r\n$6\r\nlock:a\r\n$3\r\ntok\r\n", len(body), body)
+			_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+			got, err := bufio.NewReader(conn).ReadString('\n')
+			if err != nil || got != tc.want {
+				t.Errorf("EVAL whose acquisition's fence reached too few holders = %q, %v; want %q", got, err, tc.want)
+			}
+			fan.mu.Lock()
+			defer fan.mu.Unlock()
+			for _, n := range tc.holders {
+				if fan.undone[n] != "tok" {
+					t.Errorf("undo on node %d: %q; want the acquisition's value rolled back (all undos: %v)", n, fan.undone[n], fan.undone)
+				}
+			}
+		})
 	}
 }
 
