@@ -402,8 +402,14 @@ func serve(ctx context.Context, cfg conf.Config, log *zap.Logger, banner io.Writ
 	}
 	// Closed last (deferred first): the drain below and the handler's
 	// release of keepalive locks run before; closing a ZooKeeper session
-	// drops every lock held through it.
-	defer backend.Close()
+	// drops every lock held through it. A failure is logged: the process
+	// exits anyway, but an operator should know that, say, PostgreSQL
+	// connections were left closing.
+	defer func() {
+		if err := backend.Close(); err != nil {
+			log.Warn("closing the lock backend", zap.Error(err))
+		}
+	}()
 
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
