@@ -1,0 +1,69 @@
+package transparent
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/test/harness"
+	"github.com/lockproxy/lockproxy/test/lockclient"
+)
+
+// TestScriptCommandsAsRedis: without an upstream, the script commands on
+// a lock key answer as a plain redis-server does, error text included:
+// EVAL_RO and EVALSHA_RO of a read (and their refusal of a write), a
+// NOSCRIPT, SCRIPT LOAD of a script that does not compile, SCRIPT FLUSH
+// and what EVALSHA and SCRIPT EXISTS answer after it. The rows run in
+// order on a plain redis-server and through lockproxy, with lock:a held
+// by "tok" on both.
+func TestScriptCommandsAsRedis(t *testing.T) {
+	t.Parallel()
+	e := start(t)
+	c := e.client(t)
+	plain := harness.StartRedis(t, harness.RedisOptions{}).Client(t)
+	ctx := lockclient.CtxFor(t, 60*time.Second)
+	const key = "lock:a"
+	if err := plain.Set(ctx, key, "tok", 10*time.Second).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.SetNX(ctx, key, "tok", 10*time.Second).Result(); err != nil || !ok {
+		t.Fatalf("SET NX PX through lockproxy = %v, %v", ok, err)
+	}
+	const (
+		read  = `return redis.call('get', KEYS[1])`
+		write = `return redis.call('del', KEYS[1])`
+	)
+	rows := [][]any{
+		{"SCRIPT", "LOAD", read},
+		{"SCRIPT", "LOAD", write},
+		{"EVALSHA_RO", sha1hex(read), 1, key},
+		{"EVAL_RO", read, 1, key},
+		{"EVALSHA_RO", sha1hex(write), 1, key},
+		{"EVAL_RO", write, 1, key},
+		{"EVALSHA_RO", sha1hex("return 7"), 1, key},
+		{"SCRIPT", "LOAD", "return +"},
+		{"SCRIPT", "EXISTS", sha1hex("return +"), sha1hex(read)},
+	}
+	rows = append(rows,
+		[]any{"GET", key},
+		[]any{"SCRIPT", "FLUSH"},
+		[]any{"SCRIPT", "EXISTS", sha1hex(read)},
+		[]any{"EVALSHA_RO", sha1hex(read), 1, key},
+		[]any{"EVAL_RO", read, 1, key},
+	)
+	reply := func(v any, err error) string {
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return "error: " + err.Error()
+		}
+		return fmt.Sprint(v)
+	}
+	for _, args := range rows {
+		want := reply(plain.Do(ctx, args...).Result())
+		if got := reply(c.Do(ctx, args...).Result()); got != want {
+			t.Errorf("%v: lockproxy %q; redis-server %q", args, got, want)
+		}
+	}
+}
