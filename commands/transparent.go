@@ -548,12 +548,26 @@ func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
 
 // tEval serves EVAL, EVALSHA and their _RO forms when every key is a lock
 // key; a script without keys or without lock keys is not served here.
+// Without an upstream it also answers a numkeys that Redis refuses, as
+// Redis does.
 func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 	if len(args) < 3 {
 		return false
 	}
 	nk, ok := resp.ParseInt(args[2])
-	if !ok || nk <= 0 || nk > int64(len(args)-3) {
+	if why := numkeysError(nk, ok, len(args)-3); why != nil {
+		if h.up != nil {
+			// Relayed: the upstream refuses it with these words, and
+			// runs nothing.
+			return false
+		}
+		// Without an upstream nothing else answers an EVAL: "unknown
+		// command" would tell a client that sent its lock script with a
+		// wrong count that lockproxy serves no scripts.
+		h.tCount(s, name, func() { s.W.Error(why.Error()) })
+		return true
+	}
+	if nk == 0 {
 		return false
 	}
 	keys := args[3 : 3+nk]
@@ -635,6 +649,27 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		h.tReply(s, name, v, err)
 	})
 	return true
+}
+
+// Redis's refusals of a script's numkeys (evalGenericCommand), checked
+// before the script is looked up or run.
+var (
+	errNumkeysNegative = errors.New("ERR Number of keys can't be negative")
+	errNumkeysTooMany  = errors.New("ERR Number of keys can't be greater than number of args")
+)
+
+// numkeysError is Redis's refusal of an EVAL whose numkeys (nk, parsed
+// when ok) is no count of the args arguments after it, or nil.
+func numkeysError(nk int64, ok bool, args int) error {
+	switch {
+	case !ok:
+		return errNotInteger
+	case nk > int64(args):
+		return errNumkeysTooMany
+	case nk < 0:
+		return errNumkeysNegative
+	}
+	return nil
 }
 
 // runAcquiring runs a script that may acquire (body) on every node with

@@ -16,9 +16,11 @@ import (
 // a lock key answer as a plain redis-server does, error text included:
 // EVAL_RO and EVALSHA_RO of a read (and their refusal of a write), a
 // NOSCRIPT, SCRIPT LOAD of a script that does not compile, SCRIPT FLUSH
-// and what EVALSHA and SCRIPT EXISTS answer after it. The rows run in
-// order on a plain redis-server and through lockproxy, with lock:a held
-// by "tok" on both.
+// and what EVALSHA and SCRIPT EXISTS answer after it, and a numkeys
+// Redis refuses (negative, above the number of arguments, not a number),
+// which lockproxy answered with "unknown command 'EVAL'", as if it served
+// no scripts. The rows run in order on a plain redis-server and through
+// lockproxy, with lock:a held by "tok" on both.
 func TestScriptCommandsAsRedis(t *testing.T) {
 	t.Parallel()
 	e := start(t)
@@ -46,6 +48,17 @@ func TestScriptCommandsAsRedis(t *testing.T) {
 		{"EVALSHA_RO", sha1hex("return 7"), 1, key},
 		{"SCRIPT", "LOAD", "return +"},
 		{"SCRIPT", "EXISTS", sha1hex("return +"), sha1hex(read)},
+	}
+	for _, cmd := range []string{"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO"} {
+		script := read
+		if cmd == "EVALSHA" || cmd == "EVALSHA_RO" {
+			script = sha1hex(read)
+		}
+		rows = append(rows,
+			[]any{cmd, script, -1, key},
+			[]any{cmd, script, 2, key},
+			[]any{cmd, script, "one", key},
+		)
 	}
 	rows = append(rows,
 		[]any{"GET", key},
