@@ -127,6 +127,25 @@ func (e *env) requireHeld(t *testing.T, what, key, value string) {
 	}
 }
 
+// requireOnEveryNode waits up to 2 s for key's lock key to be on every
+// node: a SET NX PX is answered once a majority granted it, and the last
+// node's acquire may land after the reply. A test of what a later command
+// does to the key starts from it everywhere.
+func (e *env) requireOnEveryNode(t *testing.T, what, key string) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Second)
+	for {
+		n := e.present(t, key)
+		if n == len(e.nodes) {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: lock key of %q on %d of %d nodes 2 s after its grant; want all", what, key, n, len(e.nodes))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
 // requireGone fails unless key's lock key is on no node (a roll-back or a
 // release to a node sent while it was slow may land a moment later, so it
 // polls for up to 2 s).
