@@ -77,17 +77,53 @@ func TestTransparentCommands(t *testing.T) {
 	want("PTTL of a free lock", int64(-2), "PTTL", "lock:a")
 	want("GET of a free lock", nil, "GET", "lock:a")
 
-	// Refusals, each saying why.
-	wantErr("SET without TTL", "needs PX or EX", "SET", "lock:a", "t", "NX")
-	wantErr("SET PXAT", "PXAT/EXAT", "SET", "lock:a", "t", "NX", "PXAT", time.Now().Add(time.Minute).UnixMilli())
-	wantErr("SET NX GET", "takes only PX or EX", "SET", "lock:a", "t", "NX", "PX", 1000, "GET")
-	wantErr("SET above max TTL", "locks.max_ttl", "SET", "lock:a", "t", "NX", "PX", 11*60*1000)
-	wantErr("PEXPIRE above max TTL", "locks.max_ttl", "PEXPIRE", "lock:a", 11*60*1000)
-	wantErr("mixed DEL", "mixes lock keys", "DEL", "lock:a", "plain")
-	wantErr("mixed script", "mix lock keys", "EVAL", "return 1", 2, "lock:a", "plain")
-	wantErr("unsupported", "not supported on lock keys", "INCR", "lock:a")
-	wantErr("bad option", "syntax error", "SET", "lock:a", "t", "NX", "PX", 1000, "BOGUS")
-	wantErr("bad TTL", "invalid expire time", "SET", "lock:a", "t", "NX", "PX", 0)
+	// Refusals, each saying why. lock:a is free and lock:held held:
+	// neither may change.
+	want("SET NX PX", "OK", "SET", "lock:held", "h", "NX", "PX", 10000)
+	e.requireOnEveryNode(t, "SET NX PX", "lock:held")
+	for _, r := range []struct {
+		what, contains string
+		args           []any
+	}{
+		{"SET without TTL", "needs PX or EX", []any{"SET", "lock:a", "t", "NX"}},
+		// On a free key it would store a key without expiry.
+		{"SET NX KEEPTTL", "needs PX or EX", []any{"SET", "lock:a", "t", "NX", "KEEPTTL"}},
+		{"SET PXAT", "PXAT/EXAT", []any{"SET", "lock:a", "t", "NX", "PXAT", time.Now().Add(time.Minute).UnixMilli()}},
+		{"SET NX GET", "takes only PX or EX", []any{"SET", "lock:a", "t", "NX", "PX", 1000, "GET"}},
+		{"SET above max TTL", "locks.max_ttl", []any{"SET", "lock:a", "t", "NX", "PX", 11 * 60 * 1000}},
+		{"PEXPIRE above max TTL", "locks.max_ttl", []any{"PEXPIRE", "lock:a", 11 * 60 * 1000}},
+		{"mixed DEL", "mixes lock keys", []any{"DEL", "lock:a", "plain"}},
+		{"mixed script", "mix lock keys", []any{"EVAL", "return 1", 2, "lock:a", "plain"}},
+		{"bad option", "syntax error", []any{"SET", "lock:a", "t", "NX", "PX", 1000, "BOGUS"}},
+		{"bad TTL", "invalid expire time", []any{"SET", "lock:a", "t", "NX", "PX", 0}},
+		// Single-key string commands: served by no rule of transparent
+		// mode (GETDEL would release without the holder's check,
+		// PERSIST and SETEX above max_ttl would outlive the restart
+		// quarantine, EXPIREAT reads each node's clock).
+		{"INCR", "not supported on lock keys", []any{"INCR", "lock:held"}},
+		{"SETNX", "not supported on lock keys", []any{"SETNX", "lock:a", "t"}},
+		{"GETDEL", "not supported on lock keys", []any{"GETDEL", "lock:held"}},
+		{"GETEX", "not supported on lock keys", []any{"GETEX", "lock:held", "PX", 100}},
+		{"GETEX PERSIST", "not supported on lock keys", []any{"GETEX", "lock:held", "PERSIST"}},
+		{"EXPIREAT", "not supported on lock keys", []any{"EXPIREAT", "lock:held", time.Now().Add(time.Second).Unix()}},
+		{"PEXPIREAT", "not supported on lock keys", []any{"PEXPIREAT", "lock:held", time.Now().Add(100 * time.Millisecond).UnixMilli()}},
+		{"SETEX", "not supported on lock keys", []any{"SETEX", "lock:held", 1, "other"}},
+		{"PSETEX", "not supported on lock keys", []any{"PSETEX", "lock:held", 100, "other"}},
+		{"SETEX on a free key", "not supported on lock keys", []any{"SETEX", "lock:a", 10, "t"}},
+		{"PSETEX on a free key", "not supported on lock keys", []any{"PSETEX", "lock:a", 10000, "t"}},
+		{"PERSIST", "not supported on lock keys", []any{"PERSIST", "lock:held"}},
+	} {
+		wantErr(r.what, r.contains, r.args...)
+	}
+	e.requireGone(t, "refused commands on a free lock key", "lock:a")
+	if n := e.holding(t, "lock:held", "h"); n != len(e.nodes) {
+		t.Errorf("after the refused commands lock:held holds its value on %d of %d nodes; want all", n, len(e.nodes))
+	}
+	for i, d := range e.direct {
+		if ms, err := d.PTTL(ctx, keyPrefix+"lock:lock:held").Result(); err != nil || ms <= 5*time.Second {
+			t.Errorf("node %d: PTTL of lock:held after the refused commands = %v, %v; want above 5 s (untouched)", i, ms, err)
+		}
+	}
 
 	// The nodes disagree: an error saying so, never a guess.
 	nodeSet(0, "lock:split", "x")
