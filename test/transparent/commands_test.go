@@ -5,6 +5,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -132,14 +133,42 @@ func TestTransparentCommands(t *testing.T) {
 	nodeSet(2, "lock:split", "y")
 	want("GET with a majority", "y", "GET", "lock:split")
 
-	// PTTL: the time the key is still on a majority.
-	for i, ms := range []int64{9000, 6000, 100} {
-		if err := e.direct[i].Set(ctx, keyPrefix+"lock:lock:ttl", "v", time.Duration(ms)*time.Millisecond).Err(); err != nil {
-			t.Fatal(err)
+	// PTTL and TTL: -2 or -1 when a majority says so, else the time the
+	// key is still on a majority. Each row sets the key on the nodes
+	// directly: a TTL in ms, noExpiry, or absent.
+	const noExpiry, absent = int64(0), int64(-1)
+	for i, r := range []struct {
+		nodes      [3]int64
+		pttl, ttl  [2]int64 // the range [lo, hi] wanted; PTTL in ms, TTL in s
+		noMajority bool
+	}{
+		{nodes: [3]int64{9000, 6000, 100}, pttl: [2]int64{4001, 6000}, ttl: [2]int64{4, 6}},
+		{nodes: [3]int64{noExpiry, noExpiry, 9000}, pttl: [2]int64{-1, -1}, ttl: [2]int64{-1, -1}},
+		{nodes: [3]int64{absent, noExpiry, noExpiry}, pttl: [2]int64{-1, -1}, ttl: [2]int64{-1, -1}},
+		{nodes: [3]int64{noExpiry, absent, absent}, pttl: [2]int64{-2, -2}, ttl: [2]int64{-2, -2}},
+		{nodes: [3]int64{noExpiry, 9000, 6000}, pttl: [2]int64{4001, 6000}, ttl: [2]int64{4, 6}},
+		{nodes: [3]int64{noExpiry, absent, 9000}, noMajority: true},
+	} {
+		key := fmt.Sprintf("lock:ttl%d", i)
+		for j, ms := range r.nodes {
+			if ms == absent {
+				continue
+			}
+			if err := e.direct[j].Set(ctx, keyPrefix+"lock:"+key, "v", time.Duration(ms)*time.Millisecond).Err(); err != nil {
+				t.Fatal(err)
+			}
 		}
-	}
-	if v, err := c.PTTL(ctx, "lock:ttl").Result(); err != nil || v <= 4*time.Second || v > 6*time.Second {
-		t.Errorf("PTTL with 9 s, 6 s, 0.1 s on the nodes = %v, %v; want about 6 s", v, err)
+		for k, cmd := range []string{"PTTL", "TTL"} {
+			v, err := c.Do(ctx, cmd, key).Int64()
+			switch want := [2][2]int64{r.pttl, r.ttl}[k]; {
+			case r.noMajority:
+				if err == nil || !strings.Contains(err.Error(), "no majority") {
+					t.Errorf("%s with %v on the nodes = %d, %v; want a no-majority error", cmd, r.nodes, v, err)
+				}
+			case err != nil || v < want[0] || v > want[1]:
+				t.Errorf("%s with %v on the nodes = %d, %v; want in [%d, %d]", cmd, r.nodes, v, err, want[0], want[1])
+			}
+		}
 	}
 
 	// EVALSHA: unknown scripts get NOSCRIPT; after SCRIPT LOAD (or an
