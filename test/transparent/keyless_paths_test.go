@@ -285,3 +285,71 @@ func TestLockKeysRefusedOutsideDatabaseZero(t *testing.T) {
 		t.Errorf("db 0 SET NX PX of a key LOCKed in db 1 = %v, %v; want nil (held)", ok, err)
 	}
 }
+
+// TestEvalshaAfterNodesLoseScriptCache: lockproxy serves EVALSHA from the
+// bodies it remembers, sent to the nodes with EVAL, so a node that lost
+// its script cache (SCRIPT FLUSH on it, as here, or a restart) still runs
+// a client's acquire, renewal, read and release scripts, and every node
+// takes part: none answers NOSCRIPT half-way through a fan-out, nor in
+// the line-up of the holds' keys that follows a write (its own EVALSHA,
+// run again with EVAL on NOSCRIPT). Before each command the rows flush
+// the script cache of one node, or of all.
+func TestEvalshaAfterNodesLoseScriptCache(t *testing.T) {
+	t.Parallel()
+	e := start(t)
+	c := e.client(t)
+	ctx := lockclient.CtxFor(t, 60*time.Second)
+	const (
+		touch = `if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end`
+		read  = `return redis.call('get', KEYS[1])`
+	)
+	for _, body := range []string{acquireScript, touch, read, keylessCAD} {
+		if err := c.ScriptLoad(ctx, body).Err(); err != nil {
+			t.Fatalf("SCRIPT LOAD: %v", err)
+		}
+	}
+	for _, tc := range []struct {
+		name    string
+		flushed []int // the nodes whose script cache is flushed
+	}{
+		{"one node", []int{0}},
+		{"every node", []int{0, 1, 2}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "lock:flushed:" + strings.ReplaceAll(tc.name, " ", "-")
+			flush := func() {
+				t.Helper()
+				for _, i := range tc.flushed {
+					if err := e.direct[i].ScriptFlush(ctx).Err(); err != nil {
+						t.Fatalf("node %d: SCRIPT FLUSH: %v", i, err)
+					}
+				}
+			}
+			flush()
+			if n, err := c.EvalSha(ctx, sha1hex(acquireScript), []string{key}, "tok", 5000).Int(); err != nil || n != 1 {
+				t.Fatalf("EVALSHA acquisition = %d, %v; want 1", n, err)
+			}
+			if n := e.holding(t, key, "tok"); n != len(e.nodes) {
+				t.Errorf("after the EVALSHA acquisition the key holds the token on %d of %d nodes; want all", n, len(e.nodes))
+			}
+			flush()
+			if n, err := c.EvalSha(ctx, sha1hex(touch), []string{key}, "tok", 20000).Int(); err != nil || n != 1 {
+				t.Errorf("EVALSHA renewal = %d, %v; want 1", n, err)
+			}
+			for i, d := range e.direct {
+				if ms, err := d.PTTL(ctx, keyPrefix+"lock:"+key).Result(); err != nil || ms <= 10*time.Second {
+					t.Errorf("node %d: PTTL after the EVALSHA renewal to 20 s = %v, %v; want above 10 s", i, ms, err)
+				}
+			}
+			flush()
+			if v, err := c.Do(ctx, "EVALSHA_RO", sha1hex(read), 1, key).Text(); err != nil || v != "tok" {
+				t.Errorf("EVALSHA_RO read = %q, %v; want tok", v, err)
+			}
+			flush()
+			if n, err := c.EvalSha(ctx, sha1hex(keylessCAD), []string{key}, "tok").Int(); err != nil || n != 1 {
+				t.Errorf("EVALSHA release = %d, %v; want 1", n, err)
+			}
+			e.requireGone(t, "EVALSHA release", key)
+		})
+	}
+}
