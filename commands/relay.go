@@ -790,6 +790,25 @@ func (h *Handler) keysLockPattern(name []byte, args [][]byte) []byte {
 	return nil
 }
 
+// scriptNumkeysRefused reports whether args is an EVAL, EVALSHA, FCALL or
+// _RO form (name in lower case) whose numkeys Redis refuses (numkeysError,
+// read as Redis reads it) before it runs anything. Such a command names
+// no key, and the upstream answers it with Redis's own refusal: checked
+// for lock keys, every argument after the count was taken for a key, and
+// the client was told that EVAL is not supported on lock keys.
+func scriptNumkeysRefused(name []byte, args [][]byte) bool {
+	switch string(name) {
+	case "eval", "evalsha", "eval_ro", "evalsha_ro", "fcall", "fcall_ro":
+	default:
+		return false
+	}
+	if len(args) < 3 {
+		return false
+	}
+	nk, ok := resp.ParseInt(args[2])
+	return numkeysError(nk, ok, len(args)-3) != nil
+}
+
 // scriptLockKey returns the refusal of a relayed script command (name in
 // lower case: EVAL, EVALSHA, FCALL, their _RO forms, SCRIPT LOAD, FUNCTION
 // LOAD) whose ARGV or body names a lock key (lockKeyOutsideKeys), or "".
@@ -917,7 +936,7 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		relayError(s, err.Error())
 		return
 	}
-	if len(h.patterns) > 0 {
+	if len(h.patterns) > 0 && !scriptNumkeysRefused(lname, args) {
 		// A command transparent mode does not serve (it served those it
 		// does before this) may still name a lock key, in any key
 		// position: HSET, MSETNX, FCALL, OBJECT ENCODING… On the upstream

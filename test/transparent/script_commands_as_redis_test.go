@@ -80,3 +80,44 @@ func TestScriptCommandsAsRedis(t *testing.T) {
 		}
 	}
 }
+
+// TestScriptNumkeysAsRedisWithUpstream: with an upstream, EVAL, EVALSHA,
+// FCALL and their _RO forms with a numkeys Redis refuses answer as the
+// upstream, a plain redis-server, does (its refusal, or "Function not
+// found" first for FCALL), also when a lock key is among the arguments:
+// Redis runs nothing then, so there is no key to keep from it. lockproxy
+// answered "'eval' is not supported on lock keys", which EVAL is, taking
+// every argument after a bad numkeys for a key.
+func TestScriptNumkeysAsRedisWithUpstream(t *testing.T) {
+	t.Parallel()
+	_, c, upc := startWithUpstream(t)
+	ctx := lockclient.CtxFor(t, 60*time.Second)
+	const read = `return redis.call('get', KEYS[1])`
+	fn := "#!lua name=numkeys\nredis.register_function{function_name='getk', callback=function(k, a) return redis.call('get', k[1]) end, flags={'no-writes'}}"
+	if err := upc.FunctionLoad(ctx, fn).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := upc.ScriptLoad(ctx, read).Err(); err != nil {
+		t.Fatal(err)
+	}
+	reply := func(v any, err error) string {
+		if err != nil && !errors.Is(err, redis.Nil) {
+			return "error: " + err.Error()
+		}
+		return fmt.Sprint(v)
+	}
+	for _, cmd := range [][]any{
+		{"EVAL", read}, {"EVAL_RO", read}, {"EVALSHA", sha1hex(read)}, {"EVALSHA_RO", sha1hex(read)},
+		{"FCALL", "getk"}, {"FCALL_RO", "getk"}, {"FCALL", "nosuchfunction"},
+	} {
+		for _, key := range []string{"lock:a", "plain:a"} {
+			for _, nk := range []any{-1, 2, "one"} {
+				args := append(append([]any{}, cmd...), nk, key)
+				want := reply(upc.Do(ctx, args...).Result())
+				if got := reply(c.Do(ctx, args...).Result()); got != want {
+					t.Errorf("%v: lockproxy %q; redis-server %q", args, got, want)
+				}
+			}
+		}
+	}
+}
