@@ -922,6 +922,12 @@ func (h *Handler) tScript(s *resp.Session, args [][]byte) bool {
 				if r := h.relayOne(s, args); !bytes.HasPrefix(r, []byte("+OK\r\n")) {
 					return
 				}
+			} else if len(args) > 3 || len(args) == 3 && !resp.EqualFold(args[2], "SYNC") && !resp.EqualFold(args[2], "ASYNC") {
+				// Refused as Redis refuses it, flushing nothing: a
+				// client that sent it is told, not left to find its
+				// scripts gone.
+				s.W.Error("ERR SCRIPT FLUSH only support SYNC|ASYNC option")
+				return
 			}
 			h.scripts.flush()
 			if h.up == nil {

@@ -62,10 +62,19 @@ func TestScriptCommandsAsRedis(t *testing.T) {
 	}
 	rows = append(rows,
 		[]any{"GET", key},
+		[]any{"SCRIPT", "FLUSH", "NOW"},
+		[]any{"SCRIPT", "FLUSH", "SYNC", "ASYNC"},
+		[]any{"SCRIPT", "EXISTS", sha1hex(read)},
 		[]any{"SCRIPT", "FLUSH"},
 		[]any{"SCRIPT", "EXISTS", sha1hex(read)},
 		[]any{"EVALSHA_RO", sha1hex(read), 1, key},
 		[]any{"EVAL_RO", read, 1, key},
+		[]any{"SCRIPT", "LOAD", read},
+		[]any{"SCRIPT", "FLUSH", "async"},
+		[]any{"SCRIPT", "EXISTS", sha1hex(read)},
+		[]any{"SCRIPT", "LOAD", read},
+		[]any{"SCRIPT", "FLUSH", "SYNC"},
+		[]any{"SCRIPT", "EXISTS", sha1hex(read)},
 	)
 	reply := func(v any, err error) string {
 		if err != nil && !errors.Is(err, redis.Nil) {
