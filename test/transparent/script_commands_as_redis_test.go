@@ -3,6 +3,7 @@ package transparent
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,6 +47,9 @@ func TestScriptCommandsAsRedis(t *testing.T) {
 		{"EVALSHA_RO", sha1hex(write), 1, key},
 		{"EVAL_RO", write, 1, key},
 		{"EVALSHA_RO", sha1hex("return 7"), 1, key},
+		{"EVALSHA_RO", strings.ToUpper(sha1hex(read)), 1, key},
+		{"EVALSHA_RO", sha1hex(read)[:39], 1, key},
+		{"SCRIPT", "EXISTS", strings.ToUpper(sha1hex(read)), "nosuchsha"},
 		{"SCRIPT", "LOAD", "return +"},
 		{"SCRIPT", "EXISTS", sha1hex("return +"), sha1hex(read)},
 	}
