@@ -116,6 +116,23 @@ func (c *scriptCache) get(sha string) (string, bool) {
 	return e.Value.(*scriptEntry).body, true
 }
 
+// forget drops sha's body, if remembered.
+func (c *scriptCache) forget(sha string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.bodies[sha]; ok {
+		c.size -= len(c.lru.Remove(e).(*scriptEntry).body)
+		delete(c.bodies, sha)
+	}
+}
+
+// compileFailed reports whether v, the nodes' agreed reply to a script,
+// is Redis's refusal of a body that does not compile.
+func compileFailed(v any) bool {
+	e, ok := v.(backends.ReplyError)
+	return ok && strings.HasPrefix(string(e), "ERR Error compiling script")
+}
+
 func (c *scriptCache) flush() {
 	c.mu.Lock()
 	c.bodies = nil
@@ -592,6 +609,7 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 			}
 		}
 		body := string(args[1])
+		var sha string // of an EVAL's body, remembered for EVALSHA
 		if strings.HasPrefix(name, "evalsha") {
 			var known bool
 			if body, known = h.scripts.get(body); !known {
@@ -599,7 +617,7 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 				return
 			}
 		} else {
-			h.scripts.add(body)
+			sha = h.scripts.add(body)
 		}
 		if h.namesNodeKeys(args[3+nk:], body) {
 			// The script runs on the lock nodes as lockproxy's own user: a
@@ -617,6 +635,8 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 			s.W.Error(why)
 			return
 		}
+		var v any
+		var err error
 		if ro := strings.HasSuffix(name, "_ro"); ro || !scriptMayAcquire(body) {
 			verb := "eval"
 			if ro {
@@ -632,8 +652,6 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 				idx[i] = 3 + i
 			}
 			rs := h.fanout.Run(s.Context(), cmd, idx, ro)
-			var v any
-			var err error
 			if scriptReturnsTTL(body) {
 				// Its reply is a key's PTTL or TTL (bsm/redislock's
 				// TTL), which differs from node to node by the moments
@@ -642,10 +660,15 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 			} else {
 				v, err = agree(rs, h.fanout.NodeCount())
 			}
-			h.tReply(s, name, v, err)
-			return
+		} else {
+			v, err = h.runAcquiring(s, boundedScript(body, h.limits.MaxTTL), strs(keys), strs(args[3+nk:]), scriptReturnsTTL(body))
 		}
-		v, err := h.runAcquiring(s, boundedScript(body, h.limits.MaxTTL), strs(keys), strs(args[3+nk:]), scriptReturnsTTL(body))
+		if sha != "" && compileFailed(v) {
+			// Redis keeps no script that does not compile: SCRIPT
+			// EXISTS answers 0 for it, and EVALSHA NOSCRIPT, on which
+			// the client sends the EVAL that shows the error.
+			h.scripts.forget(sha)
+		}
 		h.tReply(s, name, v, err)
 	})
 	return true

@@ -865,6 +865,15 @@ func TestScriptCacheLRU(t *testing.T) {
 	if _, ok := c.get("not-a-sha"); ok {
 		t.Errorf("get of an unknown SHA = true")
 	}
+	// forget drops one body (an EVAL of it did not compile), and only it.
+	c.forget(shaOf(body(3)))
+	c.forget("not-a-sha")
+	check(&c)
+	for i, want := range map[int]bool{3: false, 6: true} {
+		if _, ok := c.get(shaOf(body(i))); ok != want {
+			t.Errorf("after forget of script 3, script %d remembered = %v; want %v", i, ok, want)
+		}
+	}
 
 	// By bytes.
 	c.flush()

@@ -52,6 +52,10 @@ func TestScriptCommandsAsRedis(t *testing.T) {
 		{"SCRIPT", "EXISTS", strings.ToUpper(sha1hex(read)), "nosuchsha"},
 		{"SCRIPT", "LOAD", "return +"},
 		{"SCRIPT", "EXISTS", sha1hex("return +"), sha1hex(read)},
+		{"EVAL", "return +", 1, key},
+		{"EVAL_RO", "return -", 1, key},
+		{"SCRIPT", "EXISTS", sha1hex("return +"), sha1hex("return -")},
+		{"EVALSHA", sha1hex("return +"), 1, key},
 	}
 	for _, cmd := range []string{"EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO"} {
 		script := read
