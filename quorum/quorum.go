@@ -1105,6 +1105,13 @@ func (q *Quorum) Release(ctx context.Context, key, token string, ttlHint time.Du
 	if ttlHint > 0 {
 		timeout = q.NodeTimeout(ttlHint)
 	}
+	return q.ReleaseWithin(ctx, key, token, timeout)
+}
+
+// ReleaseWithin is Release with each node given timeout to answer, for a
+// release no client waits on, which may take longer than any node timeout
+// a lease allows.
+func (q *Quorum) ReleaseWithin(ctx context.Context, key, token string, timeout time.Duration) (bool, error) {
 	// Answer once a majority released: a node that is down or slow must
 	// not hold up every UNLOCK by the node timeout.
 	oks, failures := q.fanOutBool(ctx, timeout, releaseOp(key, token, AnyHold), q.Majority())

@@ -21,6 +21,7 @@ package redis
 import (
 	"context"
 	"fmt"
+	"math"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -52,8 +53,21 @@ func newHoldQuorums(nodes []*Node, qc quorum.Config) ([2]*quorum.Quorum, error) 
 // UnlockHold implements backends.HoldKeeper: one hold of the kind mode
 // says, the other kind left as it is. The nodes where the release frees the
 // key for others announce it, as UNLOCK's do.
+//
+// Its callers release in the background (a KEEPALIVE lock whose connection
+// closed, a grant whose client left) within a bound of their own, ctx's
+// deadline: each node gets all of it, not UNLOCK's node timeout. A
+// connection closing with thousands of KEEPALIVE locks queues as many
+// releases on each node's writer at once, and those at the back waited
+// past node_timeout_max: most failed, and their keys stayed held for
+// the rest of their leases (TestUnlockHoldWaitsUpToItsBound).
 func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backends.Mode) (bool, error) {
-	return b.holdQ[mode].Release(ctx, key, token, 0)
+	q := b.holdQ[mode]
+	timeout := q.NodeTimeout(time.Duration(math.MaxInt64))
+	if d, ok := ctx.Deadline(); ok && time.Until(d) > timeout {
+		timeout = time.Until(d)
+	}
+	return q.ReleaseWithin(ctx, key, token, timeout)
 }
 
 // RenewHold implements backends.HoldKeeper: extendWriteScript or
