@@ -1394,7 +1394,7 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 	if h.authRequired() {
 		s.SetAuthenticated(false)
 	}
-	s.W.SetProto(2)
+	s.SetProto(2)
 	if c.ka != nil {
 		c.ka.proto.Store(2)
 	}

@@ -339,7 +339,7 @@ func (h *Handler) hello(s *resp.Session, args [][]byte) {
 		state(s).name = string(name)
 		s.SetName(string(name))
 	}
-	s.W.SetProto(proto)
+	s.SetProto(proto)
 	if c, ok := s.Data.(*conn); ok && c.ka != nil {
 		c.ka.proto.Store(int32(proto))
 	}

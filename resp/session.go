@@ -96,6 +96,10 @@ type Session struct {
 	name   atomic.Pointer[string]
 	pubsub atomic.Bool
 
+	// leftRESP3: the client switched back to RESP2 (SetProto), and
+	// RESP3 push frames not written by then are dropped (writePushLocked).
+	leftRESP3 atomic.Bool
+
 	// Replies written by another goroutine (BeginAsync). asyncBusy is
 	// owned by the connection's goroutine; asyncDone gets a token when
 	// the outstanding write is done.
@@ -489,8 +493,18 @@ func (s *Session) writePushesLocked() error {
 	}
 }
 
-// writePushLocked writes one push frame (see writePushesLocked).
+// writePushLocked writes one push frame (see writePushesLocked). A RESP3
+// push ('>') is dropped once the client has switched to RESP2: a RESP2
+// client cannot take one (redis-py fails with a protocol error, go-redis
+// takes it for the reply to its next command), and Redis never sends one
+// to a RESP2 client. Such a frame was queued while the client spoke
+// RESP3 and waited for the replies of the batch that switched it; what it
+// tells must not rest on it alone (a lock-lost notice is also the reply
+// to the connection's next command on the lock).
 func (s *Session) writePushLocked(p []byte) error {
+	if len(p) > 0 && p[0] == '>' && s.leftRESP3.Load() {
+		return nil
+	}
 	if s.raw == nil {
 		return s.writeConnLocked(p, true)
 	}
@@ -531,6 +545,16 @@ func (s *Session) HoldPushes() {
 		s.passed = false
 		s.serving.Store(true)
 	}
+}
+
+// SetProto switches the replies written from now on to RESP version p
+// (HELLO, RESET). Only the connection's goroutine calls it, before the
+// reply that switches, so that a push frame written after that reply
+// finds the switch (writePushLocked); one written before it was written
+// before the reply, while the client still read RESP3.
+func (s *Session) SetProto(p int) {
+	s.W.SetProto(p)
+	s.leftRESP3.Store(p < 3)
 }
 
 // SetName records the connection's name (CLIENT SETNAME), for CLIENT LIST
