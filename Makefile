@@ -1,7 +1,8 @@
 # lockproxy — see README.md.
 GO        ?= go
 VERSION   ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
-LDFLAGS   := -X main.version=$(VERSION)
+COMMIT    ?= $(shell git rev-parse --short=12 HEAD 2>/dev/null)$(shell git diff --quiet HEAD 2>/dev/null || echo -dirty)
+LDFLAGS   := -X main.version=$(VERSION) -X main.buildCommit=$(COMMIT)
 BIN       := bin/lockproxy
 FUZZTIME  ?= 10s
 

@@ -125,3 +125,19 @@ func TestVersionOnlyAsAFlag(t *testing.T) {
 		}
 	}
 }
+
+// TestCommitFromBuildFlags: a binary built where Go stamps no VCS
+// information (GOFLAGS=-buildvcs=false, as on some build machines; test
+// binaries too) reports the commit the Makefile passes, not "unknown".
+func TestCommitFromBuildFlags(t *testing.T) {
+	defer func(c string) { buildCommit = c }(buildCommit)
+	for _, tc := range []struct{ set, want string }{
+		{"", "unknown"},
+		{"0123456789ab-dirty", "0123456789ab-dirty"},
+	} {
+		buildCommit = tc.set
+		if got := commit(); got != tc.want {
+			t.Errorf("commit() with buildCommit %q = %q; want %q", tc.set, got, tc.want)
+		}
+	}
+}

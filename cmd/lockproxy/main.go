@@ -53,6 +53,11 @@ import (
 // version is set at build time with -ldflags "-X main.version=…".
 var version = "0.1.0-dev"
 
+// buildCommit is set by the Makefile with -ldflags "-X main.buildCommit=…":
+// Go stamps the commit itself only where VCS stamping is on (GOFLAGS
+// -buildvcs=false, or a build from outside the checkout, leaves none).
+var buildCommit = ""
+
 func main() {
 	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
 }
@@ -77,6 +82,9 @@ func commit() string {
 		if rev != "" {
 			return rev
 		}
+	}
+	if buildCommit != "" {
+		return buildCommit
 	}
 	return "unknown"
 }
