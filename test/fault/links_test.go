@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -706,7 +707,12 @@ func cutOffInstance(t *testing.T, e *linkEnv, notes *rowNotes) int {
 // (its own faultproxy blackholed, the socket left open). lockproxy renews
 // only while the connection shows life within locks.keepalive_idle
 // (500 ms here), so a client of the other instance must get the lock
-// within about idle + one lease.
+// within about idle + one lease. The holder keeps sending PINGs, well
+// within the idle window, from its grant on: lockproxy counts a command
+// as life, so a holder that sent nothing would lose its lock to idleness
+// on a healthy link too, and the row would pass with the blackhole doing
+// nothing. With the PINGs, only the blackhole's dropping them lets the
+// waiter in.
 func halfOpenClient(t *testing.T, e *linkEnv, notes *rowNotes) int {
 	t.Helper()
 	const (
@@ -729,8 +735,30 @@ func halfOpenClient(t *testing.T, e *linkEnv, notes *rowNotes) int {
 	e.hist.Add(Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "half-open-holder",
 		Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond, Exit: -1,
 		TTL: leaseMS * time.Millisecond, Validity: time.Duration(r.ValidityMS) * time.Millisecond})
+	// The holder's PINGs (replies left unread: the holder's side of a
+	// half-open link learns nothing). They stop before the deferred Close.
+	var pings atomic.Int64
+	stopPings := make(chan struct{})
+	pinged := make(chan struct{})
+	go func() {
+		defer close(pinged)
+		tick := time.NewTicker(idle / 5)
+		defer tick.Stop()
+		for {
+			select {
+			case <-stopPings:
+				return
+			case <-tick.C:
+				if holder.send("PING") == nil {
+					pings.Add(1)
+				}
+			}
+		}
+	}()
+	defer func() { close(stopPings); <-pinged }()
 	front.Blackhole()
 	from := e.hist.Now()
+	pingsBefore := pings.Load()
 
 	cl := newClient(e.proxies[1].addr)
 	defer func() { _ = cl.Close() }()
@@ -744,8 +772,8 @@ func halfOpenClient(t *testing.T, e *linkEnv, notes *rowNotes) int {
 		Enter: at, Deadline: at + time.Duration(wr.ValidityMS)*time.Millisecond, Exit: at,
 		TTL: ttlMS * time.Millisecond, Validity: time.Duration(wr.ValidityMS) * time.Millisecond})
 	_ = cl.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, wr.Token).Err()
-	notes.add("half-open KEEPALIVE holder's lock went to a waiter %v after its link went silent (idle %v, lease %d ms, bound %v)",
-		(at - from).Round(time.Millisecond), idle, leaseMS, bound)
+	notes.add("half-open KEEPALIVE holder's lock went to a waiter %v after its link went silent, %d PINGs of the holder dropped meanwhile (idle %v, lease %d ms, bound %v)",
+		(at - from).Round(time.Millisecond), pings.Load()-pingsBefore, idle, leaseMS, bound)
 	if at-from > bound {
 		t.Errorf("waiter got the lock %v after the holder went silent; want ≤ %v", at-from, bound)
 	}
