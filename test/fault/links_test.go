@@ -181,9 +181,12 @@ func sleepFault(e *linkEnv, from time.Duration) {
 var linkRows = []linkRow{
 	{
 		name: "minority-partitioned",
-		fault: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
+		fault: func(t *testing.T, e *linkEnv, notes *rowNotes) int {
+			from := e.hist.Now()
 			n := e.on(nil, []int{3, 4}, (*faultproxy.Proxy).Blackhole)
-			time.Sleep(faultFor)
+			time.Sleep(500 * time.Millisecond)
+			partitionProbe(t, e, []int{0, 1, 2}, notes)
+			sleepFault(e, from)
 			return n
 		},
 		expect: expect{progress: true, blocked: -1},
@@ -205,7 +208,20 @@ var linkRows = []linkRow{
 			from := e.hist.Now()
 			n := e.on(nil, []int{3, 4}, func(p *faultproxy.Proxy) { p.SetLatency(75*time.Millisecond, 50*time.Millisecond) })
 			probeValidity(t, e, notes)
-			sleepFault(e, from)
+			// Evidence that the latency took: lockproxy's commands to
+			// nodes 3 and 4 (the workload's, the health checks) wait in
+			// their links.
+			held := 0
+			for e.hist.Now()-from < faultFor {
+				for _, row := range e.links {
+					held = max(held, row[3].Held()+row[4].Held())
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if held == 0 {
+				t.Errorf("no chunk to or from nodes 3 and 4 was held by their links' latency")
+			}
+			notes.add("up to %d chunks at once held in the links to nodes 3 and 4", held)
 			return n
 		},
 		expect: expect{progress: true, blocked: -1},
@@ -387,6 +403,38 @@ func probeValidity(t *testing.T, e *linkEnv, notes *rowNotes) {
 	if n == 0 {
 		t.Errorf("no validity probe was granted with 3 of 5 nodes fast")
 	}
+}
+
+// partitionProbe is the evidence that a partition took on the links
+// lockproxy uses: a LOCK through each instance must land on exactly the
+// nodes it still reaches (read on the nodes directly), where without the
+// cut it lands on all of them. The grants go into the history, under a
+// name that leaves them out of the row's availability count.
+func partitionProbe(t *testing.T, e *linkEnv, reached []int, notes *rowNotes) {
+	t.Helper()
+	var on [][]int
+	for i, p := range e.proxies {
+		key := fmt.Sprintf("partition-probe-%d", notes.cycle)
+		cl := newClient(p.addr)
+		r, ok, err := setupLock(t, cl, key, "PX", ttlMS)
+		enter := e.hist.Now()
+		if err != nil || !ok {
+			_ = cl.Close()
+			t.Errorf("partition probe through p%d: LOCK %s = %v, %v; want a grant from nodes %v", i, key, ok, err, reached)
+			continue
+		}
+		got := nodesWith(t, e.env, key, r.Token)
+		e.hist.Add(Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: fmt.Sprintf("partition-probe.p%d", i),
+			Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond, Exit: e.hist.Now(),
+			TTL: ttlMS * time.Millisecond, Validity: time.Duration(r.ValidityMS) * time.Millisecond})
+		_ = cl.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
+		_ = cl.Close()
+		if !slices.Equal(got, reached) {
+			t.Errorf("partition probe through p%d: the lock landed on nodes %v; want exactly %v (the partition did not cut the others off)", i, got, reached)
+		}
+		on = append(on, got)
+	}
+	notes.add("a LOCK through each instance during the partition landed on nodes %v", on)
 }
 
 // checkNoLockKeys fails if any node still holds a lock key.
