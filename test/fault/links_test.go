@@ -480,6 +480,11 @@ func fastClockRow(n int) linkRow {
 			from := e.hist.Now()
 			events := e.on(nil, nodes, func(p *faultproxy.Proxy) { p.FastClock(1.5) })
 			majority := n >= len(e.nodes)/2+1
+			if notes.cycle == 0 {
+				// Before the detector can take the fast nodes out
+				// (later injections may find a fast majority still out).
+				fastClockProbe(t, e, nodes, notes)
+			}
 			if !majority {
 				waitClockOut(t, e, nodes, notes)
 			}
@@ -506,6 +511,56 @@ func fastClockRow(n int) linkRow {
 		row.soakCycles = 1
 	}
 	return row
+}
+
+// fastClockProbe is the evidence that the fast clocks took on the links
+// lockproxy uses: a LOCK PX ttlMS through instance 0, read on every node
+// directly, must expire within ttlMS/1.5 of its reply on the fast nodes,
+// and no sooner than ttlMS after it was sent on the others. Nothing else
+// in the three-node row depends on it: its overlaps are only logged. The
+// expiry is read as an absolute time (PEXPIRETIME, on this host's clock,
+// as probeValidity reads it), so a slow read cannot blur the two. The
+// grant goes into the history, under a name that leaves it out of the
+// row's availability count.
+func fastClockProbe(t *testing.T, e *linkEnv, fast []int, notes *rowNotes) {
+	t.Helper()
+	const key = "fast-clock-probe"
+	cl := newClient(e.proxies[0].addr)
+	defer func() { _ = cl.Close() }()
+	sent := time.Now().UnixMilli()
+	r, ok, err := setupLock(t, cl, key, "PX", ttlMS)
+	replied := time.Now().UnixMilli() + 1 // rounded up
+	enter := e.hist.Now()
+	if err != nil || !ok {
+		t.Errorf("fast-clock probe: LOCK %s PX %d = %v, %v; want a grant", key, ttlMS, ok, err)
+		return
+	}
+	left := make([]int64, len(e.nodes)) // expiry − sent, ms
+	seen := 0                           // fast nodes seen holding it shortened
+	for i, node := range e.nodes {
+		at, err := node.Client(t).Do(lockclient.CtxFor(t, 3*time.Second), "PEXPIRETIME", "lockproxy:lock:"+key).Int64()
+		if err != nil || at <= 0 {
+			left[i] = -1 // not there (a node may miss a grant)
+			continue
+		}
+		left[i] = at - sent
+		switch isFast := slices.Contains(fast, i); {
+		case isFast && at > replied+ttlMS*2/3:
+			t.Errorf("fast-clock probe: fast node %d expires the lock %d ms after the reply; want ≤ %d (1.5× fast)", i, at-replied, ttlMS*2/3)
+		case !isFast && at < sent+ttlMS:
+			t.Errorf("fast-clock probe: node %d, not fast, expires the lock %d ms after it was sent; want ≥ %d", i, at-sent, ttlMS)
+		case isFast:
+			seen++
+		}
+	}
+	e.hist.Add(Grant{Key: key, Token: r.Token, Fence: r.Fence, Client: "fast-clock-probe.p0",
+		Enter: enter, Deadline: enter + time.Duration(r.ValidityMS)*time.Millisecond, Exit: e.hist.Now(),
+		TTL: ttlMS * time.Millisecond, Validity: time.Duration(r.ValidityMS) * time.Millisecond})
+	_ = cl.Do(lockclient.CtxFor(t, 5*time.Second), "UNLOCK", key, r.Token).Err()
+	if seen == 0 {
+		t.Errorf("fast-clock probe: no fast node %v holds the lock with a shortened lease (ms to expiry from the send: %v)", fast, left)
+	}
+	notes.add("a LOCK PX %d expired on the nodes %v ms after it was sent (fast: %v; reply after %d ms)", ttlMS, left, fast, replied-sent)
 }
 
 // waitClockOut waits (up to 60 s) until every instance reports the given
