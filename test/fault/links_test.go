@@ -414,7 +414,9 @@ func partitionProbe(t *testing.T, e *linkEnv, reached []int, notes *rowNotes) {
 	t.Helper()
 	var on [][]int
 	for i, p := range e.proxies {
-		key := fmt.Sprintf("partition-probe-%d", notes.cycle)
+		// A key of its own per instance: one probe's UNLOCK need not have
+		// landed for the next to be granted.
+		key := fmt.Sprintf("partition-probe-%d-p%d", notes.cycle, i)
 		cl := newClient(p.addr)
 		r, ok, err := setupLock(t, cl, key, "PX", ttlMS)
 		enter := e.hist.Now()
