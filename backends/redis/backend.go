@@ -389,14 +389,24 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		heldUntil time.Time // the granted lease's end at the latest
 		marked    bool      // an attempt may have left this writer's mark
 		refused   bool      // an attempt of this writer was refused somewhere
+		handedOff bool      // an attempt outlived the answer: it ends the wait (left)
 	)
-	defer func() {
+	// left takes this writer's mark off the nodes, if it may have left
+	// one, and leaves the queue, in that order; run when Lock returns, or,
+	// when an attempt outlived its answer (attemptBy), once that attempt
+	// has ended.
+	left := func() {
 		if marked && !granted {
 			// Queued on the nodes before the next waiter is signaled,
 			// so its attempt finds the mark gone.
 			b.unmark(b.nodes, req.Key, req.Token)
 		}
 		b.leave(w, granted, heldUntil)
+	}
+	defer func() {
+		if !handedOff {
+			left()
+		}
 	}()
 
 	err := backends.ErrNotAcquired
@@ -455,8 +465,9 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 			out := qreq
 			out.WriterWait = 0
 			started := time.Now()
-			lease, answered, aerr := b.attemptBy(ctx, deadline.C, out, req.Mode)
+			lease, answered, aerr := b.attemptBy(ctx, deadline.C, out, req.Mode, left)
 			if !answered {
+				handedOff = true
 				return backends.Lease{}, err
 			}
 			err = aerr
@@ -482,8 +493,9 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 		heard := b.waiters.hearsReleases(req.Key)
 		rs := &refusals{}
 		started := time.Now()
-		lease, answered, aerr := b.attemptBy(withRefusals(ctx, rs), deadline.C, qreq, req.Mode)
+		lease, answered, aerr := b.attemptBy(withRefusals(ctx, rs), deadline.C, qreq, req.Mode, left)
 		if !answered {
+			handedOff = true
 			return backends.Lease{}, err
 		}
 		err = aerr
@@ -531,8 +543,13 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 // UNBLOCK, shutdown) cancels the attempt, as it did before, and is
 // answered at once too. Either way a grant the attempt makes is given
 // back, as nobody is told of it, and a writer's mark it may have left on
-// the nodes is taken off after it. Both are bounded by the node timeouts.
-func (b *Backend) attemptBy(ctx context.Context, expired <-chan time.Time, req quorum.Request, mode backends.Mode) (backends.Lease, bool, error) {
+// the nodes is taken off after it, and only then does the waiter leave
+// the queue (after, Lock's left): the waiters behind it try once that
+// attempt has ended, as when Lock waited for it, not beside an attempt
+// that may still be granted (then given back) or refused (then leave a
+// writer's mark, taken off only after it). Both are bounded by the node
+// timeouts.
+func (b *Backend) attemptBy(ctx context.Context, expired <-chan time.Time, req quorum.Request, mode backends.Mode, after func()) (backends.Lease, bool, error) {
 	type answer struct {
 		lease backends.Lease
 		err   error
@@ -560,9 +577,7 @@ func (b *Backend) attemptBy(ctx context.Context, expired <-chan time.Time, req q
 					zap.Error(fmt.Errorf("release of a late %v grant: %w", mode, err)))
 			}
 		}
-		if req.WriterWait > 0 {
-			b.unmark(b.nodes, req.Key, req.Token)
-		}
+		after()
 	}()
 	select {
 	case a := <-done:

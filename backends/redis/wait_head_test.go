@@ -109,6 +109,10 @@ func TestWaitReaderNotHeldBackByWriterThatLeft(t *testing.T) {
 	if err := <-writer; err != backends.ErrNotAcquired {
 		t.Fatalf("canceled writer: %v", err)
 	}
+	// The writer is answered at once, also while an attempt of its is
+	// still on its way (attemptBy); it leaves the queue when that attempt
+	// has ended, after which the attempt's answers are all counted.
+	waitFor(t, "writer left the queue", func() bool { return b.Waiting() <= 1 })
 	before := acquireAttempts(t, b)
 	if err := <-reader; err != nil {
 		t.Fatalf("reader: %v", err)
