@@ -427,23 +427,33 @@ func payDebtsDirect(t *testing.T, n *Node, addr string, o *owed, now time.Time) 
 // every node's writer has read the release's answer.
 func WarmUp(ctx context.Context, t *testing.T, b *Backend, rs []*harness.Redis, key string, ttl time.Duration) {
 	t.Helper()
-	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "warm", TTL: ttl}); err != nil {
-		t.Fatal(err)
-	}
+	c2 := rs[2].Client(t)
 	// The LOCK answers once a majority granted: n2's hold and fence write
 	// may still be on their way. Seen there first, they cannot come after
 	// what the caller does next (a fence write a test means to hold on
 	// n2's link, say), and the wait below for their removal cannot pass
-	// before they came.
-	c2 := rs[2].Client(t)
-	for i := 0; c2.Exists(ctx, "lp:lock:"+key, "lp:lockf:"+key).Val() != 2; i++ {
-		if i == 200 {
-			t.Fatal("n2 has not the warm-up's hold and fence 2 s after LOCK")
+	// before they came. On a loaded host n2 may miss the node timeout, and
+	// its hold is rolled back: the warm-up is then tried again.
+	for try := 1; ; try++ {
+		if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "warm", TTL: ttl}); err != nil {
+			t.Fatal(err)
 		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if ok, err := b.Unlock(ctx, key, "warm"); !ok || err != nil {
-		t.Fatalf("UNLOCK warm = %v, %v", ok, err)
+		onN2 := false
+		for i := 0; i < 200 && !onN2; i++ {
+			if onN2 = c2.Exists(ctx, "lp:lock:"+key, "lp:lockf:"+key).Val() == 2; !onN2 {
+				time.Sleep(10 * time.Millisecond)
+			}
+		}
+		if ok, err := b.Unlock(ctx, key, "warm"); !ok || err != nil {
+			t.Fatalf("UNLOCK warm = %v, %v", ok, err)
+		}
+		if onN2 {
+			break
+		}
+		if try == 3 {
+			t.Fatal("n2 has not the warm-up's hold and fence 2 s after LOCK, three times")
+		}
+		t.Logf("warm-up %d: n2 has not the hold and fence 2 s after LOCK; again", try)
 	}
 	for i := 0; c2.Exists(ctx, "lp:lock:"+key, "lp:lockf:"+key).Val() != 0; i++ {
 		if i == 200 {

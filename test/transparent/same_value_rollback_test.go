@@ -72,6 +72,10 @@ func holdOnTwo(t *testing.T, ctx context.Context, e *env, c *redis.Client, key, 
 	if ok, err := c.SetNX(ctx, key, value, 30*time.Second).Result(); !ok || err != nil {
 		t.Fatalf("SET NX PX = %v, %v", ok, err)
 	}
+	// Answered once a majority granted: the third node's write may come
+	// later, and must be there before node 2's copy is taken away, or the
+	// holder is left on one node (seen on a loaded host).
+	e.requireOnEveryNode(t, "holder", key)
 	if err := e.direct[2].Del(ctx, keyPrefix+"lock:"+key).Err(); err != nil {
 		t.Fatal(err)
 	}
