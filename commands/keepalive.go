@@ -695,6 +695,11 @@ func (k *keepalives) addHolderLocked(w *watchdog, sessCtx context.Context, ka *c
 func (k *keepalives) holderGone(w *watchdog, ka *connKeepalive) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	k.holderGoneLocked(w, ka)
+}
+
+// holderGoneLocked is holderGone with k.mu held.
+func (k *keepalives) holderGoneLocked(w *watchdog, ka *connKeepalive) {
 	h := w.holders[ka]
 	if w.stopped || h == nil {
 		return
@@ -717,6 +722,52 @@ func (k *keepalives) holderGone(w *watchdog, ka *connKeepalive) {
 	select {
 	case w.wake <- struct{}{}:
 	default:
+	}
+}
+
+// connReset ends the KEEPALIVE holds of ka's connection as its close
+// does (holderGone), for RESET, which makes the connection as if new: a
+// pool lends a reset connection to another user, who must not be handed
+// the last one's locks, kept alive for as long as the connection lives,
+// nor answered -LOCKLOST for a loss that was not its own. Each hold is
+// released by its watchdog's goroutine, within the release bound, or
+// stays renewed for the other connections holding it with the token, as
+// on close; plain holds keep their lease. It also drops the notices
+// waiting. It runs
+// on the connection's goroutine, so no command of the connection runs
+// meanwhile: a KEEPALIVE grant pipelined before RESET is counted already,
+// one after it is the new user's.
+func (k *keepalives) connReset(ka *connKeepalive) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	ka.mu.Lock()
+	ka.lost, ka.nLost = nil, 0
+	ka.mu.Unlock()
+	if ka.live.Load() == 0 {
+		// Most resets (a pool's, on every return) find no KEEPALIVE
+		// lock: no need to look through every watchdog.
+		return
+	}
+	// Every watchdog the connection's close would reach: those in the
+	// registry, and those ending (Handler.close canceled them with
+	// their holders counted). Stopped ones unregistered its close
+	// callback already.
+	gone := func(w *watchdog) {
+		if h := w.holders[ka]; h != nil {
+			// The close callback must not run for the holds that
+			// the connection takes after RESET; run already
+			// (the connection is closing too), it finds none.
+			h.stop()
+			k.holderGoneLocked(w, ka)
+		}
+	}
+	for _, w := range k.m {
+		gone(w)
+	}
+	for _, ws := range k.ending {
+		for _, w := range ws {
+			gone(w)
+		}
 	}
 }
 

@@ -1397,6 +1397,10 @@ func (h *Handler) reset(s *resp.Session, args [][]byte) {
 	s.SetProto(2)
 	if c.ka != nil {
 		c.ka.proto.Store(2)
+		// The connection's KEEPALIVE locks end as on its close, and
+		// the notices of its losses are dropped: the next user of a
+		// pooled connection starts with none of the last one's.
+		h.keepalive.connReset(c.ka)
 	}
 	s.W.Simple("RESET")
 }
