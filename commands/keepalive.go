@@ -130,6 +130,11 @@ type connKeepalive struct {
 	busy atomic.Int32
 	// live counts this connection's running watchdogs.
 	live atomic.Int32
+	// epoch counts the connection's RESETs (keepalives.connReset): a
+	// loss whose owners were taken before one is not told after it, to
+	// a connection that may have passed to another user. Changed with
+	// keepalives.mu and mu held, read with either.
+	epoch atomic.Uint64
 
 	mu sync.Mutex
 	// lost: the notice of the keepalive lock of a key (first level) held
@@ -184,11 +189,22 @@ func (ka *connKeepalive) alive(now time.Time, idle time.Duration) bool {
 // gets there only by losing that many locks and reading none of the
 // notices (it holds at most as many KEEPALIVE locks at a time).
 func (ka *connKeepalive) tellLost(key, token, why string, holds int) {
+	ka.tellLostAt(ka.epoch.Load(), key, token, why, holds)
+}
+
+// tellLostAt is tellLost of a loss whose owners were taken in epoch: it
+// tells nothing once the connection was RESET since (connReset), as the
+// lock was no longer the connection's to lose.
+func (ka *connKeepalive) tellLostAt(epoch uint64, key, token, why string, holds int) {
 	var frame []byte
 	if ka.proto.Load() == 3 {
 		frame = lockLostFrame(key, token)
 	}
 	ka.mu.Lock()
+	if ka.epoch.Load() != epoch {
+		ka.mu.Unlock()
+		return
+	}
 	kept := ka.noteLostLocked(key, token, why, holds)
 	if kept && frame != nil && ka.cmdOn && ka.cmdUnlock && ka.cmd == (heldKey{key, token}) {
 		ka.cmdPushes = append(ka.cmdPushes, frame)
@@ -733,14 +749,16 @@ func (k *keepalives) holderGoneLocked(w *watchdog, ka *connKeepalive) {
 // released by its watchdog's goroutine, within the release bound, or
 // stays renewed for the other connections holding it with the token, as
 // on close; plain holds keep their lease. It also drops the notices
-// waiting. It runs
-// on the connection's goroutine, so no command of the connection runs
-// meanwhile: a KEEPALIVE grant pipelined before RESET is counted already,
-// one after it is the new user's.
+// waiting, and any of a loss whose owners a watchdog took before the
+// RESET but tells after it (epoch). It runs on the connection's
+// goroutine, so no command of the connection runs meanwhile: a KEEPALIVE
+// grant pipelined before RESET is counted already, one after it is the
+// new user's.
 func (k *keepalives) connReset(ka *connKeepalive) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	ka.mu.Lock()
+	ka.epoch.Add(1)
 	ka.lost, ka.nLost = nil, 0
 	ka.mu.Unlock()
 	if ka.live.Load() == 0 {
@@ -1241,7 +1259,7 @@ func (k *keepalives) forsakeLocked(w *watchdog, ka *connKeepalive, h *holder, mo
 	last := h.total() == 1
 	k.takeHolderLocked(w, ka, h, mode)
 	if last {
-		k.tell(w, []owner{{ka, 1}}, lostUnlocked,
+		k.tell(w, []owner{{ka, 1, ka.epoch.Load()}}, lostUnlocked,
 			"an UNLOCK with its token on another connection released a hold that lockproxy could not tell from this connection's KEEPALIVE hold (the lock store did not answer how many the token has left), which is no longer kept alive")
 	}
 }
@@ -1842,18 +1860,20 @@ func (k *keepalives) releaseHolds(w *watchdog, holds [2]int) {
 	}
 }
 
-// owner is a KEEPALIVE holder of a watchdog's lock and how many holds of
-// it it has.
+// owner is a KEEPALIVE holder of a watchdog's lock, how many holds of
+// it it has, and its connection's epoch when they were counted (a RESET
+// since ended them: connReset).
 type owner struct {
 	ka    *connKeepalive
 	holds int
+	epoch uint64
 }
 
 // owners are w's KEEPALIVE holders. k.mu is held.
 func (w *watchdog) owners() []owner {
 	owners := make([]owner, 0, len(w.holders))
 	for ka, h := range w.holders {
-		owners = append(owners, owner{ka, h.total()})
+		owners = append(owners, owner{ka, h.total(), ka.epoch.Load()})
 	}
 	return owners
 }
@@ -1863,7 +1883,7 @@ func (w *watchdog) owners() []owner {
 // and the metric, counted once every owner has been told.
 func (k *keepalives) tell(w *watchdog, owners []owner, r lostReason, why string) {
 	for _, o := range owners {
-		o.ka.tellLost(w.key, w.token, why, o.holds)
+		o.ka.tellLostAt(o.epoch, w.key, w.token, why, o.holds)
 	}
 	k.lost[r].Inc()
 	k.log.Info("keepalive lock lost", zap.String("reason", r.label()), zap.Duration("ttl", w.ttl))

@@ -100,14 +100,18 @@ func TestConnResetEndsKeepaliveHolds(t *testing.T) {
 }
 
 // TestConnResetDropsLossNotices proves that RESET drops the connection's
-// waiting lost-lock notices. Before, the next user's LOCK of the key
-// without TOKEN was answered -LOCKLOST for a loss it never had.
+// lost-lock notices: the ones waiting, and one whose owners were taken
+// before the RESET and that is told after it (a watchdog counts the
+// holders under the registry's lock, then tells them without it). Before,
+// the next user's LOCK of the key without TOKEN was answered -LOCKLOST
+// for a loss it never had.
 func TestConnResetDropsLossNotices(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		raced bool // the loss is told after the RESET, its owners taken before
 	}{
 		{"waiting notice", false},
+		{"loss told across the RESET", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := &fakeBackend{}
