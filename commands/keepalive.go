@@ -767,9 +767,9 @@ func (k *keepalives) connReset(ka *connKeepalive) {
 		return
 	}
 	// Every watchdog the connection's close would reach: those in the
-	// registry, and those ending (Handler.close canceled them with
-	// their holders counted). Stopped ones unregistered its close
-	// callback already.
+	// registry, and those ending with their holders still counted
+	// (MAXHOLD ran out, or Handler.close canceled them). Stopped ones
+	// unregistered its close callback already.
 	gone := func(w *watchdog) {
 		if h := w.holders[ka]; h != nil {
 			// The close callback must not run for the holds that
