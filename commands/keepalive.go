@@ -1259,7 +1259,7 @@ func (k *keepalives) forsakeLocked(w *watchdog, ka *connKeepalive, h *holder, mo
 	last := h.total() == 1
 	k.takeHolderLocked(w, ka, h, mode)
 	if last {
-		k.tell(w, []owner{{ka, 1, ka.epoch.Load()}}, lostUnlocked,
+		k.tell(w, []owner{{ka, 1, ka.epoch.Load()}}, lostUnlocked, nil,
 			"an UNLOCK with its token on another connection released a hold that lockproxy could not tell from this connection's KEEPALIVE hold (the lock store did not answer how many the token has left), which is no longer kept alive")
 	}
 }
@@ -1577,7 +1577,7 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			} else if errors.Is(err, context.DeadlineExceeded) {
 				why = "a renewal timed out"
 			}
-			k.lose(w, lostRenewFailed, why)
+			k.loseWith(w, lostRenewFailed, why, err, false)
 			return
 		case validity <= 0 && canRetry && k.unlockInFlight(w):
 			// An UNLOCK in flight may have released what the renewal
@@ -1649,7 +1649,7 @@ func (k *keepalives) maxHoldReached(w *watchdog, why string) {
 	k.endingLocked(w)
 	owners := w.owners()
 	k.mu.Unlock()
-	k.tell(w, owners, lostMaxHold, why)
+	k.tell(w, owners, lostMaxHold, nil, why)
 	holds, _, _, ok := k.settle(w)
 	if ok {
 		k.releaseHolds(w, holds)
@@ -1880,13 +1880,22 @@ func (w *watchdog) owners() []owner {
 
 // tell tells owners that w's lock was lost, for reason r: the notice for
 // each one's next lock command on the key with w's token, a RESP3 push,
-// and the metric, counted once every owner has been told.
-func (k *keepalives) tell(w *watchdog, owners []owner, r lostReason, why string) {
+// and the metric, counted once every owner has been told. The log line
+// says why, and with cause (a failed renewal's error: on RedLock each
+// node's, such as "0/3 nodes: 127.0.0.1:6379 timeout, …") what went wrong
+// where: the holders are told only that a renewal failed, and without the
+// nodes' errors an operator could not tell a slow node from an
+// overloaded instance.
+func (k *keepalives) tell(w *watchdog, owners []owner, r lostReason, cause error, why string) {
 	for _, o := range owners {
 		o.ka.tellLostAt(o.epoch, w.key, w.token, why, o.holds)
 	}
 	k.lost[r].Inc()
-	k.log.Info("keepalive lock lost", zap.String("reason", r.label()), zap.Duration("ttl", w.ttl))
+	fields := []zap.Field{zap.String("reason", r.label()), zap.String("why", why), zap.Duration("ttl", w.ttl)}
+	if cause != nil {
+		fields = append(fields, zap.Error(cause))
+	}
+	k.log.Info("keepalive lock lost", fields...)
 }
 
 // lostByBackend ends the watchdog of key held by token, if one runs, as
@@ -1896,18 +1905,19 @@ func (k *keepalives) lostByBackend(key, token string) {
 	w := k.m[heldKey{key, token}]
 	k.mu.Unlock()
 	if w != nil {
-		k.loseWith(w, lostRenewFailed, "the lock store reported it lost (ZooKeeper session expired)", true)
+		k.loseWith(w, lostRenewFailed, "the lock store reported it lost (ZooKeeper session expired)", nil, true)
 	}
 }
 
 // lose ends w as lost: the metric, the notice for each holder's next lock
 // command on the key, and a RESP3 push.
 func (k *keepalives) lose(w *watchdog, r lostReason, why string) {
-	k.loseWith(w, r, why, false)
+	k.loseWith(w, r, why, nil, false)
 }
 
-// loseWith is lose; byBackend says the lock store itself reported the loss.
-func (k *keepalives) loseWith(w *watchdog, r lostReason, why string, byBackend bool) {
+// loseWith is lose; cause is the last renewal's error, if any, for the
+// log; byBackend says the lock store itself reported the loss.
+func (k *keepalives) loseWith(w *watchdog, r lostReason, why string, cause error, byBackend bool) {
 	k.mu.Lock()
 	if w.stopped {
 		k.mu.Unlock()
@@ -1930,7 +1940,7 @@ func (k *keepalives) loseWith(w *watchdog, r lostReason, why string, byBackend b
 	if quiet {
 		return
 	}
-	k.tell(w, owners, r, why)
+	k.tell(w, owners, r, cause, why)
 	if r != lostRenewFailed {
 		// Lost without a release: the holder may still act on it.
 		k.delayLock(w, mode)
