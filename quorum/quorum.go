@@ -1013,26 +1013,44 @@ func RollbackAttempt(ctx context.Context) string {
 	return v.attempt
 }
 
-// boolOp is a Release or Extend in both its forms.
+// boolOp is a Release or Extend in both its forms: start starts it on a
+// node that can answer through a callback and reports whether it did;
+// call runs it on any node, on a goroutine of the quorum's.
 type boolOp struct {
 	call  func(context.Context, Node) (bool, error)
-	start func(context.Context, AsyncNode, func(bool, error))
+	start func(context.Context, Node, func(bool, error)) bool
 }
 
 func releaseOp(key, token string, hold Hold) boolOp {
 	return boolOp{
 		call: func(ctx context.Context, nd Node) (bool, error) { return nd.Release(ctx, key, token, hold) },
-		start: func(ctx context.Context, an AsyncNode, done func(bool, error)) {
-			an.StartRelease(ctx, key, token, hold, done)
+		start: func(ctx context.Context, nd Node, done func(bool, error)) bool {
+			an, ok := nd.(AsyncNode)
+			if ok {
+				an.StartRelease(ctx, key, token, hold, done)
+			}
+			return ok
 		},
 	}
+}
+
+// AsyncExtender is a Node whose Extend can answer through a callback
+// (every AsyncNode is one): a node that renews without a goroutine of its
+// own per call, as thousands of KEEPALIVE renewals a second need, though
+// its other operations have no such form.
+type AsyncExtender interface {
+	StartExtend(ctx context.Context, key, token string, ttl time.Duration, done func(bool, error))
 }
 
 func extendOp(key, token string, ttl time.Duration) boolOp {
 	return boolOp{
 		call: func(ctx context.Context, nd Node) (bool, error) { return nd.Extend(ctx, key, token, ttl) },
-		start: func(ctx context.Context, an AsyncNode, done func(bool, error)) {
-			an.StartExtend(ctx, key, token, ttl, done)
+		start: func(ctx context.Context, nd Node, done func(bool, error)) bool {
+			ae, ok := nd.(AsyncExtender)
+			if ok {
+				ae.StartExtend(ctx, key, token, ttl, done)
+			}
+			return ok
 		},
 	}
 }
@@ -1058,10 +1076,9 @@ func (q *Quorum) fanOutBoolSkip(parent context.Context, timeout time.Duration, o
 			continue
 		}
 		sent++
-		if an, ok := nd.(AsyncNode); ok {
-			op.start(ctx, an, func(ok bool, err error) {
-				results <- boolResult{idx: i, ok: ok, err: err}
-			})
+		if op.start(ctx, nd, func(ok bool, err error) {
+			results <- boolResult{idx: i, ok: ok, err: err}
+		}) {
 			continue
 		}
 		go func(i int, nd Node) {

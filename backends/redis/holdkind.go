@@ -9,14 +9,13 @@ package redis
 //
 // These run on a quorum per kind, over the same nodes seen through
 // holdNode, so that majorities, failures and validities are judged exactly
-// as for UNLOCK and RENEW. They are off the hot path (a watchdog's
-// renewals every TTL/3, and its release when its connection closes):
-// releases go through the nodes' batching writers, renewals through each
-// node's go-redis client, as LOCKINFO's reads do, with scripts of their
-// own that renew one kind of hold only and never shorten a lease: a
-// watchdog renews every hold of the token of that kind, also those taken
-// without KEEPALIVE on other connections, whose holders were told of a
-// lease of their own.
+// as for UNLOCK and RENEW. Both go through the nodes' batching writers:
+// a watchdog renews every TTL/3, which with thousands of KEEPALIVE locks
+// is thousands of renewals a second (see Node.extendHold). The renewals
+// have scripts of their own that renew one kind of hold only and never
+// shorten a lease: a watchdog renews every hold of the token of that
+// kind, also those taken without KEEPALIVE on other connections, whose
+// holders were told of a lease of their own.
 
 import (
 	"context"
@@ -80,9 +79,11 @@ func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backend
 
 // holdNode is a node as the quorum of one kind of hold sees it: its
 // Release releases a hold of that kind only, and its Extend renews one.
-// It is not a quorum.AsyncNode: the quorum runs each call on a goroutine
-// of its own, and the node's Start methods, which take no hold kind, are
-// not reached through it.
+// It is not a quorum.AsyncNode: the quorum runs each release on a
+// goroutine of its own, and the node's Start methods, which take no hold
+// kind, are not reached through it. It is a quorum.AsyncExtender: the
+// renewals, thousands a second with many KEEPALIVE locks, are answered by
+// the node's writer, without a goroutine per node and renewal.
 type holdNode struct {
 	n    *Node
 	mode backends.Mode
@@ -117,6 +118,11 @@ func (h holdNode) Release(ctx context.Context, key, token string, _ quorum.Hold)
 // Extend renews the token's hold of h's kind.
 func (h holdNode) Extend(ctx context.Context, key, token string, ttl time.Duration) (bool, error) {
 	return h.n.extendHold(ctx, key, token, h.mode, ttl)
+}
+
+// StartExtend is Extend answering through done (quorum.AsyncExtender).
+func (h holdNode) StartExtend(ctx context.Context, key, token string, ttl time.Duration, done func(bool, error)) {
+	h.n.startExtendHold(ctx, key, token, h.mode, ttl, done)
 }
 
 // extendWriteScript: KEYS the lock keys (first five); ARGV[1] token,
@@ -202,33 +208,57 @@ func (n *Node) eval(ctx context.Context, s script, keys []string, args ...any) (
 }
 
 // extendHold renews token's hold of key of mode on this node (see
-// extendWriteScript and extendReadScript), counted in the node's extend
-// metrics as RENEW's are.
-func (n *Node) extendHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (ok bool, err error) {
-	// The generation is read before the check that the node may vote: a
-	// restart revealed by the call's own new connection (onConnect) then
-	// shows as a new generation after it, and the answer, from a server
-	// that may hold a stale snapshot's keys, is no vote (as a RENEW's on
-	// the writers and LOCKINFO's are not).
-	gen := n.health.gen.Load()
+// extendWriteScript and extendReadScript) through key's batching writer,
+// as RENEW's extend goes, counted in the node's extend metrics with
+// RENEW's. Not on the go-redis client: a connection holding 10,000
+// KEEPALIVE locks of PX 5000 asks each node for about 6,000 renewals a
+// second, which the client's pool (redlock.pool_size connections, one
+// round trip and several allocations per call) could not carry within the
+// node timeout on a loaded host, and most of those locks were lost
+// (TestKeepaliveRenewalsPipelined). On the writer they share its pipelined
+// batches, and the batch's own checks (the restart generation read before
+// the node may vote, the data epoch read after its commands) make an
+// answer from a server that restarted meanwhile no vote, as the go-redis
+// call's answeredBy did. The writer also keeps a renewal in order with the
+// other operations on the key sent through this instance (an UNLOCK's
+// release, a reentrant grant), which the client's connections did not.
+func (n *Node) extendHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (bool, error) {
 	if err := n.health.refuse(); err != nil {
 		return false, err
 	}
-	start := time.Now()
-	defer func() { n.observe(opExtend, start, err) }()
-	keys := n.lockKeys(n.LockKey(key), key, keyWriterWaits)
-	v, err := n.eval(ctx, scriptExtendHold[mode], keys, token, ttl.Milliseconds(), readMarker)
-	if err != nil {
-		return false, fmt.Errorf("extend %v hold: %w", mode, err)
+	return extendHoldResult(mode, n.do(ctx, extendHoldOp(n, key, token, mode, ttl)))
+}
+
+// startExtendHold is extendHold answering through done, called on the
+// writer (or here when the op cannot be queued): done must not block.
+func (n *Node) startExtendHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration, done func(bool, error)) {
+	if err := n.health.refuse(); err != nil {
+		done(false, err)
+		return
 	}
-	if err := n.answeredBy(gen); err != nil {
-		return false, err
+	o := extendHoldOp(n, key, token, mode, ttl)
+	o.done = func(r opResult) { done(extendHoldResult(mode, r)) }
+	n.start(ctx, o)
+}
+
+// extendHoldOp is the writer's op renewing token's hold of key of mode.
+func extendHoldOp(n *Node, key, token string, mode backends.Mode, ttl time.Duration) *op {
+	o := n.newOp(opExtend, key, token)
+	o.ms = ttl.Milliseconds()
+	o.hold = quorum.WriteHold
+	if mode == backends.Read {
+		o.hold = quorum.ReadHold
 	}
-	i, isInt := v.(int64)
-	if !isInt {
-		return false, fmt.Errorf("unexpected reply to the extend %v hold script: %.60v", mode, v)
+	return o
+}
+
+// extendHoldResult is whether the extend hold script's answer r renewed
+// a hold of mode.
+func extendHoldResult(mode backends.Mode, r opResult) (bool, error) {
+	if r.err != nil {
+		return false, fmt.Errorf("extend %v hold: %w", mode, r.err)
 	}
-	return i == 1, nil
+	return r.n == 1, nil
 }
 
 // announceHoldRelease announces on this node the release of a hold of

@@ -18,6 +18,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 	"go.uber.org/zap"
 
+	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/conf"
 	"github.com/lockproxy/lockproxy/quorum"
 )
@@ -119,7 +120,10 @@ type op struct {
 	// lateReadReleaseScript). On a release it is the attempt that release
 	// rolls back ("" for one without a mark).
 	attempt string
-	hold    quorum.Hold // which holds a release may remove
+	// hold is which holds a release may remove; on an extend, AnyHold
+	// is RENEW's (extendScript), WriteHold or ReadHold a watchdog's
+	// renewal of that kind only (Node.extendHold).
+	hold quorum.Hold
 	// lateGrant marks a release that rolls back an acquire in doubt: it
 	// goes out as lateGrantReleaseScript (see owed.written), with
 	// lateMark when that acquire was marked by its node (mark).
@@ -1508,7 +1512,16 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			n.addScript(c, scriptRelease, sha, o, keyWriterWaits, 4)
 			n.addReleaseArgs(c, o)
 		case opExtend:
-			n.addScript(c, scriptExtend, sha, o, keyWriterWaits, 3)
+			// RENEW's extend, or a watchdog's renewal of one kind of hold
+			// (Node.extendHold): the same keys and arguments.
+			s := scriptExtend
+			switch o.hold {
+			case quorum.WriteHold:
+				s = scriptExtendHold[backends.Write]
+			case quorum.ReadHold:
+				s = scriptExtendHold[backends.Read]
+			}
+			n.addScript(c, s, sha, o, keyWriterWaits, 3)
 			c.bulk(o.token)
 			c.bulkInt(o.ms)
 			c.bulk(readMarker)

@@ -3,6 +3,8 @@ package redis
 import (
 	"crypto/sha1"
 	"encoding/hex"
+
+	"github.com/lockproxy/lockproxy/backends"
 )
 
 // Every lock operation but a first write grant is one Lua script, so that
@@ -869,7 +871,7 @@ var (
 
 // batchScripts are the scripts batches send with EVALSHA (Node.send); a
 // writer's connection loads them when it is made (Node.connect).
-var batchScripts = []script{scriptAcquire, scriptAcquireMarked, scriptRead, scriptRaiseFence, scriptRelease, scriptExtend}
+var batchScripts = []script{scriptAcquire, scriptAcquireMarked, scriptRead, scriptRaiseFence, scriptRelease, scriptExtend, scriptExtendHold[backends.Write], scriptExtendHold[backends.Read]}
 
 // Script is a lock script's source and the SHA1 lockproxy sends in
 // EVALSHA.
