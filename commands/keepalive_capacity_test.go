@@ -18,15 +18,16 @@ import (
 // TestKeepaliveRenewalsPipelined: one connection holds 10,000 KEEPALIVE
 // locks (the most a connection may hold) of PX 2000 over three real
 // redis-server nodes, configured as lockproxy's defaults configure them
-// (pool_size 8, one batching writer per node, 250 ms for each node to
-// answer, what PX 5000 gets), for three renewal periods after the last
-// grant: 15,000 renewals a second, of which none may fail. Before, the watchdog's renewals went
-// through each node's go-redis pool, one round trip, one goroutine per
-// node and some 80 allocations per renewal, and on a two-core host they
-// timed out from about 8,000 a second (PX 2500 here: 6,901 of the 10,000
-// lost; through a lockproxy, 7,199 of 10,000 of PX 5000 lost at a load
-// average of 3-4). On the batching writers, pipelined and answered
-// through a callback, this test passed with PX 1000, twice the rate.
+// (pool_size 8, one batching writer per node) with 250 ms for each node
+// to answer (what PX 5000 gets), for three renewal periods after the
+// last grant: 15,000 renewals a second, of which none may fail. Before,
+// the watchdog's renewals went through each node's go-redis pool, one
+// round trip, one goroutine per node and some 80 allocations per
+// renewal: here, at load averages of 5.5, most were lost (timeouts on
+// every node); through a lockproxy, 7,199 of 10,000 locks of PX 5000 at
+// a load average of 3-4. On the batching writers, pipelined and answered
+// through a callback, none was lost, also with PX 1000 (and its 50 ms
+// node timeouts) at a load average of 2.
 func TestKeepaliveRenewalsPipelined(t *testing.T) {
 	if testing.Short() {
 		t.Skip("takes and holds 10,000 locks, about 6 s")
