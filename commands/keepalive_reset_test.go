@@ -125,11 +125,11 @@ func TestConnResetDropsLossNotices(t *testing.T) {
 			owners := w.owners()
 			k.mu.Unlock()
 			if !tc.raced {
-				k.tell(w, owners, lostRenewFailed, "why")
+				k.tell(w, owners, lostRenewFailed, nil, "why")
 			}
 			k.connReset(a.ka)
 			if tc.raced {
-				k.tell(w, owners, lostRenewFailed, "why")
+				k.tell(w, owners, lostRenewFailed, nil, "why")
 			}
 			if why, lost := a.ka.takeLost([]byte("k")); lost {
 				t.Errorf("a notice (%q) after the RESET; want none: the loss was not the new user's", why)
