@@ -5,10 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
-
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/backends/redis"
 	"github.com/lockproxy/lockproxy/quorum"
@@ -51,14 +47,7 @@ func TestKeepaliveRenewalsPipelined(t *testing.T) {
 	t.Cleanup(func() { _ = be.Close() })
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	core, logs := observer.New(zap.InfoLevel)
-	reg := prometheus.NewRegistry()
-	held := newHeldLocks(newMetrics(reg))
-	k := newKeepalives(be, held, zap.New(core), time.Minute, 0, reg)
-	t.Cleanup(func() {
-		k.close()
-		held.close()
-	})
+	k, logs := newObservedKeepalives(t, be, time.Minute)
 	c := newTestConn(t, 3)
 	start := time.Now()
 	for i := range n {

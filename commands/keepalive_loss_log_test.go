@@ -6,10 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest/observer"
-
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
 )
@@ -22,14 +18,7 @@ import (
 func TestKeepaliveLossLogsNodeErrors(t *testing.T) {
 	nodes := "1/3 nodes: 127.0.0.1:6380 timeout, 127.0.0.1:6381 timeout"
 	b := &fakeBackend{renewErr: fmt.Errorf("%w: %s", quorum.ErrNoQuorum, nodes)}
-	core, logs := observer.New(zap.InfoLevel)
-	reg := prometheus.NewRegistry()
-	held := newHeldLocks(newMetrics(reg))
-	k := newKeepalives(b, held, zap.New(core), time.Minute, 0, reg)
-	t.Cleanup(func() {
-		k.close()
-		held.close()
-	})
+	k, logs := newObservedKeepalives(t, b, time.Minute)
 	a := newTestConn(t, 3)
 	if !k.startHold(a.ctx, a.ka, "k", "tok", 60*time.Millisecond, 0, backends.Write, true) {
 		t.Fatal("startHold = false")

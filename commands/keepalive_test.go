@@ -12,6 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest/observer"
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
@@ -163,9 +164,20 @@ func (c *testConn) pushed() [][]byte {
 }
 
 func newTestKeepalives(t *testing.T, b backends.Backend, idle time.Duration) *keepalives {
+	return newLoggingKeepalives(t, b, idle, zap.NewNop())
+}
+
+// newObservedKeepalives is newTestKeepalives logging at info level to
+// the entries it returns.
+func newObservedKeepalives(t *testing.T, b backends.Backend, idle time.Duration) (*keepalives, *observer.ObservedLogs) {
+	core, logs := observer.New(zap.InfoLevel)
+	return newLoggingKeepalives(t, b, idle, zap.New(core)), logs
+}
+
+func newLoggingKeepalives(t *testing.T, b backends.Backend, idle time.Duration, log *zap.Logger) *keepalives {
 	reg := prometheus.NewRegistry()
 	held := newHeldLocks(newMetrics(reg))
-	k := newKeepalives(b, held, zap.NewNop(), idle, 0, reg)
+	k := newKeepalives(b, held, log, idle, 0, reg)
 	t.Cleanup(func() {
 		k.close()
 		held.close()
