@@ -506,18 +506,7 @@ func TestAbuseLeavesServerAndLocks(t *testing.T) {
 		t.Errorf("RSS grew by %d KB over two more rounds of the same abuse; want < 32 MB", rss2-rss0)
 	}
 
-	var lastG int
-	err := eventually(100, 100*time.Millisecond, func() error {
-		lastG = goroutines(t, in)
-		if lastG > baseG+5 {
-			return fmt.Errorf("%d goroutines; %d before the abuse", lastG, baseG)
-		}
-		return nil
-	})
-	if err != nil {
-		_, dump := httpGet(t, "http://"+in.admin+"/debug/pprof/goroutine?debug=1")
-		t.Fatalf("goroutines did not settle: %v\n%s", err, dump)
-	}
+	requireGoroutinesSettle(t, in, baseG, "the abuse")
 
 	if d := 2*keptTTL - time.Since(keptAt); d > 0 {
 		time.Sleep(d)

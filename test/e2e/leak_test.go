@@ -91,11 +91,21 @@ func TestNoGoroutineLeak(t *testing.T) {
 	}
 	wg.Wait()
 
+	last := requireGoroutinesSettle(t, in, base, "the clients")
+	t.Logf("goroutines: %d before %d clients, %d after", base, clients, last)
+}
+
+// requireGoroutinesSettle waits up to 10 s for in's goroutines to come
+// back to within 5 of base, its count before what the test did (named by
+// before), and fails with a goroutine dump if they do not; it returns the
+// last count.
+func requireGoroutinesSettle(t *testing.T, in *instance, base int, before string) int {
+	t.Helper()
 	var last int
 	err := eventually(100, 100*time.Millisecond, func() error {
 		last = goroutines(t, in)
 		if last > base+5 {
-			return fmt.Errorf("%d goroutines; %d before the clients", last, base)
+			return fmt.Errorf("%d goroutines; %d before %s", last, base, before)
 		}
 		return nil
 	})
@@ -103,5 +113,5 @@ func TestNoGoroutineLeak(t *testing.T) {
 		_, dump := httpGet(t, "http://"+in.admin+"/debug/pprof/goroutine?debug=1")
 		t.Fatalf("goroutines did not settle: %v\n%s", err, dump)
 	}
-	t.Logf("goroutines: %d before %d clients, %d after", base, clients, last)
+	return last
 }
