@@ -69,6 +69,11 @@ type Lease struct {
 	// Holds is the token's hold count after this grant (1 for a first
 	// grant, more for a reentrant one).
 	Holds int64
+	// At is when Validity was measured, if the backend says (zero: as
+	// Lock returns). The time from then to the reply, a goroutine's
+	// hand-off or a process paused in between, is lease gone by, which
+	// the reply takes off (commands: toldValidity).
+	At time.Time
 }
 
 // Holder is one token holding a lock, as LOCKINFO reports it.

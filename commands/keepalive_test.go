@@ -30,6 +30,9 @@ type fakeBackend struct {
 	// renewal's context ends), so that a test can do something while the
 	// renewal is in flight whatever the scheduling.
 	renewGate chan struct{}
+	// leaseAge, when set, is how long before Lock returns its lease's
+	// validity was measured (Lease.At): time the lease ran meanwhile.
+	leaseAge time.Duration
 
 	mu          sync.Mutex
 	renews      []renewCall
@@ -44,7 +47,11 @@ type renewCall struct {
 }
 
 func (f *fakeBackend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
-	return backends.Lease{Token: req.Token, Validity: req.TTL, Fence: 1}, nil
+	l := backends.Lease{Token: req.Token, Validity: req.TTL, Fence: 1}
+	if f.leaseAge > 0 {
+		l.At = time.Now().Add(-f.leaseAge)
+	}
+	return l, nil
 }
 
 func (f *fakeBackend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {

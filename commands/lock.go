@@ -342,6 +342,10 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 	if wait != nil {
 		unblocked = h.waits.end(s.ID(), wait)
 	}
+	expired := false
+	if err == nil {
+		lease.Validity, expired = toldValidity(lease, done)
+	}
 	switch {
 	case unblocked != 0:
 		// CLIENT UNBLOCK ended the wait and was told so (:1): the
@@ -367,6 +371,16 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		h.metrics.acquireErr.Inc()
 		h.releaseOrphan(s, req.Key, token, mode)
 		s.W.Error(errShuttingDown.Error())
+	case err == nil && expired:
+		// The lease ran out between the backend's answer and here (the
+		// process was paused): as a grant that would leave under 1 ms,
+		// given back and answered as not acquired, never told a validity
+		// that is gone (test/fault sigstop-lockproxy-past-ttl saw one
+		// told ~1.96 s after a 2.5 s pause, and its fence below a later
+		// holder's).
+		h.releaseOrphan(s, req.Key, token, mode)
+		h.metrics.notAcquired.Inc()
+		s.W.Null()
 	case err == nil && a.token != nil && h.lockLost(s, a.key, a.token):
 		// This connection's KEEPALIVE lock of the key with the token
 		// was lost while the attempt ran (a WAIT, a slow grant): this
@@ -435,6 +449,17 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		}
 		h.replyError(s, cmd, err)
 	}
+}
+
+// toldValidity is the validity to tell of lease, answered by the backend
+// at done: its Validity less the time since the backend measured it
+// (lease.At), and whether nothing (under 1 ms) is left.
+func toldValidity(lease backends.Lease, done time.Time) (time.Duration, bool) {
+	if lease.At.IsZero() {
+		return lease.Validity, false
+	}
+	left := lease.Validity - max(done.Sub(lease.At), 0)
+	return left, left < time.Millisecond
 }
 
 // grantSent is the latest time the lease of a grant may have begun: when

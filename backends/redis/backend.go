@@ -687,7 +687,7 @@ func (b *Backend) tryOnce(ctx context.Context, req quorum.Request) (backends.Lea
 	l, err := b.q.Acquire(ctx, req)
 	switch {
 	case err == nil:
-		return backends.Lease{Token: l.Token, Validity: l.Validity, Fence: l.Fence, Holds: l.Holds}, nil
+		return backends.Lease{Token: l.Token, Validity: l.Validity, Fence: l.Fence, Holds: l.Holds, At: time.Now()}, nil
 	case errors.Is(err, quorum.ErrNotAcquired), errors.Is(err, quorum.ErrExpired):
 		return backends.Lease{}, backends.ErrNotAcquired
 	case errors.Is(err, quorum.ErrUpgrade):
