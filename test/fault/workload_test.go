@@ -430,8 +430,12 @@ var faults = []fault{
 		inject: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
 			n := e.proxies[1].kill()
 			// Down past the TTL: the locks it granted run out and the
-			// clients of the other instance get them.
-			time.Sleep(pastTTL)
+			// clients of the other instance get them, within a second
+			// of the lease ends their refusals told (no release is
+			// announced by a dead instance): the window must hold those
+			// grants, since it ends where the heal begins (one CI run
+			// counted none past its first 200 ms in pastTTL alone).
+			time.Sleep(pastTTL + time.Second)
 			return n
 		},
 		heal: func(t *testing.T, e *linkEnv) {
