@@ -921,7 +921,8 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 	case actUpgrade:
 		return backends.Lease{}, 0, nil, backends.ErrUpgrade
 	}
-	lease.Validity = validity(req.TTL, time.Since(start), b.cfg.DriftFactor, b.cfg.DriftMin)
+	lease.At = time.Now()
+	lease.Validity = validity(req.TTL, lease.At.Sub(start), b.cfg.DriftFactor, b.cfg.DriftMin)
 	if lease.Validity < backends.MinValidity {
 		// Too slow to be of use: the lease may already be over, so the
 		// caller must not act on it (and under 1 ms would read as 0).

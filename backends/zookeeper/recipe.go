@@ -105,8 +105,8 @@ func (b *Backend) leaseLeft(d lockData, st *zk.Stat, now time.Time) time.Duratio
 // left (its instance may be stopping, or gone and the session about to
 // expire): a renewal or reentry through it keeps the hold but promises
 // nothing, as the least validity the callers report says.
-func (b *Backend) validityOf(n node, ttl time.Duration, t0 time.Time) time.Duration {
-	v := b.validity(ttl, t0)
+func (b *Backend) validityOf(n node, ttl time.Duration, t0, now time.Time) time.Duration {
+	v := b.validityAt(ttl, t0, now)
 	switch {
 	case v < backends.MinValidity:
 		return 0
@@ -1157,7 +1157,8 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	}
 	// Counted after the read, this grant's last round trip: nothing after
 	// it is waited for.
-	v := b.validity(req.TTL, t0)
+	at := time.Now()
+	v := b.validityAt(req.TTL, t0, at)
 	if v < backends.MinValidity && o.version == 0 {
 		// Too late to be of use, and not reentered: Lock deletes the
 		// node.
@@ -1186,7 +1187,8 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	if req.Mode == backends.Read {
 		holds = g.data.read
 	}
-	return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(g.stat.Czxid), Holds: max(holds, 1)}, nil
+	// At: wake's write above, and anything after, is lease gone by.
+	return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(g.stat.Czxid), Holds: max(holds, 1), At: at}, nil
 }
 
 // wake rewrites the data of the granted node at path as read (g), which
@@ -1332,7 +1334,8 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 		case err == nil:
 			// Counted from t0, before the write was sent, for req.TTL: no
 			// more than the lease now stored, which ends no sooner.
-			v := b.validityOf(n, req.TTL, t0)
+			at := time.Now()
+			v := b.validityOf(n, req.TTL, t0, at)
 			if v == 0 {
 				// Too late to be of use: the hold just added is taken
 				// back, and the LOCK answered not acquired.
@@ -1343,7 +1346,7 @@ func (b *Backend) reenter(ctx context.Context, n node, req backends.LockRequest,
 			if req.Mode == backends.Read {
 				holds = d.read
 			}
-			return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(n.stat.Czxid), Holds: holds}, nil
+			return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(n.stat.Czxid), Holds: holds, At: at}, nil
 		case errors.Is(err, zk.ErrBadVersion):
 			g, ok, err := b.get(ctx, n.path)
 			if err != nil {
@@ -1638,7 +1641,7 @@ func (b *Backend) renew(ctx context.Context, key, token string, k holdKind, ttl 
 			// A renewal too late to be of use (a validity under
 			// backends.MinValidity) answers 0: the caller must no longer count on
 			// the key, which stays held until the lease just set ends.
-			return b.validityOf(n, ttl, t0), nil
+			return b.validityOf(n, ttl, t0, time.Now()), nil
 		case errors.Is(err, zk.ErrNoNode):
 			if n, ok, err = b.lookAgain(ctx, n.path, key, token, k); err != nil || !ok {
 				return 0, err
