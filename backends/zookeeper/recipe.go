@@ -1502,6 +1502,17 @@ func (b *Backend) releaseNode(ctx context.Context, n node, key, token string, k 
 		var err error
 		if d.write == 0 && d.read == 0 {
 			err = b.remove(ctx, n.path, n.stat.Version, n.data.hasGate())
+			if errors.Is(err, zk.ErrConnectionClosed) {
+				// The answer was lost with the connection, not necessarily
+				// the delete. Made, it is the release, and an error would
+				// have the client UNLOCK again and be told 0 (not held), a
+				// lease it overran, when it released in time.
+				resolved := b.resolve(n.path)
+				if b.removedHere(ctx, n) {
+					err = nil
+				}
+				resolved()
+			}
 			if err == nil {
 				b.forget(n.path)
 				return true, nil
@@ -2050,6 +2061,64 @@ func (b *Backend) settled(ctx context.Context, path string) error {
 	}
 }
 
+// removedHere reports whether the delete of node n (at its version), whose
+// answer was lost with the connection, was made: once the session is back
+// on a server synced with the ensemble (for a session timeout at most,
+// while ctx lasts), the node, one of this session's, is gone while its
+// lease, on the drift-counted clock, still runs. Nothing else deletes such
+// a node before its lease ends but this session's expiry (which the wait
+// sees) and a release of the same token through another instance, after
+// which the hold is released all the same. A node of another instance's
+// session goes with that session, whose end this instance cannot see
+// (false). A node still there at n's version was not deleted (false:
+// the caller's error stands, and the client's retry deletes it); gone
+// after its lease may have ended, the delete may have come too late, and
+// that is not known (false).
+func (b *Backend) removedHere(ctx context.Context, n node) bool {
+	if !b.ownSession(n) {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(ctx, b.cfg.SessionTimeout)
+	defer cancel()
+	if !b.backOnSyncedServer(ctx, n.path) {
+		return false
+	}
+	_, ok, err := b.get(ctx, n.path)
+	if err != nil || ok {
+		return false
+	}
+	// The lease as stored, less the drift allowance, not capped by the
+	// session's horizon as a validity told is: the session is back, so
+	// it did not end.
+	ttl := n.data.ttl
+	end := n.data.leaseStart(n.stat).Add(ttl - time.Duration(float64(ttl)*b.cfg.DriftFactor) - b.cfg.DriftMin)
+	return time.Now().Before(end)
+}
+
+// backOnSyncedServer waits, while ctx lasts, until the session is back on
+// a server and that server is synced with the ensemble for path (the
+// session may come back on one that has not applied a write yet: see
+// abandonByNonce); false when ctx ends or the session expires first.
+func (b *Backend) backOnSyncedServer(ctx context.Context, path string) bool {
+	b.mu.Lock()
+	expired := b.expired
+	b.mu.Unlock()
+	for !b.connected.Load() {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-expired:
+			return false
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+	if b.testBeforeApplied != nil {
+		b.testBeforeApplied()
+	}
+	_, err := call(ctx, func() (string, error) { return b.conn.Sync(path) })
+	return err == nil
+}
+
 // applied reports whether the write of d to the node at path at data
 // version version, whose answer was lost with the connection, was made,
 // and the node's stat after it: once the session is back on a server (for
@@ -2060,24 +2129,7 @@ func (b *Backend) settled(ctx context.Context, path string) error {
 func (b *Backend) applied(ctx context.Context, path string, version int32, d lockData) (*zk.Stat, bool) {
 	ctx, cancel := context.WithTimeout(ctx, b.cfg.SessionTimeout)
 	defer cancel()
-	b.mu.Lock()
-	expired := b.expired
-	b.mu.Unlock()
-	for !b.connected.Load() {
-		select {
-		case <-ctx.Done():
-			return nil, false
-		case <-expired:
-			return nil, false
-		case <-time.After(20 * time.Millisecond):
-		}
-	}
-	if b.testBeforeApplied != nil {
-		b.testBeforeApplied()
-	}
-	// The session may be back on a server that has not applied the write
-	// yet: a sync brings it up to date (see abandonByNonce).
-	if _, err := call(ctx, func() (string, error) { return b.conn.Sync(path) }); err != nil {
+	if !b.backOnSyncedServer(ctx, path) {
 		return nil, false
 	}
 	g, ok, err := b.get(ctx, path)
