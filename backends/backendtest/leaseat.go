@@ -12,8 +12,8 @@ import (
 // validity was measured (Lease.At, inside the call): LOCK's reply takes
 // the time from then off what it tells (commands: toldValidity), so a
 // backend that leaves At zero tells the whole validity however long the
-// grant took to come back after the measure (a ZooKeeper grant that wakes
-// a queued LOCK of its token writes to ZooKeeper in between). For each
+// grant took to come back after the measure (a pause of the process, a
+// slow hand-off between goroutines). For each
 // grant, a fresh write, a reentry, a fresh read and a read reentry, At
 // must fall between the call and its return, and the validity must not
 // exceed the TTL.

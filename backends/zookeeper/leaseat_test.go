@@ -9,7 +9,7 @@ import (
 
 // TestLeaseTellsWhenMeasured runs backendtest.RunLeaseTellsWhenMeasured on
 // real ZooKeeper. Before, its grants left Lease.At zero, and LOCK told the
-// validity as measured, also after a queued LOCK's wake-up write.
+// validity as measured, whatever time passed before the reply.
 func TestLeaseTellsWhenMeasured(t *testing.T) {
 	t.Parallel()
 	a := newBackend(t, []string{zkAddr}, testRoot(t), 30*time.Second)

@@ -1187,7 +1187,7 @@ func (b *Backend) granted(ctx context.Context, req backends.LockRequest, path st
 	if req.Mode == backends.Read {
 		holds = g.data.read
 	}
-	// At: wake's write above, and anything after, is lease gone by.
+	// At: whatever passes from here to the reply is lease gone by.
 	return backends.Lease{Token: req.Token, Validity: v, Fence: uint64(g.stat.Czxid), Holds: max(holds, 1), At: at}, nil
 }
 
