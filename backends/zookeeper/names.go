@@ -47,6 +47,9 @@ func gatePath(root, dir, prefix string) string {
 func gateOf(root, path string) string {
 	i := strings.LastIndexByte(path, '/')
 	name := path[i+1:]
+	if c, ok := parseChild(name); ok {
+		return gatePath(root, path[:i], childPrefix(c.kind, c.hash, c.nonce))
+	}
 	return gatePath(root, path[:i], name[:max(len(name)-seqDigits, 0)])
 }
 
@@ -64,7 +67,13 @@ const (
 	kindRead  = 'r'
 )
 
-// seqDigits is how many digits ZooKeeper appends to a sequential node.
+// seqDigits is how many digits ZooKeeper appends to a sequential node:
+// the parent's child-change counter (cversion) as Java's "%010d" writes
+// it. That counter is a signed 32-bit number, and every create and delete
+// of a child moves it, so on a key whose directory is never empty for
+// long (held, or queued for, without a break) it wraps: from 2147483647
+// to "-2147483648" (eleven characters), then up through "-000000001" to
+// "0000000000" (see orderChildren).
 const seqDigits = 10
 
 // child is one lock node's name, parsed: "<kind>-<token hash>-<nonce>-<seq>".
@@ -75,7 +84,7 @@ type child struct {
 	kind  byte
 	hash  string
 	nonce string
-	seq   int64
+	seq   int32
 }
 
 // childPrefix is the name ZooKeeper appends the sequence number to.
@@ -83,33 +92,93 @@ func childPrefix(kind byte, hash, nonce string) string {
 	return string(kind) + "-" + hash + "-" + nonce + "-"
 }
 
+// parseChild parses a lock node's name. The sequence number must be
+// exactly as ZooKeeper writes it (formatSeq), a negative one too: it then
+// holds a fourth '-'.
 func parseChild(name string) (child, bool) {
-	parts := strings.Split(name, "-")
-	if len(parts) != 4 || len(parts[0]) != 1 || len(parts[3]) != seqDigits {
+	parts := strings.SplitN(name, "-", 4)
+	if len(parts) != 4 || len(parts[0]) != 1 {
 		return child{}, false
 	}
 	k := parts[0][0]
 	if k != kindWrite && k != kindRead {
 		return child{}, false
 	}
-	seq, err := strconv.ParseInt(parts[3], 10, 64)
-	if err != nil {
+	seq, err := strconv.ParseInt(parts[3], 10, 32)
+	if err != nil || formatSeq(int32(seq)) != parts[3] {
 		return child{}, false
 	}
-	return child{name: name, kind: k, hash: parts[1], nonce: parts[2], seq: seq}, true
+	return child{name: name, kind: k, hash: parts[1], nonce: parts[2], seq: int32(seq)}, true
 }
 
-// sortChildren parses names and sorts the lock nodes by sequence number;
-// other names are ignored.
-func sortChildren(names []string) []child {
+// formatSeq writes a sequence number as ZooKeeper does (Java's "%010d"):
+// zero-padded to ten characters, a minus sign counted among them.
+func formatSeq(seq int32) string {
+	digits := strconv.FormatInt(int64(seq), 10)
+	neg := seq < 0
+	if neg {
+		digits = digits[1:]
+	}
+	width := seqDigits
+	if neg {
+		width--
+	}
+	if pad := width - len(digits); pad > 0 {
+		digits = strings.Repeat("0", pad) + digits
+	}
+	if neg {
+		return "-" + digits
+	}
+	return digits
+}
+
+// errUnordered: a key's lock nodes cannot be put in the order they were
+// made (see orderChildren). Nothing is granted on such a key.
+var errUnordered = errors.New("zookeeper: a key's lock nodes span 2^31 or more sequence numbers " +
+	"(its directory's child counter wrapped while one of them lived), so their order is unknown; " +
+	"nothing is granted on the key until they go")
+
+// sortChildren parses names and puts the lock nodes in the order they
+// were made (orderChildren); other names are ignored.
+func sortChildren(names []string) ([]child, error) {
 	out := make([]child, 0, len(names))
 	for _, n := range names {
 		if c, ok := parseChild(n); ok {
 			out = append(out, c)
 		}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].seq < out[j].seq })
-	return out
+	return out, orderChildren(out)
+}
+
+// orderChildren sorts lock nodes in the order they were made. Their
+// sequence numbers, read as unsigned, count up around a circle of 2^32
+// (see seqDigits), so the order is the circle's, starting after the
+// widest gap between two neighbours: nodes made while the counter wrapped
+// keep their order ("-2147483648" comes after "2147483647"). That holds
+// as long as the live nodes span less than half the circle, where any two
+// of them are ordered alike in any read of the key's children, whichever
+// instance reads; a wider span (a node alive through a billion creates
+// and deletes beside it) is errUnordered, refused rather than guessed.
+func orderChildren(kids []child) error {
+	if len(kids) < 2 {
+		return nil
+	}
+	sort.Slice(kids, func(i, j int) bool { return uint32(kids[i].seq) < uint32(kids[j].seq) })
+	first := 0
+	gap := uint64(uint32(kids[0].seq)) + 1<<32 - uint64(uint32(kids[len(kids)-1].seq))
+	for i := 1; i < len(kids); i++ {
+		if g := uint64(uint32(kids[i].seq) - uint32(kids[i-1].seq)); g > gap {
+			first, gap = i, g
+		}
+	}
+	if gap <= 1<<31 {
+		return errUnordered
+	}
+	if first > 0 {
+		rotated := append(append(make([]child, 0, len(kids)), kids[first:]...), kids[:first]...)
+		copy(kids, rotated)
+	}
+	return nil
 }
 
 // lockData is what a lock node stores. Hold counts live here, not only in

@@ -187,7 +187,11 @@ func (b *Backend) children(ctx context.Context, dir string) ([]child, error) {
 	if err != nil {
 		return nil, zkErr("children", err)
 	}
-	return sortChildren(names), nil
+	kids, err := sortChildren(names)
+	if err != nil {
+		return nil, fmt.Errorf("%w (%s)", err, dir)
+	}
+	return kids, nil
 }
 
 // syncedChildren is children after a sync of dir: what the server reads
