@@ -36,6 +36,13 @@ type Grant struct {
 	// Read is the ledger value the client read in its critical section
 	// (for the linearizability check).
 	Read int64
+	// A reader reads the ledger again at the end of its critical section:
+	// Reread is the value it read then, and RereadOK whether the ledger
+	// still took its fence (no holder with a higher fence had read or
+	// written the key since). While the read lock holds, no write may
+	// land between the two reads (the linearizability check).
+	Reread   int64
+	RereadOK bool
 	// TTL is the lease the grant asked for (PX) and Validity the
 	// validity_ms its reply told, for the rows' validity check
 	// (checkValidity in row_test.go). Check goes by Deadline, which a
@@ -304,6 +311,17 @@ func (l *Ledger) Read(key string, fence int64) int64 {
 		l.maxFence[key] = fence
 	}
 	return l.value[key]
+}
+
+// Reread returns key's current value to a reader of fence that read it
+// before, and whether the ledger still takes that fence: false once a
+// holder with a higher fence read or wrote key (a fenced ledger refuses
+// the stale fence, so the reader knows its view may have changed); an
+// unfenced ledger always takes it.
+func (l *Ledger) Reread(key string, fence int64) (int64, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.value[key], !l.fenced || fence >= l.maxFence[key]
 }
 
 // Write sets key to value if the ledger accepts fence, and reports whether

@@ -200,6 +200,38 @@ func TestLedgerFencedReads(t *testing.T) {
 	}
 }
 
+// A reader's second read: a fenced ledger takes its fence until a higher
+// fence reads or writes the key; an equal fence (a write granted before
+// the read, which readers share) does not stop it. An unfenced ledger
+// takes every fence.
+func TestLedgerReread(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		fenced          bool
+		afterEqual      bool // after an equal fence wrote
+		afterHigherRead bool // after a higher fence read
+	}{
+		{name: "fenced", fenced: true, afterEqual: true, afterHigherRead: false},
+		{name: "unfenced", fenced: false, afterEqual: true, afterHigherRead: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := NewLedger(tc.fenced, false)
+			l.Read("k", 3)
+			if v, ok := l.Reread("k", 3); v != 0 || !ok {
+				t.Errorf("Reread(fence 3) at once = %d, %v; want 0, true", v, ok)
+			}
+			l.Write("k", 3, 1)
+			if v, ok := l.Reread("k", 3); v != 1 || ok != tc.afterEqual {
+				t.Errorf("Reread(fence 3) after fence 3 wrote 1 = %d, %v; want 1, %v", v, ok, tc.afterEqual)
+			}
+			l.Read("k", 4)
+			if v, ok := l.Reread("k", 3); v != 1 || ok != tc.afterHigherRead {
+				t.Errorf("Reread(fence 3) after fence 4 read = %d, %v; want 1, %v", v, ok, tc.afterHigherRead)
+			}
+		})
+	}
+}
+
 func TestHistoryClock(t *testing.T) {
 	h := NewHistory()
 	a := h.Now()

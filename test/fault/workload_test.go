@@ -79,11 +79,13 @@ func (e *env) critical(key string, g *Grant) {
 }
 
 // reading is a reader's critical section: read the key's counter with the
-// grant's fence and sleep up to maxSleep; it writes nothing (Use stays 0,
-// so porcupine leaves it out, and Check holds it against the writes).
+// grant's fence, sleep up to maxSleep and read it again; it writes nothing
+// (Use stays 0; Check holds it against the writes, and porcupine checks
+// that no write landed between its reads).
 func (e *env) reading(key string, g *Grant) {
 	g.Read = e.ledger.Read(key, g.Fence)
 	time.Sleep(rand.N(maxSleep + 1))
+	g.Reread, g.RereadOK = e.ledger.Reread(key, g.Fence)
 }
 
 // counts are a workload's outcomes. unlockZeroEarly counts the UNLOCKs
