@@ -38,8 +38,8 @@ type Grant struct {
 	Read int64
 	// A reader reads the ledger again at the end of its critical section:
 	// Reread is the value it read then, and RereadOK whether the ledger
-	// still took its fence (no holder with a higher fence had read or
-	// written the key since). While the read lock holds, no write may
+	// still took its fence (no write with a higher fence had been
+	// accepted since). While the read lock holds, no write may
 	// land between the two reads (the linearizability check).
 	Reread   int64
 	RereadOK bool
@@ -288,6 +288,8 @@ type Ledger struct {
 	rejected int
 	log      []LedgerEntry
 	keepLog  bool
+	// writeFence is the highest fence of an accepted write per key.
+	writeFence map[string]int64
 }
 
 // NewLedger returns an empty ledger; fenced says whether it checks fences.
@@ -299,6 +301,8 @@ func NewLedger(fenced, keepLog bool) *Ledger {
 		maxFence: map[string]int64{},
 		value:    map[string]int64{},
 		acked:    map[string]int64{},
+
+		writeFence: map[string]int64{},
 	}
 }
 
@@ -315,13 +319,15 @@ func (l *Ledger) Read(key string, fence int64) int64 {
 
 // Reread returns key's current value to a reader of fence that read it
 // before, and whether the ledger still takes that fence: false once a
-// holder with a higher fence read or wrote key (a fenced ledger refuses
-// the stale fence, so the reader knows its view may have changed); an
-// unfenced ledger always takes it.
+// write with a higher fence was accepted (a fenced ledger refuses the
+// stale fence, so the reader knows its view may have changed); an
+// unfenced ledger always takes it. A higher fence that only read does
+// not count: concurrent readers may hold different fences, and a writer
+// that has not written yet changed nothing.
 func (l *Ledger) Reread(key string, fence int64) (int64, bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.value[key], !l.fenced || fence >= l.maxFence[key]
+	return l.value[key], !l.fenced || fence >= l.writeFence[key]
 }
 
 // Write sets key to value if the ledger accepts fence, and reports whether
@@ -336,6 +342,9 @@ func (l *Ledger) Write(key string, fence, value int64) bool {
 		l.accepted++
 		if fence > l.maxFence[key] {
 			l.maxFence[key] = fence
+		}
+		if fence > l.writeFence[key] {
+			l.writeFence[key] = fence
 		}
 	} else {
 		l.rejected++

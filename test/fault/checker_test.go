@@ -200,19 +200,19 @@ func TestLedgerFencedReads(t *testing.T) {
 	}
 }
 
-// A reader's second read: a fenced ledger takes its fence until a higher
-// fence reads or writes the key; an equal fence (a write granted before
-// the read, which readers share) does not stop it. An unfenced ledger
-// takes every fence.
+// A reader's second read: a fenced ledger takes its fence until a write
+// with a higher fence is accepted; an equal fence's write (a writer
+// granted before the reader, whose fence readers share) or a higher
+// fence's read (another reader, a writer yet to write) does not stop it.
+// An unfenced ledger takes every fence.
 func TestLedgerReread(t *testing.T) {
 	for _, tc := range []struct {
-		name            string
-		fenced          bool
-		afterEqual      bool // after an equal fence wrote
-		afterHigherRead bool // after a higher fence read
+		name             string
+		fenced           bool
+		afterHigherWrite bool
 	}{
-		{name: "fenced", fenced: true, afterEqual: true, afterHigherRead: false},
-		{name: "unfenced", fenced: false, afterEqual: true, afterHigherRead: true},
+		{name: "fenced", fenced: true, afterHigherWrite: false},
+		{name: "unfenced", fenced: false, afterHigherWrite: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := NewLedger(tc.fenced, false)
@@ -221,12 +221,16 @@ func TestLedgerReread(t *testing.T) {
 				t.Errorf("Reread(fence 3) at once = %d, %v; want 0, true", v, ok)
 			}
 			l.Write("k", 3, 1)
-			if v, ok := l.Reread("k", 3); v != 1 || ok != tc.afterEqual {
-				t.Errorf("Reread(fence 3) after fence 3 wrote 1 = %d, %v; want 1, %v", v, ok, tc.afterEqual)
+			if v, ok := l.Reread("k", 3); v != 1 || !ok {
+				t.Errorf("Reread(fence 3) after fence 3 wrote 1 = %d, %v; want 1, true", v, ok)
 			}
 			l.Read("k", 4)
-			if v, ok := l.Reread("k", 3); v != 1 || ok != tc.afterHigherRead {
-				t.Errorf("Reread(fence 3) after fence 4 read = %d, %v; want 1, %v", v, ok, tc.afterHigherRead)
+			if v, ok := l.Reread("k", 3); v != 1 || !ok {
+				t.Errorf("Reread(fence 3) after fence 4 read = %d, %v; want 1, true", v, ok)
+			}
+			l.Write("k", 4, 2)
+			if v, ok := l.Reread("k", 3); v != 2 || ok != tc.afterHigherWrite {
+				t.Errorf("Reread(fence 3) after fence 4 wrote 2 = %d, %v; want 2, %v", v, ok, tc.afterHigherWrite)
 			}
 		})
 	}
