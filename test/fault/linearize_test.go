@@ -24,9 +24,11 @@ import (
 // was accepted since: a writer came after the reader, legitimately once
 // the reader's lease ran out) is held only to be no lower than the first;
 // the first is still held to the value. So the writes that show between
-// a reader's reads are those with a fence not above the reader's (read
-// fences equal the last write's): a write granted before the reader and
-// still in its section.
+// a reader's reads are those with a fence not above the reader's (a read
+// fence is at least the last write's, and usually equal to it): a write
+// granted before the reader and still in its section, within its
+// validity (an overlap) or past it (a late use, which the fence cannot
+// refuse either, and which porcupine then fails as well).
 //
 // It knows nothing of validity, so it checks the ledger's outcome
 // independently of Check: two sections that really overlapped and both
