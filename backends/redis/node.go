@@ -909,6 +909,8 @@ type writer struct {
 	// owed is what a connection dropped with acquires unanswered left to
 	// send on the next one; nil until then (see owed).
 	owed *owed
+	// until is the latest deadline of the batch exec sends (see exec).
+	until time.Time
 	// epochLost is set by send when a batch found the node's data epoch
 	// changed (see nodeConn.epoch): its answers are no votes.
 	epochLost bool
@@ -1228,7 +1230,18 @@ func (n *Node) drain(q chan *op) {
 func (n *Node) exec(w *writer, batch []*op) {
 	now := time.Now()
 	live := batch[:0]
-	var deadline time.Time
+	// until is the latest deadline of the batch's operations. A
+	// background release (UnlockHold) may have one well past the node
+	// timeout: it may wait that long for its turn in the queue, behind
+	// thousands of others, and its batch may take that long to be
+	// answered while the node answers on. But a node that says nothing
+	// for a node timeout is taken as silent, whatever the deadlines (see
+	// nodeConn.read): waiting on it until a release's deadline would keep
+	// every operation queued behind that batch, on every key of the
+	// writer, unanswered for as long, where the quorum counts on an answer
+	// within about two node timeouts
+	// (TestUnlockHoldKeepsOtherOpsWithinNodeTimeout).
+	var until time.Time
 	// later: roll-backs of acquires in this batch, sent once the batch is
 	// answered (see rollsBackInBatch).
 	var later []*op
@@ -1264,8 +1277,8 @@ func (n *Node) exec(w *writer, batch []*op) {
 				continue
 			}
 		}
-		if o.deadline.After(deadline) {
-			deadline = o.deadline
+		if o.deadline.After(until) {
+			until = o.deadline
 		}
 		live = append(live, o)
 	}
@@ -1289,10 +1302,12 @@ func (n *Node) exec(w *writer, batch []*op) {
 	if len(live) == 0 {
 		return
 	}
+	deadline := earlier(until, now.Add(n.timeout))
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 
 	w.epochLost = false
+	w.until = until
 	res, writes := n.send(ctx, w, live, true)
 	var retry []int
 	for i, r := range res {
@@ -1454,6 +1469,14 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 		return out, nil
 	}
 	if d, ok := ctx.Deadline(); ok {
+		if w.until.After(d) {
+			// The node gets a node timeout from now, and another from
+			// each answer read, up to the batch's latest deadline (see
+			// exec).
+			c.until, c.quiet = w.until, n.timeout
+			defer func() { c.until, c.quiet = time.Time{}, 0 }()
+			d = earlier(w.until, time.Now().Add(n.timeout))
+		}
 		_ = c.nc.SetDeadline(d)
 	}
 	pending := w.pending // answers to fence writes, ahead of this batch's
@@ -2198,3 +2221,11 @@ func reasonLabel(err error) string {
 
 // String names the node for logs.
 func (n *Node) String() string { return fmt.Sprintf("redis node %s", n.name) }
+
+// earlier is the earlier of t and u.
+func earlier(t, u time.Time) time.Time {
+	if u.Before(t) {
+		return u
+	}
+	return t
+}

@@ -54,6 +54,11 @@ type nodeConn struct {
 	// its commands (see Node.send): another value, or none, means the
 	// data its votes stood on was replaced meanwhile.
 	epoch []byte
+	// until and quiet, while a batch whose latest deadline is past the
+	// node timeout is read (see Node.exec): each answer read moves the
+	// connection's deadline to quiet from then, up to until.
+	until time.Time
+	quiet time.Duration
 }
 
 // serverError is an error reply from the node: the node is there and
@@ -445,6 +450,9 @@ func (c *nodeConn) read(r *reply) error {
 			err = io.ErrUnexpectedEOF
 		}
 		return fmt.Errorf("read from %s: %w", c.n.name, err)
+	}
+	if c.quiet > 0 {
+		_ = c.nc.SetDeadline(earlier(c.until, time.Now().Add(c.quiet)))
 	}
 	return nil
 }
