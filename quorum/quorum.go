@@ -1147,9 +1147,20 @@ func (q *Quorum) ReleaseWithin(ctx context.Context, key, token string, timeout t
 // returns the new validity when a majority extended it within that validity,
 // and 0 otherwise. When too many nodes failed to tell, it returns a
 // *NoQuorumError.
+//
+// The nodes get the node timeout, or until ctx's deadline when that comes
+// first: the nodes not waited for still finish past ctx's end, but not
+// past its deadline, which says when an answer is too late (a KEEPALIVE
+// watchdog's renewal must fail by the end of the validity it last
+// answered, so that the loss is told before the lease may end:
+// TestExtendWithinCallersDeadline).
 func (q *Quorum) Extend(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
 	start := q.cfg.Clock.Now()
-	oks, failures := q.fanOutBool(ctx, q.NodeTimeout(ttl), extendOp(key, token, ttl), q.Majority())
+	timeout := q.NodeTimeout(ttl)
+	if d, ok := ctx.Deadline(); ok {
+		timeout = max(min(timeout, time.Until(d)), 0)
+	}
+	oks, failures := q.fanOutBool(ctx, timeout, extendOp(key, token, ttl), q.Majority())
 	if oks < q.Majority() {
 		if oks+len(failures) >= q.Majority() {
 			// The nodes that failed may hold it, and a majority may still:
