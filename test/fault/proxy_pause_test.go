@@ -10,7 +10,8 @@ import (
 
 // pauseProxy SIGSTOPs lockproxy instance i (its running process) and
 // returns 1 once the kernel shows it stopped, and a function that
-// continues it.
+// continues it. The stop is a span of e.flight, from just before the
+// SIGSTOP to just before the SIGCONT.
 func pauseProxy(t *testing.T, e *linkEnv, i int) (int, func()) {
 	t.Helper()
 	p := e.proxies[i]
@@ -18,11 +19,16 @@ func pauseProxy(t *testing.T, e *linkEnv, i int) (int, func()) {
 	cur := p.procs[len(p.procs)-1]
 	p.mu.Unlock()
 	pid := cur.PID()
+	span := e.flight.begin(e.hist.Now(), i, false)
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Errorf("SIGSTOP lockproxy %s (pid %d): %v", p.addr, pid, err)
+		e.flight.end(span, e.hist.Now())
 		return 0, func() {}
 	}
-	resume := func() { _ = syscall.Kill(pid, syscall.SIGCONT) }
+	resume := func() {
+		e.flight.end(span, e.hist.Now())
+		_ = syscall.Kill(pid, syscall.SIGCONT)
+	}
 	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		if processStopped(pid) {
 			return 1, resume
@@ -55,11 +61,14 @@ var proxyPauseFaults = []fault{
 		// some fall between a grant's validity being computed and its
 		// reply being written: the long holds (during the fault, on the
 		// paused instance too) then overstay the lease if the reply's
-		// validity does not count the stop.
+		// validity does not count the stop. The row requires a stop to
+		// have caught a LOCK/RLOCK in flight that was not waiting for a
+		// holder (stopCaughtNote): up to shortStopsMax stops, until one
+		// has.
 		name: "sigstop-lockproxy-short-repeated",
 		inject: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
 			n := 0
-			for range 8 {
+			for i := 0; i < shortStops || i < shortStopsMax && stoppedNone(e); i++ {
 				k, resume := pauseProxy(t, e, 1)
 				n += k
 				time.Sleep(400 * time.Millisecond)
@@ -68,9 +77,31 @@ var proxyPauseFaults = []fault{
 			}
 			return n
 		},
-		heal:   func(*testing.T, *linkEnv) {},
+		heal: func(*testing.T, *linkEnv) {},
+		after: func(t *testing.T, e *linkEnv, notes *rowNotes) {
+			byStop, note := stopCaughtNote(&e.flight, e.hist.Grants())
+			notes.add("%s", note)
+			if byStop == 0 {
+				t.Errorf("no stop of p1 caught a LOCK/RLOCK in flight that was not waiting for a holder (%s): the row did not test a stop within a grant", note)
+			}
+		},
 		expect: expect{progress: true, blocked: -1},
 	},
+}
+
+// shortStops is how many short stops sigstop-lockproxy-short-repeated
+// makes, and shortStopsMax how many at most while none caught a command in
+// flight.
+const (
+	shortStops    = 8
+	shortStopsMax = 16
+)
+
+// stoppedNone reports whether no stop so far caught a LOCK/RLOCK in flight
+// that was not waiting for a holder (as far as the history shows yet).
+func stoppedNone(e *linkEnv) bool {
+	byStop, _ := stopCaughtNote(&e.flight, e.hist.Grants())
+	return byStop == 0
 }
 
 // TestProxyPaused runs the workload with a lockproxy instance SIGSTOPped

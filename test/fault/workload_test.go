@@ -39,6 +39,10 @@ type env struct {
 	// vanish is how many grants, from now on, end with the client closing
 	// its connection instead of UNLOCK.
 	vanish atomic.Int64
+
+	// flight records the stops and kills of instances and the workload's
+	// commands they caught in flight (inflight_test.go).
+	flight inFlight
 }
 
 // newEnv starts n nodes and p lockproxy instances in front of them.
@@ -145,7 +149,7 @@ func (w workload) run(t *testing.T, e *env, healed <-chan struct{}) (*counts, fu
 		p := e.proxies[inst]
 		name := fmt.Sprintf("p%d.c%d", inst, i)
 		wg.Go(func() {
-			n := e.client(name, p.addr, w.tokens && i%4 == 1, w.readers && i%4 == 3, w, healed, stop, deadline, c)
+			n := e.client(name, inst, p.addr, w.tokens && i%4 == 1, w.readers && i%4 == 3, w, healed, stop, deadline, c)
 			select {
 			case <-stop:
 				return
@@ -187,7 +191,7 @@ func (w workload) run(t *testing.T, e *env, healed <-chan struct{}) (*counts, fu
 // and UNLOCK: the history must show no read within a write's validity and
 // no write within a read's, and read fences no lower than the writes
 // before them.
-func (e *env) client(name, addr string, withToken, reader bool, w workload, healed, stop <-chan struct{}, deadline time.Time, c *counts) int {
+func (e *env) client(name string, inst int, addr string, withToken, reader bool, w workload, healed, stop <-chan struct{}, deadline time.Time, c *counts) int {
 	cl := newClient(addr)
 	defer func() { _ = cl.Close() }()
 	n, atHeal := 0, -1
@@ -217,9 +221,12 @@ func (e *env) client(name, addr string, withToken, reader bool, w workload, heal
 		if reader {
 			cmd = "RLOCK"
 		}
+		sent := e.hist.Now()
+		e.flight.sending(inst)
 		r, ok, err := lockclient.TryAcquire(ctx, cl, cmd, key, args...)
 		cancel()
 		enter := e.hist.Now()
+		e.flight.done(inst, true, name, key, sent, enter, ok, time.Duration(r.ValidityMS)*time.Millisecond, err)
 		switch {
 		case lockclient.IsNoQuorum(err):
 			c.noQuorum.Add(1)
@@ -256,9 +263,10 @@ func (e *env) client(name, addr string, withToken, reader bool, w workload, heal
 		g.Exit = e.hist.Now()
 		e.hist.Add(g)
 		ctx, cancel = context.WithTimeout(context.Background(), 5*time.Second)
-		sent := e.hist.Now()
+		sent = e.hist.Now()
 		released, err := cl.Do(ctx, "UNLOCK", key, r.Token).Int64()
 		cancel()
+		e.flight.done(inst, false, name, key, sent, e.hist.Now(), false, 0, err)
 		switch {
 		case err != nil:
 			c.unlockErrs.Add(1)
@@ -291,6 +299,9 @@ type fault struct {
 	expect expect
 	// tokens: a quarter of the clients use TOKEN (see env.client).
 	tokens bool
+	// after, if set, runs checks of the row's own once the workload
+	// ended, before the row is judged; its notes go into the row's line.
+	after func(t *testing.T, e *linkEnv, notes *rowNotes)
 }
 
 // killNode SIGKILLs node i and returns 1 if it is down.
@@ -428,9 +439,12 @@ var faults = []fault{
 		expect: expect{progress: true, blocked: -1},
 	},
 	{
+		// Killed with LOCK/RLOCKs in flight (killInFlight; required by
+		// killCaughtCheck, which also requires its clients to reconnect
+		// and go on after the restart).
 		name: "kill-lockproxy-restart",
 		inject: func(t *testing.T, e *linkEnv, _ *rowNotes) int {
-			n := e.proxies[1].kill()
+			n := killInFlight(t, e, 1)
 			// Down past the TTL: the locks it granted run out and the
 			// clients of the other instance get them, within a second
 			// of the lease ends their refusals told (no release is
@@ -442,7 +456,11 @@ var faults = []fault{
 		},
 		heal: func(t *testing.T, e *linkEnv) {
 			e.proxies[1].restart()
+			e.flight.restart(1, e.hist.Now())
 			time.Sleep(500 * time.Millisecond)
+		},
+		after: func(t *testing.T, e *linkEnv, notes *rowNotes) {
+			killCaughtCheck(t, e, 1, notes)
 		},
 		expect: expect{progress: true, blocked: 1},
 	},
@@ -764,6 +782,9 @@ func runRow(t *testing.T, f fault) {
 	wait()
 	if holdsDone != nil {
 		notes.add("%s", holdsDone())
+	}
+	if f.after != nil {
+		f.after(t, e, notes)
 	}
 	run := rowRun{name: f.name, clients: clients, grants: grants, windows: windows, events: events,
 		attemptsDuring: attemptsDuring, c: c, took: time.Since(start), res: res.finish(t), notes: notes.String()}

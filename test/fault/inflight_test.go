@@ -1,0 +1,345 @@
+package fault
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Commands caught in flight. A row that stops or kills a lockproxy instance
+// is meant to catch its clients' LOCKs and RLOCKs in flight: sent before
+// the signal, answered only after the continue (a stop), or cut off by the
+// connection the kill closed. The workload reports every LOCK and RLOCK to
+// inFlight, and such a row registers each stop or kill as a span just
+// before it signals, so that it can show, and require, that its fault
+// caught some.
+
+// faultSpan is one stop or kill of a lockproxy instance on the history's
+// clock: from is taken just before the signal was sent, to just before
+// SIGCONT (0 while the instance is stopped; a kill has none).
+type faultSpan struct {
+	instance int
+	from, to time.Duration
+	kill     bool
+	// caught counts the LOCK/RLOCKs the span caught in flight: sent before
+	// from, and answered after to (a stop) or failed with the connection
+	// closed at or after from (a kill); granted, those that were grants.
+	caught, granted int
+	// unlocks counts the UNLOCKs a kill caught in flight (their locks are
+	// left to run out on the nodes).
+	unlocks int
+	// cmds are the LOCK/RLOCKs a stop caught, for checks after the row.
+	cmds []caughtCmd
+}
+
+// caughtCmd is one LOCK or RLOCK a stop caught in flight.
+type caughtCmd struct {
+	client, key string
+	sent, at    time.Duration
+	granted     bool
+	// validity is the validity a grant was told.
+	validity time.Duration
+}
+
+// inFlight records the spans and what they caught.
+type inFlight struct {
+	mu    sync.Mutex
+	spans []*faultSpan
+	// pending counts the LOCK/RLOCKs outstanding per instance (at most
+	// maxInstances).
+	pending [maxInstances]atomic.Int64
+	// restarted is when each instance last listened again after a kill
+	// (0: never).
+	restarted [maxInstances]time.Duration
+}
+
+// maxInstances bounds the lockproxy instances inFlight tracks.
+const maxInstances = 4
+
+// begin registers a span of instance starting now (call it just before
+// the signal) and returns it.
+func (f *inFlight) begin(now time.Duration, instance int, kill bool) *faultSpan {
+	s := &faultSpan{instance: instance, from: now, kill: kill}
+	f.mu.Lock()
+	f.spans = append(f.spans, s)
+	f.mu.Unlock()
+	return s
+}
+
+// end closes a stop's span (call it just before SIGCONT).
+func (f *inFlight) end(s *faultSpan, now time.Duration) {
+	f.mu.Lock()
+	s.to = now
+	f.mu.Unlock()
+}
+
+// caughtBy is how many LOCK/RLOCKs span s caught so far.
+func (f *inFlight) caughtBy(s *faultSpan) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return s.caught
+}
+
+// restart records that instance listens again, now.
+func (f *inFlight) restart(instance int, now time.Duration) {
+	f.mu.Lock()
+	f.restarted[instance] = now
+	f.mu.Unlock()
+}
+
+// restartedAt is when instance last listened again after a kill.
+func (f *inFlight) restartedAt(instance int) time.Duration {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.restarted[instance]
+}
+
+// killSpans is the kills' spans (copies).
+func (f *inFlight) killSpans() []faultSpan {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []faultSpan
+	for _, s := range f.spans {
+		if s.kill {
+			out = append(out, faultSpan{instance: s.instance, from: s.from, kill: true, caught: s.caught, unlocks: s.unlocks})
+		}
+	}
+	return out
+}
+
+// sending counts a LOCK/RLOCK to instance as outstanding.
+func (f *inFlight) sending(instance int) { f.pending[instance].Add(1) }
+
+// waitPending waits up to d until instance has a LOCK/RLOCK outstanding.
+func (f *inFlight) waitPending(instance int, d time.Duration) bool {
+	for end := time.Now().Add(d); ; time.Sleep(time.Millisecond) {
+		if f.pending[instance].Load() > 0 {
+			return true
+		}
+		if time.Now().After(end) {
+			return false
+		}
+	}
+}
+
+// done reports a LOCK/RLOCK (lock) or UNLOCK (!lock) to instance sent at
+// sent and answered or failed at at, with its outcome.
+func (f *inFlight) done(instance int, lock bool, client, key string, sent, at time.Duration, granted bool, validity time.Duration, err error) {
+	if lock {
+		f.pending[instance].Add(-1)
+	}
+	answered := err == nil || isReply(err)
+	closed := !answered && connClosed(err)
+	if !answered && !closed {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	// The spans are in the order they began: only those that began after
+	// the command was sent can have caught it; it counts for the latest.
+	for i := len(f.spans) - 1; i >= 0 && f.spans[i].from > sent; i-- {
+		s := f.spans[i]
+		if s.instance != instance {
+			continue
+		}
+		switch {
+		case s.kill && closed && at >= s.from && lock:
+			s.caught++
+		case s.kill && closed && at >= s.from:
+			s.unlocks++
+		case !s.kill && answered && lock && s.to > 0 && at > s.to:
+			s.caught++
+			if granted {
+				s.granted++
+			}
+			s.cmds = append(s.cmds, caughtCmd{client: client, key: key, sent: sent, at: at, granted: granted, validity: validity})
+		default:
+			continue
+		}
+		return
+	}
+}
+
+// totals sums the spans of kind kill: how many there were, how many caught
+// a LOCK/RLOCK, and the LOCK/RLOCKs, grants and UNLOCKs caught.
+func (f *inFlight) totals(kill bool) (spans, catching, caught, granted, unlocks int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, s := range f.spans {
+		if s.kill != kill {
+			continue
+		}
+		spans++
+		if s.caught > 0 {
+			catching++
+		}
+		caught += s.caught
+		granted += s.granted
+		unlocks += s.unlocks
+	}
+	return
+}
+
+// caughtByStops is the LOCK/RLOCKs the stops caught.
+func (f *inFlight) caughtByStops() []caughtCmd {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var cmds []caughtCmd
+	for _, s := range f.spans {
+		cmds = append(cmds, s.cmds...)
+	}
+	return cmds
+}
+
+// isReply reports whether err is a reply of the server's (an error reply
+// such as NOQUORUM), not a failure to get one.
+func isReply(err error) bool {
+	var re redis.Error
+	return errors.As(err, &re)
+}
+
+// connClosed reports whether err is the connection closed under a command
+// (the peer's process gone).
+func connClosed(err error) bool {
+	return errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) ||
+		errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
+}
+
+// heldLong reports whether a grant of key held (from its entry to its
+// exit) longer than d overlapped [from, to): a LOCK sent at from and
+// answered at to may have waited for it. (The LOCK's own grant entered at
+// to.)
+func heldLong(gs []Grant, key string, from, to, d time.Duration) bool {
+	for _, g := range gs {
+		if g.Key == key && g.Enter < to && g.exit() > from && g.exit()-g.Enter > d {
+			return true
+		}
+	}
+	return false
+}
+
+// stopCaughtNote sums what the stops of a row caught and returns the
+// number of LOCK/RLOCKs whose delay was the stop's: caught in flight on a
+// key that nobody held for over waitedFor while they were out, so that
+// they were not waiting for a holder. A stop that never happened cannot
+// make one (the workload's sections last ms); a LOCK waiting for a long
+// holder can span a stop whether or not it took effect.
+func stopCaughtNote(f *inFlight, gs []Grant) (int, string) {
+	spans, catching, caught, granted, _ := f.totals(false)
+	cmds := f.caughtByStops()
+	byStop, cut := 0, 0
+	for _, c := range cmds {
+		if !heldLong(gs, c.key, c.sent, c.at, waitedFor) {
+			byStop++
+		}
+		if c.granted && c.validity < ttlMS*time.Millisecond-driftFor(ttlMS*time.Millisecond)-waitedFor {
+			cut++
+		}
+	}
+	return byStop, fmt.Sprintf("%d of %d stops caught LOCK/RLOCKs in flight (sent before the stop, answered after the continue): %d (%d granted), %d of them on keys nobody held over %v meanwhile (delayed by the stop, not waiting), %d granted with a validity over %v short of TTL − drift (the stop fell within their acquisition)",
+		catching, spans, caught, granted, byStop, waitedFor, cut, waitedFor)
+}
+
+// waitedFor: a LOCK answered after a stop whose key some grant held longer
+// than this while it was out may have been waiting for that holder.
+const waitedFor = 100 * time.Millisecond
+
+// killTries bounds how many times killInFlight kills an instance in one
+// injection while no kill cut off a LOCK/RLOCK.
+const killTries = 3
+
+// killInFlight SIGKILLs lockproxy instance i while a LOCK/RLOCK of the
+// workload to it is outstanding (it waits up to a second for one), each
+// kill a span of e.flight. While no kill cut one off (a command may be
+// answered between the look and the kill), it restarts the instance and
+// kills it again, killTries times in all. It returns the kills seen to
+// take effect.
+func killInFlight(t *testing.T, e *linkEnv, i int) int {
+	t.Helper()
+	n := 0
+	for try := 1; ; try++ {
+		if !e.flight.waitPending(i, time.Second) {
+			t.Logf("kill %d of p%d: no LOCK/RLOCK outstanding within 1s; killing anyway", try, i)
+		}
+		span := e.flight.begin(e.hist.Now(), i, true)
+		n += e.proxies[i].kill()
+		// The clients see their connections closed at once.
+		time.Sleep(100 * time.Millisecond)
+		if e.flight.caughtBy(span) > 0 || try == killTries {
+			return n
+		}
+		t.Logf("kill %d of p%d cut off no LOCK/RLOCK in flight; restarting it to kill it again", try, i)
+		e.proxies[i].restart()
+		time.Sleep(300 * time.Millisecond)
+	}
+}
+
+// killCaughtCheck logs and requires what the kills of instance i caught:
+// at least one LOCK/RLOCK in flight, cut off by the connection the kill
+// closed. It also counts the locks held through a kill: the UNLOCKs it cut
+// off, and the holders of i in their critical section at a kill (their
+// UNLOCK went to the dead instance). And it requires the workload's
+// clients of i to have reconnected to the restarted instance and gone on:
+// at least afterHeal grants each after it listened again.
+func killCaughtCheck(t *testing.T, e *linkEnv, i int, notes *rowNotes) {
+	t.Helper()
+	gs := e.hist.Grants()
+	prefix := fmt.Sprintf("p%d.c", i)
+	spans := e.flight.killSpans()
+	catching, caught, unlocks, inSection := 0, 0, 0, 0
+	for _, s := range spans {
+		if s.caught > 0 {
+			catching++
+		}
+		caught += s.caught
+		unlocks += s.unlocks
+		for _, g := range gs {
+			if strings.HasPrefix(g.Client, prefix) && g.Enter < s.from && g.exit() > s.from {
+				inSection++
+			}
+		}
+	}
+	notes.add("%d of %d kills of p%d caught LOCK/RLOCKs in flight (sent before the kill, failed with the connection it closed): %d; locks held through them: %d UNLOCKs cut off, %d holders in their section",
+		catching, len(spans), i, caught, unlocks, inSection)
+	if caught == 0 {
+		t.Errorf("no kill of p%d caught a LOCK/RLOCK in flight (%d kills): the row did not kill it with grants in flight", i, len(spans))
+	}
+
+	back := e.flight.restartedAt(i)
+	if back == 0 {
+		t.Errorf("p%d was never restarted after its kill", i)
+		return
+	}
+	after := map[string]int{}
+	for _, g := range gs {
+		if strings.HasPrefix(g.Client, prefix) {
+			if _, ok := after[g.Client]; !ok {
+				after[g.Client] = 0
+			}
+			if g.Enter > back {
+				after[g.Client]++
+			}
+		}
+	}
+	least, who := -1, ""
+	for c, n := range after {
+		if least < 0 || n < least {
+			least, who = n, c
+		}
+		if n < afterHeal {
+			t.Errorf("client %s made %d grants after p%d was restarted; want at least %d (it reconnects and goes on)", c, n, i, afterHeal)
+		}
+	}
+	notes.add("%d clients of p%d reconnected after its restart: each made at least %d grants after it (fewest: %s)", len(after), i, least, who)
+	if len(after) == 0 {
+		t.Errorf("no grants of p%d's clients in the history", i)
+	}
+}
