@@ -1,6 +1,7 @@
 package fault
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -36,6 +37,10 @@ type faultSpan struct {
 	// unlocks counts the UNLOCKs a kill caught in flight (their locks are
 	// left to run out on the nodes).
 	unlocks int
+	// others counts the PINGs to another instance sent during a stop and
+	// answered before its continue (stopProbe): the rest of the system
+	// went on, so what the stop held up was not a stall of the whole host.
+	others int
 	// cmds are the LOCK/RLOCKs a stop caught, for checks after the row.
 	cmds []caughtCmd
 }
@@ -79,6 +84,34 @@ func (f *inFlight) end(s *faultSpan, now time.Duration) {
 	f.mu.Lock()
 	s.to = now
 	f.mu.Unlock()
+}
+
+// stopProbe PINGs addr (another instance than the one stopped) every
+// 10 ms from the start of stop s until stop is closed, and counts in
+// s.others the PINGs answered before s's continue.
+func (f *inFlight) stopProbe(addr string, s *faultSpan, stop <-chan struct{}) {
+	cl := newClient(addr)
+	defer func() { _ = cl.Close() }()
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		err := cl.Ping(ctx).Err()
+		cancel()
+		f.mu.Lock()
+		if err == nil && s.to == 0 {
+			s.others++
+		}
+		f.mu.Unlock()
+		select {
+		case <-stop:
+			return
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
 }
 
 // caughtBy is how many LOCK/RLOCKs span s caught so far.
@@ -188,15 +221,17 @@ func (f *inFlight) totals(kill bool) (spans, catching, caught, granted, unlocks 
 	return
 }
 
-// caughtByStops is the LOCK/RLOCKs the stops caught.
-func (f *inFlight) caughtByStops() []caughtCmd {
+// stopSpans is the stops' spans (copies; cmds shared).
+func (f *inFlight) stopSpans() []faultSpan {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	var cmds []caughtCmd
+	var out []faultSpan
 	for _, s := range f.spans {
-		cmds = append(cmds, s.cmds...)
+		if !s.kill {
+			out = append(out, *s)
+		}
 	}
-	return cmds
+	return out
 }
 
 // isReply reports whether err is a reply of the server's (an error reply
@@ -226,27 +261,50 @@ func heldLong(gs []Grant, key string, from, to, d time.Duration) bool {
 	return false
 }
 
-// stopCaughtNote sums what the stops of a row caught and returns the
-// number of LOCK/RLOCKs whose delay was the stop's: caught in flight on a
-// key that nobody held for over waitedFor while they were out, so that
-// they were not waiting for a holder. A stop that never happened cannot
-// make one (the workload's sections last ms); a LOCK waiting for a long
-// holder can span a stop whether or not it took effect.
+// stopCaughtNote sums what the stops of a row caught and returns how many
+// stops held up a LOCK/RLOCK themselves: one caught in flight on a key
+// that nobody held for over waitedFor while it was out (it was not
+// waiting for a holder), while another instance answered at least
+// minOthers PINGs sent during the stop (it was not a stall of the whole
+// host, which on a loaded machine can hold every command for 400 ms). A stop that never happened cannot do that: the workload's
+// sections last ms; a LOCK waiting for a long holder, or any command in a
+// stall of the whole host, can span a stop whether or not it took effect.
 func stopCaughtNote(f *inFlight, gs []Grant) (int, string) {
-	spans, catching, caught, granted, _ := f.totals(false)
-	cmds := f.caughtByStops()
-	byStop, cut := 0, 0
-	for _, c := range cmds {
-		if !heldLong(gs, c.key, c.sent, c.at, waitedFor) {
-			byStop++
+	spans := f.stopSpans()
+	catching, caught, granted, notWaiting, cut, holding := 0, 0, 0, 0, 0, 0
+	minO, maxO := -1, 0
+	for _, s := range spans {
+		if s.caught > 0 {
+			catching++
 		}
-		if c.granted && c.validity < ttlMS*time.Millisecond-driftFor(ttlMS*time.Millisecond)-waitedFor {
-			cut++
+		caught += s.caught
+		granted += s.granted
+		if minO < 0 || s.others < minO {
+			minO = s.others
+		}
+		maxO = max(maxO, s.others)
+		mine := 0
+		for _, c := range s.cmds {
+			if !heldLong(gs, c.key, c.sent, c.at, waitedFor) {
+				mine++
+			}
+			if c.granted && c.validity < ttlMS*time.Millisecond-driftFor(ttlMS*time.Millisecond)-waitedFor {
+				cut++
+			}
+		}
+		notWaiting += mine
+		if mine > 0 && s.others >= minOthers {
+			holding++
 		}
 	}
-	return byStop, fmt.Sprintf("%d of %d stops caught LOCK/RLOCKs in flight (sent before the stop, answered after the continue): %d (%d granted), %d of them on keys nobody held over %v meanwhile (delayed by the stop, not waiting), %d granted with a validity over %v short of TTL − drift (the stop fell within their acquisition)",
-		catching, spans, caught, granted, byStop, waitedFor, cut, waitedFor)
+	return holding, fmt.Sprintf("%d of %d stops caught LOCK/RLOCKs in flight (sent before the stop, answered after the continue): %d (%d granted), %d of them on keys nobody held over %v meanwhile (not waiting), %d granted with a validity over %v short of TTL − drift (the stop fell within their acquisition); "+
+		"the other instance answered %d–%d PINGs sent within a stop; %d stops held up a LOCK/RLOCK that was not waiting while it answered at least %d",
+		catching, len(spans), caught, granted, notWaiting, waitedFor, cut, waitedFor, max(minO, 0), maxO, holding, minOthers)
 }
+
+// minOthers is how many PINGs (one each 10 ms) another instance must have
+// answered within a stop for it to count as having held up a LOCK itself.
+const minOthers = 5
 
 // waitedFor: a LOCK answered after a stop whose key some grant held longer
 // than this while it was out may have been waiting for that holder.

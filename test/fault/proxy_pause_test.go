@@ -11,7 +11,8 @@ import (
 // pauseProxy SIGSTOPs lockproxy instance i (its running process) and
 // returns 1 once the kernel shows it stopped, and a function that
 // continues it. The stop is a span of e.flight, from just before the
-// SIGSTOP to just before the SIGCONT.
+// SIGSTOP to just before the SIGCONT, during which another instance, if
+// any, is PINGed (inFlight.stopProbe).
 func pauseProxy(t *testing.T, e *linkEnv, i int) (int, func()) {
 	t.Helper()
 	p := e.proxies[i]
@@ -20,14 +21,20 @@ func pauseProxy(t *testing.T, e *linkEnv, i int) (int, func()) {
 	p.mu.Unlock()
 	pid := cur.PID()
 	span := e.flight.begin(e.hist.Now(), i, false)
+	probeDone := make(chan struct{})
+	if len(e.proxies) > 1 {
+		go e.flight.stopProbe(e.proxies[(i+1)%len(e.proxies)].addr, span, probeDone)
+	}
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Errorf("SIGSTOP lockproxy %s (pid %d): %v", p.addr, pid, err)
 		e.flight.end(span, e.hist.Now())
+		close(probeDone)
 		return 0, func() {}
 	}
 	resume := func() {
 		e.flight.end(span, e.hist.Now())
 		_ = syscall.Kill(pid, syscall.SIGCONT)
+		close(probeDone)
 	}
 	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(5 * time.Millisecond) {
 		if processStopped(pid) {
@@ -62,7 +69,7 @@ var proxyPauseFaults = []fault{
 		// reply being written: the long holds (during the fault, on the
 		// paused instance too) then overstay the lease if the reply's
 		// validity does not count the stop. The row requires a stop to
-		// have caught a LOCK/RLOCK in flight that was not waiting for a
+		// have held up a LOCK/RLOCK in flight that was not waiting for a
 		// holder (stopCaughtNote): up to shortStopsMax stops, until one
 		// has.
 		name: "sigstop-lockproxy-short-repeated",
@@ -79,10 +86,10 @@ var proxyPauseFaults = []fault{
 		},
 		heal: func(*testing.T, *linkEnv) {},
 		after: func(t *testing.T, e *linkEnv, notes *rowNotes) {
-			byStop, note := stopCaughtNote(&e.flight, e.hist.Grants())
+			holding, note := stopCaughtNote(&e.flight, e.hist.Grants())
 			notes.add("%s", note)
-			if byStop == 0 {
-				t.Errorf("no stop of p1 caught a LOCK/RLOCK in flight that was not waiting for a holder (%s): the row did not test a stop within a grant", note)
+			if holding == 0 {
+				t.Errorf("no stop of p1 held up a LOCK/RLOCK in flight that was not waiting for a holder while p0 went on (%s): the row did not test a stop within a grant", note)
 			}
 		},
 		expect: expect{progress: true, blocked: -1},
@@ -97,11 +104,11 @@ const (
 	shortStopsMax = 16
 )
 
-// stoppedNone reports whether no stop so far caught a LOCK/RLOCK in flight
-// that was not waiting for a holder (as far as the history shows yet).
+// stoppedNone reports whether no stop so far held up a LOCK/RLOCK in
+// flight (stopCaughtNote; as far as the history shows yet).
 func stoppedNone(e *linkEnv) bool {
-	byStop, _ := stopCaughtNote(&e.flight, e.hist.Grants())
-	return byStop == 0
+	holding, _ := stopCaughtNote(&e.flight, e.hist.Grants())
+	return holding == 0
 }
 
 // TestProxyPaused runs the workload with a lockproxy instance SIGSTOPped
