@@ -396,7 +396,7 @@ func killCaughtCheck(t *testing.T, e *linkEnv, i int, notes *rowNotes) {
 			t.Errorf("client %s made %d grants after p%d was restarted; want at least %d (it reconnects and goes on)", c, n, i, afterHeal)
 		}
 	}
-	notes.add("%d clients of p%d reconnected after its restart: each made at least %d grants after it (fewest: %s)", len(after), i, least, who)
+	notes.add("after p%d's restart its %d clients made at least %d grants each (fewest: %s; want %d)", i, len(after), least, who, afterHeal)
 	if len(after) == 0 {
 		t.Errorf("no grants of p%d's clients in the history", i)
 	}
