@@ -26,6 +26,14 @@
 // regressions, lost updates and a non-linearizable ledger fail them, since
 // fences must hold whatever the timing), and a half-open KEEPALIVE client.
 //
+// The rows that stop or kill a lockproxy instance require that their
+// fault caught the workload's commands in flight (inflight_test.go): a
+// short stop must hold up a LOCK/RLOCK sent before it and answered after
+// the continue, on a key nobody held long meanwhile, while the other
+// instance answered PINGs; the kill must cut off a LOCK/RLOCK sent before
+// it, and the killed instance's clients must reconnect and go on after
+// the restart.
+//
 // Every row runs 20 clients through two instances, at least 500 grants
 // each, and is judged on one list of criteria (row_test.go): size, safety,
 // availability while a majority is up, no panic, goroutines back to their

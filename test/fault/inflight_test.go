@@ -271,6 +271,10 @@ func heldLong(gs []Grant, key string, from, to, d time.Duration) bool {
 // stall of the whole host, can span a stop whether or not it took effect.
 func stopCaughtNote(f *inFlight, gs []Grant) (int, string) {
 	spans := f.stopSpans()
+	byKey := map[string][]Grant{}
+	for _, g := range gs {
+		byKey[g.Key] = append(byKey[g.Key], g)
+	}
 	catching, caught, granted, notWaiting, cut, holding := 0, 0, 0, 0, 0, 0
 	minO, maxO := -1, 0
 	for _, s := range spans {
@@ -285,7 +289,7 @@ func stopCaughtNote(f *inFlight, gs []Grant) (int, string) {
 		maxO = max(maxO, s.others)
 		mine := 0
 		for _, c := range s.cmds {
-			if !heldLong(gs, c.key, c.sent, c.at, waitedFor) {
+			if !heldLong(byKey[c.key], c.key, c.sent, c.at, waitedFor) {
 				mine++
 			}
 			if c.granted && c.validity < ttlMS*time.Millisecond-driftFor(ttlMS*time.Millisecond)-waitedFor {
