@@ -47,9 +47,9 @@ type faultSpan struct {
 
 // caughtCmd is one LOCK or RLOCK a stop caught in flight.
 type caughtCmd struct {
-	client, key string
-	sent, at    time.Duration
-	granted     bool
+	key      string
+	sent, at time.Duration
+	granted  bool
 	// validity is the validity a grant was told.
 	validity time.Duration
 }
@@ -165,7 +165,7 @@ func (f *inFlight) waitPending(instance int, d time.Duration) bool {
 
 // done reports a LOCK/RLOCK (lock) or UNLOCK (!lock) to instance sent at
 // sent and answered or failed at at, with its outcome.
-func (f *inFlight) done(instance int, lock bool, client, key string, sent, at time.Duration, granted bool, validity time.Duration, err error) {
+func (f *inFlight) done(instance int, lock bool, key string, sent, at time.Duration, granted bool, validity time.Duration, err error) {
 	if lock {
 		f.pending[instance].Add(-1)
 	}
@@ -193,32 +193,12 @@ func (f *inFlight) done(instance int, lock bool, client, key string, sent, at ti
 			if granted {
 				s.granted++
 			}
-			s.cmds = append(s.cmds, caughtCmd{client: client, key: key, sent: sent, at: at, granted: granted, validity: validity})
+			s.cmds = append(s.cmds, caughtCmd{key: key, sent: sent, at: at, granted: granted, validity: validity})
 		default:
 			continue
 		}
 		return
 	}
-}
-
-// totals sums the spans of kind kill: how many there were, how many caught
-// a LOCK/RLOCK, and the LOCK/RLOCKs, grants and UNLOCKs caught.
-func (f *inFlight) totals(kill bool) (spans, catching, caught, granted, unlocks int) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	for _, s := range f.spans {
-		if s.kill != kill {
-			continue
-		}
-		spans++
-		if s.caught > 0 {
-			catching++
-		}
-		caught += s.caught
-		granted += s.granted
-		unlocks += s.unlocks
-	}
-	return
 }
 
 // stopSpans is the stops' spans (copies; cmds shared).
@@ -266,9 +246,10 @@ func heldLong(gs []Grant, key string, from, to, d time.Duration) bool {
 // that nobody held for over waitedFor while it was out (it was not
 // waiting for a holder), while another instance answered at least
 // minOthers PINGs sent during the stop (it was not a stall of the whole
-// host, which on a loaded machine can hold every command for 400 ms). A stop that never happened cannot do that: the workload's
-// sections last ms; a LOCK waiting for a long holder, or any command in a
-// stall of the whole host, can span a stop whether or not it took effect.
+// host, which on a loaded machine can hold every command for 400 ms). A
+// stop that never happened cannot do that: the workload's sections last
+// ms; a LOCK waiting for a long holder, or any command in a stall of the
+// whole host, can span a stop whether or not it took effect.
 func stopCaughtNote(f *inFlight, gs []Grant) (int, string) {
 	spans := f.stopSpans()
 	byKey := map[string][]Grant{}

@@ -226,7 +226,7 @@ func (e *env) client(name string, inst int, addr string, withToken, reader bool,
 		r, ok, err := lockclient.TryAcquire(ctx, cl, cmd, key, args...)
 		cancel()
 		enter := e.hist.Now()
-		e.flight.done(inst, true, name, key, sent, enter, ok, time.Duration(r.ValidityMS)*time.Millisecond, err)
+		e.flight.done(inst, true, key, sent, enter, ok, time.Duration(r.ValidityMS)*time.Millisecond, err)
 		switch {
 		case lockclient.IsNoQuorum(err):
 			c.noQuorum.Add(1)
@@ -266,7 +266,7 @@ func (e *env) client(name string, inst int, addr string, withToken, reader bool,
 		sent = e.hist.Now()
 		released, err := cl.Do(ctx, "UNLOCK", key, r.Token).Int64()
 		cancel()
-		e.flight.done(inst, false, name, key, sent, e.hist.Now(), false, 0, err)
+		e.flight.done(inst, false, key, sent, e.hist.Now(), false, 0, err)
 		switch {
 		case err != nil:
 			c.unlockErrs.Add(1)
