@@ -508,13 +508,21 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 // that it renews a LOCK holder's whole hold, reentrant holds and fence
 // included, as RENEW does for the token the key holds.
 func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
-	if len(args) < 3 {
-		wrongArity(s, name)
+	if why := h.expireRefusal(name, args); why != "" {
+		s.W.Error(why)
 		return
 	}
-	// Redis 7's options, in any number and order, and its refusals of
-	// the combinations that contradict each other, checked before the
-	// TTL as Redis does.
+	h.tRun(s, args, []int{1}, false, false)
+}
+
+// expireRefusal is the refusal of PEXPIRE or EXPIRE (name, lower case)
+// of a lock key, as Redis 7 checks its options and TTL, or "" when it may
+// run: its options in any number and order, and their contradictions,
+// checked before the TTL; and locks.max_ttl.
+func (h *Handler) expireRefusal(name string, args [][]byte) string {
+	if len(args) < 3 {
+		return "ERR wrong number of arguments for '" + name + "' command"
+	}
 	var nx, xx, gt, lt bool
 	for _, o := range args[3:] {
 		switch {
@@ -527,22 +535,18 @@ func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
 		case resp.EqualFold(o, "LT"):
 			lt = true
 		default:
-			s.W.Error("ERR Unsupported option " + relay.Clip(string(o)))
-			return
+			return "ERR Unsupported option " + relay.Clip(string(o))
 		}
 	}
 	switch {
 	case nx && (xx || gt || lt):
-		s.W.Error("ERR NX and XX, GT or LT options at the same time are not compatible")
-		return
+		return "ERR NX and XX, GT or LT options at the same time are not compatible"
 	case gt && lt:
-		s.W.Error("ERR GT and LT options at the same time are not compatible")
-		return
+		return "ERR GT and LT options at the same time are not compatible"
 	}
 	n, ok := resp.ParseInt(args[2])
 	if !ok {
-		s.W.Error(errNotInteger.Error())
-		return
+		return errNotInteger.Error()
 	}
 	unit := time.Millisecond
 	if name == "expire" {
@@ -550,17 +554,15 @@ func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
 	}
 	if n > 0 {
 		if n > int64(1<<62)/int64(unit) {
-			s.W.Error(errInvalidExpire(name).Error())
-			return
+			return errInvalidExpire(name).Error()
 		}
 		// Only the maximum applies: a short or zero TTL just ends the
 		// lock sooner, as in Redis.
 		if ttl := time.Duration(n) * unit; h.limits.MaxTTL > 0 && ttl > h.limits.MaxTTL {
-			s.W.Error(h.limits.checkTTL(ttl).Error())
-			return
+			return h.limits.checkTTL(ttl).Error()
 		}
 	}
-	h.tRun(s, args, []int{1}, false, false)
+	return ""
 }
 
 // tEval serves EVAL, EVALSHA and their _RO forms when every key is a lock
