@@ -200,6 +200,9 @@ type conn struct {
 	// tx: in MULTI with no upstream (see localTx); txDirty: a command
 	// was refused in it, so EXEC aborts.
 	tx, txDirty bool
+	// lw: a WATCH of lock keys and the transaction after it (locktx.go);
+	// nil when there is none.
+	lw *lockWatch
 }
 
 func state(s *resp.Session) *conn {
@@ -264,7 +267,7 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 			}
 		}
 	}
-	if h.up == nil && h.localTx(s, cs, string(name), args) {
+	if h.up == nil && cs.lw == nil && h.localTx(s, cs, string(name), args) {
 		return
 	}
 	if cs.perm != nil {
@@ -287,6 +290,9 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 		if h.checkPermission(s, cs, string(name), c, args) {
 			return
 		}
+	}
+	if len(h.patterns) > 0 && h.lockTx(s, cs, string(name), args) {
+		return
 	}
 	if h.up != nil && h.relayRoute(s, args, name, c) {
 		return

@@ -58,8 +58,10 @@ func (h *Handler) LoopReady(s *resp.Session) bool {
 	if c.rl != nil && (c.rl.multi || c.rl.pipe.Pinned() || c.rl.pipe.Pending() > 0) {
 		return false
 	}
-	// A user with permissions has each command checked, on its goroutine.
-	return c.ka == nil && c.perm == nil
+	// A user with permissions has each command checked, on its goroutine;
+	// a WATCH of lock keys makes the commands after it answered here or
+	// refused (lockTx), which the loop's relaying would skip.
+	return c.ka == nil && c.perm == nil && c.lw == nil
 }
 
 // What kind of batch the event loop may run.

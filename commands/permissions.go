@@ -453,6 +453,9 @@ func (h *Handler) checkPermission(s *resp.Session, cs *conn, name string, c *Com
 	if cs.rl != nil && cs.rl.multi {
 		cs.rl.dirty = true
 	}
+	if cs.lw != nil && cs.lw.multi {
+		cs.lw.dirty = true
+	}
 	s.W.Error(msg)
 	return true
 }

@@ -1,0 +1,493 @@
+package commands
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/relay"
+	"github.com/lockproxy/lockproxy/resp"
+)
+
+// Transactions on lock keys: the optimistic release and extension that
+// StackExchange.Redis (LockRelease, LockExtend), go-redis (Client.Watch)
+// and redis-py (pipeline watch) write by hand:
+//
+//	WATCH k, GET k (the client compares), MULTI, DEL k | PEXPIRE k ms, EXEC
+//
+// A WATCH that names only lock keys is served here: each key's value is
+// read from the lock nodes as transparent GET reads it and remembered for
+// the connection. The MULTI after it is served here too, and queues only
+// DEL/UNLINK, PEXPIRE/EXPIRE, GET, EXISTS, PTTL and TTL of the watched
+// keys. EXEC runs one script on every node, in the MULTI with the holds'
+// line-up that every transparent write gets (Fanout.Run): on each node it
+// runs the queued commands only where every watched key still holds the
+// value WATCH saw (or is still missing, for a key that was), so a node
+// where another client holds the key is left alone; EXEC answers the
+// commands' replies when a majority of the nodes ran them, nil when a
+// majority found a watched key changed, and an error otherwise. A DEL there
+// is the transparent compare-and-delete script's release (announced to
+// waiters, the hold's keys lined up), a PEXPIRE its renewal.
+
+// lockWatch is a connection's WATCH of lock keys and the transaction after
+// it, in conn.lw; nil when there is none.
+type lockWatch struct {
+	keys []string
+	vals []*string // the value each key had at WATCH; nil: it had none
+	// failed is set when WATCH could not read a key from the nodes: the
+	// transaction then does not run, and EXEC answers this.
+	failed string
+	multi  bool // MULTI was served
+	dirty  bool // a command was refused in the transaction: EXEC aborts
+	ops    []lockTxOp
+}
+
+// lockTxOp is a command queued in a lock-key transaction.
+type lockTxOp struct {
+	name string   // lower case
+	keys []int    // indexes into lockWatch.keys
+	args []string // the arguments after the key (PEXPIRE's TTL and options)
+}
+
+// Bounds per connection: a WATCH costs a read on every node per key, and
+// the transaction is one script.
+const (
+	maxLockWatchKeys = 64
+	maxLockTxOps     = 64
+)
+
+// lockTxSupported is what a lock-key transaction queues, for errors.
+const lockTxSupported = "DEL, UNLINK, PEXPIRE, EXPIRE, GET, EXISTS, PTTL and TTL of the watched lock keys"
+
+// lockTx serves WATCH, MULTI, the commands queued after it, EXEC, DISCARD
+// and UNWATCH on a connection that watches lock keys, and the first WATCH
+// of lock keys. It reports whether it answered; QUIT and RESET end the
+// state and go on to be served as always.
+func (h *Handler) lockTx(s *resp.Session, cs *conn, name string, args [][]byte) bool {
+	lw := cs.lw
+	rs := cs.rl
+	if lw == nil {
+		if name != "watch" || len(args) < 2 || cs.tx {
+			return false
+		}
+		if rs != nil && (rs.multi || rs.broken || rs.pipe.Tunneling()) {
+			// WATCH inside a relayed MULTI, or in pub/sub mode: the
+			// relay answers it (relayRoute).
+			return false
+		}
+		switch h.classify(args[1:]) {
+		case noLockKeys:
+			return false
+		case mixedKeys:
+			h.relayFlush(s)
+			h.tCount(s, "watch", func() {
+				s.W.Error("ERR transparent mode: 'watch' mixes lock keys (matching lock_patterns) and other keys; " +
+					"lock keys are on the lock nodes and the others on the upstream, and one transaction cannot span both")
+			})
+			return true
+		}
+		h.relayFlush(s)
+		if rs != nil && (rs.watch || rs.watchLost) {
+			h.tCount(s, "watch", func() {
+				s.W.Error("ERR transparent mode: this connection already watches keys on the upstream; a transaction cannot span " +
+					"lock keys (lock_patterns, on the lock nodes) and other keys: UNWATCH first")
+			})
+			return true
+		}
+		lw = &lockWatch{}
+		h.tCount(s, "watch", func() {
+			if h.lockWatchKeys(s, lw, args[1:]) {
+				cs.lw = lw
+			}
+		})
+		return true
+	}
+	switch name {
+	case "quit", "reset":
+		cs.lw = nil
+		return false
+	}
+	if !lw.multi {
+		switch name {
+		case "watch":
+			if len(args) < 2 {
+				return false // Redis's arity error, from the table or the relay
+			}
+			h.relayFlush(s)
+			h.tCount(s, "watch", func() {
+				if h.classify(args[1:]) != allLockKeys {
+					s.W.Error("ERR transparent mode: this connection watches lock keys (matching lock_patterns), which are on the lock nodes; " +
+						"a transaction cannot span them and other keys: UNWATCH first")
+					return
+				}
+				h.lockWatchKeys(s, lw, args[1:])
+			})
+		case "unwatch":
+			h.relayFlush(s)
+			if len(args) != 1 {
+				// Refused, and the watch stays, as in Redis.
+				wrongArity(s, name)
+				return true
+			}
+			cs.lw = nil
+			s.W.Simple("OK")
+		case "multi":
+			h.relayFlush(s)
+			if len(args) != 1 {
+				wrongArity(s, name)
+				return true
+			}
+			lw.multi = true
+			s.W.Simple("OK")
+		case "exec", "discard":
+			h.relayFlush(s)
+			if len(args) != 1 {
+				wrongArity(s, name)
+				return true
+			}
+			// The watch stays, as in Redis.
+			s.W.Error("ERR " + strings.ToUpper(name) + " without MULTI")
+		default:
+			return false
+		}
+		return true
+	}
+	// In the transaction: nothing here is relayed.
+	h.relayFlush(s)
+	switch name {
+	case "exec":
+		cs.lw = nil
+		h.tCount(s, "exec", func() {
+			if lw.dirty || len(args) != 1 {
+				s.W.Error(execAbort(args))
+				return
+			}
+			h.lockExec(s, lw)
+		})
+	case "discard":
+		if len(args) != 1 {
+			lw.dirty = true
+			wrongArity(s, name)
+			return true
+		}
+		cs.lw = nil
+		s.W.Simple("OK")
+	case "multi":
+		// Redis answers it and leaves the transaction as it was.
+		s.W.Error("ERR MULTI calls can not be nested")
+	case "watch":
+		s.W.Error("ERR WATCH inside MULTI is not allowed")
+	default:
+		if why := h.lockTxQueue(s, lw, name, args); why != "" {
+			lw.dirty = true
+			h.metrics.commands.WithLabelValues("transaction", "error").Inc()
+			s.W.Error(why)
+			return true
+		}
+		s.W.Simple("QUEUED")
+	}
+	return true
+}
+
+// lockWatchKeys reads keys from the lock nodes, as transparent GET does,
+// and adds them to lw with the values read. A key watched already keeps
+// the value it was first watched with, as a Redis WATCH of a watched key
+// changes nothing. It writes WATCH's reply and reports whether lw is to
+// be kept: a WATCH refused for its keys leaves the connection as it was,
+// one whose read failed is kept, failed, so that its transaction does not
+// run (its client may not look at WATCH's reply before EXEC).
+func (h *Handler) lockWatchKeys(s *resp.Session, lw *lockWatch, keys [][]byte) bool {
+	if h.fanout == nil {
+		s.W.Error(errTransparentFanout)
+		return false
+	}
+	if db := selectedDB(s); db != 0 {
+		s.W.Error("ERR transparent mode: lock keys (lock_patterns) live in database 0 of the lock nodes, and this connection selected database " +
+			strconv.Itoa(db) + "; SELECT 0 to use them (LOCK and the other lock commands ignore SELECT)")
+		return false
+	}
+	var fresh []string
+	for _, k := range keys {
+		if err := h.limits.checkKey(k); err != nil {
+			s.W.Error(err.Error())
+			return false
+		}
+		if lw.index(string(k)) < 0 && !containsString(fresh, string(k)) {
+			fresh = append(fresh, string(k))
+		}
+	}
+	if len(lw.keys)+len(fresh) > maxLockWatchKeys {
+		s.W.Error("ERR transparent mode: at most " + strconv.Itoa(maxLockWatchKeys) + " lock keys may be watched on one connection")
+		return false
+	}
+	if len(fresh) == 0 {
+		s.W.Simple("OK")
+		return true
+	}
+	rs := h.fanout.RunEach(s.Context(), "get", fresh, true)
+	per := make([]backends.NodeReply, len(rs))
+	vals := make([]*string, len(fresh))
+	for i := range fresh {
+		for j, r := range rs {
+			per[j] = backends.NodeReply{Node: r.Node, Err: r.Err}
+			if r.Err != nil {
+				continue
+			}
+			if vs, ok := r.Val.([]any); ok && len(vs) == len(fresh) {
+				per[j].Val = vs[i]
+			} else {
+				per[j].Err = errors.New("commands: a node gave a reply of another shape to WATCH's reads")
+			}
+		}
+		v, err := agree(per, h.fanout.NodeCount())
+		if err == nil {
+			switch t := v.(type) {
+			case nil:
+				continue
+			case string:
+				vals[i] = &t
+				continue
+			case backends.ReplyError:
+				err = t
+			default:
+				err = errors.New("ERR transparent mode: a node gave a reply of an unexpected type")
+			}
+		}
+		// The transaction cannot be protected: it will not run.
+		before := s.W.Len()
+		h.tReply(s, "watch", nil, err)
+		msg := strings.TrimSuffix(strings.TrimPrefix(string(s.W.Bytes()[before:]), "-"), "\r\n")
+		lw.failed = "ERR transparent mode: the WATCH of lock key '" + relay.Clip(fresh[i]) + "' could not read it from the lock nodes (" +
+			msg + "); the transaction was not run"
+		lw.keys = append(lw.keys, fresh...)
+		lw.vals = append(lw.vals, vals...)
+		return true
+	}
+	lw.keys = append(lw.keys, fresh...)
+	lw.vals = append(lw.vals, vals...)
+	s.W.Simple("OK")
+	return true
+}
+
+func containsString(ss []string, s string) bool {
+	for _, x := range ss {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// index is the position of key among the watched keys, or -1.
+func (lw *lockWatch) index(key string) int {
+	for i, k := range lw.keys {
+		if k == key {
+			return i
+		}
+	}
+	return -1
+}
+
+// lockTxQueue queues a command of a lock-key transaction, or returns why
+// it is refused (which aborts the transaction at EXEC).
+func (h *Handler) lockTxQueue(s *resp.Session, lw *lockWatch, name string, args [][]byte) string {
+	refused := "ERR '" + relay.Clip(name) + "' is not queued: a transaction after WATCH of lock keys runs on the lock nodes and queues only " +
+		lockTxSupported + "; EXEC will abort the transaction"
+	var keys [][]byte
+	var rest []string
+	switch name {
+	case "get", "pttl", "ttl":
+		if len(args) != 2 {
+			return "ERR wrong number of arguments for '" + name + "' command"
+		}
+		keys = args[1:]
+	case "exists", "del", "unlink":
+		if len(args) < 2 {
+			return "ERR wrong number of arguments for '" + name + "' command"
+		}
+		keys = args[1:]
+	case "pexpire", "expire":
+		if len(args) >= 2 && lw.index(string(args[1])) < 0 {
+			return refused
+		}
+		if why := h.expireRefusal(name, args); why != "" {
+			return why
+		}
+		keys = args[1:2]
+		rest = strs(args[2:])
+	default:
+		return refused
+	}
+	op := lockTxOp{name: name, args: rest}
+	for _, k := range keys {
+		i := lw.index(string(k))
+		if i < 0 {
+			return refused
+		}
+		op.keys = append(op.keys, i)
+	}
+	if db := selectedDB(s); db != 0 {
+		return "ERR transparent mode: lock keys (lock_patterns) live in database 0 of the lock nodes, and this connection selected database " +
+			strconv.Itoa(db) + "; SELECT 0 to use them"
+	}
+	if trackedLockRead(s, name) {
+		return "ERR transparent mode: lock keys (lock_patterns) are served by the lock nodes, which send no CLIENT TRACKING invalidations, " +
+			"so a cached reply would never be invalidated; read lock keys on a connection without CLIENT TRACKING"
+	}
+	if len(lw.ops) >= maxLockTxOps {
+		return "ERR transparent mode: at most " + strconv.Itoa(maxLockTxOps) + " commands may be queued in a transaction on lock keys"
+	}
+	lw.ops = append(lw.ops, op)
+	return ""
+}
+
+// lockTxScript runs a lock-key transaction on one node. KEYS are the
+// watched keys; ARGV starts with, for each, "1" and the value WATCH saw, or
+// "0" and "" for a key that had none; then each queued command as its
+// name, its number of keys, their indexes in KEYS, its number of other
+// arguments, and those. It returns false, which is nil, when a watched
+// key holds anything else, and runs nothing; else the array of the
+// commands' replies.
+const lockTxScript = `local n = #KEYS
+for i = 1, n do
+  local v = redis.call('get', KEYS[i])
+  if ARGV[2*i-1] == '1' then
+    if v ~= ARGV[2*i] then return false end
+  elseif v then
+    return false
+  end
+end
+local out = {}
+local j = 2*n + 1
+while j <= #ARGV do
+  local cmd = {ARGV[j]}
+  local nk = tonumber(ARGV[j+1])
+  for a = 1, nk do cmd[#cmd+1] = KEYS[tonumber(ARGV[j+1+a])] end
+  j = j + 2 + nk
+  local na = tonumber(ARGV[j])
+  for a = 1, na do cmd[#cmd+1] = ARGV[j+a] end
+  j = j + 1 + na
+  out[#out+1] = redis.call(unpack(cmd))
+end
+return out`
+
+// lockExec runs lw's transaction on the lock nodes and writes EXEC's reply.
+func (h *Handler) lockExec(s *resp.Session, lw *lockWatch) {
+	if lw.failed != "" {
+		s.W.Error(lw.failed)
+		return
+	}
+	if h.fanout == nil {
+		s.W.Error(errTransparentFanout)
+		return
+	}
+	n := len(lw.keys)
+	cmd := make([]string, 0, 3+3*n+4*len(lw.ops))
+	cmd = append(cmd, "eval", lockTxScript, strconv.Itoa(n))
+	cmd = append(cmd, lw.keys...)
+	for _, v := range lw.vals {
+		if v == nil {
+			cmd = append(cmd, "0", "")
+		} else {
+			cmd = append(cmd, "1", *v)
+		}
+	}
+	readOnly := true
+	ttl := make([]bool, len(lw.ops))
+	for i, op := range lw.ops {
+		cmd = append(cmd, op.name, strconv.Itoa(len(op.keys)))
+		for _, k := range op.keys {
+			cmd = append(cmd, strconv.Itoa(k+1))
+		}
+		cmd = append(cmd, strconv.Itoa(len(op.args)))
+		cmd = append(cmd, op.args...)
+		switch op.name {
+		case "del", "unlink", "pexpire", "expire":
+			readOnly = false
+		case "pttl", "ttl":
+			ttl[i] = true
+		}
+	}
+	keyAt := make([]int, n)
+	for i := range keyAt {
+		keyAt[i] = 3 + i
+	}
+	rs := h.fanout.Run(s.Context(), cmd, keyAt, readOnly)
+	v, aborted, err := decideExec(rs, h.fanout.NodeCount(), ttl)
+	switch {
+	case err != nil:
+		h.tReply(s, "exec", nil, err)
+	case aborted:
+		s.W.NullArray()
+	default:
+		writeValue(s.W, v)
+	}
+}
+
+// decideExec is what a lock-key transaction's EXEC answers, from each
+// node's reply to lockTxScript: aborted when a majority of all total
+// nodes found a watched key changed (and ran nothing); the array of the
+// commands' replies when a majority ran them, each reply the one a
+// majority of all nodes shares (by PTTL's rule for those ttl marks); else
+// a majority's error reply, or the reason there is no majority.
+func decideExec(rs []backends.NodeReply, total int, ttl []bool) (v any, aborted bool, err error) {
+	need := total/2 + 1
+	nils, ran := 0, 0
+	for _, r := range rs {
+		if r.Err != nil {
+			continue
+		}
+		switch t := r.Val.(type) {
+		case nil:
+			nils++
+		case []any:
+			if len(t) == len(ttl) {
+				ran++
+			}
+		}
+	}
+	switch {
+	case nils >= need:
+		return nil, true, nil
+	case ran < need:
+		v, err := agree(rs, total)
+		if err == nil {
+			if _, ok := v.(backends.ReplyError); !ok {
+				// Cannot be: a shared nil or array is counted above.
+				err = errors.New("commands: EXEC's replies could not be decided")
+			}
+		}
+		return v, false, err
+	}
+	out := make([]any, len(ttl))
+	per := make([]backends.NodeReply, len(rs))
+	for i := range ttl {
+		for j, r := range rs {
+			per[j] = backends.NodeReply{Node: r.Node, Err: r.Err}
+			if r.Err != nil {
+				continue
+			}
+			if vs, ok := r.Val.([]any); ok && len(vs) == len(ttl) {
+				per[j].Val = vs[i]
+			} else {
+				per[j].Err = errNotRun
+			}
+		}
+		var e any
+		var err error
+		if ttl[i] {
+			e, err = agreeTTL(per, total)
+		} else {
+			e, err = agree(per, total)
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		out[i] = e
+	}
+	return out, false, nil
+}
+
+// errNotRun marks a node that did not run a transaction the majority ran.
+var errNotRun = errors.New("the transaction did not run on this node")

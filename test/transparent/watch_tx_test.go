@@ -1,0 +1,385 @@
+package transparent
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
+)
+
+// rawConn speaks RESP to lockproxy and returns each reply's bytes as they
+// came, to check the shapes of EXEC's replies byte for byte.
+type rawConn struct {
+	t  *testing.T
+	c  net.Conn
+	br *bufio.Reader
+}
+
+func dialRaw(t *testing.T, addr string) *rawConn {
+	t.Helper()
+	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return &rawConn{t: t, c: c, br: bufio.NewReader(c)}
+}
+
+// do sends one command and returns its reply's bytes.
+func (r *rawConn) do(args ...string) string {
+	r.t.Helper()
+	_ = r.c.SetDeadline(time.Now().Add(20 * time.Second))
+	if _, err := r.c.Write([]byte(lockclient.Encode(args...))); err != nil {
+		r.t.Fatal(err)
+	}
+	f, err := r.frame()
+	if err != nil {
+		r.t.Fatalf("%v: %v", args, err)
+	}
+	return f
+}
+
+func (r *rawConn) frame() (string, error) {
+	line, err := r.br.ReadString('\n')
+	if err != nil {
+		return "", err
+	}
+	switch line[0] {
+	case '$':
+		n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+		if n < 0 {
+			return line, nil
+		}
+		b := make([]byte, n+2)
+		if _, err := io.ReadFull(r.br, b); err != nil {
+			return "", err
+		}
+		return line + string(b), nil
+	case '*', '%', '~', '>':
+		n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+		if line[0] == '%' {
+			n *= 2
+		}
+		out := line
+		for i := 0; i < n; i++ {
+			f, err := r.frame()
+			if err != nil {
+				return "", err
+			}
+			out += f
+		}
+		return out, nil
+	}
+	return line, nil
+}
+
+// retake makes key's lock expire on every node and another client take
+// it with value other, as a lock that ran out and was taken over.
+func retake(t *testing.T, e *env, c *redis.Client, key, other string) {
+	t.Helper()
+	ctx := lockclient.CtxFor(t, 10*time.Second)
+	for i, d := range e.direct {
+		if err := d.Del(ctx, keyPrefix+"lock:"+key).Err(); err != nil {
+			t.Fatalf("node %d: %v", i, err)
+		}
+	}
+	if ok, err := c.SetNX(ctx, key, other, 20*time.Second).Result(); err != nil || !ok {
+		t.Fatalf("the other client's SET NX PX: %v %v", ok, err)
+	}
+	e.requireOnEveryNode(t, "the other client's lock", key)
+}
+
+// TestWatchTransactionOnLockKeys: the optimistic lock release and
+// extension that StackExchange.Redis (LockRelease, LockExtend), go-redis
+// (Client.Watch) and redis-py write by hand, WATCH k, GET k, MULTI, DEL k
+// (or PEXPIRE k ms), EXEC, release and extend the lock on the lock nodes,
+// with and without an upstream; when the lock changed hands after WATCH,
+// EXEC answers nil and the other holder's lock stays on every node.
+// Before, WATCH of a lock key was unknown (no upstream) or refused (with
+// one), and the DEL inside MULTI refused, so EXEC answered EXECABORT.
+func TestWatchTransactionOnLockKeys(t *testing.T) {
+	t.Parallel()
+	for _, withUp := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no upstream", true: "upstream"}[withUp], func(t *testing.T) {
+			t.Parallel()
+			var e *env
+			if withUp {
+				e, _, _ = startWithUpstream(t)
+			} else {
+				e = start(t)
+			}
+			c := e.client(t)
+			other := e.client(t)
+			ctx := lockclient.CtxFor(t, 60*time.Second)
+
+			take := func(key, tok string) {
+				t.Helper()
+				if ok, err := c.SetNX(ctx, key, tok, 10*time.Second).Result(); err != nil || !ok {
+					t.Fatalf("SET %s NX PX: %v %v", key, ok, err)
+				}
+				e.requireOnEveryNode(t, "the lock", key)
+			}
+			// go-redis's own optimistic release and extension.
+			release := func(key, tok string, between func()) ([]redis.Cmder, error) {
+				var cmds []redis.Cmder
+				err := c.Watch(ctx, func(tx *redis.Tx) error {
+					v, err := tx.Get(ctx, key).Result()
+					if err != nil {
+						return err
+					}
+					if v != tok {
+						return fmt.Errorf("GET %s: %q; want %q", key, v, tok)
+					}
+					if between != nil {
+						between()
+					}
+					cmds, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+						p.Del(ctx, key)
+						return nil
+					})
+					return err
+				}, key)
+				return cmds, err
+			}
+
+			t.Run("go-redis release", func(t *testing.T) {
+				take("lock:gr", "tok")
+				cmds, err := release("lock:gr", "tok", nil)
+				if err != nil {
+					t.Fatalf("Watch: %v", err)
+				}
+				if n, err := cmds[0].(*redis.IntCmd).Result(); n != 1 || err != nil {
+					t.Errorf("DEL in EXEC: %v %v; want 1", n, err)
+				}
+				e.requireGone(t, "released through WATCH/MULTI/EXEC", "lock:gr")
+			})
+			t.Run("go-redis extend", func(t *testing.T) {
+				take("lock:ge", "tok")
+				err := c.Watch(ctx, func(tx *redis.Tx) error {
+					if v, err := tx.Get(ctx, "lock:ge").Result(); err != nil || v != "tok" {
+						return fmt.Errorf("GET: %q %v", v, err)
+					}
+					cmds, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+						p.PExpire(ctx, "lock:ge", 40*time.Second)
+						return nil
+					})
+					if err == nil && !cmds[0].(*redis.BoolCmd).Val() {
+						err = errors.New("PEXPIRE in EXEC answered 0")
+					}
+					return err
+				}, "lock:ge")
+				if err != nil {
+					t.Fatalf("Watch: %v", err)
+				}
+				for i, d := range e.direct {
+					if ms := d.PTTL(ctx, keyPrefix+"lock:lock:ge").Val(); ms < 30*time.Second {
+						t.Errorf("node %d: PTTL %v after the extension to 40 s", i, ms)
+					}
+				}
+				e.requireHeld(t, "extended", "lock:ge", "tok")
+			})
+			t.Run("go-redis release after the lock was taken over", func(t *testing.T) {
+				take("lock:gt", "tok")
+				_, err := release("lock:gt", "tok", func() { retake(t, e, other, "lock:gt", "theirs") })
+				if !errors.Is(err, redis.TxFailedErr) {
+					t.Errorf("Watch: %v; want %v", err, redis.TxFailedErr)
+				}
+				if n := e.holding(t, "lock:gt", "theirs"); n != 3 {
+					t.Errorf("the other client's lock is on %d of 3 nodes after the failed release; want 3", n)
+				}
+			})
+			t.Run("StackExchange.Redis LockRelease and LockExtend, byte for byte", func(t *testing.T) {
+				r := dialRaw(t, e.addr)
+				take("lock:se", "tok")
+				for _, st := range []struct{ args, want string }{
+					{"WATCH lock:se", "+OK\r\n"},
+					{"GET lock:se", "$3\r\ntok\r\n"},
+					{"MULTI", "+OK\r\n"},
+					{"PEXPIRE lock:se 30000", "+QUEUED\r\n"},
+					{"EXEC", "*1\r\n:1\r\n"},
+					{"WATCH lock:se", "+OK\r\n"},
+					{"GET lock:se", "$3\r\ntok\r\n"},
+					{"MULTI", "+OK\r\n"},
+					{"EXPIRE lock:se 30", "+QUEUED\r\n"},
+					{"EXEC", "*1\r\n:1\r\n"},
+					{"WATCH lock:se", "+OK\r\n"},
+					{"GET lock:se", "$3\r\ntok\r\n"},
+					{"MULTI", "+OK\r\n"},
+					{"DEL lock:se", "+QUEUED\r\n"},
+					{"EXEC", "*1\r\n:1\r\n"},
+					// The condition failed: the client unwatches.
+					{"WATCH lock:se", "+OK\r\n"},
+					{"GET lock:se", "$-1\r\n"},
+					{"UNWATCH", "+OK\r\n"},
+				} {
+					if got := r.do(strings.Fields(st.args)...); got != st.want {
+						t.Errorf("%s: %q; want %q", st.args, got, st.want)
+					}
+				}
+				e.requireGone(t, "LockRelease", "lock:se")
+
+				// Taken over between WATCH and EXEC: nil, RESP2 and RESP3.
+				for _, proto := range []string{"2", "3"} {
+					take("lock:se", "tok")
+					r.do("HELLO", proto)
+					r.do("WATCH", "lock:se")
+					r.do("GET", "lock:se")
+					retake(t, e, other, "lock:se", "theirs")
+					r.do("MULTI")
+					r.do("DEL", "lock:se")
+					want := map[string]string{"2": "*-1\r\n", "3": "_\r\n"}[proto]
+					if got := r.do("EXEC"); got != want {
+						t.Errorf("RESP%s: EXEC after the lock was taken over: %q; want %q", proto, got, want)
+					}
+					if n := e.holding(t, "lock:se", "theirs"); n != 3 {
+						t.Errorf("RESP%s: the other client's lock is on %d of 3 nodes; want 3", proto, n)
+					}
+					if err := other.Del(ctx, "lock:se").Err(); err != nil {
+						t.Fatal(err)
+					}
+					e.requireGone(t, "the other's release", "lock:se")
+				}
+				r.do("HELLO", "2")
+
+				// Expired (and not taken): nil, nothing changed.
+				if ok, err := c.SetNX(ctx, "lock:sx", "tok", 300*time.Millisecond).Result(); err != nil || !ok {
+					t.Fatalf("SET NX PX 300: %v %v", ok, err)
+				}
+				r.do("WATCH", "lock:sx")
+				time.Sleep(600 * time.Millisecond)
+				r.do("MULTI")
+				r.do("PEXPIRE", "lock:sx", "10000")
+				if got := r.do("EXEC"); got != "*-1\r\n" {
+					t.Errorf("EXEC after the lock expired: %q; want nil", got)
+				}
+				e.requireGone(t, "an expired lock not extended", "lock:sx")
+			})
+			t.Run("a key watched while free", func(t *testing.T) {
+				r := dialRaw(t, e.addr)
+				for _, st := range []struct{ args, want string }{
+					{"WATCH lock:free", "+OK\r\n"},
+					{"MULTI", "+OK\r\n"},
+					{"GET lock:free", "+QUEUED\r\n"},
+					{"EXISTS lock:free", "+QUEUED\r\n"},
+					{"DEL lock:free", "+QUEUED\r\n"},
+					{"PTTL lock:free", "+QUEUED\r\n"},
+					{"EXEC", "*4\r\n$-1\r\n:0\r\n:0\r\n:-2\r\n"},
+				} {
+					if got := r.do(strings.Fields(st.args)...); got != st.want {
+						t.Errorf("%s: %q; want %q", st.args, got, st.want)
+					}
+				}
+				r.do("WATCH", "lock:free")
+				take("lock:free", "theirs")
+				r.do("MULTI")
+				r.do("DEL", "lock:free")
+				if got := r.do("EXEC"); got != "*-1\r\n" {
+					t.Errorf("EXEC after a key watched free was taken: %q; want nil", got)
+				}
+				if n := e.holding(t, "lock:free", "theirs"); n != 3 {
+					t.Errorf("the lock taken after WATCH is on %d of 3 nodes; want 3", n)
+				}
+			})
+			t.Run("refusals and the state's end", func(t *testing.T) {
+				r := dialRaw(t, e.addr)
+				take("lock:rf", "tok")
+				for _, st := range []struct{ args, want string }{
+					{"WATCH lock:rf plain", "-ERR transparent mode: 'watch' mixes lock keys"},
+					{"WATCH lock:rf", "+OK"},
+					{"WATCH lock:rf lock:rf2", "+OK"},
+					{"WATCH plain", "-ERR transparent mode: this connection watches lock keys"},
+					{"EXEC", "-ERR EXEC without MULTI"},
+					{"MULTI", "+OK"},
+					{"MULTI", "-ERR MULTI calls can not be nested"},
+					{"WATCH lock:rf", "-ERR WATCH inside MULTI is not allowed"},
+					{"SET lock:rf x", "-ERR 'set' is not queued: a transaction after WATCH of lock keys"},
+					{"DEL lock:rf", "+QUEUED"},
+					{"EXEC", "-EXECABORT Transaction discarded because of previous errors."},
+					{"GET lock:rf", "$3\r\ntok"},
+					{"WATCH lock:rf", "+OK"},
+					{"MULTI", "+OK"},
+					{"DEL lock:other", "-ERR 'del' is not queued"},
+					{"PEXPIRE lock:rf 10 XX LT", "+QUEUED"},
+					{"PEXPIRE lock:rf 10 NX XX", "-ERR NX and XX, GT or LT options at the same time are not compatible"},
+					{"PING", "-ERR 'ping' is not queued"},
+					{"DISCARD", "+OK"},
+					{"MULTI", "+OK"},
+					{"EXEC", "*0"},
+					{"WATCH lock:rf", "+OK"},
+					{"UNWATCH", "+OK"},
+					{"WATCH lock:rf", "+OK"},
+					{"RESET", "+RESET"},
+					{"GET lock:rf", "$3\r\ntok"},
+				} {
+					got := r.do(strings.Fields(st.args)...)
+					if !strings.HasPrefix(got, st.want) {
+						t.Errorf("%s: %q; want %q…", st.args, got, st.want)
+					}
+				}
+				e.requireHeld(t, "after the refused and discarded transactions", "lock:rf", "tok")
+				if n := e.holding(t, "lock:rf", "tok"); n != 3 {
+					t.Errorf("lock:rf on %d of 3 nodes; want 3", n)
+				}
+			})
+		})
+	}
+}
+
+// TestWatchTransactionWithUpstreamKeepsUpstreamWatch: a WATCH of lock keys
+// and one of the upstream's keys cannot share a connection, either way
+// round; the upstream's own WATCH/MULTI/EXEC still work as before, also
+// on a connection that watched lock keys before.
+func TestWatchTransactionWithUpstreamKeepsUpstreamWatch(t *testing.T) {
+	t.Parallel()
+	e, c, upc := startWithUpstream(t)
+	ctx := lockclient.CtxFor(t, 30*time.Second)
+	if err := upc.Set(ctx, "plain", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := dialRaw(t, e.addr)
+	for _, st := range []struct{ args, want string }{
+		{"WATCH plain", "+OK"},
+		{"WATCH lock:u", "-ERR transparent mode: this connection already watches keys on the upstream"},
+		{"MULTI", "+OK"},
+		{"INCR plain", "+QUEUED"},
+		{"EXEC", "*1\r\n:2"},
+		{"WATCH lock:u", "+OK"},
+		{"WATCH plain", "-ERR transparent mode: this connection watches lock keys"},
+		{"UNWATCH", "+OK"},
+		{"WATCH plain", "+OK"},
+		{"MULTI", "+OK"},
+		{"INCR plain", "+QUEUED"},
+		{"EXEC", "*1\r\n:3"},
+		{"MULTI", "+OK"},
+		{"DEL lock:u", "-ERR 'DEL' on a lock key is not allowed inside MULTI"},
+		{"EXEC", "-EXECABORT"},
+	} {
+		got := r.do(strings.Fields(st.args)...)
+		if !strings.HasPrefix(got, st.want) {
+			t.Errorf("%s: %q; want %q…", st.args, got, st.want)
+		}
+	}
+	// An upstream WATCH broken by another client still fails its EXEC.
+	err := c.Watch(ctx, func(tx *redis.Tx) error {
+		if err := upc.Set(ctx, "plain", "9", 0).Err(); err != nil {
+			return err
+		}
+		_, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Incr(ctx, "plain")
+			return nil
+		})
+		return err
+	}, "plain")
+	if !errors.Is(err, redis.TxFailedErr) {
+		t.Errorf("upstream WATCH broken before EXEC: %v; want %v", err, redis.TxFailedErr)
+	}
+}
