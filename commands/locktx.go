@@ -68,6 +68,13 @@ func (h *Handler) lockTx(s *resp.Session, cs *conn, name string, args [][]byte) 
 	lw := cs.lw
 	rs := cs.rl
 	if lw == nil {
+		if name == "unwatch" && h.up == nil && len(args) == 1 && !cs.tx {
+			// Nothing watched: Redis answers OK. Without an upstream
+			// nothing else would, and redis-py sends it after every
+			// EXEC of a pipeline that watched (Pipeline.reset).
+			s.W.Simple("OK")
+			return true
+		}
 		if name != "watch" || len(args) < 2 || cs.tx {
 			return false
 		}
@@ -83,7 +90,7 @@ func (h *Handler) lockTx(s *resp.Session, cs *conn, name string, args [][]byte) 
 			h.relayFlush(s)
 			h.tCount(s, "watch", func() {
 				s.W.Error("ERR transparent mode: 'watch' mixes lock keys (matching lock_patterns) and other keys; " +
-					"lock keys are on the lock nodes and the others on the upstream, and one transaction cannot span both")
+					"lock keys are served by the lock nodes and other keys are not, so one transaction cannot span both")
 			})
 			return true
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -314,6 +315,7 @@ func TestWatchTransactionOnLockKeys(t *testing.T) {
 					{"DISCARD", "+OK"},
 					{"MULTI", "+OK"},
 					{"EXEC", "*0"},
+					{"UNWATCH", "+OK"}, // nothing watched: OK, as Redis
 					{"WATCH lock:rf", "+OK"},
 					{"UNWATCH", "+OK"},
 					{"WATCH lock:rf", "+OK"},
@@ -381,5 +383,253 @@ func TestWatchTransactionWithUpstreamKeepsUpstreamWatch(t *testing.T) {
 	}, "plain")
 	if !errors.Is(err, redis.TxFailedErr) {
 		t.Errorf("upstream WATCH broken before EXEC: %v; want %v", err, redis.TxFailedErr)
+	}
+}
+
+// TestRedisPyWatchTransaction runs redis-py's documented optimistic
+// transaction on a lock key (python/redispy_watch.py): extend, release,
+// and WatchError when the lock was taken over after WATCH, the other
+// holder's lock then intact on every node.
+func TestRedisPyWatchTransaction(t *testing.T) {
+	t.Parallel()
+	py := python(t)
+	script, err := filepath.Abs("python/redispy_watch.py")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := start(t)
+	if out := runScript(t, 60*time.Second, py, script, e.port(), e.nodePorts()); !strings.Contains(out, "ok") {
+		t.Fatalf("redispy_watch.py: %s", out)
+	}
+}
+
+// watchTx runs WATCH key, MULTI, the command, EXEC on r, checking the
+// replies before EXEC's, and returns EXEC's reply.
+func watchTx(t *testing.T, r *rawConn, key string, cmd ...string) string {
+	t.Helper()
+	for _, st := range [][]string{{"WATCH", key}, {"MULTI"}, cmd} {
+		want := "+OK\r\n"
+		if st[0] != "WATCH" && st[0] != "MULTI" {
+			want = "+QUEUED\r\n"
+		}
+		if got := r.do(st...); got != want {
+			t.Fatalf("%v: %q; want %q", st, got, want)
+		}
+	}
+	return r.do("EXEC")
+}
+
+// TestWatchTransactionReleaseIsAnUnlock: a DEL in a lock-key transaction
+// releases as the transparent compare-and-delete does, with lockproxy's
+// bookkeeping: a reentrant LOCK's extra holds go with it (a later LOCK of
+// the token has one hold), the release is published to LOCK … WAIT
+// waiters on every node, and a waiter gets the lock; a PEXPIRE renews the
+// whole hold, as RENEW does, so one UNLOCK of a token holding it twice
+// leaves it held past the first TTL.
+func TestWatchTransactionReleaseIsAnUnlock(t *testing.T) {
+	t.Parallel()
+	e := start(t)
+	c := redis.NewClient(&redis.Options{Addr: e.addr, Protocol: 2}) // LOCKINFO as a flat array
+	t.Cleanup(func() { _ = c.Close() })
+	waiter := e.client(t)
+	ctx := lockclient.CtxFor(t, 60*time.Second)
+	r := dialRaw(t, e.addr)
+
+	const key = "lock:wtx:reentrant"
+	for i := 0; i < 2; i++ {
+		if err := c.Do(ctx, "LOCK", key, "PX", 10000, "TOKEN", "dt").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.requireOnEveryNode(t, "LOCK", key)
+	publishes := func() (n []int64) {
+		for _, d := range e.direct {
+			cs, err := d.Info(ctx, "commandstats").Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var calls int64
+			for _, l := range strings.Split(cs, "\n") {
+				if strings.HasPrefix(l, "cmdstat_publish:calls=") {
+					calls, _ = strconv.ParseInt(strings.TrimPrefix(strings.SplitN(l, ",", 2)[0], "cmdstat_publish:calls="), 10, 64)
+				}
+			}
+			n = append(n, calls)
+		}
+		return n
+	}
+	got := make(chan time.Time, 1)
+	go func() {
+		if err := waiter.Do(ctx, "LOCK", key, "PX", 5000, "WAIT", 20000).Err(); err != nil {
+			t.Errorf("the waiter's LOCK … WAIT: %v", err)
+		}
+		got <- time.Now()
+	}()
+	time.Sleep(300 * time.Millisecond) // the waiter is waiting
+	before := publishes()
+	start := time.Now()
+	if reply := watchTx(t, r, key, "DEL", key); reply != "*1\r\n:1\r\n" {
+		t.Fatalf("EXEC of the release: %q; want *1 :1", reply)
+	}
+	// A node that answered after the fan-out's timeout (a loaded test
+	// machine) runs the release a moment later.
+	for deadline := time.Now().Add(3 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		after, late := publishes(), ""
+		for i := range before {
+			if after[i] <= before[i] {
+				late += fmt.Sprintf("node %d: the release was not published (PUBLISH calls %d, then %d); ", i, before[i], after[i])
+			}
+		}
+		if late == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Error(late)
+			break
+		}
+	}
+	select {
+	case at := <-got:
+		t.Logf("the waiter got the lock %v after EXEC", at.Sub(start).Round(time.Millisecond))
+	case <-time.After(15 * time.Second):
+		t.Fatal("the waiter did not get the lock")
+	}
+	if err := waiter.Do(ctx, "UNLOCK", key).Err(); err != nil {
+		// The waiter's own token; UNLOCK without one is refused: let it expire.
+		_ = err
+	}
+
+	// No extra holds left: a LOCK of the token after the waiter's lease
+	// has one hold.
+	const key2 = "lock:wtx:holds"
+	for i := 0; i < 2; i++ {
+		if err := c.Do(ctx, "LOCK", key2, "PX", 10000, "TOKEN", "dt").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e.requireOnEveryNode(t, "LOCK", key2)
+	if reply := watchTx(t, r, key2, "DEL", key2); reply != "*1\r\n:1\r\n" {
+		t.Fatalf("EXEC of the release: %q", reply)
+	}
+	if err := c.Do(ctx, "LOCK", key2, "PX", 10000, "TOKEN", "dt").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if holds, _ := lockInfoHolds(ctx, t, c, key2, "dt"); holds != 1 {
+		t.Errorf("LOCKINFO holds after the transaction's DEL and a new LOCK = %d; want 1", holds)
+	}
+
+	// The extension renews the whole hold.
+	const key3 = "lock:wtx:renew"
+	for i := 0; i < 2; i++ {
+		if err := c.Do(ctx, "LOCK", key3, "PX", 1500, "TOKEN", "rt").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if reply := watchTx(t, r, key3, "PEXPIRE", key3, "20000"); reply != "*1\r\n:1\r\n" {
+		t.Fatalf("EXEC of the extension: %q", reply)
+	}
+	time.Sleep(2 * time.Second) // past the first TTL
+	if err := c.Do(ctx, "UNLOCK", key3, "rt").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := c.SetNX(ctx, key3, "other", 5*time.Second).Result(); err != nil || ok {
+		t.Errorf("SET NX PX after one of two holds' UNLOCK, past the first TTL: %v %v; want nil (still held)", ok, err)
+	}
+}
+
+// TestWatchTransactionLeavesOtherValuesOnNodes: EXEC runs the queued
+// commands on a node only where the watched key still has the value WATCH
+// saw, so a node where another value is held keeps it, whatever a
+// majority decides: released on the majority holding the watched value,
+// nil when a majority changed (the minority still holding the watched
+// value, the client's own, released there), an error when no majority
+// agrees.
+func TestWatchTransactionLeavesOtherValuesOnNodes(t *testing.T) {
+	t.Parallel()
+	e := start(t)
+	ctx := lockclient.CtxFor(t, 60*time.Second)
+	r := dialRaw(t, e.addr)
+	set := func(key string, vals ...string) {
+		t.Helper()
+		for i, v := range vals {
+			if err := e.direct[i].Set(ctx, keyPrefix+"lock:"+key, v, 20*time.Second).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	onNode := func(i int, key string) string {
+		v, _ := e.direct[i].Get(ctx, keyPrefix+"lock:"+key).Result()
+		return v
+	}
+
+	// A majority holds v, one node w: released where v was.
+	set("lock:n1", "w", "v", "v")
+	if reply := watchTx(t, r, "lock:n1", "DEL", "lock:n1"); reply != "*1\r\n:1\r\n" {
+		t.Errorf("EXEC with v on 2 of 3: %q; want *1 :1", reply)
+	}
+	if got := []string{onNode(0, "lock:n1"), onNode(1, "lock:n1"), onNode(2, "lock:n1")}; got[0] != "w" || got[1] != "" || got[2] != "" {
+		t.Errorf("after the release the nodes hold %q; want [w, none, none]", got)
+	}
+
+	// Watched as v everywhere, then w on two: nil; w stays.
+	set("lock:n2", "v", "v", "v")
+	r.do("WATCH", "lock:n2")
+	set("lock:n2", "v", "w", "w")
+	r.do("MULTI")
+	r.do("PEXPIRE", "lock:n2", "60000")
+	if reply := r.do("EXEC"); reply != "*-1\r\n" {
+		t.Errorf("EXEC with w on 2 of 3: %q; want nil", reply)
+	}
+	for i := 1; i < 3; i++ {
+		if v := onNode(i, "lock:n2"); v != "w" {
+			t.Errorf("node %d: %q; want w", i, v)
+		}
+		if ms := e.direct[i].PTTL(ctx, keyPrefix+"lock:lock:n2").Val(); ms > 21*time.Second {
+			t.Errorf("node %d: the other value's TTL was extended to %v", i, ms)
+		}
+	}
+
+	// Watched as v, then w on one node and another down: no majority.
+	set("lock:n3", "v", "v", "v")
+	r.do("WATCH", "lock:n3")
+	set("lock:n3", "v", "w")
+	e.nodes[2].Kill()
+	r.do("MULTI")
+	r.do("DEL", "lock:n3")
+	if reply := r.do("EXEC"); !strings.HasPrefix(reply, "-ERR no majority") && !strings.HasPrefix(reply, "-NOQUORUM") {
+		t.Errorf("EXEC with v on 1, w on 1, 1 down: %q; want an error", reply)
+	}
+	if v := onNode(1, "lock:n3"); v != "w" {
+		t.Errorf("node 1: %q; want w", v)
+	}
+}
+
+// TestLockTransactionStaysOffTheEventLoop: the commands of a lock-key
+// transaction are answered by lockproxy, never relayed, however many
+// there are: a connection that could go back to the event loop (16
+// batches the loop could serve in a row) would have its relayable
+// commands relayed there, past the transaction.
+func TestLockTransactionStaysOffTheEventLoop(t *testing.T) {
+	t.Parallel()
+	e, _, upc := startWithUpstream(t)
+	ctx := lockclient.CtxFor(t, 30*time.Second)
+	if err := upc.Set(ctx, "plain", "1", 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	r := dialRaw(t, e.addr)
+	// Relayed once: lockproxy reads the upstream's command table, which
+	// the event loop needs.
+	if got := r.do("GET", "plain"); got != "$1\r\n1\r\n" {
+		t.Fatalf("GET plain: %q", got)
+	}
+	r.do("WATCH", "lock:loop")
+	r.do("MULTI")
+	for i := 0; i < 24; i++ {
+		if got := r.do("GET", "plain"); !strings.HasPrefix(got, "-ERR 'get' is not queued") {
+			t.Fatalf("GET plain #%d inside the lock-key transaction: %q; want refused", i+1, got)
+		}
+	}
+	if got := r.do("EXEC"); !strings.HasPrefix(got, "-EXECABORT") {
+		t.Errorf("EXEC: %q; want EXECABORT", got)
 	}
 }
