@@ -290,6 +290,41 @@ func TestWatchTransactionOnLockKeys(t *testing.T) {
 					t.Errorf("the lock taken after WATCH is on %d of 3 nodes; want 3", n)
 				}
 			})
+			t.Run("several watched keys", func(t *testing.T) {
+				r := dialRaw(t, e.addr)
+				take("lock:m1", "t1")
+				take("lock:m2", "t2")
+				for _, st := range []struct{ args, want string }{
+					{"WATCH lock:m1", "+OK\r\n"},
+					{"WATCH lock:m2 lock:m1", "+OK\r\n"},
+					{"MULTI", "+OK\r\n"},
+					{"EXISTS lock:m1 lock:m2", "+QUEUED\r\n"},
+					{"DEL lock:m1 lock:m2", "+QUEUED\r\n"},
+					{"EXEC", "*2\r\n:2\r\n:2\r\n"},
+				} {
+					if got := r.do(strings.Fields(st.args)...); got != st.want {
+						t.Errorf("%s: %q; want %q", st.args, got, st.want)
+					}
+				}
+				e.requireGone(t, "released together", "lock:m1")
+				e.requireGone(t, "released together", "lock:m2")
+				// One of them changed: nothing runs, the other stays.
+				take("lock:m1", "t1")
+				take("lock:m2", "t2")
+				r.do("WATCH", "lock:m1", "lock:m2")
+				retake(t, e, other, "lock:m2", "theirs")
+				r.do("MULTI")
+				r.do("DEL", "lock:m1", "lock:m2")
+				if got := r.do("EXEC"); got != "*-1\r\n" {
+					t.Errorf("EXEC after one of two watched keys changed: %q; want nil", got)
+				}
+				if n := e.holding(t, "lock:m1", "t1"); n != 3 {
+					t.Errorf("lock:m1 on %d of 3 nodes after the failed transaction; want 3", n)
+				}
+				if n := e.holding(t, "lock:m2", "theirs"); n != 3 {
+					t.Errorf("the other's lock:m2 on %d of 3 nodes; want 3", n)
+				}
+			})
 			t.Run("refusals and the state's end", func(t *testing.T) {
 				r := dialRaw(t, e.addr)
 				take("lock:rf", "tok")
@@ -316,6 +351,10 @@ func TestWatchTransactionOnLockKeys(t *testing.T) {
 					{"MULTI", "+OK"},
 					{"EXEC", "*0"},
 					{"UNWATCH", "+OK"}, // nothing watched: OK, as Redis
+					// An empty transaction runs when the watch holds.
+					{"WATCH lock:rf", "+OK"},
+					{"MULTI", "+OK"},
+					{"EXEC", "*0\r\n"},
 					{"WATCH lock:rf", "+OK"},
 					{"UNWATCH", "+OK"},
 					{"WATCH lock:rf", "+OK"},
