@@ -57,6 +57,11 @@ const (
 	maxLockTxOps     = 64
 )
 
+// lockTxQueued names the commands a lock-key transaction may queue.
+var lockTxQueued = map[string]bool{
+	"del": true, "unlink": true, "pexpire": true, "expire": true, "get": true, "exists": true, "pttl": true, "ttl": true,
+}
+
 // lockTxSupported is what a lock-key transaction queues, for errors.
 const lockTxSupported = "DEL, UNLINK, PEXPIRE, EXPIRE, GET, EXISTS, PTTL and TTL of the watched lock keys"
 
@@ -115,11 +120,23 @@ func (h *Handler) lockTx(s *resp.Session, cs *conn, name string, args [][]byte) 
 		cs.lw = nil
 		return false
 	}
+	if rs != nil && (rs.broken || rs.pipe.Tunneling()) {
+		// In pub/sub mode (a SUBSCRIBE after the WATCH): the relay
+		// answers or refuses every command (relayRoute); the watch stays
+		// for after it.
+		return false
+	}
+	switch name {
+	case "watch", "unwatch", "multi", "exec", "discard":
+		cs.lastCmd = name
+	}
 	if !lw.multi {
 		switch name {
 		case "watch":
 			if len(args) < 2 {
-				return false // Redis's arity error, from the table or the relay
+				h.relayFlush(s)
+				wrongArity(s, name)
+				return true
 			}
 			h.relayFlush(s)
 			h.tCount(s, "watch", func() {
@@ -186,6 +203,9 @@ func (h *Handler) lockTx(s *resp.Session, cs *conn, name string, args [][]byte) 
 	case "watch":
 		s.W.Error("ERR WATCH inside MULTI is not allowed")
 	default:
+		if lockTxQueued[name] {
+			cs.lastCmd = name
+		}
 		if why := h.lockTxQueue(s, lw, name, args); why != "" {
 			lw.dirty = true
 			h.metrics.commands.WithLabelValues("transaction", "error").Inc()

@@ -409,6 +409,30 @@ func TestWatchTransactionWithUpstreamKeepsUpstreamWatch(t *testing.T) {
 			t.Errorf("%s: %q; want %q…", st.args, got, st.want)
 		}
 	}
+	// Subscribed after a WATCH of a lock key: in pub/sub mode the
+	// transaction commands are refused as always; after it the watch
+	// still holds.
+	c2 := e.client(t)
+	if ok, err := c2.SetNX(ctx, "lock:u2", "tok", 10*time.Second).Result(); err != nil || !ok {
+		t.Fatalf("SET NX PX: %v %v", ok, err)
+	}
+	e.requireOnEveryNode(t, "the lock", "lock:u2")
+	for _, st := range []struct{ args, want string }{
+		{"WATCH lock:u2", "+OK"},
+		{"SUBSCRIBE ch", "*3\r\n$9\r\nsubscribe\r\n$2\r\nch\r\n:1"},
+		{"MULTI", "-ERR 'multi' is not allowed in pub/sub mode"},
+		{"UNSUBSCRIBE ch", "*3\r\n$11\r\nunsubscribe\r\n$2\r\nch\r\n:0"},
+		{"MULTI", "+OK"},
+		{"DEL lock:u2", "+QUEUED"},
+		{"EXEC", "*1\r\n:1\r\n"},
+	} {
+		got := r.do(strings.Fields(st.args)...)
+		if !strings.HasPrefix(got, st.want) {
+			t.Errorf("%s: %q; want %q…", st.args, got, st.want)
+		}
+	}
+	e.requireGone(t, "released after the subscription", "lock:u2")
+
 	// An upstream WATCH broken by another client still fails its EXEC.
 	err := c.Watch(ctx, func(tx *redis.Tx) error {
 		if err := upc.Set(ctx, "plain", "9", 0).Err(); err != nil {
@@ -640,6 +664,22 @@ func TestWatchTransactionLeavesOtherValuesOnNodes(t *testing.T) {
 	}
 	if v := onNode(1, "lock:n3"); v != "w" {
 		t.Errorf("node 1: %q; want w", v)
+	}
+
+	// A WATCH that cannot read its key from a majority answers the error,
+	// and the transaction after it does not run.
+	set("lock:n4", "v")
+	e.nodes[1].Kill()
+	if got := r.do("WATCH", "lock:n4"); !strings.HasPrefix(got, "-NOQUORUM") {
+		t.Errorf("WATCH with 2 of 3 nodes down: %q; want NOQUORUM", got)
+	}
+	r.do("MULTI")
+	r.do("DEL", "lock:n4")
+	if got := r.do("EXEC"); !strings.HasPrefix(got, "-ERR transparent mode: the WATCH of lock key 'lock:n4' could not read it from the lock nodes (NOQUORUM") {
+		t.Errorf("EXEC after a failed WATCH: %q; want the WATCH's failure", got)
+	}
+	if v := onNode(0, "lock:n4"); v != "v" {
+		t.Errorf("node 0 after a transaction that did not run: %q; want v", v)
 	}
 }
 
