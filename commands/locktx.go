@@ -74,9 +74,10 @@ func (h *Handler) lockTx(s *resp.Session, cs *conn, name string, args [][]byte) 
 	rs := cs.rl
 	if lw == nil {
 		if name == "unwatch" && h.up == nil && len(args) == 1 && !cs.tx {
-			// Nothing watched: Redis answers OK. Without an upstream
-			// nothing else would, and redis-py sends it after every
-			// EXEC of a pipeline that watched (Pipeline.reset).
+			// Nothing watched (a WATCH refused, say): Redis answers OK.
+			// Without an upstream nothing else would, and redis-py's
+			// Pipeline.reset sends it for a pipeline that watched and did
+			// not EXEC, and fails on an error reply.
 			s.W.Simple("OK")
 			return true
 		}
