@@ -290,6 +290,9 @@ type Ledger struct {
 	keepLog  bool
 	// writeFence is the highest fence of an accepted write per key.
 	writeFence map[string]int64
+	// readerFence is the highest fence a reader (ReadShared) read with,
+	// per key.
+	readerFence map[string]int64
 }
 
 // NewLedger returns an empty ledger; fenced says whether it checks fences.
@@ -302,7 +305,8 @@ func NewLedger(fenced, keepLog bool) *Ledger {
 		value:    map[string]int64{},
 		acked:    map[string]int64{},
 
-		writeFence: map[string]int64{},
+		writeFence:  map[string]int64{},
+		readerFence: map[string]int64{},
 	}
 }
 
@@ -311,6 +315,29 @@ func NewLedger(fenced, keepLog bool) *Ledger {
 func (l *Ledger) Read(key string, fence int64) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.fenced && fence > l.maxFence[key] {
+		l.maxFence[key] = fence
+	}
+	return l.value[key]
+}
+
+// ReadShared is Read for the holder of a read lock. A fenced ledger then
+// also refuses every write whose fence is no higher than the reader's:
+// every write grant after a read grant gets a higher fence than the
+// reader's (a read grant's fence is at least every earlier write grant's,
+// and the nodes that granted the read are raised to it), so a write at
+// the reader's fence or below comes from a writer granted before the
+// reader, whose lease had ended by the reader's grant: a late use, as a
+// storage service that takes readers' fences would refuse it. Without
+// this, a writer descheduled past its lease (which fails no row: the
+// client's fault) writes at the fence the reader was given, the last
+// writer's, and the reader's two reads differ.
+func (l *Ledger) ReadShared(key string, fence int64) int64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.fenced && fence > l.readerFence[key] {
+		l.readerFence[key] = fence
+	}
 	if l.fenced && fence > l.maxFence[key] {
 		l.maxFence[key] = fence
 	}
@@ -335,7 +362,7 @@ func (l *Ledger) Reread(key string, fence int64) (int64, bool) {
 func (l *Ledger) Write(key string, fence, value int64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ok := !l.fenced || fence >= l.maxFence[key]
+	ok := !l.fenced || fence >= l.maxFence[key] && fence > l.readerFence[key]
 	if ok {
 		l.value[key] = value
 		l.acked[key]++

@@ -236,6 +236,43 @@ func TestLedgerReread(t *testing.T) {
 	}
 }
 
+// TestLedgerRefusesWriteAtReadersFence: once a reader has read with its
+// fence, a fenced ledger refuses a write at that fence or below (a writer
+// granted before the reader, writing after its lease ended), so the
+// reader's second read sees what its first did; a higher fence writes. An
+// unfenced ledger takes every write. Before, the late write at the
+// reader's fence (the last writer's, which readers carry) was accepted and
+// changed the value under the reader, which porcupine's reader check then
+// reports as a non-linearizable history the lock service did not cause.
+func TestLedgerRefusesWriteAtReadersFence(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		fenced bool
+		late   bool // the late write at the reader's fence accepted
+	}{
+		{"fenced", true, false},
+		{"unfenced", false, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := NewLedger(tc.fenced, false)
+			w := l.Read("k", 3) // a writer granted fence 3 reads, then stalls past its lease
+			r := l.ReadShared("k", 3)
+			if ok := l.Write("k", 3, w+1); ok != tc.late {
+				t.Errorf("late write at the reader's fence accepted = %v; want %v", ok, tc.late)
+			}
+			if v, _ := l.Reread("k", 3); (v == r) == tc.late {
+				t.Errorf("reader read %d then %d; want the same value: %v", r, v, !tc.late)
+			}
+			if ok := l.Write("k", 2, 7); ok != !tc.fenced {
+				t.Errorf("write at a lower fence accepted = %v; want %v", ok, !tc.fenced)
+			}
+			if ok := l.Write("k", 4, 9); !ok {
+				t.Error("write at a higher fence refused")
+			}
+		})
+	}
+}
+
 func TestHistoryClock(t *testing.T) {
 	h := NewHistory()
 	a := h.Now()

@@ -195,9 +195,13 @@ func TestCounterModel(t *testing.T) {
 // overlapping each other throughout. With the lock correct porcupine must
 // find the history linearizable, readers included, well within a row's
 // timeout; with readers that take no lock (a read lock that does not
-// exclude writers) it must not, from the readers alone: the writers still
-// exclude each other, and each reader reads the value twice, 0-2 ms apart,
-// with writers writing all the time.
+// exclude writers) and an unfenced ledger it must not, from the readers
+// alone: the writers still exclude each other, and each reader reads the
+// value twice, 0-2 ms apart, with writers writing all the time. A fenced
+// ledger refuses the writes at a reader's fence (ReadShared), those of the
+// writers the broken read lock let in: the history is then linearizable,
+// and the refused writes are what shows the lock broken (a row counts them
+// as live writes rejected).
 func TestCounterModelRWMutexHistory(t *testing.T) {
 	const (
 		clients = 20
@@ -206,13 +210,16 @@ func TestCounterModelRWMutexHistory(t *testing.T) {
 	for _, tc := range []struct {
 		name        string
 		readersLock bool
+		fenced      bool
 		want        porcupine.CheckResult
+		refused     bool // some writes refused
 	}{
-		{"read lock held", true, porcupine.Ok},
-		{"readers take no lock", false, porcupine.Illegal},
+		{"read lock held", true, true, porcupine.Ok, false},
+		{"readers take no lock", false, false, porcupine.Illegal, false},
+		{"readers take no lock, fenced ledger", false, true, porcupine.Ok, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			e := &env{hist: NewHistory(), ledger: NewLedger(true, false)}
+			e := &env{hist: NewHistory(), ledger: NewLedger(tc.fenced, false)}
 			var (
 				rw    sync.RWMutex
 				mu    sync.Mutex
@@ -259,6 +266,9 @@ func TestCounterModelRWMutexHistory(t *testing.T) {
 			t.Logf("porcupine: %s over %d operations (%d reads) in %v", got, ops, clients/4*grants, time.Since(start).Round(time.Millisecond))
 			if got != tc.want || ops != clients*grants {
 				t.Errorf("linearizable = %s over %d operations; want %s over %d", got, ops, tc.want, clients*grants)
+			}
+			if _, rejected := e.ledger.Counts(); (rejected > 0) != tc.refused {
+				t.Errorf("%d writes refused; want some: %v", rejected, tc.refused)
 			}
 		})
 	}

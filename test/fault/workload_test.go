@@ -87,7 +87,7 @@ func (e *env) critical(key string, g *Grant) {
 // (Use stays 0; Check holds it against the writes, and porcupine checks
 // that no write landed between its reads).
 func (e *env) reading(key string, g *Grant) {
-	g.Read = e.ledger.Read(key, g.Fence)
+	g.Read = e.ledger.ReadShared(key, g.Fence)
 	time.Sleep(rand.N(maxSleep + 1))
 	g.Reread, g.RereadOK = e.ledger.Reread(key, g.Fence)
 }
