@@ -335,7 +335,7 @@ func (l *Ledger) Read(key string, fence int64) int64 {
 func (l *Ledger) ReadShared(key string, fence int64) int64 {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.fenced && fence > l.readerFence[key] {
+	if rf, read := l.readerFence[key]; l.fenced && (!read || fence > rf) {
 		l.readerFence[key] = fence
 	}
 	if l.fenced && fence > l.maxFence[key] {
@@ -362,7 +362,8 @@ func (l *Ledger) Reread(key string, fence int64) (int64, bool) {
 func (l *Ledger) Write(key string, fence, value int64) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	ok := !l.fenced || fence >= l.maxFence[key] && fence > l.readerFence[key]
+	rf, read := l.readerFence[key]
+	ok := !l.fenced || fence >= l.maxFence[key] && !(read && fence <= rf)
 	if ok {
 		l.value[key] = value
 		l.acked[key]++

@@ -269,6 +269,16 @@ func TestLedgerRefusesWriteAtReadersFence(t *testing.T) {
 			if ok := l.Write("k", 4, 9); !ok {
 				t.Error("write at a higher fence refused")
 			}
+			// Fence 0 (a fresh key's read grant) refuses nothing until a
+			// reader read with it.
+			l = NewLedger(tc.fenced, false)
+			if ok := l.Write("j", 0, 1); !ok {
+				t.Error("write at fence 0 with no reader refused")
+			}
+			l.ReadShared("j", 0)
+			if ok := l.Write("j", 0, 2); ok != tc.late {
+				t.Errorf("late write at the reader's fence 0 accepted = %v; want %v", ok, tc.late)
+			}
 		})
 	}
 }
