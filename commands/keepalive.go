@@ -399,6 +399,14 @@ type watchdog struct {
 	holders map[*connKeepalive]*holder // the connections that took it with KEEPALIVE
 	loose   [2]int                     // holds granted without KEEPALIVE while it runs, by backends.Mode
 	drop    [2]int                     // holds of closed connections, by backends.Mode, for run to release
+	// releasing are the holds of closed connections run took from drop
+	// and is releasing; released gets a value when it is done. An
+	// UNLOCK that asks the lock store how many holds the token has left
+	// waits for that first (endUnlock): the answer could not tell
+	// whether those releases had landed. run takes no hold from drop
+	// while an UNLOCK is in flight, so none begins while one asks.
+	releasing [2]int
+	released  chan struct{} // cap 1
 	// unlocking counts the UNLOCKs of key with token in flight, by the
 	// kind of hold each is taken to release (unlockOp.mode).
 	unlocking [2]int
@@ -821,7 +829,7 @@ func (k *keepalives) startGrant(sessCtx context.Context, ka *connKeepalive, key,
 	ctx, cancel := context.WithCancel(context.Background())
 	now := time.Now()
 	w := &watchdog{key: key, token: token, ttl: ttl, maxHold: maxHold, cancel: cancel,
-		wake: make(chan struct{}, 1), settled: make(chan struct{}, 1),
+		wake: make(chan struct{}, 1), settled: make(chan struct{}, 1), released: make(chan struct{}, 1),
 		holders: map[*connKeepalive]*holder{}, shared: shared,
 		sent: g.sent, validity: g.validity,
 		startMode: mode, startHolds: g.holds, startDone: now,
@@ -992,6 +1000,11 @@ func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 	k.mu.Lock()
 	var left holdsAnswer
 	for try := 0; k.askLocked(op, ka, released); try++ {
+		if !k.waitReleasedLocked(op) {
+			// A closed connection's hold is still being released:
+			// the answer could not tell whether it had landed.
+			break
+		}
 		asked := op.askedLocked()
 		k.mu.Unlock()
 		left = k.holdsLeft(op)
@@ -1019,6 +1032,13 @@ func (k *keepalives) endUnlock(op *unlockOp, released bool, ka *connKeepalive) {
 			select {
 			case w.settled <- struct{}{}:
 			default:
+			}
+			if w.drop != ([2]int{}) {
+				// run left them for the UNLOCKs to end (takeDrop).
+				select {
+				case w.wake <- struct{}{}:
+				default:
+				}
 			}
 		}
 		if !w.stopped && !w.ending {
@@ -1133,10 +1153,16 @@ func (k *keepalives) settlePendingLocked(w *watchdog, mode backends.Mode, left h
 			// No KEEPALIVE hold of that kind to lose: the one released
 			// was one w does not count.
 			w.uncounted[mode] = max(w.uncounted[mode]-1, 0)
-		case left.known && left.n < int64(w.counted(mode)):
+		case left.known && left.n < int64(w.counted(mode)+w.drop[mode]):
 			// Fewer holds left than w counts, with no UNLOCK in
 			// flight: the token holds no hold w does not count, and
-			// the one released was one of w's KEEPALIVE holds.
+			// the one released was one of w's KEEPALIVE holds. Those
+			// of closed connections w has yet to release are on the
+			// nodes too (run releases none while an UNLOCK is in
+			// flight, and the question waited for those it was
+			// releasing): left out, the hold released would be taken
+			// for one w does not count, and w would go on counting a
+			// hold its own release of them then ends.
 			w.uncounted[mode] = 0
 			k.takeHolderLocked(w, other, oh, mode)
 		case left.known:
@@ -1399,16 +1425,71 @@ func (k *keepalives) alive(w *watchdog, now time.Time) bool {
 }
 
 // takeDrop returns the holds of closed connections, by kind, that w's
-// goroutine is to release now.
+// goroutine is to release now, counted in w.releasing until it is done
+// (releasedDrop). None while an UNLOCK of w's key and token is in
+// flight: it may yet ask the lock store how many holds the token has
+// left, whose answer could not tell whether a release begun meanwhile had
+// landed; the last of them wakes w to release them (endUnlock).
 func (k *keepalives) takeDrop(w *watchdog) [2]int {
 	k.mu.Lock()
 	defer k.mu.Unlock()
-	if w.stopped {
+	if w.stopped || w.inFlight() > 0 {
 		return [2]int{}
 	}
 	n := w.drop
 	w.drop = [2]int{}
+	for m := range n {
+		w.releasing[m] += n[m]
+	}
 	return n
+}
+
+// releaseDrop releases the holds of w's closed connections (takeDrop).
+func (k *keepalives) releaseDrop(w *watchdog) {
+	n := k.takeDrop(w)
+	if n == ([2]int{}) {
+		return
+	}
+	k.releaseHolds(w, n)
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	for m := range n {
+		w.releasing[m] -= n[m]
+	}
+	select {
+	case w.released <- struct{}{}:
+	default:
+	}
+}
+
+// waitReleasedLocked waits, within the release bound, until no live
+// watchdog of op's is releasing a closed connection's holds (takeDrop):
+// the lock store's count of the holds left is then taken after those
+// releases landed, and none begins before op ends. It reports false when
+// the bound ran out first. k.mu is held, and released while it waits.
+func (k *keepalives) waitReleasedLocked(op *unlockOp) bool {
+	var bound *time.Timer
+	defer func() {
+		if bound != nil {
+			bound.Stop()
+		}
+	}()
+	for _, w := range op.ws {
+		for !w.stopped && !w.ending && w.releasing != ([2]int{}) {
+			if bound == nil {
+				bound = time.NewTimer(k.release)
+			}
+			k.mu.Unlock()
+			select {
+			case <-w.released:
+				k.mu.Lock()
+			case <-bound.C:
+				k.mu.Lock()
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // shuttingDown records that the server is shutting down: the connections
@@ -1484,7 +1565,7 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			k.ended(w)
 			return
 		case <-w.wake:
-			k.releaseHolds(w, k.takeDrop(w))
+			k.releaseDrop(w)
 			// A grant that joined may have brought the deadline
 			// nearer (its MAXHOLD).
 			if deadline, _ := k.deadlineOf(w); !deadline.IsZero() && deadline.Before(due) {
