@@ -50,6 +50,10 @@ const (
 	// connection closes or the server shuts down: a dead majority must not
 	// hold up shutdown, and the lease expires on its own anyway.
 	releaseTimeout = 2 * time.Second
+	// leavingKeep is how long a release of a watchdog's holds that landed
+	// is remembered (keepalives.leaving): a grant whose reply comes later
+	// than that after its hold count was taken is not expected.
+	leavingKeep = 30 * time.Second
 )
 
 // lostReason says why a keepalive lock was lost; it is a metric label, so
@@ -508,12 +512,84 @@ type keepalives struct {
 	// ending holds the watchdogs that are ending (watchdog.ending) and
 	// have not yet counted the holds they release.
 	ending map[heldKey][]*watchdog
-	closed bool
+	// leaving are, by key and token, the holds watchdogs release (settle,
+	// a closed connection's: takeDrop) once they no longer count them:
+	// a KEEPALIVE grant starting a watchdog meanwhile may find them in its
+	// reply's hold count, and they are not holds the new one does not
+	// count (startGrant). leavingSwept is when they were last swept.
+	leaving      map[heldKey]*leavingHolds
+	leavingSwept time.Time
+	closed       bool
 	// shutdown: the server is shutting down (Handler.ShuttingDown). A
 	// lock whose connection closes now was not lost by its holder, so it
 	// is released, not kept for its lock-delay.
 	shutdown bool
 	wg       sync.WaitGroup
+}
+
+// leavingHolds are the holds of one key and token watchdogs release, by
+// backends.Mode: those on their way to the nodes, and those landed, the
+// latest at last (forgotten leavingKeep after it).
+type leavingHolds struct {
+	inflight, landed [2]int
+	last             time.Time
+}
+
+// leavingLocked records that w is about to release holds it no longer
+// counts (keepalives.leaving). k.mu is held.
+func (k *keepalives) leavingLocked(w *watchdog, holds [2]int) {
+	if holds == ([2]int{}) {
+		return
+	}
+	hk := heldKey{w.key, w.token}
+	l := k.leaving[hk]
+	if l == nil {
+		l = &leavingHolds{}
+		k.leaving[hk] = l
+	}
+	for m := range holds {
+		l.inflight[m] += holds[m]
+	}
+}
+
+// left records that w's release of holds (leavingLocked) ended: landed,
+// or not sent (the lock-delay leaves them to their lease).
+func (k *keepalives) left(w *watchdog, holds [2]int, landed bool) {
+	if holds == ([2]int{}) {
+		return
+	}
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	now := time.Now()
+	if l := k.leaving[heldKey{w.key, w.token}]; l != nil {
+		for m := range holds {
+			l.inflight[m] -= holds[m]
+			if landed {
+				l.landed[m] += holds[m]
+			}
+		}
+		if landed {
+			l.last = now
+		}
+	}
+	if now.Sub(k.leavingSwept) < leavingKeep {
+		return
+	}
+	k.leavingSwept = now
+	for hk, l := range k.leaving {
+		if now.Sub(l.last) >= leavingKeep {
+			l.landed = [2]int{}
+			if l.inflight == ([2]int{}) {
+				delete(k.leaving, hk)
+			}
+		}
+	}
+}
+
+// releaseLeaving releases holds of w that leavingLocked recorded.
+func (k *keepalives) releaseLeaving(w *watchdog, holds [2]int) {
+	k.releaseHolds(w, holds)
+	k.left(w, holds, true)
 }
 
 func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle time.Duration, max int, reg prometheus.Registerer) *keepalives {
@@ -539,6 +615,7 @@ func newKeepalives(b backends.Backend, held *heldLocks, log *zap.Logger, idle ti
 	k := &keepalives{backend: b, held: held, log: log, idle: idle, release: releaseTimeout,
 		max: max, errFull: tooManyKeepaliveServer(max),
 		active: active, delayed: delayed, m: map[heldKey]*watchdog{}, ending: map[heldKey][]*watchdog{},
+		leaving:  map[heldKey]*leavingHolds{},
 		delayFor: func(string) time.Duration { return 0 }}
 	for r := lostReason(0); r < numLostReasons; r++ {
 		k.lost[r] = lost.WithLabelValues(r.label())
@@ -861,6 +938,15 @@ func (k *keepalives) startGrant(sessCtx context.Context, ka *connKeepalive, key,
 		n := int(g.holds - 1)
 		for _, e := range k.ending[heldKey{key, token}] {
 			n -= e.holds()[mode]
+		}
+		// Less those that watchdogs which counted them already are
+		// releasing, or released since the grant began: its reply
+		// may count them, gone or going, which no UNLOCK can release.
+		if l := k.leaving[heldKey{key, token}]; l != nil {
+			n -= l.inflight[mode]
+			if !l.last.Before(g.begun) {
+				n -= l.landed[mode]
+			}
 		}
 		w.uncounted[mode] = max(n, 0)
 	}
@@ -1336,10 +1422,11 @@ func (k *keepalives) noHolderLocked(w *watchdog) {
 		w.drop = [2]int{}
 		k.stopLocked(w)
 		if drop != ([2]int{}) {
+			k.leavingLocked(w, drop)
 			k.wg.Add(1)
 			go func() {
 				defer k.wg.Done()
-				k.releaseHolds(w, drop)
+				k.releaseLeaving(w, drop)
 			}()
 		}
 	}
@@ -1441,6 +1528,7 @@ func (k *keepalives) takeDrop(w *watchdog) [2]int {
 	for m := range n {
 		w.releasing[m] += n[m]
 	}
+	k.leavingLocked(w, n)
 	return n
 }
 
@@ -1450,7 +1538,7 @@ func (k *keepalives) releaseDrop(w *watchdog) {
 	if n == ([2]int{}) {
 		return
 	}
-	k.releaseHolds(w, n)
+	k.releaseLeaving(w, n)
 	k.mu.Lock()
 	defer k.mu.Unlock()
 	for m := range n {
@@ -1733,7 +1821,7 @@ func (k *keepalives) maxHoldReached(w *watchdog, why string) {
 	k.tell(w, owners, lostMaxHold, nil, why)
 	holds, _, _, ok := k.settle(w)
 	if ok {
-		k.releaseHolds(w, holds)
+		k.releaseLeaving(w, holds)
 	}
 }
 
@@ -1813,9 +1901,10 @@ func (k *keepalives) ended(w *watchdog) {
 		return
 	}
 	if !shutdown && k.delayLock(w, mode) {
+		k.left(w, holds, false)
 		return
 	}
-	k.releaseHolds(w, holds)
+	k.releaseLeaving(w, holds)
 }
 
 // settle stops w, which is ending, and returns the holds it is to
@@ -1879,6 +1968,7 @@ func (k *keepalives) settle(w *watchdog) (holds [2]int, mode backends.Mode, shut
 	}
 	shutdown = k.shutdown || k.closed
 	k.stopLocked(w)
+	k.leavingLocked(w, holds) // for the caller to release (releaseLeaving) or leave (left)
 	return holds, mode, shutdown, true
 }
 

@@ -2,6 +2,7 @@ package commands
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 	"time"
@@ -23,6 +24,19 @@ type closeRaceBackend struct {
 	// beforeRelease runs before the next release goes to the nodes,
 	// afterRelease once it landed, before its reply is returned.
 	beforeRelease, afterRelease func()
+	// infoErr, when set, is Info's answer: the lock store cannot tell
+	// how many holds a token has.
+	infoErr error
+}
+
+func (b *closeRaceBackend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
+	b.mu.Lock()
+	err := b.infoErr
+	b.mu.Unlock()
+	if err != nil {
+		return backends.LockInfo{}, false, err
+	}
+	return b.Backend.Info(ctx, key)
 }
 
 func (b *closeRaceBackend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
@@ -231,5 +245,83 @@ func TestPooledUnlockRacingHoldersClose(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestReentrantGrantAfterEndedWatchdogsRelease: connection A held k with
+// KEEPALIVE and closed; its watchdog counted the hold it releases and
+// its release is on its way to the nodes when connection B takes k with
+// the same token and KEEPALIVE. B's grant is reentrant on the nodes (its
+// reply counts 2 holds, A's among them), and B's watchdog starts with
+// nobody else's hold to count: A's release then lands, and B's is the
+// token's only hold. The client's pool UNLOCKs k with the token through
+// connection C, releasing B's hold, while the lock store cannot say how
+// many holds the token has left. B's watchdog must not take A's vanished
+// hold for one it does not count (uncounted), and the UNLOCK for its
+// release: B's lock is gone, and B is told at once (reason unlocked), as
+// when nothing else held k, not at its next renewal, up to a third of the
+// TTL later, while the key is free for a rival.
+func TestReentrantGrantAfterEndedWatchdogsRelease(t *testing.T) {
+	const ttl = 900 * time.Millisecond
+	be := &closeRaceBackend{Backend: newRealRedLock(t, 3)}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	k := newTestKeepalives(t, be, time.Minute)
+	a, b, c := newTestConn(t, 3), newTestConn(t, 3), newTestConn(t, 3)
+	const key, tok = "grant-after-release", "t-grant-after"
+	keepOnce(ctx, t, k, be, a, key, tok, ttl)
+	gate, reached := make(chan struct{}), make(chan struct{}, 1)
+	var once sync.Once
+	open := func() { once.Do(func() { close(gate) }) }
+	defer open()
+	be.mu.Lock()
+	be.beforeRelease = func() {
+		reached <- struct{}{}
+		<-gate
+	}
+	be.mu.Unlock()
+	a.cancel()
+	select { // A's watchdog counted A's hold and is releasing it
+	case <-reached:
+	case <-time.After(5 * time.Second):
+		t.Fatal("A's hold not released")
+	}
+	keepOnce(ctx, t, k, be, b, key, tok, ttl)
+	open()
+	waitFor(t, func() bool {
+		info, held, err := be.Backend.Info(ctx, key)
+		return err == nil && held && len(info.Holders) == 1 && info.Holders[0].Holds == 1
+	}, "A's release landed, B's hold left")
+
+	be.mu.Lock()
+	be.infoErr = errors.New("no quorum")
+	be.mu.Unlock()
+	op := k.beginUnlock(key, tok)
+	k.whichHold(ctx, op)
+	if ok, err := be.Backend.Unlock(ctx, key, tok); err != nil || !ok {
+		t.Fatalf("C's UNLOCK = %v, %v", ok, err)
+	}
+	unlocked := time.Now()
+	k.endUnlock(op, true, c.ka)
+	if _, held, err := be.Backend.Info(ctx, key); err != nil || held {
+		t.Fatalf("Info after C's UNLOCK = held %v, %v; want the key free (the premise)", held, err)
+	}
+	why, lost := b.ka.takeLost([]byte(key))
+	if !lost {
+		var told time.Duration
+		for end := time.Now().Add(2 * ttl); time.Now().Before(end) && told == 0; time.Sleep(5 * time.Millisecond) {
+			if len(b.pushed()) != 0 {
+				told = time.Since(unlocked)
+			}
+		}
+		why, _ = b.ka.takeLost([]byte(key))
+		t.Fatalf("B not told at the UNLOCK that released its only hold (watchdogs running: %d); told %q %v after it (0: not within %v)",
+			k.count(), why, told.Round(time.Millisecond), 2*ttl)
+	}
+	if got := counterValue(t, k.lost[lostUnlocked]); got != 1 {
+		t.Errorf("B told %q; lockproxy_lock_lost_total{reason=\"unlocked\"} = %v, want 1", why, got)
+	}
+	if n := k.count(); n != 0 {
+		t.Errorf("watchdogs running = %d; want 0", n)
 	}
 }
