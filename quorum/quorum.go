@@ -1019,6 +1019,10 @@ func RollbackAttempt(ctx context.Context) string {
 type boolOp struct {
 	call  func(context.Context, Node) (bool, error)
 	start func(context.Context, Node, func(bool, error)) bool
+	// byDeadline: the answers are waited for no longer than the node
+	// context's deadline; a node not in by then counts as one that timed
+	// out (fanOutBoolSkip).
+	byDeadline bool
 }
 
 func releaseOp(key, token string, hold Hold) boolOp {
@@ -1052,6 +1056,7 @@ func extendOp(key, token string, ttl time.Duration) boolOp {
 			}
 			return ok
 		},
+		byDeadline: true,
 	}
 }
 
@@ -1086,9 +1091,37 @@ func (q *Quorum) fanOutBoolSkip(parent context.Context, timeout time.Duration, o
 			results <- boolResult{idx: i, ok: ok, err: err}
 		}(i, nd)
 	}
+	// An AsyncNode answers an operation when its writer gets to it: one
+	// queued behind a batch on a silent node, or in a batch with a
+	// release whose deadline is later (a background release may wait
+	// seconds while the node answers on), is answered past its own
+	// deadline. For op.byDeadline the nodes not in by the deadline count
+	// as timed out.
+	var expired <-chan time.Time
+	var answered []bool
+	if d, ok := ctx.Deadline(); ok && op.byDeadline {
+		t := time.NewTimer(time.Until(d))
+		defer t.Stop()
+		expired = t.C
+		answered = make([]bool, len(q.nodes))
+	}
 	got := 0
+wait:
 	for got < sent {
-		r := <-results
+		var r boolResult
+		select {
+		case r = <-results:
+		case <-expired:
+			for i, nd := range q.nodes {
+				if (skip == nil || !skip[i]) && !answered[i] {
+					failures = append(failures, NodeError{Node: nd.Name(), Err: context.DeadlineExceeded})
+				}
+			}
+			break wait
+		}
+		if answered != nil {
+			answered[r.idx] = true
+		}
 		got++
 		if r.err != nil {
 			failures = append(failures, NodeError{Node: q.nodes[r.idx].Name(), Err: r.err})
