@@ -1019,8 +1019,8 @@ func RollbackAttempt(ctx context.Context) string {
 type boolOp struct {
 	call  func(context.Context, Node) (bool, error)
 	start func(context.Context, Node, func(bool, error)) bool
-	// byDeadline: the answers are waited for no longer than the node
-	// context's deadline; a node not in by then counts as one that timed
+	// byDeadline: the answers are waited for no longer than the
+	// caller's deadline; a node not in by then counts as one that timed
 	// out (fanOutBoolSkip).
 	byDeadline bool
 }
@@ -1095,11 +1095,12 @@ func (q *Quorum) fanOutBoolSkip(parent context.Context, timeout time.Duration, o
 	// queued behind a batch on a silent node, or in a batch with a
 	// release whose deadline is later (a background release may wait
 	// seconds while the node answers on), is answered past its own
-	// deadline. For op.byDeadline the nodes not in by the deadline count
-	// as timed out.
+	// deadline. For op.byDeadline the nodes not in by the caller's
+	// deadline (parent's: the node timeout, often shorter, bounds only
+	// the sending, as before) count as timed out.
 	var expired <-chan time.Time
 	var answered []bool
-	if d, ok := ctx.Deadline(); ok && op.byDeadline {
+	if d, ok := parent.Deadline(); ok && op.byDeadline {
 		t := time.NewTimer(time.Until(d))
 		defer t.Stop()
 		expired = t.C
