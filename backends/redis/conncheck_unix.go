@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"syscall"
 )
 
@@ -53,3 +54,94 @@ func alive(nc net.Conn) error {
 }
 
 var errUnexpectedData = errors.New("unexpected data on an idle connection")
+
+// lateConn is the socket of a node connection (under TLS, when there is
+// one) whose read that fails at its deadline first looks, without
+// waiting, whether the node's answer is there after all.
+//
+// The deadline is checked before the socket is read: once it has passed,
+// Go reports the timeout even when the answers arrived in time and wait
+// in the socket's buffer. That is what a stopped process finds when it
+// runs again (SIGSTOP, a VM pause, a long stall): the node answered within
+// the node timeout, every deadline passed during the stop, and without a
+// look the batch was taken for a silent node's, its answers thrown away
+// (a released lock answered NOQUORUM, a grant rolled back). The look takes
+// what the node sent by now: answers that arrived after the deadline, by
+// the time of the look, count as a slow node's answers do, which the
+// quorum judges by when it hears them (the validity it tells is measured
+// after the answers). Only what has to be waited for still fails.
+type lateConn struct {
+	net.Conn
+	rc syscall.RawConn
+}
+
+// lateReads is nc as a lateConn, or nc itself where its socket cannot be
+// reached.
+func lateReads(nc net.Conn) net.Conn {
+	sc, ok := nc.(syscall.Conn)
+	if !ok {
+		return nc
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return nc
+	}
+	return &lateConn{Conn: nc, rc: rc}
+}
+
+// Read reads what the socket has, waiting until its deadline; past it,
+// what the socket holds without waiting.
+func (c *lateConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if n > 0 || len(b) == 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		return n, err
+	}
+	var got int
+	// Control, not Read: the deadline that passed does not apply, and
+	// the read never waits.
+	if cerr := c.rc.Control(func(fd uintptr) {
+		for {
+			k, _, rerr := syscall.Recvfrom(int(fd), b, syscall.MSG_DONTWAIT)
+			if rerr == syscall.EINTR {
+				continue
+			}
+			if rerr == nil && k > 0 {
+				got = k
+			}
+			return
+		}
+	}); cerr == nil && got > 0 {
+		return got, nil
+	}
+	return n, err
+}
+
+// Write writes all of b, waiting until its deadline; past it, what the
+// socket takes without waiting. A write is the first thing a batch does
+// after it set its deadline: a stop in between would otherwise fail the
+// batch, with nothing sent, for a deadline that passed while lockproxy
+// could not run.
+func (c *lateConn) Write(b []byte) (int, error) {
+	n, err := c.Conn.Write(b)
+	if n == len(b) || !errors.Is(err, os.ErrDeadlineExceeded) {
+		return n, err
+	}
+	if cerr := c.rc.Control(func(fd uintptr) {
+		for n < len(b) {
+			k, serr := syscall.SendmsgN(int(fd), b[n:], nil, nil, syscall.MSG_DONTWAIT)
+			if serr == syscall.EINTR {
+				continue
+			}
+			if serr != nil || k <= 0 {
+				return
+			}
+			n += k
+		}
+	}); cerr == nil && n == len(b) {
+		return n, nil
+	}
+	return n, err
+}
+
+// SyscallConn is the socket's raw connection (see alive).
+func (c *lateConn) SyscallConn() (syscall.RawConn, error) { return c.rc, nil }

@@ -103,8 +103,9 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 		_ = tc.SetNoDelay(true)
 	}
 	// Raw reads and writes: see nbio. Under TLS too, which reads and
-	// writes through it.
-	nc = nbio.Wrap(nc)
+	// writes through it. A read that fails at its deadline looks once
+	// more at what the socket holds (see lateReads), under TLS too.
+	nc = lateReads(nbio.Wrap(nc))
 	deadline := time.Now().Add(n.dialTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
