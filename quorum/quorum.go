@@ -696,19 +696,34 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	// answered by the node timeout's end and the longest node timeout
 	// after it (each must answer by the first, "or soon after": a
 	// backends/redis writer answers with its batch, whose deadline may be
-	// another operation's) gets the release unheard, as before.
+	// another operation's) gets the release unheard, as before. A limit
+	// found passed well after it was due, though, was passed while the
+	// process did not run (a stop: SIGSTOP, a VM pause, a long stall):
+	// the nodes' answers, there when it runs again, are on their way
+	// (backends/redis reads what arrived past a deadline), and the limit
+	// first gives them the longest node timeout more, once: a refusal
+	// heard only after the roll-back went out would have had it
+	// (TestHearOutAcrossStop).
 	hearOut := func() {
 		if got == n {
 			return
 		}
 		d, _ := nodeCtx.Deadline()
-		limit := time.NewTimer(time.Until(d) + q.cfg.TimeoutMax)
+		due := d.Add(q.cfg.TimeoutMax)
+		limit := time.NewTimer(time.Until(due))
 		defer limit.Stop()
-		for ; got < n; got++ {
+		stretched := false
+		for got < n {
 			select {
 			case r := <-results:
 				tally(r)
+				got++
 			case <-limit.C:
+				if !stretched && time.Since(due) > q.cfg.TimeoutMin {
+					stretched = true
+					limit.Reset(q.cfg.TimeoutMax)
+					continue
+				}
 				return
 			}
 		}
