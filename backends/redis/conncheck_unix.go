@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"syscall"
+	"time"
 )
 
 // alive tells whether an idle connection is still open, without reading
@@ -73,11 +74,18 @@ var errUnexpectedData = errors.New("unexpected data on an idle connection")
 type lateConn struct {
 	net.Conn
 	rc syscall.RawConn
+	// late gets the span from a deadline to when a call past it did what
+	// it had to; rd and wd are the deadlines set.
+	late   *lateness
+	rd, wd time.Time
+	// rdSet is when rd was set.
+	rdSet time.Time
 }
 
-// lateReads is nc as a lateConn, or nc itself where its socket cannot be
-// reached.
-func lateReads(nc net.Conn) net.Conn {
+// lateReads is nc as a lateConn that adds to late the span from the
+// deadline to a look that did what a call had to, or nc itself where its
+// socket cannot be reached.
+func lateReads(nc net.Conn, late *lateness) net.Conn {
 	sc, ok := nc.(syscall.Conn)
 	if !ok {
 		return nc
@@ -86,14 +94,23 @@ func lateReads(nc net.Conn) net.Conn {
 	if err != nil {
 		return nc
 	}
-	return &lateConn{Conn: nc, rc: rc}
+	return &lateConn{Conn: nc, rc: rc, late: late}
 }
 
 // Read reads what the socket has, waiting until its deadline; past it,
-// what the socket holds without waiting.
+// what the socket holds without waiting. What it read past the deadline
+// adds the span from the deadline to now to late (see Node.exec).
 func (c *lateConn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
 	if n > 0 || len(b) == 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+		if n > 0 && !c.rd.IsZero() {
+			// Read past its deadline all the same: the process ran
+			// again with the answer there, and the poller told of it
+			// before the deadline's timer.
+			if now := time.Now(); now.After(c.rd) {
+				c.late.add(c.rd, now)
+			}
+		}
 		return n, err
 	}
 	var got int
@@ -111,6 +128,7 @@ func (c *lateConn) Read(b []byte) (int, error) {
 			return
 		}
 	}); cerr == nil && got > 0 {
+		c.late.add(c.rd, time.Now())
 		return got, nil
 	}
 	return n, err
@@ -138,9 +156,36 @@ func (c *lateConn) Write(b []byte) (int, error) {
 			n += k
 		}
 	}); cerr == nil && n == len(b) {
+		now := time.Now()
+		c.late.add(c.wd, now)
+		if c.late.rewait && !c.rd.IsZero() {
+			// Written late: the answers are read within the time the
+			// deadline gave them, from now. The look a read makes
+			// past its deadline would come before the node could
+			// answer.
+			_ = c.SetReadDeadline(now.Add(c.rd.Sub(c.rdSet)))
+		}
 		return n, nil
 	}
 	return n, err
+}
+
+// SetDeadline sets the socket's deadlines, and remembers them.
+func (c *lateConn) SetDeadline(t time.Time) error {
+	c.rd, c.wd, c.rdSet = t, t, time.Now()
+	return c.Conn.SetDeadline(t)
+}
+
+// SetReadDeadline sets the socket's read deadline, and remembers it.
+func (c *lateConn) SetReadDeadline(t time.Time) error {
+	c.rd, c.rdSet = t, time.Now()
+	return c.Conn.SetReadDeadline(t)
+}
+
+// SetWriteDeadline sets the socket's write deadline, and remembers it.
+func (c *lateConn) SetWriteDeadline(t time.Time) error {
+	c.wd = t
+	return c.Conn.SetWriteDeadline(t)
 }
 
 // SyscallConn is the socket's raw connection (see alive).

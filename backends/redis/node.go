@@ -789,7 +789,7 @@ func (n *Node) observe(kind opKind, start time.Time, err error) {
 // once.
 func (n *Node) work(q chan *op) {
 	defer n.wg.Done()
-	w := &writer{}
+	w := &writer{waited: time.Now()}
 	defer w.drop()
 	defer w.abandonDial()
 	defer func() {
@@ -810,6 +810,7 @@ func (n *Node) work(q chan *op) {
 			runtime.Gosched()
 			if len(q) == 0 {
 				n.readPending(w)
+				w.waited = time.Now()
 			}
 		}
 		// What a dropped connection left owed is paid by the next batch,
@@ -826,11 +827,13 @@ func (n *Node) work(q chan *op) {
 				w.owed = nil
 			}
 		}
+		idle := len(q) == 0
 		select {
 		case o := <-q:
 			batch = append(batch[:0], o)
 		case <-debt:
 			n.payDebts(w)
+			w.waited = time.Now()
 			continue
 		case <-n.stop:
 			n.readPending(w)
@@ -842,6 +845,9 @@ func (n *Node) work(q chan *op) {
 		// batch costs a write and a read on the socket.
 		runtime.Gosched()
 		batch = n.fill(q, batch)
+		// Since the writer last waited on the node, a deadline that
+		// passed passed for lockproxy (see writer.ours).
+		w.notWaiting(w.waited, time.Now(), idle)
 		n.execSettling(w, batch)
 	}
 }
@@ -911,6 +917,14 @@ type writer struct {
 	owed *owed
 	// until is the latest deadline of the batch exec sends (see exec).
 	until time.Time
+	// ours are the spans of time, since the writer last found its queue
+	// empty, in which it waited on no node, yet deadlines may have passed
+	// (see exec): from when it last waited on the node (waited), or when
+	// a read or write found what it waited for past its deadline
+	// (nodeConn.late), to when it went on; the last few (maxOurs), and
+	// between batches only the long ones (ourLongerThan).
+	ours   []lateSpan
+	waited time.Time
 	// epochLost is set by send when a batch found the node's data epoch
 	// changed (see nodeConn.epoch): its answers are no votes.
 	epochLost bool
@@ -919,6 +933,44 @@ type writer struct {
 	shared   []bool
 	answered []bool
 	r        reply
+}
+
+// maxOurs bounds writer.ours, and ourLongerThan is the least time between
+// two batches it keeps: the writer's own work between them takes
+// microseconds.
+const (
+	maxOurs       = 8
+	ourLongerThan = time.Millisecond
+)
+
+// notWaiting records that the writer, free at from (idle: it found its
+// queue empty), waited on no node until to (see ours).
+func (w *writer) notWaiting(from, to time.Time, idle bool) {
+	switch {
+	case idle:
+		// Everything queued before was answered: no span before
+		// matters.
+		w.ours = append(w.ours[:0], lateSpan{from: from, to: to})
+	case to.Sub(from) > ourLongerThan:
+		w.add(lateSpan{from: from, to: to})
+	}
+}
+
+func (w *writer) add(s lateSpan) {
+	if len(w.ours) == maxOurs {
+		w.ours = slices.Delete(w.ours, 0, 1)
+	}
+	w.ours = append(w.ours, s)
+}
+
+// oursAt tells whether t is within one of the writer's spans (see ours).
+func (w *writer) oursAt(t time.Time) bool {
+	for i := range w.ours {
+		if w.ours[i].has(t) {
+			return true
+		}
+	}
+	return false
 }
 
 type unsentAttempt struct {
@@ -1245,6 +1297,24 @@ func (n *Node) exec(w *writer, batch []*op) {
 	// later: roll-backs of acquires in this batch, sent once the batch is
 	// answered (see rollsBackInBatch).
 	var later []*op
+	// An operation whose deadline passed while the writer sent earlier
+	// batches and waited for their answers waited for the node. One whose
+	// deadline passed while the writer waited on no node (w.ours: it was
+	// free, or late to read or write what the socket held) waited for
+	// lockproxy itself: a stop of the process (SIGSTOP, a VM pause) or a
+	// long stall, with the operation queued or the batch before it
+	// answered in the socket. A release or a renewal of that kind still
+	// goes out and is answered as the node answers it, within a node
+	// timeout from now, rather than failed unheard: what the node says of
+	// it is a fact whenever it comes (a release done, a lease extended
+	// from when it ran, whose validity the caller measures after the
+	// answer). An acquire or a fence raise is still given up unsent: the
+	// quorum may have stopped listening for it (see its hearOut) and
+	// would roll back unheard a refusal sent now.
+	if w.conn != nil && w.conn.late != nil && !w.conn.late.to.IsZero() {
+		w.add(w.conn.late.lateSpan)
+		w.conn.late.lateSpan = lateSpan{}
+	}
 	for _, o := range batch {
 		if n.undoesUnsent(o) {
 			// Its attempt never went out here: nothing to undo.
@@ -1259,7 +1329,9 @@ func (n *Node) exec(w *writer, batch []*op) {
 			continue
 		}
 		if !o.deadline.After(now) {
-			if o.kind == opRelease {
+			if (o.kind == opRelease || o.kind == opExtend) && w.oursAt(o.deadline) {
+				o.deadline = now.Add(n.timeout)
+			} else if o.kind == opRelease {
 				// The caller has stopped waiting, but the release still
 				// goes out (its answer dropped): it may be the roll-back
 				// of an acquire already on its way to this node, which
@@ -1309,6 +1381,7 @@ func (n *Node) exec(w *writer, batch []*op) {
 	w.epochLost = false
 	w.until = until
 	res, writes := n.send(ctx, w, live, true)
+	w.waited = time.Now()
 	var retry []int
 	for i, r := range res {
 		if r.err != nil && strings.HasPrefix(r.err.Error(), "NOSCRIPT") {
@@ -1323,6 +1396,7 @@ func (n *Node) exec(w *writer, batch []*op) {
 			again[j] = live[i]
 		}
 		res2, writes2 := n.send(ctx, w, again, false)
+		w.waited = time.Now()
 		for j, r := range res2 {
 			res[retry[j]] = r
 		}
@@ -1624,6 +1698,10 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			out[i] = opResult{err: err}
 		}
 		return out, nil
+	}
+	if c.late != nil {
+		c.late.rewait = !slices.ContainsFunc(ops, func(o *op) bool { return o.kind == opAcquire })
+		defer func() { c.late.rewait = false }()
 	}
 	if err := c.flush(); err != nil {
 		return fail(err)

@@ -59,6 +59,40 @@ type nodeConn struct {
 	// connection's deadline to quiet from then, up to until.
 	until time.Time
 	quiet time.Duration
+	// late is when reads or writes on the connection were done past
+	// their deadline, what the node sent there when lockproxy looked (see
+	// lateReads): from the deadline to the look, lockproxy was late, not
+	// the node (see Node.exec).
+	late *lateness
+}
+
+// lateness is what a node connection's socket (see lateReads) found late.
+type lateness struct {
+	lateSpan
+	// rewait, while a batch with no acquire is written, lets a write
+	// made past its deadline move the read deadline on by as much: the
+	// node gets the time the deadline gave it from the write. An
+	// acquire's answer must come within its node timeout of the
+	// quorum's start (see quorum's hearOut), so a batch with one is read
+	// as before: only what was there by the deadline.
+	rewait bool
+}
+
+// lateSpan is a span of time, from a deadline that passed to when the
+// socket was looked at and held what was waited for. Spans that touch are
+// joined; a later one replaces an earlier one.
+type lateSpan struct{ from, to time.Time }
+
+func (s *lateSpan) add(from, to time.Time) {
+	if s.to.IsZero() || from.After(s.to) {
+		s.from = from
+	}
+	s.to = to
+}
+
+// has tells whether t is within s.
+func (s *lateSpan) has(t time.Time) bool {
+	return !s.to.IsZero() && !t.Before(s.from) && !t.After(s.to)
 }
 
 // serverError is an error reply from the node: the node is there and
@@ -105,7 +139,8 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 	// Raw reads and writes: see nbio. Under TLS too, which reads and
 	// writes through it. A read that fails at its deadline looks once
 	// more at what the socket holds (see lateReads), under TLS too.
-	nc = lateReads(nbio.Wrap(nc))
+	late := new(lateness)
+	nc = lateReads(nbio.Wrap(nc), late)
 	deadline := time.Now().Add(n.dialTimeout)
 	if d, ok := ctx.Deadline(); ok && d.Before(deadline) {
 		deadline = d
@@ -126,7 +161,7 @@ func (n *Node) connectTracked(ctx context.Context, inTLS *atomic.Bool) (*nodeCon
 		}
 		nc = tc
 	}
-	c := &nodeConn{n: n, nc: nc, rd: bufio.NewReaderSize(nc, 16<<10), wbuf: make([]byte, 0, 16<<10)}
+	c := &nodeConn{n: n, nc: nc, rd: bufio.NewReaderSize(nc, 16<<10), wbuf: make([]byte, 0, 16<<10), late: late}
 	_ = nc.SetDeadline(deadline)
 	auth := n.password != ""
 	switch {

@@ -1,0 +1,99 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// stopProcess stops the test's whole process (SIGSTOP, as a VM pause or a
+// long stall stops lockproxy) for about d: a child continues it. Every
+// deadline due meanwhile has passed when the process runs again.
+func stopProcess(t *testing.T, d time.Duration) {
+	t.Helper()
+	cont := exec.Command("sh", "-c", "sleep "+strconv.FormatFloat(d.Seconds(), 'f', 3, 64)+"; kill -CONT "+strconv.Itoa(os.Getpid()))
+	if err := cont.Start(); err != nil {
+		t.Fatalf("start the process that continues this one: %v", err)
+	}
+	if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP: %v", err)
+	}
+	_ = cont.Wait()
+}
+
+// TestReleasesAndRenewalsAcrossStop: releases and renewals handed to the
+// node's writers right before the process stops for longer than their
+// deadlines are answered as the nodes answer them, not failed for the
+// deadlines that passed during the stop: those queued behind a batch
+// whose answers wait in the socket, and those the writer had not taken
+// yet. Acquires are still given up unsent (see exec).
+func TestReleasesAndRenewalsAcrossStop(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	rs := harness.StartRedisN(t, 3, harness.RedisOptions{})
+	const timeout = 100 * time.Millisecond
+	nodes := make([]*Node, len(rs))
+	for i, r := range rs {
+		// A small batch: most operations wait in the queue behind the
+		// one on the wire when the process stops.
+		nodes[i] = NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: timeout, MaxBatch: 4})
+		t.Cleanup(func() { nodes[i].Close() })
+	}
+	ctx := ctxTimeout(t, 20*time.Second)
+	const keys = 48
+	for k := 0; k < keys; k++ {
+		for _, n := range nodes {
+			g, err := n.Acquire(ctx, quorum.Request{Key: fmt.Sprint("stop-", k), Token: "t", TTL: time.Minute, NoReentry: true})
+			if err != nil || !g.Acquired {
+				t.Fatalf("Acquire key %d on %s = %+v, %v", k, n.Name(), g, err)
+			}
+		}
+	}
+	for _, kind := range []string{"renewal", "release"} {
+		var (
+			mu     sync.Mutex
+			failed []string
+			wg     sync.WaitGroup
+		)
+		opCtx, cancel := context.WithTimeout(context.Background(), timeout)
+		for k := 0; k < keys; k++ {
+			for _, n := range nodes {
+				wg.Add(1)
+				done := func(ok bool, err error) {
+					if err != nil || !ok {
+						mu.Lock()
+						failed = append(failed, fmt.Sprintf("%s of key %d on %s: %v, %v", kind, k, n.Name(), ok, err))
+						mu.Unlock()
+					}
+					wg.Done()
+				}
+				if kind == "release" {
+					n.StartRelease(opCtx, fmt.Sprint("stop-", k), "t", quorum.AnyHold, done)
+				} else {
+					n.StartExtend(opCtx, fmt.Sprint("stop-", k), "t", time.Minute, done)
+				}
+			}
+		}
+		stopProcess(t, 4*timeout)
+		wg.Wait()
+		cancel()
+		for i, f := range failed {
+			if i == 5 {
+				t.Logf("…")
+				break
+			}
+			t.Log(f)
+		}
+		if len(failed) > 0 {
+			t.Errorf("%d of %d %ss handed to the writers right before a stop of %v failed; want none", len(failed), keys*len(nodes), kind, 4*timeout)
+		}
+	}
+}
