@@ -1310,7 +1310,8 @@ func (n *Node) exec(w *writer, batch []*op) {
 	// from when it ran, whose validity the caller measures after the
 	// answer). An acquire or a fence raise is still given up unsent: the
 	// quorum may have stopped listening for it (see its hearOut) and
-	// would roll back unheard a refusal sent now.
+	// would roll back unheard a refusal sent now. So is an operation
+	// whose deadline had passed when it was handed over: its caller's.
 	if w.conn != nil && w.conn.late != nil && !w.conn.late.to.IsZero() {
 		w.add(w.conn.late.lateSpan)
 		w.conn.late.lateSpan = lateSpan{}
@@ -1329,7 +1330,7 @@ func (n *Node) exec(w *writer, batch []*op) {
 			continue
 		}
 		if !o.deadline.After(now) {
-			if (o.kind == opRelease || o.kind == opExtend) && w.oursAt(o.deadline) {
+			if (o.kind == opRelease || o.kind == opExtend) && o.deadline.After(o.start) && w.oursAt(o.deadline) {
 				o.deadline = now.Add(n.timeout)
 			} else if o.kind == opRelease {
 				// The caller has stopped waiting, but the release still

@@ -97,3 +97,28 @@ func TestReleasesAndRenewalsAcrossStop(t *testing.T) {
 		}
 	}
 }
+
+// pastDeadline is a context whose deadline had passed when it was made,
+// with no timer to end it (as the quorum's node contexts carry theirs).
+type pastDeadline struct{ context.Context }
+
+func (pastDeadline) Deadline() (time.Time, bool) { return time.Now().Add(-time.Millisecond), true }
+
+// TestRenewalPastItsCallersDeadlineGivenUp: a renewal whose deadline had
+// passed before it was handed to the writer is its caller's, not
+// lockproxy's lateness (a KEEPALIVE renewal asked for after the validity
+// it last answered ended): it is given up unsent, as before, not sent
+// because the writer was idle.
+func TestRenewalPastItsCallersDeadlineGivenUp(t *testing.T) {
+	n, _ := nodeOnRedis(t)
+	ctx := ctxTimeout(t, 10*time.Second)
+	if g, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
+		t.Fatalf("Acquire = %+v, %v", g, err)
+	}
+	time.Sleep(50 * time.Millisecond) // the writer idle
+	done := make(chan error, 1)
+	n.StartExtend(pastDeadline{context.Background()}, "k", "t", time.Minute, func(_ bool, err error) { done <- err })
+	if err := <-done; !quorum.Unsent(err) {
+		t.Fatalf("renewal past its caller's deadline = %v; want given up unsent", err)
+	}
+}
