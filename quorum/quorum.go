@@ -1113,14 +1113,26 @@ func (q *Quorum) fanOutBoolSkip(parent context.Context, timeout time.Duration, o
 	// deadline. For op.byDeadline the nodes not in by the caller's
 	// deadline (parent's: the node timeout, often shorter, bounds only
 	// the sending, as before) count as timed out.
+	// A deadline found passed well after it was due, though, passed while
+	// the process did not run (SIGSTOP, a VM pause, a long stall): the
+	// nodes' answers are on their way when it runs again (backends/redis
+	// reads what arrived past a deadline, and sends a renewal or release
+	// that waited out the stop in its queue), and they get the longest
+	// node timeout more, once, as Acquire's hearOut gives them. An answer
+	// heard then is a fact: an extend ran only where the hold still was
+	// (held all along there), and the validity still counts from before
+	// the stop (TestUnlockAcrossProxyStop).
 	var expired <-chan time.Time
 	var answered []bool
+	var due time.Time
 	if d, ok := parent.Deadline(); ok && op.byDeadline {
+		due = d
 		t := time.NewTimer(time.Until(d))
 		defer t.Stop()
 		expired = t.C
 		answered = make([]bool, len(q.nodes))
 	}
+	stretched := false
 	got := 0
 wait:
 	for got < sent {
@@ -1128,6 +1140,13 @@ wait:
 		select {
 		case r = <-results:
 		case <-expired:
+			if !stretched && time.Since(due) > q.cfg.TimeoutMin {
+				stretched = true
+				t := time.NewTimer(q.cfg.TimeoutMax)
+				defer t.Stop()
+				expired = t.C
+				continue
+			}
 			for i, nd := range q.nodes {
 				if (skip == nil || !skip[i]) && !answered[i] {
 					failures = append(failures, NodeError{Node: nd.Name(), Err: context.DeadlineExceeded})
