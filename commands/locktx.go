@@ -48,6 +48,11 @@ type lockTxOp struct {
 	name string   // lower case
 	keys []int    // indexes into lockWatch.keys
 	args []string // the arguments after the key (PEXPIRE's TTL and options)
+	// fail is the error EXEC answers in this command's place, which is
+	// not run: a PEXPIRE or EXPIRE whose TTL or options Redis refuses
+	// when it runs the command (or above locks.max_ttl). Redis queues it
+	// and answers the error inside EXEC's reply, running the rest.
+	fail string
 }
 
 // Bounds per connection: a WATCH costs a read on every node per key, and
@@ -324,6 +329,7 @@ func (h *Handler) lockTxQueue(s *resp.Session, lw *lockWatch, name string, args 
 		lockTxSupported + "; EXEC will abort the transaction"
 	var keys [][]byte
 	var rest []string
+	var fail string
 	switch name {
 	case "get", "pttl", "ttl":
 		if len(args) != 2 {
@@ -336,18 +342,22 @@ func (h *Handler) lockTxQueue(s *resp.Session, lw *lockWatch, name string, args 
 		}
 		keys = args[1:]
 	case "pexpire", "expire":
-		if len(args) >= 2 && lw.index(string(args[1])) < 0 {
+		if len(args) < 3 {
+			return "ERR wrong number of arguments for '" + name + "' command"
+		}
+		if lw.index(string(args[1])) < 0 {
 			return refused
 		}
-		if why := h.expireRefusal(name, args); why != "" {
-			return why
-		}
+		// A TTL or option Redis refuses is its error when the command
+		// runs, inside EXEC's reply, not a refusal that aborts the
+		// transaction.
+		fail = h.expireRefusal(name, args)
 		keys = args[1:2]
 		rest = strs(args[2:])
 	default:
 		return refused
 	}
-	op := lockTxOp{name: name, args: rest}
+	op := lockTxOp{name: name, args: rest, fail: fail}
 	for _, k := range keys {
 		i := lw.index(string(k))
 		if i < 0 {
@@ -422,8 +432,11 @@ func (h *Handler) lockExec(s *resp.Session, lw *lockWatch) {
 		}
 	}
 	readOnly := true
-	ttl := make([]bool, len(lw.ops))
-	for i, op := range lw.ops {
+	ttl := make([]bool, 0, len(lw.ops))
+	for _, op := range lw.ops {
+		if op.fail != "" {
+			continue
+		}
 		cmd = append(cmd, op.name, strconv.Itoa(len(op.keys)))
 		for _, k := range op.keys {
 			cmd = append(cmd, strconv.Itoa(k+1))
@@ -433,9 +446,8 @@ func (h *Handler) lockExec(s *resp.Session, lw *lockWatch) {
 		switch op.name {
 		case "del", "unlink", "pexpire", "expire":
 			readOnly = false
-		case "pttl", "ttl":
-			ttl[i] = true
 		}
+		ttl = append(ttl, op.name == "pttl" || op.name == "ttl")
 	}
 	keyAt := make([]int, n)
 	for i := range keyAt {
@@ -449,8 +461,30 @@ func (h *Handler) lockExec(s *resp.Session, lw *lockWatch) {
 	case aborted:
 		s.W.NullArray()
 	default:
-		writeValue(s.W, v)
+		writeValue(s.W, withFailed(lw.ops, v))
 	}
+}
+
+// withFailed is EXEC's reply: the replies of the commands run (ran, from
+// decideExec) with each failed command's error in its place.
+func withFailed(ops []lockTxOp, ran any) any {
+	vs, ok := ran.([]any)
+	if !ok {
+		return ran
+	}
+	out := make([]any, 0, len(ops))
+	for _, op := range ops {
+		if op.fail != "" {
+			out = append(out, backends.ReplyError(op.fail))
+			continue
+		}
+		if len(vs) == 0 {
+			return ran // cannot be: decideExec answers one reply per command run
+		}
+		out = append(out, vs[0])
+		vs = vs[1:]
+	}
+	return out
 }
 
 // decideExec is what a lock-key transaction's EXEC answers, from each

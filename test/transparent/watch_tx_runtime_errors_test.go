@@ -1,0 +1,64 @@
+package transparent
+
+import (
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
+)
+
+// TestWatchTransactionExpireErrorsAnsweredByExec: a PEXPIRE or EXPIRE of
+// a watched lock key whose TTL or options Redis refuses (not an integer,
+// an unknown or contradictory option, above locks.max_ttl) is queued, as
+// Redis 7.0 queues it, and its error is its reply inside EXEC's array;
+// the rest of the transaction runs. redis-server 7.0.15 answers the same
+// sequence with these bytes (but the max_ttl one, lockproxy's own limit,
+// which Redis has not). Before, each was refused when queued and EXEC
+// answered EXECABORT, leaving the lock held.
+func TestWatchTransactionExpireErrorsAnsweredByExec(t *testing.T) {
+	t.Parallel()
+	e := start(t)
+	c := e.client(t)
+	ctx := lockclient.CtxFor(t, 30*time.Second)
+	const key, tok = "lock:rterr", "tok-1"
+	if ok, err := c.SetNX(ctx, key, tok, 20*time.Second).Result(); err != nil || !ok {
+		t.Fatalf("SET NX PX: %v %v", ok, err)
+	}
+	e.requireOnEveryNode(t, "the lock", key)
+	r := dialRaw(t, e.addr)
+	for _, step := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"WATCH", key}, "+OK\r\n"},
+		{[]string{"GET", key}, "$5\r\n" + tok + "\r\n"},
+		{[]string{"MULTI"}, "+OK\r\n"},
+		{[]string{"PEXPIRE", key, "abc"}, "+QUEUED\r\n"},
+		{[]string{"PEXPIRE", key, "100", "FOO"}, "+QUEUED\r\n"},
+		{[]string{"EXPIRE", key, "100", "NX", "XX"}, "+QUEUED\r\n"},
+		{[]string{"PEXPIRE", key, "9223372036854775807"}, "+QUEUED\r\n"},
+		{[]string{"PEXPIRE", key, "3600000"}, "+QUEUED\r\n"},
+		{[]string{"DEL", key}, "+QUEUED\r\n"},
+		{[]string{"EXEC"}, "*6\r\n" +
+			"-ERR value is not an integer or out of range\r\n" +
+			"-ERR Unsupported option FOO\r\n" +
+			"-ERR NX and XX, GT or LT options at the same time are not compatible\r\n" +
+			"-ERR invalid expire time in 'pexpire' command\r\n" +
+			"-ERR TTL 3600000 ms is above the maximum of 600000 ms (locks.max_ttl)\r\n" +
+			":1\r\n"},
+	} {
+		if got := r.do(step.args...); got != step.want {
+			t.Fatalf("%q = %q; want %q", step.args, got, step.want)
+		}
+	}
+	e.requireGone(t, "after EXEC's DEL", key)
+	// A PEXPIRE without its TTL is refused when queued, as in Redis.
+	r.do("WATCH", key)
+	r.do("MULTI")
+	if got := r.do("PEXPIRE", key); got != "-ERR wrong number of arguments for 'pexpire' command\r\n" {
+		t.Fatalf("PEXPIRE without TTL in MULTI = %q", got)
+	}
+	if got := r.do("EXEC"); got != "-EXECABORT Transaction discarded because of previous errors.\r\n" {
+		t.Fatalf("EXEC after a refused PEXPIRE = %q", got)
+	}
+}
