@@ -536,8 +536,15 @@ func (h *Handler) localTx(s *resp.Session, cs *conn, name string, args [][]byte)
 			s.W.Array(0) // an empty transaction, as Redis runs it
 		}
 		cs.tx, cs.txDirty = false, false
-	case "multi":
-		s.W.Error("ERR MULTI calls can not be nested")
+	case "multi", "watch":
+		if name == "multi" && len(args) != 1 || name == "watch" && len(args) < 2 {
+			// Redis checks the arity first, and flags the transaction.
+			cs.txDirty = true
+			wrongArity(s, name)
+			return true
+		}
+		// Redis answers it and leaves the transaction as it was.
+		s.W.Error(insideMulti[name])
 	default:
 		cs.txDirty = true
 		h.metrics.commands.WithLabelValues("transaction", "error").Inc()

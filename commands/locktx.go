@@ -67,6 +67,13 @@ var lockTxQueued = map[string]bool{
 	"del": true, "unlink": true, "pexpire": true, "expire": true, "get": true, "exists": true, "pttl": true, "ttl": true,
 }
 
+// insideMulti is Redis's refusal of MULTI and WATCH (with their arity
+// right) in a transaction, which does not abort it.
+var insideMulti = map[string]string{
+	"multi": "ERR MULTI calls can not be nested",
+	"watch": "ERR WATCH inside MULTI is not allowed",
+}
+
 // lockTxSupported is what a lock-key transaction queues, for errors.
 const lockTxSupported = "DEL, UNLINK, PEXPIRE, EXPIRE, GET, EXISTS, PTTL and TTL of the watched lock keys"
 
@@ -88,6 +95,14 @@ func (h *Handler) lockTx(s *resp.Session, cs *conn, name string, args [][]byte) 
 		}
 		if name != "watch" || len(args) < 2 || cs.tx {
 			return false
+		}
+		if rs != nil && rs.multi && h.classify(args[1:]) != noLockKeys {
+			// WATCH of lock keys inside a relayed MULTI: Redis refuses
+			// any WATCH there, without aborting the transaction; the
+			// relay would refuse it for its lock keys, and abort it.
+			h.relayFlush(s)
+			s.W.Error(insideMulti[name])
+			return true
 		}
 		if rs != nil && (rs.multi || rs.broken || rs.pipe.Tunneling()) {
 			// WATCH inside a relayed MULTI, or in pub/sub mode: the
@@ -203,11 +218,15 @@ func (h *Handler) lockTx(s *resp.Session, cs *conn, name string, args [][]byte) 
 		}
 		cs.lw = nil
 		s.W.Simple("OK")
-	case "multi":
+	case "multi", "watch":
+		if name == "multi" && len(args) != 1 || name == "watch" && len(args) < 2 {
+			// Redis checks the arity first, and flags the transaction.
+			lw.dirty = true
+			wrongArity(s, name)
+			return true
+		}
 		// Redis answers it and leaves the transaction as it was.
-		s.W.Error("ERR MULTI calls can not be nested")
-	case "watch":
-		s.W.Error("ERR WATCH inside MULTI is not allowed")
+		s.W.Error(insideMulti[name])
 	default:
 		if lockTxQueued[name] {
 			cs.lastCmd = name
