@@ -502,6 +502,10 @@ func (h *Handler) localTx(s *resp.Session, cs *conn, name string, args [][]byte)
 			return false
 		}
 		switch {
+		case name == "exec" && len(args) != 1:
+			// Redis refuses it as an aborted transaction, with or
+			// without a MULTI (execCommandAbort).
+			s.W.Error(execAbort(args))
 		case len(args) != 1:
 			s.W.Error("ERR wrong number of arguments for '" + name + "' command")
 		case name == "multi":

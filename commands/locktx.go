@@ -187,12 +187,18 @@ func (h *Handler) lockTx(s *resp.Session, cs *conn, name string, args [][]byte) 
 			s.W.Simple("OK")
 		case "exec", "discard":
 			h.relayFlush(s)
-			if len(args) != 1 {
+			switch {
+			case name == "exec" && len(args) != 1:
+				// Redis refuses an EXEC with arguments as an aborted
+				// transaction, and unwatches (execCommandAbort).
+				cs.lw = nil
+				s.W.Error(execAbort(args))
+			case len(args) != 1:
 				wrongArity(s, name)
-				return true
+			default:
+				// The watch stays, as in Redis.
+				s.W.Error("ERR " + strings.ToUpper(name) + " without MULTI")
 			}
-			// The watch stays, as in Redis.
-			s.W.Error("ERR " + strings.ToUpper(name) + " without MULTI")
 		default:
 			return false
 		}

@@ -1008,7 +1008,7 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		rs.dirty = true
 	}
 	switch {
-	case (name == "multi" || name == "discard" || name == "unwatch" || name == "exec" && !rs.multi) && len(args) != 1:
+	case (name == "multi" || name == "discard" || name == "unwatch") && len(args) != 1:
 		// Redis refuses them for their arity and the connection's state
 		// stays as it was (a transaction flagged, as after any queuing
 		// error). Relayed, they would be taken for the change they name:
@@ -1065,7 +1065,10 @@ func (h *Handler) relayNamed(s *resp.Session, args [][]byte, lname []byte) {
 		}
 		rs.watch = true
 		h.relayAdd(s, rs, args)
-	case name == "unwatch" && !rs.multi:
+	case name == "unwatch" && !rs.multi,
+		name == "exec" && !rs.multi && len(args) != 1:
+		// An EXEC with arguments and no MULTI unwatches too: Redis
+		// answers it as an aborted transaction (execCommandAbort).
 		h.relayAdd(s, rs, args)
 		h.relayCollect(s, rs, true)
 		rs.watch, rs.watchLost = false, false
