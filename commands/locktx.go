@@ -50,8 +50,8 @@ type lockTxOp struct {
 	args []string // the arguments after the key (PEXPIRE's TTL and options)
 	// fail is the error EXEC answers in this command's place, which is
 	// not run: a PEXPIRE or EXPIRE whose TTL or options Redis refuses
-	// when it runs the command (or above locks.max_ttl). Redis queues it
-	// and answers the error inside EXEC's reply, running the rest.
+	// when it runs the command. Redis queues it and answers the error
+	// inside EXEC's reply, running the rest.
 	fail string
 }
 
@@ -375,8 +375,15 @@ func (h *Handler) lockTxQueue(s *resp.Session, lw *lockWatch, name string, args 
 		}
 		// A TTL or option Redis refuses is its error when the command
 		// runs, inside EXEC's reply, not a refusal that aborts the
-		// transaction.
-		fail = h.expireRefusal(name, args)
+		// transaction. A TTL above locks.max_ttl, which Redis would
+		// run, is refused now and aborts it: answered inside EXEC's
+		// reply, it would be lost on a client that only looks at
+		// whether EXEC ran (StackExchange.Redis's LockExtend answers
+		// true), which would take its lock for extended.
+		var maxTTL bool
+		if fail, maxTTL = h.expireRefusalKind(name, args); maxTTL {
+			return fail
+		}
 		keys = args[1:2]
 		rest = strs(args[2:])
 	default:

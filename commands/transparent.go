@@ -520,8 +520,15 @@ func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
 // run: its options in any number and order, and their contradictions,
 // checked before the TTL; and locks.max_ttl.
 func (h *Handler) expireRefusal(name string, args [][]byte) string {
+	why, _ := h.expireRefusalKind(name, args)
+	return why
+}
+
+// expireRefusalKind is expireRefusal, and whether the refusal is
+// lockproxy's own (locks.max_ttl), where Redis would have run the command.
+func (h *Handler) expireRefusalKind(name string, args [][]byte) (why string, maxTTL bool) {
 	if len(args) < 3 {
-		return "ERR wrong number of arguments for '" + name + "' command"
+		return "ERR wrong number of arguments for '" + name + "' command", false
 	}
 	var nx, xx, gt, lt bool
 	for _, o := range args[3:] {
@@ -535,18 +542,18 @@ func (h *Handler) expireRefusal(name string, args [][]byte) string {
 		case resp.EqualFold(o, "LT"):
 			lt = true
 		default:
-			return "ERR Unsupported option " + relay.Clip(string(o))
+			return "ERR Unsupported option " + relay.Clip(string(o)), false
 		}
 	}
 	switch {
 	case nx && (xx || gt || lt):
-		return "ERR NX and XX, GT or LT options at the same time are not compatible"
+		return "ERR NX and XX, GT or LT options at the same time are not compatible", false
 	case gt && lt:
-		return "ERR GT and LT options at the same time are not compatible"
+		return "ERR GT and LT options at the same time are not compatible", false
 	}
 	n, ok := resp.ParseInt(args[2])
 	if !ok {
-		return errNotInteger.Error()
+		return errNotInteger.Error(), false
 	}
 	unit := time.Millisecond
 	if name == "expire" {
@@ -554,15 +561,15 @@ func (h *Handler) expireRefusal(name string, args [][]byte) string {
 	}
 	if n > 0 {
 		if n > int64(1<<62)/int64(unit) {
-			return errInvalidExpire(name).Error()
+			return errInvalidExpire(name).Error(), false
 		}
 		// Only the maximum applies: a short or zero TTL just ends the
 		// lock sooner, as in Redis.
 		if ttl := time.Duration(n) * unit; h.limits.MaxTTL > 0 && ttl > h.limits.MaxTTL {
-			return h.limits.checkTTL(ttl).Error()
+			return h.limits.checkTTL(ttl).Error(), true
 		}
 	}
-	return ""
+	return "", false
 }
 
 // tEval serves EVAL, EVALSHA and their _RO forms when every key is a lock
