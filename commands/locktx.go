@@ -60,6 +60,12 @@ type lockTxOp struct {
 const (
 	maxLockWatchKeys = 64
 	maxLockTxOps     = 64
+	// maxLockTxArgs bounds the arguments of one queued command (a DEL
+	// naming a watched key over and over, a PEXPIRE repeating an
+	// option): the script calls each with unpack, which Lua refuses
+	// beyond 8000 values, failing the script after the commands before
+	// it ran (a DEL's release then stands under an error reply).
+	maxLockTxArgs = 1024
 )
 
 // lockTxQueued names the commands a lock-key transaction may queue.
@@ -388,6 +394,9 @@ func (h *Handler) lockTxQueue(s *resp.Session, lw *lockWatch, name string, args 
 		rest = strs(args[2:])
 	default:
 		return refused
+	}
+	if len(args) > maxLockTxArgs {
+		return "ERR transparent mode: a command queued in a transaction on lock keys takes at most " + strconv.Itoa(maxLockTxArgs) + " arguments"
 	}
 	op := lockTxOp{name: name, args: rest, fail: fail}
 	for _, k := range keys {
