@@ -7,6 +7,7 @@ import (
 	"crypto/sha1"
 	"encoding/hex"
 	"errors"
+	"math"
 	"regexp"
 	"sort"
 	"strconv"
@@ -558,6 +559,11 @@ func (h *Handler) expireRefusalKind(name string, args [][]byte) (why string, max
 	unit := time.Millisecond
 	if name == "expire" {
 		unit = time.Second
+		if n < math.MinInt64/1000 {
+			// Redis refuses a TTL in seconds it cannot turn into ms,
+			// as below for one too large (expireGenericCommand).
+			return errInvalidExpire(name).Error(), false
+		}
 	}
 	if n > 0 {
 		if n > int64(1<<62)/int64(unit) {

@@ -41,12 +41,16 @@ func TestWatchTransactionExpireErrorsAnsweredByExec(t *testing.T) {
 		{[]string{"EXPIRE", key, "100", "NX", "XX"}, "+QUEUED\r\n"},
 		{[]string{"PEXPIRE", key, "9223372036854775807"}, "+QUEUED\r\n"},
 		{[]string{"DEL", key}, "+QUEUED\r\n"},
-		{[]string{"EXEC"}, "*5\r\n" +
+		// Below what Redis turns from s into ms: it was sent to the
+		// nodes, where it failed the script after the DEL had run.
+		{[]string{"EXPIRE", key, "-9223372036854775808"}, "+QUEUED\r\n"},
+		{[]string{"EXEC"}, "*6\r\n" +
 			"-ERR value is not an integer or out of range\r\n" +
 			"-ERR Unsupported option FOO\r\n" +
 			"-ERR NX and XX, GT or LT options at the same time are not compatible\r\n" +
 			"-ERR invalid expire time in 'pexpire' command\r\n" +
-			":1\r\n"},
+			":1\r\n" +
+			"-ERR invalid expire time in 'expire' command\r\n"},
 	} {
 		if got := r.do(step.args...); got != step.want {
 			t.Fatalf("%q = %q; want %q", step.args, got, step.want)
