@@ -556,24 +556,24 @@ func (h *Handler) expireRefusalKind(name string, args [][]byte) (why string, max
 	if !ok {
 		return errNotInteger.Error(), false
 	}
-	unit := time.Millisecond
+	// Redis's own bound (expireGenericCommand): the TTL in ms, added to
+	// the time, must fit in 64 bits. Within it Redis runs the command, so
+	// a TTL lockproxy does not take is refused for locks.max_ttl, not as
+	// an invalid expire time.
+	ms := n
 	if name == "expire" {
-		unit = time.Second
-		if n < math.MinInt64/1000 {
-			// Redis refuses a TTL in seconds it cannot turn into ms,
-			// as below for one too large (expireGenericCommand).
+		if n > math.MaxInt64/1000 || n < math.MinInt64/1000 {
 			return errInvalidExpire(name).Error(), false
 		}
+		ms = n * 1000
 	}
-	if n > 0 {
-		if n > int64(1<<62)/int64(unit) {
-			return errInvalidExpire(name).Error(), false
-		}
-		// Only the maximum applies: a short or zero TTL just ends the
-		// lock sooner, as in Redis.
-		if ttl := time.Duration(n) * unit; h.limits.MaxTTL > 0 && ttl > h.limits.MaxTTL {
-			return h.limits.checkTTL(ttl).Error(), true
-		}
+	if ms > math.MaxInt64-time.Now().UnixMilli() {
+		return errInvalidExpire(name).Error(), false
+	}
+	// Only the maximum applies: a short or zero TTL just ends the lock
+	// sooner, as in Redis.
+	if limit := h.limits.MaxTTL.Milliseconds(); limit > 0 && ms > limit {
+		return "ERR TTL " + strconv.FormatInt(ms, 10) + " ms is above the maximum of " + strconv.FormatInt(limit, 10) + " ms (locks.max_ttl)", true
 	}
 	return "", false
 }

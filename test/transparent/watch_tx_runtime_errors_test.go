@@ -68,6 +68,10 @@ func TestWatchTransactionExpireErrorsAnsweredByExec(t *testing.T) {
 	}{
 		{[]string{"PEXPIRE", key}, "-ERR wrong number of arguments for 'pexpire' command\r\n"},
 		{[]string{"PEXPIRE", key, "3600000"}, "-ERR TTL 3600000 ms is above the maximum of 600000 ms (locks.max_ttl)\r\n"},
+		// Far above, but within what Redis takes (its invalid expire
+		// time is a TTL that overflows once added to the time).
+		{[]string{"PEXPIRE", key, "9223372036854775"}, "-ERR TTL 9223372036854775 ms is above the maximum of 600000 ms (locks.max_ttl)\r\n"},
+		{[]string{"EXPIRE", key, "4611686019"}, "-ERR TTL 4611686019000 ms is above the maximum of 600000 ms (locks.max_ttl)\r\n"},
 	} {
 		r.do("WATCH", key)
 		r.do("MULTI")
