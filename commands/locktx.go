@@ -91,12 +91,22 @@ func (h *Handler) lockTx(s *resp.Session, cs *conn, name string, args [][]byte) 
 	lw := cs.lw
 	rs := cs.rl
 	if lw == nil {
-		if name == "unwatch" && h.up == nil && len(args) == 1 && !cs.tx {
+		if name == "unwatch" && h.up == nil && !cs.tx {
 			// Nothing watched (a WATCH refused, say): Redis answers OK.
 			// Without an upstream nothing else would, and redis-py's
 			// Pipeline.reset sends it for a pipeline that watched and did
 			// not EXEC, and fails on an error reply.
+			if len(args) != 1 {
+				wrongArity(s, name)
+				return true
+			}
 			s.W.Simple("OK")
+			return true
+		}
+		if name == "watch" && h.up == nil && len(args) < 2 && !cs.tx {
+			// Redis's arity error; without an upstream nothing else
+			// would answer it but "unknown command".
+			wrongArity(s, name)
 			return true
 		}
 		if name != "watch" || len(args) < 2 || cs.tx {
