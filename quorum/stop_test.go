@@ -3,30 +3,12 @@ package quorum_test
 import (
 	"context"
 	"errors"
-	"os"
-	"os/exec"
-	"strconv"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/test/harness"
 )
-
-// stopProcess stops the test's whole process (SIGSTOP, as a VM pause or a
-// long stall stops lockproxy) for about d: a child continues it. Every
-// timer due meanwhile fires only when the process runs again.
-func stopProcess(t *testing.T, d time.Duration) {
-	t.Helper()
-	cont := exec.Command("sh", "-c", "sleep "+strconv.FormatFloat(d.Seconds(), 'f', 3, 64)+"; kill -CONT "+strconv.Itoa(os.Getpid()))
-	if err := cont.Start(); err != nil {
-		t.Fatalf("start the process that continues this one: %v", err)
-	}
-	if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
-		t.Fatalf("SIGSTOP: %v", err)
-	}
-	_ = cont.Wait()
-}
 
 // TestHearOutAcrossStop: a failed attempt's roll-back skips a node whose
 // refusal comes right after the process was stopped past the limit that
@@ -53,7 +35,7 @@ func TestHearOutAcrossStop(t *testing.T) {
 	// Decided by two refusals at once; the third is heard out, until 100
 	// ms past the node timeout's end, which passes during the stop.
 	time.Sleep(30 * time.Millisecond)
-	stopProcess(t, 400*time.Millisecond)
+	harness.StopProcess(t, 400*time.Millisecond)
 	time.Sleep(10 * time.Millisecond)
 	close(gate)
 	if err := <-errc; !errors.Is(err, quorum.ErrNotAcquired) {

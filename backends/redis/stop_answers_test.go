@@ -3,32 +3,13 @@ package redis
 import (
 	"context"
 	"fmt"
-	"os"
-	"os/exec"
-	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/lockproxy/lockproxy/quorum"
 	"github.com/lockproxy/lockproxy/test/harness"
 )
-
-// stopProcess stops the test's whole process (SIGSTOP, as a VM pause or a
-// long stall stops lockproxy) for about d: a child continues it. Every
-// deadline due meanwhile has passed when the process runs again.
-func stopProcess(t *testing.T, d time.Duration) {
-	t.Helper()
-	cont := exec.Command("sh", "-c", "sleep "+strconv.FormatFloat(d.Seconds(), 'f', 3, 64)+"; kill -CONT "+strconv.Itoa(os.Getpid()))
-	if err := cont.Start(); err != nil {
-		t.Fatalf("start the process that continues this one: %v", err)
-	}
-	if err := syscall.Kill(os.Getpid(), syscall.SIGSTOP); err != nil {
-		t.Fatalf("SIGSTOP: %v", err)
-	}
-	_ = cont.Wait()
-}
 
 // TestReleasesAndRenewalsAcrossStop: releases and renewals handed to the
 // node's writers right before the process stops for longer than their
@@ -82,7 +63,7 @@ func TestReleasesAndRenewalsAcrossStop(t *testing.T) {
 				}
 			}
 		}
-		stopProcess(t, 4*timeout)
+		harness.StopProcess(t, 4*timeout)
 		wg.Wait()
 		cancel()
 		for i, f := range failed {
