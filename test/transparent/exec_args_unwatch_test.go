@@ -20,50 +20,41 @@ import (
 func TestExecWithArgumentsWithoutMultiUnwatches(t *testing.T) {
 	t.Parallel()
 	const abort = "-EXECABORT Transaction discarded because of: wrong number of arguments for 'exec' command\r\n"
-	for _, withUp := range []bool{false, true} {
-		t.Run(map[bool]string{false: "no upstream", true: "upstream"}[withUp], func(t *testing.T) {
-			t.Parallel()
-			var e *env
-			if withUp {
-				e, _, _ = startWithUpstream(t)
-			} else {
-				e = start(t)
+	withAndWithoutUpstream(t, func(t *testing.T, e *env, withUp bool) {
+		c := e.client(t)
+		ctx := lockclient.CtxFor(t, 30*time.Second)
+		const key = "lock:xa"
+		if ok, err := c.SetNX(ctx, key, "tok", 20*time.Second).Result(); err != nil || !ok {
+			t.Fatalf("SET NX PX: %v %v", ok, err)
+		}
+		type step struct{ args, want string }
+		seq := []step{
+			{"EXEC x", abort},
+			{"WATCH " + key, "+OK\r\n"},
+			{"EXEC x", abort},
+			{"MULTI", "+OK\r\n"},
+			// Nothing watched: a lock-key command is not queued.
+			{"GET " + key, "-ERR"},
+			{"EXEC", "-EXECABORT Transaction discarded because of previous errors.\r\n"},
+		}
+		if withUp {
+			seq = append(seq,
+				step{"WATCH " + key, "+OK\r\n"},
+				step{"EXEC x", abort},
+				step{"WATCH plain", "+OK\r\n"},
+				step{"EXEC x", abort},
+				step{"WATCH " + key, "+OK\r\n"},
+				step{"MULTI", "+OK\r\n"},
+				step{"GET " + key, "+QUEUED\r\n"},
+				step{"EXEC", "*1\r\n$3\r\ntok\r\n"},
+			)
+		}
+		r := dialRaw(t, e.addr)
+		for _, st := range seq {
+			if got := r.do(strings.Fields(st.args)...); !strings.HasPrefix(got, st.want) {
+				t.Fatalf("%s = %q; want %q…", st.args, got, st.want)
 			}
-			c := e.client(t)
-			ctx := lockclient.CtxFor(t, 30*time.Second)
-			const key = "lock:xa"
-			if ok, err := c.SetNX(ctx, key, "tok", 20*time.Second).Result(); err != nil || !ok {
-				t.Fatalf("SET NX PX: %v %v", ok, err)
-			}
-			type step struct{ args, want string }
-			seq := []step{
-				{"EXEC x", abort},
-				{"WATCH " + key, "+OK\r\n"},
-				{"EXEC x", abort},
-				{"MULTI", "+OK\r\n"},
-				// Nothing watched: a lock-key command is not queued.
-				{"GET " + key, "-ERR"},
-				{"EXEC", "-EXECABORT Transaction discarded because of previous errors.\r\n"},
-			}
-			if withUp {
-				seq = append(seq,
-					step{"WATCH " + key, "+OK\r\n"},
-					step{"EXEC x", abort},
-					step{"WATCH plain", "+OK\r\n"},
-					step{"EXEC x", abort},
-					step{"WATCH " + key, "+OK\r\n"},
-					step{"MULTI", "+OK\r\n"},
-					step{"GET " + key, "+QUEUED\r\n"},
-					step{"EXEC", "*1\r\n$3\r\ntok\r\n"},
-				)
-			}
-			r := dialRaw(t, e.addr)
-			for _, st := range seq {
-				if got := r.do(strings.Fields(st.args)...); !strings.HasPrefix(got, st.want) {
-					t.Fatalf("%s = %q; want %q…", st.args, got, st.want)
-				}
-			}
-			e.requireHeld(t, "after the transactions", key, "tok")
-		})
-	}
+		}
+		e.requireHeld(t, "after the transactions", key, "tok")
+	})
 }

@@ -188,3 +188,23 @@ func runScript(t *testing.T, timeout time.Duration, name string, args ...string)
 	t.Logf("%s %s: %v", filepath.Base(name), args[len(args)-1], time.Since(start).Round(time.Millisecond))
 	return p.Output()
 }
+
+// withAndWithoutUpstream runs f as two parallel subtests, "no upstream"
+// (lockproxy serving lock keys alone) and "upstream" (lockproxy in front
+// of an upstream Redis as well), each on an env of its own; withUp says
+// which.
+func withAndWithoutUpstream(t *testing.T, f func(t *testing.T, e *env, withUp bool)) {
+	t.Helper()
+	for _, withUp := range []bool{false, true} {
+		t.Run(map[bool]string{false: "no upstream", true: "upstream"}[withUp], func(t *testing.T) {
+			t.Parallel()
+			var e *env
+			if withUp {
+				e, _, _ = startWithUpstream(t)
+			} else {
+				e = start(t)
+			}
+			f(t, e, withUp)
+		})
+	}
+}

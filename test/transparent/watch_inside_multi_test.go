@@ -19,63 +19,54 @@ import (
 // and the arity errors did not abort the transaction.
 func TestWatchAndMultiInsideATransaction(t *testing.T) {
 	t.Parallel()
-	for _, withUp := range []bool{false, true} {
-		t.Run(map[bool]string{false: "no upstream", true: "upstream"}[withUp], func(t *testing.T) {
-			t.Parallel()
-			var e *env
-			if withUp {
-				e, _, _ = startWithUpstream(t)
-			} else {
-				e = start(t)
-			}
-			c := e.client(t)
-			ctx := lockclient.CtxFor(t, 30*time.Second)
-			const key = "lock:wim"
-			if ok, err := c.SetNX(ctx, key, "tok", 20*time.Second).Result(); err != nil || !ok {
-				t.Fatalf("SET NX PX: %v %v", ok, err)
-			}
-			e.requireOnEveryNode(t, "the lock", key)
-			const (
-				ok      = "+OK\r\n"
-				queued  = "+QUEUED\r\n"
-				nested  = "-ERR MULTI calls can not be nested\r\n"
-				inside  = "-ERR WATCH inside MULTI is not allowed\r\n"
-				aborted = "-EXECABORT Transaction discarded because of previous errors.\r\n"
-			)
-			arity := func(name string) string { return "-ERR wrong number of arguments for '" + name + "' command\r\n" }
-			type step struct{ args, want string }
-			seqs := map[string][]step{
-				"lock-key transaction, refusals that leave it": {
-					{"WATCH " + key, ok}, {"MULTI", ok}, {"GET " + key, queued},
-					{"MULTI", nested}, {"WATCH " + key, inside},
-					{"EXEC", "*1\r\n$3\r\ntok\r\n"},
-				},
-				"lock-key transaction, WATCH without keys": {
-					{"WATCH " + key, ok}, {"MULTI", ok}, {"GET " + key, queued}, {"WATCH", arity("watch")}, {"EXEC", aborted},
-				},
-				"lock-key transaction, MULTI with an argument": {
-					{"WATCH " + key, ok}, {"MULTI", ok}, {"GET " + key, queued}, {"MULTI x", arity("multi")}, {"EXEC", aborted},
-				},
-				"plain MULTI, WATCH of a lock key": {
-					{"MULTI", ok}, {"WATCH " + key, inside}, {"MULTI", nested}, {"EXEC", "*0\r\n"},
-				},
-				"plain MULTI, WATCH without keys": {
-					{"MULTI", ok}, {"WATCH", arity("watch")}, {"EXEC", aborted},
-				},
-				"plain MULTI, MULTI with an argument": {
-					{"MULTI", ok}, {"MULTI x", arity("multi")}, {"EXEC", aborted},
-				},
-			}
-			for name, seq := range seqs {
-				r := dialRaw(t, e.addr)
-				for _, st := range seq {
-					if got := r.do(strings.Fields(st.args)...); got != st.want {
-						t.Errorf("%s: %s = %q; want %q", name, st.args, got, st.want)
-						break
-					}
+	withAndWithoutUpstream(t, func(t *testing.T, e *env, withUp bool) {
+		c := e.client(t)
+		ctx := lockclient.CtxFor(t, 30*time.Second)
+		const key = "lock:wim"
+		if ok, err := c.SetNX(ctx, key, "tok", 20*time.Second).Result(); err != nil || !ok {
+			t.Fatalf("SET NX PX: %v %v", ok, err)
+		}
+		e.requireOnEveryNode(t, "the lock", key)
+		const (
+			ok      = "+OK\r\n"
+			queued  = "+QUEUED\r\n"
+			nested  = "-ERR MULTI calls can not be nested\r\n"
+			inside  = "-ERR WATCH inside MULTI is not allowed\r\n"
+			aborted = "-EXECABORT Transaction discarded because of previous errors.\r\n"
+		)
+		arity := func(name string) string { return "-ERR wrong number of arguments for '" + name + "' command\r\n" }
+		type step struct{ args, want string }
+		seqs := map[string][]step{
+			"lock-key transaction, refusals that leave it": {
+				{"WATCH " + key, ok}, {"MULTI", ok}, {"GET " + key, queued},
+				{"MULTI", nested}, {"WATCH " + key, inside},
+				{"EXEC", "*1\r\n$3\r\ntok\r\n"},
+			},
+			"lock-key transaction, WATCH without keys": {
+				{"WATCH " + key, ok}, {"MULTI", ok}, {"GET " + key, queued}, {"WATCH", arity("watch")}, {"EXEC", aborted},
+			},
+			"lock-key transaction, MULTI with an argument": {
+				{"WATCH " + key, ok}, {"MULTI", ok}, {"GET " + key, queued}, {"MULTI x", arity("multi")}, {"EXEC", aborted},
+			},
+			"plain MULTI, WATCH of a lock key": {
+				{"MULTI", ok}, {"WATCH " + key, inside}, {"MULTI", nested}, {"EXEC", "*0\r\n"},
+			},
+			"plain MULTI, WATCH without keys": {
+				{"MULTI", ok}, {"WATCH", arity("watch")}, {"EXEC", aborted},
+			},
+			"plain MULTI, MULTI with an argument": {
+				{"MULTI", ok}, {"MULTI x", arity("multi")}, {"EXEC", aborted},
+			},
+		}
+		for name, seq := range seqs {
+			r := dialRaw(t, e.addr)
+			for _, st := range seq {
+				if got := r.do(strings.Fields(st.args)...); got != st.want {
+					t.Errorf("%s: %s = %q; want %q", name, st.args, got, st.want)
+					break
 				}
 			}
-			e.requireHeld(t, "after the transactions", key, "tok")
-		})
-	}
+		}
+		e.requireHeld(t, "after the transactions", key, "tok")
+	})
 }

@@ -109,270 +109,261 @@ func retake(t *testing.T, e *env, c *redis.Client, key, other string) {
 // one), and the DEL inside MULTI refused, so EXEC answered EXECABORT.
 func TestWatchTransactionOnLockKeys(t *testing.T) {
 	t.Parallel()
-	for _, withUp := range []bool{false, true} {
-		t.Run(map[bool]string{false: "no upstream", true: "upstream"}[withUp], func(t *testing.T) {
-			t.Parallel()
-			var e *env
-			if withUp {
-				e, _, _ = startWithUpstream(t)
-			} else {
-				e = start(t)
-			}
-			c := e.client(t)
-			other := e.client(t)
-			ctx := lockclient.CtxFor(t, 60*time.Second)
+	withAndWithoutUpstream(t, func(t *testing.T, e *env, withUp bool) {
+		c := e.client(t)
+		other := e.client(t)
+		ctx := lockclient.CtxFor(t, 60*time.Second)
 
-			take := func(key, tok string) {
-				t.Helper()
-				if ok, err := c.SetNX(ctx, key, tok, 10*time.Second).Result(); err != nil || !ok {
-					t.Fatalf("SET %s NX PX: %v %v", key, ok, err)
-				}
-				e.requireOnEveryNode(t, "the lock", key)
+		take := func(key, tok string) {
+			t.Helper()
+			if ok, err := c.SetNX(ctx, key, tok, 10*time.Second).Result(); err != nil || !ok {
+				t.Fatalf("SET %s NX PX: %v %v", key, ok, err)
 			}
-			// go-redis's own optimistic release and extension.
-			release := func(key, tok string, between func()) ([]redis.Cmder, error) {
-				var cmds []redis.Cmder
-				err := c.Watch(ctx, func(tx *redis.Tx) error {
-					v, err := tx.Get(ctx, key).Result()
-					if err != nil {
-						return err
-					}
-					if v != tok {
-						return fmt.Errorf("GET %s: %q; want %q", key, v, tok)
-					}
-					if between != nil {
-						between()
-					}
-					cmds, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-						p.Del(ctx, key)
-						return nil
-					})
-					return err
-				}, key)
-				return cmds, err
-			}
-
-			t.Run("go-redis release", func(t *testing.T) {
-				take("lock:gr", "tok")
-				cmds, err := release("lock:gr", "tok", nil)
+			e.requireOnEveryNode(t, "the lock", key)
+		}
+		// go-redis's own optimistic release and extension.
+		release := func(key, tok string, between func()) ([]redis.Cmder, error) {
+			var cmds []redis.Cmder
+			err := c.Watch(ctx, func(tx *redis.Tx) error {
+				v, err := tx.Get(ctx, key).Result()
 				if err != nil {
-					t.Fatalf("Watch: %v", err)
-				}
-				if n, err := cmds[0].(*redis.IntCmd).Result(); n != 1 || err != nil {
-					t.Errorf("DEL in EXEC: %v %v; want 1", n, err)
-				}
-				e.requireGone(t, "released through WATCH/MULTI/EXEC", "lock:gr")
-			})
-			t.Run("go-redis extend", func(t *testing.T) {
-				take("lock:ge", "tok")
-				err := c.Watch(ctx, func(tx *redis.Tx) error {
-					if v, err := tx.Get(ctx, "lock:ge").Result(); err != nil || v != "tok" {
-						return fmt.Errorf("GET: %q %v", v, err)
-					}
-					cmds, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-						p.PExpire(ctx, "lock:ge", 40*time.Second)
-						return nil
-					})
-					if err == nil && !cmds[0].(*redis.BoolCmd).Val() {
-						err = errors.New("PEXPIRE in EXEC answered 0")
-					}
 					return err
-				}, "lock:ge")
-				if err != nil {
-					t.Fatalf("Watch: %v", err)
 				}
-				for i, d := range e.direct {
-					if ms := d.PTTL(ctx, keyPrefix+"lock:lock:ge").Val(); ms < 30*time.Second {
-						t.Errorf("node %d: PTTL %v after the extension to 40 s", i, ms)
-					}
+				if v != tok {
+					return fmt.Errorf("GET %s: %q; want %q", key, v, tok)
 				}
-				e.requireHeld(t, "extended", "lock:ge", "tok")
-			})
-			t.Run("go-redis release after the lock was taken over", func(t *testing.T) {
-				take("lock:gt", "tok")
-				_, err := release("lock:gt", "tok", func() { retake(t, e, other, "lock:gt", "theirs") })
-				if !errors.Is(err, redis.TxFailedErr) {
-					t.Errorf("Watch: %v; want %v", err, redis.TxFailedErr)
+				if between != nil {
+					between()
 				}
-				if n := e.holding(t, "lock:gt", "theirs"); n != 3 {
-					t.Errorf("the other client's lock is on %d of 3 nodes after the failed release; want 3", n)
-				}
-			})
-			t.Run("StackExchange.Redis LockRelease and LockExtend, byte for byte", func(t *testing.T) {
-				r := dialRaw(t, e.addr)
-				take("lock:se", "tok")
-				for _, st := range []struct{ args, want string }{
-					{"WATCH lock:se", "+OK\r\n"},
-					{"GET lock:se", "$3\r\ntok\r\n"},
-					{"MULTI", "+OK\r\n"},
-					{"PEXPIRE lock:se 30000", "+QUEUED\r\n"},
-					{"EXEC", "*1\r\n:1\r\n"},
-					{"WATCH lock:se", "+OK\r\n"},
-					{"GET lock:se", "$3\r\ntok\r\n"},
-					{"MULTI", "+OK\r\n"},
-					{"EXPIRE lock:se 30", "+QUEUED\r\n"},
-					{"EXEC", "*1\r\n:1\r\n"},
-					{"WATCH lock:se", "+OK\r\n"},
-					{"GET lock:se", "$3\r\ntok\r\n"},
-					{"MULTI", "+OK\r\n"},
-					{"DEL lock:se", "+QUEUED\r\n"},
-					{"EXEC", "*1\r\n:1\r\n"},
-					// The condition failed: the client unwatches.
-					{"WATCH lock:se", "+OK\r\n"},
-					{"GET lock:se", "$-1\r\n"},
-					{"UNWATCH", "+OK\r\n"},
-				} {
-					if got := r.do(strings.Fields(st.args)...); got != st.want {
-						t.Errorf("%s: %q; want %q", st.args, got, st.want)
-					}
-				}
-				e.requireGone(t, "LockRelease", "lock:se")
+				cmds, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+					p.Del(ctx, key)
+					return nil
+				})
+				return err
+			}, key)
+			return cmds, err
+		}
 
-				// Taken over between WATCH and EXEC: nil, RESP2 and RESP3.
-				for _, proto := range []string{"2", "3"} {
-					take("lock:se", "tok")
-					r.do("HELLO", proto)
-					r.do("WATCH", "lock:se")
-					r.do("GET", "lock:se")
-					retake(t, e, other, "lock:se", "theirs")
-					r.do("MULTI")
-					r.do("DEL", "lock:se")
-					want := map[string]string{"2": "*-1\r\n", "3": "_\r\n"}[proto]
-					if got := r.do("EXEC"); got != want {
-						t.Errorf("RESP%s: EXEC after the lock was taken over: %q; want %q", proto, got, want)
-					}
-					if n := e.holding(t, "lock:se", "theirs"); n != 3 {
-						t.Errorf("RESP%s: the other client's lock is on %d of 3 nodes; want 3", proto, n)
-					}
-					if err := other.Del(ctx, "lock:se").Err(); err != nil {
-						t.Fatal(err)
-					}
-					e.requireGone(t, "the other's release", "lock:se")
-				}
-				r.do("HELLO", "2")
-
-				// Expired (and not taken): nil, nothing changed.
-				if ok, err := c.SetNX(ctx, "lock:sx", "tok", 300*time.Millisecond).Result(); err != nil || !ok {
-					t.Fatalf("SET NX PX 300: %v %v", ok, err)
-				}
-				r.do("WATCH", "lock:sx")
-				time.Sleep(600 * time.Millisecond)
-				r.do("MULTI")
-				r.do("PEXPIRE", "lock:sx", "10000")
-				if got := r.do("EXEC"); got != "*-1\r\n" {
-					t.Errorf("EXEC after the lock expired: %q; want nil", got)
-				}
-				e.requireGone(t, "an expired lock not extended", "lock:sx")
-			})
-			t.Run("a key watched while free", func(t *testing.T) {
-				r := dialRaw(t, e.addr)
-				for _, st := range []struct{ args, want string }{
-					{"WATCH lock:free", "+OK\r\n"},
-					{"MULTI", "+OK\r\n"},
-					{"GET lock:free", "+QUEUED\r\n"},
-					{"EXISTS lock:free", "+QUEUED\r\n"},
-					{"DEL lock:free", "+QUEUED\r\n"},
-					{"PTTL lock:free", "+QUEUED\r\n"},
-					{"EXEC", "*4\r\n$-1\r\n:0\r\n:0\r\n:-2\r\n"},
-				} {
-					if got := r.do(strings.Fields(st.args)...); got != st.want {
-						t.Errorf("%s: %q; want %q", st.args, got, st.want)
-					}
-				}
-				r.do("WATCH", "lock:free")
-				take("lock:free", "theirs")
-				r.do("MULTI")
-				r.do("DEL", "lock:free")
-				if got := r.do("EXEC"); got != "*-1\r\n" {
-					t.Errorf("EXEC after a key watched free was taken: %q; want nil", got)
-				}
-				if n := e.holding(t, "lock:free", "theirs"); n != 3 {
-					t.Errorf("the lock taken after WATCH is on %d of 3 nodes; want 3", n)
-				}
-			})
-			t.Run("several watched keys", func(t *testing.T) {
-				r := dialRaw(t, e.addr)
-				take("lock:m1", "t1")
-				take("lock:m2", "t2")
-				for _, st := range []struct{ args, want string }{
-					{"WATCH lock:m1", "+OK\r\n"},
-					{"WATCH lock:m2 lock:m1", "+OK\r\n"},
-					{"MULTI", "+OK\r\n"},
-					{"EXISTS lock:m1 lock:m2", "+QUEUED\r\n"},
-					{"DEL lock:m1 lock:m2", "+QUEUED\r\n"},
-					{"EXEC", "*2\r\n:2\r\n:2\r\n"},
-				} {
-					if got := r.do(strings.Fields(st.args)...); got != st.want {
-						t.Errorf("%s: %q; want %q", st.args, got, st.want)
-					}
-				}
-				e.requireGone(t, "released together", "lock:m1")
-				e.requireGone(t, "released together", "lock:m2")
-				// One of them changed: nothing runs, the other stays.
-				take("lock:m1", "t1")
-				take("lock:m2", "t2")
-				r.do("WATCH", "lock:m1", "lock:m2")
-				retake(t, e, other, "lock:m2", "theirs")
-				r.do("MULTI")
-				r.do("DEL", "lock:m1", "lock:m2")
-				if got := r.do("EXEC"); got != "*-1\r\n" {
-					t.Errorf("EXEC after one of two watched keys changed: %q; want nil", got)
-				}
-				if n := e.holding(t, "lock:m1", "t1"); n != 3 {
-					t.Errorf("lock:m1 on %d of 3 nodes after the failed transaction; want 3", n)
-				}
-				if n := e.holding(t, "lock:m2", "theirs"); n != 3 {
-					t.Errorf("the other's lock:m2 on %d of 3 nodes; want 3", n)
-				}
-			})
-			t.Run("refusals and the state's end", func(t *testing.T) {
-				r := dialRaw(t, e.addr)
-				take("lock:rf", "tok")
-				for _, st := range []struct{ args, want string }{
-					{"WATCH lock:rf plain", "-ERR transparent mode: 'watch' mixes lock keys"},
-					{"WATCH lock:rf", "+OK"},
-					{"WATCH lock:rf lock:rf2", "+OK"},
-					{"WATCH plain", "-ERR transparent mode: this connection watches lock keys"},
-					{"EXEC", "-ERR EXEC without MULTI"},
-					{"MULTI", "+OK"},
-					{"MULTI", "-ERR MULTI calls can not be nested"},
-					{"WATCH lock:rf", "-ERR WATCH inside MULTI is not allowed"},
-					{"SET lock:rf x", "-ERR 'set' is not queued: a transaction after WATCH of lock keys"},
-					{"DEL lock:rf", "+QUEUED"},
-					{"EXEC", "-EXECABORT Transaction discarded because of previous errors."},
-					{"GET lock:rf", "$3\r\ntok"},
-					{"WATCH lock:rf", "+OK"},
-					{"MULTI", "+OK"},
-					{"DEL lock:other", "-ERR 'del' is not queued"},
-					{"PEXPIRE lock:rf 10 XX LT", "+QUEUED"},
-					{"PEXPIRE lock:rf 10 NX XX", "+QUEUED"}, // its error is its reply in EXEC's, as in Redis
-					{"PING", "-ERR 'ping' is not queued"},
-					{"DISCARD", "+OK"},
-					{"MULTI", "+OK"},
-					{"EXEC", "*0"},
-					{"UNWATCH", "+OK"}, // nothing watched: OK, as Redis
-					// An empty transaction runs when the watch holds.
-					{"WATCH lock:rf", "+OK"},
-					{"MULTI", "+OK"},
-					{"EXEC", "*0\r\n"},
-					{"WATCH lock:rf", "+OK"},
-					{"UNWATCH", "+OK"},
-					{"WATCH lock:rf", "+OK"},
-					{"RESET", "+RESET"},
-					{"GET lock:rf", "$3\r\ntok"},
-				} {
-					got := r.do(strings.Fields(st.args)...)
-					if !strings.HasPrefix(got, st.want) {
-						t.Errorf("%s: %q; want %q…", st.args, got, st.want)
-					}
-				}
-				e.requireHeld(t, "after the refused and discarded transactions", "lock:rf", "tok")
-				if n := e.holding(t, "lock:rf", "tok"); n != 3 {
-					t.Errorf("lock:rf on %d of 3 nodes; want 3", n)
-				}
-			})
+		t.Run("go-redis release", func(t *testing.T) {
+			take("lock:gr", "tok")
+			cmds, err := release("lock:gr", "tok", nil)
+			if err != nil {
+				t.Fatalf("Watch: %v", err)
+			}
+			if n, err := cmds[0].(*redis.IntCmd).Result(); n != 1 || err != nil {
+				t.Errorf("DEL in EXEC: %v %v; want 1", n, err)
+			}
+			e.requireGone(t, "released through WATCH/MULTI/EXEC", "lock:gr")
 		})
-	}
+		t.Run("go-redis extend", func(t *testing.T) {
+			take("lock:ge", "tok")
+			err := c.Watch(ctx, func(tx *redis.Tx) error {
+				if v, err := tx.Get(ctx, "lock:ge").Result(); err != nil || v != "tok" {
+					return fmt.Errorf("GET: %q %v", v, err)
+				}
+				cmds, err := tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+					p.PExpire(ctx, "lock:ge", 40*time.Second)
+					return nil
+				})
+				if err == nil && !cmds[0].(*redis.BoolCmd).Val() {
+					err = errors.New("PEXPIRE in EXEC answered 0")
+				}
+				return err
+			}, "lock:ge")
+			if err != nil {
+				t.Fatalf("Watch: %v", err)
+			}
+			for i, d := range e.direct {
+				if ms := d.PTTL(ctx, keyPrefix+"lock:lock:ge").Val(); ms < 30*time.Second {
+					t.Errorf("node %d: PTTL %v after the extension to 40 s", i, ms)
+				}
+			}
+			e.requireHeld(t, "extended", "lock:ge", "tok")
+		})
+		t.Run("go-redis release after the lock was taken over", func(t *testing.T) {
+			take("lock:gt", "tok")
+			_, err := release("lock:gt", "tok", func() { retake(t, e, other, "lock:gt", "theirs") })
+			if !errors.Is(err, redis.TxFailedErr) {
+				t.Errorf("Watch: %v; want %v", err, redis.TxFailedErr)
+			}
+			if n := e.holding(t, "lock:gt", "theirs"); n != 3 {
+				t.Errorf("the other client's lock is on %d of 3 nodes after the failed release; want 3", n)
+			}
+		})
+		t.Run("StackExchange.Redis LockRelease and LockExtend, byte for byte", func(t *testing.T) {
+			r := dialRaw(t, e.addr)
+			take("lock:se", "tok")
+			for _, st := range []struct{ args, want string }{
+				{"WATCH lock:se", "+OK\r\n"},
+				{"GET lock:se", "$3\r\ntok\r\n"},
+				{"MULTI", "+OK\r\n"},
+				{"PEXPIRE lock:se 30000", "+QUEUED\r\n"},
+				{"EXEC", "*1\r\n:1\r\n"},
+				{"WATCH lock:se", "+OK\r\n"},
+				{"GET lock:se", "$3\r\ntok\r\n"},
+				{"MULTI", "+OK\r\n"},
+				{"EXPIRE lock:se 30", "+QUEUED\r\n"},
+				{"EXEC", "*1\r\n:1\r\n"},
+				{"WATCH lock:se", "+OK\r\n"},
+				{"GET lock:se", "$3\r\ntok\r\n"},
+				{"MULTI", "+OK\r\n"},
+				{"DEL lock:se", "+QUEUED\r\n"},
+				{"EXEC", "*1\r\n:1\r\n"},
+				// The condition failed: the client unwatches.
+				{"WATCH lock:se", "+OK\r\n"},
+				{"GET lock:se", "$-1\r\n"},
+				{"UNWATCH", "+OK\r\n"},
+			} {
+				if got := r.do(strings.Fields(st.args)...); got != st.want {
+					t.Errorf("%s: %q; want %q", st.args, got, st.want)
+				}
+			}
+			e.requireGone(t, "LockRelease", "lock:se")
+
+			// Taken over between WATCH and EXEC: nil, RESP2 and RESP3.
+			for _, proto := range []string{"2", "3"} {
+				take("lock:se", "tok")
+				r.do("HELLO", proto)
+				r.do("WATCH", "lock:se")
+				r.do("GET", "lock:se")
+				retake(t, e, other, "lock:se", "theirs")
+				r.do("MULTI")
+				r.do("DEL", "lock:se")
+				want := map[string]string{"2": "*-1\r\n", "3": "_\r\n"}[proto]
+				if got := r.do("EXEC"); got != want {
+					t.Errorf("RESP%s: EXEC after the lock was taken over: %q; want %q", proto, got, want)
+				}
+				if n := e.holding(t, "lock:se", "theirs"); n != 3 {
+					t.Errorf("RESP%s: the other client's lock is on %d of 3 nodes; want 3", proto, n)
+				}
+				if err := other.Del(ctx, "lock:se").Err(); err != nil {
+					t.Fatal(err)
+				}
+				e.requireGone(t, "the other's release", "lock:se")
+			}
+			r.do("HELLO", "2")
+
+			// Expired (and not taken): nil, nothing changed.
+			if ok, err := c.SetNX(ctx, "lock:sx", "tok", 300*time.Millisecond).Result(); err != nil || !ok {
+				t.Fatalf("SET NX PX 300: %v %v", ok, err)
+			}
+			r.do("WATCH", "lock:sx")
+			time.Sleep(600 * time.Millisecond)
+			r.do("MULTI")
+			r.do("PEXPIRE", "lock:sx", "10000")
+			if got := r.do("EXEC"); got != "*-1\r\n" {
+				t.Errorf("EXEC after the lock expired: %q; want nil", got)
+			}
+			e.requireGone(t, "an expired lock not extended", "lock:sx")
+		})
+		t.Run("a key watched while free", func(t *testing.T) {
+			r := dialRaw(t, e.addr)
+			for _, st := range []struct{ args, want string }{
+				{"WATCH lock:free", "+OK\r\n"},
+				{"MULTI", "+OK\r\n"},
+				{"GET lock:free", "+QUEUED\r\n"},
+				{"EXISTS lock:free", "+QUEUED\r\n"},
+				{"DEL lock:free", "+QUEUED\r\n"},
+				{"PTTL lock:free", "+QUEUED\r\n"},
+				{"EXEC", "*4\r\n$-1\r\n:0\r\n:0\r\n:-2\r\n"},
+			} {
+				if got := r.do(strings.Fields(st.args)...); got != st.want {
+					t.Errorf("%s: %q; want %q", st.args, got, st.want)
+				}
+			}
+			r.do("WATCH", "lock:free")
+			take("lock:free", "theirs")
+			r.do("MULTI")
+			r.do("DEL", "lock:free")
+			if got := r.do("EXEC"); got != "*-1\r\n" {
+				t.Errorf("EXEC after a key watched free was taken: %q; want nil", got)
+			}
+			if n := e.holding(t, "lock:free", "theirs"); n != 3 {
+				t.Errorf("the lock taken after WATCH is on %d of 3 nodes; want 3", n)
+			}
+		})
+		t.Run("several watched keys", func(t *testing.T) {
+			r := dialRaw(t, e.addr)
+			take("lock:m1", "t1")
+			take("lock:m2", "t2")
+			for _, st := range []struct{ args, want string }{
+				{"WATCH lock:m1", "+OK\r\n"},
+				{"WATCH lock:m2 lock:m1", "+OK\r\n"},
+				{"MULTI", "+OK\r\n"},
+				{"EXISTS lock:m1 lock:m2", "+QUEUED\r\n"},
+				{"DEL lock:m1 lock:m2", "+QUEUED\r\n"},
+				{"EXEC", "*2\r\n:2\r\n:2\r\n"},
+			} {
+				if got := r.do(strings.Fields(st.args)...); got != st.want {
+					t.Errorf("%s: %q; want %q", st.args, got, st.want)
+				}
+			}
+			e.requireGone(t, "released together", "lock:m1")
+			e.requireGone(t, "released together", "lock:m2")
+			// One of them changed: nothing runs, the other stays.
+			take("lock:m1", "t1")
+			take("lock:m2", "t2")
+			r.do("WATCH", "lock:m1", "lock:m2")
+			retake(t, e, other, "lock:m2", "theirs")
+			r.do("MULTI")
+			r.do("DEL", "lock:m1", "lock:m2")
+			if got := r.do("EXEC"); got != "*-1\r\n" {
+				t.Errorf("EXEC after one of two watched keys changed: %q; want nil", got)
+			}
+			if n := e.holding(t, "lock:m1", "t1"); n != 3 {
+				t.Errorf("lock:m1 on %d of 3 nodes after the failed transaction; want 3", n)
+			}
+			if n := e.holding(t, "lock:m2", "theirs"); n != 3 {
+				t.Errorf("the other's lock:m2 on %d of 3 nodes; want 3", n)
+			}
+		})
+		t.Run("refusals and the state's end", func(t *testing.T) {
+			r := dialRaw(t, e.addr)
+			take("lock:rf", "tok")
+			for _, st := range []struct{ args, want string }{
+				{"WATCH lock:rf plain", "-ERR transparent mode: 'watch' mixes lock keys"},
+				{"WATCH lock:rf", "+OK"},
+				{"WATCH lock:rf lock:rf2", "+OK"},
+				{"WATCH plain", "-ERR transparent mode: this connection watches lock keys"},
+				{"EXEC", "-ERR EXEC without MULTI"},
+				{"MULTI", "+OK"},
+				{"MULTI", "-ERR MULTI calls can not be nested"},
+				{"WATCH lock:rf", "-ERR WATCH inside MULTI is not allowed"},
+				{"SET lock:rf x", "-ERR 'set' is not queued: a transaction after WATCH of lock keys"},
+				{"DEL lock:rf", "+QUEUED"},
+				{"EXEC", "-EXECABORT Transaction discarded because of previous errors."},
+				{"GET lock:rf", "$3\r\ntok"},
+				{"WATCH lock:rf", "+OK"},
+				{"MULTI", "+OK"},
+				{"DEL lock:other", "-ERR 'del' is not queued"},
+				{"PEXPIRE lock:rf 10 XX LT", "+QUEUED"},
+				{"PEXPIRE lock:rf 10 NX XX", "+QUEUED"}, // its error is its reply in EXEC's, as in Redis
+				{"PING", "-ERR 'ping' is not queued"},
+				{"DISCARD", "+OK"},
+				{"MULTI", "+OK"},
+				{"EXEC", "*0"},
+				{"UNWATCH", "+OK"}, // nothing watched: OK, as Redis
+				// An empty transaction runs when the watch holds.
+				{"WATCH lock:rf", "+OK"},
+				{"MULTI", "+OK"},
+				{"EXEC", "*0\r\n"},
+				{"WATCH lock:rf", "+OK"},
+				{"UNWATCH", "+OK"},
+				{"WATCH lock:rf", "+OK"},
+				{"RESET", "+RESET"},
+				{"GET lock:rf", "$3\r\ntok"},
+			} {
+				got := r.do(strings.Fields(st.args)...)
+				if !strings.HasPrefix(got, st.want) {
+					t.Errorf("%s: %q; want %q…", st.args, got, st.want)
+				}
+			}
+			e.requireHeld(t, "after the refused and discarded transactions", "lock:rf", "tok")
+			if n := e.holding(t, "lock:rf", "tok"); n != 3 {
+				t.Errorf("lock:rf on %d of 3 nodes; want 3", n)
+			}
+		})
+	})
 }
 
 // TestWatchTransactionWithUpstreamKeepsUpstreamWatch: a WATCH of lock keys
