@@ -14,33 +14,21 @@ import (
 // node (CLIENT KILL, Redis's timeout, a restart) is noticed before the
 // next batch, over TLS as over TCP, so the batch does not fail on it.
 func TestNodeConnKilledWhileIdle(t *testing.T) {
-	harness.RequireBinary(t, "redis-server", "redis-server")
-	ca := harness.NewTestCA(t)
-	for _, tc := range []struct {
-		name string
-		opts harness.RedisOptions
-	}{{"tcp", harness.RedisOptions{}}, {"tls", harness.RedisOptions{TLS: ca}}} {
-		t.Run(tc.name, func(t *testing.T) {
-			r := harness.StartRedis(t, tc.opts)
-			cfg := NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second, Metrics: NewMetrics(nil)}
-			if tc.opts.TLS != nil {
-				cfg.TLS = ca.ClientConfig()
-			}
-			n := NewNode(cfg)
-			defer n.Close()
-			ctx := ctxTimeout(t, 10*time.Second)
-			if _, err := n.Acquire(ctx, quorum.Request{Key: "a", Token: "t", TTL: time.Minute}); err != nil {
-				t.Fatal(err)
-			}
-			if err := r.Client(t).Do(ctx, "CLIENT", "KILL", "TYPE", "normal").Err(); err != nil {
-				t.Fatal(err)
-			}
-			time.Sleep(100 * time.Millisecond)
-			if _, err := n.Acquire(ctx, quorum.Request{Key: "b", Token: "t", TTL: time.Minute}); err != nil {
-				t.Fatalf("first Acquire after the node closed the idle connection: %v", err)
-			}
-		})
-	}
+	overTCPAndTLS(t, func(t *testing.T, r *harness.Redis, cfg NodeConfig) {
+		n := NewNode(cfg)
+		defer n.Close()
+		ctx := ctxTimeout(t, 10*time.Second)
+		if _, err := n.Acquire(ctx, quorum.Request{Key: "a", Token: "t", TTL: time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Client(t).Do(ctx, "CLIENT", "KILL", "TYPE", "normal").Err(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond)
+		if _, err := n.Acquire(ctx, quorum.Request{Key: "b", Token: "t", TTL: time.Minute}); err != nil {
+			t.Fatalf("first Acquire after the node closed the idle connection: %v", err)
+		}
+	})
 }
 
 // TestNodeTLSNoSpuriousRedial: the idle check does not take what a TLS
@@ -79,5 +67,27 @@ func TestNodeTLSNoSpuriousRedial(t *testing.T) {
 	}
 	if d := received() - before; d > 1 {
 		t.Fatalf("the node took %d new connections over 20 acquires on idle connections; want at most 1", d)
+	}
+}
+
+// overTCPAndTLS runs f as two subtests, "tcp" and "tls", each with a
+// redis-server of its own (over TLS with a test CA in the second) and a
+// NodeConfig for it: lp: keys, a 1 s node timeout.
+func overTCPAndTLS(t *testing.T, f func(t *testing.T, r *harness.Redis, cfg NodeConfig)) {
+	t.Helper()
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	ca := harness.NewTestCA(t)
+	for _, tc := range []struct {
+		name string
+		opts harness.RedisOptions
+	}{{"tcp", harness.RedisOptions{}}, {"tls", harness.RedisOptions{TLS: ca}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := harness.StartRedis(t, tc.opts)
+			cfg := NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second, Metrics: NewMetrics(nil)}
+			if tc.opts.TLS != nil {
+				cfg.TLS = ca.ClientConfig()
+			}
+			f(t, r, cfg)
+		})
 	}
 }

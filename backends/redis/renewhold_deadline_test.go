@@ -26,12 +26,7 @@ import (
 // validity it had last answered ended.
 func TestRenewHoldAnsweredByItsDeadline(t *testing.T) {
 	const timeout = 250 * time.Millisecond // node_timeout_max's default
-	b, rs := newRealBackend(t, 3, func(c *Config) {
-		c.Quorum.TimeoutMax = timeout
-		for i := range c.Nodes {
-			c.Nodes[i].Timeout = timeout
-		}
-	})
+	b, rs := newRealBackend(t, 3, nodeTimeouts(timeout))
 	ctx := ctxTimeout(t, 30*time.Second)
 	WarmUp(ctx, t, b, rs, "rhd-warm", 10*time.Second)
 	const key = "renew-hold-deadline"

@@ -22,12 +22,7 @@ import (
 // node by default), took about 2 s with one node of three silent.
 func TestUnlockHoldKeepsOtherOpsWithinNodeTimeout(t *testing.T) {
 	const timeout = 250 * time.Millisecond // node_timeout_max's default
-	b, rs := newRealBackend(t, 3, func(c *Config) {
-		c.Quorum.TimeoutMax = timeout
-		for i := range c.Nodes {
-			c.Nodes[i].Timeout = timeout
-		}
-	})
+	b, rs := newRealBackend(t, 3, nodeTimeouts(timeout))
 	ctx := ctxTimeout(t, 30*time.Second)
 	const key = "unlock-hold-silent"
 	WarmUp(ctx, t, b, rs, "uhs-warm", 10*time.Second)
@@ -58,5 +53,16 @@ func TestUnlockHoldKeepsOtherOpsWithinNodeTimeout(t *testing.T) {
 	if limit := 2*timeout + 250*time.Millisecond; took > limit {
 		t.Fatalf("reentrant LOCK with one node silent behind a background release answered after %v; want within %v (two node timeouts and slack)",
 			took.Round(time.Millisecond), limit)
+	}
+}
+
+// nodeTimeouts configures a newRealBackend's quorum and every node for a
+// node timeout of timeout, as node_timeout_max does in production.
+func nodeTimeouts(timeout time.Duration) func(*Config) {
+	return func(c *Config) {
+		c.Quorum.TimeoutMax = timeout
+		for i := range c.Nodes {
+			c.Nodes[i].Timeout = timeout
+		}
 	}
 }
