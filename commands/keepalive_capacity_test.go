@@ -28,6 +28,12 @@ func TestKeepaliveRenewalsPipelined(t *testing.T) {
 	if testing.Short() {
 		t.Skip("takes and holds 10,000 locks, about 6 s")
 	}
+	if raceDetector {
+		// A capacity figure: under the race detector the grants alone
+		// take 25-48 s here, and thousands of renewals miss their node
+		// timeouts (also before the batching writers it measures).
+		t.Skip("a capacity test: not under the race detector")
+	}
 	const (
 		n   = maxKeepalivePerConn
 		ttl = 2 * time.Second
