@@ -103,16 +103,6 @@ func TestConcurrentPooledUnlocksOfReentrantKeepalive(t *testing.T) {
 // reentrant LOCK … TOKEN tok KEEPALIVE does: c's watchdog counts two holds.
 func keepTwice(ctx context.Context, t *testing.T, k *keepalives, be backends.Backend, c *testConn, key, tok string, ttl time.Duration) {
 	t.Helper()
-	for i := 1; i <= 2; i++ {
-		start := time.Now()
-		l, err := be.Lock(ctx, backends.LockRequest{Key: key, Token: tok, TTL: ttl})
-		if err != nil {
-			t.Fatalf("LOCK %d: %v", i, err)
-		}
-		g := grantTiming{sent: start, validity: l.Validity, begun: start, holds: l.Holds}
-		if !k.grantedGrant(c.ctx, c.ka, key, tok, backends.Write, true, ttl, 0, g) &&
-			!k.startGrant(c.ctx, c.ka, key, tok, ttl, 0, backends.Write, true, g) {
-			t.Fatalf("LOCK %d not kept", i)
-		}
-	}
+	keepOnce(ctx, t, k, be, c, key, tok, ttl)
+	keepOnce(ctx, t, k, be, c, key, tok, ttl)
 }
