@@ -117,6 +117,9 @@ type Backend struct {
 	listening atomic.Bool
 	wakeups   atomic.Int64
 	swept     atomic.Int64
+	// retries counts the statements rerun ran again, by what they were
+	// for and the SQLSTATE (retryCodes) that rolled them back.
+	retries [numRetryOps][len(retryCodes)]atomic.Int64
 
 	mu      sync.Mutex
 	closed  bool
@@ -256,7 +259,9 @@ func New(cfg Config) (*Backend, error) {
 // alter the tables runs on tables an owner made.
 func (b *Backend) setup(ctx context.Context) error {
 	var server string
-	if err := b.pool.QueryRow(ctx, `SELECT current_setting('server_encoding')`).Scan(&server); err != nil {
+	if err := b.rerun(ctx, opSetup, func() error {
+		return b.pool.QueryRow(ctx, `SELECT current_setting('server_encoding')`).Scan(&server)
+	}); err != nil {
 		return fmt.Errorf("postgres: %s: %s: %w", b.addr, reason(err), err)
 	}
 	b.asciiOnly = !rawTextSafe(server)
@@ -266,12 +271,14 @@ func (b *Backend) setup(ctx context.Context) error {
 	}
 	q, args := b.n.schemaStateSQL()
 	var tables, indexes, keyed bool
-	if err := b.pool.QueryRow(ctx, q, args...).Scan(&tables, &indexes, &keyed); err != nil {
+	if err := b.rerun(ctx, opSetup, func() error {
+		return b.pool.QueryRow(ctx, q, args...).Scan(&tables, &indexes, &keyed)
+	}); err != nil {
 		return fmt.Errorf("postgres: %s: %s: %w", b.addr, reason(err), err)
 	}
 	if tables {
 		// Before any upgrade: one refused leaves the tables as they were.
-		if err := b.checkIndexes(ctx, b.pool); err != nil {
+		if err := b.rerun(ctx, opSetup, func() error { return b.checkIndexes(ctx, b.pool) }); err != nil {
 			return err
 		}
 	}
@@ -310,7 +317,7 @@ func (b *Backend) setup(ctx context.Context) error {
 	}
 	// CREATE SEQUENCE IF NOT EXISTS keeps a sequence made beforehand, with
 	// whatever cache or cycle it has.
-	return b.checkSequence(ctx)
+	return b.rerun(ctx, opSetup, func() error { return b.checkSequence(ctx) })
 }
 
 // makeSchema creates what is missing, checks the unique indexes fit
@@ -321,16 +328,11 @@ func (b *Backend) setup(ctx context.Context) error {
 // together do not trip over each other's CREATE … IF NOT EXISTS or
 // migrate twice. Rows held across it stay, with their fences: only the
 // indexes and keys change. A transaction rolled back for a deadlock (an earlier
-// version's grant running on the tables) is tried again, a few times.
+// version's grant running on the tables) is run again (rerun).
 func (b *Backend) makeSchema(ctx context.Context) error {
-	var err error
-	for range 3 {
-		if err = pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{}, b.makeSchemaTx(ctx)); !retryable(err) {
-			return err
-		}
-		b.log.Info("postgres: making the lock tables rolled back; trying again", zap.Error(err))
-	}
-	return err
+	return b.rerun(ctx, opSetup, func() error {
+		return pgx.BeginTxFunc(ctx, b.pool, pgx.TxOptions{}, b.makeSchemaTx(ctx))
+	})
 }
 
 func (b *Backend) makeSchemaTx(ctx context.Context) func(pgx.Tx) error {
@@ -447,7 +449,12 @@ func (b *Backend) Ready(ctx context.Context) error {
 	defer cancel()
 	var readOnly, mayWrite bool
 	var holds, waiters bool // whether rows exist: unused, the reads are the check
-	if err := b.pool.QueryRow(octx, b.n.readySQL(), b.n.holds, b.n.waiters, b.n.fences).Scan(&readOnly, &mayWrite, &holds, &waiters); err != nil {
+	// At serializable, the reads of both tables are rolled back (40001)
+	// now and then beside grants and releases: run again (rerun), or
+	// /readyz sent clients away from a working instance.
+	if err := b.rerun(octx, opReady, func() error {
+		return b.pool.QueryRow(octx, b.n.readySQL(), b.n.holds, b.n.waiters, b.n.fences).Scan(&readOnly, &mayWrite, &holds, &waiters)
+	}); err != nil {
 		return b.fail(ctx, err)
 	}
 	switch {
@@ -735,51 +742,10 @@ func (b *Backend) enterRowGate(ctx context.Context, key string) (release func(),
 // one that waited for a row another transaction updated (a renewal or a
 // release of the same token, a reentry) fails with SQLSTATE 40001 and is
 // rolled back, with nothing applied, so it is run again, within ctx
-// (rerun). (The isolation is not set at connect: PgBouncer refuses
-// startup parameters it does not know, and a session's SET does not stay
-// with a client through it.)
-func (b *Backend) rowStatement(ctx context.Context, key string, run func(noWait bool) error) error {
-	return b.rerun(ctx, func() error { return b.rowStatementOnce(ctx, key, run) })
+// (rerun, counted under op).
+func (b *Backend) rowStatement(ctx context.Context, op retryOp, key string, run func(noWait bool) error) error {
+	return b.rerun(ctx, op, func() error { return b.rowStatementOnce(ctx, key, run) })
 }
-
-// rerun runs f, one statement run at the session's default isolation, and
-// runs it again while the database rolls it back for a serialization
-// failure or a deadlock (retryable: nothing of it stays), for as long as
-// ctx lasts, after a jittered pause that grows with each run (up to
-// rerunPauseMax), so that the transactions that rolled each other back
-// do not meet again. On a database whose default_transaction_isolation is
-// repeatable read or serializable, a statement that waited for a row
-// another transaction updated fails so once that commits, and at
-// serializable one beside others on the same rows (page-grained: on the
-// same table, with few rows) fails so whenever their reads and writes
-// cross; run again, it succeeds. Not a fixed number of runs: on a key
-// that several clients renew and release, now and then a statement is
-// rolled back three times in a row, and UNLOCK and RENEW then answered
-// an error though the next run would have gone through.
-func (b *Backend) rerun(ctx context.Context, f func() error) error {
-	for runs := 1; ; runs++ {
-		err := f()
-		if !retryable(err) || ctx.Err() != nil {
-			return err
-		}
-		b.log.Debug("postgres: statement rolled back; running it again", zap.Error(err), zap.Int("runs", runs))
-		t := time.NewTimer(rand.N(min(rerunPauseMin<<min(runs, 16), rerunPauseMax)))
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
-			return err
-		}
-	}
-}
-
-// rerunPauseMin and rerunPauseMax bound the growth of the longest pause
-// before a rolled-back statement is run again (rerun): up to 2 ms after
-// the first run, doubling each run, up to 50 ms.
-const (
-	rerunPauseMin = time.Millisecond
-	rerunPauseMax = 50 * time.Millisecond
-)
 
 func (b *Backend) rowStatementOnce(ctx context.Context, key string, run func(noWait bool) error) error {
 	err := run(true)
@@ -886,27 +852,23 @@ func (b *Backend) try(ctx context.Context, req backends.LockRequest, marker stri
 	}
 	var act action
 	var granted bool // a first hold was inserted: fence is its row's
-	for attempt := 0; ; attempt++ {
+	// A deadlock or serialization failure rolls the whole transaction
+	// back (nothing was granted): it is run again within the same
+	// deadline (rerun).
+	err = b.rerun(ctx, opLock, func() (err error) {
 		act, granted, lease, left, err = b.attempt(ctx, req, marker, how, start, redo)
-		if how == lockQueue && lockNotAvailable(err) && ctx.Err() == nil {
-			// queueLockTimeout ran out (rolled back: nothing to take back).
-			return backends.Lease{}, 0, nil, errKeyBusy
-		}
-		if errors.Is(err, errLate) {
-			// Rolled back: nothing to take back.
-			return backends.Lease{}, 0, nil, backends.ErrNotAcquired
-		}
-		if err == nil {
-			break
-		}
-		if attempt == 0 && retryable(err) && ctx.Err() == nil {
-			// A deadlock or serialization failure rolled the whole
-			// transaction back (nothing was granted): try once more within
-			// the same deadline.
-			b.log.Debug("postgres: lock try rolled back; retrying once", zap.Error(err))
-			continue
-		}
-		if granted && !retryable(err) {
+		return err
+	})
+	if how == lockQueue && lockNotAvailable(err) && ctx.Err() == nil {
+		// queueLockTimeout ran out (rolled back: nothing to take back).
+		return backends.Lease{}, 0, nil, errKeyBusy
+	}
+	if errors.Is(err, errLate) {
+		// Rolled back: nothing to take back.
+		return backends.Lease{}, 0, nil, backends.ErrNotAcquired
+	}
+	if err != nil {
+		if _, rolled := rolledBack(err); granted && !rolled {
 			// The commit's outcome is unknown: drop the row if it is there,
 			// as the caller is told the lock was not granted.
 			lost = &lostGrant{fence: lease.Fence, done: b.dropGrant(req, lease.Fence)}
@@ -1075,14 +1037,6 @@ func lockNotAvailable(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "55P03"
 }
 
-// retryable reports a transaction the database rolled back for a
-// deadlock or a serialization failure (SQLSTATE class 40): nothing of it
-// stays, and running it again may well succeed.
-func retryable(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && strings.HasPrefix(pe.Code, "40")
-}
-
 // readTryLock reads a retry's first batch: pre SET LOCALs, whether the
 // key's advisory lock was taken, and what follows.
 func readTryLock(br pgx.BatchResults, pre int) (locked, heldBack bool, err error) {
@@ -1197,35 +1151,44 @@ func scanHeldRows(rs pgx.Rows) ([]row, rowIDs, error) {
 // The channel gets its answer (errClosed when the backend is closed;
 // errTakeBackUnknown, wrapped, when its COMMIT failed: it may have been
 // applied).
+//
+// A transaction rolled back before its COMMIT (a deadlock) is run again
+// (rerun); one whose COMMIT failed never is: it may have taken the hold,
+// and a second run would take one that a LOCK of the same token joined.
 func (b *Backend) dropGrant(req backends.LockRequest, fence uint64) <-chan error {
 	done := make(chan error, 1)
 	started := b.background(func(ctx context.Context) (err error) {
 		defer func() { done <- err }()
-		tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
-		if err != nil {
-			return err
-		}
-		defer func() { _ = tx.Rollback(ctx) }() // after Commit: nothing
-		if _, err := tx.Exec(ctx, b.idleTxSQL); err != nil {
-			return err
-		}
-		if _, err := tx.Exec(ctx, b.n.lockKeySQL(), req.Key); err != nil {
-			return err
-		}
-		// One hold, not the row: a LOCK of the same token may have
-		// joined the row (a reentry) since, and was told it holds.
-		if _, err := tx.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(fence)); err != nil {
-			return err
-		}
-		if err := tx.Commit(ctx); err != nil {
-			return fmt.Errorf("%w: %w", errTakeBackUnknown, err)
-		}
-		return nil
+		return b.rerun(ctx, opTakeBack, func() error { return b.dropGrantTx(ctx, req, fence) })
 	})
 	if !started {
 		done <- errClosed
 	}
 	return done
+}
+
+// dropGrantTx is one run of dropGrant's transaction.
+func (b *Backend) dropGrantTx(ctx context.Context, req backends.LockRequest, fence uint64) error {
+	tx, err := b.pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.ReadCommitted})
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(ctx) }() // after Commit: nothing
+	if _, err := tx.Exec(ctx, b.idleTxSQL); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, b.n.lockKeySQL(), req.Key); err != nil {
+		return err
+	}
+	// One hold, not the row: a LOCK of the same token may have joined
+	// the row (a reentry) since, and was told it holds.
+	if _, err := tx.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(fence)); err != nil {
+		return err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return fmt.Errorf("%w: %w", errTakeBackUnknown, err)
+	}
+	return nil
 }
 
 // errTakeBackUnknown is a take-back (dropGrant) whose COMMIT failed: the
@@ -1245,7 +1208,7 @@ func (b *Backend) dropReentry(req backends.LockRequest, fence uint64) {
 		// Run again when rolled back (rerun): at serializable it fails
 		// whenever the holder's RENEW updated the row while it waited,
 		// and the token would keep the hold its holder was not told of.
-		return b.rerun(ctx, func() error {
+		return b.rerun(ctx, opTakeBack, func() error {
 			_, err := b.pool.Exec(ctx, b.n.dropHoldSQL(), req.Key, req.Token, int16(req.Mode), int64(fence))
 			return err
 		})
@@ -1257,11 +1220,19 @@ func (b *Backend) op(ctx context.Context) (context.Context, context.CancelFunc) 
 	return context.WithTimeout(ctx, b.cfg.OpTimeout)
 }
 
-// markWriter records or refreshes a waiting writer's marker.
+// markWriter records or refreshes a waiting writer's marker. Run again
+// when rolled back (rerun): at serializable, its commit beside others
+// that read and wrote the waiting writers (other waiters' markers set and
+// removed, the sweep) fails now and then, and the writer went on waiting
+// without its marker, new readers let in ahead of it, or answered
+// -NOQUORUM … transaction rolled back if its WAIT ended then.
 func (b *Backend) markWriter(ctx context.Context, key, marker string) error {
 	octx, cancel := b.op(ctx)
 	defer cancel()
-	if _, err := b.pool.Exec(octx, b.n.markWriterSQL(), key, marker, writerMarkTTL.Milliseconds()); err != nil {
+	if err := b.rerun(octx, opMarkWriter, func() error {
+		_, err := b.pool.Exec(octx, b.n.markWriterSQL(), key, marker, writerMarkTTL.Milliseconds())
+		return err
+	}); err != nil {
 		return b.fail(ctx, err)
 	}
 	return nil
@@ -1281,7 +1252,7 @@ func (b *Backend) unmarkWriter(ctx context.Context, key, marker string) {
 		defer close(done)
 		// Run again when rolled back (rerun): left, the marker would hold
 		// new readers back until it expires, behind no writer.
-		if err := b.rerun(bctx, func() error {
+		if err := b.rerun(bctx, opUnmarkWriter, func() error {
 			_, err := b.pool.Exec(bctx, b.n.unmarkWriterNotifySQL(), key, marker)
 			return err
 		}); err != nil {
@@ -1331,7 +1302,7 @@ func (b *Backend) Unlock(ctx context.Context, key, token string) (bool, error) {
 	octx, cancel := b.op(ctx)
 	defer cancel()
 	var before, notified int64
-	err := b.rowStatement(octx, b.text(key), func(noWait bool) error {
+	err := b.rowStatement(octx, opRelease, b.text(key), func(noWait bool) error {
 		q := b.n.releaseSQL()
 		if noWait {
 			q = b.n.releaseNoWaitSQL()
@@ -1356,7 +1327,7 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	octx, cancel := b.op(ctx)
 	defer cancel()
 	var tag pgconn.CommandTag
-	err := b.rowStatement(octx, b.text(key), func(noWait bool) (err error) {
+	err := b.rowStatement(octx, opRenew, b.text(key), func(noWait bool) (err error) {
 		q := b.n.renewSQL()
 		if noWait {
 			q = b.n.renewNoWaitSQL()
@@ -1394,7 +1365,7 @@ func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backen
 	octx, cancel := b.op(ctx)
 	defer cancel()
 	var before, notified int64
-	err := b.rowStatement(octx, b.text(key), func(noWait bool) error {
+	err := b.rowStatement(octx, opRelease, b.text(key), func(noWait bool) error {
 		q := b.n.releaseHoldSQL()
 		if noWait {
 			q = b.n.releaseHoldNoWaitSQL()
@@ -1421,7 +1392,7 @@ func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backend
 	octx, cancel := b.op(ctx)
 	defer cancel()
 	var tag pgconn.CommandTag
-	err := b.rowStatement(octx, b.text(key), func(noWait bool) (err error) {
+	err := b.rowStatement(octx, opRenew, b.text(key), func(noWait bool) (err error) {
 		q := b.n.renewHoldSQL()
 		if noWait {
 			q = b.n.renewHoldNoWaitSQL()
@@ -1439,20 +1410,27 @@ func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backend
 }
 
 // Info implements backends.Backend. It reads without the key's lock: one
-// statement sees one snapshot.
+// statement sees one snapshot. At serializable, that read is rolled back
+// (SQLSTATE 40001, "canceled on conflict out to pivot") now and then
+// beside the key's grants, renewals and releases: it is run again (rerun).
 func (b *Backend) Info(ctx context.Context, key string) (backends.LockInfo, bool, error) {
 	if err := b.usable(); err != nil {
 		return backends.LockInfo{}, false, err
 	}
 	key = b.text(key)
-	start := time.Now()
 	octx, cancel := b.op(ctx)
 	defer cancel()
-	rs, err := b.pool.Query(octx, b.n.liveHoldersSQL(), key)
-	if err != nil {
-		return backends.LockInfo{}, false, b.fail(ctx, err)
-	}
-	rows, err := scanRows(rs)
+	var rows []row
+	var start time.Time // of the run whose rows are shown
+	err := b.rerun(octx, opInfo, func() error {
+		start = time.Now()
+		rs, err := b.pool.Query(octx, b.n.liveHoldersSQL(), key)
+		if err != nil {
+			return err
+		}
+		rows, err = scanRows(rs)
+		return err
+	})
 	if err != nil {
 		return backends.LockInfo{}, false, b.fail(ctx, err)
 	}
@@ -1606,7 +1584,10 @@ func (b *Backend) listenOnce() (listened time.Time, err error) {
 	// the connection (many minutes), not listening all that while, and
 	// every waiter polling the database meanwhile.
 	lctx, lcancel := context.WithTimeout(b.ctx, b.cfg.OpTimeout)
-	_, err = conn.Exec(lctx, "LISTEN "+b.n.channelIdent)
+	err = b.rerun(lctx, opListen, func() error {
+		_, err := conn.Exec(lctx, "LISTEN "+b.n.channelIdent)
+		return err
+	})
 	lcancel()
 	if err != nil {
 		return time.Time{}, fmt.Errorf("LISTEN: %w", err)
@@ -1687,7 +1668,7 @@ func (b *Backend) sweepOnce(table string) (n int64, err error) {
 	ctx, cancel := context.WithTimeout(b.ctx, cleanupTimeout)
 	defer cancel()
 	var keys int64
-	err = b.rerun(ctx, func() error {
+	err = b.rerun(ctx, opSweep, func() error {
 		return b.pool.QueryRow(ctx, b.n.sweepSQL(table), sweepBatch).Scan(&n, &keys)
 	})
 	return n, err

@@ -14,6 +14,10 @@ var (
 		[]string{"state"}, nil)
 	acquireWaitDesc = prometheus.NewDesc("lockproxy_postgres_pool_acquire_wait_seconds_total",
 		"Time operations waited for a pool connection: when it grows fast, postgres.pool_size is too small for the load.", nil, nil)
+	retriesDesc = prometheus.NewDesc("lockproxy_postgres_statement_retries_total",
+		"Statements and transactions run again after the database rolled them back, by op (what they were for) and sqlstate: "+
+			"40001 (serialization failure, under a repeatable read or serializable default_transaction_isolation) or 40P01 (deadlock).",
+		[]string{"op", "sqlstate"}, nil)
 )
 
 // collector reads the backend's state at each scrape; nothing on the lock
@@ -21,11 +25,12 @@ var (
 type collector struct{ b *Backend }
 
 // Collector exports the listening connection, the wake-ups and sweeps,
-// and the pool's use.
+// the pool's use, and the statements run again (every op and SQLSTATE,
+// from 0: fixed labels, never a key or a token).
 func (b *Backend) Collector() prometheus.Collector { return collector{b} }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{listeningDesc, wakeupsDesc, sweptDesc, poolDesc, acquireWaitDesc} {
+	for _, d := range []*prometheus.Desc{listeningDesc, wakeupsDesc, sweptDesc, poolDesc, acquireWaitDesc, retriesDesc} {
 		ch <- d
 	}
 }
@@ -43,4 +48,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(poolDesc, prometheus.GaugeValue, float64(st.IdleConns()), "idle")
 	ch <- prometheus.MustNewConstMetric(poolDesc, prometheus.GaugeValue, float64(st.MaxConns()), "max")
 	ch <- prometheus.MustNewConstMetric(acquireWaitDesc, prometheus.CounterValue, st.AcquireDuration().Seconds())
+	for op := range numRetryOps {
+		for i, code := range retryCodes {
+			ch <- prometheus.MustNewConstMetric(retriesDesc, prometheus.CounterValue, float64(c.b.retries[op][i].Load()), op.String(), code)
+		}
+	}
 }
