@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/relay"
@@ -504,6 +505,7 @@ func (h *Handler) lockExec(s *resp.Session, lw *lockWatch) {
 	for i := range keyAt {
 		keyAt[i] = 3 + i
 	}
+	began := time.Now()
 	rs := h.fanout.Run(s.Context(), cmd, keyAt, readOnly)
 	v, aborted, err := decideExec(rs, h.fanout.NodeCount(), ttl)
 	switch {
@@ -512,7 +514,47 @@ func (h *Handler) lockExec(s *resp.Session, lw *lockWatch) {
 	case aborted:
 		s.W.NullArray()
 	default:
-		writeValue(s.W, withFailed(lw.ops, v))
+		out := withFailed(lw.ops, v)
+		h.countExec(lw, out, began)
+		writeValue(s.W, out)
+	}
+}
+
+// countExec brings the locks counted here (heldLocks) up to date with a
+// lock-key transaction begun at began that a majority ran (out: its
+// replies, one per queued command): there each watched key still held
+// the value WATCH saw, so a DEL or UNLINK released that value's lock and
+// a PEXPIRE or EXPIRE that answered 1 renewed it (StackExchange.Redis's
+// LockRelease and LockExtend).
+func (h *Handler) countExec(lw *lockWatch, out any, began time.Time) {
+	replies, ok := out.([]any)
+	if !ok || len(replies) != len(lw.ops) {
+		return
+	}
+	for i, op := range lw.ops {
+		if op.fail != "" {
+			continue
+		}
+		switch op.name {
+		case "del", "unlink":
+			if _, ok := replies[i].(int64); ok {
+				for _, k := range op.keys {
+					h.held.keyGone(lw.keys[k], began)
+				}
+			}
+		case "pexpire", "expire":
+			if n, ok := replies[i].(int64); !ok || n != 1 || len(op.keys) != 1 || len(op.args) == 0 {
+				continue
+			}
+			k := op.keys[0]
+			ttl := expireTTL(op.name, []byte(op.args[0]))
+			switch {
+			case ttl <= 0:
+				h.held.keyGone(lw.keys[k], began)
+			case lw.vals[k] != nil:
+				h.held.keyHolds(lw.keys[k], *lw.vals[k], ttl, began)
+			}
+		}
 	}
 }
 

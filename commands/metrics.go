@@ -93,11 +93,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 // a lock lost or left to expire is never released, so memory and the
 // gauge follow the number of live locks.
 type heldLocks struct {
-	mu   sync.Mutex
-	m    map[heldKey]heldLock
-	met  *metrics
-	stop chan struct{}
-	done chan struct{}
+	mu sync.Mutex
+	m  map[heldKey]heldLock
+	// byKey indexes m's tokens by key, for the transparent releases and
+	// renewals, which name a key and not the token that holds it.
+	byKey map[string]map[string]struct{}
+	met   *metrics
+	stop  chan struct{}
+	done  chan struct{}
 }
 
 type heldKey struct{ key, token string }
@@ -109,6 +112,10 @@ type heldLock struct {
 	// as its read hold), so one time serves them all.
 	expires time.Time
 	holds   [2]int // by backends.Mode
+	// counted is when the lock's last grant was counted: a transparent
+	// release or renewal begun before it cannot have ended or renewed
+	// that grant, and leaves the lock to its lease.
+	counted time.Time
 }
 
 func newHeldLocks(m *metrics) *heldLocks {
@@ -133,8 +140,141 @@ func (h *heldLocks) granted(key, token string, mode backends.Mode, ttl time.Dura
 		l.expires = e
 	}
 	l.holds[mode]++
+	l.counted = now
+	h.put(k, l)
+}
+
+// acquired counts a lock granted by a transparent acquisition (SET … NX
+// PX, a SET or script that wrote a new value): the key holds token alone,
+// with ttl, so a lock of key by token still counted here had ended (its
+// lease ran out, or it was released elsewhere) and is ended now.
+func (h *heldLocks) acquired(key, token string, ttl time.Duration) {
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	k := heldKey{key, token}
+	if l, ok := h.m[k]; ok {
+		h.end(k, l, now)
+	}
+	h.put(k, heldLock{since: now, expires: now.Add(ttl), holds: [2]int{backends.Write: 1}, counted: now})
+}
+
+// put stores l as k's lock. h.mu is held.
+func (h *heldLocks) put(k heldKey, l heldLock) {
+	if _, ok := h.m[k]; !ok {
+		if h.byKey == nil {
+			h.byKey = map[string]map[string]struct{}{}
+		}
+		ts := h.byKey[k.key]
+		if ts == nil {
+			ts = map[string]struct{}{}
+			h.byKey[k.key] = ts
+		}
+		ts[k.token] = struct{}{}
+	}
 	h.m[k] = l
 	h.met.locksHeld.Set(float64(len(h.m)))
+}
+
+// end takes k's lock off, observing its holding time: until now, or until
+// its lease ran out if that was before. h.mu is held.
+func (h *heldLocks) end(k heldKey, l heldLock, now time.Time) {
+	until := now
+	if l.expires.Before(now) {
+		until = l.expires
+	}
+	h.met.heldDuration.Observe(until.Sub(l.since).Seconds())
+	h.drop(k)
+}
+
+// drop removes k. h.mu is held.
+func (h *heldLocks) drop(k heldKey) {
+	delete(h.m, k)
+	if ts := h.byKey[k.key]; ts != nil {
+		delete(ts, k.token)
+		if len(ts) == 0 {
+			delete(h.byKey, k.key)
+		}
+	}
+	h.met.locksHeld.Set(float64(len(h.m)))
+}
+
+// tracks reports whether a lock of any of keys is counted.
+func (h *heldLocks) tracks(keys []string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, k := range keys {
+		if len(h.byKey[k]) > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// keyGone ends every lock of key counted before since: a transparent
+// command begun then (a DEL, UNLINK, a PEXPIRE of no time, a script)
+// left the key missing on a majority of the nodes, which no lock of it
+// outlives. A grant counted after since may have landed after that
+// command, and is left to its release or its lease.
+func (h *heldLocks) keyGone(key string, since time.Time) {
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for tok := range h.byKey[key] {
+		k := heldKey{key, tok}
+		if l := h.m[k]; l.counted.Before(since) {
+			h.end(k, l, now)
+		}
+	}
+}
+
+// keyHolds records what a transparent command begun at since left in key
+// on a majority of the nodes: value, with ttl left (negative: unknown).
+// The lock of key by that value is renewed to ttl as a RENEW would (a
+// compare-and-expire script, a SET … XX PX of the same value); a write
+// lock of another token counted before since is over, as the key holds
+// another value. Read holds are left as they are: the key then holds the
+// readers' marker, no token.
+func (h *heldLocks) keyHolds(key, value string, ttl time.Duration, since time.Time) {
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for tok := range h.byKey[key] {
+		k := heldKey{key, tok}
+		l := h.m[k]
+		switch {
+		case tok == value:
+			if ttl >= 0 {
+				h.renewLocked(k, l, now.Add(ttl))
+			}
+		case l.counted.Before(since) && l.holds[backends.Read] == 0:
+			h.end(k, l, now)
+		}
+	}
+}
+
+// keyRenewed renews every lock of key whose lease has not run out to ttl
+// from now, as a RENEW would: a transparent PEXPIRE or EXPIRE set the
+// key's TTL on a majority, for whichever token holds it. One whose lease
+// ran out is no longer the holder, and is left to the sweep.
+func (h *heldLocks) keyRenewed(key string, ttl time.Duration) {
+	now := time.Now()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for tok := range h.byKey[key] {
+		k := heldKey{key, tok}
+		if l := h.m[k]; l.expires.After(now) {
+			h.renewLocked(k, l, now.Add(ttl))
+		}
+	}
+}
+
+// renewLocked sets k's lease to end at e, as renewed does. h.mu is held.
+func (h *heldLocks) renewLocked(k heldKey, l heldLock, e time.Time) {
+	if l.holds[backends.Write] == 0 || l.holds[backends.Read] == 0 || e.After(l.expires) {
+		l.expires = e
+	}
+	h.m[k] = l
 }
 
 // renewed sets the lease of key held by token to ttl from now. With holds
@@ -145,11 +285,7 @@ func (h *heldLocks) renewed(key, token string, ttl time.Duration) {
 	defer h.mu.Unlock()
 	k := heldKey{key, token}
 	if l, ok := h.m[k]; ok {
-		e := time.Now().Add(ttl)
-		if l.holds[backends.Write] == 0 || l.holds[backends.Read] == 0 || e.After(l.expires) {
-			l.expires = e
-		}
-		h.m[k] = l
+		h.renewLocked(k, l, time.Now().Add(ttl))
 	}
 }
 
@@ -203,8 +339,7 @@ func (h *heldLocks) release(key, token string, mode backends.Mode) {
 		return
 	}
 	h.met.heldDuration.Observe(time.Since(l.since).Seconds())
-	delete(h.m, k)
-	h.met.locksHeld.Set(float64(len(h.m)))
+	h.drop(k)
 }
 
 func (h *heldLocks) count() int {
@@ -235,7 +370,7 @@ func (h *heldLocks) expire(now time.Time) {
 	for k, l := range h.m {
 		if now.After(l.expires) {
 			h.met.heldDuration.Observe(l.expires.Sub(l.since).Seconds())
-			delete(h.m, k)
+			h.drop(k)
 		}
 	}
 	h.met.locksHeld.Set(float64(len(h.m)))

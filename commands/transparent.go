@@ -249,7 +249,7 @@ func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
 				s.W.Error(err.Error())
 				return
 			}
-			h.tRun(s, args, []int{1}, name != "get", true)
+			h.tRun(s, args, []int{1}, name != "get", true, nil)
 		})
 	case "exists", "del", "unlink":
 		switch h.classify(args[1:]) {
@@ -270,7 +270,11 @@ func (h *Handler) transparent(s *resp.Session, args [][]byte) bool {
 			h.tCount(s, name, func() { h.tRunEachKey(s, args, name == "exists") })
 			return true
 		}
-		h.tCount(s, name, func() { h.tRun(s, args, keys, false, name == "exists") })
+		var done func(any, error, time.Time)
+		if name != "exists" {
+			done = h.keyGoneAfter(args[1])
+		}
+		h.tCount(s, name, func() { h.tRun(s, args, keys, false, name == "exists", done) })
 	case "pexpire", "expire":
 		if !h.isLockKey(args[1]) {
 			return false
@@ -337,12 +341,14 @@ func mixedError(name string) string {
 }
 
 // tRun runs args on every node and replies what a majority agrees on
-// (for PTTL and TTL, by agreeTTL).
-func (h *Handler) tRun(s *resp.Session, args [][]byte, keys []int, ttl, readOnly bool) {
+// (for PTTL and TTL, by agreeTTL). done, when not nil, is told the
+// agreement and when the command began, before the reply is written.
+func (h *Handler) tRun(s *resp.Session, args [][]byte, keys []int, ttl, readOnly bool, done func(v any, err error, began time.Time)) {
 	if h.fanout == nil {
 		s.W.Error(errTransparentFanout)
 		return
 	}
+	began := time.Now()
 	rs := h.fanout.Run(s.Context(), strs(args), keys, readOnly)
 	var v any
 	var err error
@@ -351,7 +357,21 @@ func (h *Handler) tRun(s *resp.Session, args [][]byte, keys []int, ttl, readOnly
 	} else {
 		v, err = agree(rs, h.fanout.NodeCount())
 	}
+	if done != nil {
+		done(v, err, began)
+	}
 	h.tReply(s, strings.ToLower(string(args[0])), v, err)
+}
+
+// keyGoneAfter is tRun's done for DEL and UNLINK of key: an integer shared
+// by a majority (1: deleted, 0: already missing) leaves the key missing
+// on that majority, so the locks of it counted here are over.
+func (h *Handler) keyGoneAfter(key []byte) func(any, error, time.Time) {
+	return func(v any, err error, began time.Time) {
+		if _, ok := v.(int64); ok && err == nil {
+			h.held.keyGone(string(key), began)
+		}
+	}
 }
 
 // tRunEachKey runs EXISTS, DEL or UNLINK once per key, each on every node
@@ -365,6 +385,7 @@ func (h *Handler) tRunEachKey(s *resp.Session, args [][]byte, readOnly bool) {
 		return
 	}
 	name := strings.ToLower(string(args[0]))
+	began := time.Now()
 	rs := h.fanout.RunEach(s.Context(), name, strs(args[1:]), readOnly)
 	per := make([]backends.NodeReply, len(rs))
 	var sum int64
@@ -389,6 +410,10 @@ func (h *Handler) tRunEachKey(s *resp.Session, args [][]byte, readOnly bool) {
 		if err != nil {
 			h.tReply(s, name, v, err)
 			return
+		}
+		if !readOnly {
+			// Missing on a majority now, whether this deleted it or not.
+			h.held.keyGone(string(args[1+i]), began)
 		}
 		sum += n
 	}
@@ -492,6 +517,8 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 	_, err := h.backend.Lock(s.Context(), backends.LockRequest{Key: string(args[1]), Token: string(args[2]), TTL: ttl, NoReentry: true})
 	switch {
 	case err == nil:
+		// A lock granted through this instance, as a LOCK's.
+		h.held.acquired(string(args[1]), string(args[2]), ttl)
 		s.W.Simple("OK")
 	case errors.Is(err, backends.ErrNotAcquired), errors.Is(err, backends.ErrUpgrade):
 		// The key is held, by readers among which the value's token is:
@@ -513,7 +540,32 @@ func (h *Handler) tExpire(s *resp.Session, name string, args [][]byte) {
 		s.W.Error(why)
 		return
 	}
-	h.tRun(s, args, []int{1}, false, false)
+	ttl := expireTTL(name, args[2])
+	h.tRun(s, args, []int{1}, false, false, func(v any, err error, began time.Time) {
+		if n, ok := v.(int64); !ok || err != nil || n != 1 {
+			// 0: not set (no key, or NX|XX|GT|LT), the lease as it was.
+			return
+		}
+		if ttl <= 0 {
+			// Redis deletes a key given no time left.
+			h.held.keyGone(string(args[1]), began)
+			return
+		}
+		h.held.keyRenewed(string(args[1]), ttl)
+	})
+}
+
+// expireTTL is the TTL a PEXPIRE or EXPIRE (name, lower case) sets with
+// arg, checked by expireRefusal.
+func expireTTL(name string, arg []byte) time.Duration {
+	n, _ := resp.ParseInt(arg)
+	if n <= 0 {
+		return 0 // none left; and a large negative would overflow below
+	}
+	if name == "expire" {
+		n = min(n, math.MaxInt64/1000) * 1000
+	}
+	return time.Duration(min(n, math.MaxInt64/int64(time.Millisecond))) * time.Millisecond
 }
 
 // expireRefusal is the refusal of PEXPIRE or EXPIRE (name, lower case)
@@ -652,7 +704,11 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		}
 		var v any
 		var err error
-		if ro := strings.HasSuffix(name, "_ro"); ro || !scriptMayAcquire(body) {
+		// A write script on a key whose lock is counted here runs with the
+		// reads around it (RunScript), in the same round trip: what it
+		// left there tells whether it released or renewed that lock
+		// (countScript).
+		if ro := strings.HasSuffix(name, "_ro"); ro || !scriptMayAcquire(body) && !h.held.tracks(strs(keys)) {
 			verb := "eval"
 			if ro {
 				verb = "eval_ro"
@@ -737,7 +793,65 @@ func (h *Handler) runAcquiring(s *resp.Session, body string, ks, argv []string, 
 			}
 		}
 	}
+	h.countScript(rs, d, ks, start)
 	return d.reply, d.err
+}
+
+// countScript brings the locks counted here (heldLocks) up to date with
+// what a script (or a SET run as one) begun at began left in its keys,
+// which each node read in the same MULTI as it ran: an acquisition that
+// stands is a lock granted through this instance; a key it left missing
+// on a majority ends the locks of it (a compare-and-delete); a key left
+// holding a token renews that token's lock to the TTL a majority has left
+// (a compare-and-expire) and ends the others'. A script whose writes were
+// rolled back changed nothing that is counted.
+func (h *Handler) countScript(rs []backends.NodeReply, d scriptDecision, ks []string, began time.Time) {
+	if len(d.undo) > 0 {
+		return
+	}
+	need := h.fanout.NodeCount()/2 + 1
+	for j, key := range ks {
+		if len(d.holders) > 0 && j < len(d.written) && d.written[j] != nil {
+			h.held.acquired(key, *d.written[j], d.lease)
+			continue
+		}
+		// The state a majority of the nodes shares, and the TTL left
+		// on that majority (PTTL's rule).
+		counts := map[string]int{}
+		var state string
+		for _, r := range rs {
+			if r.Err != nil || j >= len(r.Writes) {
+				continue
+			}
+			w := r.Writes[j]
+			st := "-"
+			if w.Exists {
+				st = "+" + w.Value
+			}
+			if counts[st]++; counts[st] >= need {
+				state = st
+			}
+		}
+		switch {
+		case state == "":
+			// No majority: undecided, left to the lease.
+		case state == "-":
+			h.held.keyGone(key, began)
+		default:
+			var ttls []int64
+			for _, r := range rs {
+				if r.Err == nil && j < len(r.Writes) && r.Writes[j].Exists && r.Writes[j].Value == state[1:] {
+					ttls = append(ttls, r.Writes[j].PTTL)
+				}
+			}
+			sort.Slice(ttls, func(a, b int) bool { return ttls[a] > ttls[b] })
+			ttl := time.Duration(-1)
+			if t := ttls[need-1]; t >= 0 {
+				ttl = time.Duration(t) * time.Millisecond
+			}
+			h.held.keyHolds(key, state[1:], ttl, began)
+		}
+	}
 }
 
 // writtenOn is the roll-back of an acquisition that stood: on each of
@@ -1166,6 +1280,8 @@ type scriptDecision struct {
 	// hold it and, per key, the value the script wrote (nil: none).
 	holders []int
 	written []*string
+	// lease is the acquisition's lease on a majority of its holders.
+	lease time.Duration
 }
 
 // decideScript applies the acquisition rule to a script's replies (see the
@@ -1255,7 +1371,8 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 		// another of its lock keys): the client is told it failed and
 		// will not release, so what it wrote is rolled back.
 		if _, failed := v.(backends.ReplyError); err == nil && !failed && validLease(leases, need, elapsed, drift) {
-			return scriptDecision{reply: v, holders: holders, written: written}
+			// validLease sorted the leases longest first.
+			return scriptDecision{reply: v, holders: holders, written: written, lease: time.Duration(leases[need-1]) * time.Millisecond}
 		}
 	}
 	// Not acquired: roll back every write of this script, and on the
