@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"bytes"
 	"errors"
 	"strconv"
 	"strings"
@@ -21,7 +22,9 @@ import (
 // read from the lock nodes as transparent GET reads it and remembered for
 // the connection. The MULTI after it is served here too, and queues only
 // DEL/UNLINK, PEXPIRE/EXPIRE, GET, EXISTS, PTTL and TTL of the watched
-// keys. EXEC runs one script on every node, in the MULTI with the holds'
+// keys, and the keyless commands lockproxy answers itself (PING, ECHO,
+// UNWATCH, SELECT, CLIENT SETNAME|GETNAME: lockTxQueueLocal), answered
+// in their place in EXEC's reply. EXEC runs one script on every node, in the MULTI with the holds'
 // line-up that every transparent write gets (Fanout.Run): on each node it
 // runs the queued commands only where every watched key still holds the
 // value WATCH saw (or is still missing, for a key that was), so a node
@@ -54,6 +57,12 @@ type lockTxOp struct {
 	// when it runs the command. Redis queues it and answers the error
 	// inside EXEC's reply, running the rest.
 	fail string
+	// local, for a keyless command lockproxy answers itself (PING, ECHO,
+	// UNWATCH, SELECT, CLIENT SETNAME|GETNAME), is the command as the
+	// client sent it: not sent to the nodes, it is answered by
+	// lockproxy in its place in EXEC's reply, when EXEC runs, as Redis
+	// runs it then.
+	local [][]byte
 }
 
 // Bounds per connection: a WATCH costs a read on every node per key, and
@@ -82,7 +91,8 @@ var insideMulti = map[string]string{
 }
 
 // lockTxSupported is what a lock-key transaction queues, for errors.
-const lockTxSupported = "DEL, UNLINK, PEXPIRE, EXPIRE, GET, EXISTS, PTTL and TTL of the watched lock keys"
+const lockTxSupported = "DEL, UNLINK, PEXPIRE, EXPIRE, GET, EXISTS, PTTL and TTL of the watched lock keys, " +
+	"and PING, ECHO, UNWATCH, SELECT of the database in use and CLIENT SETNAME|GETNAME, which lockproxy answers itself"
 
 // lockTx serves WATCH, MULTI, the commands queued after it, EXEC, DISCARD
 // and UNWATCH on a connection that watches lock keys, and the first WATCH
@@ -383,6 +393,8 @@ func (h *Handler) lockTxQueue(s *resp.Session, lw *lockWatch, name string, args 
 			return "ERR wrong number of arguments for '" + name + "' command"
 		}
 		keys = args[1:]
+	case "ping", "echo", "unwatch", "select", "client", "hello":
+		return h.lockTxQueueLocal(s, lw, name, args)
 	case "pexpire", "expire":
 		if len(args) < 3 {
 			return "ERR wrong number of arguments for '" + name + "' command"
@@ -404,6 +416,11 @@ func (h *Handler) lockTxQueue(s *resp.Session, lw *lockWatch, name string, args 
 		keys = args[1:2]
 		rest = strs(args[2:])
 	default:
+		if h.up == nil && lookup(args[0]) == nil && !h.onLockKeys(args) {
+			// Nothing here or anywhere would run it: Redis's refusal of
+			// an unknown command, which aborts the transaction as there.
+			return unknownCommand(args)
+		}
 		return refused
 	}
 	if len(args) > maxLockTxArgs {
@@ -430,6 +447,106 @@ func (h *Handler) lockTxQueue(s *resp.Session, lw *lockWatch, name string, args 
 	}
 	lw.ops = append(lw.ops, op)
 	return ""
+}
+
+// lockTxQueueLocal queues a keyless command that lockproxy answers itself
+// in a lock-key transaction, or returns why it is refused (which aborts
+// the transaction at EXEC). Redis queues these and runs them when EXEC
+// runs: so does lockproxy, answering each in its place in EXEC's reply,
+// with what it answers outside a transaction, once the lock nodes ran the
+// rest. Arity is checked now, as Redis checks it when it queues; a
+// command's other errors (PING's extra arguments, a client name with a
+// space) are its reply inside EXEC's, as there. A command that would
+// change what the lock nodes' part means or needs the upstream is refused
+// now, saying why.
+func (h *Handler) lockTxQueueLocal(s *resp.Session, lw *lockWatch, name string, args [][]byte) string {
+	switch name {
+	case "echo", "unwatch":
+		// Their arities, 2 and 1, as Redis's (UNWATCH is not in the
+		// command table: the relay or lockTx answers it).
+		if want := map[string]int{"echo": 2, "unwatch": 1}[name]; len(args) != want {
+			return "ERR wrong number of arguments for '" + name + "' command"
+		}
+	case "select":
+		if len(args) != 2 {
+			return "ERR wrong number of arguments for 'select' command"
+		}
+		if n, ok := resp.ParseInt(args[1]); h.up != nil && ok && int(n) != selectedDB(s) {
+			// Without an upstream lockproxy has database 0 alone, and
+			// answers SELECT of another as Redis answers one out of range.
+			return "ERR transparent mode: SELECT of another database cannot be queued in a transaction on lock keys: " +
+				"the transaction runs on the lock nodes, whose lock keys live in database 0, and the upstream, " +
+				"where the database is selected, has no part in it; SELECT before WATCH or after EXEC; EXEC will abort the transaction"
+		}
+	case "client":
+		if len(args) < 2 {
+			return "ERR wrong number of arguments for 'client' command"
+		}
+		var buf [32]byte
+		sub := string(resp.Lower(buf[:], args[1]))
+		var sc *Command
+		if c := lookup(args[0]); c != nil {
+			sc = c.Subs[sub]
+		}
+		switch {
+		case sc == nil && h.up == nil:
+			return "ERR unknown subcommand '" + string(cString(args[1], 128)) + "'. Try CLIENT HELP."
+		case sub != "setname" && sub != "getname":
+			return "ERR transparent mode: 'client|" + relay.Clip(sub) + "' cannot be queued in a transaction on lock keys, " +
+				"which queues of the connection's commands only PING, ECHO, UNWATCH, SELECT of the database in use and CLIENT SETNAME|GETNAME; " +
+				"send it before WATCH or after EXEC; EXEC will abort the transaction"
+		case !arityOK(sc.Arity, len(args)):
+			return "ERR wrong number of arguments for 'client|" + sub + "' command"
+		}
+	case "hello":
+		// Run by EXEC, it would switch the protocol half-way through
+		// EXEC's reply (Redis does), and with an upstream it is the
+		// upstream connection's protocol too.
+		return "ERR transparent mode: HELLO cannot be queued in a transaction on lock keys: it changes the connection's protocol, " +
+			"which lockproxy does not change inside EXEC's reply; send it before WATCH or after EXEC; EXEC will abort the transaction"
+	}
+	if len(lw.ops) >= maxLockTxOps {
+		return "ERR transparent mode: at most " + strconv.Itoa(maxLockTxOps) + " commands may be queued in a transaction on lock keys"
+	}
+	if len(args) > maxLockTxArgs {
+		return "ERR transparent mode: a command queued in a transaction on lock keys takes at most " + strconv.Itoa(maxLockTxArgs) + " arguments"
+	}
+	local := make([][]byte, len(args)) // args is the reader's buffer
+	for i, a := range args {
+		local[i] = bytes.Clone(a)
+	}
+	lw.ops = append(lw.ops, lockTxOp{name: name, local: local})
+	return ""
+}
+
+// lockTxLocal answers a queued keyless command (lockTxOp.local) inside
+// EXEC's reply, as lockproxy answers it outside a transaction.
+func (h *Handler) lockTxLocal(s *resp.Session, args [][]byte) {
+	switch strings.ToLower(string(args[0])) {
+	case "ping":
+		h.ping(s, args)
+	case "echo":
+		h.echo(s, args)
+	case "unwatch":
+		// EXEC unwatches the keys anyway.
+		s.W.Simple("OK")
+	case "select":
+		if h.up == nil {
+			h.selectDB(s, args)
+		} else if _, ok := resp.ParseInt(args[1]); !ok {
+			s.W.Error(errNotInteger.Error())
+		} else {
+			s.W.Simple("OK") // the database in use (lockTxQueueLocal)
+		}
+	case "client":
+		if resp.EqualFold(args[1], "SETNAME") {
+			h.clientSetName(s, args)
+		} else {
+			h.clientGetName(s, args)
+		}
+	default:
+		s.W.Error("ERR transparent mode: '" + relay.Clip(string(args[0])) + "' was queued and cannot be answered")
+	}
 }
 
 // lockTxScript runs a lock-key transaction on one node. KEYS are the
@@ -486,7 +603,7 @@ func (h *Handler) lockExec(s *resp.Session, lw *lockWatch) {
 	readOnly := true
 	ttl := make([]bool, 0, len(lw.ops))
 	for _, op := range lw.ops {
-		if op.fail != "" {
+		if op.fail != "" || op.local != nil {
 			continue
 		}
 		cmd = append(cmd, op.name, strconv.Itoa(len(op.keys)))
@@ -516,7 +633,19 @@ func (h *Handler) lockExec(s *resp.Session, lw *lockWatch) {
 	default:
 		out := withFailed(lw.ops, v)
 		h.countExec(lw, out, began)
-		writeValue(s.W, out)
+		vs, ok := out.([]any)
+		if !ok || len(vs) != len(lw.ops) {
+			writeValue(s.W, out) // cannot be: withFailed answers one per command
+			return
+		}
+		s.W.Array(len(vs))
+		for i, op := range lw.ops {
+			if op.local != nil {
+				h.lockTxLocal(s, op.local)
+				continue
+			}
+			writeValue(s.W, vs[i])
+		}
 	}
 }
 
@@ -569,6 +698,10 @@ func withFailed(ops []lockTxOp, ran any) any {
 	for _, op := range ops {
 		if op.fail != "" {
 			out = append(out, backends.ReplyError(op.fail))
+			continue
+		}
+		if op.local != nil {
+			out = append(out, nil) // answered by lockTxLocal
 			continue
 		}
 		if len(vs) == 0 {

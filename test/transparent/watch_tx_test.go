@@ -338,7 +338,8 @@ func TestWatchTransactionOnLockKeys(t *testing.T) {
 				{"DEL lock:other", "-ERR 'del' is not queued"},
 				{"PEXPIRE lock:rf 10 XX LT", "+QUEUED"},
 				{"PEXPIRE lock:rf 10 NX XX", "+QUEUED"}, // its error is its reply in EXEC's, as in Redis
-				{"PING", "-ERR 'ping' is not queued"},
+				{"PING", "+QUEUED"},                     // keyless: queued as in Redis (TestWatchTxKeylessCommandsAsRedis)
+				{"INCR lock:rf", "-ERR 'incr' is not queued"},
 				{"DISCARD", "+OK"},
 				{"MULTI", "+OK"},
 				{"EXEC", "*0"},
