@@ -145,18 +145,22 @@ func (h *heldLocks) granted(key, token string, mode backends.Mode, ttl time.Dura
 }
 
 // acquired counts a lock granted by a transparent acquisition (SET … NX
-// PX, a SET or script that wrote a new value): the key holds token alone,
-// with ttl, so a lock of key by token still counted here had ended (its
-// lease ran out, or it was released elsewhere) and is ended now.
-func (h *heldLocks) acquired(key, token string, ttl time.Duration) {
+// PX, a SET or script that wrote a new value) begun at began: the key
+// then held token alone, with ttl, so every lock of key counted here
+// before, by that token or another, had ended (its lease ran out, or it
+// was released or taken over elsewhere) and is ended now. One counted
+// since may have been granted after this one ended, and is left.
+func (h *heldLocks) acquired(key, token string, ttl time.Duration, began time.Time) {
 	now := time.Now()
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	k := heldKey{key, token}
-	if l, ok := h.m[k]; ok {
-		h.end(k, l, now)
+	for tok := range h.byKey[key] {
+		k := heldKey{key, tok}
+		if l := h.m[k]; l.counted.Before(began) || tok == token {
+			h.end(k, l, now)
+		}
 	}
-	h.put(k, heldLock{since: now, expires: now.Add(ttl), holds: [2]int{backends.Write: 1}, counted: now})
+	h.put(heldKey{key, token}, heldLock{since: now, expires: now.Add(ttl), holds: [2]int{backends.Write: 1}, counted: now})
 }
 
 // put stores l as k's lock. h.mu is held.

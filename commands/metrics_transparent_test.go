@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -8,6 +9,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/lockproxy/lockproxy/resp"
+	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // Lock libraries' release and extension scripts, as transparent mode runs
@@ -22,7 +24,15 @@ const (
 // its own, and returns the registry and a connection to it.
 func serveTransparent(t *testing.T) (*prometheus.Registry, func(args ...string) string) {
 	t.Helper()
-	be := newRealRedLock(t, 3)
+	reg, do, _ := serveTransparentNodes(t)
+	return reg, do
+}
+
+// serveTransparentNodes is serveTransparent returning the nodes too (the
+// lock of client key k is "lp:lock:"+k on them).
+func serveTransparentNodes(t *testing.T) (*prometheus.Registry, func(args ...string) string, []*harness.Redis) {
+	t.Helper()
+	be, nodes := newRealRedLockNodes(t, 3)
 	reg := prometheus.NewRegistry()
 	lim := testLimits
 	lim.MaxKeyBytes, lim.MaxTokenBytes = 64, 64
@@ -31,6 +41,41 @@ func serveTransparent(t *testing.T) (*prometheus.Registry, func(args ...string) 
 	return reg, func(args ...string) string {
 		t.Helper()
 		return string(do(t, conn, args...))
+	}, nodes
+}
+
+// TestTransparentAcquisitionEndsLocksItTookOver: a transparent acquisition
+// takes a key that no one holds, so a lock of it still counted (its
+// holder lost it without this instance seeing: deleted on the nodes,
+// expired before the sweep) is over, and leaves lockproxy_locks_held with
+// its holding time observed: the gauge counts one lock of the key, not
+// two.
+func TestTransparentAcquisitionEndsLocksItTookOver(t *testing.T) {
+	reg, do, nodes := serveTransparentNodes(t)
+	for _, acquire := range [][]string{
+		{"SET", "lock:over", "t2", "NX", "PX", "20000"},
+		{"EVAL", "return redis.call('set', KEYS[1], ARGV[1], 'NX', 'PX', 20000)", "1", "lock:over", "t2"},
+	} {
+		if r := do("LOCK", "lock:over", "TOKEN", "t1", "PX", "20000"); r[0] == '-' || r == "$-1\r\n" {
+			t.Fatalf("LOCK = %q", r)
+		}
+		for _, n := range nodes {
+			if err := n.Client(t).Del(context.Background(), "lp:lock:lock:over").Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if r := do(acquire...); r != "+OK\r\n" && r != "$2\r\nOK\r\n" {
+			t.Fatalf("%s = %q", acquire[0], r)
+		}
+		if got := metricValue(t, reg, "lockproxy_locks_held"); got != 1 {
+			t.Errorf("lockproxy_locks_held after %s took the key over = %v; want 1", acquire[0], got)
+		}
+		if r := do("DEL", "lock:over"); r != ":1\r\n" {
+			t.Fatalf("DEL = %q", r)
+		}
+		if got := metricValue(t, reg, "lockproxy_locks_held"); got != 0 {
+			t.Errorf("lockproxy_locks_held after the DEL = %v; want 0", got)
+		}
 	}
 }
 

@@ -514,11 +514,12 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 		h.tReply(s, "set", v, err)
 		return
 	}
+	began := time.Now()
 	_, err := h.backend.Lock(s.Context(), backends.LockRequest{Key: string(args[1]), Token: string(args[2]), TTL: ttl, NoReentry: true})
 	switch {
 	case err == nil:
 		// A lock granted through this instance, as a LOCK's.
-		h.held.acquired(string(args[1]), string(args[2]), ttl)
+		h.held.acquired(string(args[1]), string(args[2]), ttl, began)
 		s.W.Simple("OK")
 	case errors.Is(err, backends.ErrNotAcquired), errors.Is(err, backends.ErrUpgrade):
 		// The key is held, by readers among which the value's token is:
@@ -812,7 +813,7 @@ func (h *Handler) countScript(rs []backends.NodeReply, d scriptDecision, ks []st
 	need := h.fanout.NodeCount()/2 + 1
 	for j, key := range ks {
 		if len(d.holders) > 0 && j < len(d.written) && d.written[j] != nil {
-			h.held.acquired(key, *d.written[j], d.lease)
+			h.held.acquired(key, *d.written[j], d.lease, began)
 			continue
 		}
 		// The state a majority of the nodes shares, and the TTL left
