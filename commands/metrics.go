@@ -42,12 +42,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		heldDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "lockproxy_lock_held_duration_seconds",
-			Help:    "How long locks granted through this instance were held: from the first grant of a key to a token until its last hold was released, or it expired.",
+			Help:    "How long locks granted through this instance were held: from the first grant of a key to a token (LOCK, RLOCK, or a transparent SET NX PX or acquiring script) until its last hold was released (UNLOCK, or a transparent DEL, UNLINK, compare-and-delete script or DEL in MULTI), or it expired.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 3, 14),
 		}),
 		locksHeld: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "lockproxy_locks_held",
-			Help: "Locks (a key and a token) granted through this instance with a hold neither released nor expired; reentrant and downgrade holds count with their lock.",
+			Help: "Locks (a key and a token) granted through this instance, by LOCK, RLOCK or a transparent acquisition, with a hold neither released (by UNLOCK or a transparent release) nor expired; reentrant and downgrade holds count with their lock.",
 		}),
 	}
 	authFailures := prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -83,8 +83,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
-// heldLocks tracks the locks granted through this instance, for the
-// holding-time histogram and the held gauge. A lock is a key and a token;
+// heldLocks tracks the locks granted through this instance (LOCK, RLOCK,
+// a transparent SET NX PX or acquiring script), for the holding-time
+// histogram and the held gauge, and the transparent releases and renewals
+// of them (keyGone, keyHolds, keyRenewed). A lock is a key and a token;
 // it counts the token's holds of the key, by kind, as the lock store does
 // (a reentrant LOCK adds a write hold, a downgrade's RLOCK a read hold,
 // each UNLOCK takes one off), and is held until the last hold goes: only
