@@ -486,20 +486,51 @@ func (q *Quorum) enterJoin(ctx context.Context, req Request) (func(), error) {
 type deadlineCtx struct {
 	context.Context
 	deadline time.Time
+	// set is when the deadline was set, a node timeout before it; zero
+	// where the deadline is parent's (see DeadlineSet).
+	set time.Time
 }
 
 func (c deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+
+// DeadlineSet tells when the deadline of ctx, a node context of the
+// quorum's (or NodeContext's), was set. A node handed an operation after
+// such a deadline knows that it passed in lockproxy itself, between the
+// quorum's setting it and the handing over, where nothing waits but the
+// process (it was stopped: SIGSTOP, a VM pause, a long stall), and not
+// at the caller: a deadline that had passed when the caller asked (a
+// KEEPALIVE renewal asked for after the validity it last answered) is
+// the caller's own, never one set here, or one no later than when it was
+// set (Extend's, cut to what is left of its caller's). It reports false
+// for any other context.
+func DeadlineSet(ctx context.Context) (time.Time, bool) {
+	c, ok := ctx.(deadlineCtx)
+	if !ok || c.set.IsZero() {
+		return time.Time{}, false
+	}
+	return c.set, true
+}
+
+// NodeContext is a context for operations on AsyncNodes, which enforce
+// their deadlines themselves: parent's values, without its cancellation
+// or deadline, and a deadline timeout from now, which DeadlineSet tells
+// of. No timer is armed, and nothing cancels it.
+func NodeContext(parent context.Context, timeout time.Duration) context.Context {
+	now := time.Now()
+	return deadlineCtx{Context: context.WithoutCancel(parent), deadline: now.Add(timeout), set: now}
+}
 
 // nodeContext is the context node operations run under, bounded by
 // timeout. The deadline is wall time (not cfg.Clock), as nodes compare it
 // with the time they answer.
 func (q *Quorum) nodeContext(parent context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
 	if q.allAsync {
-		d := time.Now().Add(timeout)
-		if pd, ok := parent.Deadline(); ok && pd.Before(d) {
-			d = pd
+		now := time.Now()
+		c := deadlineCtx{Context: parent, deadline: now.Add(timeout), set: now}
+		if pd, ok := parent.Deadline(); ok && pd.Before(c.deadline) {
+			c.deadline, c.set = pd, time.Time{}
 		}
-		return deadlineCtx{parent, d}, func() {}
+		return c, func() {}
 	}
 	return context.WithTimeout(parent, timeout)
 }

@@ -721,8 +721,12 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 	start := time.Now()
 	n, need := len(b.nodes), b.q.Majority()
 	// The nodes not waited for still finish, even once the caller's
-	// context ends (as quorum.Extend's do).
-	nodeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.q.NodeTimeout(ttl))
+	// context ends (as quorum.Extend's do). Its deadline is the quorum's
+	// kind, without a timer: one that fires during a stop of the process
+	// must not fail at random the renewals handed over after it, and
+	// those handed over past the deadline are judged as having waited out
+	// the stop in the node's queue (see quorum.DeadlineSet).
+	nodeCtx := quorum.NodeContext(ctx, b.q.NodeTimeout(ttl))
 	type answer struct {
 		idx  int
 		kind int64
@@ -749,16 +753,6 @@ func (b *Backend) Renew(ctx context.Context, key, token string, ttl time.Duratio
 		case a.kind == extendedRead:
 			reads++
 		}
-	}
-	if got == n {
-		cancel()
-	} else {
-		go func(left int) {
-			for ; left > 0; left-- {
-				<-answers
-			}
-			cancel()
-		}(n - got)
 	}
 	oks := writes + reads
 	undecided := &quorum.NoQuorumError{OK: n - len(failures), Total: n, Failures: failures}

@@ -78,8 +78,26 @@ type lateConn struct {
 	// it had to; rd and wd are the deadlines set.
 	late   *lateness
 	rd, wd time.Time
-	// rdSet is when rd was set.
-	rdSet time.Time
+	// rdSet and wdSet are when rd and wd were set.
+	rdSet, wdSet time.Time
+}
+
+// lateFrom is where the span that a call made past its deadline adds to
+// late begins, now: at the deadline; or, where it came well after the
+// deadline (stoppedLate), at when the deadline was set. A call woken
+// that late was held up by a stop of the process (SIGSTOP, a VM pause, a
+// long stall) that may have begun any time after that: the node's
+// answers, there by now, may have come right after the write, and an
+// operation queued behind the batch whose deadline passed before this
+// one's, during the stop, waited for lockproxy, not for the node (see
+// writer.ours). Before, such an operation (queued behind a batch written
+// just before the stop, its deadline a little earlier than the batch's)
+// was given up, and its release or renewal answered as failed.
+func lateFrom(deadline, set, now time.Time) time.Time {
+	if now.Sub(deadline) > stoppedLate && !set.IsZero() && set.Before(deadline) {
+		return set
+	}
+	return deadline
 }
 
 // lateReads is nc as a lateConn that adds to late the span from the
@@ -108,7 +126,7 @@ func (c *lateConn) Read(b []byte) (int, error) {
 			// again with the answer there, and the poller told of it
 			// before the deadline's timer.
 			if now := time.Now(); now.After(c.rd) {
-				c.late.add(c.rd, now)
+				c.late.add(lateFrom(c.rd, c.rdSet, now), now)
 			}
 		}
 		return n, err
@@ -128,7 +146,8 @@ func (c *lateConn) Read(b []byte) (int, error) {
 			return
 		}
 	}); cerr == nil && got > 0 {
-		c.late.add(c.rd, time.Now())
+		now := time.Now()
+		c.late.add(lateFrom(c.rd, c.rdSet, now), now)
 		return got, nil
 	}
 	return n, err
@@ -157,7 +176,7 @@ func (c *lateConn) Write(b []byte) (int, error) {
 		}
 	}); cerr == nil && n == len(b) {
 		now := time.Now()
-		c.late.add(c.wd, now)
+		c.late.add(lateFrom(c.wd, c.wdSet, now), now)
 		if c.late.rewait && !c.rd.IsZero() {
 			// Written late: the answers are read within the time the
 			// deadline gave them, from now. The look a read makes
@@ -172,7 +191,8 @@ func (c *lateConn) Write(b []byte) (int, error) {
 
 // SetDeadline sets the socket's deadlines, and remembers them.
 func (c *lateConn) SetDeadline(t time.Time) error {
-	c.rd, c.wd, c.rdSet = t, t, time.Now()
+	now := time.Now()
+	c.rd, c.wd, c.rdSet, c.wdSet = t, t, now, now
 	return c.Conn.SetDeadline(t)
 }
 
@@ -184,7 +204,7 @@ func (c *lateConn) SetReadDeadline(t time.Time) error {
 
 // SetWriteDeadline sets the socket's write deadline, and remembers it.
 func (c *lateConn) SetWriteDeadline(t time.Time) error {
-	c.wd = t
+	c.wd, c.wdSet = t, time.Now()
 	return c.Conn.SetWriteDeadline(t)
 }
 

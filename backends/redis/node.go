@@ -689,6 +689,18 @@ func (n *Node) start(ctx context.Context, o *op) {
 	o.deadline = o.start.Add(n.timeout)
 	if d, ok := ctx.Deadline(); ok {
 		o.deadline = d
+		if !d.After(o.start) {
+			// Handed over past its deadline. Where the quorum set that
+			// deadline, the time went by in lockproxy itself (a stop
+			// between the quorum's setting it and this call, see
+			// quorum.DeadlineSet): the operation started then, and
+			// exec judges its deadline as that of one queued before
+			// the stop. Otherwise it is its caller's lateness, and
+			// exec gives it up.
+			if set, ok := quorum.DeadlineSet(ctx); ok && set.Before(d) {
+				o.start = set
+			}
+		}
 	}
 	n.enqueue(ctx, o)
 }
@@ -846,8 +858,9 @@ func (n *Node) work(q chan *op) {
 		runtime.Gosched()
 		batch = n.fill(q, batch)
 		// Since the writer last waited on the node, a deadline that
-		// passed passed for lockproxy (see writer.ours).
-		w.notWaiting(w.waited, time.Now(), idle)
+		// passed passed for lockproxy (see writer.ours): exec records
+		// that span.
+		w.idle = idle
 		n.execSettling(w, batch)
 	}
 }
@@ -925,6 +938,9 @@ type writer struct {
 	// between batches only the long ones (ourLongerThan).
 	ours   []lateSpan
 	waited time.Time
+	// idle is set while the batch exec is handed was taken from an empty
+	// queue (see notWaiting).
+	idle bool
 	// epochLost is set by send when a batch found the node's data epoch
 	// changed (see nodeConn.epoch): its answers are no votes.
 	epochLost bool
@@ -1281,6 +1297,13 @@ func (n *Node) drain(q chan *op) {
 // answers are read later (see work).
 func (n *Node) exec(w *writer, batch []*op) {
 	now := time.Now()
+	// The span since the writer last waited on the node ends now, when
+	// the deadlines are looked at, not when the batch was taken: a stop
+	// of the process in between (while the writer answered the batch
+	// before, or took this one) passed deadlines for lockproxy as well
+	// (see writer.ours).
+	w.notWaiting(w.waited, now, w.idle)
+	w.idle = false
 	live := batch[:0]
 	// until is the latest deadline of the batch's operations. A
 	// background release (UnlockHold) may have one well past the node
@@ -1297,21 +1320,34 @@ func (n *Node) exec(w *writer, batch []*op) {
 	// later: roll-backs of acquires in this batch, sent once the batch is
 	// answered (see rollsBackInBatch).
 	var later []*op
+	// capped, when set, is when the quorum may stop listening for an
+	// acquire of the batch sent past its deadline: the batch is read no
+	// longer.
+	var capped time.Time
 	// An operation whose deadline passed while the writer sent earlier
 	// batches and waited for their answers waited for the node. One whose
 	// deadline passed while the writer waited on no node (w.ours: it was
 	// free, or late to read or write what the socket held) waited for
 	// lockproxy itself: a stop of the process (SIGSTOP, a VM pause) or a
 	// long stall, with the operation queued or the batch before it
-	// answered in the socket. A release or a renewal of that kind still
-	// goes out and is answered as the node answers it, within a node
-	// timeout from now, rather than failed unheard: what the node says of
-	// it is a fact whenever it comes (a release done, a lease extended
-	// from when it ran, whose validity the caller measures after the
-	// answer). An acquire or a fence raise is still given up unsent: the
-	// quorum may have stopped listening for it (see its hearOut) and
-	// would roll back unheard a refusal sent now. So is an operation
-	// whose deadline had passed when it was handed over: its caller's.
+	// answered in the socket. A release, a renewal or a fence raise of
+	// that kind still goes out and is answered as the node answers it,
+	// within a node timeout from now, rather than failed unheard: what
+	// the node says of it is a fact whenever it comes (a release done, a
+	// lease extended from when it ran, whose validity the caller measures
+	// after the answer; the quorum waits for every raise). So does an
+	// acquire, but answered by the end of the time the quorum still
+	// listens for it (its deadline and as much again: hearOut's limit is
+	// the deadline and the longest node timeout after it), as the whole
+	// batch is (capped): a refusal the quorum did not hear would get a
+	// roll-back, which where the token already holds the key (a NoReentry
+	// attempt, a transparent SET NX) takes that hold. An acquire with too
+	// little of that time left is given up unsent, as before. Its grant
+	// is safe however late: the quorum counts the validity from its own
+	// start, and rolls back a grant whose validity ran out. An operation
+	// whose deadline had passed when it was handed over is its caller's
+	// lateness, given up too, unless the quorum set that deadline (see
+	// start).
 	if w.conn != nil && w.conn.late != nil && !w.conn.late.to.IsZero() {
 		w.add(w.conn.late.lateSpan)
 		w.conn.late.lateSpan = lateSpan{}
@@ -1330,8 +1366,11 @@ func (n *Node) exec(w *writer, batch []*op) {
 			continue
 		}
 		if !o.deadline.After(now) {
-			if (o.kind == opRelease || o.kind == opExtend) && o.deadline.After(o.start) && w.oursAt(o.deadline) {
-				o.deadline = now.Add(n.timeout)
+			if d, ok := n.waitedForUs(w, o, now); ok {
+				o.deadline = d
+				if o.kind == opAcquire && (capped.IsZero() || d.Before(capped)) {
+					capped = d
+				}
 			} else if o.kind == opRelease {
 				// The caller has stopped waiting, but the release still
 				// goes out (its answer dropped): it may be the roll-back
@@ -1376,6 +1415,9 @@ func (n *Node) exec(w *writer, batch []*op) {
 		return
 	}
 	deadline := earlier(until, now.Add(n.timeout))
+	if !capped.IsZero() {
+		deadline, until = earlier(deadline, capped), earlier(until, capped)
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 
@@ -1420,6 +1462,29 @@ func (n *Node) exec(w *writer, batch []*op) {
 		}
 		n.finish(o, res[i])
 	}
+}
+
+// waitedForUs tells whether o, found past its deadline at now, waited
+// for lockproxy itself rather than for the node, and so still goes out,
+// with the deadline it then has (see exec): its deadline passed while the
+// writer waited on no node (w.ours), after it was handed over (or after
+// the quorum set it, see start), and it is a release, a renewal, a fence
+// raise, or an acquire the quorum still listens for, for more than
+// stoppedLate.
+func (n *Node) waitedForUs(w *writer, o *op, now time.Time) (time.Time, bool) {
+	if !o.deadline.After(o.start) || !w.oursAt(o.deadline) {
+		return time.Time{}, false
+	}
+	switch o.kind {
+	case opRelease, opExtend, opRaiseFence:
+		return now.Add(n.timeout), true
+	case opAcquire:
+		// The quorum hears it out until its deadline and the longest
+		// node timeout after it, at least its own node timeout.
+		heard := o.deadline.Add(o.deadline.Sub(o.start))
+		return heard, heard.Sub(now) > stoppedLate
+	}
+	return time.Time{}, false
 }
 
 // rollsBackInBatch tells whether o is the roll-back of an acquire among

@@ -78,13 +78,19 @@ type lateness struct {
 	rewait bool
 }
 
+// stoppedLate is how long after its deadline a call must have come to
+// have been held up by a stop of the process, as the quorum's hearOut
+// judges its limit (its least node timeout): the runtime wakes a call at
+// its deadline within far less, even on a loaded host.
+const stoppedLate = 10 * time.Millisecond
+
 // lateSpan is a span of time, from a deadline that passed to when the
 // socket was looked at and held what was waited for. Spans that touch are
 // joined; a later one replaces an earlier one.
 type lateSpan struct{ from, to time.Time }
 
 func (s *lateSpan) add(from, to time.Time) {
-	if s.to.IsZero() || from.After(s.to) {
+	if s.to.IsZero() || from.After(s.to) || from.Before(s.from) {
 		s.from = from
 	}
 	s.to = to

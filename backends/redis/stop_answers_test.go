@@ -16,7 +16,7 @@ import (
 // deadlines are answered as the nodes answer them, not failed for the
 // deadlines that passed during the stop: those queued behind a batch
 // whose answers wait in the socket, and those the writer had not taken
-// yet. Acquires are still given up unsent (see exec).
+// yet. Acquires: TestAcquiresQueuedAcrossStop.
 func TestReleasesAndRenewalsAcrossStop(t *testing.T) {
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	rs := harness.StartRedisN(t, 3, harness.RedisOptions{})

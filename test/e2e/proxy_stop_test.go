@@ -15,14 +15,20 @@ import (
 
 // TestUnlockAcrossProxyStop stops lockproxy (SIGSTOP, as a VM pause or a
 // long stall does) for longer than the node timeout while clients LOCK,
-// RENEW and UNLOCK, and counts the RENEWs and UNLOCKs in flight across a
-// stop that were answered with an error. The nodes answered them during
-// the stop (their answers waited in lockproxy's sockets), or they waited
-// in lockproxy's queues: every deadline having passed by the time
-// lockproxy runs again is no reason to tell a client its release failed,
-// or that its lease was not renewed. Before, about a fifth of the UNLOCKs
-// were answered -NOQUORUM … timeout, and the client's retry then found
-// the lock gone (0), as if lost before its release; now at most 5 % may.
+// RENEW and UNLOCK, and counts the operations in flight across a stop
+// that were answered with an error. The nodes answered them during the
+// stop (their answers waited in lockproxy's sockets), or they waited in
+// lockproxy's queues, or the stop came between the quorum's setting their
+// deadline and handing them to the nodes: every deadline having passed by
+// the time lockproxy runs again is no reason to tell a client its release
+// failed, that its lease was not renewed, or that its LOCK found no
+// quorum. None may fail. Before, about a fifth of the UNLOCKs were
+// answered -NOQUORUM … timeout (the client's retry then found the lock
+// gone, 0, as if lost before its release); later still one in about 50
+// (one queued behind a batch written just before the stop, or handed over
+// after it), and about 10 LOCKs a run. An error of an operation not in
+// flight across a stop (the host kept the nodes from answering in time)
+// is logged, not counted.
 func TestUnlockAcrossProxyStop(t *testing.T) {
 	cl := startCluster(t, 5)
 	in := startInstance(t, cl.addrs())
@@ -32,13 +38,17 @@ func TestUnlockAcrossProxyStop(t *testing.T) {
 		stopFor = 400 * time.Millisecond
 	)
 	type span struct{ from, to time.Time }
+	type failure struct {
+		span
+		what string
+	}
 	var (
 		mu       sync.Mutex
 		stopped  []span
 		unlocks  []span // sent, answered
 		renews   []span
-		failures []string
-		lockErrs int
+		failures []failure // UNLOCKs and RENEWs
+		lockErrs []failure
 	)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -57,10 +67,13 @@ func TestUnlockAcrossProxyStop(t *testing.T) {
 					return
 				default:
 				}
+				sent := time.Now()
 				v, err := rc.Do(ctx, "LOCK", key, "PX", 10000).Result()
 				if err != nil {
+					got := time.Now()
 					mu.Lock()
-					lockErrs++
+					lockErrs = append(lockErrs, failure{span{sent, got}, fmt.Sprintf("LOCK sent %s answered %s: %v",
+						sent.Format("15:04:05.000"), got.Format("15:04:05.000"), err)})
 					mu.Unlock()
 					continue
 				}
@@ -68,14 +81,14 @@ func TestUnlockAcrossProxyStop(t *testing.T) {
 				if err != nil {
 					continue // refused: the previous hold was not released
 				}
-				sent := time.Now()
+				sent = time.Now()
 				ms, err := rc.Do(ctx, "RENEW", key, g.Token, "PX", 10000).Int64()
 				got := time.Now()
 				mu.Lock()
 				renews = append(renews, span{sent, got})
 				if err != nil || ms <= 0 {
-					failures = append(failures, fmt.Sprintf("RENEW sent %s answered %s: %v, %v",
-						sent.Format("15:04:05.000"), got.Format("15:04:05.000"), ms, err))
+					failures = append(failures, failure{span{sent, got}, fmt.Sprintf("RENEW sent %s answered %s: %v, %v",
+						sent.Format("15:04:05.000"), got.Format("15:04:05.000"), ms, err)})
 				}
 				mu.Unlock()
 				sent = time.Now()
@@ -84,8 +97,8 @@ func TestUnlockAcrossProxyStop(t *testing.T) {
 				mu.Lock()
 				unlocks = append(unlocks, span{sent, got})
 				if err != nil || n != 1 {
-					failures = append(failures, fmt.Sprintf("UNLOCK sent %s answered %s: %v, %v",
-						sent.Format("15:04:05.000"), got.Format("15:04:05.000"), n, err))
+					failures = append(failures, failure{span{sent, got}, fmt.Sprintf("UNLOCK sent %s answered %s: %v, %v",
+						sent.Format("15:04:05.000"), got.Format("15:04:05.000"), n, err)})
 				}
 				mu.Unlock()
 			}
@@ -111,36 +124,53 @@ func TestUnlockAcrossProxyStop(t *testing.T) {
 	close(done)
 	wg.Wait()
 
+	across := func(u span) bool {
+		for _, s := range stopped {
+			if u.from.Before(s.from) && u.to.After(s.to) {
+				return true
+			}
+		}
+		return false
+	}
 	acrossStop := func(spans []span) int {
 		n := 0
 		for _, u := range spans {
-			for _, s := range stopped {
-				if u.from.Before(s.from) && u.to.After(s.to) {
-					n++
-					break
-				}
+			if across(u) {
+				n++
 			}
 		}
 		return n
 	}
-	across := acrossStop(unlocks) + acrossStop(renews)
-	t.Logf("%d UNLOCKs and %d RENEWs, %d and %d of them in flight across one of %d stops of %v; %d failed (UNLOCK other than 1, RENEW other than a validity); %d LOCK errors",
-		len(unlocks), len(renews), acrossStop(unlocks), acrossStop(renews), stops, stopFor, len(failures), lockErrs)
-	for i, f := range failures {
-		if i == 10 {
-			break
+	// failed are the failures in flight across a stop, and logs every
+	// failure: one that was not (a RENEW or LOCK answered NOQUORUM
+	// because the host kept the nodes from answering in time) says
+	// nothing of the stops.
+	failed := func(fs []failure) int {
+		n := 0
+		for _, f := range fs {
+			if across(f.span) {
+				n++
+				t.Log(f.what, "(in flight across a stop)")
+			} else {
+				t.Log(f.what)
+			}
 		}
-		t.Log(f)
+		return n
 	}
-	if across == 0 {
+	for _, s := range stopped {
+		t.Logf("stopped %s to %s", s.from.Format("15:04:05.000"), s.to.Format("15:04:05.000"))
+	}
+	inFlight := acrossStop(unlocks) + acrossStop(renews)
+	failedAcross, lockErrsAcross := failed(failures), failed(lockErrs)
+	t.Logf("%d UNLOCKs and %d RENEWs, %d and %d of them in flight across one of %d stops of %v; %d failed (UNLOCK other than 1, RENEW other than a validity), %d of them in flight across a stop; %d LOCK errors, %d of them in flight across a stop",
+		len(unlocks), len(renews), acrossStop(unlocks), acrossStop(renews), stops, stopFor, len(failures), failedAcross, len(lockErrs), lockErrsAcross)
+	if inFlight == 0 {
 		t.Errorf("no UNLOCK or RENEW was in flight across a stop: the test tested nothing")
 	}
-	// Not none: an operation queued behind a batch whose answers the
-	// writer was still waiting for when the stop came can still fail
-	// (the writer was waiting on its node then; 1 of 51 in one CI run).
-	// Before, a fifth of those in flight failed (31 of 139 UNLOCKs over
-	// three runs).
-	if allowed := across / 20; len(failures) > allowed {
-		t.Errorf("%d UNLOCKs or RENEWs of a held lock failed (%d in flight across a stop); want at most %d (5 %%)", len(failures), across, allowed)
+	if failedAcross > 0 {
+		t.Errorf("%d of the %d UNLOCKs and RENEWs of a held lock in flight across a stop failed; want none", failedAcross, inFlight)
+	}
+	if lockErrsAcross > 0 {
+		t.Errorf("%d LOCKs in flight across a stop answered with an error; want none", lockErrsAcross)
 	}
 }

@@ -1,0 +1,218 @@
+package redis
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// startKind starts on n the operation kind names on key for token t (a
+// lease of a minute), with ctx, and returns a channel with whether it
+// succeeded and its error.
+func startKind(n *Node, ctx context.Context, kind, key string) <-chan error {
+	res := make(chan error, 1)
+	answer := func(ok bool, err error) {
+		if err == nil && !ok {
+			err = errNotDone
+		}
+		res <- err
+	}
+	switch kind {
+	case "release":
+		n.StartRelease(ctx, key, "t", quorum.AnyHold, answer)
+	case "renewal":
+		n.StartExtend(ctx, key, "t", time.Minute, answer)
+	case "acquire":
+		n.StartAcquire(ctx, quorum.Request{Key: key, Token: "t", TTL: time.Minute, NoReentry: true},
+			func(g quorum.NodeGrant, err error) { answer(g.Acquired, err) })
+	}
+	return res
+}
+
+type notDone struct{}
+
+func (notDone) Error() string { return "answered, but not done" }
+
+var errNotDone error = notDone{}
+
+// TestOpsHandedOverPastQuorumDeadlineAcrossStop: an operation whose node
+// context the quorum made right before the process stopped, and that was
+// handed to the node only after the stop, past its deadline, is sent and
+// answered as the node answers it: the deadline passed in lockproxy
+// itself, between the quorum's setting it and the handing over (a stop
+// inside the quorum's loop over the nodes). Before, the writer took it
+// for its caller's lateness and gave it up unsent (an UNLOCK or RENEW
+// across a stop of lockproxy answered NOQUORUM … timeout). An acquire so
+// handed over is sent while the quorum still listens for its answer (its
+// deadline and as much again). A deadline the caller brought that had
+// passed is still the caller's (TestRenewalPastItsCallersDeadlineGivenUp).
+func TestOpsHandedOverPastQuorumDeadlineAcrossStop(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	const timeout = 200 * time.Millisecond
+	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: timeout})
+	t.Cleanup(func() { n.Close() })
+	ctx := ctxTimeout(t, 20*time.Second)
+	for _, k := range []string{"release", "renewal"} {
+		if g, err := n.Acquire(ctx, quorum.Request{Key: k, Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
+			t.Fatalf("Acquire %s = %+v, %v", k, g, err)
+		}
+	}
+	for _, tc := range []struct {
+		kind string
+		stop time.Duration
+	}{
+		{"release", 2 * timeout},
+		{"renewal", 2 * timeout},
+		// Within the time the quorum listens: its deadline and a node
+		// timeout more.
+		{"acquire", timeout + timeout/4},
+	} {
+		t.Run(tc.kind, func(t *testing.T) {
+			nodeCtx := quorum.NodeContext(context.Background(), timeout)
+			harness.StopProcess(t, tc.stop)
+			if d, _ := nodeCtx.Deadline(); time.Now().Before(d) {
+				t.Skipf("the stop of %v ended before the deadline it was to pass", tc.stop)
+			}
+			if err := <-startKind(n, nodeCtx, tc.kind, tc.kind); err != nil {
+				t.Fatalf("%s handed over after a stop that passed the deadline the quorum set before it: %v; want it done", tc.kind, err)
+			}
+		})
+	}
+}
+
+// TestQueuedBehindBatchAwaitedAcrossStop: an operation queued behind a
+// batch whose answers the writer awaited when the process stopped, its
+// deadline passing during the stop but before the batch's own, is sent
+// and answered once the process runs again: the batch's answers came
+// during the stop (read past its deadline), so the writer waited on
+// lockproxy, not on the node, from the batch's write on. Before, only the
+// span from the batch's deadline counted as lockproxy's, and the
+// operation was given up (the residual UNLOCK or RENEW of
+// TestUnlockAcrossProxyStop answered NOQUORUM … timeout).
+func TestQueuedBehindBatchAwaitedAcrossStop(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	const timeout = 100 * time.Millisecond
+	// One operation a batch: the second waits in the queue.
+	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: timeout, MaxBatch: 1})
+	t.Cleanup(func() { n.Close() })
+	ctx := ctxTimeout(t, 20*time.Second)
+	for _, k := range []string{"a", "b"} {
+		if g, err := n.Acquire(ctx, quorum.Request{Key: k, Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
+			t.Fatalf("Acquire %s = %+v, %v", k, g, err)
+		}
+	}
+	for _, kind := range []string{"renewal", "release"} {
+		t.Run(kind, func(t *testing.T) {
+			// The node answers the first batch 60 ms after it was
+			// written: during the stop, before its deadline.
+			if err := r.Client(t).Do(ctx, "CLIENT", "PAUSE", 60, "ALL").Err(); err != nil {
+				t.Fatalf("CLIENT PAUSE: %v", err)
+			}
+			first := startKind(n, quorum.NodeContext(context.Background(), 4*timeout), "renewal", "a")
+			time.Sleep(10 * time.Millisecond) // written, its answer awaited
+			// A deadline before the first batch's (a node timeout after
+			// its write): half a node timeout from now.
+			second := startKind(n, quorum.NodeContext(context.Background(), timeout/2), kind, "b")
+			harness.StopProcess(t, 4*timeout)
+			if err := <-first; err != nil {
+				t.Fatalf("the batch awaited across the stop: %v; want it done", err)
+			}
+			if err := <-second; err != nil {
+				t.Fatalf("%s queued behind a batch awaited across a stop: %v; want it done", kind, err)
+			}
+		})
+	}
+}
+
+// TestExecCountsStopBeforeItLooks: a stop of the process after the
+// writer took a batch, before it looked at the batch's deadlines (while
+// it answered the batch before, or took this one), passed them for
+// lockproxy: a renewal whose deadline passed then is sent. Before, the
+// span the writer waited on no node ended when it took the batch.
+func TestExecCountsStopBeforeItLooks(t *testing.T) {
+	n, _ := nodeOnRedis(t)
+	ctx := ctxTimeout(t, 10*time.Second)
+	if g, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
+		t.Fatalf("Acquire = %+v, %v", g, err)
+	}
+	c, err := n.connect(ctx)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	now := time.Now()
+	// Free since 300 ms ago, when it took the batch: then stopped.
+	w := &writer{conn: c, waited: now.Add(-300 * time.Millisecond)}
+	defer w.drop()
+	res := make(chan opResult, 1)
+	o := n.newOp(opExtend, "k", "t")
+	o.ms = time.Minute.Milliseconds()
+	o.start, o.deadline = now.Add(-350*time.Millisecond), now.Add(-100*time.Millisecond)
+	o.done = func(r opResult) { res <- r }
+	n.exec(w, []*op{o})
+	if r := <-res; r.err != nil || r.n != extendedWrite {
+		t.Fatalf("renewal whose deadline passed after the writer took it = %+v; want it renewed", r)
+	}
+}
+
+// TestAcquiresQueuedAcrossStop: acquires handed to the node's writers
+// right before the process stops for longer than their deadline are sent
+// once it runs again, while the quorum still listens for their answers
+// (their deadline and as much again, see quorum's hearOut), and granted:
+// before, a LOCK queued when lockproxy was stopped was answered NOQUORUM
+// for a pause the nodes did not cause. Past that, they are still given up
+// unsent: a refusal the quorum no longer hears would be rolled back.
+func TestAcquiresQueuedAcrossStop(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	const timeout = 200 * time.Millisecond
+	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: timeout, MaxBatch: 4})
+	t.Cleanup(func() { n.Close() })
+	ctx := ctxTimeout(t, 20*time.Second)
+	if g, err := n.Acquire(ctx, quorum.Request{Key: "warm", Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
+		t.Fatalf("Acquire = %+v, %v", g, err)
+	}
+	const keys = 16
+	for _, tc := range []struct {
+		name string
+		stop time.Duration
+		sent bool
+	}{
+		{"heard", timeout + timeout/4, true},
+		{"no longer heard", 3 * timeout, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// The first batch is answered 60 ms after it was written:
+			// the others wait in the queue until the stop.
+			if err := r.Client(t).Do(ctx, "CLIENT", "PAUSE", 60, "ALL").Err(); err != nil {
+				t.Fatalf("CLIENT PAUSE: %v", err)
+			}
+			nodeCtx := quorum.NodeContext(context.Background(), timeout)
+			var answers []<-chan error
+			for k := 0; k < keys; k++ {
+				answers = append(answers, startKind(n, nodeCtx, "acquire", tc.name+fmt.Sprint(k)))
+			}
+			harness.StopProcess(t, tc.stop)
+			unsent := 0
+			for k, a := range answers {
+				// Those the writer sent before the stop are granted
+				// either way (their answers read after it).
+				err := <-a
+				switch {
+				case quorum.Unsent(err) && !tc.sent:
+					unsent++
+				case err != nil:
+					t.Errorf("acquire %d queued across a stop of %v: %v; want it granted", k, tc.stop, err)
+				}
+			}
+			if !tc.sent && unsent == 0 {
+				t.Errorf("no acquire queued across a stop of %v, past the time the quorum listens, was given up unsent; want those not sent before it", tc.stop)
+			}
+		})
+	}
+}
