@@ -486,9 +486,11 @@ func (q *Quorum) enterJoin(ctx context.Context, req Request) (func(), error) {
 type deadlineCtx struct {
 	context.Context
 	deadline time.Time
-	// set is when the deadline was set, a node timeout before it; zero
-	// where the deadline is parent's (see DeadlineSet).
-	set time.Time
+	// timeout is the node timeout the deadline was set with, from when
+	// it was set; 0 where the deadline is parent's (see DeadlineSet). A
+	// duration, not the time it was set: the context stays in the
+	// allocation size it had.
+	timeout time.Duration
 }
 
 func (c deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
@@ -500,15 +502,15 @@ func (c deadlineCtx) Deadline() (time.Time, bool) { return c.deadline, true }
 // process (it was stopped: SIGSTOP, a VM pause, a long stall), and not
 // at the caller: a deadline that had passed when the caller asked (a
 // KEEPALIVE renewal asked for after the validity it last answered) is
-// the caller's own, never one set here, or one no later than when it was
-// set (Extend's, cut to what is left of its caller's). It reports false
-// for any other context.
+// the caller's own, never one set here (Extend's node timeout, cut to
+// what is left of its caller's, is then none). It reports false for any
+// other context.
 func DeadlineSet(ctx context.Context) (time.Time, bool) {
 	c, ok := ctx.(deadlineCtx)
-	if !ok || c.set.IsZero() {
+	if !ok || c.timeout <= 0 {
 		return time.Time{}, false
 	}
-	return c.set, true
+	return c.deadline.Add(-c.timeout), true
 }
 
 // NodeContext is a context for operations on AsyncNodes, which enforce
@@ -516,8 +518,7 @@ func DeadlineSet(ctx context.Context) (time.Time, bool) {
 // or deadline, and a deadline timeout from now, which DeadlineSet tells
 // of. No timer is armed, and nothing cancels it.
 func NodeContext(parent context.Context, timeout time.Duration) context.Context {
-	now := time.Now()
-	return deadlineCtx{Context: context.WithoutCancel(parent), deadline: now.Add(timeout), set: now}
+	return deadlineCtx{Context: context.WithoutCancel(parent), deadline: time.Now().Add(timeout), timeout: timeout}
 }
 
 // nodeContext is the context node operations run under, bounded by
@@ -525,10 +526,9 @@ func NodeContext(parent context.Context, timeout time.Duration) context.Context 
 // with the time they answer.
 func (q *Quorum) nodeContext(parent context.Context, timeout time.Duration) (context.Context, context.CancelFunc) {
 	if q.allAsync {
-		now := time.Now()
-		c := deadlineCtx{Context: parent, deadline: now.Add(timeout), set: now}
+		c := deadlineCtx{Context: parent, deadline: time.Now().Add(timeout), timeout: timeout}
 		if pd, ok := parent.Deadline(); ok && pd.Before(c.deadline) {
-			c.deadline, c.set = pd, time.Time{}
+			c.deadline, c.timeout = pd, 0
 		}
 		return c, func() {}
 	}
