@@ -1302,7 +1302,9 @@ func (n *Node) exec(w *writer, batch []*op) {
 	// of the process in between (while the writer answered the batch
 	// before, or took this one) passed deadlines for lockproxy as well
 	// (see writer.ours).
-	w.notWaiting(w.waited, now, w.idle)
+	if !w.waited.IsZero() {
+		w.notWaiting(w.waited, now, w.idle)
+	}
 	w.idle = false
 	live := batch[:0]
 	// until is the latest deadline of the batch's operations. A
