@@ -179,10 +179,14 @@ func (c *lateConn) Write(b []byte) (int, error) {
 		c.late.add(lateFrom(c.wd, c.wdSet, now), now)
 		if c.late.rewait && !c.rd.IsZero() {
 			// Written late: the answers are read within the time the
-			// deadline gave them, from now. The look a read makes
-			// past its deadline would come before the node could
-			// answer.
-			_ = c.SetReadDeadline(now.Add(c.rd.Sub(c.rdSet)))
+			// deadline gave them, from now, while the quorum listens.
+			// The look a read makes past its deadline would come
+			// before the node could answer.
+			d := now.Add(c.rd.Sub(c.rdSet))
+			if h := c.late.heard; !h.IsZero() && h.Before(d) {
+				d = h
+			}
+			_ = c.SetReadDeadline(d)
 		}
 		return n, nil
 	}

@@ -212,6 +212,9 @@ type Node struct {
 	// writes are written: it holds them back to order them after other
 	// operations.
 	beforeFenceStore func()
+	// beforeWrite, set by tests only, runs in a batch's send between its
+	// deadline being set and its write (writer goroutine).
+	beforeWrite func()
 	// subscribePing, set by tests only, replaces subscribePingEvery for
 	// the subscribers made on this node.
 	subscribePing time.Duration
@@ -941,6 +944,8 @@ type writer struct {
 	// idle is set while the batch exec is handed was taken from an empty
 	// queue (see notWaiting).
 	idle bool
+	// capped is the batch's capped (see exec), for lateness.heard.
+	capped time.Time
 	// epochLost is set by send when a batch found the node's data epoch
 	// changed (see nodeConn.epoch): its answers are no votes.
 	epochLost bool
@@ -1420,6 +1425,7 @@ func (n *Node) exec(w *writer, batch []*op) {
 	if !capped.IsZero() {
 		deadline, until = earlier(deadline, capped), earlier(until, capped)
 	}
+	w.capped = capped
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 
@@ -1447,6 +1453,7 @@ func (n *Node) exec(w *writer, batch []*op) {
 		}
 		writes = append(writes, writes2...)
 	}
+	w.capped = time.Time{} // the batch's only (payDebts sends too)
 	// A restart seen while the batch was sent (onConnect runs on the new
 	// connection before our commands) makes its answers worthless as
 	// votes: they come from a server that forgot its locks.
@@ -1768,8 +1775,20 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 		return out, nil
 	}
 	if c.late != nil {
-		c.late.rewait = !slices.ContainsFunc(ops, func(o *op) bool { return o.kind == opAcquire })
+		c.late.rewait, c.late.heard = true, w.capped
+		for _, o := range ops {
+			if o.kind == opAcquire {
+				// Heard until its deadline and as much again (an
+				// acquire sent late has its limit in w.capped).
+				if h := o.deadline.Add(o.deadline.Sub(o.start)); c.late.heard.IsZero() || h.Before(c.late.heard) {
+					c.late.heard = h
+				}
+			}
+		}
 		defer func() { c.late.rewait = false }()
+	}
+	if n.beforeWrite != nil {
+		n.beforeWrite()
 	}
 	if err := c.flush(); err != nil {
 		return fail(err)

@@ -69,13 +69,20 @@ type nodeConn struct {
 // lateness is what a node connection's socket (see lateReads) found late.
 type lateness struct {
 	lateSpan
-	// rewait, while a batch with no acquire is written, lets a write
-	// made past its deadline move the read deadline on by as much: the
-	// node gets the time the deadline gave it from the write. An
-	// acquire's answer must come within its node timeout of the
-	// quorum's start (see quorum's hearOut), so a batch with one is read
-	// as before: only what was there by the deadline.
+	// rewait, while a batch is written, lets a write made past its
+	// deadline (a stop of the process between the batch's setting it and
+	// its write) move the read deadline on by as much: the node gets the
+	// time the deadline gave it from the write. Not past heard, when set:
+	// an acquire's answer must come while the quorum still listens for it
+	// (its deadline and as much again, see quorum's hearOut, and
+	// Node.waitedForUs). Before, a batch with an acquire was read as
+	// before, only what was there by the deadline: nothing yet, just
+	// written, and the batch failed whole, the releases and renewals in
+	// it too (an UNLOCK answered NOQUORUM in test/fault's
+	// sigstop-lockproxy-short-repeated: a LOCK fans out to every node's
+	// writer at once, so a stop catches several between the two).
 	rewait bool
+	heard  time.Time
 }
 
 // stoppedLate is how long after its deadline a call must have come to

@@ -223,3 +223,48 @@ func TestAcquiresQueuedAcrossStop(t *testing.T) {
 		})
 	}
 }
+
+// TestStopBetweenDeadlineAndWriteOfAcquireBatch: a stop of the process
+// after a batch with an acquire set its deadline and before it was
+// written passes that deadline: the batch is written late, and its
+// answers are read for as long as the deadline gave them from the write,
+// but no longer than the quorum listens for the acquire (its deadline and
+// as much again). Before, a batch with an acquire was read only until its
+// deadline, already passed: the first read looked before the node could
+// answer, and the whole batch failed, the release in it too (an UNLOCK
+// answered NOQUORUM in test/fault's sigstop-lockproxy-short-repeated).
+func TestStopBetweenDeadlineAndWriteOfAcquireBatch(t *testing.T) {
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	const timeout = 200 * time.Millisecond
+	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: timeout})
+	t.Cleanup(func() { n.Close() })
+	ctx := ctxTimeout(t, 20*time.Second)
+	if g, err := n.Acquire(ctx, quorum.Request{Key: "held", Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
+		t.Fatalf("Acquire = %+v, %v", g, err)
+	}
+	stops := make(chan struct{}, 1)
+	stops <- struct{}{}
+	var resumed time.Time
+	n.beforeWrite = func() {
+		select {
+		case <-stops:
+			// Past the batch's deadline (a node timeout), within the
+			// time the quorum listens for its acquire (two).
+			harness.StopProcess(t, timeout+timeout/4)
+			resumed = time.Now()
+		default:
+		}
+	}
+	nodeCtx := quorum.NodeContext(context.Background(), timeout)
+	d, _ := nodeCtx.Deadline()
+	release := startKind(n, nodeCtx, "release", "held")
+	acquire := startKind(n, nodeCtx, "acquire", "fresh")
+	errA, errR := <-acquire, <-release
+	if heard := d.Add(timeout); heard.Sub(resumed) < 2*stoppedLate {
+		t.Skipf("the stop overran the time the quorum listens (resumed %v before its end; a loaded host)", heard.Sub(resumed))
+	}
+	if errA != nil || errR != nil {
+		t.Fatalf("batch written after a stop that passed its deadline (resumed %v after it): acquire %v, release %v; want both done", resumed.Sub(d), errA, errR)
+	}
+}
