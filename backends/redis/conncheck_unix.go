@@ -160,7 +160,17 @@ func (c *lateConn) Read(b []byte) (int, error) {
 // could not run.
 func (c *lateConn) Write(b []byte) (int, error) {
 	n, err := c.Conn.Write(b)
-	if n == len(b) || !errors.Is(err, os.ErrDeadlineExceeded) {
+	if n == len(b) {
+		// Written all the same past its deadline: the process ran
+		// again before the deadline's timer did (as a read, see Read).
+		if !c.wd.IsZero() {
+			if now := time.Now(); now.After(c.wd) {
+				c.wroteLate(now)
+			}
+		}
+		return n, err
+	}
+	if !errors.Is(err, os.ErrDeadlineExceeded) {
 		return n, err
 	}
 	if cerr := c.rc.Control(func(fd uintptr) {
@@ -175,22 +185,26 @@ func (c *lateConn) Write(b []byte) (int, error) {
 			n += k
 		}
 	}); cerr == nil && n == len(b) {
-		now := time.Now()
-		c.late.add(lateFrom(c.wd, c.wdSet, now), now)
-		if c.late.rewait && !c.rd.IsZero() {
-			// Written late: the answers are read within the time the
-			// deadline gave them, from now, while the quorum listens.
-			// The look a read makes past its deadline would come
-			// before the node could answer.
-			d := now.Add(c.rd.Sub(c.rdSet))
-			if h := c.late.heard; !h.IsZero() && h.Before(d) {
-				d = h
-			}
-			_ = c.SetReadDeadline(d)
-		}
+		c.wroteLate(time.Now())
 		return n, nil
 	}
 	return n, err
+}
+
+// wroteLate records a write done at now, past its deadline.
+func (c *lateConn) wroteLate(now time.Time) {
+	c.late.add(lateFrom(c.wd, c.wdSet, now), now)
+	if c.late.rewait && !c.rd.IsZero() {
+		// Written late: the answers are read within the time the
+		// deadline gave them, from now, while the quorum listens. The
+		// look a read makes past its deadline would come before the
+		// node could answer.
+		d := now.Add(c.rd.Sub(c.rdSet))
+		if h := c.late.heard; !h.IsZero() && h.Before(d) {
+			d = h
+		}
+		_ = c.SetReadDeadline(d)
+	}
 }
 
 // SetDeadline sets the socket's deadlines, and remembers them.

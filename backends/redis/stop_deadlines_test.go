@@ -236,7 +236,8 @@ func TestAcquiresQueuedAcrossStop(t *testing.T) {
 func TestStopBetweenDeadlineAndWriteOfAcquireBatch(t *testing.T) {
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	r := harness.StartRedis(t, harness.RedisOptions{})
-	const timeout = 200 * time.Millisecond
+	// Long enough for a loaded host's node to answer in the time left.
+	const timeout = 600 * time.Millisecond
 	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: timeout})
 	t.Cleanup(func() { n.Close() })
 	ctx := ctxTimeout(t, 20*time.Second)
