@@ -80,6 +80,20 @@ type Request struct {
 	// timeout after Acquire is called. Past it, Acquire answers
 	// ErrNotAcquired without having tried.
 	JoinBy time.Time
+	// OwnToken, for a NoReentry attempt, says that Token holds nothing on
+	// any node but what this caller's own attempts made there: lockproxy
+	// made it for one LOCK … WAIT. A roll-back that reaches a node where
+	// the attempt was refused then takes nothing it should not, so a
+	// refused attempt need not hear out a node that has not answered (a
+	// silent one takes the node timeout and more, and its roll-back as
+	// long again, while the caller, a waiter, could not try again): once
+	// the answer is ErrNotAcquired whatever the nodes still unheard say,
+	// it gives them TimeoutMin to answer, as healthy nodes answer within
+	// about a millisecond of each other, and then sends them its
+	// roll-back at once, queued behind the attempt on each node, and
+	// answers without waiting for the roll-back's answers
+	// (backends/redis TestWaitHandOverWithSilentNode).
+	OwnToken bool
 }
 
 // attemptPrefix makes the attempt names of this process unlike those of
@@ -374,6 +388,9 @@ type Quorum struct {
 	// joins runs a token's overlapping attempts on one key one
 	// after another (see enterJoin).
 	joins joinGate
+	// rollbacks counts the roll-backs sent without waiting for their
+	// answers (see startReleaseAll).
+	rollbacks inFlight
 }
 
 // joinGate holds the attempts that may join a hold (not
@@ -759,11 +776,41 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 			}
 		}
 	}
+	// hearWithin waits up to d for the nodes still answering, and
+	// reports whether every node was heard.
+	hearWithin := func(d time.Duration) bool {
+		if got == n {
+			return true
+		}
+		limit := time.NewTimer(d)
+		defer limit.Stop()
+		for got < n {
+			select {
+			case r := <-results:
+				tally(r)
+				got++
+			case <-limit.C:
+				return false
+			}
+		}
+		return true
+	}
 	if len(granted) < need {
 		// The answer is the one decided on: a refused upgrade heard only
 		// now (a leftover read hold on a minority) does not turn it into
 		// ErrUpgrade.
 		decidedUpgrades := upgrades
+		// The answer is ErrNotAcquired even if every node still unheard
+		// fails: with OwnToken, those not heard within TimeoutMin get the
+		// roll-back unheard, and it is not waited for (see
+		// Request.OwnToken). In the common case the last node answers
+		// within it, and the attempt ends as below: one timer, as
+		// hearOut's.
+		if req.OwnToken && req.NoReentry && decidedUpgrades == 0 && refused > 0 && len(failures)+(n-got) <= n-need &&
+			!hearWithin(q.cfg.TimeoutMin) {
+			q.startReleaseAll(ctx, req, refusedBy)
+			return Lease{}, ErrNotAcquired
+		}
 		hearOut()
 		q.releaseAll(ctx, req, refusedBy)
 		if decidedUpgrades > 0 {
@@ -1038,6 +1085,80 @@ func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool) {
 	q.fanOutBoolSkip(ctx, q.NodeTimeout(req.TTL), releaseOp(req.Key, req.Token, rollbackHold(req.Mode)), 0, skip)
 }
 
+// startReleaseAll is releaseAll without waiting for the answers: each
+// release is handed to its node (an AsyncNode queues it behind the
+// attempt) before it returns, and runs on, bounded by the node timeout.
+// WaitRollbacks waits for them.
+func (q *Quorum) startReleaseAll(ctx context.Context, req Request, skip []bool) {
+	ctx = context.WithValue(ctx, rollbackKey{}, rollbackOf{attempt: req.Attempt})
+	op := releaseOp(req.Key, req.Token, rollbackHold(req.Mode))
+	start, call := op.start, op.call
+	op.start = func(ctx context.Context, nd Node, done func(bool, error)) bool {
+		q.rollbacks.add()
+		if start(ctx, nd, func(ok bool, err error) {
+			q.rollbacks.done()
+			done(ok, err)
+		}) {
+			return true
+		}
+		return false // op.call runs, and counts it done
+	}
+	op.call = func(ctx context.Context, nd Node) (bool, error) {
+		defer q.rollbacks.done()
+		return call(ctx, nd)
+	}
+	q.fanOutBoolSkip(ctx, q.NodeTimeout(req.TTL), op, -1, skip)
+}
+
+// WaitRollbacks waits until every roll-back that a refused attempt sent
+// without waiting for it (see Request.OwnToken) was answered, or ctx
+// ends: before its nodes are closed, which would drop those still
+// queued.
+func (q *Quorum) WaitRollbacks(ctx context.Context) error {
+	return q.rollbacks.wait(ctx)
+}
+
+// inFlight counts operations under way; its zero value is ready.
+type inFlight struct {
+	mu   sync.Mutex
+	n    int
+	zero chan struct{} // closed when n drops to 0, if someone waits
+}
+
+func (f *inFlight) add() {
+	f.mu.Lock()
+	f.n++
+	f.mu.Unlock()
+}
+
+func (f *inFlight) done() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.n--; f.n == 0 && f.zero != nil {
+		close(f.zero)
+		f.zero = nil
+	}
+}
+
+func (f *inFlight) wait(ctx context.Context) error {
+	f.mu.Lock()
+	if f.n == 0 {
+		f.mu.Unlock()
+		return nil
+	}
+	if f.zero == nil {
+		f.zero = make(chan struct{})
+	}
+	zero := f.zero
+	f.mu.Unlock()
+	select {
+	case <-zero:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 type rollbackKey struct{}
 
 // rollbackOf is the ctx value of a roll-back: the attempt it undoes.
@@ -1114,7 +1235,7 @@ func (q *Quorum) fanOutBool(parent context.Context, timeout time.Duration, op bo
 }
 
 // fanOutBoolSkip is fanOutBool on the nodes whose skip entry is not set
-// (all of them for a nil skip).
+// (all of them for a nil skip). With enough < 0 it waits for no answer.
 func (q *Quorum) fanOutBoolSkip(parent context.Context, timeout time.Duration, op boolOp, enough int, skip []bool) (oks int, failures []NodeError) {
 	// The nodes not waited for must still finish, even if the caller's
 	// context ends as soon as we return: they get their own, which is
@@ -1166,7 +1287,7 @@ func (q *Quorum) fanOutBoolSkip(parent context.Context, timeout time.Duration, o
 	stretched := false
 	got := 0
 wait:
-	for got < sent {
+	for got < sent && enough >= 0 {
 		var r boolResult
 		select {
 		case r = <-results:

@@ -1,0 +1,113 @@
+package quorum_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// TestOwnTokenRefusalNotHeldBySilentNode: an attempt whose token is its
+// caller's own (Request.OwnToken, a LOCK … WAIT without TOKEN) and that
+// a majority refused answers ErrNotAcquired within about TimeoutMin, not
+// once a node that does not answer was heard out (the node timeout and
+// more) and its roll-back answered (as long again): a waiter can try again
+// as soon as the key is released. The roll-back still goes to that node,
+// and to no node that refused. A last node that answers within TimeoutMin
+// is heard, as before, and gets no roll-back; so does one of an attempt
+// whose answer could still change (NOQUORUM naming the nodes), or that
+// is not OwnToken, or not NoReentry. WaitRollbacks waits for the
+// roll-backs not waited for.
+func TestOwnTokenRefusalNotHeldBySilentNode(t *testing.T) {
+	const (
+		nodeTimeout = 200 * time.Millisecond // 5 % of req's 10 s, capped
+		minTimeout  = 20 * time.Millisecond
+		// fast is the most a prompt answer may take: TimeoutMin and
+		// slack for a loaded host, well under one node timeout.
+		fast = minTimeout + 80*time.Millisecond
+	)
+	for _, tc := range []struct {
+		name      string
+		n         int
+		set       func(i int, nd *fakeNode)
+		own, nore bool
+		want      error
+		prompt    bool  // answered within fast
+		released  []int // nodes that get a roll-back
+	}{
+		{"silent third node", 3, silentLast(3, 0), true, true, quorum.ErrNotAcquired, true, []int{2}},
+		{"third node answers within TimeoutMin", 3, silentLast(3, time.Millisecond), true, true, quorum.ErrNotAcquired, true, nil},
+		{"not OwnToken: heard out", 3, silentLast(3, 0), false, true, quorum.ErrNotAcquired, false, []int{2}},
+		{"not NoReentry: heard out", 3, silentLast(3, 0), true, false, quorum.ErrNotAcquired, false, []int{2}},
+		{"the answer could still change: heard out", 5, func(i int, nd *fakeNode) {
+			switch i {
+			case 0, 1:
+				nd.refuse = true
+			case 2:
+				nd.err = errRefused
+			default:
+				nd.delay = time.Hour
+			}
+		}, true, true, quorum.ErrNoQuorum, false, []int{2, 3, 4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			checkGoroutines(t)
+			nodes := makeNodes(t, tc.n, tc.set)
+			cfg := defaultConfig()
+			cfg.TimeoutMin, cfg.TimeoutMax = minTimeout, nodeTimeout
+			q := newQuorum(t, cfg, nodes)
+			r := req
+			r.OwnToken, r.NoReentry = tc.own, tc.nore
+			start := time.Now()
+			_, err := q.Acquire(context.Background(), r)
+			took := time.Since(start)
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("Acquire = %v; want %v", err, tc.want)
+			}
+			if tc.prompt && took > fast {
+				t.Errorf("Acquire answered after %v; want within %v", took, fast)
+			}
+			if !tc.prompt && took < nodeTimeout {
+				t.Errorf("Acquire answered after %v; want the silent nodes heard out (%v at least)", took, nodeTimeout)
+			}
+			// The roll-backs not waited for end within the node timeout
+			// (the silent node's Release runs until its deadline).
+			wctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			if err := q.WaitRollbacks(wctx); err != nil {
+				t.Fatalf("WaitRollbacks = %v; want the roll-backs answered", err)
+			}
+			want := map[int]bool{}
+			for _, i := range tc.released {
+				want[i] = true
+			}
+			for i, nd := range nodes {
+				rel := nd.ops("release")
+				if got := len(rel) > 0; got != want[i] {
+					t.Errorf("%s got %d roll-backs; want them: %v", nd.name, len(rel), want[i])
+				}
+				for _, c := range rel {
+					if c.token != r.Token || c.hold != quorum.WriteHold {
+						t.Errorf("%s rolled back %+v; want %q's write hold", nd.name, c, r.Token)
+					}
+				}
+			}
+		})
+	}
+}
+
+// silentLast sets the first n-1 nodes to refuse, and the last to answer
+// after delay, or never (0: it waits until its context ends).
+func silentLast(n int, delay time.Duration) func(int, *fakeNode) {
+	return func(i int, nd *fakeNode) {
+		nd.refuse = true
+		if i == n-1 {
+			nd.delay = delay
+			if delay == 0 {
+				nd.delay = time.Hour
+			}
+		}
+	}
+}
