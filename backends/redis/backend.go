@@ -375,6 +375,13 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	// An attempt of the same token under way here keeps ours waiting at
 	// most until the WAIT ends (see quorum.enterJoin).
 	qreq.JoinBy = end
+	// A LOCK … WAIT without TOKEN (NoReentry: only transparent mode's SET
+	// NX, which never waits, sets it with a token of the client's) has a
+	// token lockproxy made for it: a refused attempt rolls back a node
+	// that has not answered without hearing it out, so that a silent node
+	// does not keep this waiter from trying again when the key is
+	// released (see quorum.Request.OwnToken).
+	qreq.OwnToken = req.NoReentry
 	deadline := time.NewTimer(req.Wait)
 	defer deadline.Stop()
 	// A waiter that names its token may hold the key already: then it is
@@ -859,6 +866,13 @@ func (b *Backend) Close() error {
 	b.closing = true
 	b.lateMu.Unlock()
 	b.late.Wait()
+	if b.q != nil {
+		// So are the roll-backs that refused attempts of theirs sent
+		// without waiting (quorum.Request.OwnToken), bounded alike.
+		ctx, cancel := context.WithTimeout(context.Background(), b.lateReleaseTimeout())
+		_ = b.q.WaitRollbacks(ctx)
+		cancel()
+	}
 	if b.stop != nil {
 		b.stop()
 		b.wg.Wait()

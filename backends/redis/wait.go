@@ -465,7 +465,11 @@ func signal(w *waiter) {
 // for a writer's, which nodes granted. A
 // failed attempt has all its answers in by the time the quorum returns: it
 // rolls back every node that did not refuse, and waits for that, which
-// comes after the node's answer.
+// comes after the node's answer; but the refused attempt of a waiter
+// without TOKEN (quorum.Request.OwnToken) returns once the nodes that
+// answered refused it on a majority, and a node silent until then
+// answers later, into a refusals no one reads any more: the next attempt
+// gathers its own.
 type refusals struct {
 	mu      sync.Mutex
 	nodes   []*Node // every node that refused

@@ -1,0 +1,204 @@
+package redis
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// TestWaitHandOverWithSilentNode: a LOCK … WAIT is granted soon after the
+// holder's UNLOCK is answered, also while one node of three is silent
+// (paused: its connections stay open and nothing comes back, as behind a
+// blackholed link), whether the waiter is on the holder's instance or on
+// another one, and whether the UNLOCK comes while the waiter's refused
+// attempt still waits for the silent node or while the waiter sleeps. The
+// two healthy nodes are a majority: enough to release and to grant.
+// Before, a refused attempt of the waiter heard out the silent node (up to
+// two node timeouts) and then waited for its roll-back there (one more)
+// before its waiter could try again, so the grant came up to about three
+// node timeouts (500 ms each here) after the UNLOCK.
+func TestWaitHandOverWithSilentNode(t *testing.T) {
+	const (
+		ttl     = 10 * time.Second
+		timeout = 500 * time.Millisecond // the node timeout at this TTL
+		// bound is how long after the UNLOCK's answer the grant may come:
+		// well under one node timeout, on a shared, loaded host.
+		bound = 250 * time.Millisecond
+	)
+	for _, tc := range []struct {
+		silent bool
+		other  bool // the waiter is on another instance than the holder
+		// unlockAfter is when the holder unlocks, after the waiter's
+		// LOCK was sent: 100 ms, while the waiter's first attempt waits
+		// for the silent node (if any); 1.6 s, while it sleeps on.
+		unlockAfter time.Duration
+	}{
+		{false, false, 100 * time.Millisecond},
+		{false, true, 100 * time.Millisecond},
+		{true, false, 100 * time.Millisecond},
+		{true, true, 100 * time.Millisecond},
+		{true, false, 1600 * time.Millisecond},
+		{true, true, 1600 * time.Millisecond},
+	} {
+		name := fmt.Sprintf("silent=%v other=%v unlock after %v", tc.silent, tc.other, tc.unlockAfter)
+		t.Run(name, func(t *testing.T) {
+			b, rs := newRealBackend(t, 3, nodeTimeouts(timeout))
+			ctx := ctxTimeout(t, 30*time.Second)
+			const key = "handover"
+			WarmUp(ctx, t, b, rs, "ho-warm", ttl)
+			wb := b
+			if tc.other {
+				wb = newBackendOnTuned(t, rs, nodeTimeouts(timeout))
+				WarmUp(ctx, t, wb, rs, "ho-warm2", ttl)
+			}
+			held := lockOrFatal(t, b, backends.LockRequest{Key: key, Token: "A", TTL: ttl})
+			if tc.silent {
+				c2 := rs[2].Client(t)
+				waitFor(t, "the hold on the third node", func() bool { return c2.Get(ctx, "lp:lock:"+key).Val() == "A" })
+				rs[2].Pause()
+				t.Cleanup(rs[2].Resume)
+			}
+			type result struct {
+				l   backends.Lease
+				err error
+				at  time.Time
+			}
+			got := make(chan result, 1)
+			go func() {
+				l, err := wb.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second, NoReentry: true})
+				got <- result{l, err, time.Now()}
+			}()
+			time.Sleep(tc.unlockAfter)
+			if ok, err := b.Unlock(ctx, key, held.Token); !ok || err != nil {
+				t.Fatalf("UNLOCK = %v, %v; want released", ok, err)
+			}
+			unlocked := time.Now()
+			r := <-got
+			if r.err != nil {
+				t.Fatalf("LOCK … WAIT = %v; want a grant", r.err)
+			}
+			lag := r.at.Sub(unlocked)
+			t.Logf("granted %v after the UNLOCK's answer (validity %v, fence %d)", lag.Round(100*time.Microsecond), r.l.Validity, r.l.Fence)
+			if lag > bound {
+				t.Errorf("LOCK … WAIT granted %v after the UNLOCK's answer; want within %v", lag.Round(time.Millisecond), bound)
+			}
+			if r.l.Fence <= held.Fence {
+				t.Errorf("fence %d after the holder's %d; want higher", r.l.Fence, held.Fence)
+			}
+			if max := ttl - quorum.DefaultDriftMin - ttl/100; r.l.Validity > max {
+				t.Errorf("validity %v; want at most %v", r.l.Validity, max)
+			}
+			// Nothing is left behind once the silent node answers again:
+			// the roll-backs of the waiter's refused attempts reached it in
+			// order, and so did the UNLOCKs.
+			if ok, err := wb.Unlock(ctx, key, "B"); !ok || err != nil {
+				t.Fatalf("UNLOCK B = %v, %v; want released", ok, err)
+			}
+			rs[2].Resume()
+			on := func() (held []string) {
+				for i, n := range rs {
+					if v := n.Client(t).Get(ctx, "lp:lock:"+key).Val(); v != "" {
+						held = append(held, fmt.Sprintf("node %d: %s", i, v))
+					}
+				}
+				return held
+			}
+			staysGone(t, fmt.Sprintf("%q held on no node after both UNLOCKs", key), 2*timeout, func() string {
+				if held := on(); len(held) > 0 {
+					return fmt.Sprint(held)
+				}
+				return ""
+			})
+		})
+	}
+}
+
+// TestWaitRefusedRollsBackSilentNode: the refused attempts of a LOCK …
+// WAIT (without TOKEN) roll back a node that did not answer them without
+// hearing it out (see quorum.Request.OwnToken), and the roll-back still
+// reaches it: a node paused with the key free there grants the attempt
+// when it runs again, and that hold is removed, within the node timeouts,
+// not left until its TTL.
+func TestWaitRefusedRollsBackSilentNode(t *testing.T) {
+	const (
+		ttl     = 10 * time.Second
+		timeout = 500 * time.Millisecond
+	)
+	b, rs := newRealBackend(t, 3, nodeTimeouts(timeout))
+	ctx := ctxTimeout(t, 30*time.Second)
+	const key = "refused-silent"
+	WarmUp(ctx, t, b, rs, "rs-warm", ttl)
+	lockOrFatal(t, b, backends.LockRequest{Key: key, Token: "A", TTL: ttl})
+	c2 := rs[2].Client(t)
+	waitFor(t, "the hold on the third node", func() bool { return c2.Get(ctx, "lp:lock:"+key).Val() == "A" })
+	// Free on the third node only: B's attempt is refused by the other
+	// two, and granted there once it runs again.
+	if err := c2.Del(ctx, "lp:lock:"+key).Err(); err != nil {
+		t.Fatal(err)
+	}
+	rs[2].Pause()
+	t.Cleanup(rs[2].Resume)
+	start := time.Now()
+	_, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 300 * time.Millisecond, NoReentry: true})
+	if !errors.Is(err, backends.ErrNotAcquired) {
+		t.Fatalf("LOCK … WAIT = %v after %v; want not acquired", err, time.Since(start))
+	}
+	rs[2].Resume()
+	// The node runs what was queued for it as it resumes, the attempt
+	// first (B may hold the key there for a moment): B's hold must then
+	// be gone for good, well before its 10 s TTL.
+	staysGone(t, fmt.Sprintf("B's hold of %q gone from the third node", key), 2*timeout, func() string {
+		if v := c2.Get(ctx, "lp:lock:"+key).Val(); v == "B" {
+			return "held by B"
+		}
+		return ""
+	})
+}
+
+// staysGone polls held (which describes what is left, or is "") every
+// 10 ms until it has been "" for window, and fails the test if that does
+// not happen within 5 s: what a node resuming runs may show for a moment
+// before it is undone.
+func staysGone(t *testing.T, what string, window time.Duration, held func() string) {
+	t.Helper()
+	var clear time.Time
+	var last string
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		now := time.Now()
+		switch h := held(); {
+		case h != "":
+			clear, last = time.Time{}, h
+		case clear.IsZero():
+			clear = now
+		case now.Sub(clear) >= window:
+			return
+		}
+		if now.After(deadline) {
+			t.Fatalf("%s: not for %v within 5 s (last seen: %s)", what, window, last)
+		}
+	}
+}
+
+// newBackendOnTuned is newBackendOn with its Config changed by tune.
+func newBackendOnTuned(t *testing.T, rs []*harness.Redis, tune ...func(*Config)) *Backend {
+	t.Helper()
+	cfg := Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
+		Quorum: quorum.Config{DriftFactor: 0.01, DriftMin: 2 * time.Millisecond}}
+	for _, r := range rs {
+		cfg.Nodes = append(cfg.Nodes, NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second, Metrics: NewMetrics(nil)})
+	}
+	for _, f := range tune {
+		f(&cfg)
+	}
+	b, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = b.Close() })
+	return b
+}
