@@ -1,0 +1,57 @@
+package e2e
+
+import (
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/test/lockclient"
+)
+
+// TestWaitHandOverWithSilentNode: through the lockproxy binary with its
+// default node timeouts (5 % of PX 10000, capped at node_timeout_max's
+// 250 ms), a LOCK … WAIT without TOKEN on the holder's instance is
+// granted soon after the holder's UNLOCK is answered, also while one node
+// of three is silent (SIGSTOP: its connections stay open and nothing
+// comes back, as behind a blackholed link): the two others are a
+// majority. Before, the waiter's refused attempt heard out the silent
+// node and waited for its roll-back there, and the grant came about two
+// node timeouts after the attempt began (400 ms after the UNLOCK here).
+func TestWaitHandOverWithSilentNode(t *testing.T) {
+	// bound is well under the 250 ms node timeout, for a shared host.
+	const bound = 150 * time.Millisecond
+	for _, silent := range []bool{false, true} {
+		name := "all nodes answer"
+		if silent {
+			name = "one node silent"
+		}
+		t.Run(name, func(t *testing.T) {
+			cl := startCluster(t, 3)
+			in := startInstance(t, cl.addrs())
+			c := lc.NewClient(t, in.addr, 2)
+			key := "handover-" + lockclient.RandID()
+			g := cl.lockOnAllNodes(t, c, key, "PX", 10000)
+			if silent {
+				cl.nodes[2].Pause()
+				t.Cleanup(cl.nodes[2].Resume)
+			}
+			waiter := lc.DialRaw(t, in.addr)
+			waiter.Send("LOCK", key, "PX", "10000", "WAIT", "5000")
+			// The waiter's first attempt is refused and, with a silent
+			// node, still waits for it.
+			time.Sleep(100 * time.Millisecond)
+			if got := lc.Unlock(t, c, key, g.Token); got != 1 {
+				t.Fatalf("the holder's UNLOCK = %d; want 1", got)
+			}
+			unlocked := time.Now()
+			r, err := waiter.ReadWithin(10 * time.Second)
+			lag := time.Since(unlocked)
+			if err != nil || r.Null || r.Kind == '-' {
+				t.Fatalf("LOCK … WAIT 5000 = %v, %v after the UNLOCK; want a grant", r, err)
+			}
+			t.Logf("granted %v after the UNLOCK's answer", lag.Round(100*time.Microsecond))
+			if lag > bound {
+				t.Errorf("LOCK … WAIT 5000 granted %v after the UNLOCK's answer; want within %v", lag.Round(time.Millisecond), bound)
+			}
+		})
+	}
+}
