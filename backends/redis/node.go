@@ -1368,7 +1368,7 @@ func (n *Node) exec(w *writer, batch []*op) {
 		if mark, ok := n.undoesErred(o); ok {
 			o.lateGrant, o.lateMark = true, mark
 		}
-		if rollsBackInBatch(live, o) {
+		if rollsBackInBatch(live, o) || touchesKeyOf(later, o) {
 			later = append(later, o)
 			continue
 		}
@@ -1511,6 +1511,20 @@ func rollsBackInBatch(before []*op, o *op) bool {
 	}
 	for _, p := range before {
 		if p.kind == opAcquire && p.base == o.base && p.token == o.token && p.attempt == o.attempt {
+			return true
+		}
+	}
+	return false
+}
+
+// touchesKeyOf tells whether o is on the key of one of deferred, the ops
+// of a batch held back until its answers (see rollsBackInBatch): it goes
+// after them, as it was queued. The next attempt of a waiter's token,
+// queued behind the roll-back of its refused one (quorum.Request.OwnToken),
+// sent ahead of it would have its hold removed by it.
+func touchesKeyOf(deferred []*op, o *op) bool {
+	for _, p := range deferred {
+		if p.base == o.base {
 			return true
 		}
 	}
