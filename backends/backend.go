@@ -30,6 +30,14 @@ type LockRequest struct {
 	// NoReentry refuses the lock even to its current holder's token, as
 	// SET NX does (transparent mode).
 	NoReentry bool
+	// OwnToken says that Token was made by lockproxy for this one request
+	// (LOCK or RLOCK without TOKEN) and no other request will use it: it
+	// holds nothing on any node but what this request's attempts made, so
+	// a refused attempt's roll-back cannot take anything it should not,
+	// and the backend may send it without waiting for the nodes still
+	// unheard (a silent node would hold the answer up by about two node
+	// timeouts). Never set for a token of the client's.
+	OwnToken bool
 	// Keepalive: the caller will keep the lock alive by renewing it
 	// through this backend instance (KEEPALIVE). A backend whose lease this
 	// instance cannot keep for a hold it would join (ZooKeeper: a node in

@@ -313,9 +313,9 @@ func (h *Handler) acquire(s *resp.Session, cmd string, a lockArgs, mode backends
 		token = string(a.token)
 	}
 	// A token made here cannot hold the key already: the backend need not
-	// look for a hold to join.
+	// look for a hold to join, and no other request uses it (OwnToken).
 	req := backends.LockRequest{Key: string(a.key), Token: token, TTL: a.ttl, Wait: a.wait, Mode: mode, NoReentry: a.token == nil,
-		Keepalive: a.keepalive}
+		OwnToken: a.token == nil, Keepalive: a.keepalive}
 	ctx := s.Context()
 	var wait *lockWait
 	if a.wait > 0 {

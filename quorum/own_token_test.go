@@ -33,14 +33,18 @@ func TestOwnTokenRefusalNotHeldBySilentNode(t *testing.T) {
 		n         int
 		set       func(i int, nd *fakeNode)
 		own, nore bool
+		plain     bool // nodes without Start methods (no AsyncNode)
 		want      error
 		prompt    bool  // answered within fast
 		released  []int // nodes that get a roll-back
 	}{
-		{"silent third node", 3, silentLast(3, 0), true, true, quorum.ErrNotAcquired, true, []int{2}},
-		{"third node answers within TimeoutMin", 3, silentLast(3, time.Millisecond), true, true, quorum.ErrNotAcquired, true, nil},
-		{"not OwnToken: heard out", 3, silentLast(3, 0), false, true, quorum.ErrNotAcquired, false, []int{2}},
-		{"not NoReentry: heard out", 3, silentLast(3, 0), true, false, quorum.ErrNotAcquired, false, []int{2}},
+		{"silent third node", 3, silentLast(3, 0), true, true, false, quorum.ErrNotAcquired, true, []int{2}},
+		{"third node answers within TimeoutMin", 3, silentLast(3, time.Millisecond), true, true, false, quorum.ErrNotAcquired, true, nil},
+		{"not OwnToken: heard out", 3, silentLast(3, 0), false, true, false, quorum.ErrNotAcquired, false, []int{2}},
+		{"not NoReentry: heard out", 3, silentLast(3, 0), true, false, false, quorum.ErrNotAcquired, false, []int{2}},
+		// A plain node's roll-back runs on a goroutine of its own, in no
+		// order with the token's next attempt: it is waited for.
+		{"nodes not AsyncNode: heard out", 3, silentLast(3, 0), true, true, true, quorum.ErrNotAcquired, false, []int{2}},
 		{"the answer could still change: heard out", 5, func(i int, nd *fakeNode) {
 			switch i {
 			case 0, 1:
@@ -50,7 +54,7 @@ func TestOwnTokenRefusalNotHeldBySilentNode(t *testing.T) {
 			default:
 				nd.delay = time.Hour
 			}
-		}, true, true, quorum.ErrNoQuorum, false, []int{2, 3, 4}},
+		}, true, true, false, quorum.ErrNoQuorum, false, []int{2, 3, 4}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checkGoroutines(t)
@@ -58,6 +62,9 @@ func TestOwnTokenRefusalNotHeldBySilentNode(t *testing.T) {
 			cfg := defaultConfig()
 			cfg.TimeoutMin, cfg.TimeoutMax = minTimeout, nodeTimeout
 			q := newQuorum(t, cfg, nodes)
+			if !tc.plain {
+				q = newAsyncQuorum(t, cfg, nodes)
+			}
 			r := req
 			r.OwnToken, r.NoReentry = tc.own, tc.nore
 			start := time.Now()
@@ -110,4 +117,65 @@ func silentLast(n int, delay time.Duration) func(int, *fakeNode) {
 			}
 		}
 	}
+}
+
+// asyncFake is a fakeNode with the Start methods of an AsyncNode, each
+// running the plain method on a goroutine of its own: what
+// Request.OwnToken needs to be seen (the order it relies on is
+// rollback_order_test's).
+type asyncFake struct{ *fakeNode }
+
+func (n asyncFake) StartAcquire(ctx context.Context, req quorum.Request, done func(quorum.NodeGrant, error)) {
+	go func() {
+		ctx, cancel := withTimer(ctx)
+		defer cancel()
+		done(n.Acquire(ctx, req))
+	}()
+}
+
+func (n asyncFake) StartRaiseFence(ctx context.Context, key, token string, fence uint64, done func(bool, error)) {
+	go func() {
+		ctx, cancel := withTimer(ctx)
+		defer cancel()
+		done(n.RaiseFence(ctx, key, token, fence))
+	}()
+}
+
+func (n asyncFake) StartRelease(ctx context.Context, key, token string, hold quorum.Hold, done func(bool, error)) {
+	go func() {
+		ctx, cancel := withTimer(ctx)
+		defer cancel()
+		done(n.Release(ctx, key, token, hold))
+	}()
+}
+
+func (n asyncFake) StartExtend(ctx context.Context, key, token string, ttl time.Duration, done func(bool, error)) {
+	go func() {
+		ctx, cancel := withTimer(ctx)
+		defer cancel()
+		done(n.Extend(ctx, key, token, ttl))
+	}()
+}
+
+// withTimer gives ctx's deadline a timer: the quorum hands an AsyncNode
+// a context whose deadline has none (a real node keeps the deadline
+// itself), and the fake waits on Done.
+func withTimer(ctx context.Context) (context.Context, context.CancelFunc) {
+	if d, ok := ctx.Deadline(); ok {
+		return context.WithDeadline(ctx, d)
+	}
+	return ctx, func() {}
+}
+
+func newAsyncQuorum(t *testing.T, cfg quorum.Config, nodes []*fakeNode) *quorum.Quorum {
+	t.Helper()
+	qn := make([]quorum.Node, len(nodes))
+	for i, nd := range nodes {
+		qn[i] = asyncFake{nd}
+	}
+	q, err := quorum.New(qn, cfg)
+	if err != nil {
+		t.Fatalf("quorum.New: %v", err)
+	}
+	return q
 }

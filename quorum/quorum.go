@@ -82,7 +82,7 @@ type Request struct {
 	JoinBy time.Time
 	// OwnToken, for a NoReentry attempt, says that Token holds nothing on
 	// any node but what this caller's own attempts made there: lockproxy
-	// made it for one LOCK … WAIT. A roll-back that reaches a node where
+	// made it for one LOCK or RLOCK without TOKEN. A roll-back that reaches a node where
 	// the attempt was refused then takes nothing it should not, so a
 	// refused attempt need not hear out a node that has not answered (a
 	// silent one takes the node timeout and more, and its roll-back as
@@ -92,7 +92,11 @@ type Request struct {
 	// about a millisecond of each other, and then sends them its
 	// roll-back at once, queued behind the attempt on each node, and
 	// answers without waiting for the roll-back's answers
-	// (backends/redis TestWaitHandOverWithSilentNode).
+	// (backends/redis TestWaitHandOverWithSilentNode). Only where every
+	// node is an AsyncNode, whose Start methods queue operations in the
+	// order they are started, so that the same token's next attempt
+	// reaches each node after the roll-back (a plain Node's roll-back
+	// would run on a goroutine of its own, in no order with it).
 	OwnToken bool
 }
 
@@ -806,7 +810,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		// Request.OwnToken). In the common case the last node answers
 		// within it, and the attempt ends as below: one timer, as
 		// hearOut's.
-		if req.OwnToken && req.NoReentry && decidedUpgrades == 0 && refused > 0 && len(failures)+(n-got) <= n-need &&
+		if req.OwnToken && req.NoReentry && q.allAsync && decidedUpgrades == 0 && refused > 0 && len(failures)+(n-got) <= n-need &&
 			!hearWithin(q.cfg.TimeoutMin) {
 			q.startReleaseAll(ctx, req, refusedBy)
 			return Lease{}, ErrNotAcquired

@@ -364,7 +364,15 @@ const earlyWake = 5 * time.Millisecond
 // (Node.Unmark) before the waiter behind it is signaled, so that a reader
 // behind it is not refused by the mark of a writer that is gone.
 func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.Lease, error) {
-	qreq := quorum.Request{Key: req.Key, Token: req.Token, TTL: req.TTL, Mode: quorum.Exclusive, NoReentry: req.NoReentry}
+	// A token lockproxy made for this request alone (LOCK or RLOCK
+	// without TOKEN): a refused attempt rolls back a node that has not
+	// answered without hearing it out, so that a silent node neither
+	// keeps a waiter from trying again when the key is released nor holds
+	// a refused LOCK's nil up by two node timeouts (see
+	// quorum.Request.OwnToken). Never transparent mode's SET NX, whose
+	// token is the client's value.
+	qreq := quorum.Request{Key: req.Key, Token: req.Token, TTL: req.TTL, Mode: quorum.Exclusive, NoReentry: req.NoReentry,
+		OwnToken: req.OwnToken && req.NoReentry}
 	if req.Mode == backends.Read {
 		qreq.Mode = quorum.Shared
 	}
@@ -375,13 +383,6 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	// An attempt of the same token under way here keeps ours waiting at
 	// most until the WAIT ends (see quorum.enterJoin).
 	qreq.JoinBy = end
-	// A LOCK … WAIT without TOKEN (NoReentry: only transparent mode's SET
-	// NX, which never waits, sets it with a token of the client's) has a
-	// token lockproxy made for it: a refused attempt rolls back a node
-	// that has not answered without hearing it out, so that a silent node
-	// does not keep this waiter from trying again when the key is
-	// released (see quorum.Request.OwnToken).
-	qreq.OwnToken = req.NoReentry
 	deadline := time.NewTimer(req.Wait)
 	defer deadline.Stop()
 	// A waiter that names its token may hold the key already: then it is

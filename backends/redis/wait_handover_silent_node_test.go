@@ -70,7 +70,7 @@ func TestWaitHandOverWithSilentNode(t *testing.T) {
 			}
 			got := make(chan result, 1)
 			go func() {
-				l, err := wb.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second, NoReentry: true})
+				l, err := wb.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second, NoReentry: true, OwnToken: true})
 				got <- result{l, err, time.Now()}
 			}()
 			time.Sleep(tc.unlockAfter)
@@ -144,7 +144,7 @@ func TestWaitRefusedRollsBackSilentNode(t *testing.T) {
 	rs[2].Pause()
 	t.Cleanup(rs[2].Resume)
 	start := time.Now()
-	_, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 300 * time.Millisecond, NoReentry: true})
+	_, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 300 * time.Millisecond, NoReentry: true, OwnToken: true})
 	if !errors.Is(err, backends.ErrNotAcquired) {
 		t.Fatalf("LOCK … WAIT = %v after %v; want not acquired", err, time.Since(start))
 	}

@@ -48,7 +48,7 @@ func TestWaitRollbackNeverRemovesNextAttempt(t *testing.T) {
 			}
 			got := make(chan result, 1)
 			go func() {
-				l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second, Mode: mode, NoReentry: true})
+				l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second, Mode: mode, NoReentry: true, OwnToken: true})
 				got <- result{l, err}
 			}()
 			// B's first attempt is refused by the two nodes that answer;
