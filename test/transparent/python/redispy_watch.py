@@ -82,6 +82,10 @@ def take_over():
 
 
 check(r.set(key, b"tok", nx=True, px=10000), "SET NX PX again")
+# On every node before take_over deletes it there: a grant is answered
+# once a majority holds it, and a write still on its way to the last node
+# landing after take_over's DEL would keep the other's SET NX off it.
+check(settle(key, len(nodes), b"tok") == len(nodes), "the lock on every node again")
 try:
     compare_and(key, b"tok", lambda p: p.delete(key), between=take_over)
     check(False, "no WatchError after the lock was taken over")
