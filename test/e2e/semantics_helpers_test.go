@@ -177,6 +177,25 @@ func (c *cluster) nodePTTLs(t *testing.T, key string) []int64 {
 	return out
 }
 
+// nodeExpiries is when key's lock key expires on each node, counted from
+// just before that node's PTTL read: no later than the node's own expiry
+// (the zero time for a key missing or without expiry).
+func (c *cluster) nodeExpiries(t *testing.T, key string) []time.Time {
+	t.Helper()
+	out := make([]time.Time, len(c.clients))
+	for i, nc := range c.clients {
+		before := time.Now()
+		d, err := nc.PTTL(lockclient.CtxFor(t, 5*time.Second), keyPrefix+"lock:"+key).Result()
+		if err != nil {
+			t.Fatalf("node %d: PTTL: %v", i, err)
+		}
+		if d >= 0 {
+			out[i] = before.Add(d)
+		}
+	}
+	return out
+}
+
 // majorityAbove reports whether a majority of xs are > min.
 func majorityAbove(xs []int64, min int64) bool {
 	n := 0
