@@ -173,7 +173,9 @@ var clockBase = time.Now()
 
 func newUpConn(nc net.Conn, proto, db int, readTimeout time.Duration) *upConn {
 	var raw syscall.RawConn
-	if sc, ok := nc.(syscall.Conn); ok {
+	// Without nbio's raw calls (Windows) raw stays nil: the upstream is
+	// written and read through nc, as a TLS one is.
+	if sc, ok := nc.(syscall.Conn); ok && nbio.Raw {
 		raw, _ = sc.SyscallConn()
 	}
 	c := &upConn{

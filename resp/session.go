@@ -180,9 +180,9 @@ func (s *Session) setConn(c net.Conn, fc *fdConn) {
 
 // pollerIO is how a connection in Go's poller is read and written: with
 // raw system calls on a socket (see nbio), through c itself otherwise
-// (TLS; raw is nil then).
+// (TLS, or where nbio.Raw is false; raw is nil then).
 func pollerIO(c net.Conn) (raw syscall.RawConn, rd io.Reader, out io.Writer) {
-	if sc, ok := c.(syscall.Conn); ok {
+	if sc, ok := c.(syscall.Conn); ok && nbio.Raw {
 		if rc, err := sc.SyscallConn(); err == nil {
 			return rc, nbio.NewReader(rc, c.LocalAddr(), c.RemoteAddr()), nbio.NewWriter(rc, c.LocalAddr(), c.RemoteAddr())
 		}

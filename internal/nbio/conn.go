@@ -126,10 +126,11 @@ type Conn struct {
 }
 
 // Wrap returns nc with raw reads and writes when it is a socket, and nc
-// itself otherwise (a TLS connection, a pipe).
+// itself otherwise (a TLS connection, a pipe, or any connection where Raw
+// is false).
 func Wrap(nc net.Conn) net.Conn {
 	sc, ok := nc.(syscall.Conn)
-	if !ok {
+	if !ok || !Raw {
 		return nc
 	}
 	rc, err := sc.SyscallConn()

@@ -1,4 +1,4 @@
-//go:build !linux || race
+//go:build (!linux || race) && !windows
 
 // Under the race detector the calls go through package syscall, which
 // tells the detector what the kernel read and wrote (the raw calls do
