@@ -23,7 +23,6 @@ package procs
 import (
 	"context"
 	"runtime"
-	"syscall"
 	"time"
 )
 
@@ -171,13 +170,4 @@ func (c *Controller) changed(n int, used float64) {
 	if c.Changed != nil {
 		c.Changed(n, used)
 	}
-}
-
-// processCPU is the user and system CPU time of the whole process so far.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
