@@ -134,6 +134,7 @@ func run(args []string, stdout, stderr io.Writer) int {
 	for _, w := range cfg.Warnings() {
 		log.Warn("config: " + w)
 	}
+	logPlatformLimits(log)
 
 	// SIGTERM or SIGINT starts the drain. One that arrives during the
 	// drain is caught too (stop runs only when run returns) and does

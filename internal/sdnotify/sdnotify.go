@@ -13,8 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // States, as systemd reads them.
@@ -23,15 +21,6 @@ const (
 	Stopping = "STOPPING=1"
 	Watchdog = "WATCHDOG=1"
 )
-
-// Reloading is the message for the start of a reload (SIGHUP): systemd
-// 253's Type=notify-reload wants the monotonic time with it; READY=1 ends
-// the reload.
-func Reloading() string {
-	var ts unix.Timespec
-	_ = unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
-	return "RELOADING=1\nMONOTONIC_USEC=" + strconv.FormatInt(ts.Nano()/1000, 10)
-}
 
 // Status is a free-form line `systemctl status` shows.
 func Status(s string) string {
@@ -43,7 +32,7 @@ func Status(s string) string {
 // the datagram could not be sent.
 func Notify(states ...string) (bool, error) {
 	addr := os.Getenv("NOTIFY_SOCKET")
-	if addr == "" {
+	if addr == "" || !supported {
 		return false, nil
 	}
 	if addr[0] == '@' {
