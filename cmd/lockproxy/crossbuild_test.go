@@ -16,7 +16,7 @@ import (
 // the tests themselves run on Linux.
 func TestCrossBuild(t *testing.T) {
 	if testing.Short() {
-		t.Skip("cross-compiles the binary three times: not in -short")
+		t.Skip("cross-compiles the binary twice: not in -short")
 	}
 	gotool, err := exec.LookPath("go")
 	if err != nil {
@@ -28,9 +28,11 @@ func TestCrossBuild(t *testing.T) {
 	defer cancel()
 	dir := t.TempDir()
 	for _, tc := range []struct{ goos, goarch, ext string }{
+		// Windows, the one not unix; macOS, the unix laptops run. The
+		// BSDs share macOS's side of every build constraint lockproxy
+		// has; a target more would cost CI a cold build of it.
 		{"windows", "amd64", ".exe"},
 		{"darwin", "arm64", ""},
-		{"freebsd", "amd64", ""},
 	} {
 		t.Run(tc.goos+"/"+tc.goarch, func(t *testing.T) {
 			out := filepath.Join(dir, "lockproxy-"+tc.goos+"-"+tc.goarch+tc.ext)

@@ -1,3 +1,5 @@
+//go:build linux
+
 // Package suite is the end-to-end suite both lock backends run: the same
 // commands through a real lockproxy binary and go-redis, with the same
 // expected replies, whether the locks come from RedLock over Redis nodes
