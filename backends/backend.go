@@ -157,6 +157,35 @@ type HoldKeeper interface {
 	RenewHold(ctx context.Context, key, token string, mode Mode, ttl time.Duration) (time.Duration, error)
 }
 
+// HoldRenewerFrom is a HoldKeeper that also says from when the validity a
+// renewal answers counts. A validity counts from the answer, and a caller
+// that counts it from when it sent the renewal (to stay on the safe side
+// of a reply it cannot time) counts the nodes' wait twice: on a busy host,
+// where renewals wait long in the nodes' queues, that cut the lease a
+// KEEPALIVE watchdog believed it had by as much as the wait, and the next
+// renewal had that much less time to get through.
+type HoldRenewerFrom interface {
+	// RenewHoldFrom is RenewHold; validity counts from from, which is no
+	// later than when the lock store measured it. from is zero when
+	// validity is 0.
+	RenewHoldFrom(ctx context.Context, key, token string, mode Mode, ttl time.Duration) (validity time.Duration, from time.Time, err error)
+}
+
+// RenewHoldFrom is RenewHold with the time its validity counts from: b's
+// HoldRenewerFrom's, or otherwise when the renewal was sent, which counts
+// the wait twice but never past the validity the lock store measured.
+func RenewHoldFrom(ctx context.Context, b Backend, key, token string, mode Mode, ttl time.Duration) (time.Duration, time.Time, error) {
+	if hr, ok := b.(HoldRenewerFrom); ok {
+		return hr.RenewHoldFrom(ctx, key, token, mode, ttl)
+	}
+	sent := time.Now()
+	validity, err := RenewHold(ctx, b, key, token, mode, ttl)
+	if err != nil || validity <= 0 {
+		return validity, time.Time{}, err
+	}
+	return validity, sent, nil
+}
+
 // UnlockHold releases one hold of key by token of the kind mode says,
 // through b's HoldKeeper. A backend without one releases with Unlock,
 // write holds first, which is right unless token also holds the other kind.

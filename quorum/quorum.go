@@ -1379,8 +1379,24 @@ func (q *Quorum) ReleaseWithin(ctx context.Context, key, token string, timeout t
 // answered, so that the loss is told before the lease may end:
 // TestExtendWithinCallersDeadline).
 func (q *Quorum) Extend(ctx context.Context, key, token string, ttl time.Duration) (time.Duration, error) {
+	validity, _, err := q.ExtendWithin(ctx, key, token, ttl, q.NodeTimeout(ttl))
+	return validity, err
+}
+
+// ExtendWithin is Extend with each node given timeout to answer (still
+// no later than ctx's deadline), for a renewal no client waits on: a
+// KEEPALIVE watchdog's, which may take as long as the validity it last
+// answered allows. A renewal is not an acquisition: the validity it
+// answers counts from when it started, less the drift, however long the
+// nodes took, so a longer wait only shortens it, and cutting it at the
+// node timeout meant that on a host too busy to answer within it every
+// renewal failed and the locks were lost at once
+// (commands TestKeepaliveRenewalsSurviveOverload). took is how long the
+// nodes took (the validity, counted from when it started, is validity +
+// took): a caller that counts it from a time of its own taken before the
+// call does not count that wait twice.
+func (q *Quorum) ExtendWithin(ctx context.Context, key, token string, ttl, timeout time.Duration) (validity, took time.Duration, err error) {
 	start := q.cfg.Clock.Now()
-	timeout := q.NodeTimeout(ttl)
 	if d, ok := ctx.Deadline(); ok {
 		timeout = max(min(timeout, time.Until(d)), 0)
 	}
@@ -1390,13 +1406,14 @@ func (q *Quorum) Extend(ctx context.Context, key, token string, ttl time.Duratio
 			// The nodes that failed may hold it, and a majority may still:
 			// "no longer held" would be a guess (and would end a
 			// KEEPALIVE lock that one node's timeout left undecided).
-			return 0, q.noQuorum(len(q.nodes)-len(failures), failures)
+			return 0, 0, q.noQuorum(len(q.nodes)-len(failures), failures)
 		}
-		return 0, nil
+		return 0, 0, nil
 	}
-	validity := ttl - q.cfg.Clock.Now().Sub(start) - q.Drift(ttl)
+	took = q.cfg.Clock.Now().Sub(start)
+	validity = ttl - took - q.Drift(ttl)
 	if expired(validity) {
-		return 0, nil
+		return 0, 0, nil
 	}
-	return validity, nil
+	return validity, took, nil
 }

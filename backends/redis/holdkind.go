@@ -73,8 +73,36 @@ func (b *Backend) UnlockHold(ctx context.Context, key, token string, mode backen
 // extendReadScript on every node, which raise the lease of the token's
 // holds of mode to ttl but never shorten it (RENEW's Renew sets it
 // exactly).
+//
+// Its callers renew in the background (a KEEPALIVE watchdog, a lock-delay)
+// within a bound of their own, ctx's deadline: each node gets all of it,
+// not RENEW's node timeout. A watchdog's deadline is the end of the
+// validity it last answered; the validity a renewal answers counts from
+// when it started, so a slow answer is still a safe one. Cut at the node
+// timeout, a host too busy to answer within it lost most of its
+// KEEPALIVE locks at once (commands TestKeepaliveRenewalsSurviveOverload).
 func (b *Backend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
-	return b.holdQ[mode].Extend(ctx, key, token, ttl)
+	validity, _, err := b.RenewHoldFrom(ctx, key, token, mode, ttl)
+	return validity, err
+}
+
+// RenewHoldFrom implements backends.HoldRenewerFrom: RenewHold, with the
+// time its validity counts from, which is when the nodes were asked plus
+// how long they took to answer. It is taken before the quorum's own start,
+// so from + validity never ends past the lease the nodes set, less the
+// drift.
+func (b *Backend) RenewHoldFrom(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, time.Time, error) {
+	q := b.holdQ[mode]
+	timeout := q.NodeTimeout(ttl)
+	if d, ok := ctx.Deadline(); ok && time.Until(d) > timeout {
+		timeout = time.Until(d)
+	}
+	asked := time.Now()
+	validity, took, err := q.ExtendWithin(ctx, key, token, ttl, timeout)
+	if err != nil || validity <= 0 {
+		return validity, time.Time{}, err
+	}
+	return validity, asked.Add(took), nil
 }
 
 // holdNode is a node as the quorum of one kind of hold sees it: its
