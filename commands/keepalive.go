@@ -22,6 +22,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -1728,7 +1729,7 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			}
 			ttl = min(ttl, left)
 		}
-		sent, validity, err := k.renew(ctx, w, ttl, period, validEnd)
+		sent, from, validity, err := k.renew(ctx, w, ttl, validEnd)
 		// Whether the lease, and the validity last answered, have time
 		// left for another try.
 		canRetry := time.Now().Add(retry + period).Before(earlier(lastOK.Add(w.ttl-w.ttl/10), validEnd))
@@ -1759,10 +1760,15 @@ func (k *keepalives) run(ctx context.Context, w *watchdog) {
 			return
 		}
 		lastOK = sent
-		validEnd = later(validEnd, sent.Add(validity))
+		// The validity counts from when the nodes measured it (from),
+		// not from when the renewal was sent: counted from then, a
+		// renewal that waited long in the nodes' queues on a busy host
+		// lost that wait twice, and the next one, due within half of
+		// what was left, had that much less time to get through.
+		validEnd = later(validEnd, from.Add(validity))
 		k.renewedTo(w, sent.Add(ttl))
 		k.held.raised(w.key, w.token, ttl)
-		reset(renewAfter(period, validity))
+		reset(spread(renewAfter(period, time.Until(from.Add(validity)))))
 	}
 }
 
@@ -1826,9 +1832,9 @@ func (k *keepalives) maxHoldReached(w *watchdog, why string) {
 }
 
 // renew renews the holds w keeps, of the kind it renews
-// (watchdog.renewMode), with ttl, each try within period and before
-// validEnd (the end of the validity last answered); sent is when the
-// renewal answered was sent. Renewals are per kind, and UNLOCK releases a
+// (watchdog.renewMode), with ttl, each try before validEnd (the end of
+// the validity last answered); sent is when the renewal answered was
+// sent, and its validity counts from from. Renewals are per kind, and UNLOCK releases a
 // write hold before a read hold: a renewal of a write hold that an UNLOCK
 // released meanwhile finds none though w may still keep a read hold. So a
 // renewal that finds nothing is tried again at once when what w keeps
@@ -1839,7 +1845,7 @@ func (k *keepalives) maxHoldReached(w *watchdog, why string) {
 // kind w still keeps that finds nothing, with no UNLOCK since, is left to
 // run to take for a loss. Each try again needs an UNLOCK or a change of
 // kind since the last, or is the one read try, so the tries are bounded.
-func (k *keepalives) renew(ctx context.Context, w *watchdog, ttl, period time.Duration, validEnd time.Time) (sent time.Time, validity time.Duration, err error) {
+func (k *keepalives) renew(ctx context.Context, w *watchdog, ttl time.Duration, validEnd time.Time) (sent, from time.Time, validity time.Duration, err error) {
 	k.mu.Lock()
 	want, seen := w.renewMode(), w.unlocks
 	k.mu.Unlock()
@@ -1848,12 +1854,19 @@ func (k *keepalives) renew(ctx context.Context, w *watchdog, ttl, period time.Du
 		sent = time.Now()
 		// No try runs past the validity last answered (validEnd): an
 		// answer after it comes too late to spare the holder a loss
-		// told after the lease may have ended.
-		rctx, cancel := context.WithDeadline(ctx, earlier(sent.Add(period), validEnd))
-		validity, err = backends.RenewHold(rctx, k.backend, w.key, w.token, mode, ttl)
+		// told after the lease may have ended. Until then it may take
+		// all of it: a renewal is not an acquisition, and what it
+		// answers counts from when the nodes were asked, so a slow
+		// answer is a safe one. Cut at the node timeout (or at a
+		// period), on a host too busy to answer within it most
+		// renewals failed with most of their validity left, and most
+		// KEEPALIVE locks were lost at once
+		// (TestKeepaliveRenewalsSurviveOverload).
+		rctx, cancel := context.WithDeadline(ctx, validEnd)
+		validity, from, err = backends.RenewHoldFrom(rctx, k.backend, w.key, w.token, mode, ttl)
 		cancel()
 		if err != nil || validity > 0 || ctx.Err() != nil {
-			return sent, validity, err
+			return sent, from, validity, err
 		}
 		k.mu.Lock()
 		now, unlocks := w.renewMode(), w.unlocks
@@ -1865,7 +1878,7 @@ func (k *keepalives) renew(ctx context.Context, w *watchdog, ttl, period time.Du
 		case readLeft:
 			mode = backends.Read
 		default:
-			return sent, validity, err
+			return sent, from, validity, err
 		}
 	}
 }
@@ -1883,6 +1896,18 @@ func (k *keepalives) unlockInFlight(w *watchdog) bool {
 // the validity when that is sooner (a slow reply's); never negative.
 func renewAfter(period, validity time.Duration) time.Duration {
 	return max(min(period, validity/2), 0)
+}
+
+// spread is d less up to an eighth of it, at random: renewals due within
+// d may come sooner, never later. Watchdogs granted or renewed together
+// (a burst of grants, or every renewal answered in one batch after a
+// stall) would otherwise stay together, and their renewals reach the
+// nodes' writers in bursts that wait in the queues behind each other.
+func spread(d time.Duration) time.Duration {
+	if d < 8 {
+		return d
+	}
+	return d - rand.N(d/8)
 }
 
 // ended handles w's context being done: UNLOCK stopped it (nothing to do),
