@@ -101,7 +101,7 @@ func TestKeepaliveRenewalsSurviveOverload(t *testing.T) {
 	t.Logf("%v of %d KEEPALIVE locks lost to failed renewals on an overloaded host", lost, n)
 	// What is measured is the collapse: a host this busy may still cost
 	// a few locks (each told), never most of them at once. Before, 46 to
-	// 99 % were lost here; since, none to a fifth at load averages up to
+	// 100 % were lost here; since, none to about a fifth at load averages up to
 	// 10 from other processes besides this test's own.
 	if lost >= n/4 {
 		for i, e := range logs.TakeAll() {
