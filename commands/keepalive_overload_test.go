@@ -40,7 +40,7 @@ func startCPULoad(t *testing.T, n int, limit time.Duration) {
 // KEEPALIVE locks of PX 2000 over three real redis-server nodes with
 // lockproxy's default node configuration (one batching writer per node,
 // 250 ms for each node to answer), and then the host is overloaded on
-// purpose: three busy loops per vCPU run at the test's priority for
+// purpose: one busy loop per vCPU runs at the test's priority for
 // three renewal periods. A renewal is not an acquisition: it may take as
 // long as the validity last answered allows, so a host too busy to
 // answer within the node timeout must slow the renewals down, not lose
