@@ -57,6 +57,7 @@ test-e2e: deps
 soak: deps
 	LOCKPROXY_SOAK=1 $(GO) test -count=1 -p 1 -v -timeout 120m ./test/fault/
 	LOCKPROXY_SOAK=1 $(GO) test -count=1 -p 1 -v -timeout 20m -run 'UnderServerFaults|UnderFaults' ./test/zk/ ./test/postgres/
+	LOCKPROXY_SOAK=1 $(GO) test -count=1 -v -timeout 10m -run 'TestKeepaliveRenewalsSurviveOverload' ./commands/
 
 ## bench: LOCK+UNLOCK cycles through lockproxy vs redsync on the same real nodes, the
 ## passthrough table (redis-benchmark directly, through lockproxy, through twemproxy),

@@ -2,6 +2,7 @@ package commands
 
 import (
 	"context"
+	"os"
 	"os/exec"
 	"runtime"
 	"syscall"
@@ -53,6 +54,14 @@ func TestKeepaliveRenewalsSurviveOverload(t *testing.T) {
 	}
 	if raceDetector {
 		t.Skip("a capacity test: not under the race detector")
+	}
+	if os.Getenv("LOCKPROXY_SOAK") == "" {
+		// A capacity figure on a host it overloads itself: its losses
+		// depend on what else runs (most locks are lost at load 17-21,
+		// before and after), so not in make test beside the other
+		// packages; backends/redis TestRenewHoldWaitsInTheQueueUpToItsDeadline
+		// checks the mechanism there.
+		t.Skip("overloads the host: with LOCKPROXY_SOAK=1 (make soak)")
 	}
 	const (
 		n   = maxKeepalivePerConn
