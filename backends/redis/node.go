@@ -1343,9 +1343,9 @@ func (n *Node) exec(w *writer, batch []*op) {
 	// the node says of it is a fact whenever it comes (a release done, a
 	// lease extended from when it ran, whose validity the caller measures
 	// after the answer; the quorum waits for every raise). So does an
-	// acquire, but answered by the end of the time the quorum still
-	// listens for it (its deadline and as much again: hearOut's limit is
-	// the deadline and the longest node timeout after it), as the whole
+	// acquire, but answered well before the end of the time the quorum
+	// still listens for it (by answeredBy: hearOut's limit is the
+	// deadline and the longest node timeout after it), as the whole
 	// batch is (capped): a refusal the quorum did not hear would get a
 	// roll-back, which where the token already holds the key (a NoReentry
 	// attempt, a transparent SET NX) takes that hold. An acquire with too
@@ -1488,12 +1488,34 @@ func (n *Node) waitedForUs(w *writer, o *op, now time.Time) (time.Time, bool) {
 	case opRelease, opExtend, opRaiseFence:
 		return now.Add(n.timeout), true
 	case opAcquire:
-		// The quorum hears it out until its deadline and the longest
-		// node timeout after it, at least its own node timeout.
-		heard := o.deadline.Add(o.deadline.Sub(o.start))
+		heard := answeredBy(o)
 		return heard, heard.Sub(now) > stoppedLate
 	}
 	return time.Time{}, false
+}
+
+// answeredBy is when an acquire's answer must be in, when it is read past
+// its deadline (sent late, or written late, see lateness.rewait): its
+// deadline and its node timeout more, less answerSpare, but never before
+// its deadline. The quorum hears it out until its deadline and the
+// longest node timeout after it (hearOut), at least its own node timeout;
+// an answer read at that very limit reaches the quorum as its timer
+// fires, and one the quorum did not hear gets a plain roll-back, which
+// for a refusal where the token already holds the key (a NoReentry
+// attempt, a transparent SET NX with the same value) takes that hold
+// (TestLateAcquireAnsweredBeforeQuorumLimit).
+func answeredBy(o *op) time.Time {
+	t := o.deadline.Sub(o.start)
+	return o.deadline.Add(max(t-answerSpare(t), 0))
+}
+
+// answerSpare is the time an acquire's answer read past its deadline
+// leaves to the quorum's limit, for a node timeout t: the writer's and the
+// quorum's wake-ups on a loaded host, which the quorum does not take for
+// a stop (hearOut stretches its limit only when it fires more than
+// TimeoutMin late).
+func answerSpare(t time.Duration) time.Duration {
+	return max(2*stoppedLate, t/8)
 }
 
 // rollsBackInBatch tells whether o is the roll-back of an acquire among
@@ -1792,9 +1814,9 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 		c.late.rewait, c.late.heard = true, w.capped
 		for _, o := range ops {
 			if o.kind == opAcquire {
-				// Heard until its deadline and as much again (an
+				// Answered while the quorum surely listens (an
 				// acquire sent late has its limit in w.capped).
-				if h := o.deadline.Add(o.deadline.Sub(o.start)); c.late.heard.IsZero() || h.Before(c.late.heard) {
+				if h := answeredBy(o); c.late.heard.IsZero() || h.Before(c.late.heard) {
 					c.late.heard = h
 				}
 			}

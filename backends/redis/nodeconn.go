@@ -74,8 +74,7 @@ type lateness struct {
 	// its write) move the read deadline on by as much: the node gets the
 	// time the deadline gave it from the write. Not past heard, when set:
 	// an acquire's answer must come while the quorum still listens for it
-	// (its deadline and as much again, see quorum's hearOut, and
-	// Node.waitedForUs). Before, a batch with an acquire was read as
+	// (by answeredBy, see quorum's hearOut, and Node.waitedForUs). Before, a batch with an acquire was read as
 	// before, only what was there by the deadline: nothing yet, just
 	// written, and the batch failed whole, the releases and renewals in
 	// it too (an UNLOCK answered NOQUORUM in test/fault's

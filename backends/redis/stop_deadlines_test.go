@@ -48,8 +48,9 @@ var errNotDone error = notDone{}
 // for its caller's lateness and gave it up unsent (an UNLOCK or RENEW
 // across a stop of lockproxy answered NOQUORUM … timeout). An acquire so
 // handed over is sent while the quorum still listens for its answer (its
-// deadline and as much again). A deadline the caller brought that had
-// passed is still the caller's (TestRenewalPastItsCallersDeadlineGivenUp).
+// deadline and as much again, less answerSpare). A deadline the caller
+// brought that had passed is still the caller's
+// (TestRenewalPastItsCallersDeadlineGivenUp).
 func TestOpsHandedOverPastQuorumDeadlineAcrossStop(t *testing.T) {
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	r := harness.StartRedis(t, harness.RedisOptions{})
@@ -79,7 +80,7 @@ func TestOpsHandedOverPastQuorumDeadlineAcrossStop(t *testing.T) {
 			if time.Now().Before(d) {
 				t.Skipf("the stop of %v ended before the deadline it was to pass", tc.stop)
 			}
-			if tc.kind == "acquire" && time.Now().After(d.Add(timeout-2*stoppedLate)) {
+			if tc.kind == "acquire" && time.Now().After(d.Add(timeout-answerSpare(timeout)-2*stoppedLate)) {
 				t.Skipf("the stop of %v overran the time the quorum listens (a loaded host)", tc.stop)
 			}
 			if err := <-startKind(n, nodeCtx, tc.kind, tc.kind); err != nil {
@@ -167,7 +168,8 @@ func TestExecCountsStopBeforeItLooks(t *testing.T) {
 // TestAcquiresQueuedAcrossStop: acquires handed to the node's writers
 // right before the process stops for longer than their deadline are sent
 // once it runs again, while the quorum still listens for their answers
-// (their deadline and as much again, see quorum's hearOut), and granted:
+// (their deadline and as much again, less answerSpare, see quorum's
+// hearOut), and granted:
 // before, a LOCK queued when lockproxy was stopped was answered NOQUORUM
 // for a pause the nodes did not cause. Past that, they are still given up
 // unsent: a refusal the quorum no longer hears would be rolled back.
@@ -202,7 +204,7 @@ func TestAcquiresQueuedAcrossStop(t *testing.T) {
 				answers = append(answers, startKind(n, nodeCtx, "acquire", tc.name+fmt.Sprint(k)))
 			}
 			harness.StopProcess(t, tc.stop)
-			if d, _ := nodeCtx.Deadline(); tc.sent && time.Now().After(d.Add(timeout-2*stoppedLate)) {
+			if d, _ := nodeCtx.Deadline(); tc.sent && time.Now().After(d.Add(timeout-answerSpare(timeout)-2*stoppedLate)) {
 				t.Skipf("the stop of %v overran the time the quorum listens (a loaded host)", tc.stop)
 			}
 			unsent := 0
@@ -228,10 +230,10 @@ func TestAcquiresQueuedAcrossStop(t *testing.T) {
 // after a batch with an acquire set its deadline and before it was
 // written passes that deadline: the batch is written late, and its
 // answers are read for as long as the deadline gave them from the write,
-// but no longer than the quorum listens for the acquire (its deadline and
-// as much again). Before, a batch with an acquire was read only until its
-// deadline, already passed: the first read looked before the node could
-// answer, and the whole batch failed, the release in it too (an UNLOCK
+// but no longer than the quorum surely listens for the acquire (its
+// deadline and as much again, less answerSpare). Before, a batch with an
+// acquire was read only until its deadline, already passed: the first
+// read looked before the node could answer, and the whole batch failed, the release in it too (an UNLOCK
 // answered NOQUORUM in test/fault's sigstop-lockproxy-short-repeated).
 func TestStopBetweenDeadlineAndWriteOfAcquireBatch(t *testing.T) {
 	harness.RequireBinary(t, "redis-server", "redis-server")
@@ -262,10 +264,59 @@ func TestStopBetweenDeadlineAndWriteOfAcquireBatch(t *testing.T) {
 	release := startKind(n, nodeCtx, "release", "held")
 	acquire := startKind(n, nodeCtx, "acquire", "fresh")
 	errA, errR := <-acquire, <-release
-	if heard := d.Add(timeout); heard.Sub(resumed) < 2*stoppedLate {
+	if heard := d.Add(timeout - answerSpare(timeout)); heard.Sub(resumed) < 2*stoppedLate {
 		t.Skipf("the stop overran the time the quorum listens (resumed %v before its end; a loaded host)", heard.Sub(resumed))
 	}
 	if errA != nil || errR != nil {
 		t.Fatalf("batch written after a stop that passed its deadline (resumed %v after it): acquire %v, release %v; want both done", resumed.Sub(d), errA, errR)
+	}
+}
+
+// TestLateAcquireAnsweredBeforeQuorumLimit: an acquire sent past its
+// deadline after a stop of the process is answered with time to spare
+// before the quorum stops listening for it (its deadline and the longest
+// node timeout after it, quorum's hearOut), not up to that very limit.
+// An answer read at the limit reaches the quorum as its timer fires, and
+// one the quorum did not hear gets a plain roll-back: a refusal because
+// the token already held the key (a transparent SET NX with the same
+// value) loses that hold on the node. Before, the batch was read until
+// the deadline and a whole node timeout more, which for a TTL of 5 s or
+// more (node timeout at TimeoutMax) is the quorum's limit itself; now
+// answerSpare less.
+func TestLateAcquireAnsweredBeforeQuorumLimit(t *testing.T) {
+	n, r := nodeOnRedis(t)
+	ctx := ctxTimeout(t, 10*time.Second)
+	if g, err := n.Acquire(ctx, quorum.Request{Key: "warm", Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
+		t.Fatalf("Acquire = %+v, %v", g, err)
+	}
+	c, err := n.connect(ctx)
+	if err != nil {
+		t.Fatalf("connect: %v", err)
+	}
+	// The node answers 490 ms from now, 540 ms after the acquire's
+	// deadline: within its node timeout (550 ms) after it, but not
+	// answerSpare before that ends.
+	if err := r.Client(t).Do(ctx, "CLIENT", "PAUSE", 490, "ALL").Err(); err != nil {
+		t.Fatalf("CLIENT PAUSE: %v", err)
+	}
+	now := time.Now()
+	// Free since 600 ms ago, when it took the batch: then stopped.
+	w := &writer{conn: c, waited: now.Add(-600 * time.Millisecond)}
+	defer w.drop()
+	res := make(chan opResult, 1)
+	o := n.newOp(opAcquire, "k", "t")
+	o.ms = time.Minute.Milliseconds()
+	o.noReentry = true
+	start, deadline := now.Add(-600*time.Millisecond), now.Add(-50*time.Millisecond)
+	o.start, o.deadline = start, deadline
+	o.done = func(r opResult) { res <- r }
+	n.exec(w, []*op{o})
+	got := <-res
+	answered := time.Since(deadline)
+	// The quorum's limit, with its node timeout at TimeoutMax: one
+	// that fires on time would not hear an answer given later.
+	limit := deadline.Sub(start)
+	if got.err == nil && answered > limit-2*stoppedLate {
+		t.Fatalf("acquire sent past its deadline answered %v after it (%+v), within %v of when the quorum stops listening (%v after it); want it answered earlier, or failed", answered, got, 2*stoppedLate, limit)
 	}
 }
