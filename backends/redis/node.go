@@ -146,6 +146,9 @@ type op struct {
 	fence    uint64
 	start    time.Time
 	deadline time.Time
+	// handedLate says the op was handed to the node past the deadline the
+	// quorum set for it (see start): it passed in lockproxy itself.
+	handedLate bool
 	// The answer goes to done when it is set, else to res. res is
 	// buffered 1, so the writer never blocks on it; done is the quorum's
 	// callback, which must not block either.
@@ -701,7 +704,7 @@ func (n *Node) start(ctx context.Context, o *op) {
 			// the stop. Otherwise it is its caller's lateness, and
 			// exec gives it up.
 			if set, ok := quorum.DeadlineSet(ctx); ok && set.Before(d) {
-				o.start = set
+				o.start, o.handedLate = set, true
 			}
 		}
 	}
@@ -1476,12 +1479,18 @@ func (n *Node) exec(w *writer, batch []*op) {
 // waitedForUs tells whether o, found past its deadline at now, waited
 // for lockproxy itself rather than for the node, and so still goes out,
 // with the deadline it then has (see exec): its deadline passed while the
-// writer waited on no node (w.ours), after it was handed over (or after
-// the quorum set it, see start), and it is a release, a renewal, a fence
+// writer waited on no node (w.ours), after it was handed over, or before
+// (it was handed over past the deadline the quorum set, see start), and
+// it is a release, a renewal, a fence
 // raise, or an acquire the quorum still listens for, for more than
 // stoppedLate.
 func (n *Node) waitedForUs(w *writer, o *op, now time.Time) (time.Time, bool) {
-	if !o.deadline.After(o.start) || !w.oursAt(o.deadline) {
+	// One handed over past its deadline did not wait for the node,
+	// whatever the writer did meanwhile: a batch it ran after the stop (or
+	// answers it read from the socket's buffer when the process stopped,
+	// which look like no wait) leave that span out of w.ours
+	// (TestOpHandedOverPastQuorumDeadlineAfterWriterRan).
+	if !o.deadline.After(o.start) || !o.handedLate && !w.oursAt(o.deadline) {
 		return time.Time{}, false
 	}
 	switch o.kind {
