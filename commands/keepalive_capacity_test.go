@@ -5,6 +5,8 @@ import (
 	"testing"
 	"time"
 
+	"go.uber.org/zap/zaptest/observer"
+
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/backends/redis"
 	"github.com/lockproxy/lockproxy/quorum"
@@ -38,6 +40,28 @@ func TestKeepaliveRenewalsPipelined(t *testing.T) {
 		n   = maxKeepalivePerConn
 		ttl = 2 * time.Second
 	)
+	k, logs, c := holdKeepaliveLocks(t, "cap-", n, ttl)
+	time.Sleep(3 * ttl / 3)
+	lost := counterValue(t, k.lost[lostRenewFailed])
+	if live := c.ka.live.Load(); lost > 0 || live != n {
+		for i, e := range logs.TakeAll() {
+			if i < 3 {
+				t.Logf("%s %v", e.Message, e.ContextMap())
+			}
+		}
+		t.Fatalf("%v of %d KEEPALIVE locks lost to failed renewals (%d kept, %d pushes) within three renewal periods; want none",
+			lost, n, live, len(c.pushed()))
+	}
+}
+
+// holdKeepaliveLocks takes n KEEPALIVE locks of ttl (keys prefix and a
+// number) over three real redis-server nodes configured as lockproxy's
+// defaults configure them (pool_size 8, one batching writer per node,
+// 250 ms for each node to answer, what PX 5000 gets), each kept by a
+// watchdog for one test connection, and returns the watchdogs, their
+// log and the connection once every lock is granted and kept.
+func holdKeepaliveLocks(t *testing.T, prefix string, n int, ttl time.Duration) (*keepalives, *observer.ObservedLogs, *testConn) {
+	t.Helper()
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	rs := harness.StartRedisN(t, 3, harness.RedisOptions{})
 	cfg := redis.Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
@@ -57,7 +81,7 @@ func TestKeepaliveRenewalsPipelined(t *testing.T) {
 	c := newTestConn(t, 3)
 	start := time.Now()
 	for i := range n {
-		key := "cap-" + itoa(i)
+		key := prefix + itoa(i)
 		sent := time.Now()
 		l, err := be.Lock(ctx, backends.LockRequest{Key: key, Token: "t-" + key, TTL: ttl})
 		for try := 1; err != nil && try < 10; try++ {
@@ -75,15 +99,5 @@ func TestKeepaliveRenewalsPipelined(t *testing.T) {
 		}
 	}
 	t.Logf("%d KEEPALIVE locks granted in %v", n, time.Since(start).Round(time.Millisecond))
-	time.Sleep(3 * ttl / 3)
-	lost := counterValue(t, k.lost[lostRenewFailed])
-	if live := c.ka.live.Load(); lost > 0 || live != n {
-		for i, e := range logs.TakeAll() {
-			if i < 3 {
-				t.Logf("%s %v", e.Message, e.ContextMap())
-			}
-		}
-		t.Fatalf("%v of %d KEEPALIVE locks lost to failed renewals (%d kept, %d pushes) within three renewal periods; want none",
-			lost, n, live, len(c.pushed()))
-	}
+	return k, logs, c
 }

@@ -1,18 +1,12 @@
 package commands
 
 import (
-	"context"
 	"os"
 	"os/exec"
 	"runtime"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/lockproxy/lockproxy/backends"
-	"github.com/lockproxy/lockproxy/backends/redis"
-	"github.com/lockproxy/lockproxy/quorum"
-	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // startCPULoad starts n busy loops of the same priority as the test,
@@ -67,41 +61,7 @@ func TestKeepaliveRenewalsSurviveOverload(t *testing.T) {
 		n   = maxKeepalivePerConn
 		ttl = 2 * time.Second
 	)
-	harness.RequireBinary(t, "redis-server", "redis-server")
-	rs := harness.StartRedisN(t, 3, harness.RedisOptions{})
-	cfg := redis.Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
-		Quorum: quorum.Config{DriftFactor: 0.01, DriftMin: 2 * time.Millisecond, TimeoutMin: quorum.DefaultTimeoutMax}}
-	for _, r := range rs {
-		cfg.Nodes = append(cfg.Nodes, redis.NodeConfig{Addr: r.Addr, KeyPrefix: "lp:",
-			PoolSize: 8, Workers: 1, MaxBatch: 256, Timeout: quorum.DefaultTimeoutMax})
-	}
-	be, err := redis.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = be.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	k, logs := newObservedKeepalives(t, be, time.Minute)
-	c := newTestConn(t, 3)
-	start := time.Now()
-	for i := range n {
-		key := "ovl-" + itoa(i)
-		sent := time.Now()
-		l, err := be.Lock(ctx, backends.LockRequest{Key: key, Token: "t-" + key, TTL: ttl})
-		for try := 1; err != nil && try < 10; try++ {
-			sent = time.Now()
-			l, err = be.Lock(ctx, backends.LockRequest{Key: key, Token: "t-" + key, TTL: ttl})
-		}
-		if err != nil {
-			t.Fatalf("LOCK %s: %v", key, err)
-		}
-		g := grantTiming{sent: sent, validity: l.Validity, begun: sent, holds: l.Holds}
-		if !k.startGrant(c.ctx, c.ka, key, "t-"+key, ttl, 0, backends.Write, false, g) {
-			t.Fatalf("LOCK %s not kept", key)
-		}
-	}
-	t.Logf("%d KEEPALIVE locks granted in %v", n, time.Since(start).Round(time.Millisecond))
+	k, logs, c := holdKeepaliveLocks(t, "ovl-", n, ttl)
 	const watch = 3 * ttl / 3
 	startCPULoad(t, runtime.NumCPU(), watch+2*time.Second)
 	time.Sleep(watch)
