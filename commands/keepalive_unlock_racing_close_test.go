@@ -40,6 +40,18 @@ func (b *closeRaceBackend) Info(ctx context.Context, key string) (backends.LockI
 }
 
 func (b *closeRaceBackend) RenewHold(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, error) {
+	b.beforeRenew(ctx)
+	return b.Backend.RenewHold(ctx, key, token, mode, ttl)
+}
+
+// RenewHoldFrom is what the watchdog calls (backends.HoldRenewerFrom):
+// without it, the embedded Backend's would be called, past the hook.
+func (b *closeRaceBackend) RenewHoldFrom(ctx context.Context, key, token string, mode backends.Mode, ttl time.Duration) (time.Duration, time.Time, error) {
+	b.beforeRenew(ctx)
+	return b.Backend.RenewHoldFrom(ctx, key, token, mode, ttl)
+}
+
+func (b *closeRaceBackend) beforeRenew(ctx context.Context) {
 	b.mu.Lock()
 	f := b.renew
 	b.renew = nil
@@ -47,7 +59,6 @@ func (b *closeRaceBackend) RenewHold(ctx context.Context, key, token string, mod
 	if f != nil {
 		f(ctx)
 	}
-	return b.Backend.RenewHold(ctx, key, token, mode, ttl)
 }
 
 func (b *closeRaceBackend) UnlockHold(ctx context.Context, key, token string, mode backends.Mode) (bool, error) {
