@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/lockproxy/lockproxy/backends"
-	"github.com/lockproxy/lockproxy/quorum"
 	"github.com/lockproxy/lockproxy/test/harness"
 )
 
@@ -15,20 +14,7 @@ func newRealBackend(t *testing.T, n int, tune ...func(*Config)) (*Backend, []*ha
 	t.Helper()
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	rs := harness.StartRedisN(t, n, harness.RedisOptions{})
-	cfg := Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
-		Quorum: quorum.Config{DriftFactor: 0.01, DriftMin: 2 * time.Millisecond}}
-	for _, r := range rs {
-		cfg.Nodes = append(cfg.Nodes, NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second, Metrics: NewMetrics(nil)})
-	}
-	for _, f := range tune {
-		f(&cfg)
-	}
-	b, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b, rs
+	return newBackendOn(t, rs, tune...), rs
 }
 
 // TestDowngradeReadLeaseKeepsWritersOut: a write holder's read hold (a

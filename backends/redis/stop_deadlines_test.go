@@ -53,15 +53,11 @@ var errNotDone error = notDone{}
 // (TestRenewalPastItsCallersDeadlineGivenUp).
 func TestOpsHandedOverPastQuorumDeadlineAcrossStop(t *testing.T) {
 	harness.RequireBinary(t, "redis-server", "redis-server")
-	r := harness.StartRedis(t, harness.RedisOptions{})
 	const timeout = 200 * time.Millisecond
-	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: timeout})
-	t.Cleanup(func() { n.Close() })
+	n := realNode(t, timeout)
 	ctx := ctxTimeout(t, 20*time.Second)
 	for _, k := range []string{"release", "renewal"} {
-		if g, err := n.Acquire(ctx, quorum.Request{Key: k, Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
-			t.Fatalf("Acquire %s = %+v, %v", k, g, err)
-		}
+		mustHold(ctx, t, n, k)
 	}
 	for _, tc := range []struct {
 		kind string
@@ -108,9 +104,7 @@ func TestQueuedBehindBatchAwaitedAcrossStop(t *testing.T) {
 	t.Cleanup(func() { n.Close() })
 	ctx := ctxTimeout(t, 20*time.Second)
 	for _, k := range []string{"a", "b"} {
-		if g, err := n.Acquire(ctx, quorum.Request{Key: k, Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
-			t.Fatalf("Acquire %s = %+v, %v", k, g, err)
-		}
+		mustHold(ctx, t, n, k)
 	}
 	for _, kind := range []string{"renewal", "release"} {
 		t.Run(kind, func(t *testing.T) {
@@ -143,9 +137,7 @@ func TestQueuedBehindBatchAwaitedAcrossStop(t *testing.T) {
 func TestExecCountsStopBeforeItLooks(t *testing.T) {
 	n, _ := nodeOnRedis(t)
 	ctx := ctxTimeout(t, 10*time.Second)
-	if g, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
-		t.Fatalf("Acquire = %+v, %v", g, err)
-	}
+	mustHold(ctx, t, n, "k")
 	c, err := n.connect(ctx)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
@@ -180,9 +172,7 @@ func TestAcquiresQueuedAcrossStop(t *testing.T) {
 	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: timeout, MaxBatch: 4})
 	t.Cleanup(func() { n.Close() })
 	ctx := ctxTimeout(t, 20*time.Second)
-	if g, err := n.Acquire(ctx, quorum.Request{Key: "warm", Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
-		t.Fatalf("Acquire = %+v, %v", g, err)
-	}
+	mustHold(ctx, t, n, "warm")
 	const keys = 16
 	for _, tc := range []struct {
 		name string
@@ -237,15 +227,11 @@ func TestAcquiresQueuedAcrossStop(t *testing.T) {
 // answered NOQUORUM in test/fault's sigstop-lockproxy-short-repeated).
 func TestStopBetweenDeadlineAndWriteOfAcquireBatch(t *testing.T) {
 	harness.RequireBinary(t, "redis-server", "redis-server")
-	r := harness.StartRedis(t, harness.RedisOptions{})
 	// Long enough for a loaded host's node to answer in the time left.
 	const timeout = 600 * time.Millisecond
-	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: timeout})
-	t.Cleanup(func() { n.Close() })
+	n := realNode(t, timeout)
 	ctx := ctxTimeout(t, 20*time.Second)
-	if g, err := n.Acquire(ctx, quorum.Request{Key: "held", Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
-		t.Fatalf("Acquire = %+v, %v", g, err)
-	}
+	mustHold(ctx, t, n, "held")
 	stops := make(chan struct{}, 1)
 	stops <- struct{}{}
 	var resumed time.Time
@@ -286,9 +272,7 @@ func TestStopBetweenDeadlineAndWriteOfAcquireBatch(t *testing.T) {
 func TestLateAcquireAnsweredBeforeQuorumLimit(t *testing.T) {
 	n, r := nodeOnRedis(t)
 	ctx := ctxTimeout(t, 10*time.Second)
-	if g, err := n.Acquire(ctx, quorum.Request{Key: "warm", Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
-		t.Fatalf("Acquire = %+v, %v", g, err)
-	}
+	mustHold(ctx, t, n, "warm")
 	c, err := n.connect(ctx)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
@@ -334,14 +318,10 @@ func TestLateAcquireAnsweredBeforeQuorumLimit(t *testing.T) {
 // flake of TestOpsHandedOverPastQuorumDeadlineAcrossStop).
 func TestOpHandedOverPastQuorumDeadlineAfterWriterRan(t *testing.T) {
 	harness.RequireBinary(t, "redis-server", "redis-server")
-	r := harness.StartRedis(t, harness.RedisOptions{})
 	const timeout = 50 * time.Millisecond
-	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: timeout})
-	t.Cleanup(func() { n.Close() })
+	n := realNode(t, timeout)
 	ctx := ctxTimeout(t, 10*time.Second)
-	if g, err := n.Acquire(ctx, quorum.Request{Key: "k", Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
-		t.Fatalf("Acquire = %+v, %v", g, err)
-	}
+	mustHold(ctx, t, n, "k")
 	// The quorum sets the deadline, then lockproxy does not run past it
 	// (a sleep here: the node tells it from a stop by nothing it sees).
 	nodeCtx := quorum.NodeContext(context.Background(), timeout)
@@ -352,5 +332,24 @@ func TestOpHandedOverPastQuorumDeadlineAfterWriterRan(t *testing.T) {
 	}
 	if err := <-startKind(n, nodeCtx, "renewal", "k"); err != nil {
 		t.Fatalf("renewal handed over past the deadline the quorum set, after the writer ran a batch: %v; want it done", err)
+	}
+}
+
+// realNode is a Node with node timeout timeout over a redis-server of its
+// own, closed at the end of the test.
+func realNode(t *testing.T, timeout time.Duration) *Node {
+	t.Helper()
+	r := harness.StartRedis(t, harness.RedisOptions{})
+	n := NewNode(NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: timeout})
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+// mustHold acquires key for token "t" on n for a minute, or fails the
+// test: the node's connection is made and the key held.
+func mustHold(ctx context.Context, t *testing.T, n *Node, key string) {
+	t.Helper()
+	if g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: "t", TTL: time.Minute, NoReentry: true}); err != nil || !g.Acquired {
+		t.Fatalf("Acquire %s = %+v, %v", key, g, err)
 	}
 }

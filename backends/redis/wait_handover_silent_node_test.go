@@ -8,7 +8,6 @@ import (
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/quorum"
-	"github.com/lockproxy/lockproxy/test/harness"
 )
 
 // TestWaitHandOverWithSilentNode: a LOCK … WAIT is granted soon after the
@@ -53,7 +52,7 @@ func TestWaitHandOverWithSilentNode(t *testing.T) {
 			WarmUp(ctx, t, b, rs, "ho-warm", ttl)
 			wb := b
 			if tc.other {
-				wb = newBackendOnTuned(t, rs, nodeTimeouts(timeout))
+				wb = newBackendOn(t, rs, nodeTimeouts(timeout))
 				WarmUp(ctx, t, wb, rs, "ho-warm2", ttl)
 			}
 			held := lockOrFatal(t, b, backends.LockRequest{Key: key, Token: "A", TTL: ttl})
@@ -182,23 +181,4 @@ func staysGone(t *testing.T, what string, window time.Duration, held func() stri
 			t.Fatalf("%s: not for %v within 5 s (last seen: %s)", what, window, last)
 		}
 	}
-}
-
-// newBackendOnTuned is newBackendOn with its Config changed by tune.
-func newBackendOnTuned(t *testing.T, rs []*harness.Redis, tune ...func(*Config)) *Backend {
-	t.Helper()
-	cfg := Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
-		Quorum: quorum.Config{DriftFactor: 0.01, DriftMin: 2 * time.Millisecond}}
-	for _, r := range rs {
-		cfg.Nodes = append(cfg.Nodes, NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second, Metrics: NewMetrics(nil)})
-	}
-	for _, f := range tune {
-		f(&cfg)
-	}
-	b, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = b.Close() })
-	return b
 }

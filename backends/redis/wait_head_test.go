@@ -381,14 +381,18 @@ func TestWaitReaderWokenWhenRemoteWriterLeaves(t *testing.T) {
 	}
 }
 
-// newBackendOn is a second Backend over the nodes rs, configured like
-// newRealBackend's: another lockproxy instance.
-func newBackendOn(t *testing.T, rs []*harness.Redis) *Backend {
+// newBackendOn is a Backend over the nodes rs, with drift as lockproxy's
+// default, its Config changed by tune: over nodes another Backend uses, a
+// second lockproxy instance.
+func newBackendOn(t *testing.T, rs []*harness.Redis, tune ...func(*Config)) *Backend {
 	t.Helper()
 	cfg := Config{RetryMin: 20 * time.Millisecond, RetryMax: 200 * time.Millisecond,
 		Quorum: quorum.Config{DriftFactor: 0.01, DriftMin: 2 * time.Millisecond}}
 	for _, r := range rs {
 		cfg.Nodes = append(cfg.Nodes, NodeConfig{Addr: r.Addr, KeyPrefix: "lp:", Timeout: time.Second, Metrics: NewMetrics(nil)})
+	}
+	for _, f := range tune {
+		f(&cfg)
 	}
 	b, err := New(cfg)
 	if err != nil {
