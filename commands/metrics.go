@@ -1,6 +1,7 @@
 package commands
 
 import (
+	"errors"
 	"sync"
 	"time"
 
@@ -33,11 +34,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"cmd", "result"}),
 		acquire: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "lockproxy_lock_acquire_total",
-			Help: "Lock acquisitions by result: acquired, not_acquired, no_quorum, error (a grant given back because its client left or the server is closing included).",
+			Help: "Lock acquisition attempts by result: acquired, not_acquired, no_quorum, error. A LOCK or RLOCK counts once (a grant given back because its client left or the server is closing counts as error); in transparent mode a SET … NX PX|EX on a lock key counts once, and a script (or SET without NX) once per lock key it tried to acquire.",
 		}, []string{"result"}),
 		acquireDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "lockproxy_lock_acquire_duration_seconds",
-			Help:    "Time to answer a LOCK, waiting included.",
+			Help:    "Time to answer a lock acquisition attempt, as counted in lockproxy_lock_acquire_total: a LOCK or RLOCK, waiting included, or a transparent SET … NX PX|EX or acquiring script (observed once per lock key it tried to acquire).",
 			Buckets: prometheus.ExponentialBuckets(0.0002, 2.5, 14),
 		}),
 		heldDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -81,6 +82,82 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.noQuorum = m.acquire.WithLabelValues("no_quorum")
 	m.acquireErr = m.acquire.WithLabelValues("error")
 	return m
+}
+
+// acquireResult is the acquire counter of a transparent acquisition
+// attempt that ended with err, by the meanings LOCK's results have:
+// granted, refused (the key held: Redis's nil reply), no quorum of the
+// nodes, or another failure.
+func (m *metrics) acquireResult(err error) prometheus.Counter {
+	switch {
+	case err == nil:
+		return m.acquired
+	case errors.Is(err, backends.ErrNotAcquired), errors.Is(err, backends.ErrUpgrade):
+		return m.notAcquired
+	case isNoQuorum(err):
+		return m.noQuorum
+	}
+	return m.acquireErr
+}
+
+// acquireDone counts n acquisition attempts of one command that took d in
+// c, one of the acquire counters, and observes each in acquireDuration, so
+// that the histogram's count follows the counter's sum as it does for
+// LOCK.
+func (m *metrics) acquireDone(c prometheus.Counter, n int, d time.Duration) {
+	c.Add(float64(n))
+	for range n {
+		m.acquireDuration.Observe(d.Seconds())
+	}
+}
+
+// scriptAttempts is what a script run by runAcquiring comes to in
+// lockproxy_lock_acquire_total: the counter and the number of attempts,
+// one per lock key it tried to acquire (0: it tried none). A key it wrote
+// a new value to on some node is an attempt: acquired when the
+// acquisition stood (and its fence rose: fenceErr nil), otherwise counted
+// by why it was rolled back, as LOCK's roll-backs are: too few nodes
+// answered (or took the fence), no_quorum; the nodes that did not write
+// answered their "not acquired", not_acquired; else error. A script that
+// wrote nothing anywhere tried every key of KEYS when it may acquire
+// (refusable) and answered what lock scripts answer when the key is held
+// (nil or 0; for one that returns a PTTL, the time left, bsm/redislock's
+// and Redisson's way), or failed; what else it answered (OK, 1) was a
+// renewal of the value the key held or a reply of another kind, no
+// acquisition. A SET without NX (not refusable) that wrote nothing set
+// the value the key held, or found no key for XX: no attempt either.
+func (m *metrics) scriptAttempts(d scriptDecision, fenceErr error, keys int, refusable, ttlReply bool) (prometheus.Counter, int) {
+	if d.tried > 0 {
+		switch {
+		case fenceErr != nil:
+			return m.acquireResult(fenceErr), d.tried
+		case len(d.holders) > 0:
+			return m.acquired, d.tried
+		case d.err != nil:
+			return m.acquireResult(d.err), d.tried
+		}
+		if _, failed := d.reply.(backends.ReplyError); failed {
+			return m.acquireErr, d.tried
+		}
+		return m.notAcquired, d.tried
+	}
+	if !refusable {
+		return nil, 0
+	}
+	if d.err != nil {
+		return m.acquireResult(d.err), keys
+	}
+	switch v := d.reply.(type) {
+	case nil:
+		return m.notAcquired, keys
+	case int64:
+		if v == 0 || ttlReply {
+			return m.notAcquired, keys
+		}
+	case backends.ReplyError:
+		return m.acquireErr, keys
+	}
+	return nil, 0
 }
 
 // heldLocks tracks the locks granted through this instance (LOCK, RLOCK,

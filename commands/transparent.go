@@ -506,7 +506,7 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 			s.W.Error(errTransparentFanout)
 			return
 		}
-		v, err := h.runAcquiring(s, setScript, []string{string(args[1])}, strs(args[2:]), false)
+		v, err := h.runAcquiring(s, setScript, []string{string(args[1])}, strs(args[2:]), false, false)
 		if err == nil && v == "OK" && !get {
 			s.W.Simple("OK") // a status reply, as Redis gives
 			return
@@ -516,6 +516,10 @@ func (h *Handler) tSet(s *resp.Session, args [][]byte) {
 	}
 	began := time.Now()
 	_, err := h.backend.Lock(s.Context(), backends.LockRequest{Key: string(args[1]), Token: string(args[2]), TTL: ttl, NoReentry: true})
+	// An acquisition attempt like a LOCK's, counted with the same results:
+	// the NOQUORUM alert watches them whichever command the client locks
+	// with.
+	h.metrics.acquireDone(h.metrics.acquireResult(err), 1, time.Since(began))
 	switch {
 	case err == nil:
 		// A lock granted through this instance, as a LOCK's.
@@ -709,7 +713,8 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 		// reads around it (RunScript), in the same round trip: what it
 		// left there tells whether it released or renewed that lock
 		// (countScript).
-		if ro := strings.HasSuffix(name, "_ro"); ro || !scriptMayAcquire(body) && !h.held.tracks(strs(keys)) {
+		mayAcquire := scriptMayAcquire(body)
+		if ro := strings.HasSuffix(name, "_ro"); ro || !mayAcquire && !h.held.tracks(strs(keys)) {
 			verb := "eval"
 			if ro {
 				verb = "eval_ro"
@@ -733,7 +738,7 @@ func (h *Handler) tEval(s *resp.Session, name string, args [][]byte) bool {
 				v, err = agree(rs, h.fanout.NodeCount())
 			}
 		} else {
-			v, err = h.runAcquiring(s, boundedScript(body, h.limits.MaxTTL), strs(keys), strs(args[3+nk:]), scriptReturnsTTL(body))
+			v, err = h.runAcquiring(s, boundedScript(body, h.limits.MaxTTL), strs(keys), strs(args[3+nk:]), scriptReturnsTTL(body), mayAcquire)
 		}
 		if sha != "" && compileFailed(v) {
 			// Redis keeps no script that does not compile: SCRIPT
@@ -771,7 +776,9 @@ func numkeysError(nk int64, ok bool, args int) error {
 // the reads of its keys around it (RunScript) and applies the acquisition
 // rule (decideScript): what it wrote that is no grant is rolled back, and
 // a grant that stands gets a fence. It returns the reply to give.
-func (h *Handler) runAcquiring(s *resp.Session, body string, ks, argv []string, ttlReply bool) (any, error) {
+// refusable: the script is the client's and may acquire, so a run that
+// wrote nothing may be its acquisition refused (scriptAttempts).
+func (h *Handler) runAcquiring(s *resp.Session, body string, ks, argv []string, ttlReply, refusable bool) (any, error) {
 	start := time.Now()
 	// Not canceled with the client: what the scripts wrote must be seen,
 	// to be rolled back if it is not a grant.
@@ -780,6 +787,12 @@ func (h *Handler) runAcquiring(s *resp.Session, body string, ks, argv []string, 
 	if len(d.undo) > 0 {
 		h.undo(s.Context(), ks, d.undo, d.lost)
 	}
+	var fenceErr error
+	defer func() {
+		if c, n := h.metrics.scriptAttempts(d, fenceErr, len(ks), refusable, ttlReply); n > 0 {
+			h.metrics.acquireDone(c, n, time.Since(start))
+		}
+	}()
 	// An acquisition gets a fence, as a LOCK would: LOCKINFO shows it,
 	// and the next grant of the key gets a higher one. A fence that
 	// reached no majority would not be above the next grant's: as a LOCK
@@ -790,7 +803,8 @@ func (h *Handler) runAcquiring(s *resp.Session, body string, ks, argv []string, 
 			if _, err := h.fanout.Fence(context.WithoutCancel(s.Context()), d.holders, ks[j], *v); err != nil {
 				h.log.Warn("transparent mode: fencing a script's acquisition failed; rolled back", zap.Error(err))
 				h.undo(s.Context(), ks, writtenOn(d.holders, d.written), nil)
-				return nil, fenceNoQuorum(rs, err)
+				fenceErr = fenceNoQuorum(rs, err)
+				return nil, fenceErr
 			}
 		}
 	}
@@ -1283,6 +1297,9 @@ type scriptDecision struct {
 	written []*string
 	// lease is the acquisition's lease on a majority of its holders.
 	lease time.Duration
+	// tried counts the keys the script wrote a new value to on some node:
+	// its acquisition attempts, whether they stood or were rolled back.
+	tried int
 }
 
 // decideScript applies the acquisition rule to a script's replies (see the
@@ -1327,6 +1344,12 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 	if len(wrote) == 0 {
 		v, err := agreeNot(rs, total)
 		return scriptDecision{reply: v, err: err}
+	}
+	tried := 0
+	for _, w := range written {
+		if w != nil {
+			tried++
+		}
 	}
 	// Holders: nodes on which every written key holds the written value,
 	// whether this script or an earlier one with the same value put it
@@ -1373,7 +1396,7 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 		// will not release, so what it wrote is rolled back.
 		if _, failed := v.(backends.ReplyError); err == nil && !failed && validLease(leases, need, elapsed, drift) {
 			// validLease sorted the leases longest first.
-			return scriptDecision{reply: v, holders: holders, written: written, lease: time.Duration(leases[need-1]) * time.Millisecond}
+			return scriptDecision{reply: v, holders: holders, written: written, lease: time.Duration(leases[need-1]) * time.Millisecond, tried: tried}
 		}
 	}
 	// Not acquired: roll back every write of this script, and on the
@@ -1382,7 +1405,7 @@ func decideScript(rs []backends.NodeReply, total int, elapsed time.Duration, dri
 	// (as LOCK's roll-back releases on every node), unless a grant's fence
 	// is stored with the value there: then it is the hold of a client
 	// that locks with the same value, which the script found and left.
-	d := scriptDecision{undo: map[int][]string{}, lost: map[int]bool{}}
+	d := scriptDecision{undo: map[int][]string{}, lost: map[int]bool{}, tried: tried}
 	for i, r := range rs {
 		vals := make([]string, len(written))
 		switch {
