@@ -18,8 +18,12 @@ import (
 // and to no node that refused. A last node that answers within TimeoutMin
 // is heard, as before, and gets no roll-back; so does one of an attempt
 // whose answer could still change (NOQUORUM naming the nodes), or that
-// is not OwnToken, or not NoReentry. WaitRollbacks waits for the
-// roll-backs not waited for.
+// is NoReentry without OwnToken (transparent mode's SET NX). An attempt
+// that may join its token's hold (not NoReentry: a LOCK with TOKEN) is
+// answered as promptly, also a refused upgrade (ErrUpgrade), but the
+// roll-back a node not heard gets is scoped to the attempt
+// (RollbackScoped), while a node heard granting gets the plain one.
+// WaitRollbacks waits for the roll-backs not waited for.
 func TestOwnTokenRefusalNotHeldBySilentNode(t *testing.T) {
 	const (
 		nodeTimeout = 200 * time.Millisecond // 5 % of req's 10 s, capped
@@ -37,14 +41,33 @@ func TestOwnTokenRefusalNotHeldBySilentNode(t *testing.T) {
 		want      error
 		prompt    bool  // answered within fast
 		released  []int // nodes that get a roll-back
+		scoped    []int // of those, the nodes whose roll-back is scoped
 	}{
-		{"silent third node", 3, silentLast(3, 0), true, true, false, quorum.ErrNotAcquired, true, []int{2}},
-		{"third node answers within TimeoutMin", 3, silentLast(3, time.Millisecond), true, true, false, quorum.ErrNotAcquired, true, nil},
-		{"not OwnToken: heard out", 3, silentLast(3, 0), false, true, false, quorum.ErrNotAcquired, false, []int{2}},
-		{"not NoReentry: heard out", 3, silentLast(3, 0), true, false, false, quorum.ErrNotAcquired, false, []int{2}},
+		{"silent third node", 3, silentLast(3, 0), true, true, false, quorum.ErrNotAcquired, true, []int{2}, nil},
+		{"third node answers within TimeoutMin", 3, silentLast(3, time.Millisecond), true, true, false, quorum.ErrNotAcquired, true, nil, nil},
+		{"not OwnToken: heard out", 3, silentLast(3, 0), false, true, false, quorum.ErrNotAcquired, false, []int{2}, nil},
+		{"not NoReentry: scoped roll-back", 3, silentLast(3, 0), false, false, false, quorum.ErrNotAcquired, true, []int{2}, []int{2}},
+		{"not NoReentry, answered within TimeoutMin", 3, silentLast(3, time.Millisecond), false, false, false, quorum.ErrNotAcquired, true, nil, nil},
+		{"not NoReentry, upgrade refused", 3, func(i int, nd *fakeNode) {
+			silentLast(3, 0)(i, nd)
+			nd.upgrad = i == 0
+		}, false, false, false, quorum.ErrUpgrade, true, []int{2}, []int{2}},
+		// A node heard granting (here one that joined the token's hold)
+		// gets the plain roll-back, which undoes that join.
+		{"not NoReentry, N=5, one grants", 5, func(i int, nd *fakeNode) {
+			switch i {
+			case 0:
+				nd.holds = 2
+			case 4:
+				nd.delay = time.Hour
+			default:
+				nd.refuse = true
+			}
+		}, false, false, false, quorum.ErrNotAcquired, true, []int{0, 4}, []int{4}},
 		// A plain node's roll-back runs on a goroutine of its own, in no
 		// order with the token's next attempt: it is waited for.
-		{"nodes not AsyncNode: heard out", 3, silentLast(3, 0), true, true, true, quorum.ErrNotAcquired, false, []int{2}},
+		{"nodes not AsyncNode: heard out", 3, silentLast(3, 0), true, true, true, quorum.ErrNotAcquired, false, []int{2}, nil},
+		{"not NoReentry, nodes not AsyncNode: heard out", 3, silentLast(3, 0), false, false, true, quorum.ErrNotAcquired, false, []int{2}, nil},
 		{"the answer could still change: heard out", 5, func(i int, nd *fakeNode) {
 			switch i {
 			case 0, 1:
@@ -54,7 +77,17 @@ func TestOwnTokenRefusalNotHeldBySilentNode(t *testing.T) {
 			default:
 				nd.delay = time.Hour
 			}
-		}, true, true, false, quorum.ErrNoQuorum, false, []int{2, 3, 4}},
+		}, true, true, false, quorum.ErrNoQuorum, false, []int{2, 3, 4}, nil},
+		{"not NoReentry, the answer could still change: heard out", 5, func(i int, nd *fakeNode) {
+			switch i {
+			case 0, 1:
+				nd.refuse = true
+			case 2:
+				nd.err = errRefused
+			default:
+				nd.delay = time.Hour
+			}
+		}, false, false, false, quorum.ErrNoQuorum, false, []int{2, 3, 4}, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			checkGoroutines(t)
@@ -86,9 +119,12 @@ func TestOwnTokenRefusalNotHeldBySilentNode(t *testing.T) {
 			if err := q.WaitRollbacks(wctx); err != nil {
 				t.Fatalf("WaitRollbacks = %v; want the roll-backs answered", err)
 			}
-			want := map[int]bool{}
+			want, scoped := map[int]bool{}, map[int]bool{}
 			for _, i := range tc.released {
 				want[i] = true
+			}
+			for _, i := range tc.scoped {
+				scoped[i] = true
 			}
 			for i, nd := range nodes {
 				rel := nd.ops("release")
@@ -98,6 +134,12 @@ func TestOwnTokenRefusalNotHeldBySilentNode(t *testing.T) {
 				for _, c := range rel {
 					if c.token != r.Token || c.hold != quorum.WriteHold {
 						t.Errorf("%s rolled back %+v; want %q's write hold", nd.name, c, r.Token)
+					}
+					if c.scoped != scoped[i] {
+						t.Errorf("%s got a roll-back scoped %v; want scoped %v", nd.name, c.scoped, scoped[i])
+					}
+					if c.scoped && c.attempt == "" {
+						t.Errorf("%s got a scoped roll-back of no attempt", nd.name)
 					}
 				}
 			}

@@ -97,6 +97,22 @@ type Request struct {
 	// order they are started, so that the same token's next attempt
 	// reaches each node after the roll-back (a plain Node's roll-back
 	// would run on a goroutine of its own, in no order with it).
+	//
+	// An attempt that may join its token's hold (not NoReentry: a LOCK
+	// or RLOCK with TOKEN) is refused as fast, without OwnToken: its
+	// token may hold the key on a node not heard, so a plain release
+	// there could take that hold, but the roll-back those nodes get is
+	// scoped to the attempt (RollbackScoped): it removes only a hold the
+	// attempt made there and its mark still names, and nothing where the
+	// attempt was refused, joined a hold, or a later request of the token
+	// (its next attempt included) changed the hold since, whatever order
+	// the node runs them in. A hold it joined on such a node is left
+	// there until its lease ends: one of a token that holds the key on no
+	// majority (every node where the token holds it grants, and a
+	// majority refused), which no one was told of.
+	// Transparent mode's SET NX (NoReentry without OwnToken) still hears
+	// every node out: its attempt carries no mark, and its value may hold
+	// the key on a node not heard.
 	OwnToken bool
 }
 
@@ -804,15 +820,37 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		// now (a leftover read hold on a minority) does not turn it into
 		// ErrUpgrade.
 		decidedUpgrades := upgrades
-		// The answer is ErrNotAcquired even if every node still unheard
-		// fails: with OwnToken, those not heard within TimeoutMin get the
-		// roll-back unheard, and it is not waited for (see
-		// Request.OwnToken). In the common case the last node answers
-		// within it, and the attempt ends as below: one timer, as
-		// hearOut's.
-		if req.OwnToken && req.NoReentry && q.allAsync && decidedUpgrades == 0 && refused > 0 && len(failures)+(n-got) <= n-need &&
+		// The answer is ErrNotAcquired (ErrUpgrade when upgrades were
+		// refused) even if every node still unheard fails: with OwnToken,
+		// or for an attempt marked as one that may join its token's hold,
+		// those not heard within TimeoutMin get the roll-back unheard,
+		// and it is not waited for (see Request.OwnToken). In the common
+		// case the last node answers within it, and the attempt ends as
+		// below: one timer, as hearOut's.
+		marked := !req.NoReentry
+		if q.allAsync && (marked || req.OwnToken && decidedUpgrades == 0) && refused > 0 && len(failures)+(n-got) <= n-need &&
 			!hearWithin(q.cfg.TimeoutMin) {
-			q.startReleaseAll(ctx, req, refusedBy)
+			if !marked {
+				q.startReleaseAll(ctx, req, refusedBy, false)
+				return Lease{}, ErrNotAcquired
+			}
+			// A node heard granting gets the plain roll-back, which
+			// takes the hold the attempt made or joined there; every
+			// other one not heard refusing gets the scoped one.
+			if len(granted) > 0 {
+				plain := make([]bool, n)
+				for i := range plain {
+					plain[i] = true
+				}
+				for _, g := range granted {
+					plain[g.idx], refusedBy[g.idx] = false, true
+				}
+				q.startReleaseAll(ctx, req, plain, false)
+			}
+			q.startReleaseAll(ctx, req, refusedBy, true)
+			if decidedUpgrades > 0 {
+				return Lease{}, ErrUpgrade
+			}
 			return Lease{}, ErrNotAcquired
 		}
 		hearOut()
@@ -1092,9 +1130,10 @@ func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool) {
 // startReleaseAll is releaseAll without waiting for the answers: each
 // release is handed to its node (an AsyncNode queues it behind the
 // attempt) before it returns, and runs on, bounded by the node timeout.
-// WaitRollbacks waits for them.
-func (q *Quorum) startReleaseAll(ctx context.Context, req Request, skip []bool) {
-	ctx = context.WithValue(ctx, rollbackKey{}, rollbackOf{attempt: req.Attempt})
+// WaitRollbacks waits for them. scoped makes them the roll-back scoped
+// to the attempt (see RollbackScoped): for nodes not heard.
+func (q *Quorum) startReleaseAll(ctx context.Context, req Request, skip []bool, scoped bool) {
+	ctx = context.WithValue(ctx, rollbackKey{}, rollbackOf{attempt: req.Attempt, scoped: scoped})
 	op := releaseOp(req.Key, req.Token, rollbackHold(req.Mode))
 	start, call := op.start, op.call
 	op.start = func(ctx context.Context, nd Node, done func(bool, error)) bool {
@@ -1165,8 +1204,12 @@ func (f *inFlight) wait(ctx context.Context) error {
 
 type rollbackKey struct{}
 
-// rollbackOf is the ctx value of a roll-back: the attempt it undoes.
-type rollbackOf struct{ attempt string }
+// rollbackOf is the ctx value of a roll-back: the attempt it undoes, and
+// whether it is scoped to it (see RollbackScoped).
+type rollbackOf struct {
+	attempt string
+	scoped  bool
+}
 
 // Rollback tells whether a Release's ctx says it is a failed acquisition's
 // roll-back (releaseAll), not a holder's UNLOCK: a node that lost the
@@ -1182,6 +1225,20 @@ func Rollback(ctx context.Context) bool {
 func RollbackAttempt(ctx context.Context) string {
 	v, _ := ctx.Value(rollbackKey{}).(rollbackOf)
 	return v.attempt
+}
+
+// RollbackScoped tells whether a roll-back's ctx says it is scoped to its
+// attempt (RollbackAttempt, never ""): the attempt's answer from this
+// node was not heard, and the token may hold the key here from before,
+// so the node must remove a hold only where that attempt made it and its
+// mark still says so (for backends/redis, lateGrantReleaseScript or
+// lateReadReleaseScript), and nothing where the attempt was refused or
+// joined a hold, or a later request of the token changed the hold since:
+// it may run after the token's next attempt. Only an AsyncNode gets one
+// (see Request.OwnToken).
+func RollbackScoped(ctx context.Context) bool {
+	v, _ := ctx.Value(rollbackKey{}).(rollbackOf)
+	return v.scoped
 }
 
 // boolOp is a Release or Extend in both its forms: start starts it on a

@@ -46,8 +46,11 @@ type call struct {
 	fence uint64
 	ttl   time.Duration
 	hold  quorum.Hold
-	// attempt is an acquire's Request.Attempt.
+	// attempt is an acquire's Request.Attempt, or the attempt a
+	// roll-back undoes (quorum.RollbackAttempt).
 	attempt string
+	// scoped: a roll-back scoped to its attempt (quorum.RollbackScoped).
+	scoped bool
 }
 
 // fakeNode is a quorum.Node whose answers the test sets. Its behaviour
@@ -162,7 +165,7 @@ func (n *fakeNode) raiseAnswer(ctx context.Context) (bool, error) {
 }
 
 func (n *fakeNode) Release(ctx context.Context, key, token string, hold quorum.Hold) (bool, error) {
-	n.record(call{op: "release", key: key, token: token, hold: hold})
+	n.record(call{op: "release", key: key, token: token, hold: hold, attempt: quorum.RollbackAttempt(ctx), scoped: quorum.RollbackScoped(ctx)})
 	if err := n.wait(ctx); err != nil {
 		return false, err
 	}

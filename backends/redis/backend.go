@@ -369,8 +369,11 @@ func (b *Backend) Lock(ctx context.Context, req backends.LockRequest) (backends.
 	// answered without hearing it out, so that a silent node neither
 	// keeps a waiter from trying again when the key is released nor holds
 	// a refused LOCK's nil up by two node timeouts (see
-	// quorum.Request.OwnToken). Never transparent mode's SET NX, whose
-	// token is the client's value.
+	// quorum.Request.OwnToken). A LOCK or RLOCK with TOKEN (not
+	// NoReentry) is refused as fast, its roll-back to such a node scoped
+	// to the attempt (Node sends it as lateGrantReleaseScript or
+	// lateReadReleaseScript). Never transparent mode's SET NX, whose
+	// token is the client's value and whose attempt has no mark.
 	qreq := quorum.Request{Key: req.Key, Token: req.Token, TTL: req.TTL, Mode: quorum.Exclusive, NoReentry: req.NoReentry,
 		OwnToken: req.OwnToken && req.NoReentry}
 	if req.Mode == backends.Read {

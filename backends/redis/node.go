@@ -129,6 +129,13 @@ type op struct {
 	// lateMark when that acquire was marked by its node (mark).
 	lateGrant bool
 	lateMark  string
+	// scoped marks the roll-back of a marked attempt (op.attempt) whose
+	// answer from this node the quorum did not hear
+	// (quorum.RollbackScoped): it goes out as the roll-back of an acquire
+	// in doubt, which removes only a hold the attempt made afresh, never
+	// one the token had (the attempt was refused, or joined it) nor one a
+	// later attempt of the token made or joined.
+	scoped bool
 	// mark is the name an unnamed exclusive acquire (no attempt: a LOCK …
 	// WAIT without TOKEN) sent as acquireScript marks its hold with: that
 	// script stores the hold's fence in the same step, so the unmarked
@@ -533,6 +540,7 @@ func (n *Node) Release(ctx context.Context, key, token string, hold quorum.Hold)
 	o.rollback = quorum.Rollback(ctx)
 	if o.rollback {
 		o.attempt = quorum.RollbackAttempt(ctx)
+		o.scoped = o.attempt != "" && quorum.RollbackScoped(ctx)
 	}
 	r := n.do(ctx, o)
 	return r.n == 1, r.err
@@ -655,6 +663,7 @@ func (n *Node) StartRelease(ctx context.Context, key, token string, hold quorum.
 	o.rollback = quorum.Rollback(ctx)
 	if o.rollback {
 		o.attempt = quorum.RollbackAttempt(ctx)
+		o.scoped = o.attempt != "" && quorum.RollbackScoped(ctx)
 	}
 	n.startBool(ctx, o, done)
 }
@@ -1387,7 +1396,7 @@ func (n *Node) exec(w *writer, batch []*op) {
 				// of an acquire already on its way to this node, which
 				// would otherwise hold the key here until its TTL.
 				late := &op{kind: opRelease, base: o.base, token: o.token,
-					hold: o.hold, rollback: o.rollback, attempt: o.attempt, lateGrant: o.lateGrant, lateMark: o.lateMark,
+					hold: o.hold, rollback: o.rollback, attempt: o.attempt, lateGrant: o.lateGrant, lateMark: o.lateMark, scoped: o.scoped,
 					start: now, deadline: now.Add(n.timeout), res: make(chan opResult, 1),
 					done: func(opResult) {}}
 				n.track(late)
@@ -1722,7 +1731,7 @@ func (n *Node) send(ctx context.Context, w *writer, ops []*op, sha bool) ([]opRe
 			if shared != nil && shared[i] {
 				continue
 			}
-			if o.lateGrant {
+			if o.lateGrant || o.scoped {
 				n.addLateGrantRelease(c, o.base, o.token, cmp.Or(o.attempt, o.lateMark), o.hold == quorum.ReadHold)
 				continue
 			}
@@ -2292,7 +2301,7 @@ func (w *writer) sharedReleases(ops []*op) []bool {
 	w.shared = shared
 	count := 0
 	for i, o := range ops {
-		if o.kind == opRelease && !o.lateGrant && seen[o.base] == 1 {
+		if o.kind == opRelease && !o.lateGrant && !o.scoped && seen[o.base] == 1 {
 			shared[i] = true
 			count++
 		}

@@ -16,10 +16,12 @@ import (
 // its roll-back still reaches the silent node once it runs again. Before,
 // the refusal heard the silent node out and waited for its roll-back
 // there: about two node timeouts (500 ms each here) for a nil that two
-// nodes had already decided. With a token of the client's (TOKEN, or
-// transparent mode's SET NX value) the attempt is still heard out: such a
-// token may hold the key elsewhere, and a roll-back not waited for could
-// reach a node after a later request of the same token.
+// nodes had already decided. With transparent mode's SET NX value as the
+// token (NoReentry, not OwnToken) the attempt is still heard out: that
+// value may hold the key elsewhere, its attempt has no mark to scope a
+// roll-back to, and a roll-back not waited for could reach a node after a
+// later request of the same value. (A LOCK with TOKEN is answered as
+// promptly: TestRefusedTokenLockWithSilentNodeAnswersAtOnce.)
 func TestRefusedLockWithSilentNodeAnswersAtOnce(t *testing.T) {
 	const (
 		ttl     = 10 * time.Second

@@ -466,7 +466,8 @@ func signal(w *waiter) {
 // failed attempt has all its answers in by the time the quorum returns: it
 // rolls back every node that did not refuse, and waits for that, which
 // comes after the node's answer; but the refused attempt of a waiter
-// without TOKEN (quorum.Request.OwnToken) returns once the nodes that
+// (quorum.Request.OwnToken, and with TOKEN its scoped roll-back) returns
+// once the nodes that
 // answered refused it on a majority, and a node silent until then
 // answers later, into a refusals no one reads any more: the next attempt
 // gathers its own.

@@ -16,13 +16,19 @@ import (
 // majority. Before, the waiter's refused attempt heard out the silent
 // node and waited for its roll-back there, and the grant came about two
 // node timeouts after the attempt began (400 ms after the UNLOCK here).
+// A waiter that names its TOKEN is granted as soon: its refused attempt's
+// roll-back to the silent node is scoped to that attempt (before, it still
+// heard the silent node out).
 func TestWaitHandOverWithSilentNode(t *testing.T) {
 	// bound is well under the 250 ms node timeout, for a shared host.
 	const bound = 150 * time.Millisecond
-	for _, silent := range []bool{false, true} {
+	for _, tc := range []struct{ silent, token bool }{{false, false}, {true, false}, {false, true}, {true, true}} {
 		name := "all nodes answer"
-		if silent {
+		if tc.silent {
 			name = "one node silent"
+		}
+		if tc.token {
+			name += ", TOKEN"
 		}
 		t.Run(name, func(t *testing.T) {
 			cl := startCluster(t, 3)
@@ -30,12 +36,16 @@ func TestWaitHandOverWithSilentNode(t *testing.T) {
 			c := lc.NewClient(t, in.addr, 2)
 			key := "handover-" + lockclient.RandID()
 			g := cl.lockOnAllNodes(t, c, key, "PX", 10000)
-			if silent {
+			if tc.silent {
 				cl.nodes[2].Pause()
 				t.Cleanup(cl.nodes[2].Resume)
 			}
 			waiter := lc.DialRaw(t, in.addr)
-			waiter.Send("LOCK", key, "PX", "10000", "WAIT", "5000")
+			args := []string{"LOCK", key, "PX", "10000", "WAIT", "5000"}
+			if tc.token {
+				args = append(args, "TOKEN", "waiter-"+lockclient.RandID())
+			}
+			waiter.Send(args...)
 			// The waiter's first attempt is refused and, with a silent
 			// node, still waits for it.
 			time.Sleep(100 * time.Millisecond)

@@ -1,0 +1,282 @@
+package redis
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/test/harness"
+)
+
+// TestWaitHandOverWithSilentNodeToken is TestWaitHandOverWithSilentNode
+// for a waiter that names its TOKEN (LOCK k PX 10000 WAIT 5000 TOKEN B):
+// with one node of three silent, it is granted soon after the holder's
+// UNLOCK is answered, on the holder's instance or another, whether the
+// UNLOCK comes while its refused attempt would still wait for the silent
+// node or while it sleeps. Also when B holds the key on the silent node
+// from before (its hold lapsed on the other two, which A then took): each
+// refused attempt joins that hold there once the node runs again, and the
+// roll-back it sent unheard, scoped to the attempt, takes no hold of B's
+// there, neither that old one nor the grant's. Before, each refused
+// attempt heard the silent node out and waited for its roll-back there
+// (2 × 500 ms node timeouts here): the grant came ~0.9 s after the UNLOCK.
+func TestWaitHandOverWithSilentNodeToken(t *testing.T) {
+	const (
+		ttl     = 10 * time.Second
+		timeout = 500 * time.Millisecond // the node timeout at this TTL
+		// bound: well under one node timeout, on a shared, loaded host.
+		bound = 250 * time.Millisecond
+	)
+	for _, tc := range []struct {
+		other       bool // the waiter is on another instance than the holder
+		leftover    bool // B holds the key on the silent node from before
+		unlockAfter time.Duration
+	}{
+		{false, false, 100 * time.Millisecond},
+		{true, false, 100 * time.Millisecond},
+		{false, false, 1600 * time.Millisecond},
+		{true, false, 1600 * time.Millisecond},
+		{false, true, 100 * time.Millisecond},
+		{true, true, 1600 * time.Millisecond},
+	} {
+		name := fmt.Sprintf("other=%v leftover=%v unlock after %v", tc.other, tc.leftover, tc.unlockAfter)
+		t.Run(name, func(t *testing.T) {
+			b, rs := newRealBackend(t, 3, nodeTimeouts(timeout))
+			ctx := ctxTimeout(t, 30*time.Second)
+			const key = "handover-token"
+			WarmUp(ctx, t, b, rs, "hot-warm", ttl)
+			wb := b
+			if tc.other {
+				wb = newBackendOn(t, rs, nodeTimeouts(timeout))
+				WarmUp(ctx, t, wb, rs, "hot-warm2", ttl)
+			}
+			held := lockOrFatal(t, b, backends.LockRequest{Key: key, Token: "A", TTL: ttl})
+			c2 := rs[2].Client(t)
+			waitFor(t, "the hold on the third node", func() bool { return c2.Get(ctx, "lp:lock:"+key).Val() == "A" })
+			if tc.leftover {
+				// B's hold of before, on the third node alone, with
+				// its fence (a plain hold: no lockm).
+				if err := c2.Set(ctx, "lp:lock:"+key, "B", 20*time.Second).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := c2.Set(ctx, "lp:lockf:"+key, "1,B", 20*time.Second).Err(); err != nil {
+					t.Fatal(err)
+				}
+				if err := c2.Del(ctx, "lp:lockm:"+key).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rs[2].Pause()
+			t.Cleanup(rs[2].Resume)
+			type result struct {
+				l   backends.Lease
+				err error
+				at  time.Time
+			}
+			got := make(chan result, 1)
+			go func() {
+				l, err := wb.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second})
+				got <- result{l, err, time.Now()}
+			}()
+			time.Sleep(tc.unlockAfter)
+			if ok, err := b.Unlock(ctx, key, held.Token); !ok || err != nil {
+				t.Fatalf("UNLOCK = %v, %v; want released", ok, err)
+			}
+			unlocked := time.Now()
+			r := <-got
+			if r.err != nil {
+				t.Fatalf("LOCK … WAIT … TOKEN = %v; want a grant", r.err)
+			}
+			lag := r.at.Sub(unlocked)
+			t.Logf("granted %v after the UNLOCK's answer (validity %v, fence %d, holds %d)", lag.Round(100*time.Microsecond), r.l.Validity, r.l.Fence, r.l.Holds)
+			if lag > bound {
+				t.Errorf("LOCK … WAIT … TOKEN granted %v after the UNLOCK's answer; want within %v", lag.Round(time.Millisecond), bound)
+			}
+			if r.l.Fence <= held.Fence {
+				t.Errorf("fence %d after the holder's %d; want higher", r.l.Fence, held.Fence)
+			}
+			rs[2].Resume()
+			if tc.leftover {
+				// The third node runs what was queued: B's refused
+				// attempts join its old hold there (each roll-back, scoped
+				// to its attempt, leaves the join), and so does the
+				// grant. B's hold stays there.
+				waitFor(t, "the third node answering", func() bool { return c2.Ping(ctx).Err() == nil })
+				for end := time.Now().Add(2 * timeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+					if v := c2.Get(ctx, "lp:lock:"+key).Val(); v != "B" {
+						t.Fatalf("the third node holds %q for the key; want B's hold kept", v)
+					}
+				}
+				return
+			}
+			// Nothing is left behind once the silent node answers again:
+			// the roll-backs of the waiter's refused attempts reached it,
+			// and so did the UNLOCKs.
+			if ok, err := wb.Unlock(ctx, key, "B"); !ok || err != nil {
+				t.Fatalf("UNLOCK B = %v, %v; want released", ok, err)
+			}
+			staysGone(t, fmt.Sprintf("%q held on no node after both UNLOCKs", key), 2*timeout, func() string {
+				var held []string
+				for i, n := range rs {
+					if v := n.Client(t).Get(ctx, "lp:lock:"+key).Val(); v != "" {
+						held = append(held, fmt.Sprintf("node %d: %s", i, v))
+					}
+				}
+				if len(held) > 0 {
+					return fmt.Sprint(held)
+				}
+				return ""
+			})
+		})
+	}
+}
+
+// TestRefusedTokenLockWithSilentNodeAnswersAtOnce: a LOCK … TOKEN without
+// WAIT on a held key, while one node of three is silent, is answered nil
+// as soon as the two healthy nodes refused it, and a refused upgrade (the
+// token holds the key for reading) its error as soon; the roll-back sent
+// to the silent node, scoped to the attempt, still removes the hold the
+// attempt made there once it runs again (the key was free there). Before,
+// both heard the silent node out and waited for the roll-back there:
+// about two node timeouts.
+func TestRefusedTokenLockWithSilentNodeAnswersAtOnce(t *testing.T) {
+	const (
+		ttl     = 10 * time.Second
+		timeout = 500 * time.Millisecond
+		bound   = 250 * time.Millisecond
+	)
+	for _, upgrade := range []bool{false, true} {
+		t.Run(fmt.Sprint("upgrade=", upgrade), func(t *testing.T) {
+			b, rs := newRealBackend(t, 3, nodeTimeouts(timeout))
+			ctx := ctxTimeout(t, 30*time.Second)
+			const key = "try-token-silent"
+			WarmUp(ctx, t, b, rs, "tts-warm", ttl)
+			want := backends.ErrNotAcquired
+			if upgrade {
+				// A and B read; B's LOCK is an upgrade, refused.
+				lockOrFatal(t, b, backends.LockRequest{Key: key, Token: "A", TTL: ttl, Mode: backends.Read})
+				lockOrFatal(t, b, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Mode: backends.Read})
+				want = backends.ErrUpgrade
+			} else {
+				lockOrFatal(t, b, backends.LockRequest{Key: key, Token: "A", TTL: ttl})
+			}
+			c2 := rs[2].Client(t)
+			if !upgrade {
+				waitFor(t, "the hold on the third node", func() bool { return c2.Get(ctx, "lp:lock:"+key).Val() == "A" })
+				// Free on the third node only: granted there once it
+				// runs again, so the roll-back has something to remove.
+				if err := c2.Del(ctx, "lp:lock:"+key).Err(); err != nil {
+					t.Fatal(err)
+				}
+			} else {
+				waitFor(t, "B's read hold on the third node", func() bool { return c2.ZScore(ctx, "lp:lockr:"+key, "B").Err() == nil })
+			}
+			rs[2].Pause()
+			t.Cleanup(rs[2].Resume)
+			start := time.Now()
+			_, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl})
+			took := time.Since(start)
+			if !errors.Is(err, want) {
+				t.Fatalf("LOCK … TOKEN = %v after %v; want %v", err, took, want)
+			}
+			t.Logf("answered after %v", took.Round(100*time.Microsecond))
+			if took > bound {
+				t.Errorf("LOCK … TOKEN answered after %v; want within %v", took.Round(time.Millisecond), bound)
+			}
+			rs[2].Resume()
+			if upgrade {
+				// The third node refused the upgrade too: B's read hold
+				// is kept there.
+				waitFor(t, "the third node answering", func() bool { return c2.Ping(ctx).Err() == nil })
+				for end := time.Now().Add(2 * timeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+					if c2.ZScore(ctx, "lp:lockr:"+key, "B").Err() != nil {
+						t.Fatal("B's read hold gone from the third node")
+					}
+				}
+				return
+			}
+			staysGone(t, fmt.Sprintf("B's hold of %q gone from the third node", key), 2*timeout, func() string {
+				if v := c2.Get(ctx, "lp:lock:"+key).Val(); v == "B" {
+					return "held by B"
+				}
+				return ""
+			})
+		})
+	}
+}
+
+// TestScopedRollbackNeverRemovesNextAttempt is
+// TestWaitRollbackNeverRemovesNextAttempt for a waiter that names its
+// TOKEN: the roll-back of its refused attempt, sent unheard to the silent
+// node (scoped to that attempt), never removes the hold its next attempt
+// made there, also when the node's writer sends the refused attempt, its
+// roll-back and the next attempt in one batch.
+func TestScopedRollbackNeverRemovesNextAttempt(t *testing.T) {
+	const (
+		ttl     = 30 * time.Second
+		timeout = time.Second // the node timeout at this TTL
+	)
+	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
+		t.Run(fmt.Sprint("read=", mode == backends.Read), func(t *testing.T) {
+			b, rs := newRealBackend(t, 3, nodeTimeouts(timeout))
+			ctx := ctxTimeout(t, 30*time.Second)
+			const key = "scoped-rollback-order"
+			WarmUp(ctx, t, b, rs, "sro-warm", ttl)
+			lockOrFatal(t, b, backends.LockRequest{Key: key, Token: "A", TTL: ttl})
+			c2 := rs[2].Client(t)
+			waitFor(t, "the hold on the third node", func() bool { return c2.Get(ctx, "lp:lock:"+key).Val() == "A" })
+			rs[2].Pause()
+			t.Cleanup(rs[2].Resume)
+			// Keep the third node's writer busy with a batch of its own:
+			// what comes next for the key queues behind it.
+			busy := make(chan error, 1)
+			go func() {
+				_, err := b.Lock(ctx, backends.LockRequest{Key: "sro-busy", Token: "Z", TTL: ttl})
+				busy <- err
+			}()
+			time.Sleep(50 * time.Millisecond)
+			type result struct {
+				l   backends.Lease
+				err error
+			}
+			got := make(chan result, 1)
+			go func() {
+				l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second, Mode: mode})
+				got <- result{l, err}
+			}()
+			time.Sleep(100 * time.Millisecond)
+			if ok, err := b.Unlock(ctx, key, "A"); !ok || err != nil {
+				t.Fatalf("UNLOCK A = %v, %v; want released", ok, err)
+			}
+			r := <-got
+			if r.err != nil {
+				t.Fatalf("LOCK … WAIT … TOKEN = %v; want a grant", r.err)
+			}
+			rs[2].Resume()
+			if err := <-busy; err != nil {
+				t.Fatalf("LOCK sro-busy = %v", err)
+			}
+			holds := func() bool {
+				if mode == backends.Read {
+					return c2.ZScore(ctx, "lp:lockr:"+key, "B").Err() == nil
+				}
+				return c2.Get(ctx, "lp:lock:"+key).Val() == "B"
+			}
+			waitFor(t, "B's hold on the third node", holds)
+			for end := time.Now().Add(2 * timeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+				if !holds() {
+					t.Fatalf("B's hold on the third node gone while B holds the key (validity %v)", r.l.Validity)
+				}
+			}
+		})
+	}
+}
+
+// NewBackendOn is newBackendOn, with every node timeout set to timeout
+// (nodeTimeouts), for the tests outside the package.
+func NewBackendOn(t *testing.T, rs []*harness.Redis, timeout time.Duration, tune ...func(*Config)) *Backend {
+	t.Helper()
+	return newBackendOn(t, rs, append([]func(*Config){nodeTimeouts(timeout)}, tune...)...)
+}
