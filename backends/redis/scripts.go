@@ -34,9 +34,11 @@ import (
 //	            holder also holds it for reading: downgrade); or, on a
 //	            single hold made by a marked attempt (a LOCK with TOKEN),
 //	            "0,,token,attempt" (acquireMarkedScript), which counts as
-//	            none but names the attempt for its roll-back. Written by
-//	            scripts only. A lockm of another token (left by an
-//	            earlier hold) counts as none.
+//	            none but names the attempt for its roll-back, until a
+//	            reentrant grant, a downgrade or a renewal of the hold
+//	            replaces or drops it. Written by scripts only. A lockm
+//	            of another token (left by an earlier hold) counts as
+//	            none.
 //	P lockr:k   sorted set: reader tokens scored by lease end (node ms)
 //	P lockrh:k  hash: reader token -> holds; and attemptField+token -> the
 //	            attempt of the token's latest read grant (its mark: see
@@ -583,10 +585,21 @@ return out
 const luaExtendWrite = `
 local function extendWriteOf(k, tok, ms, raise)
   local m = redis.call('GET', k[3])
-  local _, r = meta(m, tok)
+  local h, r = meta(m, tok)
+  if m and h == 0 and r == '' then
+    -- A marked attempt's mark (or another token's lockm, which counts as
+    -- none): the renewal counts this hold for its holder, so the roll-back
+    -- of that attempt, which may come later (sent unheard, or in doubt),
+    -- must no longer remove it (lateGrantReleaseScript).
+    redis.call('DEL', k[3])
+    m = false
+  end
   local s
   if r == 'r' then s = redis.call('ZSCORE', k[4], tok) end
   if s then` + luaNow + `
+    -- Likewise the read hold's mark (lateReadReleaseScript): it is
+    -- renewed for its holder too.
+    redis.call('HDEL', k[5], '\0lockproxy:attempt:' .. tok)
     -- The token's read hold (a downgrade) rides along while its lease
     -- lasts, but is never shortened: it keeps others' writes out for the
     -- whole lease its holder was told of. The keys live until the later
@@ -631,6 +644,10 @@ if v ~= ARGV[3] then return 0 end` + luaNow + `
 local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
 if not s or tonumber(s) <= now then return 0 end
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
+-- The renewal counts the token's read hold here for its holder: the
+-- roll-back of the attempt whose mark it bears, which may come later,
+-- must no longer remove it (lateReadReleaseScript).
+redis.call('HDEL', KEYS[5], '\0lockproxy:attempt:' .. ARGV[1])
 local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[4], keep)
@@ -773,8 +790,10 @@ return f
 // hold afresh, and changes nothing where the key is held (a reentrant
 // hold is added only by acquireScript, sent once that answer is read).
 // Its hold is removed only where lockm is still that mark: a hold the
-// token had before, also one whose fence write was lost, has none, and a
-// reentrant hold added since replaced it (the hold count).
+// token had before, also one whose fence write was lost, has none, a
+// reentrant hold added since replaced it (the hold count), and a renewal
+// since (RENEW, a KEEPALIVE renewal, a transparent one) took it away: a
+// holder was told of the renewed hold, which it may count on this node.
 //
 // An unmarked acquire ("") has a token that held nothing before (a LOCK
 // without TOKEN, a transparent SET NX): its hold is the token's write
@@ -811,9 +830,10 @@ return {1}
 // (field attemptField..token, which no reader token can be: TOKEN refuses
 // the prefix), and this removes one read hold of the token only where the
 // mark is still this attempt's, taking the mark away. A later grant to
-// the token replaced the mark: then a hold stays until its lease ends,
-// which costs time, never safety. KEYS the lock's first five keys;
-// ARGV[1] token, ARGV[2] the attempt, ARGV[3] readMarker. Nothing is
+// the token replaced the mark, or a renewal of its read hold took it away
+// (its holder was told of the renewed hold): then a hold stays until its
+// lease ends, which costs time, never safety. KEYS the lock's first five
+// keys; ARGV[1] token, ARGV[2] the attempt, ARGV[3] readMarker. Nothing is
 // announced. Returns {1} when it removed a hold, else {0}.
 const lateReadReleaseScript = luaMeta + luaRelease + `
 local f = '\0lockproxy:attempt:' .. ARGV[1]
