@@ -22,7 +22,8 @@ import (
 // that may join its token's hold (not NoReentry: a LOCK with TOKEN) is
 // answered as promptly, also a refused upgrade (ErrUpgrade), but the
 // roll-back a node not heard gets is scoped to the attempt
-// (RollbackScoped), while a node heard granting gets the plain one.
+// (RollbackScoped), as is that of a node heard granting afresh, while a
+// node heard joining the token's hold gets the plain one.
 // WaitRollbacks waits for the roll-backs not waited for.
 func TestOwnTokenRefusalNotHeldBySilentNode(t *testing.T) {
 	const (
@@ -64,6 +65,19 @@ func TestOwnTokenRefusalNotHeldBySilentNode(t *testing.T) {
 				nd.refuse = true
 			}
 		}, false, false, false, quorum.ErrNotAcquired, true, []int{0, 4}, []int{4}},
+		// One heard granting afresh gets the scoped one: its roll-back
+		// is not waited for, and a renewal of the token through another
+		// instance may count the hold before it comes.
+		{"not NoReentry, N=5, one grants afresh", 5, func(i int, nd *fakeNode) {
+			switch i {
+			case 0:
+				nd.holds = 1
+			case 4:
+				nd.delay = time.Hour
+			default:
+				nd.refuse = true
+			}
+		}, false, false, false, quorum.ErrNotAcquired, true, []int{0, 4}, []int{0, 4}},
 		// A plain node's roll-back runs on a goroutine of its own, in no
 		// order with the token's next attempt: it is waited for.
 		{"nodes not AsyncNode: heard out", 3, silentLast(3, 0), true, true, true, quorum.ErrNotAcquired, false, []int{2}, nil},

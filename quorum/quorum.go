@@ -109,7 +109,9 @@ type Request struct {
 	// the node runs them in. A hold it joined on such a node is left
 	// there until its lease ends: one of a token that holds the key on no
 	// majority (every node where the token holds it grants, and a
-	// majority refused), which no one was told of.
+	// majority refused), which no one was told of. A node heard granting
+	// afresh gets the scoped roll-back too, one heard joining the plain
+	// one (it takes one hold, the attempt's).
 	// Transparent mode's SET NX (NoReentry without OwnToken) still hears
 	// every node out: its attempt carries no mark, and its value may hold
 	// the key on a node not heard.
@@ -834,17 +836,29 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 				q.startReleaseAll(ctx, req, refusedBy, false)
 				return Lease{}, ErrNotAcquired
 			}
-			// A node heard granting gets the plain roll-back, which
-			// takes the hold the attempt made or joined there; every
-			// other one not heard refusing gets the scoped one.
-			if len(granted) > 0 {
-				plain := make([]bool, n)
-				for i := range plain {
-					plain[i] = true
-				}
-				for _, g := range granted {
+			// A node heard joining the token's hold gets the plain
+			// roll-back, which takes one hold there: the one the attempt
+			// added, whatever else the token did there since. Every
+			// other one not heard refusing gets the scoped one, also a
+			// node heard granting afresh: the roll-back is not waited
+			// for, and the client, told no, may go on through another
+			// instance, whose RENEW or KEEPALIVE renewal can count that
+			// hold before the roll-back reaches it. A plain release would
+			// then take a hold the holder was told of; the scoped one
+			// finds the attempt's mark taken off by the renewal
+			// (backends/redis TestScopedRollbackKeepsRenewedGrant).
+			plain := make([]bool, n)
+			for i := range plain {
+				plain[i] = true
+			}
+			joined := false
+			for _, g := range granted {
+				if g.grant.Holds > 1 {
 					plain[g.idx], refusedBy[g.idx] = false, true
+					joined = true
 				}
+			}
+			if joined {
 				q.startReleaseAll(ctx, req, plain, false)
 			}
 			q.startReleaseAll(ctx, req, refusedBy, true)

@@ -128,3 +128,125 @@ func scopedRollbackKeepsRenewedHold(t *testing.T, mode backends.Mode) {
 		t.Fatalf("a rival's LOCK %v after T's RENEW answered validity %v = %v; want not acquired", time.Since(renewed).Round(time.Millisecond), v, err)
 	}
 }
+
+// TestScopedRollbackKeepsRenewedGrant is TestScopedRollbackKeepsRenewedHold
+// for a node heard granting the refused attempt afresh, whose roll-back
+// is not waited for either.
+//
+// Nodes n0 … n4. Instance 1 reaches n0, n1 and n2 through links of 200 ms
+// each way, n3 through one that turns slow (1 s) once n3 answered, and
+// not n4 (its link drops everything: n4 is not heard). Instance 2 reaches
+// n2, n3 and n4 through links the test can cut. U holds the key on n0, n1
+// and n2. T's LOCK … TOKEN through instance 1 (attempt a) is granted by
+// n3, where the key is free, and refused by n0, n1 and n2: it is answered
+// nil, n4 unheard, and n3's roll-back crawls there. The client goes on
+// through instance 2: U is released, T's next LOCK … TOKEN (PX 3000) is
+// granted by n0, n1 and n2 (n3 and n4 cut), and T's RENEW … PX 60000 (n2
+// and n4 cut) renews n0, n1 and a's hold on n3: a majority, validity about
+// a minute. Then a's roll-back reaches n3. A plain release there takes
+// that hold: once n2's 3 s lease ended, T would hold the key on n0 and n1
+// alone, and a rival would be granted n2, n3 and n4 while T's renewed
+// validity runs.
+func TestScopedRollbackKeepsRenewedGrant(t *testing.T) {
+	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
+		t.Run(fmt.Sprint("read=", mode == backends.Read), func(t *testing.T) { scopedRollbackKeepsRenewedGrant(t, mode) })
+	}
+}
+
+func scopedRollbackKeepsRenewedGrant(t *testing.T, mode backends.Mode) {
+	const (
+		ttl     = time.Minute
+		timeout = 2 * time.Second // the node timeout at this TTL
+		latency = 200 * time.Millisecond
+		crawl   = time.Second
+		short   = 3 * time.Second // the lease of T's grant
+	)
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	rs := harness.StartRedisN(t, 5, harness.RedisOptions{})
+	proxy := func(addr string) *faultproxy.Proxy {
+		p, err := faultproxy.New(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Close() })
+		return p
+	}
+	var l1 [5]*faultproxy.Proxy // instance 1's links
+	for i := range l1 {
+		l1[i] = proxy(rs[i].Addr)
+	}
+	cut2, cut3, cut4 := proxy(rs[2].Addr), proxy(rs[3].Addr), proxy(rs[4].Addr)
+	b1 := redis.NewBackendOn(t, rs, timeout, func(c *redis.Config) {
+		for i := range c.Nodes {
+			c.Nodes[i].Addr = l1[i].Addr()
+		}
+	})
+	b2 := redis.NewBackendOn(t, rs, timeout, func(c *redis.Config) {
+		c.Nodes[2].Addr, c.Nodes[3].Addr, c.Nodes[4].Addr = cut2.Addr(), cut3.Addr(), cut4.Addr()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const key = "scoped-renewed-grant"
+	redis.WarmUp(ctx, t, b1, rs, "srg-warm", ttl)
+	redis.WarmUp(ctx, t, b2, rs, "srg-warm2", ttl)
+	c3 := rs[3].Client(t)
+	// holds tells whether T holds the key on n3 in mode.
+	holds := func() bool {
+		if mode == backends.Read {
+			return c3.ZScore(ctx, "lp:lockr:"+key, "T").Err() == nil
+		}
+		return c3.Get(ctx, "lp:lock:"+key).Val() == "T"
+	}
+	cut3.Reset()
+	cut4.Reset()
+	if _, err := b2.Lock(ctx, backends.LockRequest{Key: key, Token: "U", TTL: ttl}); err != nil {
+		t.Fatalf("LOCK U = %v; want a grant by n0, n1 and n2", err)
+	}
+	for i := range 3 {
+		l1[i].SetLatency(latency, 0)
+	}
+	l1[4].Blackhole()
+	refused := make(chan error, 1)
+	go func() {
+		_, err := b1.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: ttl, Mode: mode})
+		refused <- err
+	}()
+	waitUntil(t, "T's attempt granted on n3", holds)
+	l1[3].SetLatency(crawl, 0)
+	if err := <-refused; !errors.Is(err, backends.ErrNotAcquired) {
+		t.Fatalf("T's attempt through instance 1 = %v; want not acquired", err)
+	}
+	answered := time.Now()
+	if ok, err := b2.Unlock(ctx, key, "U"); !ok || err != nil {
+		t.Fatalf("UNLOCK U = %v, %v; want released", ok, err)
+	}
+	if _, err := b2.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: short, Mode: mode}); err != nil {
+		t.Fatalf("T's attempt through instance 2 = %v; want a grant by n0, n1 and n2", err)
+	}
+	granted := time.Now()
+	cut3.PassThrough()
+	cut2.Reset()
+	v, err := b2.Renew(ctx, key, "T", ttl)
+	if d := time.Since(answered); d > crawl/2 {
+		t.Skipf("RENEW answered %v after the refusal, when its roll-back may have reached n3; the host is too slow for the order this test needs", d)
+	}
+	if err != nil || v <= 0 {
+		t.Fatalf("RENEW T through instance 2 = %v, %v; want renewed on n0, n1 and n3", v, err)
+	}
+	renewed := time.Now()
+	cut2.PassThrough()
+	for end := answered.Add(crawl + timeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+		if !holds() {
+			t.Fatalf("T's hold on n3 gone %v after RENEW T answered validity %v on n0, n1 and n3; want it kept",
+				time.Since(renewed).Round(time.Millisecond), v)
+		}
+	}
+	time.Sleep(time.Until(granted.Add(short + 100*time.Millisecond)))
+	cut4.PassThrough()
+	if time.Since(renewed) >= v {
+		t.Skip("the renewed validity ended before the rival's attempt")
+	}
+	if _, err := b2.Lock(ctx, backends.LockRequest{Key: key, Token: "V", TTL: ttl}); !errors.Is(err, backends.ErrNotAcquired) {
+		t.Fatalf("a rival's LOCK %v after T's RENEW answered validity %v = %v; want not acquired", time.Since(renewed).Round(time.Millisecond), v, err)
+	}
+}
