@@ -1,0 +1,117 @@
+package redis
+
+import (
+	"testing"
+	"time"
+
+	"github.com/lockproxy/lockproxy/backends"
+	"github.com/lockproxy/lockproxy/quorum"
+)
+
+// TestRenewalDropsAttemptMark: the roll-back of a marked attempt in doubt
+// (lateGrantReleaseScript, lateReadReleaseScript, also what a refused
+// LOCK or RLOCK with TOKEN sends a node it did not hear) removes the hold
+// the attempt made only until a renewal of the token's hold there: RENEW,
+// a KEEPALIVE renewal, a transparent renewal (syncHoldsScript), or the
+// write RENEW of a downgrade, which renews its read hold too. Each counts
+// the hold for a holder, told of its new lease; before, RENEW and KEEPALIVE
+// renewals left the mark and a later roll-back took the renewed hold.
+// Without a renewal the roll-back still removes the attempt's hold.
+func TestRenewalDropsAttemptMark(t *testing.T) {
+	n, r := nodeOnRedis(t)
+	direct := r.Client(t)
+	ctx := ctxTimeout(t, 30*time.Second)
+	const ttl = 10 * time.Second
+	for _, tc := range []struct {
+		name string
+		read bool // the attempt is a read one
+		// downgrade: the token write-holds the key before its read attempt.
+		downgrade bool
+		renew     func(key string) // nil: no renewal
+		kept      bool             // the roll-back leaves the hold
+	}{
+		{"write, no renewal", false, false, nil, false},
+		{"write, RENEW", false, false, func(key string) {
+			if ok, err := n.Extend(ctx, key, "T", ttl); !ok || err != nil {
+				t.Fatalf("RENEW = %v, %v", ok, err)
+			}
+		}, true},
+		{"write, KEEPALIVE renewal", false, false, func(key string) {
+			if ok, err := n.extendHold(ctx, key, "T", backends.Write, ttl); !ok || err != nil {
+				t.Fatalf("KEEPALIVE renewal = %v, %v", ok, err)
+			}
+		}, true},
+		{"write, transparent renewal", false, false, func(key string) {
+			if err := direct.PExpire(ctx, "lp:lock:"+key, ttl).Err(); err != nil {
+				t.Fatal(err)
+			}
+			keys := []string{"lp:lock:" + key, "lp:lockf:" + key, "lp:lockm:" + key, "lp:lockr:" + key, "lp:lockrh:" + key}
+			if err := direct.Eval(ctx, scriptSyncHolds.src, keys, readMarker, "lp:released:"+key).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"read, no renewal", true, false, nil, false},
+		{"read, RENEW", true, false, func(key string) {
+			if ok, err := n.Extend(ctx, key, "T", ttl); !ok || err != nil {
+				t.Fatalf("RENEW = %v, %v", ok, err)
+			}
+		}, true},
+		{"read, KEEPALIVE renewal", true, false, func(key string) {
+			if ok, err := n.extendHold(ctx, key, "T", backends.Read, ttl); !ok || err != nil {
+				t.Fatalf("KEEPALIVE renewal = %v, %v", ok, err)
+			}
+		}, true},
+		{"downgrade, no renewal", true, true, nil, false},
+		{"downgrade, RENEW of the write hold", true, true, func(key string) {
+			if ok, err := n.Extend(ctx, key, "T", ttl); !ok || err != nil {
+				t.Fatalf("RENEW = %v, %v", ok, err)
+			}
+		}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			key := "rdm-" + tc.name
+			mode := quorum.Exclusive
+			if tc.read {
+				mode = quorum.Shared
+			}
+			if tc.downgrade {
+				if g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: "T", TTL: ttl, NoReentry: true}); err != nil || !g.Acquired {
+					t.Fatalf("write hold = %+v, %v", g, err)
+				}
+			}
+			g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: "T", TTL: ttl, Mode: mode, Attempt: "a1"})
+			if err != nil || !g.Acquired || g.Holds != 1 {
+				t.Fatalf("the attempt's grant = %+v, %v; want a fresh hold", g, err)
+			}
+			if tc.renew != nil {
+				tc.renew(key)
+			}
+			src := scriptLateGrant.src
+			keys := []string{"lp:lock:" + key, "lp:lockf:" + key, "lp:lockm:" + key}
+			args := []any{"T", "a1"}
+			if tc.read {
+				src = scriptLateRead.src
+				keys = append(keys, "lp:lockr:"+key, "lp:lockrh:"+key)
+				args = append(args, readMarker)
+			}
+			res, err := direct.Eval(ctx, src, keys, args...).Slice()
+			if err != nil {
+				t.Fatalf("the attempt's roll-back: %v", err)
+			}
+			removed := res[0].(int64) == 1
+			if removed == tc.kept {
+				t.Fatalf("the attempt's roll-back removed a hold: %v; want %v", removed, !tc.kept)
+			}
+			readHeld := direct.ZScore(ctx, "lp:lockr:"+key, "T").Err() == nil
+			writeHeld := direct.Get(ctx, "lp:lock:"+key).Val() == "T"
+			switch {
+			case tc.read && readHeld != tc.kept:
+				t.Errorf("T's read hold there: %v; want %v", readHeld, tc.kept)
+			case tc.read && writeHeld != tc.downgrade:
+				t.Errorf("T's write hold there: %v; want %v", writeHeld, tc.downgrade)
+			case !tc.read && writeHeld != tc.kept:
+				t.Errorf("T's write hold there: %v; want %v", writeHeld, tc.kept)
+			}
+		})
+	}
+}
