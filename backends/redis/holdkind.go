@@ -188,9 +188,12 @@ local s = redis.call('ZSCORE', KEYS[4], ARGV[1])
 if not s or tonumber(s) <= now then return 0 end
 if tonumber(s) < now + tonumber(ARGV[2]) then redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1]) end
 -- The renewal counts the token's read hold for its holder: the roll-back
--- of the attempt whose mark it bears must no longer remove it
--- (lateReadReleaseScript).
-redis.call('HDEL', KEYS[5], '\0lockproxy:attempt:' .. ARGV[1])
+-- of the attempt whose mark it bears must no longer remove it where that
+-- attempt made the one read hold (lateReadReleaseScript). Over more holds
+-- the roll-back takes one, the attempt's, and leaves the holder's.
+if tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0') <= 1 then
+  redis.call('HDEL', KEYS[5], '\0lockproxy:attempt:' .. ARGV[1])
+end
 local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
 if v == ARGV[1] then
   local p = redis.call('PTTL', KEYS[1])

@@ -16,7 +16,9 @@ import (
 // write RENEW of a downgrade, which renews its read hold too. Each counts
 // the hold for a holder, told of its new lease; before, RENEW and KEEPALIVE
 // renewals left the mark and a later roll-back took the renewed hold.
-// Without a renewal the roll-back still removes the attempt's hold.
+// Without a renewal the roll-back still removes the attempt's hold, and
+// where the attempt joined a read hold it takes that one hold, renewal or
+// not.
 func TestRenewalDropsAttemptMark(t *testing.T) {
 	n, r := nodeOnRedis(t)
 	direct := r.Client(t)
@@ -27,21 +29,25 @@ func TestRenewalDropsAttemptMark(t *testing.T) {
 		read bool // the attempt is a read one
 		// downgrade: the token write-holds the key before its read attempt.
 		downgrade bool
-		renew     func(key string) // nil: no renewal
-		kept      bool             // the roll-back leaves the hold
+		// join: the token read-holds the key before its read attempt,
+		// which joins that hold: the roll-back takes one hold, the
+		// attempt's, renewed or not, and the earlier one stays.
+		join  bool
+		renew func(key string) // nil: no renewal
+		kept  bool             // the roll-back leaves the attempt's hold
 	}{
-		{"write, no renewal", false, false, nil, false},
-		{"write, RENEW", false, false, func(key string) {
+		{"write, no renewal", false, false, false, nil, false},
+		{"write, RENEW", false, false, false, func(key string) {
 			if ok, err := n.Extend(ctx, key, "T", ttl); !ok || err != nil {
 				t.Fatalf("RENEW = %v, %v", ok, err)
 			}
 		}, true},
-		{"write, KEEPALIVE renewal", false, false, func(key string) {
+		{"write, KEEPALIVE renewal", false, false, false, func(key string) {
 			if ok, err := n.extendHold(ctx, key, "T", backends.Write, ttl); !ok || err != nil {
 				t.Fatalf("KEEPALIVE renewal = %v, %v", ok, err)
 			}
 		}, true},
-		{"write, transparent renewal", false, false, func(key string) {
+		{"write, transparent renewal", false, false, false, func(key string) {
 			if err := direct.PExpire(ctx, "lp:lock:"+key, ttl).Err(); err != nil {
 				t.Fatal(err)
 			}
@@ -50,23 +56,33 @@ func TestRenewalDropsAttemptMark(t *testing.T) {
 				t.Fatal(err)
 			}
 		}, true},
-		{"read, no renewal", true, false, nil, false},
-		{"read, RENEW", true, false, func(key string) {
+		{"read, no renewal", true, false, false, nil, false},
+		{"read, RENEW", true, false, false, func(key string) {
 			if ok, err := n.Extend(ctx, key, "T", ttl); !ok || err != nil {
 				t.Fatalf("RENEW = %v, %v", ok, err)
 			}
 		}, true},
-		{"read, KEEPALIVE renewal", true, false, func(key string) {
+		{"read, KEEPALIVE renewal", true, false, false, func(key string) {
 			if ok, err := n.extendHold(ctx, key, "T", backends.Read, ttl); !ok || err != nil {
 				t.Fatalf("KEEPALIVE renewal = %v, %v", ok, err)
 			}
 		}, true},
-		{"downgrade, no renewal", true, true, nil, false},
-		{"downgrade, RENEW of the write hold", true, true, func(key string) {
+		{"downgrade, no renewal", true, true, false, nil, false},
+		{"downgrade, RENEW of the write hold", true, true, false, func(key string) {
 			if ok, err := n.Extend(ctx, key, "T", ttl); !ok || err != nil {
 				t.Fatalf("RENEW = %v, %v", ok, err)
 			}
 		}, true},
+		{"read join, RENEW", true, false, true, func(key string) {
+			if ok, err := n.Extend(ctx, key, "T", ttl); !ok || err != nil {
+				t.Fatalf("RENEW = %v, %v", ok, err)
+			}
+		}, false},
+		{"read join, KEEPALIVE renewal", true, false, true, func(key string) {
+			if ok, err := n.extendHold(ctx, key, "T", backends.Read, ttl); !ok || err != nil {
+				t.Fatalf("KEEPALIVE renewal = %v, %v", ok, err)
+			}
+		}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			key := "rdm-" + tc.name
@@ -79,9 +95,16 @@ func TestRenewalDropsAttemptMark(t *testing.T) {
 					t.Fatalf("write hold = %+v, %v", g, err)
 				}
 			}
+			holds := int64(1)
+			if tc.join {
+				if g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: "T", TTL: ttl, Mode: mode, Attempt: "h1"}); err != nil || !g.Acquired {
+					t.Fatalf("earlier read hold = %+v, %v", g, err)
+				}
+				holds = 2
+			}
 			g, err := n.Acquire(ctx, quorum.Request{Key: key, Token: "T", TTL: ttl, Mode: mode, Attempt: "a1"})
-			if err != nil || !g.Acquired || g.Holds != 1 {
-				t.Fatalf("the attempt's grant = %+v, %v; want a fresh hold", g, err)
+			if err != nil || !g.Acquired || g.Holds != holds {
+				t.Fatalf("the attempt's grant = %+v, %v; want %d holds", g, err, holds)
 			}
 			if tc.renew != nil {
 				tc.renew(key)
@@ -105,8 +128,10 @@ func TestRenewalDropsAttemptMark(t *testing.T) {
 			readHeld := direct.ZScore(ctx, "lp:lockr:"+key, "T").Err() == nil
 			writeHeld := direct.Get(ctx, "lp:lock:"+key).Val() == "T"
 			switch {
-			case tc.read && readHeld != tc.kept:
-				t.Errorf("T's read hold there: %v; want %v", readHeld, tc.kept)
+			case tc.read && readHeld != (tc.kept || tc.join):
+				t.Errorf("T's read hold there: %v; want %v", readHeld, tc.kept || tc.join)
+			case tc.join && direct.HGet(ctx, "lp:lockrh:"+key, "T").Val() != "1":
+				t.Errorf("T's read holds there: %q; want 1, the earlier hold's", direct.HGet(ctx, "lp:lockrh:"+key, "T").Val())
 			case tc.read && writeHeld != tc.downgrade:
 				t.Errorf("T's write hold there: %v; want %v", writeHeld, tc.downgrade)
 			case !tc.read && writeHeld != tc.kept:

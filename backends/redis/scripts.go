@@ -597,9 +597,13 @@ local function extendWriteOf(k, tok, ms, raise)
   local s
   if r == 'r' then s = redis.call('ZSCORE', k[4], tok) end
   if s then` + luaNow + `
-    -- Likewise the read hold's mark (lateReadReleaseScript): it is
-    -- renewed for its holder too.
-    redis.call('HDEL', k[5], '\0lockproxy:attempt:' .. tok)
+    -- Likewise the read hold's mark (lateReadReleaseScript), where the
+    -- attempt it names made the one read hold: it is renewed for its
+    -- holder too. Over more holds the roll-back takes one, the
+    -- attempt's, and leaves the holder's.
+    if tonumber(redis.call('HGET', k[5], tok) or '0') <= 1 then
+      redis.call('HDEL', k[5], '\0lockproxy:attempt:' .. tok)
+    end
     -- The token's read hold (a downgrade) rides along while its lease
     -- lasts, but is never shortened: it keeps others' writes out for the
     -- whole lease its holder was told of. The keys live until the later
@@ -646,8 +650,12 @@ if not s or tonumber(s) <= now then return 0 end
 redis.call('ZADD', KEYS[4], now + tonumber(ARGV[2]), ARGV[1])
 -- The renewal counts the token's read hold here for its holder: the
 -- roll-back of the attempt whose mark it bears, which may come later,
--- must no longer remove it (lateReadReleaseScript).
-redis.call('HDEL', KEYS[5], '\0lockproxy:attempt:' .. ARGV[1])
+-- must no longer remove it where that attempt made the one read hold
+-- (lateReadReleaseScript). Over more holds the roll-back takes one, the
+-- attempt's, and leaves the holder's.
+if tonumber(redis.call('HGET', KEYS[5], ARGV[1]) or '0') <= 1 then
+  redis.call('HDEL', KEYS[5], '\0lockproxy:attempt:' .. ARGV[1])
+end
 local keep = tonumber(redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]) - now
 redis.call('PEXPIRE', KEYS[1], keep)
 redis.call('PEXPIRE', KEYS[4], keep)
@@ -830,10 +838,10 @@ return {1}
 // (field attemptField..token, which no reader token can be: TOKEN refuses
 // the prefix), and this removes one read hold of the token only where the
 // mark is still this attempt's, taking the mark away. A later grant to
-// the token replaced the mark, or a renewal of its read hold took it away
-// (its holder was told of the renewed hold): then a hold stays until its
-// lease ends, which costs time, never safety. KEYS the lock's first five
-// keys; ARGV[1] token, ARGV[2] the attempt, ARGV[3] readMarker. Nothing is
+// the token replaced the mark, or a renewal of its one read hold took it
+// away (its holder was told of the renewed hold): then a hold stays until
+// its lease ends, which costs time, never safety. KEYS the lock's first
+// five keys; ARGV[1] token, ARGV[2] the attempt, ARGV[3] readMarker. Nothing is
 // announced. Returns {1} when it removed a hold, else {0}.
 const lateReadReleaseScript = luaMeta + luaRelease + `
 local f = '\0lockproxy:attempt:' .. ARGV[1]
