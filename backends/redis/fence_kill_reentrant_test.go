@@ -20,6 +20,9 @@ import (
 // granted n1 and n2 (two holders). Without the kill the late fence write
 // lands (3 s) and the roll-back keeps T's hold.
 func TestFenceKillKeepsReentrantHold(t *testing.T) {
+	// Mostly waits for the delayed link: beside the other such tests,
+	// on nodes of its own.
+	t.Parallel()
 	const delay = 3 * time.Second
 	b, rs, logs, p := backendWithN2Link(t, redis.DefaultUser)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)

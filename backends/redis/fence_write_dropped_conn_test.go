@@ -21,6 +21,9 @@ import (
 // release, so its fence write never runs. Here the link delays the fence
 // write by 6 s and passes what comes after it at once.
 func TestFenceWriteOnDroppedConnectionKilled(t *testing.T) {
+	// Mostly waits for the delayed link: beside the other such tests,
+	// on nodes of its own.
+	t.Parallel()
 	// Long enough for n2's release to run first also on a loaded host
 	// (it goes out once the wait for the fence write's answer failed, 1 s).
 	const delay = 6 * time.Second

@@ -22,6 +22,9 @@ import (
 // fence write, and the release queued behind it, for 6 s; the connection
 // is gone once the link has passed them on and closed it.
 func TestFenceWriteOnUnkilledConnectionSwept(t *testing.T) {
+	// Mostly waits for the delayed link: beside the other such tests,
+	// on nodes of its own.
+	t.Parallel()
 	// Long enough for n2's UNLOCK to run first also on a loaded host (it
 	// goes out once the other key's release timed out, 1 s).
 	const delay = 6 * time.Second

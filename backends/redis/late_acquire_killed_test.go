@@ -16,6 +16,9 @@ import (
 // it never runs. Where the ACL refuses CLIENT KILL or CLIENT ID no kill
 // is attempted, and the key may land late and stay, as before kills.
 func TestLateAcquireOnDelayedLinkKilled(t *testing.T) {
+	// Mostly waits for the delayed link: beside the other such tests,
+	// each case on nodes of its own.
+	t.Parallel()
 	const delay = 3 * time.Second
 	for _, tc := range []struct {
 		user  redis.LateAcquireUser
@@ -26,6 +29,7 @@ func TestLateAcquireOnDelayedLinkKilled(t *testing.T) {
 		{redis.NoIDUser, true},
 	} {
 		t.Run(tc.user.Name, func(t *testing.T) {
+			t.Parallel()
 			b, rs, logs, p := backendWithN2Link(t, tc.user)
 			ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 			defer cancel()

@@ -24,8 +24,12 @@ import (
 // was lost and the nodes kept their hold. The roll-back of an acquire in
 // doubt now removes only a hold its SET NX made (lateGrantReleaseScript).
 func TestOwedNoDoubleRelease(t *testing.T) {
+	// Mostly waits on paused nodes and the settle: beside the other
+	// such tests, each case on nodes of its own.
+	t.Parallel()
 	for _, pause := range []time.Duration{300 * time.Millisecond, 1500 * time.Millisecond} {
 		t.Run(fmt.Sprint("paused ", pause), func(t *testing.T) {
+			t.Parallel()
 			b, rs := newRealBackend(t, 3)
 			ctx := ctxTimeout(t, 60*time.Second)
 			const key = "double-release"

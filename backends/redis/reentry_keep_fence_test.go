@@ -22,6 +22,9 @@ import (
 // the attempt as a reentry did this; the roll-back removes the fresh hold,
 // and T's next grant is a fresh one with a higher fence.)
 func TestReentryRollbackKeepDoesNotLowerFence(t *testing.T) {
+	// Mostly waits for the delayed link (14 s): beside the other such
+	// tests, each on nodes of its own.
+	t.Parallel()
 	const delay = 3 * time.Second
 	b, rs, _, p := backendWithN2Link(t, redis.DefaultUser)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
