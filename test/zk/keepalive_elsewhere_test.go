@@ -18,6 +18,10 @@ import (
 // past, failed: the client was told the lock was lost right after the
 // grant, while the hold stayed in the node.
 func TestKeepaliveRefusedThroughOtherInstance(t *testing.T) {
+	// Parallel: it leaves the ensemble alone (a root and instances of
+	// its own). Parallel tests start once every serial one has ended, so
+	// never beside those that stop, kill or cut off servers.
+	t.Parallel()
 	root := newRoot(t)
 	a := startInstance(t, zkServers(), root)
 	b := startInstance(t, zkServers(), root)

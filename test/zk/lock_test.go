@@ -140,6 +140,10 @@ func TestLockContendUnlockRenew(t *testing.T) {
 // TestBinaryKeysAndTokens: keys with bytes that are special to ZooKeeper
 // paths or to RESP round-trip and stay apart.
 func TestBinaryKeysAndTokens(t *testing.T) {
+	// Parallel: it leaves the ensemble alone (a root and instances of
+	// its own). Parallel tests start once every serial one has ended, so
+	// never beside those that stop, kill or cut off servers.
+	t.Parallel()
 	in := startInstance(t, zkServers(), newRoot(t))
 	c := lc.NewClient(t, in.addr, 2)
 	keys := []string{"a/b", "a", "/", "..", "\x00\r\n", "\xff\xfe", strings.Repeat("k", 8192)}
@@ -435,6 +439,10 @@ func TestOneServerOfThreeKilled(t *testing.T) {
 // and closes its session after the drain, so a waiter on another instance
 // is granted at once rather than at the end of a lease.
 func TestShutdownReleases(t *testing.T) {
+	// Parallel: it leaves the ensemble alone (a root and instances of
+	// its own). Parallel tests start once every serial one has ended, so
+	// never beside those that stop, kill or cut off servers.
+	t.Parallel()
 	root := newRoot(t)
 	a := startInstance(t, zkServers(), root)
 	b := startInstance(t, zkServers(), root)

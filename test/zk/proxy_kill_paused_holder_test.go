@@ -25,6 +25,10 @@ import (
 // overlap within validity, fences increasing, no live write rejected and
 // no lost update. The run is suite.RunProxyKilledWhileHolding.
 func TestProxyKilledWhileHolding(t *testing.T) {
+	// Parallel: it leaves the ensemble alone (a root and instances of
+	// its own). Parallel tests start once every serial one has ended, so
+	// never beside those that stop, kill or cut off servers.
+	t.Parallel()
 	const (
 		sessMS = 3000
 		ttlMS  = 2000
@@ -63,6 +67,8 @@ func TestProxyKilledWhileHolding(t *testing.T) {
 // the rival's update, so the test fails if the fence is not what saved
 // the update. The rounds are suite.RunPausedHolderFenced.
 func TestPausedHolderFenced(t *testing.T) {
+	// Not parallel: its first round's PX 300 lock must be granted within
+	// its 300 ms, which a test beside it on the loaded host made it miss.
 	root := newRoot(t)
 	ins := []*instance{startInstance(t, zkServers(), root), startInstance(t, zkServers(), root)}
 	suite.RunPausedHolderFenced(t, lc, ins[0].addr, ins[1].addr)

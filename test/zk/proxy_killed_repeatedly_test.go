@@ -26,6 +26,10 @@ import (
 // instances must grant after the last kill. The run is
 // suite.RunProxyKilledRepeatedly.
 func TestProxyKilledRepeatedly(t *testing.T) {
+	// Parallel: it leaves the ensemble alone (a root and instances of
+	// its own). Parallel tests start once every serial one has ended, so
+	// never beside those that stop, kill or cut off servers.
+	t.Parallel()
 	const (
 		sessMS = 3000
 		ttlMS  = 2000
