@@ -49,4 +49,8 @@ func TestLoopDoesNotDialForCommandTable(t *testing.T) {
 	if d := time.Since(start); d > time.Second {
 		t.Errorf("another client's PING waited %v for the upstream's handshake; want an answer at once", d.Round(time.Millisecond))
 	}
+	// Resumed here, not only in the cleanup: serveRelayed's shutdown runs
+	// before that cleanup and would wait out its 5 s for the GET that the
+	// paused upstream still holds up.
+	up.Resume()
 }
