@@ -119,6 +119,10 @@ func TestWaitWokenAcrossInstances(t *testing.T) {
 // the same data directory a lock granted before the crash, still within
 // its lease, is still held, with its fence.
 func TestDatabaseKilled(t *testing.T) {
+	// Parallel: it waits on the restart of a server, on a server of its own,
+	// beside the package's other parallel tests (see Makefile: make test's
+	// last slot).
+	t.Parallel()
 	pg := harness.StartPostgres(t)
 	in := startInstance(t, pg.DSN(), "lockproxy_")
 	c := lc.NewClient(t, in.addr, 3)
@@ -176,6 +180,10 @@ func TestDatabaseKilled(t *testing.T) {
 // when the database continues, so it is left out here; a LOCK's statements
 // run in a transaction that the closed connection rolls back.)
 func TestDatabaseHangs(t *testing.T) {
+	// Parallel: it waits on operation timeouts, on a server of its own,
+	// beside the package's other parallel tests (see Makefile: make test's
+	// last slot).
+	t.Parallel()
 	pg := harness.StartPostgres(t)
 	in := startInstance(t, pg.DSN(), "lockproxy_", "LOCKPROXY_POSTGRES_OP_TIMEOUT=1s")
 	c := lc.NewClient(t, in.addr, 3)
@@ -213,6 +221,10 @@ func TestDatabaseHangs(t *testing.T) {
 // TestExpiredRowsSwept: rows of leases that ran out are deleted by the
 // sweep, so the table does not grow with every key ever locked.
 func TestExpiredRowsSwept(t *testing.T) {
+	// Parallel: it waits on leases and the sweep, on tables of its own,
+	// beside the package's other parallel tests (see Makefile: make test's
+	// last slot).
+	t.Parallel()
 	prefix := newPrefix()
 	in := startInstance(t, shared.DSN(), prefix, "LOCKPROXY_POSTGRES_SWEEP_INTERVAL=300ms")
 	c := lc.NewClient(t, in.addr, 3)
