@@ -15,12 +15,22 @@ import (
 // (paused: its connections stay open and nothing comes back, as behind a
 // blackholed link), whether the waiter is on the holder's instance or on
 // another one, and whether the UNLOCK comes while the waiter's refused
-// attempt still waits for the silent node or while the waiter sleeps. The
-// two healthy nodes are a majority: enough to release and to grant.
-// Before, a refused attempt of the waiter heard out the silent node (up to
-// two node timeouts) and then waited for its roll-back there (one more)
-// before its waiter could try again, so the grant came up to about three
-// node timeouts (500 ms each here) after the UNLOCK.
+// attempt still waits for the silent node or while it sleeps. The two
+// healthy nodes are a majority: enough to release and to grant.
+//
+// Without TOKEN (a token lockproxy made, OwnToken), a refused attempt's
+// roll-back goes to the silent node in order ahead of the next attempt,
+// unwaited. With TOKEN (LOCK k PX 10000 WAIT 5000 TOKEN B), it goes
+// unwaited too, scoped to the attempt: also when B holds the key on the
+// silent node from before (its hold lapsed on the other two, which A then
+// took), where each refused attempt joins that hold once the node runs
+// again, and the scoped roll-back takes no hold of B's there, neither that
+// old one nor the grant's.
+//
+// Before, a refused attempt heard out the silent node (up to two node
+// timeouts) and then waited for its roll-back there before its waiter
+// could try again: the grant came ~0.9 s (without TOKEN up to about three
+// node timeouts) after the UNLOCK, at 500 ms node timeouts.
 func TestWaitHandOverWithSilentNode(t *testing.T) {
 	const (
 		ttl     = 10 * time.Second
@@ -32,19 +42,28 @@ func TestWaitHandOverWithSilentNode(t *testing.T) {
 	for _, tc := range []struct {
 		silent bool
 		other  bool // the waiter is on another instance than the holder
+		token  bool // the waiter names its TOKEN
+		// leftover: B holds the key on the silent node from before.
+		leftover bool
 		// unlockAfter is when the holder unlocks, after the waiter's
 		// LOCK was sent: 100 ms, while the waiter's first attempt waits
 		// for the silent node (if any); 1.6 s, while it sleeps on.
 		unlockAfter time.Duration
 	}{
-		{false, false, 100 * time.Millisecond},
-		{false, true, 100 * time.Millisecond},
-		{true, false, 100 * time.Millisecond},
-		{true, true, 100 * time.Millisecond},
-		{true, false, 1600 * time.Millisecond},
-		{true, true, 1600 * time.Millisecond},
+		{false, false, false, false, 100 * time.Millisecond},
+		{false, true, false, false, 100 * time.Millisecond},
+		{true, false, false, false, 100 * time.Millisecond},
+		{true, true, false, false, 100 * time.Millisecond},
+		{true, false, false, false, 1600 * time.Millisecond},
+		{true, true, false, false, 1600 * time.Millisecond},
+		{true, false, true, false, 100 * time.Millisecond},
+		{true, true, true, false, 100 * time.Millisecond},
+		{true, false, true, false, 1600 * time.Millisecond},
+		{true, true, true, false, 1600 * time.Millisecond},
+		{true, false, true, true, 100 * time.Millisecond},
+		{true, true, true, true, 1600 * time.Millisecond},
 	} {
-		name := fmt.Sprintf("silent=%v other=%v unlock after %v", tc.silent, tc.other, tc.unlockAfter)
+		name := fmt.Sprintf("silent=%v other=%v token=%v leftover=%v unlock after %v", tc.silent, tc.other, tc.token, tc.leftover, tc.unlockAfter)
 		t.Run(name, func(t *testing.T) {
 			b, rs := newRealBackend(t, 3, nodeTimeouts(timeout))
 			ctx := ctxTimeout(t, 30*time.Second)
@@ -56,9 +75,22 @@ func TestWaitHandOverWithSilentNode(t *testing.T) {
 				WarmUp(ctx, t, wb, rs, "ho-warm2", ttl)
 			}
 			held := lockOrFatal(t, b, backends.LockRequest{Key: key, Token: "A", TTL: ttl})
+			c2 := rs[2].Client(t)
 			if tc.silent {
-				c2 := rs[2].Client(t)
 				waitFor(t, "the hold on the third node", func() bool { return c2.Get(ctx, "lp:lock:"+key).Val() == "A" })
+				if tc.leftover {
+					// B's hold of before, on the third node alone, with
+					// its fence (a plain hold: no lockm).
+					if err := c2.Set(ctx, "lp:lock:"+key, "B", 20*time.Second).Err(); err != nil {
+						t.Fatal(err)
+					}
+					if err := c2.Set(ctx, "lp:lockf:"+key, "1,B", 20*time.Second).Err(); err != nil {
+						t.Fatal(err)
+					}
+					if err := c2.Del(ctx, "lp:lockm:"+key).Err(); err != nil {
+						t.Fatal(err)
+					}
+				}
 				rs[2].Pause()
 				t.Cleanup(rs[2].Resume)
 			}
@@ -68,8 +100,12 @@ func TestWaitHandOverWithSilentNode(t *testing.T) {
 				at  time.Time
 			}
 			got := make(chan result, 1)
+			req := backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second, NoReentry: true, OwnToken: true}
+			if tc.token {
+				req = backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second}
+			}
 			go func() {
-				l, err := wb.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second, NoReentry: true, OwnToken: true})
+				l, err := wb.Lock(ctx, req)
 				got <- result{l, err, time.Now()}
 			}()
 			time.Sleep(tc.unlockAfter)
@@ -82,7 +118,7 @@ func TestWaitHandOverWithSilentNode(t *testing.T) {
 				t.Fatalf("LOCK … WAIT = %v; want a grant", r.err)
 			}
 			lag := r.at.Sub(unlocked)
-			t.Logf("granted %v after the UNLOCK's answer (validity %v, fence %d)", lag.Round(100*time.Microsecond), r.l.Validity, r.l.Fence)
+			t.Logf("granted %v after the UNLOCK's answer (validity %v, fence %d, holds %d)", lag.Round(100*time.Microsecond), r.l.Validity, r.l.Fence, r.l.Holds)
 			if lag > bound {
 				t.Errorf("LOCK … WAIT granted %v after the UNLOCK's answer; want within %v", lag.Round(time.Millisecond), bound)
 			}
@@ -92,6 +128,20 @@ func TestWaitHandOverWithSilentNode(t *testing.T) {
 			if max := ttl - quorum.DefaultDriftMin - ttl/100; r.l.Validity > max {
 				t.Errorf("validity %v; want at most %v", r.l.Validity, max)
 			}
+			if tc.leftover {
+				// The third node runs what was queued: B's refused
+				// attempts join its old hold there (each roll-back, scoped
+				// to its attempt, leaves the join), and so does the
+				// grant. B's hold stays there.
+				rs[2].Resume()
+				waitFor(t, "the third node answering", func() bool { return c2.Ping(ctx).Err() == nil })
+				for end := time.Now().Add(2 * timeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+					if v := c2.Get(ctx, "lp:lock:"+key).Val(); v != "B" {
+						t.Fatalf("the third node holds %q for the key; want B's hold kept", v)
+					}
+				}
+				return
+			}
 			// Nothing is left behind once the silent node answers again:
 			// the roll-backs of the waiter's refused attempts reached it in
 			// order, and so did the UNLOCKs.
@@ -99,16 +149,14 @@ func TestWaitHandOverWithSilentNode(t *testing.T) {
 				t.Fatalf("UNLOCK B = %v, %v; want released", ok, err)
 			}
 			rs[2].Resume()
-			on := func() (held []string) {
+			staysGone(t, fmt.Sprintf("%q held on no node after both UNLOCKs", key), 2*timeout, func() string {
+				var held []string
 				for i, n := range rs {
 					if v := n.Client(t).Get(ctx, "lp:lock:"+key).Val(); v != "" {
 						held = append(held, fmt.Sprintf("node %d: %s", i, v))
 					}
 				}
-				return held
-			}
-			staysGone(t, fmt.Sprintf("%q held on no node after both UNLOCKs", key), 2*timeout, func() string {
-				if held := on(); len(held) > 0 {
+				if len(held) > 0 {
 					return fmt.Sprint(held)
 				}
 				return ""
