@@ -832,43 +832,14 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		marked := !req.NoReentry
 		if q.allAsync && (marked || req.OwnToken && decidedUpgrades == 0) && refused > 0 && len(failures)+(n-got) <= n-need &&
 			!hearWithin(q.cfg.TimeoutMin) {
-			if !marked {
-				q.startReleaseAll(ctx, req, refusedBy, false)
-				return Lease{}, ErrNotAcquired
-			}
-			// A node heard joining the token's hold gets the plain
-			// roll-back, which takes one hold there: the one the attempt
-			// added, whatever else the token did there since. Every
-			// other one not heard refusing gets the scoped one, also a
-			// node heard granting afresh: the roll-back is not waited
-			// for, and the client, told no, may go on through another
-			// instance, whose RENEW or KEEPALIVE renewal can count that
-			// hold before the roll-back reaches it. A plain release would
-			// then take a hold the holder was told of; the scoped one
-			// finds the attempt's mark taken off by the renewal
-			// (backends/redis TestScopedRollbackKeepsRenewedGrant).
-			plain := make([]bool, n)
-			for i := range plain {
-				plain[i] = true
-			}
-			joined := false
-			for _, g := range granted {
-				if g.grant.Holds > 1 {
-					plain[g.idx], refusedBy[g.idx] = false, true
-					joined = true
-				}
-			}
-			if joined {
-				q.startReleaseAll(ctx, req, plain, false)
-			}
-			q.startReleaseAll(ctx, req, refusedBy, true)
+			q.rollBack(ctx, req, refusedBy, granted, false)
 			if decidedUpgrades > 0 {
 				return Lease{}, ErrUpgrade
 			}
 			return Lease{}, ErrNotAcquired
 		}
 		hearOut()
-		q.releaseAll(ctx, req, refusedBy)
+		q.rollBack(ctx, req, refusedBy, granted, true)
 		if decidedUpgrades > 0 {
 			return Lease{}, ErrUpgrade
 		}
@@ -895,7 +866,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	if j := reentrant(); j > 0 && j < need {
 		hearOut()
 		if j = reentrant(); j > 0 && j < need && j+len(failures)+(n-got) >= need {
-			q.releaseAll(ctx, req, refusedBy)
+			q.rollBack(ctx, req, refusedBy, granted, true)
 			return Lease{}, q.noQuorum(len(granted)+refused, failures)
 		}
 	}
@@ -913,7 +884,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	if d := downgrades(); d > 0 && d < need {
 		hearOut()
 		if d = downgrades(); d > 0 && d < need && d+len(failures)+(n-got) >= need {
-			q.releaseAll(ctx, req, refusedBy)
+			q.rollBack(ctx, req, refusedBy, granted, true)
 			return Lease{}, q.noQuorum(len(granted)+refused, failures)
 		}
 	}
@@ -928,13 +899,13 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 		// up to a node timeout, and a raise that finds the hold expired
 		// would turn the answer into NOQUORUM).
 		hearOut()
-		q.releaseAll(ctx, req, refusedBy)
+		q.rollBack(ctx, req, refusedBy, granted, true)
 		return Lease{}, ErrExpired
 	}
 	fence, raiseFailures, settled := q.settleFence(ctx, req, granted, need, fresh)
 	if !settled {
 		hearOut()
-		q.releaseAll(ctx, req, refusedBy)
+		q.rollBack(ctx, req, refusedBy, granted, true)
 		// Counted once every node was heard out: the nodes that answered
 		// are those that granted, less those whose fence could not be
 		// raised, and those that refused; every other node is named with
@@ -946,7 +917,7 @@ func (q *Quorum) Acquire(ctx context.Context, req Request) (Lease, error) {
 	validity := req.TTL - q.cfg.Clock.Now().Sub(start) - q.Drift(req.TTL)
 	if expired(validity) {
 		hearOut()
-		q.releaseAll(ctx, req, refusedBy)
+		q.rollBack(ctx, req, refusedBy, granted, true)
 		return Lease{}, ErrExpired
 	}
 	return Lease{Token: req.Token, Validity: validity, Fence: fence, Holds: holds, Nodes: len(granted)}, nil
@@ -1134,11 +1105,53 @@ func HoldFence(stored []uint64, counter uint64, need int) uint64 {
 // node either has our key (and loses it) or does not. A release removes
 // one hold, so on a node where the attempt was reentrant it undoes just
 // that attempt's hold.
-func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool) {
-	ctx = context.WithValue(ctx, rollbackKey{}, rollbackOf{attempt: req.Attempt})
+func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool, scoped bool) {
+	ctx = context.WithValue(ctx, rollbackKey{}, rollbackOf{attempt: req.Attempt, scoped: scoped})
 	// Use a context that survives the caller's cancellation: a client that
 	// gave up must still not leave keys behind.
 	q.fanOutBoolSkip(ctx, q.NodeTimeout(req.TTL), releaseOp(req.Key, req.Token, rollbackHold(req.Mode)), 0, skip)
+}
+
+// rollBack sends a failed attempt's roll-back to every node that did not
+// refuse it (skip: the nodes that refused; it is changed), waiting for
+// the answers (releaseAll) or not (startReleaseAll). The roll-back of an
+// attempt that may join its token's hold (not NoReentry) is scoped to the
+// attempt (RollbackScoped), except on a node heard joining the token's
+// hold, which gets the plain one: that takes one hold there, the one the
+// attempt added, whatever else the token did there since. A node heard
+// granting afresh gets the scoped one too: a plain release there takes
+// the token's hold whatever happened since, and the token's RENEW or
+// KEEPALIVE renewal, through this instance or another, may have counted
+// that hold (a majority with it) before the roll-back reached it; the
+// scoped one finds the attempt's mark taken off by the renewal and leaves
+// the hold (backends/redis TestScopedRollbackKeepsRenewedGrant). Nodes
+// not heard get the scoped one, which removes only a hold the attempt
+// made and still marks.
+func (q *Quorum) rollBack(ctx context.Context, req Request, skip []bool, granted []grantResult, wait bool) {
+	release := q.releaseAll
+	if !wait {
+		release = q.startReleaseAll
+	}
+	if req.NoReentry {
+		release(ctx, req, skip, false)
+		return
+	}
+	var plain []bool
+	for _, g := range granted {
+		if g.grant.Holds > 1 {
+			if plain == nil {
+				plain = make([]bool, len(skip))
+				for i := range plain {
+					plain[i] = true
+				}
+			}
+			plain[g.idx], skip[g.idx] = false, true
+		}
+	}
+	if plain != nil {
+		release(ctx, req, plain, false)
+	}
+	release(ctx, req, skip, true)
 }
 
 // startReleaseAll is releaseAll without waiting for the answers: each
