@@ -16,14 +16,20 @@ import (
 // writer was busy with an earlier batch while they queued). Sent after
 // the next attempt, the roll-back, a release of the token's hold, removed
 // the hold that attempt made there: the waiter was granted and the node
-// held nothing for it, one node short of what its grant counts on.
+// held nothing for it, one node short of what its grant counts on. The
+// same for a waiter that names its TOKEN, whose roll-back, sent unheard to
+// the silent node, is scoped to its attempt (token=true).
 func TestWaitRollbackNeverRemovesNextAttempt(t *testing.T) {
 	const (
 		ttl     = 30 * time.Second
 		timeout = time.Second // the node timeout at this TTL
 	)
-	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
-		t.Run(fmt.Sprint("read=", mode == backends.Read), func(t *testing.T) {
+	for _, tc := range []struct {
+		mode  backends.Mode
+		token bool // the waiter names its TOKEN
+	}{{backends.Write, false}, {backends.Read, false}, {backends.Write, true}, {backends.Read, true}} {
+		mode := tc.mode
+		t.Run(fmt.Sprintf("read=%v token=%v", mode == backends.Read, tc.token), func(t *testing.T) {
 			b, rs := newRealBackend(t, 3, nodeTimeouts(timeout))
 			ctx := ctxTimeout(t, 30*time.Second)
 			const key = "rollback-order"
@@ -48,7 +54,11 @@ func TestWaitRollbackNeverRemovesNextAttempt(t *testing.T) {
 			}
 			got := make(chan result, 1)
 			go func() {
-				l, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second, Mode: mode, NoReentry: true, OwnToken: true})
+				req := backends.LockRequest{Key: key, Token: "B", TTL: ttl, Wait: 5 * time.Second, Mode: mode, NoReentry: true, OwnToken: true}
+				if tc.token {
+					req.NoReentry, req.OwnToken = false, false
+				}
+				l, err := b.Lock(ctx, req)
 				got <- result{l, err}
 			}()
 			// B's first attempt is refused by the two nodes that answer;
