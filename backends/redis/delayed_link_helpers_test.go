@@ -20,14 +20,22 @@ func backendWithN2Link(t *testing.T, user redis.LateAcquireUser) (*redis.Backend
 	t.Helper()
 	var p *faultproxy.Proxy
 	b, rs, logs := redis.LateAcquireBackend(t, user, func(addr string) string {
-		var err error
-		if p, err = faultproxy.New(addr); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Close() })
+		p = linkTo(t, addr)
 		return p.Addr()
 	})
 	return b, rs, logs, p
+}
+
+// linkTo is a test proxy in front of addr (passing everything until told
+// otherwise), closed at the end of the test.
+func linkTo(t *testing.T, addr string) *faultproxy.Proxy {
+	t.Helper()
+	p, err := faultproxy.New(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
 }
 
 // holdNextFenceWrite makes p hold n2's next fence write for delay; also,

@@ -8,7 +8,6 @@ import (
 
 	"github.com/lockproxy/lockproxy/backends"
 	"github.com/lockproxy/lockproxy/backends/redis"
-	"github.com/lockproxy/lockproxy/test/faultproxy"
 	"github.com/lockproxy/lockproxy/test/harness"
 )
 
@@ -34,11 +33,7 @@ func TestScopedRollbackKeepsOtherInstancesGrant(t *testing.T) {
 	)
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	rs := harness.StartRedisN(t, 3, harness.RedisOptions{})
-	p, err := faultproxy.New(rs[2].Addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = p.Close() })
+	p := linkTo(t, rs[2].Addr)
 	b := redis.NewBackendOn(t, rs, timeout, func(c *redis.Config) { c.Nodes[2].Addr = p.Addr() })
 	b2 := redis.NewBackendOn(t, rs, timeout)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

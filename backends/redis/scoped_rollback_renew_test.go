@@ -48,15 +48,7 @@ func scopedRollbackKeepsRenewedHold(t *testing.T, mode backends.Mode) {
 	)
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	rs := harness.StartRedisN(t, 3, harness.RedisOptions{})
-	proxy := func(addr string) *faultproxy.Proxy {
-		p, err := faultproxy.New(addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Close() })
-		return p
-	}
-	slow2, cut1, cut2 := proxy(rs[2].Addr), proxy(rs[1].Addr), proxy(rs[2].Addr)
+	slow2, cut1, cut2 := linkTo(t, rs[2].Addr), linkTo(t, rs[1].Addr), linkTo(t, rs[2].Addr)
 	b1 := redis.NewBackendOn(t, rs, timeout, func(c *redis.Config) { c.Nodes[2].Addr = slow2.Addr() })
 	b2 := redis.NewBackendOn(t, rs, timeout, func(c *redis.Config) {
 		c.Nodes[1].Addr, c.Nodes[2].Addr = cut1.Addr(), cut2.Addr()
@@ -163,19 +155,11 @@ func scopedRollbackKeepsRenewedGrant(t *testing.T, mode backends.Mode) {
 	)
 	harness.RequireBinary(t, "redis-server", "redis-server")
 	rs := harness.StartRedisN(t, 5, harness.RedisOptions{})
-	proxy := func(addr string) *faultproxy.Proxy {
-		p, err := faultproxy.New(addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = p.Close() })
-		return p
-	}
 	var l1 [5]*faultproxy.Proxy // instance 1's links
 	for i := range l1 {
-		l1[i] = proxy(rs[i].Addr)
+		l1[i] = linkTo(t, rs[i].Addr)
 	}
-	cut2, cut3, cut4 := proxy(rs[2].Addr), proxy(rs[3].Addr), proxy(rs[4].Addr)
+	cut2, cut3, cut4 := linkTo(t, rs[2].Addr), linkTo(t, rs[3].Addr), linkTo(t, rs[4].Addr)
 	b1 := redis.NewBackendOn(t, rs, timeout, func(c *redis.Config) {
 		for i := range c.Nodes {
 			c.Nodes[i].Addr = l1[i].Addr()
