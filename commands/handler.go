@@ -333,6 +333,13 @@ func (h *Handler) serve(s *resp.Session, args [][]byte) {
 			h.relayNamed(s, args, name)
 			return
 		}
+		if len(args) == 2 && resp.EqualFold(args[1], "HELP") {
+			// With an upstream, relayed above: it lists what the
+			// upstream serves, which is what such a connection reaches.
+			h.metrics.commands.WithLabelValues(c.Metric, "ok").Inc()
+			help(s, c)
+			return
+		}
 		if c.Name == "client" && resp.EqualFold(args[1], "UNBLOCK") {
 			// With an upstream, relayed (clientUnblock): it may name a
 			// client blocked there.
