@@ -151,6 +151,11 @@ func TestPermitted(t *testing.T) {
 		{safe, []string{"CLIENT", "UNBLOCK", "1"}, "NOPERM User app has no permissions to run the 'client|unblock' command", false},
 		{allOnly, []string{"CLIENT", "UNBLOCK", "1"}, "", false},
 		{readOnly, []string{"CLIENT", "UNBLOCK", "1"}, "", false},
+		// CLIENT HELP and COMMAND HELP without an upstream: Redis's
+		// categories (@slow @connection), not an unknown command's.
+		{safe, []string{"CLIENT", "HELP"}, "", false},
+		{safe, []string{"COMMAND", "HELP"}, "", false},
+		{none, []string{"CLIENT", "HELP"}, "NOPERM User app has no permissions to run the 'client|help' command", false},
 		{subs, []string{"SCRIPT", "FLUSH"}, "NOPERM User app has no permissions to run the 'script|flush' command", false},
 		{subs, []string{"SCRIPT", "LOAD", "return 1"}, "", false},
 		{subs, []string{"EVAL", "return 1", "0"}, "NOPERM User app has no permissions to run the 'eval' command", false},

@@ -272,9 +272,12 @@ func (h *Handler) commandOf(name string, c *Command, args [][]byte) (full, sub s
 // unlistedSubCategories are Redis's categories of the subcommands that
 // lockproxy serves without an upstream but leaves out of its command
 // table, where they would take them from the upstream when there is one
-// (CLIENT UNBLOCK: see clientUnblockLocal).
+// (CLIENT UNBLOCK: see clientUnblockLocal; CLIENT HELP and COMMAND HELP:
+// see help).
 var unlistedSubCategories = map[string][]string{
 	"client|unblock": {"@admin", "@slow", "@dangerous", "@connection"},
+	"client|help":    {"@slow", "@connection"},
+	"command|help":   {"@slow", "@connection"},
 }
 
 // ownClientSubs are the CLIENT subcommands every user may run: about its
