@@ -189,8 +189,12 @@ var unsupportedOnLockKeys = map[string]bool{
 	"restore": true, "rename": true, "renamenx": true, "copy": true, "move": true, "touch": true,
 }
 
-// transparentCommands lists what transparent mode serves, for errors.
-const transparentCommands = "SET key value NX PX|EX ttl, SET … XX, GET, EXISTS, DEL, UNLINK, PEXPIRE, EXPIRE, PTTL, TTL, EVAL, EVALSHA, EVAL_RO, EVALSHA_RO, SCRIPT LOAD|EXISTS|FLUSH"
+// transparentCommands lists what transparent mode serves, for errors: the
+// forms of the README's table, so that a client refused one learns every
+// SET it may send instead.
+const transparentCommands = "SET key value NX PX|EX ttl, SET key value [XX] PX|EX ttl [GET], SET key value XX KEEPTTL [GET], " +
+	"GET, EXISTS, DEL, UNLINK, PEXPIRE, EXPIRE, PTTL, TTL, EVAL, EVALSHA, EVAL_RO, EVALSHA_RO, SCRIPT LOAD|EXISTS|FLUSH, " +
+	"WATCH, MULTI, EXEC of lock keys only"
 
 // transparent serves args when it is a command on lock keys and reports
 // whether it did; ServeRESP sends everything else on (to the upstream, or
