@@ -8,13 +8,13 @@ import (
 	"github.com/lockproxy/lockproxy/conf"
 )
 
-// TestHelpListsTheCommandLine: `lockproxy --help` (and -h, -help) is a
+// TestHelpListsTheCommandLine: `lockproxy --help` (and -h, -help, help) is a
 // request, not a mistake: it exits 0 with the usage on stdout and nothing
 // on stderr, and the usage names every form PROTOCOL.md's "Command line"
 // gives — check-config FILE, --version and --dev besides [flags]
 // [config.yaml] — so that an operator finds them where they look first.
 func TestHelpListsTheCommandLine(t *testing.T) {
-	for _, arg := range []string{"--help", "-h", "-help"} {
+	for _, arg := range []string{"--help", "-h", "-help", "help"} {
 		t.Run(arg, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			if code := run([]string{arg}, &stdout, &stderr); code != 0 {

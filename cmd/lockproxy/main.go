@@ -103,6 +103,11 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stdout, "lockproxy %s (commit %s)\n", version, commit())
 		return 0
 	}
+	if len(args) == 1 && args[0] == "help" {
+		// As git and go take it: read as a config file's name, it failed
+		// with "open help: no such file".
+		args = []string{"--help"}
+	}
 	if len(args) > 0 && args[0] == "check-config" {
 		return checkConfig(args[1:], os.Environ(), stdout, stderr)
 	}
