@@ -1104,7 +1104,8 @@ func HoldFence(stored []uint64, counter uint64, need int) uint64 {
 // ignores the outcome: it runs only after a failed acquisition, where each
 // node either has our key (and loses it) or does not. A release removes
 // one hold, so on a node where the attempt was reentrant it undoes just
-// that attempt's hold.
+// that attempt's hold. scoped makes it the roll-back scoped to the
+// attempt (see RollbackScoped and rollBack).
 func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool, scoped bool) {
 	ctx = context.WithValue(ctx, rollbackKey{}, rollbackOf{attempt: req.Attempt, scoped: scoped})
 	// Use a context that survives the caller's cancellation: a client that
@@ -1158,7 +1159,7 @@ func (q *Quorum) rollBack(ctx context.Context, req Request, skip []bool, granted
 // release is handed to its node (an AsyncNode queues it behind the
 // attempt) before it returns, and runs on, bounded by the node timeout.
 // WaitRollbacks waits for them. scoped makes them the roll-back scoped
-// to the attempt (see RollbackScoped): for nodes not heard.
+// to the attempt (see RollbackScoped and rollBack).
 func (q *Quorum) startReleaseAll(ctx context.Context, req Request, skip []bool, scoped bool) {
 	ctx = context.WithValue(ctx, rollbackKey{}, rollbackOf{attempt: req.Attempt, scoped: scoped})
 	op := releaseOp(req.Key, req.Token, rollbackHold(req.Mode))
@@ -1255,14 +1256,17 @@ func RollbackAttempt(ctx context.Context) string {
 }
 
 // RollbackScoped tells whether a roll-back's ctx says it is scoped to its
-// attempt (RollbackAttempt, never ""): the attempt's answer from this
-// node was not heard, and the token may hold the key here from before,
-// so the node must remove a hold only where that attempt made it and its
-// mark still says so (for backends/redis, lateGrantReleaseScript or
-// lateReadReleaseScript), and nothing where the attempt was refused or
-// joined a hold, or a later request of the token changed the hold since:
-// it may run after the token's next attempt. Only an AsyncNode gets one
-// (see Request.OwnToken).
+// attempt (RollbackAttempt, never ""): the attempt may join its token's
+// hold (not NoReentry), and this node's answer was not heard, or was
+// heard granting afresh (see rollBack). The token may hold the key here
+// from before, or a renewal of the token may have counted the hold the
+// attempt made, so the node must remove a hold only where that attempt
+// made it and its mark still says so (for backends/redis,
+// lateGrantReleaseScript or lateReadReleaseScript), and nothing where
+// the attempt was refused or joined a hold, or a later request of the
+// token changed the hold since: it may run after the token's next
+// attempt. Every failed attempt of that kind sends it, heard out or not
+// (through a plain Node too, where the roll-back is waited for).
 func RollbackScoped(ctx context.Context) bool {
 	v, _ := ctx.Value(rollbackKey{}).(rollbackOf)
 	return v.scoped

@@ -130,11 +130,12 @@ type op struct {
 	lateGrant bool
 	lateMark  string
 	// scoped marks the roll-back of a marked attempt (op.attempt) whose
-	// answer from this node the quorum did not hear
-	// (quorum.RollbackScoped): it goes out as the roll-back of an acquire
-	// in doubt, which removes only a hold the attempt made afresh, never
-	// one the token had (the attempt was refused, or joined it) nor one a
-	// later attempt of the token made or joined.
+	// answer from this node the quorum did not hear, or heard granting
+	// afresh (quorum.RollbackScoped): it goes out as the roll-back of an
+	// acquire in doubt, which removes only a hold the attempt made afresh
+	// and still marks, never one the token had (the attempt was refused,
+	// or joined it), one a later attempt of the token made or joined, nor
+	// one a renewal of the token counted since.
 	scoped bool
 	// mark is the name an unnamed exclusive acquire (no attempt: a LOCK …
 	// WAIT without TOKEN) sent as acquireScript marks its hold with: that
