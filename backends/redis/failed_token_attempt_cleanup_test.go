@@ -2,6 +2,8 @@ package redis
 
 import (
 	"errors"
+	"fmt"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -129,6 +131,75 @@ func TestFailedTokenAttemptLeavesNoHold(t *testing.T) {
 			}
 			if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "W", TTL: ttl}); err != nil {
 				t.Errorf("W's LOCK after T's failed attempt and UNLOCKs = %v; want granted", err)
+			}
+		})
+	}
+}
+
+// TestUnsettledFenceTokenAttemptLeavesNoHold: a LOCK or RLOCK … TOKEN
+// granted afresh by a majority whose fence cannot be settled (the nodes
+// behind the highest fence lost the hold before their raise: NOQUORUM)
+// leaves no hold on node 0, which granted it with the highest fence: its
+// roll-back there, scoped to the attempt, finds the attempt's mark.
+//
+// The nodes' fence counters differ (node 0's highest), so any two
+// granting nodes need a raise; just before it (the quorum's validity
+// check, ExtraDrift) the hold is taken off nodes 1 and 2 by hand.
+func TestUnsettledFenceTokenAttemptLeavesNoHold(t *testing.T) {
+	const ttl = 10 * time.Second
+	for _, mode := range []backends.Mode{backends.Write, backends.Read} {
+		t.Run(fmt.Sprint("read=", mode == backends.Read), func(t *testing.T) {
+			harness.RequireBinary(t, "redis-server", "redis-server")
+			rs := harness.StartRedisN(t, 3, harness.RedisOptions{})
+			ctx := ctxTimeout(t, 30*time.Second)
+			key := "unsettled-fence-attempt"
+			var armed atomic.Bool
+			lose := func() {
+				for _, r := range rs[1:] {
+					c := r.Client(t)
+					if err := c.Del(ctx, "lp:lock:"+key, "lp:lockr:"+key, "lp:lockrh:"+key, "lp:lockm:"+key).Err(); err != nil {
+						t.Errorf("DEL on %s: %v", r.Addr, err)
+					}
+				}
+			}
+			b := newBackendOn(t, rs, func(c *Config) {
+				c.Quorum.ExtraDrift = func(time.Duration) time.Duration {
+					if armed.CompareAndSwap(true, false) {
+						lose()
+					}
+					return 0
+				}
+			})
+			// Warm the connections up, so that the attempt's answers all
+			// come in promptly.
+			for i := range 2 {
+				if _, err := b.Lock(ctx, backends.LockRequest{Key: fmt.Sprint("warm", i), Token: "warm", TTL: ttl}); err != nil {
+					t.Fatalf("warm-up LOCK: %v", err)
+				}
+			}
+			field := strconv.Itoa(int(slot(key)))
+			for i, f := range []int{100, 50, 0} {
+				if err := rs[i].Client(t).HSet(ctx, "lp:fence", field, f).Err(); err != nil {
+					t.Fatalf("node %d: HSET fence: %v", i, err)
+				}
+			}
+			armed.Store(true)
+			_, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: ttl, Mode: mode})
+			if armed.Load() {
+				t.Fatal("the attempt never reached its validity check")
+			}
+			var nq *quorum.NoQuorumError
+			if !errors.As(err, &nq) {
+				t.Fatalf("T's attempt whose fence cannot be settled = %v; want NOQUORUM", err)
+			}
+			c := rs[0].Client(t)
+			for _, k := range []string{"lp:lock:", "lp:lockf:", "lp:lockm:", "lp:lockr:", "lp:lockrh:"} {
+				if c.Exists(ctx, k+key).Val() != 0 {
+					t.Errorf("node 0: %s%s left by T's failed attempt (%v)", k, key, err)
+				}
+			}
+			if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "W", TTL: ttl}); err != nil {
+				t.Errorf("W's LOCK after T's failed attempt = %v; want granted", err)
 			}
 		})
 	}
