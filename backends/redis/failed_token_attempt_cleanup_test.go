@@ -204,3 +204,62 @@ func TestUnsettledFenceTokenAttemptLeavesNoHold(t *testing.T) {
 		})
 	}
 }
+
+// TestTransparentNoOpKeepsFailedAttemptsMark: a transparent-mode write
+// command naming the key that changes nothing there (another client's
+// compare-and-PEXPIRE of a value it no longer holds), run while a LOCK or
+// … TOKEN granted afresh on every node waits for its roll-back, does not
+// take the attempt's mark off the hold: the roll-back, scoped to the
+// attempt, still removes it. Before, the line-up that follows every such
+// command (syncHoldsScript) took the mark off as a renewal does, and the
+// failed attempt's hold kept the key from everyone for its whole TTL.
+func TestTransparentNoOpKeepsFailedAttemptsMark(t *testing.T) {
+	const ttl = 10 * time.Second
+	harness.RequireBinary(t, "redis-server", "redis-server")
+	rs := harness.StartRedisN(t, 3, harness.RedisOptions{})
+	ctx := ctxTimeout(t, 30*time.Second)
+	const key = "transparent-noop"
+	var armed atomic.Bool
+	var b *Backend
+	var noop []backends.NodeReply
+	b = newBackendOn(t, rs, func(c *Config) {
+		// The whole TTL as drift (ErrExpired), and the transparent
+		// command run between the grant and its roll-back.
+		c.Quorum.ExtraDrift = func(ttl time.Duration) time.Duration {
+			if !armed.CompareAndSwap(true, false) {
+				return 0
+			}
+			noop = b.Run(ctx, []string{"EVAL",
+				"if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0",
+				"1", key, "gone", "30000"}, []int{3}, false)
+			return ttl
+		}
+	})
+	// Every node's connection up, so that the attempt hears them all.
+	for i := range 2 {
+		if _, err := b.Lock(ctx, backends.LockRequest{Key: fmt.Sprint("warm", i), Token: "warm", TTL: ttl}); err != nil {
+			t.Fatalf("warm-up LOCK: %v", err)
+		}
+	}
+	armed.Store(true)
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "T", TTL: ttl}); !errors.Is(err, backends.ErrNotAcquired) {
+		t.Fatalf("T's attempt with its validity gone = %v; want not acquired", err)
+	}
+	if armed.Load() {
+		t.Fatal("the attempt never reached its validity check")
+	}
+	for i, r := range noop {
+		if r.Err != nil || r.Val != int64(0) {
+			t.Fatalf("node %d: the transparent no-op = %v, %v; want 0", i, r.Val, r.Err)
+		}
+	}
+	for i := range rs {
+		c := rs[i].Client(t)
+		if v := c.Get(ctx, "lp:lock:"+key).Val(); v != "" {
+			t.Errorf("node %d: T's failed attempt left its hold (%q, PTTL %v)", i, v, c.PTTL(ctx, "lp:lock:"+key).Val())
+		}
+	}
+	if _, err := b.Lock(ctx, backends.LockRequest{Key: key, Token: "W", TTL: ttl}); err != nil {
+		t.Errorf("W's LOCK after T's failed attempt = %v; want granted", err)
+	}
+}
