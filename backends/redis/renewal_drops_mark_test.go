@@ -81,6 +81,7 @@ func TestRenewalDropsAttemptMark(t *testing.T) {
 				t.Fatalf("RENEW = %v, %v", ok, err)
 			}
 		}, true},
+		{"downgrade, transparent command that renews nothing", true, true, false, func(key string) { syncHolds(key) }, false},
 		{"read join, RENEW", true, false, true, func(key string) {
 			if ok, err := n.Extend(ctx, key, "T", ttl); !ok || err != nil {
 				t.Fatalf("RENEW = %v, %v", ok, err)

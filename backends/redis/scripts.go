@@ -682,17 +682,19 @@ return 2
 //     the value made a new hold, whose keys this only lines up. A lockm
 //     of another token (left where a command overwrote a hold) is
 //     dropped, so a later hold of that token does not inherit it. But a
-//     hold that still bears a marked attempt's mark (see
-//     acquireMarkedScript) with the lease it was granted (the lock key
-//     and lockm, set together, end at the same time) was not renewed by
-//     the command (another client's compare-and-PEXPIRE that found its
-//     own value gone, a PEXPIRE of another key in the same command): it
-//     is left as it is, mark and all, so that the roll-back of that
-//     attempt, if it failed, still removes it (lateGrantReleaseScript).
-//     Taken off, the failed attempt's hold would keep the key for its
-//     whole TTL (TestTransparentNoOpKeepsFailedAttemptsMark). "The same
-//     lease" allows 2 ms (PTTL reads the clock): a renewal that moved
-//     the lease by less is not told from none.
+//     hold whose lease is still the one lockproxy last set (its lockf
+//     names the token and ends with the lock key, as every lock script
+//     leaves them) was not renewed by the command (another client's
+//     compare-and-PEXPIRE that found its own value gone, a PEXPIRE of
+//     another key in the same command): it is left as it is, the mark
+//     of a marked attempt (acquireMarkedScript, readScript's read mark
+//     of a downgrade) included, so that the roll-back of that attempt,
+//     if it failed, still removes its hold (lateGrantReleaseScript,
+//     lateReadReleaseScript). Taken off as a renewal takes it, the
+//     failed attempt's hold kept the key for its whole TTL
+//     (TestTransparentNoOpKeepsFailedAttemptsMark). "Ends with" allows
+//     2 ms (PTTL reads the clock): a renewal that moved the lease by less
+//     is not told from none.
 //   - held for writing without expiry: left alone. No lock is: a script
 //     that leaves one is rolled back (decideScript), and making lockf
 //     persistent would keep a fence record, possibly another token's,
@@ -727,13 +729,12 @@ for i = 0, #KEYS / 5 - 1 do
   elseif ty == 'string' then
     local v = redis.call('GET', k[1])
     if v ~= ARGV[1] then
-      local m = redis.call('GET', k[3])
       local p = redis.call('PTTL', k[1])
-      local pre = '0,,' .. v .. ','
-      local marked = m and string.sub(m, 1, #pre) == pre and not string.find(m, ',', #pre + 1, true)
-      -- Two PTTLs, or the two SETs of the grant, may read the clock a
-      -- millisecond apart.
-      if not (marked and math.abs(p - redis.call('PTTL', k[3])) <= 2) then
+      -- The lease as lockproxy last set it (lockf, the hold's own, ends
+      -- with the lock key: two PTTLs, or two SETs of one script, may read
+      -- the clock a millisecond apart): the command renewed nothing.
+      if fenceOf(redis.call('GET', k[2]), v) == 0 or math.abs(p - redis.call('PTTL', k[2])) > 2 then
+        local m = redis.call('GET', k[3])
         if m and select(3, string.match(m, '^(%d+),(%a*),(.*)$')) ~= v then redis.call('DEL', k[3]) end
         if p > 0 then extendWriteOf(k, v, p) end
       end
