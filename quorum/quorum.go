@@ -1114,20 +1114,26 @@ func (q *Quorum) releaseAll(ctx context.Context, req Request, skip []bool, scope
 }
 
 // rollBack sends a failed attempt's roll-back to every node that did not
-// refuse it (skip: the nodes that refused; it is changed), waiting for
-// the answers (releaseAll) or not (startReleaseAll). The roll-back of an
-// attempt that may join its token's hold (not NoReentry) is scoped to the
-// attempt (RollbackScoped), except on a node heard joining the token's
-// hold, which gets the plain one: that takes one hold there, the one the
-// attempt added, whatever else the token did there since. A node heard
-// granting afresh gets the scoped one too: a plain release there takes
-// the token's hold whatever happened since, and the token's RENEW or
-// KEEPALIVE renewal, through this instance or another, may have counted
-// that hold (a majority with it) before the roll-back reached it; the
-// scoped one finds the attempt's mark taken off by the renewal and leaves
-// the hold (backends/redis TestScopedRollbackKeepsRenewedGrant). Nodes
-// not heard get the scoped one, which removes only a hold the attempt
-// made and still marks.
+// refuse it (skip: the nodes that refused), waiting for the answers
+// (releaseAll) or not (startReleaseAll). For an attempt that may join its
+// token's hold (not NoReentry):
+//   - a node heard joining the token's hold gets the plain release, which
+//     takes one hold there: the one the attempt added, whatever else the
+//     token did there since;
+//   - a node heard granting afresh gets the roll-back scoped to the
+//     attempt (RollbackScoped): a plain release takes the token's hold
+//     whatever happened since, and the token's RENEW or KEEPALIVE renewal,
+//     through this instance or another, may have counted that hold (a
+//     majority with it) before the roll-back reached it; the scoped one
+//     finds the attempt's mark taken off by the renewal and leaves the
+//     hold (backends/redis TestScopedRollbackKeepsRenewedGrant);
+//   - a node not heard gets the scoped one when the roll-back is not
+//     waited for (the client, told no, may go on through another instance
+//     meanwhile), and the plain one when it is: queued behind the attempt
+//     on the node's writer, it undoes whatever the attempt did there, a
+//     join too, and where the attempt's answer was lost the node sends it
+//     as the roll-back of an acquire in doubt, scoped to the attempt
+//     (see backends/redis lateGrantReleaseScript).
 func (q *Quorum) rollBack(ctx context.Context, req Request, skip []bool, granted []grantResult, wait bool) {
 	release := q.releaseAll
 	if !wait {
@@ -1137,22 +1143,22 @@ func (q *Quorum) rollBack(ctx context.Context, req Request, skip []bool, granted
 		release(ctx, req, skip, false)
 		return
 	}
-	var plain []bool
-	for _, g := range granted {
-		if g.grant.Holds > 1 {
-			if plain == nil {
-				plain = make([]bool, len(skip))
-				for i := range plain {
-					plain[i] = true
-				}
-			}
-			plain[g.idx], skip[g.idx] = false, true
-		}
+	// plain and scoped are the nodes each kind of roll-back skips: the
+	// refusals, and those the other kind serves.
+	plain, scoped := make([]bool, len(skip)), make([]bool, len(skip))
+	for i, refused := range skip {
+		plain[i], scoped[i] = refused || !wait, refused || wait
 	}
-	if plain != nil {
+	for _, g := range granted {
+		join := g.grant.Holds > 1
+		plain[g.idx], scoped[g.idx] = !join, join
+	}
+	if slices.Contains(plain, false) {
 		release(ctx, req, plain, false)
 	}
-	release(ctx, req, skip, true)
+	if slices.Contains(scoped, false) {
+		release(ctx, req, scoped, true)
+	}
 }
 
 // startReleaseAll is releaseAll without waiting for the answers: each
@@ -1257,16 +1263,16 @@ func RollbackAttempt(ctx context.Context) string {
 
 // RollbackScoped tells whether a roll-back's ctx says it is scoped to its
 // attempt (RollbackAttempt, never ""): the attempt may join its token's
-// hold (not NoReentry), and this node's answer was not heard, or was
-// heard granting afresh (see rollBack). The token may hold the key here
+// hold (not NoReentry), and this node was heard granting afresh, or was
+// not heard and the roll-back is not waited for (see rollBack). The token may hold the key here
 // from before, or a renewal of the token may have counted the hold the
 // attempt made, so the node must remove a hold only where that attempt
 // made it and its mark still says so (for backends/redis,
 // lateGrantReleaseScript or lateReadReleaseScript), and nothing where
 // the attempt was refused or joined a hold, or a later request of the
 // token changed the hold since: it may run after the token's next
-// attempt. Every failed attempt of that kind sends it, heard out or not
-// (through a plain Node too, where the roll-back is waited for).
+// attempt. Every failed attempt of that kind sends it where the rule
+// says, heard out or not (through a plain Node too).
 func RollbackScoped(ctx context.Context) bool {
 	v, _ := ctx.Value(rollbackKey{}).(rollbackOf)
 	return v.scoped
