@@ -705,3 +705,10 @@ func setupLock(ctx context.Context, t *testing.T, b *Backend, req backends.LockR
 		t.Logf("set-up LOCK %s (try %d): %v; trying again", req.Key, try, err)
 	}
 }
+
+// NewBackendOn is newBackendOn, with every node timeout set to timeout
+// (nodeTimeouts), for the tests outside the package.
+func NewBackendOn(t *testing.T, rs []*harness.Redis, timeout time.Duration, tune ...func(*Config)) *Backend {
+	t.Helper()
+	return newBackendOn(t, rs, append([]func(*Config){nodeTimeouts(timeout)}, tune...)...)
+}
